@@ -1,0 +1,245 @@
+"""The site-data contract: one manifest CSV per site.
+
+A manifest is a CSV a hospital can write by hand::
+
+    image,patient_id,split,epidural,intraparenchymal,intraventricular,subarachnoid,subdural
+    scans/ID_0001.dcm,P17,train,1,0,,,
+    scans/ID_0002.dcm,P17,train,0,0,,,
+
+- ``image``: path relative to the site's data root (required).
+- one column per *global* class (the class list lives in the job config), each cell ``1`` / ``0`` / empty,
+  empty meaning "not annotated". A class column may be absent altogether (= never annotated here).
+- ``patient_id`` and ``split`` (``train`` / ``val`` / ``test``) are optional.
+
+A site's *annotated* classes follow from its manifest: a class is annotated when at least one row of the
+training split carries a 0 or 1 in its column.
+
+Every problem is reported as a :class:`ManifestError` naming the site, the file and the CSV line (the header
+is line 1), before any training starts.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+IMAGE_COL = "image"
+PATIENT_COL = "patient_id"
+SPLIT_COL = "split"
+SPLITS = ("train", "val", "test")
+RESERVED_COLS = (IMAGE_COL, PATIENT_COL, SPLIT_COL)
+TASKS = ("multilabel", "multiclass")
+
+
+class ManifestError(ValueError):
+    """A bad site manifest: names the site, the file and the CSV line (header = line 1)."""
+
+    def __init__(self, message: str, site: str | None = None, file: str | os.PathLike | None = None,
+                 row: int | None = None):
+        self.site, self.file, self.row, self.reason = site, None if file is None else str(file), row, message
+        where = []
+        if site:
+            where.append(f"site '{site}'")
+        if file:
+            where.append(f"file '{file}'")
+        if row is not None:
+            where.append(f"line {row}")
+        super().__init__(f"{', '.join(where)}: {message}" if where else message)
+
+
+@dataclass
+class Manifest:
+    """A validated manifest.
+
+    Attributes:
+        paths: absolute image paths, one per row.
+        labels: ``(N, C)`` float32 array, 1 / 0 where annotated, 0 where not (see ``mask``).
+        mask: ``(N, C)`` bool array, True where the entry is annotated.
+        classes: the global class list (column order of ``labels``).
+        patient_ids: patient id per row ('' where absent).
+        splits: split per row ('train' where absent).
+        lines: CSV line number of each row (for error messages).
+    """
+
+    paths: list[str]
+    labels: np.ndarray
+    mask: np.ndarray
+    classes: list[str]
+    patient_ids: list[str]
+    splits: list[str]
+    lines: list[int]
+    file: str = ""
+    site: str = ""
+    task: str = "multilabel"
+    extra: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    @property
+    def annotated(self) -> np.ndarray:
+        """``(C,)`` bool: the classes this manifest annotates (any 0/1 in the column)."""
+        return self.mask.any(axis=0) if len(self) else np.zeros(len(self.classes), bool)
+
+    def annotated_classes(self) -> list[str]:
+        return [c for c, a in zip(self.classes, self.annotated) if a]
+
+    def subset(self, split: str) -> "Manifest":
+        """Rows of one split (a manifest without a split column is all 'train')."""
+        idx = [i for i, s in enumerate(self.splits) if s == split]
+        return Manifest(
+            paths=[self.paths[i] for i in idx], labels=self.labels[idx], mask=self.mask[idx],
+            classes=list(self.classes), patient_ids=[self.patient_ids[i] for i in idx],
+            splits=[split] * len(idx), lines=[self.lines[i] for i in idx], file=self.file, site=self.site,
+            task=self.task, extra=dict(self.extra),
+        )
+
+    def positives(self) -> np.ndarray:
+        """``(C,)`` int: annotated positives per class."""
+        return (self.labels * self.mask).sum(axis=0).astype(int)
+
+    def negatives(self) -> np.ndarray:
+        """``(C,)`` int: annotated negatives per class."""
+        return ((1 - self.labels) * self.mask).sum(axis=0).astype(int)
+
+
+def _parse_cell(value, site, file, line, column) -> float:
+    """'1' -> 1.0, '0' -> 0.0, empty -> nan; anything else is an error naming the cell."""
+    if value is None:
+        return np.nan
+    s = str(value).strip()
+    if s == "" or s.lower() == "nan":
+        return np.nan
+    if s in ("1", "1.0", "1.00"):
+        return 1.0
+    if s in ("0", "0.0", "0.00"):
+        return 0.0
+    raise ManifestError(
+        f"class column '{column}' has value {s!r}; allowed values are 1, 0 or empty (= not annotated)",
+        site, file, line)
+
+
+def read_manifest(
+    file: str | os.PathLike,
+    classes: Sequence[str],
+    data_root: str | os.PathLike | None = None,
+    site: str | None = None,
+    task: str = "multilabel",
+    check_images: bool = True,
+    require_annotated: bool = True,
+) -> Manifest:
+    """Read and validate a manifest CSV.
+
+    Args:
+        file: the CSV.
+        classes: the global class list (from the job config).
+        data_root: folder the ``image`` paths are relative to (default: the CSV's folder).
+        site: site name, only used in error messages.
+        task: 'multilabel' or 'multiclass' (single-label: at most one 1 per row).
+        check_images: check that every image file exists and is non-empty.
+        require_annotated: raise if no class is annotated at all (a site with nothing to learn from is allowed
+            for semi-supervised methods, which pass False).
+
+    Raises:
+        ManifestError: naming the site, the file and the line of the first problem found.
+    """
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    file = Path(file)
+    if not file.is_file():
+        raise ManifestError("manifest file not found", site, file)
+    root = Path(data_root) if data_root is not None else file.parent
+    try:
+        df = pd.read_csv(file, dtype=str, keep_default_na=False)
+    except Exception as e:  # pandas raises many types for malformed CSV
+        raise ManifestError(f"cannot be parsed as CSV ({e})", site, file) from e
+    df.columns = [str(c).strip() for c in df.columns]
+    if IMAGE_COL not in df.columns:
+        raise ManifestError(f"missing required column '{IMAGE_COL}' (columns: {list(df.columns)})", site, file, 1)
+    unknown = [c for c in df.columns if c not in RESERVED_COLS and c not in classes]
+    if unknown:
+        raise ManifestError(
+            f"unknown class column(s) {unknown}; the job's classes are {list(classes)}", site, file, 1)
+    dup = df.columns[df.columns.duplicated()].tolist()
+    if dup:
+        raise ManifestError(f"duplicate column(s) {dup}", site, file, 1)
+    if len(df) == 0:
+        raise ManifestError("the manifest has no rows (empty site)", site, file)
+
+    n, c = len(df), len(classes)
+    labels = np.full((n, c), np.nan, dtype=np.float32)
+    paths, pids, splits, lines = [], [], [], []
+    has_split = SPLIT_COL in df.columns
+    has_pid = PATIENT_COL in df.columns
+    present = [(j, name) for j, name in enumerate(classes) if name in df.columns]
+    col = {name: df.columns.get_loc(name) for name in df.columns}
+    for i in range(n):
+        line = i + 2
+        rel = str(df.iat[i, col[IMAGE_COL]]).strip()
+        if not rel:
+            raise ManifestError("empty image path", site, file, line)
+        p = Path(rel)
+        p = p if p.is_absolute() else root / p
+        if check_images:
+            if not p.is_file():
+                raise ManifestError(f"image not found: {p}", site, file, line)
+            if p.stat().st_size == 0:
+                raise ManifestError(f"image file is empty: {p}", site, file, line)
+        for j, name in present:
+            labels[i, j] = _parse_cell(df.iat[i, col[name]], site, file, line, name)
+        if task == "multiclass" and np.nansum(labels[i]) > 1:
+            raise ManifestError("single-label task but the row has more than one positive class", site, file, line)
+        split = str(df.iat[i, col[SPLIT_COL]]).strip().lower() if has_split else "train"
+        split = split or "train"
+        if split not in SPLITS:
+            raise ManifestError(f"split {split!r} is not one of {SPLITS}", site, file, line)
+        paths.append(str(p))
+        pids.append(str(df.iat[i, col[PATIENT_COL]]).strip() if has_pid else "")
+        splits.append(split)
+        lines.append(line)
+    mask = ~np.isnan(labels)
+    m = Manifest(paths=paths, labels=np.nan_to_num(labels, nan=0.0), mask=mask, classes=list(classes),
+                 patient_ids=pids, splits=splits, lines=lines, file=str(file), site=site or "", task=task)
+    if require_annotated and not m.annotated.any():
+        raise ManifestError("no class is annotated in any row (all class cells empty)", site, file)
+    return m
+
+
+def write_manifest(file: str | os.PathLike, images: Iterable[str], labels: np.ndarray, mask: np.ndarray,
+                   classes: Sequence[str], patient_ids: Sequence[str] | None = None,
+                   splits: Sequence[str] | None = None) -> None:
+    """Write a manifest atomically (temp file + rename): empty cells where ``mask`` is False."""
+    images = list(images)
+    data = {IMAGE_COL: images}
+    if patient_ids is not None:
+        data[PATIENT_COL] = list(patient_ids)
+    if splits is not None:
+        data[SPLIT_COL] = list(splits)
+    lab = np.asarray(labels)
+    msk = np.asarray(mask, bool)
+    for j, name in enumerate(classes):
+        data[name] = ["" if not msk[i, j] else str(int(lab[i, j])) for i in range(len(images))]
+    file = Path(file)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = file.with_suffix(file.suffix + f".tmp{os.getpid()}")
+    pd.DataFrame(data).to_csv(tmp, index=False)
+    os.replace(tmp, file)
+
+
+def check_coverage(annotated_by_site: dict[str, np.ndarray], classes: Sequence[str]) -> None:
+    """Raise if some class is annotated by no site (nothing could ever learn it)."""
+    if not annotated_by_site:
+        raise ManifestError("no site reported any data")
+    cover = np.zeros(len(classes), bool)
+    for a in annotated_by_site.values():
+        cover |= np.asarray(a, bool)
+    missing = [c for c, ok in zip(classes, cover) if not ok]
+    if missing:
+        raise ManifestError(
+            f"class(es) {missing} are annotated by no site (sites: {sorted(annotated_by_site)}); "
+            "every class must be labelled somewhere")

@@ -1,0 +1,156 @@
+"""Backbones with an explicit feature-extractor / classifier split.
+
+Every network is a :class:`PartialLabelNet`:
+
+- ``features(x)``: ``(B, C_in, H, W)`` -> ``(B, D)`` pooled feature (the prototypes of FedMLP live here);
+- ``classifier``: ``nn.Linear(D, num_classes)`` (the "proxies" of FedLSM, the "task block" of surgical
+  aggregation); ``classifier_param_names()`` gives its state-dict keys, so no other module hard-codes them;
+- ``forward(x)``: ``(B, num_classes)`` logits.
+
+Architectures: ``small_cnn`` (CPU-friendly, for demos and tests), ``resnet18`` (MONAI, standard stride-2 stem
+as torchvision / the papers) and ``densenet121`` (MONAI). ImageNet weights are optional and only ever read from
+the file or URL given in the config (``pretrained``); nothing is downloaded unless a URL is configured.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+ARCHS = ("small_cnn", "resnet18", "densenet121")
+
+
+class SmallCNN(nn.Module):
+    """Four conv-BN-ReLU blocks (stride-2 pooling) and global average pooling: ``(B, C, H, W) -> (B, width*8)``."""
+
+    def __init__(self, in_channels: int = 3, width: int = 16):
+        super().__init__()
+        chans = [in_channels, width, width * 2, width * 4, width * 8]
+        layers: list[nn.Module] = []
+        for a, b in zip(chans[:-1], chans[1:]):
+            layers += [nn.Conv2d(a, b, 3, padding=1, bias=False), nn.BatchNorm2d(b), nn.ReLU(inplace=True),
+                       nn.MaxPool2d(2)]
+        self.body = nn.Sequential(*layers)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.out_dim = chans[-1]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.flatten(self.pool(self.body(x)), 1)
+
+
+def _monai_resnet18(in_channels: int) -> tuple[nn.Module, int]:
+    from monai.networks.nets import resnet18
+
+    net = resnet18(spatial_dims=2, n_input_channels=in_channels, num_classes=1, conv1_t_stride=2)
+    net.fc = nn.Identity()  # MONAI's ResNet returns the flattened pooled feature when fc is the identity
+    return net, 512
+
+
+def _monai_densenet121(in_channels: int) -> tuple[nn.Module, int]:
+    from monai.networks.nets import DenseNet121
+
+    net = DenseNet121(spatial_dims=2, in_channels=in_channels, out_channels=1)
+    net.class_layers.out = nn.Identity()  # relu -> pool -> flatten -> (B, 1024)
+    return net, 1024
+
+
+_DENSE_KEY = re.compile(r"^(.*denselayer\d+)(\.(?:norm|relu|conv))\.((?:[12])\.(?:weight|bias|running_mean|running_var))$")
+
+
+def _to_encoder_keys(state: dict, arch: str) -> dict:
+    """Map a torchvision-style ImageNet state dict onto the encoder's keys (classifier keys dropped)."""
+    out = {}
+    for k, v in state.items():
+        k = k[len("module."):] if k.startswith("module.") else k
+        if k.startswith(("fc.", "classifier.")):
+            continue
+        if arch == "densenet121":
+            m = _DENSE_KEY.match(k)
+            if m:
+                k = m.group(1) + ".layers" + m.group(2) + m.group(3)
+        out[k] = v
+    return out
+
+
+class PartialLabelNet(nn.Module):
+    """Encoder + linear classifier with a ``features`` accessor.
+
+    Args:
+        arch: one of ``small_cnn``, ``resnet18``, ``densenet121``.
+        num_classes: number of global classes C.
+        in_channels: image channels (3 for RGB / the three CT windows, 1 for gray X-ray).
+        dropout: dropout on the pooled feature before the classifier (FedIRM uses 0.2).
+        width: channel width of ``small_cnn``.
+        pretrained: optional path or URL of ImageNet weights (torchvision layout) for the encoder;
+            3-channel weights are averaged over channels for a 1-channel input.
+    """
+
+    def __init__(self, arch: str = "small_cnn", num_classes: int = 2, in_channels: int = 3,
+                 dropout: float = 0.0, width: int = 16, pretrained: str | None = None):
+        super().__init__()
+        # constructor args kept as attributes: NVFlare's job export reads them back
+        self.arch, self.num_classes, self.in_channels = arch, num_classes, in_channels
+        self.dropout, self.width, self.pretrained = dropout, width, pretrained
+        if arch == "small_cnn":
+            self.encoder, dim = SmallCNN(in_channels, width), width * 8
+        elif arch == "resnet18":
+            self.encoder, dim = _monai_resnet18(in_channels)
+        elif arch == "densenet121":
+            self.encoder, dim = _monai_densenet121(in_channels)
+        else:
+            raise ValueError(f"unknown arch {arch!r}; choose one of {ARCHS}")
+        self.feature_dim = dim
+        self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.classifier = nn.Linear(dim, num_classes)
+        if pretrained:
+            self.load_pretrained(pretrained)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, C_in, H, W)`` -> ``(B, D)`` pooled features (before dropout)."""
+        return self.encoder(x)
+
+    def head(self, feats: torch.Tensor) -> torch.Tensor:
+        """``(B, D)`` features -> ``(B, C)`` logits."""
+        return self.classifier(self.drop(feats))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+    def classifier_param_names(self) -> list[str]:
+        """State-dict keys of the classifier; row c of each belongs to class c."""
+        return [f"classifier.{n}" for n, _ in self.classifier.named_parameters()]
+
+    def load_pretrained(self, source: str) -> None:
+        if str(source).startswith(("http://", "https://")):
+            state = torch.hub.load_state_dict_from_url(str(source), map_location="cpu", weights_only=True)
+        else:
+            path = Path(source).expanduser()
+            if not path.is_file():
+                raise FileNotFoundError(f"pretrained weights not found: {path}")
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        if isinstance(state, dict) and "state_dict" in state:
+            state = state["state_dict"]
+        state = _to_encoder_keys(state, self.arch)
+        own = self.encoder.state_dict()
+        first = next(iter(own))
+        if first in state and state[first].shape != own[first].shape and state[first].dim() == 4:
+            # RGB stem onto a gray input: average the colour filters
+            state[first] = state[first].mean(dim=1, keepdim=True).expand_as(own[first]).clone()
+        usable = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
+        if not usable:
+            raise ValueError(f"no tensor of {source} matches the {self.arch} encoder")
+        missing = [k for k in own if k not in usable]
+        self.encoder.load_state_dict(usable, strict=False)
+        logger.info("loaded %d encoder tensors from %s (%d left at init)", len(usable), source, len(missing))
+
+
+def build_model(cfg: dict, num_classes: int) -> PartialLabelNet:
+    """Model from a config dict such as ``{"arch": "resnet18", "in_channels": 3, "pretrained": null}``."""
+    keys = ("arch", "in_channels", "dropout", "width", "pretrained")
+    return PartialLabelNet(num_classes=num_classes, **{k: cfg[k] for k in keys if k in cfg})

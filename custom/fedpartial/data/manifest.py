@@ -20,6 +20,7 @@ is line 1), before any training starts.
 
 from __future__ import annotations
 
+import csv
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,19 +156,31 @@ def read_manifest(
         raise ManifestError("manifest file not found", site, file)
     root = Path(data_root) if data_root is not None else file.parent
     try:
-        df = pd.read_csv(file, dtype=str, keep_default_na=False)
-    except Exception as e:  # pandas raises many types for malformed CSV
-        raise ManifestError(f"cannot be parsed as CSV ({e})", site, file) from e
-    df.columns = [str(c).strip() for c in df.columns]
-    if IMAGE_COL not in df.columns:
-        raise ManifestError(f"missing required column '{IMAGE_COL}' (columns: {list(df.columns)})", site, file, 1)
-    unknown = [c for c in df.columns if c not in RESERVED_COLS and c not in classes]
+        with open(file, newline="", encoding="utf-8-sig") as fh:
+            rows = list(csv.reader(fh))
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise ManifestError(f"cannot be read as CSV ({e})", site, file) from e
+    if not rows:
+        raise ManifestError("the file is empty (no header)", site, file)
+    header = [h.strip() for h in rows[0]]
+    if IMAGE_COL not in header:
+        raise ManifestError(f"missing required column '{IMAGE_COL}' (columns: {header})", site, file, 1)
+    dup = sorted({h for h in header if header.count(h) > 1})
+    if dup:
+        raise ManifestError(f"duplicate column(s) {dup}", site, file, 1)
+    unknown = [c for c in header if c not in RESERVED_COLS and c not in classes]
     if unknown:
         raise ManifestError(
             f"unknown class column(s) {unknown}; the job's classes are {list(classes)}", site, file, 1)
-    dup = df.columns[df.columns.duplicated()].tolist()
-    if dup:
-        raise ManifestError(f"duplicate column(s) {dup}", site, file, 1)
+    body, line_numbers = [], []
+    for number, r in enumerate(rows[1:], start=2):  # csv line numbers as an editor shows them
+        if not any(cell.strip() for cell in r):
+            continue  # blank line
+        if len(r) != len(header):
+            raise ManifestError(f"has {len(r)} fields, the header has {len(header)}", site, file, number)
+        body.append(r)
+        line_numbers.append(number)
+    df = pd.DataFrame(body, columns=header, dtype=str)
     if len(df) == 0:
         raise ManifestError("the manifest has no rows (empty site)", site, file)
 
@@ -179,7 +192,7 @@ def read_manifest(
     present = [(j, name) for j, name in enumerate(classes) if name in df.columns]
     col = {name: df.columns.get_loc(name) for name in df.columns}
     for i in range(n):
-        line = i + 2
+        line = line_numbers[i]
         rel = str(df.iat[i, col[IMAGE_COL]]).strip()
         if not rel:
             raise ManifestError("empty image path", site, file, line)

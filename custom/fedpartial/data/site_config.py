@@ -1,0 +1,123 @@
+"""Where a site's data lives.
+
+A job names a dataset (``dataset.name``); each site resolves that name to its own data root and manifests,
+in this order:
+
+1. the JSON file named by the environment variable ``FEDPARTIAL_SITE_CONFIG``, or else
+2. ``<site workspace>/local/fedpartial_data.json``, both of the form::
+
+       {"datasets": {"rsna_ich": {"data_root": "/data/rsna", "train": "manifests/train.csv",
+                                  "val": "manifests/val.csv", "test": "manifests/test.csv"}}}
+
+   (relative paths are relative to the JSON file's folder; ``val`` / ``test`` are optional);
+3. a simulated split prepared on first use from the job's ``dataset.prepare`` spec (the simulator's path:
+   sites ``site-1 .. site-N`` take ``site-<i>.csv``), unless ``dataset.require_site_config`` is true or the
+   environment sets ``FEDPARTIAL_REQUIRE_SITE_CONFIG=1`` (real deployments).
+
+Anything else is a :class:`SiteDataError` naming the site.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+SITE_CONFIG_ENV = "FEDPARTIAL_SITE_CONFIG"
+SITE_CONFIG_FILE = "fedpartial_data.json"
+CACHE_ENV = "FEDPARTIAL_CACHE"
+DATA_DIR_ENV = "FEDPARTIAL_DATA_DIR"
+REQUIRE_ENV = "FEDPARTIAL_REQUIRE_SITE_CONFIG"
+
+
+class SiteDataError(RuntimeError):
+    """A site cannot find its data; the message names the site and what to do."""
+
+
+@dataclass
+class SiteData:
+    site: str
+    dataset: str
+    data_root: Path
+    train: Path
+    val: Path | None
+    test: Path | None
+    origin: str  # "site-config:<file>" or "simulated:<folder>"
+    synthetic: bool = False
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "fedpartial")).expanduser()
+
+
+def resolve_path(p: str | os.PathLike | None, base: Path | None = None) -> Path | None:
+    """Absolute paths as they are; relative ones against ``base``, else ``$FEDPARTIAL_DATA_DIR``, else the cwd."""
+    if p is None:
+        return None
+    p = Path(p).expanduser()
+    if p.is_absolute():
+        return p
+    root = base or Path(os.environ.get(DATA_DIR_ENV, os.getcwd()))
+    return (root / p).resolve()
+
+
+def _site_config_file(local_dir: str | os.PathLike | None) -> Path | None:
+    env = os.environ.get(SITE_CONFIG_ENV)
+    if env:
+        return Path(env).expanduser()
+    if local_dir is not None and (Path(local_dir) / SITE_CONFIG_FILE).is_file():
+        return Path(local_dir) / SITE_CONFIG_FILE
+    return None
+
+
+def _from_site_config(site: str, name: str, file: Path) -> SiteData:
+    if not file.is_file():
+        raise SiteDataError(f"site '{site}': data config file {file} (from ${SITE_CONFIG_ENV}) does not exist")
+    try:
+        cfg = json.loads(file.read_text())
+    except json.JSONDecodeError as e:
+        raise SiteDataError(f"site '{site}': {file} is not valid JSON ({e})") from e
+    entry = (cfg.get("datasets") or {}).get(name)
+    if entry is None:
+        raise SiteDataError(f"site '{site}': {file} has no entry for dataset '{name}' "
+                            f"(it lists {sorted((cfg.get('datasets') or {}))})")
+    if "train" not in entry:
+        raise SiteDataError(f"site '{site}': dataset '{name}' in {file} lacks the 'train' manifest")
+    base = file.parent.resolve()
+    root = resolve_path(entry.get("data_root", "."), base)
+    return SiteData(site, name, root, resolve_path(entry["train"], base), resolve_path(entry.get("val"), base),
+                    resolve_path(entry.get("test"), base), origin=f"site-config:{file}")
+
+
+def _from_simulated(site: str, dataset: dict) -> SiteData:
+    from .prepare import ensure_prepared, load_prepared
+
+    spec = dict(dataset["prepare"])
+    if spec.get("root") is not None:
+        spec["root"] = str(resolve_path(spec["root"]))
+    folder = ensure_prepared(spec, cache_dir())
+    prepared = load_prepared(folder)
+    if site not in prepared.sites:
+        raise SiteDataError(
+            f"site '{site}' is not one of the simulated sites {sorted(prepared.sites)} of dataset "
+            f"'{dataset['name']}' (prepared in {folder}); run with that many clients or give this site a "
+            f"{SITE_CONFIG_FILE}")
+    return SiteData(site, dataset["name"], prepared.data_root, prepared.sites[site], prepared.val, prepared.test,
+                    origin=f"simulated:{folder}", synthetic=bool(prepared.info.get("synthetic")))
+
+
+def resolve_site_data(site: str, dataset: dict, local_dir: str | os.PathLike | None = None) -> SiteData:
+    """Resolve the job's dataset for this site (see the module docstring for the order)."""
+    name = dataset["name"]
+    file = _site_config_file(local_dir)
+    if file is not None:
+        return _from_site_config(site, name, file)
+    require = dataset.get("require_site_config") or os.environ.get(REQUIRE_ENV, "") in ("1", "true", "yes")
+    if dataset.get("prepare") and not require:
+        return _from_simulated(site, dataset)
+    where = f"{Path(local_dir) / SITE_CONFIG_FILE}" if local_dir else f"local/{SITE_CONFIG_FILE}"
+    raise SiteDataError(
+        f"site '{site}' has no data configured for dataset '{name}': create {where} "
+        f"(or point ${SITE_CONFIG_ENV} at such a file) with "
+        f'{{"datasets": {{"{name}": {{"data_root": ..., "train": ..., "val": ..., "test": ...}}}}}}')

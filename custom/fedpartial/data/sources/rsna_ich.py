@@ -1,0 +1,214 @@
+"""RSNA Intracranial Hemorrhage Detection (Kaggle 2019): label CSV -> :class:`SourceTable`, DICOM -> CT windows.
+
+The label CSV has one row per (image, subtype)::
+
+    ID,Label
+    ID_12cadc6af_epidural,0
+    ID_12cadc6af_intraparenchymal,0
+    ...
+    ID_12cadc6af_any,0
+
+:func:`load_rsna_ich` pivots it to one row per image (``any`` dropped, it is the union of the five subtypes);
+:func:`read_dicom_hu` and :func:`apply_windows` turn a slice into the usual 3-window input (brain, subdural,
+bone) of RSNA ICH classifiers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path, PurePosixPath
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from .base import SourceTable
+
+logger = logging.getLogger(__name__)
+
+ICH_CLASSES = ["epidural", "intraparenchymal", "intraventricular", "subarachnoid", "subdural"]
+ICH_SUBTYPES = (*ICH_CLASSES, "any")
+DEFAULT_WINDOWS: tuple[tuple[float, float], ...] = ((40, 80), (80, 200), (600, 2800))  # brain, subdural, bone
+_ID_RE = r"^(ID_[0-9A-Fa-f]+)_(" + "|".join(ICH_SUBTYPES) + r")$"
+
+
+def _first(value, default: float) -> float:
+    """A DICOM numeric value that may be absent, empty or a MultiValue -> its first element as float."""
+    if value is None or value == "":
+        return float(default)
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "MultiValue":
+        return float(value[0]) if len(value) else float(default)
+    return float(value)
+
+
+def read_dicom_hu(path: str | os.PathLike) -> np.ndarray:
+    """One CT slice in Hounsfield units: ``(H, W)`` float32 = pixel * RescaleSlope + RescaleIntercept.
+
+    Missing slope / intercept count as 1 / 0; MultiValue tags use their first value. The ~1% of RSNA slices
+    stored as unsigned 12-bit with a wrong intercept (PixelRepresentation 0, intercept > -100) are repaired
+    as is customary for this data set (values shifted by 1000 modulo 4096, intercept -1000).
+    """
+    import pydicom
+
+    try:
+        ds = pydicom.dcmread(str(path))
+        px = ds.pixel_array
+    except Exception as e:  # pydicom raises many types (InvalidDicomError, AttributeError, decoder errors)
+        raise ValueError(f"cannot read DICOM pixels from '{path}': {e}") from e
+    if px.ndim != 2:
+        raise ValueError(f"DICOM '{path}': expected a single 2-D slice, got pixel array of shape {px.shape}")
+    slope = _first(ds.get("RescaleSlope"), 1.0)
+    intercept = _first(ds.get("RescaleIntercept"), 0.0)
+    px = px.astype(np.int32)
+    if int(ds.get("PixelRepresentation", 1)) == 0 and int(ds.get("BitsStored", 16)) == 12 and intercept > -100:
+        px = px + 1000
+        px[px >= 4096] -= 4096
+        intercept = -1000.0
+    return (px.astype(np.float32) * np.float32(slope) + np.float32(intercept)).astype(np.float32)
+
+
+def apply_windows(hu: np.ndarray, windows: Sequence[tuple[float, float]] = DEFAULT_WINDOWS) -> np.ndarray:
+    """``(H, W)`` HU -> ``(len(windows), H, W)`` float32 in [0, 1]; each window is ``(center, width)``.
+
+    The default gives the 3 channels brain (40/80), subdural (80/200) and bone (600/2800).
+    """
+    hu = np.asarray(hu, dtype=np.float32)
+    if hu.ndim != 2:
+        raise ValueError(f"apply_windows: expected an (H, W) array, got shape {hu.shape}")
+    out = np.empty((len(windows), *hu.shape), dtype=np.float32)
+    for k, (center, width) in enumerate(windows):
+        if width <= 0:
+            raise ValueError(f"apply_windows: window {k} has non-positive width {width}")
+        lo = center - width / 2.0
+        out[k] = np.clip((hu - np.float32(lo)) / np.float32(width), 0.0, 1.0)
+    return out
+
+
+def parse_rsna_csv(csv_path: str | os.PathLike) -> pd.DataFrame:
+    """The RSNA label CSV -> one row per image: columns ``image_id`` and the five subtypes (int 0/1).
+
+    Images keep their order of first appearance. Duplicate (image, subtype) rows keep the first (with a
+    warning). A malformed ID, a label other than 0/1 or an image lacking a subtype -> ValueError naming the
+    file and the CSV line (header = line 1).
+    """
+    csv_path = Path(csv_path)
+    try:
+        raw = pd.read_csv(csv_path, dtype=str, keep_default_na=False, skip_blank_lines=False)
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+        raise ValueError(f"cannot read RSNA label CSV '{csv_path}': {e}") from e
+    if not {"ID", "Label"} <= set(raw.columns):
+        raise ValueError(f"'{csv_path}' line 1: expected columns ID,Label, got {list(raw.columns)}")
+    raw["line"] = np.arange(len(raw)) + 2
+    raw = raw[(raw["ID"].str.strip() != "") | (raw["Label"].str.strip() != "")]
+    parts = raw["ID"].str.strip().str.extract(_ID_RE)
+    bad = parts[0].isna().to_numpy()
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(f"'{csv_path}' line {raw['line'].iloc[i]}: malformed ID {raw['ID'].iloc[i]!r} "
+                         f"(expected ID_<hex>_<subtype>, subtype one of {list(ICH_SUBTYPES)})")
+    label = raw["Label"].str.strip()
+    bad = (~label.isin(["0", "1"])).to_numpy()
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(f"'{csv_path}' line {raw['line'].iloc[i]}: label {raw['Label'].iloc[i]!r} is not 0 or 1")
+    long = pd.DataFrame({"image_id": parts[0].to_numpy(), "subtype": parts[1].to_numpy(),
+                         "label": label.astype(int).to_numpy(), "line": raw["line"].to_numpy()})
+    dup = long.duplicated(["image_id", "subtype"], keep="first")
+    if dup.any():
+        conflicts = int(long.groupby(["image_id", "subtype"])["label"].nunique().gt(1).sum())
+        logger.warning("%s: %d duplicate (image, subtype) rows dropped, kept the first (%d with conflicting labels)",
+                       csv_path, int(dup.sum()), conflicts)
+        long = long[~dup]
+    order = pd.unique(long["image_id"])
+    wide = long.pivot(index="image_id", columns="subtype", values="label").reindex(order)
+    for c in ICH_CLASSES:
+        if c not in wide.columns:
+            wide[c] = np.nan
+    missing = wide[ICH_CLASSES].isna().any(axis=1).to_numpy()
+    if missing.any():
+        img = wide.index[int(np.argmax(missing))]
+        lacks = [c for c in ICH_CLASSES if pd.isna(wide.at[img, c])]
+        line = int(long.loc[long["image_id"] == img, "line"].min())
+        raise ValueError(f"'{csv_path}' line {line}: image {img} has no row for subtype(s) {lacks}")
+    if "any" in wide.columns:
+        union = wide[ICH_CLASSES].max(axis=1)
+        n_bad = int((wide["any"].notna() & (wide["any"] != union)).sum())
+        if n_bad:
+            logger.warning("%s: %d images whose 'any' label differs from the union of the subtypes", csv_path, n_bad)
+    out = wide[ICH_CLASSES].astype(int).reset_index()
+    out.columns.name = None
+    return out
+
+
+def _read_patient_csv(path: Path) -> dict[str, str]:
+    """``image id -> patient id`` from a CSV with a patient column (``patient_id`` / ``PatientID``) and an image
+    column (``image_id`` / ``image`` / ``ID`` / ``SOPInstanceUID``, else the first other column)."""
+    df = pd.read_csv(path, dtype=str, keep_default_na=False)
+    pcol = next((c for c in ("patient_id", "PatientID") if c in df.columns), None)
+    if pcol is None:
+        raise ValueError(f"'{path}' line 1: no patient_id / PatientID column in {list(df.columns)}")
+    icol = next((c for c in ("image_id", "image", "ID", "SOPInstanceUID") if c in df.columns),
+                next((c for c in df.columns if c != pcol), None))
+    if icol is None:
+        raise ValueError(f"'{path}' line 1: no image id column in {list(df.columns)}")
+    ids = df[icol].map(lambda s: PurePosixPath(s.strip().replace("\\", "/")).name.removesuffix(".dcm"))
+    return {i: p.strip() for i, p in zip(ids, df[pcol]) if p.strip()}
+
+
+def _dicom_patient_id(path: Path) -> str | None:
+    """The PatientID tag of one file (header only); None when the file is missing or the tag empty."""
+    import pydicom
+
+    if not path.is_file():
+        return None
+    try:
+        ds = pydicom.dcmread(str(path), stop_before_pixels=True, specific_tags=["PatientID"])
+    except Exception as e:
+        raise ValueError(f"cannot read DICOM header of '{path}': {e}") from e
+    pid = str(ds.get("PatientID", "") or "").strip()
+    return pid or None
+
+
+def load_rsna_ich(root: str | os.PathLike, csv_name: str = "stage_2_train.csv", image_dir: str = "stage_2_train",
+                  patient_ids: str | None = None, read_patient_ids_from_dicom: bool = True,
+                  limit: int | None = None) -> SourceTable:
+    """The RSNA ICH training set under ``root`` as a multilabel :class:`SourceTable` (5 subtypes, no ``any``).
+
+    Args:
+        root: data root holding ``csv_name`` and ``image_dir``.
+        csv_name: the label CSV (``ID,Label`` rows), relative to root.
+        image_dir: folder of ``ID_<hex>.dcm`` files, relative to root.
+        patient_ids: optional CSV (relative to root or absolute) mapping image id -> patient id.
+        read_patient_ids_from_dicom: read the PatientID tag of each DICOM (header only) for images the
+            patient CSV does not cover; otherwise (or when the file / tag is missing) the image id is used.
+        limit: keep only the first ``limit`` images of the CSV (quick experiments).
+    """
+    root = Path(root)
+    labels = parse_rsna_csv(root / csv_name)
+    if limit is not None:
+        labels = labels.iloc[: int(limit)].reset_index(drop=True)
+    ids = labels["image_id"].tolist()
+    rel = [f"{PurePosixPath(image_dir.replace(os.sep, '/')) / i}.dcm" for i in ids]
+
+    pids: list[str | None] = [None] * len(ids)
+    if patient_ids:
+        pmap = _read_patient_csv(Path(patient_ids) if Path(patient_ids).is_absolute() else root / patient_ids)
+        pids = [pmap.get(i) for i in ids]
+        if any(p is None for p in pids):
+            logger.warning("%s: no patient id for %d of %d images", patient_ids, sum(p is None for p in pids), len(ids))
+    todo = [k for k, p in enumerate(pids) if p is None]
+    if todo and read_patient_ids_from_dicom:
+        with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+            found = list(pool.map(_dicom_patient_id, (root / rel[k] for k in todo), chunksize=64))
+        for k, p in zip(todo, found):
+            pids[k] = p
+        n_miss = sum(p is None for p in found)
+        if n_miss:
+            logger.warning("%s: %d of %d images without a readable PatientID; using the image id",
+                           root / image_dir, n_miss, len(todo))
+    frame = pd.DataFrame({"image": rel, "patient_id": [p if p is not None else i for p, i in zip(pids, ids)]})
+    for c in ICH_CLASSES:
+        frame[c] = labels[c].to_numpy(dtype=int)
+    return SourceTable(name="rsna_ich", task="multilabel", classes=list(ICH_CLASSES), root=root, frame=frame)

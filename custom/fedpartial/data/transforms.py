@@ -1,0 +1,252 @@
+"""Image loading and augmentation pipelines (MONAI dictionary transforms).
+
+Every pipeline works on a dict whose ``"image"`` entry is first a file path, then a channel-first float32 tensor
+``(channels, H, W)``. Pipelines are split in two so that decoding is done once and cached:
+
+- :func:`preprocess_transforms` (deterministic, cacheable): path -> decode (PNG/JPG/DICOM) -> ``(channels, H, W)``
+  in [0, 1] -> resize -> ``(channels, S, S)`` float32 ``torch.Tensor`` (S = ``image_size``).
+- :func:`augment_transforms` (random, never cached): ``(channels, S, S)`` -> augmented + normalised, same shape.
+
+:func:`view_transforms` turns one cached image into several independently augmented views
+(``{"image": "weak", "image_2": "weak"}``, ``{"image": "weak", "image_strong": "strong"}``, ...).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Hashable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from monai.transforms import (
+    Compose,
+    CopyItemsd,
+    DeleteItemsd,
+    EnsureTyped,
+    Identityd,
+    Lambdad,
+    MapTransform,
+    MedianSmoothd,
+    NormalizeIntensityd,
+    OneOf,
+    RandAdjustContrastd,
+    RandAffined,
+    RandFlipd,
+    RandGaussianNoised,
+    RandGaussianSmoothd,
+    RandScaleIntensityd,
+    Resized,
+)
+from PIL import Image
+
+from .sources.rsna_ich import apply_windows, read_dicom_hu  # DICOM -> HU (H, W); HU -> (n_windows, H, W) in [0, 1]
+
+KINDS = ("eval", "weak", "strong")
+Window = tuple[float, float]  # (center, width) in HU
+
+
+class ImageLoadError(OSError):
+    """An image that is missing or cannot be decoded; the message names the file."""
+
+
+# ----------------------------------------------------------------------------------------------------------- decoding
+
+def is_dicom(path: str | os.PathLike) -> bool:
+    """True for a ``.dcm`` file or any file with the DICOM magic ``DICM`` at byte 128."""
+    if str(path).lower().endswith(".dcm"):
+        return True
+    with open(path, "rb") as f:
+        head = f.read(132)
+    return len(head) == 132 and head[128:] == b"DICM"
+
+
+def _minmax(x: np.ndarray) -> np.ndarray:
+    lo, hi = float(x.min()), float(x.max())
+    return ((x - lo) / (hi - lo) if hi > lo else np.zeros_like(x)).astype(np.float32)
+
+
+def _read_pil(path: str) -> np.ndarray:
+    """PNG/JPG/... -> ``(1 or 3, H, W)`` float32 in [0, 1] (8-bit / 255, 16-bit / 65535, other: min-max)."""
+    with Image.open(path) as im:
+        if im.mode in ("1", "LA"):
+            im = im.convert("L")
+        elif im.mode not in ("L", "RGB") and not im.mode.startswith("I") and im.mode != "F":
+            im = im.convert("RGB")  # P, PA, RGBA, CMYK, YCbCr, ... (alpha dropped)
+        arr = np.asarray(im)
+    if arr.dtype == np.uint8:
+        x = arr.astype(np.float32) / 255.0
+    elif arr.dtype == np.uint16 or (arr.dtype.kind in "iu" and arr.max(initial=0) <= 65535 and arr.min(initial=0) >= 0):
+        x = arr.astype(np.float32) / 65535.0
+    else:
+        x = _minmax(arr.astype(np.float32))
+    return x[None] if x.ndim == 2 else np.ascontiguousarray(x.transpose(2, 0, 1))
+
+
+def _match_channels(x: np.ndarray, channels: int, path: str) -> np.ndarray:
+    """``(c, H, W)`` -> ``(channels, H, W)``: 1 -> n repeats, n -> 1 averages."""
+    c = x.shape[0]
+    if c == channels:
+        return x
+    if c == 1:
+        return np.repeat(x, channels, axis=0)
+    if channels == 1:
+        return x.mean(axis=0, keepdims=True)
+    raise ImageLoadError(f"{path}: cannot turn a {c}-channel image into {channels} channels")
+
+
+def read_image(path: str | os.PathLike, channels: int, ct_windows: Sequence[Window] | None = None) -> np.ndarray:
+    """Decode one image file to ``(channels, H, W)`` float32 in [0, 1].
+
+    DICOM (``.dcm`` or DICM magic): HU, then the CT windows stacked as channels when ``ct_windows`` is given,
+    else min-max scaled. PNG/JPG/other PIL formats: gray or RGB scaled to [0, 1].
+    Gray -> ``channels`` repeats the channel; RGB -> 1 channel averages.
+
+    Raises:
+        ImageLoadError: the file is missing or cannot be decoded (the message names the file).
+    """
+    path = str(path)
+    if not Path(path).is_file():
+        raise ImageLoadError(f"image not found: {path}")
+    try:
+        if is_dicom(path):
+            hu = read_dicom_hu(path)
+            x = apply_windows(hu, ct_windows) if ct_windows else _minmax(hu)[None]
+        else:
+            x = _read_pil(path)
+    except ImageLoadError:
+        raise
+    except Exception as e:  # PIL / pydicom raise many types
+        raise ImageLoadError(f"cannot read image {path}: {type(e).__name__}: {e}") from e
+    return _match_channels(x, channels, path)
+
+
+class LoadImageAnyd(MapTransform):
+    """Path -> ``(channels, H, W)`` float32 tensor in [0, 1] (PNG/JPG gray or RGB, DICOM with optional CT windows).
+
+    Args:
+        keys: keys whose values are file paths.
+        channels: output channels (1 = gray, 3 = RGB; CT: usually ``len(ct_windows)``).
+        ct_windows: DICOM only: ``[(center, width), ...]`` in HU, one output channel each (then matched to
+            ``channels`` like a gray/RGB image); None = min-max scaled HU.
+    """
+
+    def __init__(self, keys, channels: int, ct_windows: Sequence[Window] | None = None,
+                 allow_missing_keys: bool = False) -> None:
+        super().__init__(keys, allow_missing_keys)
+        self.channels = int(channels)
+        self.ct_windows = [tuple(map(float, w)) for w in ct_windows] if ct_windows else None
+
+    def __call__(self, data: Mapping[Hashable, object]) -> dict:
+        d = dict(data)
+        for key in self.key_iterator(d):
+            d[key] = torch.from_numpy(read_image(d[key], self.channels, self.ct_windows))
+        return d
+
+
+# --------------------------------------------------------------------------------------------------------- pipelines
+
+def _clip01(x: torch.Tensor) -> torch.Tensor:
+    return x.clamp(0.0, 1.0)
+
+
+def _normalise(keys, channels: int | None, mean: Sequence[float] | None, std: Sequence[float] | None) -> list:
+    """NormalizeIntensityd with per-channel ``(x - mean[c]) / std[c]``; ``[]`` when both are None."""
+    if mean is None and std is None:
+        return []
+    n = len(mean if mean is not None else std)
+    mean = [0.0] * n if mean is None else [float(m) for m in mean]
+    std = [1.0] * n if std is None else [float(s) for s in std]
+    if len(mean) != len(std) or (channels is not None and len(mean) != channels):
+        raise ValueError(f"mean {mean} / std {std} must have one value per channel ({channels})")
+    return [NormalizeIntensityd(keys, subtrahend=mean, divisor=std, channel_wise=True)]
+
+
+def preprocess_transforms(image_size: int, channels: int, ct_windows: Sequence[Window] | None = None,
+                          keys: Sequence[str] = ("image",), resize_mode: str = "area") -> Compose:
+    """Deterministic, cacheable part: path -> ``(channels, image_size, image_size)`` float32 tensor in [0, 1]."""
+    return Compose([
+        LoadImageAnyd(keys, channels, ct_windows),
+        Resized(keys, spatial_size=(image_size, image_size), mode=resize_mode),
+        EnsureTyped(keys, data_type="tensor", dtype=torch.float32, track_meta=False),
+    ])
+
+
+def augment_transforms(kind: str, image_size: int, mean: Sequence[float] | None = None,
+                       std: Sequence[float] | None = None, keys: Sequence[str] = ("image",),
+                       channels: int | None = None) -> Compose:
+    """Random part, on ``(C, S, S)`` tensors in [0, 1]; output same shape, float32, normalised.
+
+    - ``"eval"``: normalise only (deterministic).
+    - ``"weak"`` (FedMLP / FedIRM): horizontal flip p=0.5, affine (rotation +-10 deg, translation 2 %) p=1.
+    - ``"strong"`` (FedLSM): v/h flips, affine (15 deg, 10 % translation, 10 % scale) p=0.85, one of
+      {3x3 median, Gaussian blur, Gaussian noise} p=0.7, brightness + contrast p=0.75, clip to [0, 1].
+    """
+    if kind not in KINDS:
+        raise ValueError(f"augmentation kind must be one of {KINDS}, got {kind!r}")
+    keys = list(keys)
+    norm = [*_normalise(keys, channels, mean, std),
+            EnsureTyped(keys, data_type="tensor", dtype=torch.float32, track_meta=False)]  # plain tensors out
+    if kind == "eval":
+        return Compose(norm)
+    if kind == "weak":
+        t = 0.02 * image_size
+        return Compose([
+            RandFlipd(keys, prob=0.5, spatial_axis=1),
+            RandAffined(keys, prob=1.0, rotate_range=(math.radians(10),), translate_range=(t, t),
+                        mode="bilinear", padding_mode="zeros"),
+            *norm,
+        ])
+    t = 0.1 * image_size
+    p_filter, p_intensity = 0.7, 0.75
+    return Compose([
+        RandFlipd(keys, prob=0.5, spatial_axis=0),
+        RandFlipd(keys, prob=0.5, spatial_axis=1),
+        RandAffined(keys, prob=0.85, rotate_range=(math.radians(15),), translate_range=(t, t),
+                    scale_range=(0.1, 0.1), mode="bilinear", padding_mode="zeros"),
+        OneOf([MedianSmoothd(keys, radius=1),
+               RandGaussianSmoothd(keys, sigma_x=(0.1, 1.0), sigma_y=(0.1, 1.0), prob=1.0),
+               RandGaussianNoised(keys, prob=1.0, mean=0.0, std=0.03),
+               Identityd(keys)],
+              weights=[p_filter / 3] * 3 + [1 - p_filter]),
+        OneOf([Compose([RandScaleIntensityd(keys, factors=0.2, prob=1.0),
+                        RandAdjustContrastd(keys, gamma=(0.8, 1.25), prob=1.0)]),
+               Identityd(keys)],
+              weights=[p_intensity, 1 - p_intensity]),
+        Lambdad(keys, _clip01),
+        *norm,
+    ])
+
+
+def build_transforms(kind: str, image_size: int, channels: int, mean: Sequence[float] | None,
+                     std: Sequence[float] | None, ct_windows: Sequence[Window] | None = None,
+                     cached_only: bool = False, keys: Sequence[str] = ("image",)) -> Compose:
+    """Full pipeline path -> ``(channels, image_size, image_size)`` float32: preprocess + augment(kind).
+
+    ``cached_only=True`` returns only the deterministic (cacheable) preprocessing part.
+    """
+    pre = preprocess_transforms(image_size, channels, ct_windows, keys)
+    if cached_only:
+        return pre
+    return Compose([*pre.transforms, *augment_transforms(kind, image_size, mean, std, keys, channels).transforms])
+
+
+def view_transforms(views: Mapping[str, str], image_size: int, mean: Sequence[float] | None = None,
+                    std: Sequence[float] | None = None, source_key: str = "image",
+                    channels: int | None = None) -> Compose:
+    """One cached image -> several independently augmented views.
+
+    ``views`` maps output key -> kind, e.g. ``{"image": "weak", "image_2": "weak"}``: the source
+    ``(C, S, S)`` tensor under ``source_key`` is copied to each key (CopyItemsd), then every key gets its own
+    pipeline instance (independent random draws). The source key is dropped unless it is itself a view.
+    """
+    if not views:
+        raise ValueError("views must name at least one output key")
+    extra = [k for k in views if k != source_key]
+    steps: list = [CopyItemsd(source_key, times=len(extra), names=extra)] if extra else []
+    if source_key not in views:
+        steps.append(DeleteItemsd(source_key))
+    for key, kind in views.items():
+        steps.extend(augment_transforms(kind, image_size, mean, std, (key,), channels).transforms)
+    return Compose(steps)

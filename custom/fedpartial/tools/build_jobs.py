@@ -1,0 +1,77 @@
+"""Build every job's ``<app>/custom/`` from the single source ``custom/fedpartial``.
+
+NVFlare only loads code shipped inside each app's ``custom/`` folder (no symlinks: they are dropped when a
+job is zipped for submission), so the package is copied there. The copies are build outputs (git-ignored);
+never edit them. ``fedpartial-build-jobs --check`` exits non-zero when a copy is missing or differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import json
+import shutil
+import sys
+from pathlib import Path
+
+PACKAGE = "fedpartial"
+REPO = Path(__file__).resolve().parents[3]
+IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo")
+
+
+def job_dirs(jobs_root: Path) -> list[Path]:
+    return sorted(p.parent for p in jobs_root.glob("*/meta.json"))
+
+
+def app_dirs(job: Path) -> list[Path]:
+    meta = json.loads((job / "meta.json").read_text())
+    return [job / app for app in meta.get("deploy_map", {"app": []})]
+
+
+def _tree(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".pyo")}
+
+
+def differences(src: Path, dst: Path) -> list[str]:
+    """Files that differ between the source package and a copy (missing, extra or changed)."""
+    if not dst.is_dir():
+        return [f"{dst} missing"]
+    a, b = _tree(src), _tree(dst)
+    out = [f"{dst}/{f} missing" for f in sorted(a - b)] + [f"{dst}/{f} extra" for f in sorted(b - a)]
+    out += [f"{dst}/{f} differs" for f in sorted(a & b) if not filecmp.cmp(src / f, dst / f, shallow=False)]
+    return out
+
+
+def build(repo: Path = REPO, check: bool = False) -> list[str]:
+    src = repo / "custom" / PACKAGE
+    problems: list[str] = []
+    for job in job_dirs(repo / "jobs"):
+        for app in app_dirs(job):
+            dst = app / "custom" / PACKAGE
+            if check:
+                problems += differences(src, dst)
+                continue
+            if dst.exists():
+                shutil.rmtree(dst)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(src, dst, ignore=IGNORE)
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repo", type=Path, default=REPO, help="project root (default: this checkout)")
+    ap.add_argument("--check", action="store_true", help="only verify the copies match custom/")
+    args = ap.parse_args(argv)
+    problems = build(args.repo, check=args.check)
+    if problems:
+        print("job copies out of date (run `make jobs`):\n  " + "\n  ".join(problems[:20]), file=sys.stderr)
+        return 1
+    jobs = job_dirs(args.repo / "jobs")
+    print(f"{'checked' if args.check else 'built'} custom/ for {len(jobs)} job(s): {', '.join(j.name for j in jobs)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -149,3 +149,19 @@ def test_write_manifest_creates_parent(tmp_path):
     f = tmp_path / "a" / "b" / "m.csv"
     write_manifest(f, ["x.png"], np.zeros((1, 3)), np.ones((1, 3), bool), CLASSES)
     assert f.read_text().splitlines() == ["image,epidural,intraparenchymal,intraventricular", "x.png,0,0,0"]
+
+
+def test_line_numbers_count_blank_lines(root):
+    """A hand-written CSV with a blank line: the error names the line an editor shows."""
+    f = _write(root, "image,epidural\nscans/0.png,1\n\nscans/1.png,yes\n")
+    _expect(f, 4, "'yes'")
+
+
+def test_duplicate_column_is_named(root):
+    f = _write(root, "image,epidural,epidural\nscans/0.png,1,0\n")
+    _expect(f, 1, "duplicate column", "epidural")
+
+
+def test_ragged_row(root):
+    f = _write(root, "image,epidural\nscans/0.png,1,0\n")
+    _expect(f, 2, "has 3 fields, the header has 2")

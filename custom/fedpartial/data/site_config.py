@@ -93,7 +93,8 @@ def _from_site_config(site: str, name: str, file: Path) -> SiteData:
 def _from_simulated(site: str, dataset: dict) -> SiteData:
     from .prepare import ensure_prepared, load_prepared
 
-    spec = dict(dataset["prepare"])
+    # a job overrides a preset's protocol parameter away with null (e.g. {"protocol": "full", "k": null})
+    spec = {k: v for k, v in dataset["prepare"].items() if v is not None or k == "root"}
     if spec.get("root") is not None:
         spec["root"] = str(resolve_path(spec["root"]))
     folder = ensure_prepared(spec, cache_dir())

@@ -14,6 +14,9 @@ def load_all() -> None:
     from . import baselines
 
     baselines.register_all(register)
+    from . import fedmlp
+
+    fedmlp.register_all(register)
 
 
 __all__ = ["Contribution", "LocalTrainer", "RoundOutput", "ServerRule", "SiteContext", "available_methods",

@@ -43,20 +43,24 @@ def differences(src: Path, dst: Path) -> list[str]:
     return out
 
 
+def build_job(job: Path, src: Path, check: bool = False) -> list[str]:
+    """Copy the package into every app of one job (or, with ``check``, list how the copies differ)."""
+    problems: list[str] = []
+    for app in app_dirs(job):
+        dst = app / "custom" / PACKAGE
+        if check:
+            problems += differences(src, dst)
+            continue
+        if dst.exists():
+            shutil.rmtree(dst)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(src, dst, ignore=IGNORE)
+    return problems
+
+
 def build(repo: Path = REPO, check: bool = False) -> list[str]:
     src = repo / "custom" / PACKAGE
-    problems: list[str] = []
-    for job in job_dirs(repo / "jobs"):
-        for app in app_dirs(job):
-            dst = app / "custom" / PACKAGE
-            if check:
-                problems += differences(src, dst)
-                continue
-            if dst.exists():
-                shutil.rmtree(dst)
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copytree(src, dst, ignore=IGNORE)
-    return problems
+    return [p for job in job_dirs(repo / "jobs") for p in build_job(job, src, check)]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,119 @@
+"""Write an NVFlare job folder for a method and a dataset preset (the job folders in ``jobs/`` were made with
+this; edit their JSON freely afterwards)::
+
+    python -m fedpartial.tools.new_job jobs/fedavg_pl_ich --method fedavg_pl --dataset ich_phantom --sites 5
+
+The folder gets ``meta.json`` and ``app/config/config_fed_{server,client}.json``; ``app/custom`` is produced by
+``fedpartial-build-jobs``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..data.presets import resolve_dataset
+
+PT = "nvflare.app_opt.pt"
+WF = "nvflare.app_common.workflows"
+
+
+def server_config(method: str, dataset: dict, model: dict, num_rounds: int, min_clients: int,
+                  method_args: dict, key_metric: str = "auc") -> dict:
+    ds = resolve_dataset(dataset)
+    return {
+        "format_version": 2, "num_rounds": num_rounds, "min_clients": min_clients, "method": method,
+        "server": {"task_request_interval": 0.1},
+        "task_data_filters": [{"tasks": ["train"], "filters": [
+            {"path": "fedpartial.fl.data_check.SummaryFilter", "args": {"summary_id": "data_summary"}}]}],
+        "task_result_filters": [],
+        "components": [
+            {"id": "model", "path": "fedpartial.models.PartialLabelNet",
+             "args": {**model, "num_classes": len(ds["classes"])}},
+            {"id": "persistor", "path": f"{PT}.file_model_persistor.PTFileModelPersistor", "args": {"model": "model"}},
+            {"id": "shareable_generator", "args": {},
+             "path": "nvflare.app_common.shareablegenerators.full_model_shareable_generator.FullModelShareableGenerator"},
+            {"id": "aggregator", "path": "fedpartial.fl.aggregator.PartialLabelAggregator",
+             "args": {"method": "{method}", "method_args": method_args}},
+            {"id": "data_summary", "path": "fedpartial.fl.data_check.DataSummaryProcessor",
+             "args": {"classes": ds["classes"]}},
+            {"id": "model_selector", "path": "nvflare.app_common.widgets.intime_model_selector.IntimeModelSelector",
+             "args": {"key_metric": key_metric}},
+            {"id": "model_locator", "path": f"{PT}.file_model_locator.PTFileModelLocator",
+             "args": {"pt_persistor_id": "persistor"}},
+            {"id": "results", "path": "fedpartial.fl.results.ResultsRecorder",
+             "args": {"key_metric": key_metric, "method": "{method}", "dataset": ds["name"]}},
+            {"id": "tb_receiver", "path": "nvflare.app_opt.tracking.tb.tb_receiver.TBAnalyticsReceiver",
+             "args": {"events": ["fed.analytix_log_stats"]}},
+        ],
+        "workflows": [
+            {"id": "data_check", "path": f"{WF}.broadcast_and_process.BroadcastAndProcess",
+             "args": {"processor": "data_summary", "task_name": "data_summary", "timeout": 0}},
+            {"id": "scatter_and_gather", "path": f"{WF}.scatter_and_gather.ScatterAndGather",
+             "args": {"min_clients": "{min_clients}", "num_rounds": "{num_rounds}", "wait_time_after_min_received": 0,
+                      "aggregator_id": "aggregator", "persistor_id": "persistor",
+                      "shareable_generator_id": "shareable_generator", "train_task_name": "train",
+                      "train_timeout": 0}},
+            {"id": "cross_site_validate", "path": f"{WF}.cross_site_model_eval.CrossSiteModelEval",
+             "args": {"model_locator_id": "model_locator", "submit_model_task_name": ""}},
+        ],
+    }
+
+
+def client_config(method: str, dataset: dict, model: dict, train: dict, evaluation: dict, method_args: dict,
+                  seed: int = 0) -> dict:
+    return {
+        "format_version": 2, "method": method,
+        "executors": [{"tasks": ["data_summary", "train", "validate", "submit_model"], "executor": {
+            "id": "executor", "path": "fedpartial.fl.executor.PartialLabelExecutor",
+            "args": {"method": "{method}", "method_args": method_args, "dataset": dataset, "model": model,
+                     "train": train, "evaluation": evaluation, "seed": seed}}}],
+        "task_result_filters": [], "task_data_filters": [],
+        "components": [{"id": "event_to_fed", "path": "nvflare.app_common.widgets.convert_to_fed_event.ConvertToFedEvent",
+                        "args": {"events_to_convert": ["analytix_log_stats"], "fed_event_prefix": "fed."}}],
+    }
+
+
+def write_job(folder: str | Path, method: str, dataset: dict, num_sites: int, num_rounds: int = 20,
+              model: dict | None = None, train: dict | None = None, evaluation: dict | None = None,
+              method_args: dict | None = None, seed: int = 0) -> Path:
+    folder = Path(folder)
+    model = model or {"arch": "small_cnn", "in_channels": int(resolve_dataset(dataset)["channels"])}
+    train = train or {"optimizer": "adam", "lr": 0.001, "batch_size": 32, "local_epochs": 1}
+    evaluation = evaluation or {"test_every": 5, "batch_size": 256}
+    method_args = method_args or {}
+    (folder / "app" / "config").mkdir(parents=True, exist_ok=True)
+    meta = {"name": folder.name, "resource_spec": {}, "min_clients": num_sites, "deploy_map": {"app": ["@ALL"]}}
+    files = {
+        folder / "meta.json": meta,
+        folder / "app/config/config_fed_server.json": server_config(method, dataset, model, num_rounds, num_sites,
+                                                                    method_args),
+        folder / "app/config/config_fed_client.json": client_config(method, dataset, model, train, evaluation,
+                                                                    method_args, seed),
+    }
+    for path, content in files.items():
+        path.write_text(json.dumps(content, indent=2) + "\n")
+    return folder
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("folder")
+    ap.add_argument("--method", required=True)
+    ap.add_argument("--dataset", required=True, help="preset name or a JSON dataset config")
+    ap.add_argument("--sites", type=int, required=True)
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--method-args", default="{}", help="JSON")
+    ap.add_argument("--train", default=None, help="JSON training options")
+    ap.add_argument("--model", default=None, help="JSON model options")
+    a = ap.parse_args(argv)
+    dataset = json.loads(a.dataset) if a.dataset.strip().startswith("{") else {"preset": a.dataset}
+    write_job(a.folder, a.method, dataset, a.sites, a.rounds, json.loads(a.model) if a.model else None,
+              json.loads(a.train) if a.train else None, None, json.loads(a.method_args))
+    print(f"wrote {a.folder}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,82 @@
+"""Shared test fixtures: paths, real-data guards and an NVFlare simulator runner."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def real_data(name: str) -> Path:
+    """The folder of a real dataset under ../shared/data; skip when absent (fail in CI, where it must run)."""
+    path = SHARED_DATA / name
+    if not path.is_dir():
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"{path} is absent but CI=true: the real-data tests must run in CI")
+        pytest.skip(f"real data {path} not available on this machine")
+    return path
+
+
+@pytest.fixture(scope="session")
+def data_cache(tmp_path_factory) -> Path:
+    """One prepared-dataset cache for the whole session (FEDPARTIAL_CACHE)."""
+    return tmp_path_factory.mktemp("fedpartial_cache")
+
+
+def _deep_update(d: dict, over: dict) -> dict:
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(d.get(k), dict):
+            _deep_update(d[k], v)
+        else:
+            d[k] = v
+    return d
+
+
+def copy_job(job: str, dest: Path, num_rounds: int | None = None, executor_args: dict | None = None,
+             server_vars: dict | None = None) -> Path:
+    """Copy jobs/<job> to dest with the package built into its apps and the given overrides."""
+    from fedpartial.tools.build_jobs import PACKAGE, build_job
+
+    src = REPO / "jobs" / job
+    shutil.copytree(src, dest, ignore=shutil.ignore_patterns("custom"))
+    build_job(dest, REPO / "custom" / PACKAGE)
+    server = dest / "app/config/config_fed_server.json"
+    cfg = json.loads(server.read_text())
+    if num_rounds is not None:
+        cfg["num_rounds"] = num_rounds
+    cfg.update(server_vars or {})
+    server.write_text(json.dumps(cfg, indent=1))
+    client = dest / "app/config/config_fed_client.json"
+    ccfg = json.loads(client.read_text())
+    _deep_update(ccfg["executors"][0]["executor"]["args"], executor_args or {})
+    client.write_text(json.dumps(ccfg, indent=1))
+    return dest
+
+
+def run_simulator(job_dir: Path, workspace: Path, n: int, env: dict | None = None, timeout: int = 600,
+                  threads: int | None = None) -> subprocess.CompletedProcess:
+    """`nvflare simulator JOB -w WS -n N -t T` as a user runs it."""
+    nvflare = Path(sys.executable).parent / "nvflare"
+    cmd = [str(nvflare), "simulator", str(job_dir), "-w", str(workspace), "-n", str(n), "-t", str(threads or n)]
+    full_env = {**os.environ, "FEDPARTIAL_DATA_DIR": str(REPO), **(env or {})}
+    full_env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{full_env.get('PATH', '')}"
+    return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout, cwd=str(REPO))
+
+
+def results_of(workspace: Path) -> dict:
+    path = workspace / "server" / "simulate_job" / "results.json"
+    assert path.is_file(), f"no results.json in {workspace}"
+    return json.loads(path.read_text())
+
+
+def server_log(workspace: Path) -> str:
+    path = workspace / "server" / "log.txt"
+    return path.read_text() if path.is_file() else ""

@@ -7,7 +7,6 @@ import pytest
 import torch
 from PIL import Image
 
-from fedpartial.data import dataset as ds_mod
 from fedpartial.data import transforms as tf
 from fedpartial.data.dataset import make_dataset, make_loader
 from fedpartial.data.manifest import Manifest

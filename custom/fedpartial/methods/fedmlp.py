@@ -344,6 +344,7 @@ class FedMLPTrainer(LocalTrainer):
         self.annotated = torch.as_tensor(np.asarray(ctx.annotated, dtype=bool))
         self.tags: torch.Tensor | None = None  # (N, C) int8: -1 untagged, 0 / 1 permanent pseudo labels
         self._table: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._warned_rates = False
 
     # -- pieces (public for tests) --------------------------------------------------------------------
     @property
@@ -369,7 +370,9 @@ class FedMLPTrainer(LocalTrainer):
         if self.global_rates:
             if self.ctx.summary:
                 return summary_rates(self.ctx.summary, self.ctx.num_classes)
-            self.ctx.log.warning("fedmlp: global_rates set but no data summary received; using local rates")
+            if not self._warned_rates:
+                self.ctx.log.warning("fedmlp: global_rates set but no data summary received; using local rates")
+                self._warned_rates = True
         return class_rates(labels, label_mask)
 
     # -- data helpers ---------------------------------------------------------------------------------
@@ -418,13 +421,16 @@ class FedMLPTrainer(LocalTrainer):
     # -- the round ------------------------------------------------------------------------------------
     def train_round(self, round_num: int, num_rounds: int, global_meta: dict) -> RoundOutput:
         model = self.ctx.model
-        teacher = copy.deepcopy(model).eval()  # the received global model, frozen
-        for p in teacher.parameters():
-            p.requires_grad_(False)
+        stage2 = round_num >= self.warmup_rounds
+        use_cr = self.use_cr(stage2)
+        teacher = None
+        if use_cr or (stage2 and self.mld):
+            teacher = copy.deepcopy(model).eval()  # the received global model, frozen
+            for p in teacher.parameters():
+                p.requires_grad_(False)
         labels, mask = self._label_table()
         n = labels.shape[0]
         self._ensure_tags(n)
-        stage2 = round_num >= self.warmup_rounds
         meta: dict = {"fedmlp_stage": 2 if stage2 else 1}
         if stage2 and self.mld:
             meta.update(self._tag_missing_labels(teacher, global_meta or {}, n))
@@ -434,7 +440,6 @@ class FedMLPTrainer(LocalTrainer):
         eff_labels = torch.where(mask, labels, torch.where(tagged, self.tags.float(), torch.zeros_like(labels)))
         pi1, pi0 = self.rates(eff_labels, eff_mask)
         pi1, pi0 = pi1.to(self.ctx.device), pi0.to(self.ctx.device)
-        use_cr = self.use_cr(stage2)
         one_view = stage2 and self.parity == "code"
         views = {"image": "weak"} if one_view else {"image": "weak", "image_2": "weak"}
 

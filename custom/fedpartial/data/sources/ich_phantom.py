@@ -123,16 +123,17 @@ def _sample_params(n_images: int, seed: int, n_patients: int) -> dict[str, np.nd
     faint = rng.uniform(size=(n, 5)) < FAINT_FRACTION
     lo, hi = BLOOD_HU
     hu = np.where(faint, rng.uniform(lo, lo + (hi - lo) / 3, (n, 5)), rng.uniform(lo + (hi - lo) / 4, hi, (n, 5)))
+    hu[:, 2] = 5 + (hu[:, 2] - 5) * rng.uniform(0.35, 1.0, n)  # intraventricular blood mixes with CSF
     shrink = np.where(faint, rng.uniform(0.45, 0.8, (n, 5)), 1.0)
     prm.update({
         "blood": hu, "shrink": shrink,
-        "edh_phi": side + per_slice(-0.15, 0.15), "edh_w": per_slice(0.25, 0.55), "edh_d": per_slice(0.08, 0.20),
+        "edh_phi": side + per_slice(-0.15, 0.15), "edh_w": per_slice(0.25, 0.55), "edh_d": per_slice(0.10, 0.22),
         "sdh_phi": side + np.pi * rng.integers(0, 2, p)[pat] + per_slice(-0.3, 0.3),
-        "sdh_w": per_slice(0.7, 1.6), "sdh_d": per_slice(0.02, 0.055),
+        "sdh_w": per_slice(0.7, 1.6), "sdh_d": per_slice(0.035, 0.08),
         "iph_alpha": per_patient(-np.pi, np.pi) + per_slice(-0.2, 0.2), "iph_rho": per_patient(0.38, 0.70),
-        "iph_r": per_slice(0.035, 0.11), "iph_edema": per_slice(0.0, 6.0),
+        "iph_r": per_slice(0.025, 0.09), "iph_edema": per_slice(0.0, 4.0),
         "iph_harm": rng.uniform(0, 0.22, (n, 3)), "iph_phase": rng.uniform(-np.pi, np.pi, (n, 3)),
-        "ivh_side": rng.integers(0, 3, n).astype(float), "ivh_fill": per_slice(0.3, 0.85),
+        "ivh_side": rng.integers(0, 3, n).astype(float), "ivh_fill": per_slice(0.15, 0.65),
         "sah_phi": side + per_slice(-0.5, 0.5), "sah_w": per_slice(0.5, 1.4),
     })
     perm = rng.permutation(n)  # CSV order unrelated to patients / labels

@@ -1,0 +1,69 @@
+"""The build step, the job folders and the site-data resolution."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import REPO
+from fedpartial.data.presets import resolve_dataset
+from fedpartial.data.site_config import SITE_CONFIG_ENV, SiteDataError, resolve_site_data
+from fedpartial.methods import available_methods
+from fedpartial.tools.build_jobs import build_job, differences, job_dirs
+
+
+def test_built_copies_match_custom(tmp_path):
+    """Every job's app/custom equals custom/ after the build (the README's setup runs it)."""
+    src = REPO / "custom" / "fedpartial"
+    for job in job_dirs(REPO / "jobs"):
+        assert build_job(job, src, check=True) == [], f"{job.name}: run `make jobs`"
+
+
+def test_check_detects_a_stale_copy(tmp_path):
+    src = REPO / "custom" / "fedpartial"
+    job = tmp_path / "job"
+    (job / "app" / "config").mkdir(parents=True)
+    (job / "meta.json").write_text(json.dumps({"deploy_map": {"app": ["@ALL"]}}))
+    assert build_job(job, src, check=True)  # nothing built yet
+    build_job(job, src)
+    assert build_job(job, src, check=True) == []
+    (job / "app/custom/fedpartial/models.py").write_text("# edited by hand\n")
+    assert any("models.py differs" in d for d in differences(src, job / "app/custom/fedpartial"))
+
+
+@pytest.mark.parametrize("job", [p.name for p in job_dirs(REPO / "jobs")])
+def test_job_configs_are_consistent(job):
+    folder = REPO / "jobs" / job
+    meta = json.loads((folder / "meta.json").read_text())
+    assert meta["deploy_map"] == {"app": ["@ALL"]}
+    server = json.loads((folder / "app/config/config_fed_server.json").read_text())
+    client = json.loads((folder / "app/config/config_fed_client.json").read_text())
+    assert server["method"] == client["method"] and server["method"] in available_methods()
+    args = client["executors"][0]["executor"]["args"]
+    ds = resolve_dataset(args["dataset"])
+    comps = {c["id"]: c for c in server["components"]}
+    assert comps["model"]["args"]["num_classes"] == len(ds["classes"])
+    assert comps["data_summary"]["args"]["classes"] == ds["classes"]
+    assert comps["model"]["args"]["in_channels"] == args["model"]["in_channels"] == ds["channels"]
+
+
+def test_missing_site_config_names_the_site(tmp_path, monkeypatch):
+    monkeypatch.delenv(SITE_CONFIG_ENV, raising=False)
+    ds = resolve_dataset({"preset": "rsna_ich", "require_site_config": True})
+    with pytest.raises(SiteDataError, match="site 'hospital-7'.*rsna_ich.*fedpartial_data.json"):
+        resolve_site_data("hospital-7", ds, tmp_path / "local")
+
+
+def test_site_config_file_resolves_relative_paths(tmp_path, monkeypatch):
+    monkeypatch.delenv(SITE_CONFIG_ENV, raising=False)
+    local = tmp_path / "local"
+    local.mkdir()
+    (local / "fedpartial_data.json").write_text(json.dumps(
+        {"datasets": {"rsna_ich": {"data_root": "../data", "train": "m/train.csv", "test": "/abs/test.csv"}}}))
+    sd = resolve_site_data("hospital-1", resolve_dataset("rsna_ich"), local)
+    assert sd.data_root == (tmp_path / "data").resolve() and sd.train == (local / "m/train.csv").resolve()
+    assert sd.val is None and str(sd.test) == "/abs/test.csv"
+    monkeypatch.setenv(SITE_CONFIG_ENV, str(tmp_path / "nope.json"))
+    with pytest.raises(SiteDataError, match="hospital-1.*does not exist"):
+        resolve_site_data("hospital-1", resolve_dataset("rsna_ich"), local)

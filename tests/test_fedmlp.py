@@ -1,0 +1,437 @@
+"""FedMLP (fedpartial.methods.fedmlp): every equation against hand-computed values on tiny tensors, the server
+rule, the parity switch, and a 3-round end-to-end run of two fake sites."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fedpartial.methods import Contribution, SiteContext, get_method
+from fedpartial.methods import fedmlp as M
+from fedpartial.models import PartialLabelNet
+
+LN2 = math.log(2.0)
+
+
+# ------------------------------------------------------------------------------------------------ Eq. 3
+
+def test_logit_adjust_matches_eq3():
+    # logits l = [0, ln 3]  ->  y = sigmoid(l) = [0.5, 0.75]
+    # pi1 = [0.25, 0.5], pi0 = [0.75, 0.5]
+    # Eq. 3, class 0: 0.5*0.25 / (0.5*0.25 + 0.5*0.75) = 0.125 / 0.5 = 0.25
+    # Eq. 3, class 1: pi1 = pi0 -> unchanged 0.75
+    logits = torch.tensor([[0.0, math.log(3.0)]])
+    pi1, pi0 = torch.tensor([0.25, 0.5]), torch.tensor([0.75, 0.5])
+    adj = M.logit_adjust(logits, pi1, pi0)
+    assert torch.allclose(torch.sigmoid(adj), torch.tensor([[0.25, 0.75]]), atol=1e-6)
+    # as a logit: 0 + ln(0.25/0.75) = -ln 3
+    assert adj[0, 0].item() == pytest.approx(-math.log(3.0), abs=1e-6)
+    # pi0 defaults to 1 - pi1
+    assert torch.allclose(M.logit_adjust(logits, pi1), adj)
+    # temperature 2: l' = 0 + 2 ln(1/3) -> sigmoid = 1/(1+9) = 0.1
+    # (= Eq. 3 with pi^2: 0.5*0.0625 / (0.5*0.0625 + 0.5*0.5625) = 0.0625/0.625 = 0.1)
+    assert torch.sigmoid(M.logit_adjust(logits, pi1, pi0, tau=2.0))[0, 0].item() == pytest.approx(0.1, abs=1e-6)
+    # tau = 0 disables the adjustment
+    assert torch.equal(M.logit_adjust(logits, pi1, pi0, tau=0.0), logits)
+
+
+def test_class_rates_and_summary_rates():
+    # class 0: labelled entries [1, 0, 0, 1] -> pi1 = 2/4 = 0.5
+    # class 1: labelled entries [1, 0, 0, -] -> pi1 = 1/3
+    # class 2: nothing labelled -> 0.5 (no adjustment)
+    labels = torch.tensor([[1., 1., 0.], [0., 0., 0.], [0., 0., 0.], [1., 1., 0.]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0], [1, 1, 0], [1, 0, 0]], dtype=torch.bool)
+    pi1, pi0 = M.class_rates(labels, mask)
+    assert torch.allclose(pi1, torch.tensor([0.5, 1 / 3, 0.5]), atol=1e-6)
+    assert torch.allclose(pi0, 1 - pi1)
+    # global: class 0: (3 + 1) / (3 + 1 + 5 + 7) = 4/16 = 0.25; class 1: 2 / (2 + 6) = 0.25; class 2: none -> 0.5
+    summary = {"classes": ["a", "b", "c"], "sites": {
+        "s1": {"n_train": 8, "annotated": [True, True, False], "positives": [3, 2, 0], "negatives": [5, 6, 0]},
+        "s2": {"n_train": 8, "annotated": [True, False, False], "positives": [1, 0, 0], "negatives": [7, 0, 0]}}}
+    g1, _ = M.summary_rates(summary, 3)
+    assert torch.allclose(g1, torch.tensor([0.25, 0.25, 0.5]), atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------ Eq. 4
+
+def test_wpc_loss_hand_values():
+    # C = 2, B = 2, logits 0 -> p = 0.5, BCE = ln 2 per entry.
+    logits = torch.zeros(2, 2)
+    labels = torch.tensor([[1., 0.], [0., 1.]])
+    mask = torch.tensor([[True, False], [True, True]])
+    # no adjustment: sample 1: ln2 / C = ln2/2; sample 2: 2 ln2 / 2 = ln2 -> mean = 0.75 ln 2
+    assert M.wpc_loss(logits, labels, mask).item() == pytest.approx(0.75 * LN2, abs=1e-6)
+    # with Eq. 3, pi1 = [0.25, 0.5]: class 0 adjusted prob = 0.25, class 1 stays 0.5
+    # sample 1: y=1 on class 0 -> -ln 0.25 = ln 4                       -> ln4 / 2
+    # sample 2: y=0 on class 0 -> -ln 0.75 = ln(4/3); y=1 class 1 -> ln 2 -> (ln(4/3) + ln 2) / 2
+    # mean = (ln 4 + ln(4/3) + ln 2) / 4 = ln(32/3) / 4
+    pi1 = torch.tensor([0.25, 0.5])
+    assert M.wpc_loss(logits, labels, mask, pi1, 1 - pi1).item() == pytest.approx(math.log(32 / 3) / 4, abs=1e-6)
+    # gradient flows only through labelled entries
+    lg = torch.zeros(2, 2, requires_grad=True)
+    M.wpc_loss(lg, labels, mask).backward()
+    assert lg.grad[0, 1].item() == 0.0 and lg.grad[0, 0].item() != 0.0
+
+
+def test_consistency_loss_only_on_mask():
+    # entries (0,1): (0.9-0.5)^2 = 0.16 and (1,1): (0.2-0.4)^2 = 0.04 -> mean 0.10; (0,0), (1,0) ignored
+    p_local = torch.tensor([[0.1, 0.9], [0.7, 0.2]])
+    p_global = torch.tensor([[0.8, 0.5], [0.0, 0.4]])
+    mask = torch.tensor([[False, True], [False, True]])
+    assert M.consistency_loss(p_local, p_global, mask).item() == pytest.approx(0.10, abs=1e-6)
+    assert M.consistency_loss(p_local, p_global, torch.zeros(2, 2, dtype=torch.bool)).item() == 0.0
+
+
+# ------------------------------------------------------------------------------------------------ Eq. 5
+
+def test_class_prototypes_hand_values():
+    # f0 = [1,0], f1 = [3,0], f2 = [0,2], f3 = [0,4]
+    feats = torch.tensor([[1., 0.], [3., 0.], [0., 2.], [0., 4.]])
+    labels = torch.tensor([[1., 0., 0.], [1., 1., 0.], [0., 1., 0.], [0., 0., 0.]])
+    # class 1: entry of f3 not annotated; class 2: missing at this site (no entry)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0], [1, 1, 0], [1, 0, 0]], dtype=torch.bool)
+    p0, p1, counts = M.class_prototypes(feats, labels, mask)
+    # class 0: P1 = mean(f0, f1) = [2, 0]; P0 = mean(f2, f3) = [0, 3]
+    # class 1: P1 = mean(f1, f2) = [1.5, 1]; P0 = f0 = [1, 0] (f3 unannotated)
+    # class 2: no sample -> zero rows, counts 0
+    assert torch.allclose(p1, torch.tensor([[2., 0.], [1.5, 1.], [0., 0.]]))
+    assert torch.allclose(p0, torch.tensor([[0., 3.], [1., 0.], [0., 0.]]))
+    assert counts.tolist() == [[2, 2], [1, 2], [0, 0]]
+
+
+# ------------------------------------------------------------------------------------------------ Eq. 6
+
+def _three_sites():
+    # site A annotates {0, 1}; B annotates {0} (its class-1 rows are garbage and must be ignored);
+    # C annotates {1} (its class-0 rows are garbage) and has no positive of class 1 (count 0).
+    p0 = torch.tensor([[[0., 0.], [2., 2.]],       # A
+                       [[2., 0.], [100., 100.]],   # B
+                       [[50., 50.], [4., 0.]]])    # C
+    p1 = torch.tensor([[[4., 0.], [0., 4.]],
+                       [[0., 2.], [100., 100.]],
+                       [[50., 50.], [9., 9.]]])
+    counts = torch.tensor([[[5, 5], [5, 5]], [[5, 5], [7, 7]], [[3, 3], [6, 0]]])
+    annotated = torch.tensor([[True, True], [True, False], [False, True]])
+    n = torch.tensor([100., 300., 600.])
+    return p0, p1, counts, annotated, n
+
+
+def test_aggregate_prototypes_over_annotating_sites():
+    p0, p1, counts, annotated, n = _three_sites()
+    g0, g1, valid = M.aggregate_prototypes(p0, p1, counts, annotated)
+    # uniform (Eq. 6): class 0 over {A, B}: P0 = ([0,0] + [2,0]) / 2 = [1, 0]; P1 = ([4,0] + [0,2]) / 2 = [2, 1]
+    #                  class 1 over {A, C}: P0 = ([2,2] + [4,0]) / 2 = [3, 1]; P1 = A only (C has count 0) = [0, 4]
+    assert torch.allclose(g0, torch.tensor([[1., 0.], [3., 1.]]))
+    assert torch.allclose(g1, torch.tensor([[2., 1.], [0., 4.]]))
+    assert valid.all()
+    # n_k weights (released code): class 0: P0 = (100*[0,0] + 300*[2,0]) / 400 = [1.5, 0]
+    #                                       P1 = (100*[4,0] + 300*[0,2]) / 400 = [1, 1.5]
+    #                              class 1: P0 = (100*[2,2] + 600*[4,0]) / 700 = [26/7, 2/7]; P1 = [0, 4]
+    g0, g1, _ = M.aggregate_prototypes(p0, p1, counts, annotated, n)
+    assert torch.allclose(g0, torch.tensor([[1.5, 0.], [26 / 7, 2 / 7]]), atol=1e-6)
+    assert torch.allclose(g1, torch.tensor([[1., 1.5], [0., 4.]]), atol=1e-6)
+    # a class nobody annotates: zero rows, not valid
+    g0, g1, valid = M.aggregate_prototypes(p0, p1, counts, torch.tensor([[True, False]] * 3))
+    assert valid.tolist() == [[True, True], [False, False]] and torch.equal(g0[1], torch.zeros(2))
+
+
+# ------------------------------------------------------------------------------------------------ Eq. 7
+
+def test_prototype_scores_hand_values():
+    feats = torch.tensor([[1., 0.], [1., 1.], [0., 2.], [3., 4.]])
+    # class 0: P0 = [1,0], P1 = [0,1]
+    #   f=[1,0]: 1 - 0 = 1; f=[1,1]: 1/sqrt2 - 1/sqrt2 = 0; f=[0,2]: 0 - 1 = -1; f=[3,4]: 3/5 - 4/5 = -0.2
+    # class 1: P0 = [0,5], P1 = [5,0] (cosine ignores the scale): the negatives of class 0's scores
+    p0 = torch.tensor([[1., 0.], [0., 5.]])
+    p1 = torch.tensor([[0., 1.], [5., 0.]])
+    z = M.prototype_scores(feats, p0, p1)
+    expected = torch.tensor([[1., -1.], [0., 0.], [-1., 1.], [-0.2, 0.2]])
+    assert torch.allclose(z, expected, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------ Eq. 8-9
+
+def test_select_pseudo_labels_residual_pool_and_accumulation():
+    # Reading of Eq. 8-9 + "In later rounds, Z only includes residual samples": every round the shares tau0 /
+    # tau1 are taken of the not-yet-tagged negative (Z >= 0) / positive (Z < 0) candidates, rounded down.
+    z = torch.tensor([0.9, 0.8, 0.7, 0.6, 0.5, -0.1, -0.2, -0.3, -0.4, 0.0])
+    tags = torch.full((10, 1), -1, dtype=torch.int8)
+    tags[0, 0] = 0  # tagged in an earlier round: never re-selected, never revised
+    # round 1: negative candidates (untagged, Z >= 0) = {1, 2, 3, 4, 9} (5) -> floor(0.4*5) = 2 -> largest Z: 1, 2
+    #          positive candidates (Z < 0)          = {5, 6, 7, 8} (4)    -> floor(0.5*4) = 2 -> smallest Z: 8, 7
+    neg, pos = M.select_pseudo_labels(z[:, None], tags >= 0, 0.4, 0.5)
+    assert torch.nonzero(neg[:, 0]).flatten().tolist() == [1, 2]
+    assert torch.nonzero(pos[:, 0]).flatten().tolist() == [7, 8]
+    tags = M.accumulate_tags(tags, neg, pos)
+    assert tags[:, 0].tolist() == [0, 0, 0, -1, -1, -1, -1, 1, 1, -1]
+    # round 2 (same scores): residual negatives {3, 4, 9} -> floor(0.4*3) = 1 -> 3
+    #                        residual positives {5, 6}    -> floor(0.5*2) = 1 -> 6 (Z = -0.2 < -0.1)
+    # (a share of the whole pool would give floor(0.4*6) = 2 negatives here: the residual reading differs)
+    neg, pos = M.select_pseudo_labels(z[:, None], tags >= 0, 0.4, 0.5)
+    assert torch.nonzero(neg[:, 0]).flatten().tolist() == [3]
+    assert torch.nonzero(pos[:, 0]).flatten().tolist() == [6]
+    tags = M.accumulate_tags(tags, neg, pos)
+    assert tags[:, 0].tolist() == [0, 0, 0, 0, -1, -1, 1, 1, 1, -1]
+    # 1-D scores and per-class shares; a zero share selects nothing; accumulate never overwrites
+    # 1-D scores: 6 candidates with Z >= 0 = {0,1,2,3,4,9} -> floor(0.2*6) = floor(1.2) = 1 -> index 0;
+    # a zero positive share selects nothing
+    n1, p1 = M.select_pseudo_labels(z, torch.zeros(10, dtype=torch.bool), 0.2, 0.0)
+    assert torch.nonzero(n1).flatten().tolist() == [0] and not p1.any()
+
+
+def test_select_pseudo_labels_floor_and_per_class_shares():
+    z = torch.tensor([[0.9, -0.9], [0.8, -0.8], [0.7, 0.7], [0.6, 0.6], [0.5, 0.5], [-0.1, -0.1]])
+    none = torch.zeros(6, 2, dtype=torch.bool)
+    # class 0: 5 negative candidates, share 0.2 -> floor(1.0) = 1 -> index 0; 1 positive candidate, share 0.5 -> 0
+    # class 1: 3 negative candidates {2,3,4}, share 0.5 -> floor(1.5) = 1 -> index 2;
+    #          3 positive candidates {0,1,5}, share 1.0 -> all three
+    neg, pos = M.select_pseudo_labels(z, none, torch.tensor([0.2, 0.5]), torch.tensor([0.5, 1.0]))
+    assert neg.tolist() == [[True, False], [False, False], [False, True], [False, False], [False, False], [False, False]]
+    assert pos.tolist() == [[False, True], [False, True], [False, False], [False, False], [False, False], [False, True]]
+    tags = torch.full((6, 2), -1, dtype=torch.int8)
+    tags[0, 1] = 0
+    out = M.accumulate_tags(tags, neg, pos)
+    assert out[0, 1].item() == 0  # the earlier tag stays even though pos selects it
+
+
+# ------------------------------------------------------------------------------------------------ Eq. 10
+
+def test_learning_degree_hand_values():
+    # L = 0.3, R = 0.7 (strict): col 0 [0.1 y, 0.3 n, 0.5 n, 0.7 n, 0.9 y] -> 2/5 = 0.4
+    #                            col 1 [0.29 y, 0.71 y, 0.2 y, 0.8 y, 0.31 n] -> 4/5 = 0.8
+    probs = torch.tensor([[0.1, 0.29], [0.3, 0.71], [0.5, 0.2], [0.7, 0.8], [0.9, 0.31]])
+    assert torch.allclose(M.learning_degree(probs, 0.3, 0.7), torch.tensor([0.4, 0.8]))
+
+
+def test_aggregate_learning_degree_over_missing_sites_with_fallback():
+    # missing: A misses {0}, B misses {0, 1}, C misses nothing (its degrees must not count); class 2 missed nowhere
+    degrees = torch.tensor([[0.2, 0.9, 0.3], [0.6, 0.4, 0.3], [0.99, 0.99, 0.99]])
+    missing = torch.tensor([[True, False, False], [True, True, False], [False, False, False]])
+    n = torch.tensor([100., 300., 1000.])
+    d = M.aggregate_learning_degree(degrees, n, missing)
+    # class 0: (100*0.2 + 300*0.6) / 400 = 200/400 = 0.5; class 1: B only = 0.4; class 2: fallback 1
+    assert torch.allclose(d, torch.tensor([0.5, 0.4, 1.0], dtype=torch.float64))
+
+
+def test_selection_ratios_self_adaptive_and_fixed():
+    d = torch.tensor([0.5, 1.0])
+    t0, t1 = M.selection_ratios(d, 0.005, 0.01)
+    # tau0 = d * T0 = [0.0025, 0.005]; tau1 = d * T1 = [0.005, 0.01]
+    assert torch.allclose(t0, torch.tensor([0.0025, 0.005], dtype=torch.float64))
+    assert torch.allclose(t1, torch.tensor([0.005, 0.01], dtype=torch.float64))
+    t0, t1 = M.selection_ratios(d, 0.005, 0.01, adaptive=False)
+    assert t0.tolist() == [0.005, 0.005] and t1.tolist() == [0.01, 0.01]
+
+
+# ------------------------------------------------------------------------------------------------ server rule
+
+def _contribution(site, w, n, annotated, p0, p1, counts, degree):
+    meta = {"annotated": list(annotated), M.META_P0: np.asarray(p0, np.float32), M.META_P1: np.asarray(p1, np.float32),
+            M.META_COUNTS: np.asarray(counts, np.int64), M.META_DEGREE: np.asarray(degree, np.float64)}
+    return Contribution(site=site, weights={"w": np.asarray(w, np.float32)}, n=n, meta=meta)
+
+
+def test_rule_prototypes_degree_and_previous_kept():
+    p0, p1, counts, annotated, n = _three_sites()
+    # degrees: A misses nothing (its values 0.0 must not count); B misses class 1 (0.4); C misses class 0 (0.7)
+    deg = [[0.0, 0.0], [0.9, 0.4], [0.7, 0.9]]
+    cons = [_contribution(s, [i + 1.0], float(n[i]), annotated[i].tolist(), p0[i], p1[i], counts[i], deg[i])
+            for i, s in enumerate("ABC")]
+    rule = M.FedMLPRule()
+    weights, meta = rule.aggregate(None, cons, [], 0)
+    # FedAvg: (100*1 + 300*2 + 600*3) / 1000 = 2.5
+    assert weights["w"][0] == pytest.approx(2.5)
+    assert np.allclose(meta[M.META_GLOBAL_P0], [[1., 0.], [3., 1.]])
+    assert np.allclose(meta[M.META_GLOBAL_P1], [[2., 1.], [0., 4.]])
+    assert meta[M.META_GLOBAL_VALID] == [[True, True], [True, True]]
+    # d_0^G = C only (0.7); d_1^G = B only (0.4)
+    assert meta[M.META_GLOBAL_DEGREE] == pytest.approx([0.7, 0.4])
+    # round 1: only B contributes (annotates class 0 only, new class-0 prototypes, misses class 1 with 0.2)
+    b = _contribution("B", [5.0], 300.0, [True, False], [[6., 0.], [0., 0.]], [[0., 6.], [0., 0.]],
+                      [[4, 4], [0, 0]], [0.3, 0.2])
+    _, meta = rule.aggregate(None, [b], [], 1)
+    assert np.allclose(meta[M.META_GLOBAL_P0], [[6., 0.], [3., 1.]])  # class 1 kept from round 0
+    assert np.allclose(meta[M.META_GLOBAL_P1], [[0., 6.], [0., 4.]])
+    # class 0 is missed by no contributor this round: previous 0.7 kept; class 1: B's 0.2
+    assert meta[M.META_GLOBAL_DEGREE] == pytest.approx([0.7, 0.2])
+    # before any prototype was sent (warm-up), the rule sends no meta
+    assert M.FedMLPRule().aggregate(None, [Contribution("A", {"w": np.ones(1)}, 1.0, {"annotated": [True]})], [], 0)[1] == {}
+
+
+def test_rule_meta_serialisable_by_nvflare():
+    fobs = pytest.importorskip("nvflare.fuel.utils.fobs")
+    from nvflare.app_common.decomposers import common_decomposers
+
+    common_decomposers.register()
+    p0, p1, counts, annotated, n = _three_sites()
+    cons = [_contribution(s, [1.0], float(n[i]), annotated[i].tolist(), p0[i], p1[i], counts[i], [0.5, 0.5])
+            for i, s in enumerate("ABC")]
+    _, meta = M.FedMLPRule().aggregate(None, cons, [], 0)
+    back = fobs.loads(fobs.dumps(meta))
+    assert np.allclose(back[M.META_GLOBAL_P0], meta[M.META_GLOBAL_P0])
+    assert back[M.META_GLOBAL_VALID] == meta[M.META_GLOBAL_VALID]
+
+
+# ------------------------------------------------------------------------------------------------ fake site
+
+class _FakeDataset(torch.utils.data.Dataset):
+    def __init__(self, images, labels, mask, views):
+        self.images, self.labels, self.mask, self.views = images, labels, mask, dict(views)
+
+    def __len__(self):
+        return len(self.images)
+
+    def __getitem__(self, i):
+        item = {}
+        for key, kind in self.views.items():
+            img = self.images[i]
+            item[key] = img if kind == "eval" else img + 0.05 * torch.randn_like(img)
+        item.update(label=self.labels[i].clone(), mask=self.mask[i].clone(), index=torch.tensor(i, dtype=torch.int64))
+        return item
+
+
+class _FakeData:
+    """The two methods of SiteDatasets a trainer uses."""
+
+    def __init__(self, images, labels, mask):
+        self.images, self.labels, self.mask = images, labels, mask
+
+    def dataset(self, split, views):
+        return _FakeDataset(self.images, self.labels, self.mask, views)
+
+    def train_loader(self, views, batch_size, shuffle=True, seed=0, drop_last=False):
+        g = torch.Generator().manual_seed(int(seed))
+        return torch.utils.data.DataLoader(self.dataset("train", views), batch_size=batch_size, shuffle=shuffle,
+                                           generator=g, drop_last=drop_last)
+
+
+def _site(name, annotated, n=24, C=3, seed=0, tmp: Path | None = None, model=None):
+    g = torch.Generator().manual_seed(seed)
+    labels = (torch.rand(n, C, generator=g) < 0.5).float()
+    images = torch.randn(n, 3, 16, 16, generator=g) * 0.3
+    for c in range(min(C, 3)):  # some class signal: class c brightens channel c
+        images[:, c] += labels[:, c:c + 1, None]
+    annotated = np.asarray(annotated, bool)
+    mask = torch.as_tensor(annotated)[None, :].expand(n, C).clone()
+    labels = labels * mask  # missing entries stored as 0
+    model = model or PartialLabelNet("small_cnn", C, 3, width=4)
+    return SiteContext(site=name, task="multilabel", classes=[f"c{i}" for i in range(C)], annotated=annotated,
+                       model=model, data=_FakeData(images, labels, mask), device=torch.device("cpu"),
+                       state_dir=tmp or Path("."), train={"lr": 1e-3, "batch_size": 8, "local_epochs": 1}, seed=seed)
+
+
+def _tiny_ctx(annotated=(True, False)):
+    return _site("x", annotated, n=4, C=len(annotated))
+
+
+# ------------------------------------------------------------------------------------------------ parity switch
+
+def test_parity_switch_loss_cr_and_threshold():
+    logits = torch.zeros(2, 2)
+    labels = torch.tensor([[1., 0.], [0., 1.]])
+    lab = torch.tensor([[True, False], [True, True]])
+    pi1 = torch.tensor([0.25, 0.5])
+    paper = M.FedMLPTrainer(_tiny_ctx())
+    code = M.FedMLPTrainer(_tiny_ctx(), parity="code")
+    # paper: WPC + Eq. 3 = ln(32/3)/4 (see test_wpc_loss_hand_values)
+    assert paper.supervised_loss(logits, labels, lab, pi1, 1 - pi1).item() == pytest.approx(math.log(32 / 3) / 4, abs=1e-6)
+    # code: plain BCE averaged over the 3 labelled entries, no adjustment: 3 ln2 / 3 = ln 2
+    assert code.supervised_loss(logits, labels, lab, pi1, 1 - pi1).item() == pytest.approx(LN2, abs=1e-6)
+    # wpc off (Table 3 FedAvg term): Eq. 1 over all 4 entries, missing as 0: logits 0 -> ln 2 each -> ln 2;
+    # with logits [[0, 2], ...] the unlabelled (0,1) entry counts as a negative: softplus(2) enters the mean
+    nowpc = M.FedMLPTrainer(_tiny_ctx(), wpc=False)
+    lg = torch.tensor([[0., 2.], [0., 0.]])
+    expected = (3 * LN2 + math.log1p(math.exp(2.0))) / 4
+    assert nowpc.supervised_loss(lg, labels, lab, pi1, 1 - pi1).item() == pytest.approx(expected, abs=1e-6)
+    # consistency: paper in both stages, code only in the warm-up; cr_warmup=False drops it in stage 1
+    assert paper.use_cr(False) and paper.use_cr(True)
+    assert code.use_cr(False) and not code.use_cr(True)
+    assert not M.FedMLPTrainer(_tiny_ctx(), cr_warmup=False).use_cr(False)
+    assert not M.FedMLPTrainer(_tiny_ctx(), cr=False).use_cr(True)
+    # self-adaptive threshold: paper yes, code / st=False fixed fractions
+    assert paper.adaptive and not code.adaptive and not M.FedMLPTrainer(_tiny_ctx(), st=False).adaptive
+    assert paper.feature_view == "eval" and code.feature_view == "weak"
+    # server: paper = uniform Eq. 6, code = n_k weights
+    assert M.FedMLPRule().proto_weighting == "uniform"
+    assert M.FedMLPRule(parity="code").proto_weighting == "samples"
+    with pytest.raises(ValueError):
+        M.FedMLPTrainer(_tiny_ctx(), parity="nope")
+
+
+def test_registered_and_multilabel_only():
+    trainer, rule, _ = get_method("fedmlp")
+    assert trainer is M.FedMLPTrainer and rule is M.FedMLPRule
+    ctx = _tiny_ctx()
+    ctx.task = "multiclass"
+    with pytest.raises(ValueError):
+        M.FedMLPTrainer(ctx)
+
+
+def test_global_rates_from_summary():
+    ctx = _tiny_ctx()
+    ctx.summary = {"classes": ["c0", "c1"], "sites": {
+        "a": {"n_train": 4, "annotated": [True, False], "positives": [1, 0], "negatives": [3, 0]},
+        "b": {"n_train": 4, "annotated": [False, True], "positives": [0, 3], "negatives": [0, 1]}}}
+    t = M.FedMLPTrainer(ctx, global_rates=True)
+    pi1, _ = t.rates(torch.zeros(4, 2), torch.zeros(4, 2, dtype=torch.bool))
+    # class 0: 1/4; class 1: 3/4
+    assert torch.allclose(pi1, torch.tensor([0.25, 0.75]))
+
+
+# ------------------------------------------------------------------------------------------------ end to end
+
+def test_end_to_end_three_rounds(tmp_path):
+    torch.manual_seed(0)
+    opts = dict(warmup_rounds=1, T0=0.5, T1=0.5, L=0.5, R=0.5)  # L = R = 0.5: d ~ 1, so tau ~ 0.5 on 24 samples
+    ctxs = [_site("site-1", [True, True, False], seed=1, tmp=tmp_path),
+            _site("site-2", [False, True, True], seed=2, tmp=tmp_path)]
+    trainers = [M.FedMLPTrainer(c, **opts) for c in ctxs]
+    rule = M.FedMLPRule()
+    global_w = {k: v.detach().clone() for k, v in ctxs[0].model.state_dict().items()}
+    meta: dict = {}
+    tags_after: dict[int, torch.Tensor] = {}
+    for rnd in range(3):
+        if rnd == 2:  # a fresh process takes over site-1: state saved / restored through a file
+            path = tmp_path / "trainer_state.pt"
+            torch.save(trainers[0].state_dict(), path)
+            ctxs[0] = _site("site-1", [True, True, False], seed=1, tmp=tmp_path)
+            trainers[0] = M.FedMLPTrainer(ctxs[0], **opts)
+            trainers[0].load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
+            assert torch.equal(trainers[0].tags, tags_after[1])
+        cons = []
+        for ctx, tr in zip(ctxs, trainers):
+            ctx.model.load_state_dict(global_w)
+            out = tr.train_round(rnd, 3, meta)
+            assert out.steps == 3 and math.isfinite(out.loss)
+            cons.append(Contribution(ctx.site, {k: v.detach().numpy().copy() for k, v in ctx.model.state_dict().items()},
+                                     24.0, {**out.meta, "annotated": ctx.annotated.tolist()}))
+            if rnd == 0:  # end of the warm-up: prototypes and degrees in the meta
+                assert out.meta[M.META_P0].shape == (3, 32) and out.meta[M.META_P1].shape == (3, 32)
+                assert out.meta[M.META_COUNTS].shape == (3, 2) and out.meta[M.META_DEGREE].shape == (3,)
+                missing = ~ctx.annotated
+                assert (out.meta[M.META_COUNTS][missing] == 0).all()  # no prototype of a missing class
+                assert out.meta["fedmlp_stage"] == 1 and int((tr.tags >= 0).sum()) == 0
+            else:
+                assert out.meta["fedmlp_stage"] == 2
+        weights, meta = rule.aggregate(None, cons, [], rnd)
+        global_w = {k: torch.as_tensor(v) for k, v in weights.items()}
+        assert M.META_GLOBAL_P0 in meta and len(meta[M.META_GLOBAL_DEGREE]) == 3
+        if rnd == 0:
+            # class 0 only from site-1, class 2 only from site-2
+            assert np.allclose(meta[M.META_GLOBAL_P0][0], cons[0].meta[M.META_P0][0])
+            assert np.allclose(meta[M.META_GLOBAL_P1][2], cons[1].meta[M.META_P1][2])
+        tags_after[rnd] = trainers[0].tags.clone()
+    for tr, ctx in zip(trainers, ctxs):
+        tags = tr.tags
+        # pseudo labels only on the missing class, some were made in stage 2
+        assert int((tags[:, torch.as_tensor(ctx.annotated)] >= 0).sum()) == 0
+        assert int((tags >= 0).sum()) > 0
+    # permanence: every tag of round 1 survives (same value) after the restart and round 2
+    before, after = tags_after[1], tags_after[2]
+    assert int((before >= 0).sum()) > 0
+    assert torch.equal(after[before >= 0], before[before >= 0])
+    assert int((after >= 0).sum()) >= int((before >= 0).sum())

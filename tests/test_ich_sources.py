@@ -122,12 +122,12 @@ def test_lesions_are_drawn_where_they_belong(arrays):
     assert not (m["subdural"] & ~_dilate(m["skull"], 4)).any()
     assert not (m["intraventricular"] & ~m["ventricles"]).any()
     assert not (m["intraparenchymal"] & m["ventricles"]).any()
-    # blood is brighter than the brain around it
+    # blood is brighter than the brain (30-40 HU) around it; in the ventricles it mixes with CSF (5 HU)
     hu = raw.astype(np.float32) - 1024
-    for c in ("epidural", "intraparenchymal", "intraventricular", "subdural"):
+    for c, floor in (("epidural", 45), ("intraparenchymal", 45), ("intraventricular", 20), ("subdural", 45)):
         core = m[c] & ~_dilate(~m[c], 1)
         if core.any():
-            assert np.median(hu[core]) > 45, c
+            assert np.median(hu[core]) > floor, c
 
 
 def test_load_ich_phantom(phantom, caplog):

@@ -22,6 +22,20 @@ from ..methods import Contribution, get_method
 from .keys import META_CLASSIFIER_KEYS, META_N_TRAIN
 
 
+def to_builtin(value):
+    """numpy arrays / scalars inside the rule's meta -> lists / python numbers: the persistor stores the meta
+    inside the model file, which NVFlare reloads with ``torch.load(weights_only=True)`` (no numpy allowed)."""
+    if isinstance(value, dict):
+        return {k: to_builtin(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_builtin(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
 class PartialLabelAggregator(Aggregator):
     """Args:
         method: the registered method whose server rule aggregates (e.g. ``fedavg_masked``).
@@ -89,6 +103,7 @@ class PartialLabelAggregator(Aggregator):
         summary_comp = fl_ctx.get_engine().get_component(self.summary_id) if self.summary_id else None
         summary = getattr(summary_comp, "summary", None)
         weights, meta = self.rule.aggregate(previous, contributions, keys, rnd, summary)
+        meta = to_builtin(meta)
         bad = check_update(weights, previous) if previous is not None else None
         if bad:  # a rule must never produce a broken model; keep the previous one if it does
             self.log_error(fl_ctx, f"round {rnd}: aggregated model unusable ({bad}); keeping the previous model")

@@ -311,8 +311,9 @@ class FedMLPTrainer(LocalTrainer):
             untagged missing entries as negatives (the FedAvg term of Table 3).
         cr (True): consistency regularisation to the received global model on missing entries without a pseudo
             label.
-        cr_warmup (True): apply CR during the warm-up too (the released code and the framework's brief; Sec. 2.2
-            states stage 1's objective as L_WPC alone — set False for that reading).
+        cr_warmup (True): apply CR during the warm-up too (as the released code; Sec. 2.2 states stage 1's
+            objective as L_WPC alone, Sec. 2.4 motivates CR for every missing class without a pseudo label —
+            set False for the first reading).
         cr_weight (1.0): weight of the CR term (the paper adds it unweighted).
         st (True): self-adaptive threshold (tau = d_c^G * T); False = fixed T0 / T1.
         global_rates (False): class rates of Eq. 3 from the server's data summary (all sites' annotated

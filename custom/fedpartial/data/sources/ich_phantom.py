@@ -8,12 +8,13 @@ reads the real data. Everything is a deterministic function of the arguments.
 Each slice: air (-1000 HU), scalp, an elliptical skull (cortical tables ~1200 HU, diploe ~750 HU), brain
 (white ~30 HU, cortical ribbon ~38 HU, smooth texture), CSF in the sulci, along the brain surface and in two
 butterfly-shaped lateral ventricles; head size / shape / rotation / position vary by patient, level and noise by
-slice. Hemorrhages (blood ~ +45..+80 HU, size and contrast vary, some small or faint):
+slice. Hemorrhages (blood +48..+80 HU, size and contrast vary, a quarter of them small and faint):
 
 - epidural: biconvex lens against the inner skull table;
 - subdural: thin crescent along the inner table;
 - intraparenchymal: compact irregular blob in the parenchyma (with a faint oedema rim);
-- intraventricular: blood layering in the dependent (posterior) part of one or both ventricles;
+- intraventricular: blood (mixed with CSF: +20..+80 HU) layering in the dependent (posterior) part of one or
+  both ventricles;
 - subarachnoid: blood in the sulci and the surface CSF of a sector of the brain.
 
 The image is then blurred (partial volume) and gets acquisition noise. Label prevalences are exact (largest
@@ -71,6 +72,7 @@ def _exact_counts(n: int, fractions: np.ndarray) -> np.ndarray:
 
 
 def _unique_hex(rng: np.random.Generator, n: int, digits: int, taken: set[str] | None = None) -> list[str]:
+    """``n`` random hex strings of ``digits`` digits, distinct from each other and from ``taken``."""
     taken = set() if taken is None else taken
     out: list[str] = []
     while len(out) < n:
@@ -116,17 +118,17 @@ def _sample_params(n_images: int, seed: int, n_patients: int) -> dict[str, np.nd
         "sulc_w": per_slice(0.45, 0.8),  # sulcus width in pixels at 128 px
         "grey": per_patient(4.0, 10.0), "white": per_slice(28.0, 34.0), "tex_amp": per_slice(1.0, 3.0),
         "v_sep": per_patient(0.09, 0.12), "v_beta": per_patient(0.05, 0.25), "v_bend": per_patient(0.6, 1.2),
-        "v_scale": np.where(labels[:, 2] == 1, per_slice(0.9, 1.2), 0.55 + 0.65 * mid * per_slice(0.7, 1.0)),
+        "v_scale": 0.7 + 0.5 * mid * per_slice(0.7, 1.0),  # ventricle size: by level, not by label
         "noise": per_slice(*NOISE_HU), "blur": per_slice(*BLUR_PX),
     }
     side = per_patient(-np.pi, np.pi)  # where this patient's extra-axial bleeds sit
     faint = rng.uniform(size=(n, 5)) < FAINT_FRACTION
     lo, hi = BLOOD_HU
-    hu = np.where(faint, rng.uniform(lo, lo + (hi - lo) / 3, (n, 5)), rng.uniform(lo + (hi - lo) / 4, hi, (n, 5)))
-    hu[:, 2] = 5 + (hu[:, 2] - 5) * rng.uniform(0.35, 1.0, n)  # intraventricular blood mixes with CSF
+    blood = np.where(faint, rng.uniform(lo, lo + (hi - lo) / 3, (n, 5)), rng.uniform(lo + (hi - lo) / 4, hi, (n, 5)))
+    blood[:, 2] = 5 + (blood[:, 2] - 5) * rng.uniform(0.35, 1.0, n)  # intraventricular blood mixes with CSF
     shrink = np.where(faint, rng.uniform(0.45, 0.8, (n, 5)), 1.0)
     prm.update({
-        "blood": hu, "shrink": shrink,
+        "blood": blood, "shrink": shrink,
         "edh_phi": side + per_slice(-0.15, 0.15), "edh_w": per_slice(0.25, 0.55), "edh_d": per_slice(0.10, 0.22),
         "sdh_phi": side + np.pi * rng.integers(0, 2, p)[pat] + per_slice(-0.3, 0.3),
         "sdh_w": per_slice(0.7, 1.6), "sdh_d": per_slice(0.04, 0.09),
@@ -197,7 +199,8 @@ def _render(prm: dict[str, np.ndarray], size: int, rng: np.random.Generator) -> 
     a, bb, t = _col(prm["a"]), _col(prm["b"]), _col(prm["t"])
     ai, bi = a - t, bb - t
     phi = np.arctan2(v / bi, u / ai)  # angle in the head frame
-    shape = 1 + sum(_col(prm["shape"][:, j]) * np.cos((j + 2) * phi + _col(prm["shape_phase"][:, j])) for j in range(2))
+    shape = 1 + sum(_col(prm["shape"][:, j]) * np.cos((j + 2) * phi + _col(prm["shape_phase"][:, j]))
+                    for j in range(2))  # egg-shaped heads: 2nd and 3rd angular harmonics
     r_out = np.sqrt((u / a) ** 2 + (v / bb) ** 2) / shape
     ri = np.sqrt((u / ai) ** 2 + (v / bi) ** 2) / shape  # 1 at the inner table
     r_px = np.float32(size / 2) * (ai + bi) / 2  # intracranial radius in pixels
@@ -213,8 +216,8 @@ def _render(prm: dict[str, np.ndarray], size: int, rng: np.random.Generator) -> 
     parenchyma = _col(prm["white"]) + _col(prm["grey"]) * np.clip((ri - 0.82) / 0.06, 0, 1) + tex
     # CSF: surface rim, sulci (a periodic pattern in angle, warped) and two lateral ventricles
     rim = brain & (ri > 1 - 1.0 / r_px)
-    k = _col(prm["sulc_k"])
-    arc = np.abs(_wrap(k * phi + _col(prm["sulc_psi"]) + 0.8 * np.sin(3 * phi + _col(prm["sulc_chi"])))) / k
+    n_sulci = _col(prm["sulc_k"])
+    arc = np.abs(_wrap(n_sulci * phi + _col(prm["sulc_psi"]) + 0.8 * np.sin(3 * phi + _col(prm["sulc_chi"])))) / n_sulci
     sulci = brain & (arc * ri * r_px < _col(prm["sulc_w"]) * px) & (
         ri > _col(prm["sulc_depth"]) + 0.05 * np.sin(5 * phi + _col(prm["sulc_chi"])))
     vs, sep, beta = _col(prm["v_scale"]), _col(prm["v_sep"]) * a / 0.66, _col(prm["v_beta"])
@@ -247,7 +250,6 @@ def _render(prm: dict[str, np.ndarray], size: int, rng: np.random.Generator) -> 
     hu = _blur(hu, prm["blur"] * px)
     hu += rng.standard_normal(hu.shape, dtype=np.float32) * _col(prm["noise"])
     return hu, masks
-
 
 
 # ------------------------------------------------------------------------------------------------- lesions

@@ -100,46 +100,54 @@ def parse_rsna_csv(csv_path: str | os.PathLike) -> pd.DataFrame:
         raise ValueError(f"cannot read RSNA label CSV '{csv_path}': {e}") from e
     if not {"ID", "Label"} <= set(raw.columns):
         raise ValueError(f"'{csv_path}' line 1: expected columns ID,Label, got {list(raw.columns)}")
-    raw["line"] = np.arange(len(raw)) + 2
-    raw = raw[(raw["ID"].str.strip() != "") | (raw["Label"].str.strip() != "")]
-    parts = raw["ID"].str.strip().str.extract(_ID_RE)
-    bad = parts[0].isna().to_numpy()
+    ids, label = raw["ID"].str.strip(), raw["Label"].str.strip()
+    keep = ((ids != "") | (label != "")).to_numpy(dtype=bool)  # blank lines are skipped
+    lines = (np.arange(len(raw)) + 2)[keep]
+    ids, label = ids[keep], label[keep]
+    if not len(ids):
+        raise ValueError(f"'{csv_path}': no label rows")
+    bad = ~ids.str.fullmatch(_ID_RE).to_numpy(dtype=bool)
     if bad.any():
         i = int(np.argmax(bad))
-        raise ValueError(f"'{csv_path}' line {raw['line'].iloc[i]}: malformed ID {raw['ID'].iloc[i]!r} "
+        raise ValueError(f"'{csv_path}' line {lines[i]}: malformed ID {ids.iloc[i]!r} "
                          f"(expected ID_<hex>_<subtype>, subtype one of {list(ICH_SUBTYPES)})")
-    label = raw["Label"].str.strip()
-    bad = (~label.isin(["0", "1"])).to_numpy()
+    labels = (label == "1").to_numpy(dtype=bool)
+    bad = ~labels & (label != "0").to_numpy(dtype=bool)
     if bad.any():
         i = int(np.argmax(bad))
-        raise ValueError(f"'{csv_path}' line {raw['line'].iloc[i]}: label {raw['Label'].iloc[i]!r} is not 0 or 1")
-    long = pd.DataFrame({"image_id": parts[0].to_numpy(), "subtype": parts[1].to_numpy(),
-                         "label": label.astype(int).to_numpy(), "line": raw["line"].to_numpy()})
-    dup = long.duplicated(["image_id", "subtype"], keep="first")
-    if dup.any():
-        conflicts = int(long.groupby(["image_id", "subtype"])["label"].nunique().gt(1).sum())
-        logger.warning("%s: %d duplicate (image, subtype) rows dropped, kept the first (%d with conflicting labels)",
-                       csv_path, int(dup.sum()), conflicts)
-        long = long[~dup]
-    order = pd.unique(long["image_id"])
-    wide = long.pivot(index="image_id", columns="subtype", values="label").reindex(order)
-    for c in ICH_CLASSES:
-        if c not in wide.columns:
-            wide[c] = np.nan
-    missing = wide[ICH_CLASSES].isna().any(axis=1).to_numpy()
+        raise ValueError(f"'{csv_path}' line {lines[i]}: label {label.iloc[i]!r} is not 0 or 1")
+    image, subtype = _split_ids(ids.to_numpy(dtype=str))
+    img_code, order = pd.factorize(image)  # codes in order of first appearance
+    key = img_code.astype(np.int64) * len(ICH_SUBTYPES) + pd.Index(ICH_SUBTYPES).get_indexer(subtype)
+    _, first = np.unique(key, return_index=True)  # first row of every (image, subtype)
+    wide = np.full((len(order), len(ICH_SUBTYPES)), -1, dtype=np.int8)
+    wide.flat[key[first]] = labels[first]
+    if len(first) < len(key):
+        conflicts = int((wide.flat[key] != labels).sum())
+        logger.warning("%s: %d duplicate (image, subtype) rows dropped, kept the first (%d with another label)",
+                       csv_path, len(key) - len(first), conflicts)
+    missing = (wide[:, : len(ICH_CLASSES)] < 0).any(axis=1)
     if missing.any():
-        img = wide.index[int(np.argmax(missing))]
-        lacks = [c for c in ICH_CLASSES if pd.isna(wide.at[img, c])]
-        line = int(long.loc[long["image_id"] == img, "line"].min())
-        raise ValueError(f"'{csv_path}' line {line}: image {img} has no row for subtype(s) {lacks}")
-    if "any" in wide.columns:
-        union = wide[ICH_CLASSES].max(axis=1)
-        n_bad = int((wide["any"].notna() & (wide["any"] != union)).sum())
-        if n_bad:
-            logger.warning("%s: %d images whose 'any' label differs from the union of the subtypes", csv_path, n_bad)
-    out = wide[ICH_CLASSES].astype(int).reset_index()
-    out.columns.name = None
+        k = int(np.argmax(missing))
+        lacks = [c for j, c in enumerate(ICH_CLASSES) if wide[k, j] < 0]
+        raise ValueError(f"'{csv_path}' line {lines[np.argmax(img_code == k)]}: image {order[k]} has no row "
+                         f"for subtype(s) {lacks}")
+    union, any_ = wide[:, : len(ICH_CLASSES)].max(axis=1), wide[:, -1]
+    n_bad = int(((any_ >= 0) & (any_ != union)).sum())
+    if n_bad:
+        logger.warning("%s: %d images whose 'any' label differs from the union of the subtypes", csv_path, n_bad)
+    out = pd.DataFrame(wide[:, : len(ICH_CLASSES)].astype(int), columns=ICH_CLASSES)
+    out.insert(0, "image_id", np.asarray(order, dtype=object))
     return out
+
+
+def _split_ids(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``ID_<hex>_<subtype>`` strings ``(n,)`` -> image ids ``(n,)`` and subtypes ``(n,)``."""
+    if hasattr(np, "strings") and hasattr(np.strings, "rpartition"):  # numpy >= 2.3: a fast ufunc
+        head, _, tail = np.strings.rpartition(ids, "_")
+        return head, tail
+    parts = np.char.rpartition(ids, "_")
+    return parts[:, 0], parts[:, 2]
 
 
 def _read_patient_csv(path: Path) -> dict[str, str]:

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
-from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -38,7 +38,7 @@ def _first(value, default: float) -> float:
     """A DICOM numeric value that may be absent, empty or a MultiValue -> its first element as float."""
     if value is None or value == "":
         return float(default)
-    if isinstance(value, (list, tuple)) or type(value).__name__ == "MultiValue":
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):  # list, tuple, pydicom MultiValue
         return float(value[0]) if len(value) else float(default)
     return float(value)
 

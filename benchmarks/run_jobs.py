@@ -26,32 +26,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "custom"))
 
-from fedpartial.tools.build_jobs import PACKAGE, build_job  # noqa: E402
-
-
-def _deep_update(d: dict, over: dict) -> dict:
-    for k, v in over.items():
-        if isinstance(v, dict) and isinstance(d.get(k), dict):
-            _deep_update(d[k], v)
-        else:
-            d[k] = v
-    return d
+from fedpartial.tools.build_jobs import customise_job  # noqa: E402
 
 
 def run_one(job: str, seed: int, rounds: int, sites: int, scratch: Path, overrides: dict, env: dict) -> dict:
     dest = scratch / f"{job}-s{seed}"
-    shutil.copytree(REPO / "jobs" / job, dest / "job", ignore=shutil.ignore_patterns("custom"))
-    build_job(dest / "job", REPO / "custom" / PACKAGE)
-    server = dest / "job/app/config/config_fed_server.json"
-    cfg = json.loads(server.read_text())
-    cfg["num_rounds"] = rounds
-    server.write_text(json.dumps(cfg, indent=1))
-    client = dest / "job/app/config/config_fed_client.json"
-    ccfg = json.loads(client.read_text())
-    args = ccfg["executors"][0]["executor"]["args"]
-    _deep_update(args, overrides)
-    args["seed"] = seed
-    client.write_text(json.dumps(ccfg, indent=1))
+    customise_job(REPO / "jobs" / job, dest / "job", rounds, {**overrides, "seed": seed})
     nvflare = Path(sys.executable).parent / "nvflare"
     t0 = time.time()
     proc = subprocess.run([str(nvflare), "simulator", str(dest / "job"), "-w", str(dest / "ws"), "-n", str(sites),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -31,34 +30,11 @@ def data_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("fedpartial_cache")
 
 
-def _deep_update(d: dict, over: dict) -> dict:
-    for k, v in over.items():
-        if isinstance(v, dict) and isinstance(d.get(k), dict):
-            _deep_update(d[k], v)
-        else:
-            d[k] = v
-    return d
-
-
-def copy_job(job: str, dest: Path, num_rounds: int | None = None, executor_args: dict | None = None,
-             server_vars: dict | None = None) -> Path:
+def copy_job(job: str, dest: Path, num_rounds: int | None = None, executor_args: dict | None = None) -> Path:
     """Copy jobs/<job> to dest with the package built into its apps and the given overrides."""
-    from fedpartial.tools.build_jobs import PACKAGE, build_job
+    from fedpartial.tools.build_jobs import customise_job
 
-    src = REPO / "jobs" / job
-    shutil.copytree(src, dest, ignore=shutil.ignore_patterns("custom"))
-    build_job(dest, REPO / "custom" / PACKAGE)
-    server = dest / "app/config/config_fed_server.json"
-    cfg = json.loads(server.read_text())
-    if num_rounds is not None:
-        cfg["num_rounds"] = num_rounds
-    cfg.update(server_vars or {})
-    server.write_text(json.dumps(cfg, indent=1))
-    client = dest / "app/config/config_fed_client.json"
-    ccfg = json.loads(client.read_text())
-    _deep_update(ccfg["executors"][0]["executor"]["args"], executor_args or {})
-    client.write_text(json.dumps(ccfg, indent=1))
-    return dest
+    return customise_job(REPO / "jobs" / job, dest, num_rounds, executor_args)
 
 
 def run_simulator(job_dir: Path, workspace: Path, n: int, env: dict | None = None, timeout: int = 600,

@@ -50,10 +50,11 @@ PRESETS: dict[str, dict] = {
 }
 
 
-def _merge(base: dict, over: dict) -> dict:
+def deep_merge(base: dict, over: dict) -> dict:
+    """A copy of ``base`` with ``over`` merged in, nested dicts merged key by key."""
     out = copy.deepcopy(base)
     for k, v in (over or {}).items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
     return out
 
 
@@ -67,7 +68,7 @@ def resolve_dataset(cfg: dict | str) -> dict:
         base = PRESETS[preset]
     else:
         raise ValueError(f"unknown dataset preset {preset!r}; available: {sorted(PRESETS)}")
-    full = _merge(base, cfg)
+    full = deep_merge(base, cfg)
     for key in ("name", "task", "classes", "channels", "image_size"):
         if key not in full:
             raise ValueError(f"dataset config lacks '{key}' (and no preset provides it)")

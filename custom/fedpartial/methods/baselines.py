@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from ..aggregation import aggregate_states, masked_class_weights
 from ..losses import supervised_loss

@@ -58,6 +58,27 @@ def build_job(job: Path, src: Path, check: bool = False) -> list[str]:
     return problems
 
 
+def customise_job(job: Path, dest: Path, num_rounds: int | None = None, executor_args: dict | None = None,
+                  src: Path | None = None) -> Path:
+    """Copy a job folder to ``dest`` with the package built into it, ``num_rounds`` set in the server config and
+    ``executor_args`` merged into the client executor's args (for tests and benchmarks)."""
+    from ..data.presets import deep_merge
+
+    shutil.copytree(job, dest, ignore=shutil.ignore_patterns("custom"))
+    build_job(dest, src or REPO / "custom" / PACKAGE)
+    server = dest / "app/config/config_fed_server.json"
+    cfg = json.loads(server.read_text())
+    if num_rounds is not None:
+        cfg["num_rounds"] = num_rounds
+    server.write_text(json.dumps(cfg, indent=1))
+    client = dest / "app/config/config_fed_client.json"
+    ccfg = json.loads(client.read_text())
+    executor = ccfg["executors"][0]["executor"]
+    executor["args"] = deep_merge(executor["args"], executor_args or {})
+    client.write_text(json.dumps(ccfg, indent=1))
+    return dest
+
+
 def build(repo: Path = REPO, check: bool = False) -> list[str]:
     src = repo / "custom" / PACKAGE
     return [p for job in job_dirs(repo / "jobs") for p in build_job(job, src, check)]

@@ -6,9 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+from ..fl.results import RESULTS_FILE
 from ..metrics import format_table
-
-RESULTS_FILE = "results.json"  # written by fedpartial.fl.results.ResultsRecorder
 
 
 def find_results(path: Path) -> Path:

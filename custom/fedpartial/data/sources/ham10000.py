@@ -79,6 +79,16 @@ def _finish(name: str, root: Path, frame: pd.DataFrame) -> SourceTable:
     return SourceTable(name=name, task="multiclass", classes=list(HAM_CLASSES), root=root, frame=frame)
 
 
+def _read_csv(root: Path, name: str, what: str) -> tuple[Path, pd.DataFrame]:
+    """``root / name`` read as strings with stripped column names; FileNotFoundError naming ``what``."""
+    csv = root / name
+    if not csv.is_file():
+        raise FileNotFoundError(f"{what} not found: {csv}")
+    df = pd.read_csv(csv, dtype=str, keep_default_na=False)
+    df.columns = [str(c).strip() for c in df.columns]
+    return csv, df
+
+
 def load_ham10000(root: str | os.PathLike, metadata: str = "HAM10000_metadata.csv",
                   image_dir: str = "images") -> SourceTable:
     """Load HAM10000 as a single-label source table.
@@ -94,11 +104,7 @@ def load_ham10000(root: str | os.PathLike, metadata: str = "HAM10000_metadata.cs
         extra columns ``image_id`` and ``dx``; only rows whose image exists.
     """
     root = Path(root)
-    csv = root / metadata
-    if not csv.is_file():
-        raise FileNotFoundError(f"ham10000: metadata CSV not found: {csv}")
-    df = pd.read_csv(csv, dtype=str, keep_default_na=False)
-    df.columns = [str(c).strip() for c in df.columns]
+    csv, df = _read_csv(root, metadata, "ham10000: metadata CSV")
     if "dx" not in df.columns and set(HAM_CLASSES) <= set(df.columns):
         return load_isic2018(root, ground_truth_csv=metadata, image_dir=image_dir)
     missing = [c for c in ("lesion_id", "image_id", "dx") if c not in df.columns]
@@ -135,11 +141,7 @@ def load_isic2018(root: str | os.PathLike, ground_truth_csv: str = "ISIC2018_Tas
         ValueError: a row that is not one-hot, or missing class columns.
     """
     root = Path(root)
-    csv = root / ground_truth_csv
-    if not csv.is_file():
-        raise FileNotFoundError(f"isic2018: ground-truth CSV not found: {csv}")
-    df = pd.read_csv(csv, dtype=str, keep_default_na=False)
-    df.columns = [str(c).strip() for c in df.columns]
+    csv, df = _read_csv(root, ground_truth_csv, "isic2018: ground-truth CSV")
     missing = [c for c in ("image", *HAM_CLASSES) if c not in df.columns]
     if missing:
         raise ValueError(f"isic2018: {csv} lacks columns {missing}")

@@ -31,7 +31,7 @@ from fedpartial.tools.build_jobs import customise_job  # noqa: E402
 
 def run_one(job: str, seed: int, rounds: int, sites: int, scratch: Path, overrides: dict, env: dict) -> dict:
     dest = scratch / f"{job}-s{seed}"
-    customise_job(REPO / "jobs" / job, dest / "job", rounds, {**overrides, "seed": seed})
+    customise_job(REPO / "jobs" / job, dest / "job", rounds, overrides, seed=seed)
     nvflare = Path(sys.executable).parent / "nvflare"
     t0 = time.time()
     proc = subprocess.run([str(nvflare), "simulator", str(dest / "job"), "-w", str(dest / "ws"), "-n", str(sites),

@@ -68,6 +68,21 @@ def test_fedmlp_prototypes_travel_and_pseudo_labels_persist(tmp_path, data_cache
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(ws)[-3000:]
     res = results_of(ws)
     assert res["method"] == "fedmlp" and res["num_rounds"] == 3 and res["final"]["FL_global_model.pt"]["test"]
+    assert res["setting"] == "missing 4 classes"
+    r0, r1, r2 = res["rounds"]
+    # site -> server: local prototypes and learning degrees from the end of the warm-up (round 0) on
+    for r in (r0, r1, r2):
+        for site, keys in r["site_meta"].items():
+            assert {"fedmlp_p0", "fedmlp_p1", "fedmlp_proto_counts", "fedmlp_degree"} <= set(keys), (r["round"], site)
+    # server -> sites: global prototypes and degrees go out with every aggregated model
+    for r in (r0, r1, r2):
+        assert {"fedmlp_global_p0", "fedmlp_global_p1", "fedmlp_global_degree"} <= set(r["server_meta"]), r["round"]
+    # ... and the sites used them in stage 2 (the key is only reported when global prototypes arrived)
+    for r in (r1, r2):
+        assert all("fedmlp_received_prototypes" in keys for keys in r["site_meta"].values()), r["round"]
+    table = (ws / "server" / "simulate_job" / "results.md").read_text()
+    assert "| Method | missing 4 classes: BACC | missing 4 classes: AUC | missing 4 classes: mAP |" in table
+    assert "fedmlp (last round)" in table and "epidural" in table
     tagged = 0
     for i in range(1, 6):
         state = torch.load(ws / f"site-{i}/simulate_job/fedpartial_state/trainer_state.pt", weights_only=False)

@@ -89,14 +89,25 @@ class PartialLabelNet(nn.Module):
         width: channel width of ``small_cnn``.
         pretrained: optional path or URL of ImageNet weights (torchvision layout) for the encoder;
             3-channel weights are averaged over channels for a 1-channel input.
+        init_seed: seed of the random initialisation (the server's initial global model), drawn from a forked
+            RNG so the caller's random state is untouched; None uses the global RNG.
     """
 
     def __init__(self, arch: str = "small_cnn", num_classes: int = 2, in_channels: int = 3,
-                 dropout: float = 0.0, width: int = 16, pretrained: str | None = None):
+                 dropout: float = 0.0, width: int = 16, pretrained: str | None = None,
+                 init_seed: int | None = None):
         super().__init__()
         # constructor args kept as attributes: NVFlare's job export reads them back
         self.arch, self.num_classes, self.in_channels = arch, num_classes, in_channels
-        self.dropout, self.width, self.pretrained = dropout, width, pretrained
+        self.dropout, self.width, self.pretrained, self.init_seed = dropout, width, pretrained, init_seed
+        with torch.random.fork_rng(devices=[], enabled=init_seed is not None):
+            if init_seed is not None:
+                torch.manual_seed(int(init_seed))
+            self._build(arch, in_channels, num_classes, dropout, width)
+        if pretrained:
+            self.load_pretrained(pretrained)
+
+    def _build(self, arch: str, in_channels: int, num_classes: int, dropout: float, width: int) -> None:
         if arch == "small_cnn":
             self.encoder, dim = SmallCNN(in_channels, width), width * 8
         elif arch == "resnet18":
@@ -108,8 +119,6 @@ class PartialLabelNet(nn.Module):
         self.feature_dim = dim
         self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.classifier = nn.Linear(dim, num_classes)
-        if pretrained:
-            self.load_pretrained(pretrained)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, C_in, H, W)`` -> ``(B, D)`` pooled features (before dropout)."""
@@ -152,5 +161,5 @@ class PartialLabelNet(nn.Module):
 
 def build_model(cfg: dict, num_classes: int) -> PartialLabelNet:
     """Model from a config dict such as ``{"arch": "resnet18", "in_channels": 3, "pretrained": null}``."""
-    keys = ("arch", "in_channels", "dropout", "width", "pretrained")
+    keys = ("arch", "in_channels", "dropout", "width", "pretrained", "init_seed")
     return PartialLabelNet(num_classes=num_classes, **{k: cfg[k] for k in keys if k in cfg})

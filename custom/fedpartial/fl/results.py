@@ -23,9 +23,14 @@ from nvflare.app_common.app_event_type import AppEventType
 from nvflare.widgets.widget import Widget
 
 from ..metrics import format_table
-from .keys import META_RESULTS
+from ..tables import paper_table, setting_label
+from .keys import META_ANNOTATED, META_CLASSIFIER_KEYS, META_N_TRAIN, META_RESULTS, META_TEST
 
 RESULTS_FILE = "results.json"
+TABLE_FILE = "results.md"
+# meta every site sends each round; the rest (prototypes, degrees, counts, ...) is the method's own exchange
+_STANDARD_META = {META_RESULTS, META_TEST, META_N_TRAIN, META_ANNOTATED, META_CLASSIFIER_KEYS, "train_loss",
+                  "train_seconds", "eval_seconds", MetaKey.INITIAL_METRICS, MetaKey.NUM_STEPS_CURRENT_ROUND}
 
 
 def average_results(results: list[tuple[dict, float]]) -> dict | None:
@@ -54,15 +59,20 @@ class ResultsRecorder(Widget):
     """Args:
         key_metric: validation metric used to name the best round (same as IntimeModelSelector's).
         method, dataset: recorded in the results file.
+        summary_id: id of the data-summary component (names the partial-annotation setting in the table).
+
+    Besides the metrics, each round records the names of the method's own metadata each site sent and the
+    server sent back (e.g. FedMLP's prototypes), so the exchange can be audited from ``results.json``.
     """
 
-    def __init__(self, key_metric: str = "auc", method: str = "", dataset: str = ""):
+    def __init__(self, key_metric: str = "auc", method: str = "", dataset: str = "", summary_id: str = "data_summary"):
         super().__init__()
-        self.key_metric, self.method, self.dataset = key_metric, method, dataset
+        self.key_metric, self.method, self.dataset, self.summary_id = key_metric, method, dataset, summary_id
         self._reset()
 
     def _reset(self):
         self.rounds: dict[int, dict] = {}
+        self.setting = "unknown"
         self.final: dict[str, dict] = {}
         self._round_start: dict[int, float] = {}
         self._t0 = time.time()
@@ -74,6 +84,8 @@ class ResultsRecorder(Widget):
             self._round_start[int(fl_ctx.get_prop(AppConstants.CURRENT_ROUND))] = time.time()
         elif event_type == AppEventType.BEFORE_CONTRIBUTION_ACCEPT:
             self._record_contribution(fl_ctx)
+        elif event_type == AppEventType.AFTER_AGGREGATION:
+            self._record_aggregation(fl_ctx)
         elif event_type == AppEventType.ROUND_DONE:
             rnd = int(fl_ctx.get_prop(AppConstants.CURRENT_ROUND))
             entry = self.rounds.setdefault(rnd, {"sites": {}})
@@ -98,8 +110,17 @@ class ResultsRecorder(Widget):
         self.rounds.setdefault(rnd, {"sites": {}})["sites"][site] = {
             "results": meta.get(META_RESULTS, {}), "train_loss": meta.get("train_loss"),
             "steps": meta.get(MetaKey.NUM_STEPS_CURRENT_ROUND), "train_seconds": meta.get("train_seconds"),
-            "eval_seconds": meta.get("eval_seconds"),
+            "eval_seconds": meta.get("eval_seconds"), "method_meta": _method_meta_keys(meta),
         }
+
+    def _record_aggregation(self, fl_ctx: FLContext):
+        result = fl_ctx.get_prop(AppConstants.AGGREGATION_RESULT)
+        try:
+            meta = from_shareable(result).meta or {}
+        except Exception:  # noqa: BLE001
+            return
+        rnd = int(fl_ctx.get_prop(AppConstants.CURRENT_ROUND) or 0)
+        self.rounds.setdefault(rnd, {"sites": {}})["server_meta"] = _method_meta_keys(meta)
 
     def _record_validation(self, fl_ctx: FLContext):
         owner = fl_ctx.get_prop(AppConstants.MODEL_OWNER)
@@ -127,6 +148,8 @@ class ResultsRecorder(Widget):
                 "val": self._site_average(res, "val"), "test": self._site_average(res, "test"),
                 "train_loss": {s: v["train_loss"] for s, v in e["sites"].items()},
                 "sites": sorted(e["sites"]), "seconds": e.get("seconds"),
+                "site_meta": {s: v.get("method_meta", []) for s, v in e["sites"].items()},
+                "server_meta": e.get("server_meta", []),
             })
         best = None
         for r in rounds:
@@ -140,19 +163,52 @@ class ResultsRecorder(Widget):
                            "sites": sorted(per_site)}
         secs = [r["seconds"] for r in rounds if r.get("seconds")]
         return {"method": self.method, "dataset": self.dataset, "key_metric": self.key_metric,
-                "num_rounds": len(rounds), "seconds_per_round": (sum(secs) / len(secs)) if secs else None,
+                "setting": self.setting, "num_rounds": len(rounds),
+                "seconds_per_round": (sum(secs) / len(secs)) if secs else None,
                 "wall_seconds": time.time() - self._t0, "best": best, "final": final, "rounds": rounds}
 
+    def _setting(self, fl_ctx: FLContext) -> str:
+        comp = fl_ctx.get_engine().get_component(self.summary_id) if self.summary_id else None
+        sites = (getattr(comp, "summary", None) or {}).get("sites") or {}
+        return setting_label([sites[s]["annotated"] for s in sorted(sites)]) if sites else "unknown"
+
     def _write(self, fl_ctx: FLContext):
+        self.setting = self._setting(fl_ctx)
         out = self.summary()
-        workspace = fl_ctx.get_engine().get_workspace()
-        path = Path(workspace.get_run_dir(fl_ctx.get_job_id())) / RESULTS_FILE
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(out, indent=1, default=float))
-        os.replace(tmp, path)
-        for name, res in out["final"].items():
-            for split in ("test", "val"):
-                if res.get(split):
-                    self.log_info(fl_ctx, "\n" + format_table(res[split], title=f"{self.method} / {self.dataset}: "
-                                                                                f"{name} on {split} (site average)"))
-        self.log_info(fl_ctx, f"results written to {path}")
+        run_dir = Path(fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id()))
+        text = render_tables(out)
+        for path, content in ((run_dir / RESULTS_FILE, json.dumps(out, indent=1, default=float)),
+                              (run_dir / TABLE_FILE, text)):
+            tmp = path.with_suffix(path.suffix + ".tmp")
+            tmp.write_text(content)
+            os.replace(tmp, path)
+        self.log_info(fl_ctx, "\n" + text)
+        self.log_info(fl_ctx, f"results written to {run_dir / RESULTS_FILE} and {run_dir / TABLE_FILE}")
+
+
+def _method_meta_keys(meta: dict) -> list[str]:
+    return sorted(k for k in meta if k not in _STANDARD_META and not k.startswith("__"))
+
+
+def render_tables(results: dict) -> str:
+    """The run's tables: the paper-layout row (last-round and best-on-validation global model on test) and
+    the per-class tables of both models on test and validation."""
+    out = [f"# {results['method']} on {results['dataset']} ({results.get('setting', 'unknown')}), "
+           f"{results['num_rounds']} rounds, {(results.get('seconds_per_round') or 0):.1f} s/round"]
+    final = results.get("final", {})
+    rows = {}
+    for name, label in (("FL_global_model.pt", "last round"), ("best_FL_global_model.pt", "best on validation")):
+        test = (final.get(name) or {}).get("test")
+        if test:
+            rows[f"{results['method']} ({label})"] = {results.get("setting", "unknown"): [test["macro"]]}
+            task = test["task"]
+    if rows:
+        out.append("Test set, macro averages in the layout of the papers' tables (%):\n\n"
+                   + paper_table(rows, task))
+    if results.get("best"):
+        out.append(f"best on validation: after {results['best']['trained_rounds']} rounds ({results['best']})")
+    for name, res in final.items():
+        for split in ("test", "val"):
+            if res.get(split):
+                out.append("```\n" + format_table(res[split], title=f"{name} on {split} (site average)") + "\n```")
+    return "\n\n".join(out) + "\n"

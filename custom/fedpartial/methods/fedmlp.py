@@ -488,8 +488,9 @@ class FedMLPTrainer(LocalTrainer):
         valid = torch.as_tensor(np.asarray(global_meta.get(META_GLOBAL_VALID, np.ones((p0.shape[0], 2), bool)), dtype=bool))
         degree = torch.as_tensor(np.asarray(global_meta.get(META_GLOBAL_DEGREE, np.ones(p0.shape[0])), dtype=np.float64))
         usable = ~self.annotated & valid.all(dim=1)
+        received = {"fedmlp_received_prototypes": int(valid.all(dim=1).sum())}  # classes with both P0 and P1
         if not bool(usable.any()):
-            return {"fedmlp_new_pseudo": 0}
+            return {"fedmlp_new_pseudo": 0, **received}
         feats, _ = self._features(teacher, n)
         if feats.shape[1] != p0.shape[1]:
             raise ValueError(f"fedmlp: global prototypes have dimension {p0.shape[1]}, features {feats.shape[1]}")
@@ -500,7 +501,7 @@ class FedMLPTrainer(LocalTrainer):
         before = int((self.tags >= 0).sum())
         self.tags = accumulate_tags(self.tags, neg & usable, pos & usable)
         return {"fedmlp_new_pseudo": int((self.tags >= 0).sum()) - before, "fedmlp_tau0": tau0.tolist(),
-                "fedmlp_tau1": tau1.tolist()}
+                "fedmlp_tau1": tau1.tolist(), **received}
 
     def _local_statistics(self, model: torch.nn.Module, labels: torch.Tensor, mask: torch.Tensor, n: int) -> dict:
         """Local prototypes of the active classes (Eq. 5) and learning degrees (Eq. 10) with the trained model."""

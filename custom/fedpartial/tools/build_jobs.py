@@ -59,9 +59,10 @@ def build_job(job: Path, src: Path, check: bool = False) -> list[str]:
 
 
 def customise_job(job: Path, dest: Path, num_rounds: int | None = None, executor_args: dict | None = None,
-                  src: Path | None = None) -> Path:
-    """Copy a job folder to ``dest`` with the package built into it, ``num_rounds`` set in the server config and
-    ``executor_args`` merged into the client executor's args (for tests and benchmarks)."""
+                  src: Path | None = None, seed: int | None = None, rule_args: dict | None = None) -> Path:
+    """Copy a job folder to ``dest`` with the package built into it, ``num_rounds`` set in the server config,
+    ``executor_args`` merged into the client executor's args, ``rule_args`` into the server rule's options and
+    ``seed`` set for both the sites (executor seed) and the initial global model (for tests and benchmarks)."""
     from ..data.presets import deep_merge
 
     shutil.copytree(job, dest, ignore=shutil.ignore_patterns("custom"))
@@ -70,6 +71,13 @@ def customise_job(job: Path, dest: Path, num_rounds: int | None = None, executor
     cfg = json.loads(server.read_text())
     if num_rounds is not None:
         cfg["num_rounds"] = num_rounds
+    comps = {c["id"]: c for c in cfg["components"]}
+    if seed is not None:
+        comps["model"]["args"]["init_seed"] = int(seed)
+        executor_args = {**(executor_args or {}), "seed": int(seed)}
+    if rule_args:
+        comps["aggregator"]["args"]["method_args"] = deep_merge(comps["aggregator"]["args"].get("method_args", {}),
+                                                                rule_args)
     server.write_text(json.dumps(cfg, indent=1))
     client = dest / "app/config/config_fed_client.json"
     ccfg = json.loads(client.read_text())

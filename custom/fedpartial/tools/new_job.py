@@ -80,6 +80,7 @@ def write_job(folder: str | Path, method: str, dataset: dict, num_sites: int, nu
               method_args: dict | None = None, seed: int = 0) -> Path:
     folder = Path(folder)
     model = model or {"arch": "small_cnn", "in_channels": int(resolve_dataset(dataset)["channels"])}
+    model = {**model, "init_seed": model.get("init_seed", seed)}  # the server's initial global model
     train = train or {"optimizer": "adam", "lr": 0.001, "batch_size": 32, "local_epochs": 1}
     evaluation = evaluation or {"test_every": 5, "batch_size": 256}
     method_args = method_args or {}

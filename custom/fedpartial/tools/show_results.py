@@ -6,8 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..fl.results import RESULTS_FILE
-from ..metrics import format_table
+from ..fl.results import RESULTS_FILE, render_tables
 
 
 def find_results(path: Path) -> Path:
@@ -20,18 +19,6 @@ def find_results(path: Path) -> Path:
     return hits[0]
 
 
-def render(results: dict) -> str:
-    lines = [f"method {results['method']} on {results['dataset']}: {results['num_rounds']} rounds, "
-             f"{(results.get('seconds_per_round') or 0):.1f} s/round"]
-    if results.get("best"):
-        lines.append(f"best on validation after {results['best']['trained_rounds']} rounds: {results['best']}")
-    for name, res in results.get("final", {}).items():
-        for split in ("test", "val"):
-            if res.get(split):
-                lines.append(format_table(res[split], title=f"{name} on {split}"))
-    return "\n\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
@@ -39,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     path = find_results(Path(argv[0]))
     print(f"{path}\n")
-    print(render(json.loads(path.read_text())))
+    print(render_tables(json.loads(path.read_text())))
     return 0
 
 

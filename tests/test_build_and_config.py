@@ -67,3 +67,21 @@ def test_site_config_file_resolves_relative_paths(tmp_path, monkeypatch):
     monkeypatch.setenv(SITE_CONFIG_ENV, str(tmp_path / "nope.json"))
     with pytest.raises(SiteDataError, match="hospital-1.*does not exist"):
         resolve_site_data("hospital-1", resolve_dataset("rsna_ich"), local)
+
+
+@pytest.mark.parametrize("job", ["fedmlp_ich_paper", "fedmlp_cxr14_paper"])
+def test_paper_configuration_has_the_papers_settings(job):
+    """FedMLP Sec. 3.1.3: ResNet-18, Adam lr 3e-5 with L2 regularisation, batch 32, one local epoch, 500 rounds,
+    t1 = 50 warm-up rounds, L = 0.3, R = 0.7, T0 = 0.5 %, T1 = 1 %; 5 ICH / 8 CXR14 sites, one class each."""
+    folder = REPO / "jobs" / job
+    server = json.loads((folder / "app/config/config_fed_server.json").read_text())
+    args = json.loads((folder / "app/config/config_fed_client.json").read_text())["executors"][0]["executor"]["args"]
+    assert server["num_rounds"] == 500
+    assert args["model"]["arch"] == "resnet18"
+    t = args["train"]
+    assert (t["optimizer"], t["lr"], t["batch_size"], t["local_epochs"]) == ("adam", 3e-5, 32, 1) and t["weight_decay"] > 0
+    assert args["method_args"] == {"warmup_rounds": 50, "L": 0.3, "R": 0.7, "T0": 0.005, "T1": 0.01, "parity": "paper"}
+    ds = resolve_dataset(args["dataset"])
+    sites = 5 if "ich" in job else 8
+    assert ds["image_size"] == 224 and ds["prepare"]["num_sites"] == sites == len(ds["classes"])
+    assert ds["prepare"]["k"] == sites - 1 and json.loads((folder / "meta.json").read_text())["min_clients"] == sites

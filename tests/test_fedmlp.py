@@ -435,3 +435,18 @@ def test_end_to_end_three_rounds(tmp_path):
     assert int((before >= 0).sum()) > 0
     assert torch.equal(after[before >= 0], before[before >= 0])
     assert int((after >= 0).sum()) >= int((before >= 0).sum())
+
+
+def test_training_loader_drops_a_trailing_single_image_batch():
+    """33 images in batches of 8: BatchNorm cannot train on the last batch of 1, so it is dropped; the
+    evaluation-order loader (features, prototypes) keeps every image."""
+    from fedpartial.methods.baselines import SupervisedTrainer
+
+    ctx = _site("s", (True, True, True), n=33)
+    trainer = SupervisedTrainer(ctx)
+    assert [len(b["index"]) for b in trainer.loader({"image": "weak"})] == [8, 8, 8, 8]
+    assert sum(len(b["index"]) for b in trainer.loader({"image": "eval"}, shuffle=False)) == 33
+    out = trainer.train_round(0, 1, {})  # would raise "Expected more than 1 value per channel" otherwise
+    assert out.steps == 4
+    ctx = _site("s", (True, True, True), n=34)
+    assert [len(b["index"]) for b in SupervisedTrainer(ctx).loader({"image": "weak"})] == [8, 8, 8, 8, 2]

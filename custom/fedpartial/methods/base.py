@@ -115,9 +115,12 @@ class LocalTrainer:
 
     def loader(self, views: dict[str, str], shuffle: bool = True, round_num: int = 0, batch_size: int | None = None):
         """A loader over the site's training images with the given views (key -> 'eval'/'weak'/'strong');
-        the shuffling order depends on the site seed and the round."""
+        the shuffling order depends on the site seed and the round. A shuffled (training) loader drops a
+        trailing batch of a single image: BatchNorm cannot train on it (e.g. 33 images in batches of 32)."""
         bs = int(batch_size or self.ctx.train.get("batch_size", 32))
-        return self.ctx.data.train_loader(views, batch_size=bs, shuffle=shuffle, seed=self.ctx.seed * 100003 + round_num)
+        n = len(self.ctx.data.dataset("train", views))
+        return self.ctx.data.train_loader(views, batch_size=bs, shuffle=shuffle, seed=self.ctx.seed * 100003 + round_num,
+                                          drop_last=shuffle and n > 1 and n % bs == 1)
 
     def batches(self, views: dict[str, str], round_num: int):
         """Yield device batches for ``train.local_epochs`` epochs (or ``train.local_steps`` steps if set)."""

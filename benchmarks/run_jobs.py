@@ -26,12 +26,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "custom"))
 
+from fedpartial.tables import paper_table, per_class_table  # noqa: E402
 from fedpartial.tools.build_jobs import customise_job  # noqa: E402
 
 
-def run_one(job: str, seed: int, rounds: int, sites: int, scratch: Path, overrides: dict, env: dict) -> dict:
-    dest = scratch / f"{job}-s{seed}"
-    customise_job(REPO / "jobs" / job, dest / "job", rounds, overrides, seed=seed)
+def run_one(job: str, seed: int, rounds: int, sites: int, scratch: Path, overrides: dict, env: dict,
+            rule_args: dict | None = None, name: str | None = None) -> dict:
+    dest = scratch / f"{name or job}-s{seed}"
+    customise_job(REPO / "jobs" / job, dest / "job", rounds, overrides, seed=seed, rule_args=rule_args)
     nvflare = Path(sys.executable).parent / "nvflare"
     t0 = time.time()
     proc = subprocess.run([str(nvflare), "simulator", str(dest / "job"), "-w", str(dest / "ws"), "-n", str(sites),
@@ -64,6 +66,28 @@ def summarise(runs: dict[str, list[dict]]) -> list[dict]:
     return rows
 
 
+def compact(res: dict) -> dict:
+    """A run without the per-site detail of every round (macro validation / test curves kept)."""
+    out = {k: v for k, v in res.items() if k != "rounds"}
+    out["curves"] = [{"round": r["round"], "val": (r.get("val") or {}).get("macro"),
+                      "test": (r.get("test") or {}).get("macro")} for r in res.get("rounds", [])]
+    return out
+
+
+def tables(runs: dict[str, list[dict]]) -> str:
+    """The papers' layout (last-round and best-on-validation models on test) and per-class tables."""
+    out = []
+    for model, label in (("FL_global_model.pt", "last-round global model"),
+                         ("best_FL_global_model.pt", "best-on-validation global model")):
+        tests = {job: [r["final"][model]["test"] for r in rs] for job, rs in runs.items()}
+        task = next(iter(tests.values()))[0]["task"]
+        by_setting = {job: {rs[0].get("setting", "?"): [t["macro"] for t in tests[job]]} for job, rs in runs.items()}
+        out.append(f"Test set, {label}, mean ± std over seeds (%):\n\n" + paper_table(by_setting, task))
+        keys = (("BACC", "bacc"), ("AUC", "auc"), ("AP", "ap")) if task == "multilabel" else (("AUC", "auc"), ("F1", "f1"))
+        out.append(f"Per class, {label}:\n\n" + per_class_table(tests, keys, task))
+    return "\n\n".join(out)
+
+
 def markdown(rows: list[dict]) -> str:
     keys = [k for k in rows[0] if k.startswith(("final_", "best_"))]
     head = "| job | seeds | " + " | ".join(keys) + " | s / round |"
@@ -74,6 +98,13 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def save(a: argparse.Namespace, runs: dict[str, list[dict]]) -> None:
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps({"args": vars(a) | {"out": str(a.out)}, "summary": summarise(runs),
+                                 "tables": tables(runs), "runs": runs}, indent=1, default=str))
+    a.out.with_suffix(".md").write_text(markdown(summarise(runs)) + "\n\n" + tables(runs) + "\n")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", nargs="+", required=True)
@@ -81,26 +112,36 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--sites", type=int, default=5)
     ap.add_argument("--override", default="{}", help="JSON merged into every job's executor args")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=JOB:JSON",
+                    help="an extra configuration: JOB with JSON merged into its method options on both sides "
+                         "(e.g. 'fedmlp_no_st=fedmlp_ich:{\"st\": false}'); repeatable")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--keep", action="store_true", help="keep the scratch workspaces")
     a = ap.parse_args(argv)
     scratch = Path(tempfile.mkdtemp(prefix="fedpartial-bench-"))
     env = {**os.environ, "FEDPARTIAL_DATA_DIR": str(REPO)}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    configs = [(job, job, {}) for job in a.jobs]
+    for v in a.variant:
+        name, rest = v.split("=", 1)
+        job, opts = rest.split(":", 1)
+        configs.append((name, job, json.loads(opts)))
+    base = json.loads(a.override)
     runs: dict[str, list[dict]] = {}
-    for job in a.jobs:
+    for name, job, opts in configs:
         for seed in a.seeds:
-            res = run_one(job, seed, a.rounds, a.sites, scratch, json.loads(a.override), env)
-            runs.setdefault(job, []).append(res)
+            over = {**base, "method_args": {**base.get("method_args", {}), **opts}} if opts else base
+            res = run_one(job, seed, a.rounds, a.sites, scratch, over, env, rule_args=opts or None, name=name)
+            runs.setdefault(name, []).append(compact(res))
             fin = res["final"]["FL_global_model.pt"]["test"]["macro"]
-            print(f"{job} seed {seed}: test {json.dumps({k: round(v, 4) for k, v in fin.items() if v is not None})} "
+            print(f"{name} seed {seed}: test {json.dumps({k: round(v, 4) for k, v in fin.items() if v is not None})} "
                   f"({res['seconds_per_round']:.1f} s/round)", flush=True)
+            if a.out:  # partial results survive an interrupted benchmark
+                save(a, runs)
     rows = summarise(runs)
-    print("\n" + markdown(rows))
+    print("\n" + markdown(rows) + "\n\n" + tables(runs))
     if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps({"args": vars(a) | {"out": str(a.out)}, "summary": rows, "runs": runs},
-                                    indent=1, default=str))
+        save(a, runs)
     if not a.keep:
         shutil.rmtree(scratch, ignore_errors=True)
     return 0

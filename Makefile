@@ -5,7 +5,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 WS ?= workspaces
-DEMO_JOB ?= fedavg_ich
+DEMO_JOB ?= fedmlp_ich
 DEMO_SITES ?= 5
 
 .PHONY: setup jobs demo test bench clean

@@ -98,7 +98,7 @@ def test_fedmlp_prototypes_travel_and_pseudo_labels_persist(tmp_path, data_cache
 # their own model / optimiser / method settings on the data available (phantom, the 1,000-image CXR subset).
 PAPER_DATA = {
     "fedmlp_ich_paper": {"dataset": {"preset": "ich_phantom", "image_size": 32, "cache": "memory",
-                                     "prepare": {"source_args": {"n_images": 240, "size": 64, "seed": 0}}}},
+                                     "prepare": {"root": None, "source_args": {"n_images": 240, "size": 64, "seed": 0}}}},
     "fedmlp_cxr14_paper": {"dataset": {"image_size": 32, "cache": "memory",
                                        "prepare": {"root": "../shared/data/nih_cxr14_1000", "site_sizes": None,
                                                    "test_frac": 0.2}}},

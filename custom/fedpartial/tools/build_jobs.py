@@ -59,9 +59,10 @@ def build_job(job: Path, src: Path, check: bool = False) -> list[str]:
 
 
 def customise_job(job: Path, dest: Path, num_rounds: int | None = None, executor_args: dict | None = None,
-                  src: Path | None = None) -> Path:
-    """Copy a job folder to ``dest`` with the package built into it, ``num_rounds`` set in the server config and
-    ``executor_args`` merged into the client executor's args (for tests and benchmarks)."""
+                  src: Path | None = None, min_clients: int | None = None) -> Path:
+    """Copy a job folder to ``dest`` with the package built into it, ``num_rounds`` (and ``min_clients``, in the
+    server config and ``meta.json``) set and ``executor_args`` merged into the client executor's args (for tests
+    and benchmarks)."""
     from ..data.presets import deep_merge
 
     shutil.copytree(job, dest, ignore=shutil.ignore_patterns("custom"))
@@ -70,6 +71,10 @@ def customise_job(job: Path, dest: Path, num_rounds: int | None = None, executor
     cfg = json.loads(server.read_text())
     if num_rounds is not None:
         cfg["num_rounds"] = num_rounds
+    if min_clients is not None:
+        cfg["min_clients"] = min_clients
+        meta = json.loads((dest / "meta.json").read_text())
+        (dest / "meta.json").write_text(json.dumps({**meta, "min_clients": min_clients}, indent=1))
     server.write_text(json.dumps(cfg, indent=1))
     client = dest / "app/config/config_fed_client.json"
     ccfg = json.loads(client.read_text())

@@ -123,6 +123,20 @@ def download(sess, job_id: str, dest: str | Path) -> Path:
     return Path(path)
 
 
+def failure_lines(path: str | Path, limit: int = 5) -> list[str]:
+    """Why a downloaded job failed: the distinct error lines of its server log (a site's data-check error names
+    the site, file and line; a site's task failure names the site and task)."""
+    keys = ("DATA CHECK FAILED", "failed task", "system_panic", "panic")
+    seen: list[str] = []
+    for log in sorted(Path(path).rglob("log.txt")):
+        for line in log.read_text(errors="replace").splitlines():
+            if any(k in line for k in keys):
+                msg = line.split(" - ", 3)[-1].strip()
+                if msg not in seen:
+                    seen.append(msg)
+    return seen[:limit]
+
+
 def results_text(path: str | Path) -> str:
     """The results table of a downloaded job (or any folder / file holding ``results.json``)."""
     file = find_results(Path(path))
@@ -165,6 +179,9 @@ def _finish(sess, job_id: str, meta: dict, out: str) -> int:
     print(f"job {job_id} ended: {status}")
     path = download(sess, job_id, out)
     print(f"downloaded to {path}")
+    if status != FINISHED_OK:
+        for line in failure_lines(path):
+            print(f"error: {line}")
     try:
         print(results_text(path))
     except FileNotFoundError as e:

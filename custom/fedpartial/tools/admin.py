@@ -57,36 +57,35 @@ def _stats(sess, job_id: str, target: str) -> dict:
 
 
 def progress(sess, job_id: str, job_meta: dict | None = None) -> dict:
-    """Job status, the server workflow's phase and round, and each site's current task.
+    """Job status, the running server workflow, the training round and each site's current tasks.
 
-    Returns ``{"status", "workflow", "phase", "round", "num_rounds", "sites": {site: {"task", "status"}}}``
-    (entries None where the server does not report them yet).
+    Returns ``{"job_id", "name", "status", "workflow", "round", "num_rounds", "sites": {site: [tasks]}}`` with
+    ``round`` 1-based while a ScatterAndGather-style workflow trains (None otherwise, or before the job runs).
     """
     meta = job_meta or sess.get_job_meta(job_id)
     out = {"job_id": job_id, "name": meta.get("name"), "status": meta.get("status"), "workflow": None,
-           "phase": None, "round": None, "num_rounds": None, "sites": {}}
-    runner = (_stats(sess, job_id, "server").get("server") or {}).get("ServerRunner") or {}
-    out["workflow"] = runner.get("workflow")
-    wf = runner.get(out["workflow"]) if isinstance(runner.get(out["workflow"]), dict) else {}
-    out["phase"], out["round"], out["num_rounds"] = wf.get("phase"), wf.get("current_round"), wf.get("num_rounds")
+           "round": None, "num_rounds": None, "sites": {}}
+    server = _stats(sess, job_id, "server").get("server") or {}
+    out["workflow"] = (server.get("ServerRunner") or {}).get("workflow")
+    for group in server.values():  # the workflow's own stats group (ScatterAndGather: phase / round)
+        if isinstance(group, dict) and group.get("current_round") is not None and group.get("phase") == "train":
+            out["round"], out["num_rounds"] = int(group["current_round"]) + 1, group.get("num_rounds")
     for site, info in sorted(_stats(sess, job_id, "client").items()):
-        cr = (info or {}).get("ClientRunner") if isinstance(info, dict) else None
-        if isinstance(cr, dict):
-            out["sites"][site] = {"task": cr.get("current_task_name"), "status": cr.get("status")}
+        runner = info.get("ClientRunner") if isinstance(info, dict) else None
+        if isinstance(runner, dict):
+            out["sites"][site] = list(runner.get("current_tasks") or [])
     return out
 
 
 def format_progress(p: dict) -> str:
-    """One line: ``job 1234 RUNNING  scatter_and_gather round 2/3  hospital-1: train, hospital-2: -``."""
+    """One line: ``job 1234 RUNNING  scatter_and_gather round 2/3  hospital-1: train, hospital-2: idle``."""
     line = f"job {p['job_id']} {p['status']}"
     if p.get("workflow"):
         line += f"  {p['workflow']}"
-        if p.get("round") is not None:
-            line += f" round {p['round']}" + (f"/{p['num_rounds']}" if p.get("num_rounds") is not None else "")
-        elif p.get("phase"):
-            line += f" ({p['phase']})"
+    if p.get("round") is not None:
+        line += f" round {p['round']}" + (f"/{p['num_rounds']}" if p.get("num_rounds") is not None else "")
     if p.get("sites"):
-        line += "  " + ", ".join(f"{s}: {v.get('task') or '-'}" for s, v in p["sites"].items())
+        line += "  " + ", ".join(f"{s}: {'+'.join(t) or 'idle'}" for s, t in p["sites"].items())
     return line
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -188,7 +189,7 @@ def test_submit_follow_download_predict(deployment):
     assert sorted(results["rounds"][-1]["sites"]) == HOSPITALS
     final = next(v for k, v in results["final"].items() if k.startswith("FL_global_model"))
     assert sorted(final["sites"]) == HOSPITALS and 0.0 <= final["test"]["macro"]["auc"] <= 1.0
-    assert "FL_global_model on test" in log  # the table the script prints
+    assert re.search(r"FL_global_model\S* on test\nclass +BACC +AUC", log), log  # the table the script prints
 
     # the downloaded global model predicts on the test manifest with the training preprocessing
     csv = dep.root / "pred.csv"

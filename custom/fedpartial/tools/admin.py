@@ -130,7 +130,8 @@ def failure_lines(path: str | Path, limit: int = 5) -> list[str]:
     for log in sorted(Path(path).rglob("log.txt")):
         for line in log.read_text(errors="replace").splitlines():
             if any(k in line for k in keys):
-                msg = line.split(" - ", 3)[-1].strip()
+                msg = line.split("] - ", 1)[1] if "] - " in line else line.split(" - ", 3)[-1]
+                msg = msg.strip()
                 if msg not in seen:
                     seen.append(msg)
     return seen[:limit]

@@ -112,3 +112,28 @@ def test_customise_job_sets_min_clients(tmp_path):
     server = json.loads((job / "app/config/config_fed_server.json").read_text())
     assert server["min_clients"] == 3 and server["num_rounds"] == 2
     assert (job / "app/custom/fedpartial/tools/admin.py").is_file()
+
+
+def test_allow_list_admits_the_jobs_classes(tmp_path):
+    from nvflare.app_common.widgets.component_path_authorizer import ComponentPathAuthorizer
+
+    from fedpartial.tools.allow_list import allow_jobs, component_paths
+
+    kit = tmp_path / "hospital-1"
+    (kit / "local").mkdir(parents=True)
+    (kit / "local" / "resources.json.default").write_text(json.dumps({"format_version": 2, "components": []}))
+    job = REPO / "jobs" / "fedmlp_ich"
+    paths = component_paths(job)
+    assert "fedpartial.fl.executor.PartialLabelExecutor" in paths and len(paths) > 10
+
+    def refused():  # judged by NVFlare's own policy reader and matcher
+        res = json.loads((kit / "local" / next(n for n in ("resources.json", "resources.json.default")
+                                               if (kit / "local" / n).is_file())).read_text())
+        allow, _, _ = ComponentPathAuthorizer()._get_policy_from_resources(res)
+        return sorted(p for p in paths if not any(ComponentPathAuthorizer._path_matches_prefix(p, a) for a in allow))
+
+    assert "fedpartial.models.PartialLabelNet" in refused()
+    added = allow_jobs(kit, [job])
+    assert "fedpartial." in added and refused() == []
+    assert json.loads((kit / "local" / "resources.json").read_text())["components"] == []  # rest kept
+    assert allow_jobs(kit, [job]) == []  # idempotent

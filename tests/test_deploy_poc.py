@@ -1,13 +1,14 @@
-"""End to end on localhost: the real deployment path.
+"""End to end on localhost: the real deployment path, as users run it.
 
-``nvflare provision`` with provisioning/project.yml (server on localhost, free ports, 3 hospitals, admins),
-each hospital's data prepared with ``fedpartial-prepare`` and declared in its kit's ``local/fedpartial_data.json``
-(no ``FEDPARTIAL_REQUIRE_SITE_CONFIG`` needed: real sites never fall back to a simulated split), server and sites started with their kits'
-``startup/start.sh`` in a temporary HOME, a tiny ``fedmlp_ich`` submitted by the project admin through
-admin/fedpartial_admin.py (the script users run), followed, downloaded, its results.json checked and
-``fedpartial-predict`` run on the downloaded global model. Then a site without data configuration must make
-the job fail with a message naming the site. Every process started here is killed at the end, also when a test
-fails, and the teardown checks that none is left.
+``nvflare provision`` with provisioning/project.yml (server on localhost, free ports, 3 hospitals, admins);
+each hospital's data prepared with ``fedpartial-prepare`` and declared in its kit's
+``local/fedpartial_data.json`` (no ``FEDPARTIAL_REQUIRE_SITE_CONFIG``: real sites never fall back to a simulated
+split); server and sites started with their kits' ``startup/start.sh`` in a temporary HOME; a tiny
+``fedmlp_ich`` submitted with its custom code (BYOC) by the project admin through admin/fedpartial_admin.py,
+followed, downloaded, its results.json checked and ``fedpartial-predict`` run on the downloaded global model.
+Then: an org admin may not submit custom code; the non-BYOC way (allow-listed installed package) deploys, and a
+site without data configuration stops it with a message naming the site. Every process started here is killed
+at the end, also when a test fails, and the teardown checks that none is left.
 """
 
 from __future__ import annotations
@@ -121,8 +122,8 @@ class Deployment:
                                 start_new_session=True)
         self.groups.append(proc.pid)
 
-    def admin(self, *args: str, timeout: float = 200) -> subprocess.CompletedProcess:
-        cmd = [sys.executable, str(ADMIN_SCRIPT), "--kit", str(self.kits / PROJECT_ADMIN), *args]
+    def admin(self, *args: str, user: str = PROJECT_ADMIN, timeout: float = 200) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, str(ADMIN_SCRIPT), "--kit", str(self.kits / user), *args]
         return subprocess.run(cmd, env=self.env, cwd=self.root, capture_output=True, text=True, timeout=timeout)
 
     def stop(self) -> list[int]:
@@ -155,7 +156,7 @@ def deployment(tmp_path_factory):
         dep.prepare_hospital_data()
         for participant in ["localhost", *HOSPITALS]:
             dep.start(participant)
-        dep.job = _tiny_job(dep.root / "jobs")
+        dep.job = _tiny_job(dep.root / "jobs", "fedmlp_ich", rounds=2)
         yield dep
     finally:
         left = dep.stop()
@@ -163,12 +164,12 @@ def deployment(tmp_path_factory):
         assert not left, f"processes left behind: {left}"
 
 
-def _tiny_job(dest: Path) -> Path:
-    """jobs/fedmlp_ich for 3 clients, 2 rounds, 32 px (the job's data come from the sites' own configuration)."""
+def _tiny_job(dest: Path, name: str, rounds: int) -> Path:
+    """jobs/fedmlp_ich for 3 clients, a few rounds, 32 px (the job's data come from the sites' own configuration)."""
     from fedpartial.tools.build_jobs import customise_job
 
-    dest.mkdir()
-    return customise_job(REPO / "jobs" / "fedmlp_ich", dest / "fedmlp_ich", num_rounds=2, min_clients=3,
+    dest.mkdir(exist_ok=True)
+    return customise_job(REPO / "jobs" / "fedmlp_ich", dest / name, num_rounds=rounds, min_clients=3,
                          executor_args={"dataset": {"image_size": 32}, "evaluation": {"test_every": 1}})
 
 
@@ -204,13 +205,27 @@ def test_submit_follow_download_predict(deployment):
     print(f"e2e job (submit -> results -> predict): {time.time() - t0:.0f} s")
 
 
-def test_site_without_data_config_fails_naming_the_site(deployment):
+def test_org_admin_may_not_submit_custom_code(deployment):
+    proc = deployment.admin("submit", str(deployment.job), user="admin@hospital1.org", timeout=60)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "fedpartial-admin: error:" in log and "not authorized" in log.lower(), log
+
+
+def test_installed_package_site_without_data_config_fails_naming_the_site(deployment):
+    """The non-BYOC way (the package importable at every participant, here through PYTHONPATH; each kit allows
+    its classes with fedpartial-allow-list; the job goes without custom code) gets the job's components built on
+    the server and all sites, and a site whose data configuration is missing stops the job before any training
+    with a message naming the site and where the configuration belongs."""
     dep = deployment
+    job = _tiny_job(dep.root / "jobs", "fedmlp_ich_installed", rounds=1)
+    kits = [str(dep.kits / p) for p in ["localhost", *HOSPITALS]]
+    subprocess.run([sys.executable, "-m", "fedpartial.tools.allow_list", *kits, "--jobs", str(job)], check=True,
+                   env=dep.env, capture_output=True)
     cfg = dep.kits / "hospital-2" / "local" / "fedpartial_data.json"
     cfg.rename(cfg.with_suffix(".bak"))
     try:
-        proc = dep.admin("run", str(dep.job), "-o", str(dep.root / "results_bad"), "--timeout", "120",
-                         "--poll", "1")
+        proc = dep.admin("run", str(job), "--without-custom", "-o", str(dep.root / "results_bad"),
+                         "--timeout", "120", "--poll", "1")
     finally:
         cfg.with_suffix(".bak").rename(cfg)
     log = proc.stdout + proc.stderr
@@ -219,3 +234,8 @@ def test_site_without_data_config_fails_naming_the_site(deployment):
     assert "site 'hospital-2' has no data configured for dataset 'ich_phantom'" in log, log
     assert "hospital-2/local/fedpartial_data.json" in log  # where to put it
     assert "ended: FINISHED:EXECUTION_EXCEPTION" in log
+    assert "round 1/1" not in log  # stopped before any training
+    # every site got as far as the data check, i.e. the allow-listed components were built everywhere
+    assert all(f"{site}: " in log for site in HOSPITALS), log
+    downloaded = next((dep.root / "results_bad").iterdir())
+    assert not list(downloaded.rglob("custom/fedpartial"))  # the job really came without code

@@ -4,6 +4,7 @@
 
     fedpartial-admin --kit ADMIN_KIT run jobs/fedmlp_ich -o results/   # submit, follow, download, print results
     fedpartial-admin --kit ADMIN_KIT submit jobs/fedmlp_ich            # prints the job id
+    fedpartial-admin --kit ADMIN_KIT submit --without-custom JOB       # for sites that allow-list the package
     fedpartial-admin --kit ADMIN_KIT status JOB_ID                     # job status, round, per-site task
     fedpartial-admin --kit ADMIN_KIT wait JOB_ID [--timeout S]         # follow until the job ends
     fedpartial-admin --kit ADMIN_KIT download JOB_ID -o results/       # the job's server workspace
@@ -21,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -41,12 +44,21 @@ def open_session(kit: str | Path, user: str | None = None, timeout: float = 30.0
     return new_secure_session(user or kit.name, str(kit), timeout=timeout)
 
 
-def submit(sess, job_dir: str | Path) -> str:
-    """Submit a job folder (``meta.json`` + apps); returns the job id."""
+def submit(sess, job_dir: str | Path, without_custom: bool = False) -> str:
+    """Submit a job folder (``meta.json`` + apps); returns the job id.
+
+    ``without_custom``: submit a copy without the apps' ``custom/`` code, for participants that installed the
+    package and allow its classes (``fedpartial-allow-list``) instead of accepting custom code (BYOC).
+    """
     job_dir = Path(job_dir).resolve()
     if not (job_dir / "meta.json").is_file():
         raise FileNotFoundError(f"{job_dir} is not an NVFlare job folder (no meta.json)")
-    return sess.submit_job(str(job_dir))
+    if not without_custom:
+        return sess.submit_job(str(job_dir))
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / job_dir.name
+        shutil.copytree(job_dir, copy, ignore=lambda d, names: ["custom"] if (Path(d) / "config").is_dir() else [])
+        return sess.submit_job(str(copy))
 
 
 def _stats(sess, job_id: str, target: str) -> dict:
@@ -154,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("submit", help="submit a job folder, print its id")
     p.add_argument("job")
+    p.add_argument("--without-custom", action="store_true", help="leave the apps' custom/ code out (non-BYOC)")
     p = sub.add_parser("status", help="job status, round and per-site task")
     p.add_argument("job_id")
     p = sub.add_parser("wait", help="follow a job until it ends")
@@ -168,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path")
     p = sub.add_parser("run", help="submit, follow, download and print the results table")
     p.add_argument("job")
+    p.add_argument("--without-custom", action="store_true", help="leave the apps' custom/ code out (non-BYOC)")
     p.add_argument("-o", "--out", default="results", help="destination folder (default: results)")
     p.add_argument("--timeout", type=float, default=0.0, help="seconds (0 = no limit)")
     p.add_argument("--poll", type=float, default=2.0, help="seconds between polls")
@@ -197,10 +211,18 @@ def main(argv: list[str] | None = None) -> int:
     if not args.kit:
         print("fedpartial-admin: --kit ADMIN_STARTUP_KIT is required for this command", file=sys.stderr)
         return 2
+    try:
+        return _run_command(args)
+    except Exception as e:  # noqa: BLE001 - FLARE API errors (refused, not authorized, no server) end here
+        print(f"fedpartial-admin: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+
+
+def _run_command(args) -> int:
     sess = open_session(args.kit, args.user, args.connect_timeout)
     try:
         if args.cmd == "submit":
-            print(submit(sess, args.job))
+            print(submit(sess, args.job, args.without_custom))
         elif args.cmd == "status":
             print(format_progress(progress(sess, args.job_id)))
         elif args.cmd == "list":
@@ -214,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "download":
             print(download(sess, args.job_id, args.out))
         elif args.cmd == "run":
-            job_id = submit(sess, args.job)
+            job_id = submit(sess, args.job, args.without_custom)
             print(f"submitted {args.job} as job {job_id}", flush=True)
             return _finish(sess, job_id, wait(sess, job_id, args.timeout, args.poll), args.out)
         return 0

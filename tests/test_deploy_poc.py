@@ -129,7 +129,7 @@ class Deployment:
     def stop(self) -> list[int]:
         """Kill every process group started here and every process of this root (job processes run in their own
         sessions); returns the pids still alive afterwards (must be none)."""
-        marker = str(self.root)
+        marker = str(self.root) + os.sep
         for sig in (signal.SIGTERM, signal.SIGKILL):
             for pgid in self.groups:
                 try:

@@ -29,9 +29,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from nvflare.apis.job_def import RunStatus
+
 from .show_results import find_results, render
 
-FINISHED_OK = "FINISHED:COMPLETED"
+FINISHED_OK = RunStatus.FINISHED_COMPLETED.value  # "FINISHED:COMPLETED"
 
 
 def open_session(kit: str | Path, user: str | None = None, timeout: float = 30.0):

@@ -4,6 +4,7 @@ in a simulator workspace layout and in a downloaded job-result layout."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -158,19 +159,22 @@ def test_evaluate_scores_with_project_metrics(sim_ws, images, tmp_path, capsys):
         assert (a is None and b is None) or a == pytest.approx(b)
 
 
-def test_clear_errors(tmp_path, sim_ws, images):
+def test_clear_errors(tmp_path, sim_ws, images, capsys):
     ws, _ = sim_ws
     folder, labelled = images
     with pytest.raises(FileNotFoundError, match="no best_FL_global_model.pt or FL_global_model.pt"):
         P.load_model(tmp_path / "imgs")
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(FileNotFoundError, match="no PNG / JPG / DICOM"):
-        P.main([str(ws), "--images", str(empty), "-o", str(tmp_path / "x.csv")])
+    assert P.main([str(ws), "--images", str(empty), "-o", str(tmp_path / "x.csv")]) == 1
+    assert "fedpartial-predict: error: no PNG / JPG / DICOM" in capsys.readouterr().err
     bad = tmp_path / "bad.csv"
     bad.write_text("image,epidural\na.png,maybe\n")
-    with pytest.raises(ValueError, match=r"bad.csv.*line 2.*'maybe'"):
-        P.main([str(ws), "--manifest", str(bad), "--data-root", str(folder), "-o", str(tmp_path / "x.csv")])
+    assert P.main([str(ws), "--manifest", str(bad), "--data-root", str(folder), "-o", str(tmp_path / "x.csv")]) == 1
+    assert re.search(r"error: file '.*bad.csv', line 2: .*'maybe'", capsys.readouterr().err)
+    assert P.evaluate_main([str(ws), "--manifest", str(labelled), "--data-root", str(tmp_path)]) == 1
+    assert re.search(r"labelled.csv', line 2: image not found", capsys.readouterr().err)
+    assert not (tmp_path / "x.csv").exists()
     lone = tmp_path / "lone" / P.LAST_MODEL
     lone.parent.mkdir()
     shutil.copy(ws / "server/simulate_job/app_server" / P.LAST_MODEL, lone)

@@ -207,13 +207,13 @@ def _finish(sess, job_id: str, meta: dict, out: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.cmd == "results":
-        print(results_text(args.path))
-        return 0
-    if not args.kit:
+    if args.cmd != "results" and not args.kit:
         print("fedpartial-admin: --kit ADMIN_STARTUP_KIT is required for this command", file=sys.stderr)
         return 2
     try:
+        if args.cmd == "results":
+            print(results_text(args.path))
+            return 0
         return _run_command(args)
     except Exception as e:  # noqa: BLE001 - FLARE API errors (refused, not authorized, no server) end here
         print(f"fedpartial-admin: error: {type(e).__name__}: {e}", file=sys.stderr)

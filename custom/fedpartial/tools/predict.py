@@ -100,7 +100,7 @@ def load_model(run: str | Path, which: str = "best", config_dir: str | Path | No
     net = PartialLabelNet(**{k: v for k, v in model_args.items() if k != "pretrained"})
     if net.num_classes != len(dataset["classes"]):
         raise ValueError(f"model has {net.num_classes} outputs, the job's dataset {len(dataset['classes'])} classes")
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    state = torch.load(path, map_location="cpu", weights_only=True)  # tensors only: no pickled code runs
     state = state.get("model", state) if isinstance(state, dict) else state
     net.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in state.items()})
     return LoadedModel(net.to(device).eval(), dataset, path)
@@ -179,9 +179,18 @@ def _load(args) -> LoadedModel:
     return model
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``fedpartial-predict``: per-class probabilities to CSV."""
-    args = _parser("fedpartial-predict", __doc__, False).parse_args(argv)
+def _cli(prog: str, run, argv: list[str] | None) -> int:
+    """Run a command; bad input (missing run / config / image, bad manifest) ends as one error line, exit 1."""
+    args = _parser(prog, __doc__, prog == "fedpartial-evaluate").parse_args(argv)
+    try:
+        run(args)
+    except (OSError, ValueError) as e:  # ManifestError / ImageLoadError name the file (and line)
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _predict(args) -> None:
     model = _load(args)
     if args.images:
         manifest = image_manifest(args.images, model.classes, model.task)
@@ -192,19 +201,25 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(out, index=False, float_format="%.6f")
     print(f"wrote {len(df)} predictions to {out}", file=sys.stderr)
-    return 0
 
 
-def evaluate_main(argv: list[str] | None = None) -> int:
-    """``fedpartial-evaluate``: the project's metrics on a labelled manifest."""
-    args = _parser("fedpartial-evaluate", __doc__, True).parse_args(argv)
+def _evaluate(args) -> None:
     model = _load(args)
     manifest = read_input_manifest(args.manifest, model, args.data_root, args.split, labelled=True)
     res = evaluate_manifest(model, manifest, args.batch_size)
     print(format_table(res, title=f"{model.path.name} on {args.manifest}" + (f" ({args.split})" if args.split else "")))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1, default=float))
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``fedpartial-predict``: per-class probabilities to CSV."""
+    return _cli("fedpartial-predict", _predict, argv)
+
+
+def evaluate_main(argv: list[str] | None = None) -> int:
+    """``fedpartial-evaluate``: the project's metrics on a labelled manifest."""
+    return _cli("fedpartial-evaluate", _evaluate, argv)
 
 
 if __name__ == "__main__":

@@ -123,7 +123,8 @@ class Deployment:
         self.groups.append(proc.pid)
 
     def admin(self, *args: str, user: str = PROJECT_ADMIN, timeout: float = 200) -> subprocess.CompletedProcess:
-        cmd = [sys.executable, str(ADMIN_SCRIPT), "--kit", str(self.kits / user), *args]
+        cmd = [sys.executable, str(ADMIN_SCRIPT), "--kit", str(self.kits / user), "--connect-timeout", "90",
+               *args]
         return subprocess.run(cmd, env=self.env, cwd=self.root, capture_output=True, text=True, timeout=timeout)
 
     def stop(self) -> list[int]:

@@ -10,7 +10,8 @@ import yaml
 
 from conftest import REPO
 from fedpartial.data.presets import resolve_dataset
-from fedpartial.data.site_config import REQUIRE_ENV, SITE_CONFIG_ENV, SiteDataError, resolve_site_data, site_config_required
+from fedpartial.data.site_config import (REQUIRE_ENV, SITE_CONFIG_ENV, SiteDataError, resolve_site_data,
+                                         site_config_required)
 from fedpartial.tools import admin
 
 

@@ -59,14 +59,14 @@ class LoadedModel:
 
 def find_model(run: str | Path, which: str = "best") -> Path:
     """The global model file of a run (see the module docstring); prefers the server's ``app_server`` copy."""
+    if which not in ("best", "last"):
+        raise ValueError(f"--model must be 'best' or 'last', got {which!r}")
     run = Path(run)
     if run.is_file():
         return run
     if not run.is_dir():
         raise FileNotFoundError(f"{run} is neither a run folder nor a model file")
     names = [BEST_MODEL, LAST_MODEL] if which == "best" else [LAST_MODEL]
-    if which not in ("best", "last"):
-        raise ValueError(f"--model must be 'best' or 'last', got {which!r}")
     for name in names:
         hits = sorted(run.rglob(name), key=lambda p: ("app_server" not in p.parts, len(p.parts), str(p)))
         if hits:

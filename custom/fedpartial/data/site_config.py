@@ -10,9 +10,11 @@ in this order:
                                   "val": "manifests/val.csv", "test": "manifests/test.csv"}}}
 
    (relative paths are relative to the JSON file's folder; ``val`` / ``test`` are optional);
-3. a simulated split prepared on first use from the job's ``dataset.prepare`` spec (the simulator's path:
-   sites ``site-1 .. site-N`` take ``site-<i>.csv``), unless ``dataset.require_site_config`` is true or the
-   environment sets ``FEDPARTIAL_REQUIRE_SITE_CONFIG=1`` (real deployments).
+3. in the simulator only, a simulated split prepared on first use from the job's ``dataset.prepare`` spec
+   (sites ``site-1 .. site-N`` take ``site-<i>.csv``). Real (provisioned / POC) sites need 1. or 2.; the
+   environment can force either way: ``FEDPARTIAL_REQUIRE_SITE_CONFIG=1`` (or ``dataset.require_site_config:
+   true``) also in the simulator, ``FEDPARTIAL_REQUIRE_SITE_CONFIG=0`` lets a POC demo fall back to the
+   simulated split.
 
 Anything else is a :class:`SiteDataError` naming the site.
 """
@@ -108,14 +110,25 @@ def _from_simulated(site: str, dataset: dict) -> SiteData:
                     origin=f"simulated:{folder}", synthetic=bool(prepared.info.get("synthetic")))
 
 
-def resolve_site_data(site: str, dataset: dict, local_dir: str | os.PathLike | None = None) -> SiteData:
-    """Resolve the job's dataset for this site (see the module docstring for the order)."""
+def site_config_required(dataset: dict, simulated: bool = True) -> bool:
+    """Whether a site must have its own data configuration (see the module docstring)."""
+    env = os.environ.get(REQUIRE_ENV, "").strip().lower()
+    if dataset.get("require_site_config") or env in ("1", "true", "yes"):
+        return True
+    return False if env in ("0", "false", "no") else not simulated
+
+
+def resolve_site_data(site: str, dataset: dict, local_dir: str | os.PathLike | None = None,
+                      simulated: bool = True) -> SiteData:
+    """Resolve the job's dataset for this site (see the module docstring for the order).
+
+    ``simulated``: the site runs in NVFlare's simulator (only then may it fall back to a simulated split).
+    """
     name = dataset["name"]
     file = _site_config_file(local_dir)
     if file is not None:
         return _from_site_config(site, name, file)
-    require = dataset.get("require_site_config") or os.environ.get(REQUIRE_ENV, "") in ("1", "true", "yes")
-    if dataset.get("prepare") and not require:
+    if dataset.get("prepare") and not site_config_required(dataset, simulated):
         return _from_simulated(site, dataset)
     where = f"{Path(local_dir) / SITE_CONFIG_FILE}" if local_dir else f"local/{SITE_CONFIG_FILE}"
     raise SiteDataError(

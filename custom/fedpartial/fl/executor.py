@@ -25,7 +25,7 @@ import torch
 from nvflare.apis.dxo import DXO, DataKind, MetaKey, from_shareable
 from nvflare.apis.event_type import EventType
 from nvflare.apis.executor import Executor
-from nvflare.apis.fl_constant import ReturnCode
+from nvflare.apis.fl_constant import FLContextKey, ReturnCode
 from nvflare.apis.fl_context import FLContext
 from nvflare.apis.shareable import Shareable, make_reply
 from nvflare.apis.signal import Signal
@@ -88,7 +88,8 @@ class PartialLabelExecutor(Executor):
         self.task_type, self.classes = self.ds_cfg["task"], list(self.ds_cfg["classes"])
         workspace = fl_ctx.get_engine().get_workspace()
         local_dir = workspace.get_site_config_dir() if hasattr(workspace, "get_site_config_dir") else None
-        self.site_data: SiteData = resolve_site_data(site, self.ds_cfg, local_dir)
+        simulated = bool(fl_ctx.get_prop(FLContextKey.SIMULATE_MODE, False))  # real sites need their own data
+        self.site_data: SiteData = resolve_site_data(site, self.ds_cfg, local_dir, simulated=simulated)
         if self.site_data.synthetic:
             self.log_warning(fl_ctx, f"*** SYNTHETIC DATA *** site {site} trains on the generated "
                                      f"{self.site_data.dataset} phantom ({self.site_data.origin}), not on real scans")

@@ -59,10 +59,12 @@ def build_job(job: Path, src: Path, check: bool = False) -> list[str]:
 
 
 def customise_job(job: Path, dest: Path, num_rounds: int | None = None, executor_args: dict | None = None,
-                  src: Path | None = None, seed: int | None = None, rule_args: dict | None = None) -> Path:
-    """Copy a job folder to ``dest`` with the package built into it, ``num_rounds`` set in the server config,
-    ``executor_args`` merged into the client executor's args, ``rule_args`` into the server rule's options and
-    ``seed`` set for both the sites (executor seed) and the initial global model (for tests and benchmarks)."""
+                  src: Path | None = None, seed: int | None = None, rule_args: dict | None = None,
+                  min_clients: int | None = None) -> Path:
+    """Copy a job folder to ``dest`` with the package built into it, ``num_rounds`` (and ``min_clients``, in the
+    server config and ``meta.json``) set, ``executor_args`` merged into the client executor's args, ``rule_args``
+    into the server rule's options and ``seed`` set for both the sites (executor seed) and the initial global
+    model (for tests and benchmarks)."""
     from ..data.presets import deep_merge
 
     shutil.copytree(job, dest, ignore=shutil.ignore_patterns("custom"))
@@ -78,6 +80,10 @@ def customise_job(job: Path, dest: Path, num_rounds: int | None = None, executor
     if rule_args:
         comps["aggregator"]["args"]["method_args"] = deep_merge(comps["aggregator"]["args"].get("method_args", {}),
                                                                 rule_args)
+    if min_clients is not None:
+        cfg["min_clients"] = min_clients
+        meta = json.loads((dest / "meta.json").read_text())
+        (dest / "meta.json").write_text(json.dumps({**meta, "min_clients": min_clients}, indent=1))
     server.write_text(json.dumps(cfg, indent=1))
     client = dest / "app/config/config_fed_client.json"
     ccfg = json.loads(client.read_text())

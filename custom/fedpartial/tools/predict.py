@@ -1,0 +1,226 @@
+"""Use a trained global model: per-class probabilities for new images, or scores on a labelled manifest.
+
+::
+
+    fedpartial-predict RUN --images scans/ -o predictions.csv        # a folder of PNG / JPG / DICOM images
+    fedpartial-predict RUN --manifest new_cases.csv -o predictions.csv
+    fedpartial-evaluate RUN --manifest test.csv [--split test] [--json scores.json]
+
+``RUN`` is a simulator workspace (``nvflare simulator ... -w WS``), a downloaded job result
+(``fedpartial-admin download`` / ``download_job``), a run folder holding ``app_server/``, or a model file
+(``FL_global_model.pt``). The model architecture and the image pipeline (size, channels, CT windows,
+normalisation) are read from the job configuration stored with the run (``app_server/config``; override with
+``--job-config DIR``), and images go through the data layer's evaluation pipeline exactly as in training's
+validation (:class:`fedpartial.data.sitedata.SiteDatasets`). ``--model best`` (default) takes
+``best_FL_global_model.pt`` (best validation round) when the run has it, else the last global model;
+``--model last`` takes ``FL_global_model.pt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..data.manifest import Manifest, read_manifest
+from ..data.presets import resolve_dataset
+from ..data.sitedata import SiteDatasets
+from ..evaluation import evaluate, predict
+from ..metrics import format_table
+from ..models import PartialLabelNet
+
+LAST_MODEL, BEST_MODEL = "FL_global_model.pt", "best_FL_global_model.pt"
+SERVER_CONFIG, CLIENT_CONFIG = "config_fed_server.json", "config_fed_client.json"
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".dcm", ".dicom")
+
+
+@dataclass
+class LoadedModel:
+    """A global model with what is needed to feed it: the resolved dataset config (classes, task, pipeline)."""
+
+    net: PartialLabelNet
+    dataset: dict
+    path: Path
+
+    @property
+    def classes(self) -> list[str]:
+        return list(self.dataset["classes"])
+
+    @property
+    def task(self) -> str:
+        return self.dataset["task"]
+
+
+def find_model(run: str | Path, which: str = "best") -> Path:
+    """The global model file of a run (see the module docstring); prefers the server's ``app_server`` copy."""
+    if which not in ("best", "last"):
+        raise ValueError(f"--model must be 'best' or 'last', got {which!r}")
+    run = Path(run)
+    if run.is_file():
+        return run
+    if not run.is_dir():
+        raise FileNotFoundError(f"{run} is neither a run folder nor a model file")
+    names = [BEST_MODEL, LAST_MODEL] if which == "best" else [LAST_MODEL]
+    for name in names:
+        hits = sorted(run.rglob(name), key=lambda p: ("app_server" not in p.parts, len(p.parts), str(p)))
+        if hits:
+            return hits[0]
+    raise FileNotFoundError(f"no {' or '.join(names)} under {run} (is it a finished run or a downloaded job?)")
+
+
+def find_job_config(model_path: Path, config_dir: str | Path | None = None) -> Path:
+    """The folder holding the run's ``config_fed_server.json`` and ``config_fed_client.json``."""
+    candidates = [Path(config_dir)] if config_dir else [model_path.parent / "config", model_path.parent,
+                                                         *(p / "app_server" / "config" for p in model_path.parents)]
+    for c in candidates:
+        if (c / SERVER_CONFIG).is_file() and (c / CLIENT_CONFIG).is_file():
+            return c
+    where = config_dir or f"next to {model_path}"
+    raise FileNotFoundError(f"no {SERVER_CONFIG} + {CLIENT_CONFIG} {where}; pass --job-config JOB/app/config")
+
+
+def load_model(run: str | Path, which: str = "best", config_dir: str | Path | None = None,
+               device: str | torch.device = "cpu") -> LoadedModel:
+    """Load a run's global model (PTFileModelPersistor's ``{"model": state_dict}`` or a plain state dict)."""
+    path = find_model(run, which)
+    cfg_dir = find_job_config(path, config_dir)
+    server = json.loads((cfg_dir / SERVER_CONFIG).read_text())
+    client = json.loads((cfg_dir / CLIENT_CONFIG).read_text())
+    model_args = next((c.get("args", {}) for c in server.get("components", []) if c.get("id") == "model"), None)
+    if model_args is None:
+        raise ValueError(f"{cfg_dir / SERVER_CONFIG} has no 'model' component")
+    executor_args = client["executors"][0]["executor"]["args"]
+    dataset = resolve_dataset(executor_args["dataset"])
+    net = PartialLabelNet(**{k: v for k, v in model_args.items() if k != "pretrained"})
+    if net.num_classes != len(dataset["classes"]):
+        raise ValueError(f"model has {net.num_classes} outputs, the job's dataset {len(dataset['classes'])} classes")
+    state = torch.load(path, map_location="cpu", weights_only=True)  # tensors only: no pickled code runs
+    state = state.get("model", state) if isinstance(state, dict) else state
+    net.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in state.items()})
+    return LoadedModel(net.to(device).eval(), dataset, path)
+
+
+def image_manifest(folder: str | Path, classes: list[str], task: str = "multilabel") -> Manifest:
+    """An unlabelled manifest over every PNG / JPG / DICOM under ``folder`` (sorted, recursive)."""
+    folder = Path(folder)
+    paths = sorted(str(p) for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    if not paths:
+        raise FileNotFoundError(f"no PNG / JPG / DICOM image ({', '.join(IMAGE_SUFFIXES)}) under {folder}")
+    n, c = len(paths), len(classes)
+    return Manifest(paths=paths, labels=np.zeros((n, c), np.float32), mask=np.zeros((n, c), bool),
+                    classes=list(classes), patient_ids=[""] * n, splits=["test"] * n,
+                    lines=list(range(2, n + 2)), file=str(folder), task=task)
+
+
+def read_input_manifest(file: str | Path, model: LoadedModel, data_root: str | Path | None = None,
+                        split: str | None = None, labelled: bool = False) -> Manifest:
+    """A manifest CSV (the site contract; errors name the file and line), optionally one split's rows."""
+    m = read_manifest(file, model.classes, data_root=data_root, task=model.task, require_annotated=labelled)
+    if split:
+        m = m.subset(split)
+        if len(m) == 0:
+            raise ValueError(f"{file} has no rows with split '{split}'")
+    return m
+
+
+def _loader(model: LoadedModel, manifest: Manifest, batch_size: int):
+    """Training's evaluation pipeline (decode, CT windows, resize, normalise) over ``manifest``."""
+    return SiteDatasets({"input": manifest}, {**model.dataset, "cache": "none"}).eval_loader("input", batch_size)
+
+
+def predict_manifest(model: LoadedModel, manifest: Manifest, batch_size: int = 64) -> pd.DataFrame:
+    """One row per image: ``image`` and ``prob_<class>`` for every class."""
+    probs = predict(model.net, _loader(model, manifest, batch_size), model.task,
+                    next(model.net.parameters()).device)["probs"]
+    df = pd.DataFrame(probs, columns=[f"prob_{c}" for c in model.classes])
+    df.insert(0, "image", manifest.paths)
+    return df
+
+
+def evaluate_manifest(model: LoadedModel, manifest: Manifest, batch_size: int = 64) -> dict:
+    """The project's metrics (``fedpartial.metrics``) of the model on a labelled manifest."""
+    return evaluate(model.net, _loader(model, manifest, batch_size), model.task, model.classes,
+                    next(model.net.parameters()).device)
+
+
+# ------------------------------------------------------------------------------------------------------------ CLI
+
+def _parser(prog: str, doc: str, evaluate_mode: bool) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run", help="simulator workspace, downloaded job result, run folder or model .pt file")
+    src = ap.add_mutually_exclusive_group(required=True)
+    if not evaluate_mode:
+        src.add_argument("--images", help="folder of PNG / JPG / DICOM images (recursive)")
+    src.add_argument("--manifest", help="manifest CSV (image column relative to --data-root)")
+    ap.add_argument("--data-root", help="folder the manifest's image paths are relative to (default: its folder)")
+    ap.add_argument("--split", help="only the manifest rows of this split (train / val / test)")
+    ap.add_argument("--model", default="best", choices=["best", "last"],
+                    help="best validation round (default, falls back to last) or the last global model")
+    ap.add_argument("--job-config", help="folder with the job's config_fed_server/client.json (default: the run's)")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--device", default="cpu")
+    if evaluate_mode:
+        ap.add_argument("--json", help="also write the metrics as JSON to this file")
+    else:
+        ap.add_argument("-o", "--out", required=True, help="output CSV")
+    return ap
+
+
+def _load(args) -> LoadedModel:
+    model = load_model(args.run, args.model, args.job_config, args.device)
+    print(f"model {model.path} ({model.net.arch}, {len(model.classes)} classes: {', '.join(model.classes)})",
+          file=sys.stderr)
+    return model
+
+
+def _cli(prog: str, run, argv: list[str] | None) -> int:
+    """Run a command; bad input (missing run / config / image, bad manifest) ends as one error line, exit 1."""
+    args = _parser(prog, __doc__, prog == "fedpartial-evaluate").parse_args(argv)
+    try:
+        run(args)
+    except (OSError, ValueError) as e:  # ManifestError / ImageLoadError name the file (and line)
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _predict(args) -> None:
+    model = _load(args)
+    if args.images:
+        manifest = image_manifest(args.images, model.classes, model.task)
+    else:
+        manifest = read_input_manifest(args.manifest, model, args.data_root, args.split)
+    df = predict_manifest(model, manifest, args.batch_size)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out, index=False, float_format="%.6f")
+    print(f"wrote {len(df)} predictions to {out}", file=sys.stderr)
+
+
+def _evaluate(args) -> None:
+    model = _load(args)
+    manifest = read_input_manifest(args.manifest, model, args.data_root, args.split, labelled=True)
+    res = evaluate_manifest(model, manifest, args.batch_size)
+    print(format_table(res, title=f"{model.path.name} on {args.manifest}" + (f" ({args.split})" if args.split else "")))
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1, default=float))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``fedpartial-predict``: per-class probabilities to CSV."""
+    return _cli("fedpartial-predict", _predict, argv)
+
+
+def evaluate_main(argv: list[str] | None = None) -> int:
+    """``fedpartial-evaluate``: the project's metrics on a labelled manifest."""
+    return _cli("fedpartial-evaluate", _evaluate, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

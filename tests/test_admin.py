@@ -1,0 +1,144 @@
+"""Deployment helpers without a running federation: the admin script's progress / failure reporting (on a fake
+FLARE API session), the real-site data policy, the project.yml and the job customisation used by the e2e test."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from conftest import REPO
+from fedpartial.data.presets import resolve_dataset
+from fedpartial.data.site_config import (REQUIRE_ENV, SITE_CONFIG_ENV, SiteDataError, resolve_site_data,
+                                         site_config_required)
+from fedpartial.tools import admin
+
+
+class FakeSession:
+    """What the FLARE API returns for show_stats / get_job_meta while a ScatterAndGather job trains."""
+
+    def __init__(self, server: dict | Exception, clients: dict | Exception, status: str = "RUNNING"):
+        self.server, self.clients, self.status = server, clients, status
+
+    def get_job_meta(self, job_id):
+        return {"job_id": job_id, "name": "fedmlp_ich", "status": self.status}
+
+    def show_stats(self, job_id, target):
+        value = self.server if target == "server" else self.clients
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+
+def test_progress_reports_round_and_site_tasks():
+    sess = FakeSession(
+        {"server": {"ServerRunner": {"job_id": "j1", "status": "started", "workflow": "scatter_and_gather"},
+                    "ScatterAndGather": {"phase": "train", "current_round": 1, "num_rounds": 3}}},
+        {"hospital-1": {"ClientRunner": {"job_id": "j1", "current_tasks": ["train"]}},
+         "hospital-2": {"ClientRunner": {"job_id": "j1", "current_tasks": []}}})
+    p = admin.progress(sess, "j1")
+    assert (p["workflow"], p["round"], p["num_rounds"]) == ("scatter_and_gather", 2, 3)
+    assert admin.format_progress(p) == ("job j1 RUNNING  scatter_and_gather round 2/3  "
+                                        "hospital-1: train, hospital-2: idle")
+
+
+def test_progress_before_the_job_runs_and_after_training():
+    assert admin.format_progress(admin.progress(FakeSession(RuntimeError("no job"), RuntimeError("no job"),
+                                                            "SUBMITTED"), "j2")) == "job j2 SUBMITTED"
+    done = FakeSession({"server": {"ServerRunner": {"workflow": "cross_site_validate"},
+                                   "ScatterAndGather": {"phase": "finished", "current_round": 3, "num_rounds": 3}}},
+                       {})
+    assert admin.format_progress(admin.progress(done, "j3")) == "job j3 RUNNING  cross_site_validate"
+
+
+def test_failure_lines_pick_the_sites_error(tmp_path):
+    log = tmp_path / "job" / "workspace" / "log.txt"
+    log.parent.mkdir(parents=True)
+    err = ("site 'hospital-2' failed task 'data_summary': SiteDataError: site 'hospital-2' has no data configured "
+           "for dataset 'ich_phantom'")
+    log.write_text("2026-01-01 10:00:00,000 - ServerRunner - INFO - [identity=x, run=1] - Round 0 started.\n"
+                   f"2026-01-01 10:00:01,000 - DataSummaryProcessor - ERROR - [identity=x, peer=hospital-2] - "
+                   f"DATA CHECK FAILED: {err}\n"
+                   f"2026-01-01 10:00:02,000 - DataSummaryProcessor - ERROR - [identity=x, peer=hospital-2] - "
+                   f"DATA CHECK FAILED: {err}\n")
+    assert admin.failure_lines(tmp_path) == [f"DATA CHECK FAILED: {err}"]
+
+
+def test_admin_cli_needs_a_kit_and_reads_results_offline(tmp_path, capsys):
+    assert admin.main(["status", "j1"]) == 2
+    assert "--kit" in capsys.readouterr().err
+    with pytest.raises(FileNotFoundError, match="not an admin startup kit"):
+        admin.open_session(tmp_path)
+    res = {"method": "fedmlp", "dataset": "ich_phantom", "num_rounds": 2, "seconds_per_round": 1.5, "best": None,
+           "final": {}, "rounds": []}
+    (tmp_path / "dl" / "j1" / "workspace").mkdir(parents=True)
+    (tmp_path / "dl" / "j1" / "workspace" / "results.json").write_text(json.dumps(res))
+    assert admin.main(["results", str(tmp_path / "dl")]) == 0
+    assert "method fedmlp on ich_phantom: 2 rounds" in capsys.readouterr().out
+    assert admin.main(["results", str(tmp_path / "nothing")]) == 1
+    assert "fedpartial-admin: error: FileNotFoundError: no results.json under" in capsys.readouterr().err
+    assert admin.main(["--kit", str(tmp_path), "list"]) == 1
+    assert "not an admin startup kit" in capsys.readouterr().err
+
+
+def test_real_sites_never_fall_back_to_a_simulated_split(tmp_path, monkeypatch):
+    monkeypatch.delenv(SITE_CONFIG_ENV, raising=False)
+    monkeypatch.delenv(REQUIRE_ENV, raising=False)
+    ds = resolve_dataset("ich_phantom")
+    assert site_config_required(ds, simulated=False) and not site_config_required(ds, simulated=True)
+    with pytest.raises(SiteDataError, match=r"site 'hospital-4' has no data configured for dataset 'ich_phantom'"
+                                            r": create .*hospital-4/local/fedpartial_data.json"):
+        resolve_site_data("hospital-4", ds, tmp_path / "hospital-4" / "local", simulated=False)
+    monkeypatch.setenv(REQUIRE_ENV, "1")
+    assert site_config_required(ds, simulated=True)
+    monkeypatch.setenv(REQUIRE_ENV, "0")  # a POC demo on the phantom
+    assert not site_config_required(ds, simulated=False)
+    assert site_config_required({**ds, "require_site_config": True}, simulated=False)
+
+
+def test_project_yml_roles():
+    cfg = yaml.safe_load((REPO / "provisioning" / "project.yml").read_text())
+    by_type = {}
+    for p in cfg["participants"]:
+        by_type.setdefault(p["type"], []).append(p)
+    assert len(by_type["server"]) == 1 and len(by_type["client"]) >= 3
+    roles = {p["name"]: p.get("role") for p in by_type["admin"]}
+    assert "project_admin" in roles.values()  # may submit BYOC jobs
+    orgs = {p["org"] for p in by_type["client"]}
+    assert orgs == {p["org"] for p in by_type["admin"] if p.get("role") == "org_admin"}  # one org admin each
+
+
+def test_customise_job_sets_min_clients(tmp_path):
+    from fedpartial.tools.build_jobs import customise_job
+
+    job = customise_job(REPO / "jobs" / "fedmlp_ich", tmp_path / "fedmlp_ich", num_rounds=2, min_clients=3)
+    assert json.loads((job / "meta.json").read_text())["min_clients"] == 3
+    server = json.loads((job / "app/config/config_fed_server.json").read_text())
+    assert server["min_clients"] == 3 and server["num_rounds"] == 2
+    assert (job / "app/custom/fedpartial/tools/admin.py").is_file()
+
+
+def test_allow_list_admits_the_jobs_classes(tmp_path):
+    from nvflare.app_common.widgets.component_path_authorizer import ComponentPathAuthorizer
+
+    from fedpartial.tools.allow_list import allow_jobs, component_paths
+
+    kit = tmp_path / "hospital-1"
+    (kit / "local").mkdir(parents=True)
+    (kit / "local" / "resources.json.default").write_text(json.dumps({"format_version": 2, "components": []}))
+    job = REPO / "jobs" / "fedmlp_ich"
+    paths = component_paths(job)
+    assert "fedpartial.fl.executor.PartialLabelExecutor" in paths and len(paths) > 10
+
+    def refused():  # judged by NVFlare's own policy reader and matcher
+        res = json.loads((kit / "local" / next(n for n in ("resources.json", "resources.json.default")
+                                               if (kit / "local" / n).is_file())).read_text())
+        allow, _, _ = ComponentPathAuthorizer()._get_policy_from_resources(res)
+        return sorted(p for p in paths if not any(ComponentPathAuthorizer._path_matches_prefix(p, a) for a in allow))
+
+    assert "fedpartial.models.PartialLabelNet" in refused()
+    added = allow_jobs(kit, [job])
+    assert "fedpartial." in added and refused() == []
+    assert json.loads((kit / "local" / "resources.json").read_text())["components"] == []  # rest kept
+    assert allow_jobs(kit, [job]) == []  # idempotent

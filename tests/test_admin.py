@@ -75,7 +75,7 @@ def test_admin_cli_needs_a_kit_and_reads_results_offline(tmp_path, capsys):
     (tmp_path / "dl" / "j1" / "workspace").mkdir(parents=True)
     (tmp_path / "dl" / "j1" / "workspace" / "results.json").write_text(json.dumps(res))
     assert admin.main(["results", str(tmp_path / "dl")]) == 0
-    assert "method fedmlp on ich_phantom: 2 rounds" in capsys.readouterr().out
+    assert "# fedmlp on ich_phantom (unknown), 2 rounds, 1.5 s/round" in capsys.readouterr().out
     assert admin.main(["results", str(tmp_path / "nothing")]) == 1
     assert "fedpartial-admin: error: FileNotFoundError: no results.json under" in capsys.readouterr().err
     assert admin.main(["--kit", str(tmp_path), "list"]) == 1

@@ -31,7 +31,8 @@ from typing import Callable
 
 from nvflare.apis.job_def import RunStatus
 
-from .show_results import find_results, render
+from ..fl.results import render_tables
+from .show_results import find_results
 
 FINISHED_OK = RunStatus.FINISHED_COMPLETED.value  # "FINISHED:COMPLETED"
 
@@ -154,7 +155,7 @@ def failure_lines(path: str | Path, limit: int = 5) -> list[str]:
 def results_text(path: str | Path) -> str:
     """The results table of a downloaded job (or any folder / file holding ``results.json``)."""
     file = find_results(Path(path))
-    return f"{file}\n\n" + render(json.loads(file.read_text()))
+    return f"{file}\n\n" + render_tables(json.loads(file.read_text()))
 
 
 # ------------------------------------------------------------------------------------------------------------ CLI

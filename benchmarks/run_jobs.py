@@ -8,6 +8,11 @@ and the seed (the executor seed: model init, shuffling and augmentation; the dat
 runs ``nvflare simulator -n <sites> -t <sites>`` and reads ``results.json``. The table reports, per job, the
 mean and standard deviation over seeds of the test metrics of the final global model (and of the model that
 was best on validation), plus the wall time per round.
+
+Variants of a job (ablations) run under their own name with extra method options, given to both the sites'
+trainer and the server's rule: ``--variant "fedlsm_no_ue=fedlsm_isic:{\"ue\": false}"``. Runs go seed by seed
+(every job of seed 0, then seed 1, ...) and the JSON is rewritten after every run, so an interrupted benchmark
+keeps the seeds that finished.
 """
 
 from __future__ import annotations
@@ -29,9 +34,35 @@ sys.path.insert(0, str(REPO / "custom"))
 from fedpartial.tools.build_jobs import customise_job  # noqa: E402
 
 
-def run_one(job: str, seed: int, rounds: int, sites: int, scratch: Path, overrides: dict, env: dict) -> dict:
-    dest = scratch / f"{job}-s{seed}"
+def parse_variant(text: str) -> tuple[str, str, dict]:
+    """``NAME=JOB:JSON`` -> (name, job, method options)."""
+    name, _, rest = text.partition("=")
+    job, _, opts = rest.partition(":")
+    if not name or not job:
+        raise argparse.ArgumentTypeError(f"variant must look like NAME=JOB:JSON, got {text!r}")
+    return name, job, json.loads(opts or "{}")
+
+
+def set_method_args(job_dir: Path, method_args: dict) -> None:
+    """Merge method options into the client executor's and the server aggregator's ``method_args``."""
+    from fedpartial.data.presets import deep_merge
+
+    for name, find in (("config_fed_client.json", lambda c: c["executors"][0]["executor"]["args"]),
+                       ("config_fed_server.json", lambda c: next(x for x in c["components"]
+                                                                 if x["id"] == "aggregator")["args"])):
+        path = job_dir / "app/config" / name
+        cfg = json.loads(path.read_text())
+        args = find(cfg)
+        args["method_args"] = deep_merge(args.get("method_args") or {}, method_args)
+        path.write_text(json.dumps(cfg, indent=1))
+
+
+def run_one(job: str, seed: int, rounds: int, sites: int, scratch: Path, overrides: dict, env: dict,
+            name: str | None = None, method_args: dict | None = None) -> dict:
+    dest = scratch / f"{name or job}-s{seed}"
     customise_job(REPO / "jobs" / job, dest / "job", rounds, {**overrides, "seed": seed})
+    if method_args:
+        set_method_args(dest / "job", method_args)
     nvflare = Path(sys.executable).parent / "nvflare"
     t0 = time.time()
     proc = subprocess.run([str(nvflare), "simulator", str(dest / "job"), "-w", str(dest / "ws"), "-n", str(sites),
@@ -83,24 +114,32 @@ def main(argv=None) -> int:
     ap.add_argument("--override", default="{}", help="JSON merged into every job's executor args")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--keep", action="store_true", help="keep the scratch workspaces")
+    ap.add_argument("--compact", action="store_true",
+                    help="store per run only the final / best results and the per-round validation macro metrics")
+    ap.add_argument("--variant", action="append", default=[], type=parse_variant, metavar="NAME=JOB:JSON",
+                    help="also run JOB as NAME with these method options (repeatable)")
     a = ap.parse_args(argv)
     scratch = Path(tempfile.mkdtemp(prefix="fedpartial-bench-"))
     env = {**os.environ, "FEDPARTIAL_DATA_DIR": str(REPO)}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    configs = [(job, job, None) for job in a.jobs] + list(a.variant)
     runs: dict[str, list[dict]] = {}
-    for job in a.jobs:
-        for seed in a.seeds:
-            res = run_one(job, seed, a.rounds, a.sites, scratch, json.loads(a.override), env)
-            runs.setdefault(job, []).append(res)
+    for seed in a.seeds:
+        for name, job, method_args in configs:
+            res = run_one(job, seed, a.rounds, a.sites, scratch, json.loads(a.override), env, name, method_args)
+            if a.compact:
+                res["rounds"] = [{"round": r["round"], "seconds": r.get("seconds"),
+                                  "val_macro": (r.get("val") or {}).get("macro")} for r in res["rounds"]]
+            runs.setdefault(name, []).append(res)
             fin = res["final"]["FL_global_model.pt"]["test"]["macro"]
-            print(f"{job} seed {seed}: test {json.dumps({k: round(v, 4) for k, v in fin.items() if v is not None})} "
-                  f"({res['seconds_per_round']:.1f} s/round)", flush=True)
+            print(f"{name} seed {seed}: test {json.dumps({k: round(v, 4) for k, v in fin.items() if v is not None})} "
+                  f"({res['seconds_per_round']:.1f} s/round, {res['wall_seconds_total']:.0f} s)", flush=True)
+            if a.out:
+                a.out.parent.mkdir(parents=True, exist_ok=True)
+                a.out.write_text(json.dumps({"args": vars(a) | {"out": str(a.out)}, "summary": summarise(runs),
+                                             "runs": runs}, indent=1, default=str))
     rows = summarise(runs)
     print("\n" + markdown(rows))
-    if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps({"args": vars(a) | {"out": str(a.out)}, "summary": rows, "runs": runs},
-                                    indent=1, default=str))
     if not a.keep:
         shutil.rmtree(scratch, ignore_errors=True)
     return 0

@@ -13,7 +13,7 @@ import torch
 from fedpartial.methods import Contribution, SiteContext, get_method
 from fedpartial.methods import fedlsm as L
 from fedpartial.models import PartialLabelNet
-from test_fedmlp import _FakeData, _site
+from test_fedmlp import _FakeData, _FakeDataset, _site
 
 LN2 = math.log(2.0)
 
@@ -361,3 +361,28 @@ def test_job_three_rounds_in_the_simulator(job, tmp_path, data_cache):
     for i in range(1, n + 1):
         state = torch.load(ws / f"site-{i}/simulate_job/fedpartial_state/trainer_state.pt", weights_only=False)
         assert int(state["optimizer"]["state"][0]["step"]) == 3 * 2  # 3 rounds x 2 local steps, one Adam
+
+
+def test_fresh_sample_order_every_round_not_a_replay():
+    """The released code rebuilds its samplers with the same seed every round (a site replays the same images);
+    here each round draws its own permutation of the pseudo-label pool."""
+    ctx = _mc_site("site-1", [True, True, False], n=40, seed=3)
+    ctx.train = {"lr": 1e-3, "batch_size": 10, "local_steps": 2}
+    seen: list[int] = []
+
+    class Recording(_FakeDataset):
+        def __getitem__(self, i):
+            seen.append(int(i))
+            return super().__getitem__(i)
+
+    data = ctx.data
+    data.dataset = lambda split, views: (Recording if "strong" in views.values() else _FakeDataset)(
+        data.images, data.labels, data.mask, views)
+    tr = L.FedLSMTrainer(ctx, n_mix=0, n_uncertain=0, n_confident=0)
+    orders = []
+    for rnd in range(2):
+        seen.clear()
+        tr.train_round(rnd, 2, {})
+        orders.append(list(seen))
+    assert len(orders[0]) == len(orders[1]) == 20  # 2 steps x 10 samples, all from the pool
+    assert orders[0] != orders[1]

@@ -4,10 +4,17 @@
         --seeds 0 1 2 --rounds 20 --out benchmarks/results/ich_baselines.json
 
 Each run copies ``jobs/<job>`` into a scratch folder with the package built into it, sets the number of rounds
-and the seed (the executor seed: model init, shuffling and augmentation; the data split stays the preset's),
+and the seed (the initial global model, the sites' shuffling, augmentation and dropout; the data split stays the
+preset's; same seed, same numbers),
 runs ``nvflare simulator -n <sites> -t <sites>`` and reads ``results.json``. The table reports, per job, the
 mean and standard deviation over seeds of the test metrics of the final global model (and of the model that
-was best on validation), plus the wall time per round.
+was best on validation), plus the wall time per round, and the same numbers in the papers' table layout
+(``--out X.json`` also writes ``X.md``).
+
+Variants of a job (ablations) run under their own name with extra method options, given to both the sites'
+trainer and the server's rule: ``--variant "fedlsm_no_ue=fedlsm_isic:{\"ue\": false}"``. Runs go seed by seed
+(every job of seed 0, then seed 1, ...) and the JSON is rewritten after every run, so an interrupted benchmark
+keeps the seeds that finished.
 """
 
 from __future__ import annotations
@@ -30,10 +37,23 @@ from fedpartial.tables import paper_table, per_class_table  # noqa: E402
 from fedpartial.tools.build_jobs import customise_job  # noqa: E402
 
 
+def parse_variant(text: str) -> tuple[str, str, dict]:
+    """``NAME=JOB:JSON`` -> (name, job, method options)."""
+    name, _, rest = text.partition("=")
+    job, _, opts = rest.partition(":")
+    if not name or not job:
+        raise argparse.ArgumentTypeError(f"variant must look like NAME=JOB:JSON, got {text!r}")
+    return name, job, json.loads(opts or "{}")
+
+
 def run_one(job: str, seed: int, rounds: int, sites: int, scratch: Path, overrides: dict, env: dict,
-            rule_args: dict | None = None, name: str | None = None) -> dict:
+            name: str | None = None, method_args: dict | None = None) -> dict:
+    """One simulator run of ``job`` (as ``name``) with ``method_args`` merged into both the sites' trainer and
+    the server's rule options."""
     dest = scratch / f"{name or job}-s{seed}"
-    customise_job(REPO / "jobs" / job, dest / "job", rounds, overrides, seed=seed, rule_args=rule_args)
+    if method_args:
+        overrides = {**overrides, "method_args": {**overrides.get("method_args", {}), **method_args}}
+    customise_job(REPO / "jobs" / job, dest / "job", rounds, overrides, seed=seed, rule_args=method_args or None)
     nvflare = Path(sys.executable).parent / "nvflare"
     t0 = time.time()
     proc = subprocess.run([str(nvflare), "simulator", str(dest / "job"), "-w", str(dest / "ws"), "-n", str(sites),
@@ -118,36 +138,29 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--sites", type=int, default=5)
     ap.add_argument("--override", default="{}", help="JSON merged into every job's executor args")
-    ap.add_argument("--variant", action="append", default=[], metavar="NAME=JOB:JSON",
-                    help="an extra configuration: JOB with JSON merged into its method options on both sides "
-                         "(e.g. 'fedmlp_no_st=fedmlp_ich:{\"st\": false}'); repeatable")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--keep", action="store_true", help="keep the scratch workspaces")
+    ap.add_argument("--compact", action="store_true",
+                    help="store per run only the final / best results and the per-round validation macro metrics")
+    ap.add_argument("--variant", action="append", default=[], type=parse_variant, metavar="NAME=JOB:JSON",
+                    help="also run JOB as NAME with these method options (repeatable)")
     a = ap.parse_args(argv)
     scratch = Path(tempfile.mkdtemp(prefix="fedpartial-bench-"))
     env = {**os.environ, "FEDPARTIAL_DATA_DIR": str(REPO)}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    configs = [(job, job, {}) for job in a.jobs]
-    for v in a.variant:
-        name, rest = v.split("=", 1)
-        job, opts = rest.split(":", 1)
-        configs.append((name, job, json.loads(opts)))
+    configs = [(job, job, None) for job in a.jobs] + list(a.variant)
     base = json.loads(a.override)
     runs: dict[str, list[dict]] = {}
-    for name, job, opts in configs:
-        for seed in a.seeds:
-            over = {**base, "method_args": {**base.get("method_args", {}), **opts}} if opts else base
-            res = run_one(job, seed, a.rounds, a.sites, scratch, over, env, rule_args=opts or None, name=name)
-            runs.setdefault(name, []).append(compact(res))
+    for seed in a.seeds:  # seed-major: an interrupted benchmark keeps whole seeds
+        for name, job, method_args in configs:
+            res = run_one(job, seed, a.rounds, a.sites, scratch, base, env, name, method_args)
+            runs.setdefault(name, []).append(compact(res) if a.compact else res)
             fin = res["final"]["FL_global_model.pt"]["test"]["macro"]
             print(f"{name} seed {seed}: test {json.dumps({k: round(v, 4) for k, v in fin.items() if v is not None})} "
-                  f"({res['seconds_per_round']:.1f} s/round)", flush=True)
-            if a.out:  # partial results survive an interrupted benchmark
+                  f"({res['seconds_per_round']:.1f} s/round, {res['wall_seconds_total']:.0f} s)", flush=True)
+            if a.out:  # rewritten after every run
                 save(a, runs)
-    rows = summarise(runs)
-    print("\n" + markdown(rows) + "\n\n" + tables(runs))
-    if a.out:
-        save(a, runs)
+    print("\n" + markdown(summarise(runs)) + "\n\n" + tables(runs))
     if not a.keep:
         shutil.rmtree(scratch, ignore_errors=True)
     return 0

@@ -18,8 +18,11 @@ TINY = {
                  "evaluation": {"test_every": 1}, "train": {"batch_size": 16}},
 }
 TINY["cxr14"] = {"dataset": {"image_size": 32}, "evaluation": {"test_every": 1}, "train": {"batch_size": 16}}
+# fedmlp_ich has its own 3-round test below, the paper configurations theirs too; the FedLSM jobs are tested in
+# test_fedlsm.py
 JOBS = sorted(p.parent.name for p in (REPO / "jobs").glob("*/meta.json")
-              if p.parent.name != "fedmlp_ich" and not p.parent.name.endswith("_paper"))
+              if p.parent.name != "fedmlp_ich" and not p.parent.name.endswith("_paper")
+              and not p.parent.name.startswith("fedlsm_"))
 PAPER_JOBS = sorted(p.parent.name for p in (REPO / "jobs").glob("*_paper/meta.json"))
 
 

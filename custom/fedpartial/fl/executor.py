@@ -117,7 +117,9 @@ class PartialLabelExecutor(Executor):
         run_dir = Path(workspace.get_run_dir(fl_ctx.get_job_id()))
         self.state_dir = run_dir / "fedpartial_state"
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.data = SiteDatasets(self.manifests, self.ds_cfg, cache_dir=self.state_dir.parent / "cache",
+        # dataset "cache_dir": a folder shared by runs for "cache": "disk" (decoded images keyed by settings)
+        cache = Path(self.ds_cfg["cache_dir"]) if self.ds_cfg.get("cache_dir") else self.state_dir.parent / "cache"
+        self.data = SiteDatasets(self.manifests, self.ds_cfg, cache_dir=cache,
                                  num_workers=int(self.train.get("num_workers", 0)))
         site_seed = self.seed * 1000 + (int("".join(ch for ch in site if ch.isdigit()) or 0))
         self.ctx = SiteContext(site=site, task=self.task_type, classes=self.classes,

@@ -17,6 +17,9 @@ def load_all() -> None:
     from . import fedmlp
 
     fedmlp.register_all(register)
+    from . import fedlsm
+
+    fedlsm.register_all(register)
 
 
 __all__ = ["Contribution", "LocalTrainer", "RoundOutput", "ServerRule", "SiteContext", "available_methods",

@@ -58,6 +58,17 @@ class SiteContext:
         return len(self.classes)
 
 
+def summary_counts(summary: dict, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Annotated positives and negatives per class summed over every site of the server's data summary
+    (``{"sites": {site: {"positives": (C,), "negatives": (C,)}}}``): ``(pos (C,), neg (C,))`` float64."""
+    pos = torch.zeros(num_classes, dtype=torch.float64)
+    neg = torch.zeros(num_classes, dtype=torch.float64)
+    for info in summary["sites"].values():
+        pos += torch.as_tensor(info["positives"], dtype=torch.float64)
+        neg += torch.as_tensor(info["negatives"], dtype=torch.float64)
+    return pos, neg
+
+
 @dataclass
 class RoundOutput:
     """What a trainer returns after a round: the number of optimisation steps, the mean loss, extra meta."""
@@ -102,8 +113,11 @@ class LocalTrainer:
             opt = torch.optim.SGD(params, lr=lr, momentum=float(t.get("momentum", 0.9)), weight_decay=wd)
         else:
             raise ValueError(f"unknown optimizer {name!r} (adam or sgd)")
-        if t.get("keep_optimizer_state") and self._optimizer_state is not None:
-            opt.load_state_dict(self._optimizer_state)
+        if t.get("keep_optimizer_state"):
+            # the previous round's optimiser in this process, else the state restored from the site's file
+            prev = self.optimizer.state_dict() if self.optimizer is not None else self._optimizer_state
+            if prev is not None:
+                opt.load_state_dict(prev)
         self.optimizer = opt
         return opt
 

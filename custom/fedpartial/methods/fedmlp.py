@@ -45,7 +45,7 @@ import torch.nn.functional as F
 
 from ..aggregation import aggregate_states
 from ..losses import masked_bce
-from .base import Contribution, LocalTrainer, RoundOutput, ServerRule, SiteContext
+from .base import Contribution, LocalTrainer, RoundOutput, ServerRule, SiteContext, summary_counts
 
 # site -> server
 META_P0 = "fedmlp_p0"  # (C, D) float32: local negative prototypes (rows of missing classes are 0)
@@ -85,11 +85,7 @@ def class_rates(labels: torch.Tensor, label_mask: torch.Tensor, eps: float = _RA
 def summary_rates(summary: dict, num_classes: int, eps: float = _RATE_EPS) -> tuple[torch.Tensor, torch.Tensor]:
     """Global class rates from the server's data summary (``{"sites": {site: {"positives", "negatives"}}}``):
     ``pi_{c,1} = sum_k pos_{k,c} / sum_k (pos_{k,c} + neg_{k,c})`` over the sites' annotated entries."""
-    pos = torch.zeros(num_classes, dtype=torch.float64)
-    neg = torch.zeros(num_classes, dtype=torch.float64)
-    for info in summary["sites"].values():
-        pos += torch.as_tensor(info["positives"], dtype=torch.float64)
-        neg += torch.as_tensor(info["negatives"], dtype=torch.float64)
+    pos, neg = summary_counts(summary, num_classes)
     n = pos + neg
     pi1 = torch.where(n > 0, pos / n.clamp_min(1.0), torch.full_like(n, 0.5)).clamp(eps, 1 - eps).float()
     return pi1, 1 - pi1

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# FedLSM benchmark on HAM10000 (5 sites x 3 classes): 3 baselines + FedLSM + 3 ablations, identical budget, 3 seeds.
+# Run from the project root with the venv active; about 30 min per seed on a shared 2-core machine.
+set -euo pipefail
+python benchmarks/run_jobs.py --jobs fedavg_ham10000 fedavg_masked_ham10000 fedavg_full_ham10000 \
+  --variant 'fedlsm=fedlsm_isic:{"n_mix": 2}' \
+  --variant 'fedlsm_no_ue=fedlsm_isic:{"n_mix": 2, "ue": false}' \
+  --variant 'fedlsm_no_ude=fedlsm_isic:{"n_mix": 2, "ude": false}' \
+  --variant 'fedlsm_no_awpa=fedlsm_isic:{"n_mix": 2, "awpa": "masked"}' \
+  --seeds 0 1 2 --rounds 8 --compact \
+  --override '{"dataset": {"cache": "disk", "cache_dir": "/tmp/fedlsm_bench_cache", "prepare": {"val_frac": 0.05}}, "train": {"batch_size": 32, "local_steps": 10, "lr": 0.001, "betas": [0.9, 0.99]}, "evaluation": {"test_every": 0}}' \
+  --out benchmarks/results/fedlsm_ham10000.json "$@"

@@ -1,0 +1,388 @@
+"""FedLSM (fedpartial.methods.fedlsm): each equation against values computed by hand on tiny tensors, the AWPA
+rule with its zero-count fallback and ablation modes, and 3-round end-to-end runs of fake sites (both tasks)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fedpartial.methods import Contribution, SiteContext, get_method
+from fedpartial.methods import fedlsm as L
+from fedpartial.models import PartialLabelNet
+from test_fedmlp import _FakeData, _FakeDataset, _site
+
+LN2 = math.log(2.0)
+
+
+def h2(p: float) -> float:
+    """binary entropy in nats, by hand"""
+    return -(p * math.log(p) + (1 - p) * math.log(1 - p))
+
+
+# ------------------------------------------------------------------------------------------ UE
+
+def test_softmax_entropy_eq3():
+    probs = torch.tensor([[0.5, 0.5, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.25, 0.25, 0.25, 0.25]])
+    # -2 * 0.5 ln 0.5 = ln 2;  one-hot -> 0 (0 log 0 = 0);  uniform over 4 -> ln 4 = 2 ln 2
+    assert torch.allclose(L.softmax_entropy(probs), torch.tensor([LN2, 0.0, 2 * LN2]), atol=1e-6)
+
+
+def test_multilabel_entropy_only_unknown_classes_normalised():
+    # class 0 is annotated (ignored), U = {1, 2}
+    probs = torch.tensor([[0.5, 0.9, 0.5], [0.5, 0.0, 1.0], [0.9, 0.5, 0.5]])
+    unknown = torch.tensor([False, True, True])
+    # row 0: mean(h(0.9), h(0.5)) / ln 2 = (0.325083 / 0.693147 + 1) / 2 = 0.734498
+    # row 1: certain on U -> 0;  row 2: both 0.5 -> 1 (the maximum)
+    expected = torch.tensor([(h2(0.9) / LN2 + 1.0) / 2, 0.0, 1.0])
+    assert torch.allclose(L.multilabel_entropy(probs, unknown), expected, atol=1e-6)
+    assert abs(expected[0].item() - 0.734498) < 1e-5
+    # released code: sum_{c in U} -p ln p = 0.9*0.105361 + 0.5*0.693147 = 0.441398, / (|U|/e = 2/e) = 0.599924
+    code = L.multilabel_entropy(probs, unknown, kind="plogp")
+    assert code[0].item() == pytest.approx((0.9 * -math.log(0.9) + 0.5 * LN2) * math.e / 2, abs=1e-6)
+    assert code[0].item() == pytest.approx(0.599924, abs=1e-5)
+    # no unknown class (a site annotating everything): no uncertainty
+    assert torch.equal(L.multilabel_entropy(probs, torch.zeros(3, dtype=torch.bool)), torch.zeros(3))
+    with pytest.raises(ValueError):
+        L.multilabel_entropy(probs, unknown, kind="other")
+
+
+def test_pool_sizes_counts_and_fractions():
+    assert L.pool_sizes(100, 0.05, 0.2) == (5, 20)  # fractions
+    assert L.pool_sizes(100, 5, 20) == (5, 20)  # counts
+    assert L.pool_sizes(10, 3, 20) == (3, 7)  # the confident pool gets what is left
+    assert L.pool_sizes(10, 30, 2) == (10, 0)
+    assert L.pool_sizes(10, 0.3, 0.5) == (3, 5)
+    with pytest.raises(ValueError):
+        L.pool_sizes(10, -1, 2)
+
+
+def test_split_pools_by_entropy():
+    scores = torch.tensor([0.3, 0.9, 0.1, 0.5, 0.7, 0.2])
+    # ascending: 2 (0.1), 5 (0.2), 0 (0.3), 3 (0.5), 4 (0.7), 1 (0.9)
+    conf, med, unc = L.split_pools(scores, n_uncertain=2, n_confident=2)
+    assert conf.tolist() == [2, 5] and med.tolist() == [0, 3] and unc.tolist() == [4, 1]
+    # ties keep the lower index first
+    conf, med, unc = L.split_pools(torch.tensor([0.5, 0.5, 0.1]), 0, 2)
+    assert conf.tolist() == [2, 0] and med.tolist() == [1] and unc.tolist() == []
+    with pytest.raises(ValueError):
+        L.split_pools(scores, 4, 3)
+
+
+# ------------------------------------------------------------------------------------------ pseudo labels
+
+def _mc_batch():
+    # 3 classes, the site annotates class 0 only (U = {1, 2})
+    labels = torch.tensor([[1., 0., 0.], [0., 0., 0.], [0., 0., 0.], [0., 0., 0.]])
+    mask = torch.tensor([[True, False, False]] * 4)
+    teacher = torch.tensor([[0.10, 0.80, 0.10],   # labelled row: its label wins
+                            [0.02, 0.96, 0.02],   # unlabelled, 0.96 >= 0.95 on class 1 in U -> pseudo 1
+                            [0.30, 0.40, 0.30],   # unlabelled, not confident -> nothing
+                            [0.97, 0.02, 0.01]])  # unlabelled, confident on class 0 which is NOT in U
+    return labels, mask, teacher
+
+
+def test_multiclass_targets_threshold_and_unknown_classes():
+    labels, mask, teacher = _mc_batch()
+    t, lab, pseudo = L.multiclass_targets(labels, mask, teacher, 0.95, unknown=torch.tensor([False, True, True]))
+    assert lab.tolist() == [True, False, False, False]
+    assert pseudo.tolist() == [False, True, False, False]
+    assert t.tolist() == [[1, 0, 0], [0, 1, 0], [0, 0, 0], [0, 0, 0]]
+    # released code: any class may be a pseudo label
+    t, _, pseudo = L.multiclass_targets(labels, mask, teacher, 0.95, unknown=None)
+    assert pseudo.tolist() == [False, True, False, True] and t[3].tolist() == [1, 0, 0]
+    # the lower UDE threshold tau_l = 0.85 does not change row 2 (max 0.4) but 0.35 does
+    _, _, pseudo = L.multiclass_targets(labels, mask, teacher, 0.35, unknown=torch.tensor([False, True, True]))
+    assert pseudo.tolist() == [False, True, True, False]
+
+
+def test_pseudo_ce_eq4_normalised_by_unlabelled_rows():
+    labels, mask, teacher = _mc_batch()
+    t, lab, pseudo = L.multiclass_targets(labels, mask, teacher, 0.95, unknown=torch.tensor([False, True, True]))
+    logits = torch.zeros(4, 3)
+    logits[1] = torch.tensor([0.0, math.log(3.0), 0.0])  # softmax class 1 = 3 / (1 + 3 + 1) = 0.6
+    # one pseudo-labelled row, N_U = 3 unlabelled rows: -ln(0.6) / 3
+    assert L.pseudo_ce(logits, t, pseudo, n_unlabelled=3).item() == pytest.approx(-math.log(0.6) / 3, abs=1e-6)
+    assert L.pseudo_ce(logits, t, torch.zeros(4, dtype=torch.bool), 3).item() == 0.0
+
+
+def test_multilabel_targets_positive_negative_thresholds():
+    labels = torch.tensor([[1., 0., 0., 0., 0.]])
+    mask = torch.tensor([[True, True, False, False, False]])
+    teacher = torch.tensor([[0.01, 0.99, 0.90, 0.003, 0.007]])
+    t, known, pseudo = L.multilabel_targets(labels, mask, teacher, tau_p=0.85, tau_n=0.005)
+    # annotated entries keep their labels whatever the teacher says; 0.90 >= 0.85 -> 1; 0.003 <= 0.005 -> 0;
+    # 0.007 is in between -> unlabelled
+    assert t.tolist() == [[1, 0, 1, 0, 0]]
+    assert known.tolist() == [[True, True, True, True, False]]
+    assert pseudo.tolist() == [[False, False, True, True, False]]
+    # the code's tau_n = 0.01 also makes 0.007 a negative
+    _, known, _ = L.multilabel_targets(labels, mask, teacher, tau_p=0.85, tau_n=0.01)
+    assert known.tolist() == [[True] * 5]
+    # the UDE thresholds for uncertain samples (0.7 / 0.01) are lower / higher
+    _, _, pseudo = L.multilabel_targets(labels, mask, torch.tensor([[0.5, 0.5, 0.75, 0.5, 0.5]]), 0.7, 0.01)
+    assert pseudo.tolist() == [[False, False, True, False, False]]
+
+
+def test_negative_positive_ratio_and_weighted_bce():
+    # class 0: 8 / 2 = 4; class 1 has no positive and class 2 no negative -> 1
+    w = L.negative_positive_ratio(torch.tensor([2., 0., 5.]), torch.tensor([8., 10., 0.]))
+    assert w.tolist() == [4.0, 1.0, 1.0]
+    logits = torch.zeros(2, 2)  # sigmoid 0.5: BCE ln 2 for either target
+    targets = torch.tensor([[1., 0.], [0., 1.]])
+    known = torch.tensor([[True, True], [True, False]])
+    cw = torch.tensor([3.0, 1.0])
+    # positive-term weight: (3 ln2 + ln2 + ln2) / B=2
+    assert L.weighted_bce(logits, targets, known, cw, "positive").item() == pytest.approx(5 * LN2 / 2, abs=1e-6)
+    # whole entry weighted (released code): (3 ln2 + ln2 + 3 ln2) / 2
+    assert L.weighted_bce(logits, targets, known, cw, "entry").item() == pytest.approx(7 * LN2 / 2, abs=1e-6)
+    assert L.weighted_bce(logits, targets, known, None).item() == pytest.approx(3 * LN2 / 2, abs=1e-6)
+    # a soft target 0.25 at sigmoid 0.75: -(0.25 ln 0.75 + 0.75 ln 0.25)
+    soft = L.weighted_bce(torch.tensor([[math.log(3.0)]]), torch.tensor([[0.25]]), torch.tensor([[True]]))
+    assert soft.item() == pytest.approx(-(0.25 * math.log(0.75) + 0.75 * math.log(0.25)), abs=1e-6)
+
+
+# ------------------------------------------------------------------------------------------ EMA, MixUp
+
+def test_ema_update_parameters_and_buffers():
+    torch.manual_seed(0)
+    teacher = torch.nn.Sequential(torch.nn.Linear(1, 1), torch.nn.BatchNorm1d(1))
+    student = torch.nn.Sequential(torch.nn.Linear(1, 1), torch.nn.BatchNorm1d(1))
+    with torch.no_grad():
+        for p in teacher.parameters():
+            p.fill_(1.0)
+        for p in student.parameters():
+            p.fill_(3.0)
+        student[1].running_mean.fill_(2.0)
+        student[1].num_batches_tracked.fill_(7)
+    L.ema_update(teacher, student, decay=0.9)
+    # 0.9 * 1 + 0.1 * 3 = 1.2;  running mean 0.9 * 0 + 0.1 * 2 = 0.2;  counter copied
+    assert all(torch.allclose(p, torch.full_like(p, 1.2)) for p in teacher.parameters())
+    assert teacher[1].running_mean.item() == pytest.approx(0.2)
+    assert teacher[1].num_batches_tracked.item() == 7
+    assert all(torch.equal(p, torch.full_like(p, 3.0)) for p in student.parameters())  # student untouched
+
+
+def test_mixup_eq6_and_soft_ce():
+    x_l, x_h = torch.full((1, 1, 2, 2), 2.0), torch.zeros(1, 1, 2, 2)
+    y_l, y_h = torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0]])
+    x, y = L.mixup(x_l, y_l, x_h, y_h, lam=0.25)
+    assert torch.allclose(x, torch.full_like(x, 0.5))  # 0.25 * 2 + 0.75 * 0
+    assert y.tolist() == [[0.25, 0.75]]
+    # CE with soft labels at uniform logits: -(0.25 ln 0.5 + 0.75 ln 0.5) = ln 2; rows without labels skipped
+    logits = torch.zeros(2, 2)
+    targets = torch.cat([y, torch.tensor([[1.0, 0.0]])])
+    assert L.soft_ce(logits, targets, torch.tensor([True, False])).item() == pytest.approx(LN2, abs=1e-6)
+    assert L.soft_ce(logits, targets, torch.tensor([False, False])).item() == 0.0
+
+
+# ------------------------------------------------------------------------------------------ AWPA
+
+def test_awpa_weights_with_zero_count_fallback():
+    q = np.array([[10.0, 0.0, 0.0], [30.0, 5.0, 0.0]])
+    w = L.awpa_weights(q, [100.0, 300.0])
+    # class 0: 10/40, 30/40; class 1: 0/5, 5/5; class 2: nobody -> n_k / n = 100/400, 300/400
+    assert np.allclose(w, [[0.25, 0.0, 0.25], [0.75, 1.0, 0.75]])
+    with pytest.raises(ValueError):
+        L.awpa_weights(np.array([[-1.0]]), [1.0])
+
+
+def _states():
+    s1 = {"body.w": np.array([1.0]), "classifier.weight": np.array([[1.0], [2.0], [3.0]]),
+          "classifier.bias": np.array([1.0, 2.0, 3.0])}
+    s2 = {"body.w": np.array([5.0]), "classifier.weight": np.array([[5.0], [6.0], [7.0]]),
+          "classifier.bias": np.array([5.0, 6.0, 7.0])}
+    prev = {"body.w": np.array([0.0]), "classifier.weight": np.array([[9.0], [9.0], [9.0]]),
+            "classifier.bias": np.array([9.0, 9.0, 9.0])}
+    c1 = Contribution("site-1", s1, 100.0, {"annotated": [True, False, True], L.META_Q: [10.0, 0.0, 0.0]})
+    c2 = Contribution("site-2", s2, 300.0, {"annotated": [True, True, False], L.META_Q: [30.0, 5.0, 0.0]})
+    return prev, [c1, c2]
+
+
+def test_rule_adaptive_masked_fedavg():
+    prev, cons = _states()
+    keys = ["classifier.weight", "classifier.bias"]
+    w, meta = L.FedLSMRule().aggregate(prev, cons, keys, 0)
+    assert meta == {}
+    assert w["body.w"][0] == pytest.approx(0.25 * 1 + 0.75 * 5)  # feature extractor by n_k = 4
+    # rows: class 0: 0.25*1 + 0.75*5 = 4; class 1: site-2 only = 6; class 2: no q -> n_k: 0.25*3 + 0.75*7 = 6
+    assert np.allclose(w["classifier.weight"][:, 0], [4.0, 6.0, 6.0])
+    assert np.allclose(w["classifier.bias"], [4.0, 6.0, 6.0])
+    # masked (Ours*): class 1 from site-2 (6), class 2 from site-1 (3)
+    w, _ = L.FedLSMRule(awpa="masked").aggregate(prev, cons, keys, 0)
+    assert np.allclose(w["classifier.weight"][:, 0], [4.0, 6.0, 3.0])
+    # fedavg: every row by n_k
+    w, _ = L.FedLSMRule(awpa="fedavg").aggregate(prev, cons, keys, 0)
+    assert np.allclose(w["classifier.weight"][:, 0], [4.0, 5.0, 6.0])
+    with pytest.raises(ValueError):
+        L.FedLSMRule(awpa="nope")
+    bad = [Contribution("site-3", cons[0].weights, 1.0, {"annotated": [True, True, True]})]
+    with pytest.raises(ValueError, match="site-3"):
+        L.FedLSMRule().aggregate(prev, bad, keys, 0)
+
+
+# ------------------------------------------------------------------------------------------ trainer pieces
+
+def _mc_site(name, annotated, n=30, C=3, seed=0, model=None, tmp: Path | None = None):
+    """A single-label fake site: one-hot rows, labelled only where the class is annotated here."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, C, (n,), generator=g)
+    full = torch.nn.functional.one_hot(y, C).float()
+    images = torch.randn(n, 3, 16, 16, generator=g) * 0.3
+    for c in range(min(C, 3)):
+        images[:, c] += full[:, c:c + 1, None]
+    annotated = np.asarray(annotated, bool)
+    mask = torch.as_tensor(annotated)[None, :].expand(n, C).clone()
+    labels = full * mask
+    model = model or PartialLabelNet("small_cnn", C, 3, width=4)
+    return SiteContext(site=name, task="multiclass", classes=[f"c{i}" for i in range(C)], annotated=annotated,
+                       model=model, data=_FakeData(images, labels, mask), device=torch.device("cpu"),
+                       state_dir=tmp or Path("."), train={"lr": 1e-3, "batch_size": 10, "local_steps": 3}, seed=seed)
+
+
+def test_estimated_counts_labelled_plus_pseudo_positives():
+    tr = L.FedLSMTrainer(_mc_site("x", [True, False, False]))
+    labels, mask, teacher = _mc_batch()
+    t, known, _ = tr.targets(labels, mask, teacher)
+    # one labelled positive of class 0, one pseudo positive of class 1 (row 3's class 0 is not in U)
+    assert tr.estimated_counts(labels, mask, t, known).tolist() == [1.0, 1.0, 0.0]
+    ml = L.FedLSMTrainer(_site("y", [True, False, False], n=4, C=3))
+    labels = torch.tensor([[1., 0., 0.], [1., 0., 0.], [0., 0., 0.]])
+    mask = torch.tensor([[True, False, False]] * 3)
+    teacher = torch.tensor([[0.5, 0.9, 0.001], [0.5, 0.9, 0.9], [0.99, 0.5, 0.001]])
+    t, known, _ = ml.targets(labels, mask, teacher)
+    # class 0: 2 labelled positives (the teacher's 0.99 on an annotated entry does not count);
+    # class 1: 2 pseudo positives (0.9 >= 0.85); class 2: 1 pseudo positive
+    assert ml.estimated_counts(labels, mask, t, known).tolist() == [2.0, 2.0, 1.0]
+
+
+def test_class_weights_from_the_server_summary():
+    ctx = _site("y", [True, False, False], n=4, C=3)
+    ctx.summary = {"classes": ["c0", "c1", "c2"], "sites": {
+        "a": {"positives": [2, 1, 0], "negatives": [6, 3, 0]}, "b": {"positives": [0, 1, 5], "negatives": [0, 3, 15]}}}
+    tr = L.FedLSMTrainer(ctx)
+    # class 0: 6/2 = 3; class 1: (3+3)/(1+1) = 3; class 2: 15/5 = 3 -> change one to see the sum
+    ctx.summary["sites"]["b"]["negatives"][0] = 2  # class 0: (6 + 2) / 2 = 4
+    assert tr.class_weights(torch.zeros(4, 3), torch.ones(4, 3, dtype=torch.bool)).tolist() == [4.0, 3.0, 3.0]
+    assert L.FedLSMTrainer(_mc_site("x", [True, False, False])).class_weights(None, None) is None
+
+
+def test_registered_with_options_and_validation():
+    trainer_cls, rule_cls, _ = get_method("fedlsm")
+    assert trainer_cls is L.FedLSMTrainer and rule_cls is L.FedLSMRule
+    with pytest.raises(ValueError):
+        L.FedLSMTrainer(_mc_site("x", [True, False, False]), entropy="x")
+    with pytest.raises(ValueError):
+        L.FedLSMTrainer(_mc_site("x", [True, False, False]), tau=1.5)
+    tr = L.FedLSMTrainer(_mc_site("x", [True, False, False]), awpa="masked")  # the rule's option is ignored here
+    assert tr.ctx.train["keep_optimizer_state"] is True
+
+
+# ------------------------------------------------------------------------------------------ end to end
+
+@pytest.mark.parametrize("task", ["multiclass", "multilabel"])
+def test_end_to_end_three_rounds_with_state(task, tmp_path):
+    torch.manual_seed(0)
+    # thresholds loose enough for an untrained net (sigmoid outputs near 0.5): pseudo labels must appear
+    opts = dict(tau=0.3, tau_l=0.2, tau_p=0.5, tau_n=0.5, tau_lp=0.5, tau_ln=0.5, n_uncertain=0.2,
+                n_confident=0.3, n_mix=2)
+
+    def make(i):
+        if task == "multiclass":
+            return _mc_site(f"site-{i + 1}", [[True, True, False], [False, True, True]][i], seed=i + 1, tmp=tmp_path)
+        ctx = _site(f"site-{i + 1}", [[True, True, False], [False, True, True]][i], n=30, seed=i + 1, tmp=tmp_path)
+        ctx.train = {"lr": 1e-3, "batch_size": 10, "local_steps": 3}
+        return ctx
+
+    ctxs = [make(0), make(1)]
+    trainers = [L.FedLSMTrainer(c, **opts) for c in ctxs]
+    rule = L.FedLSMRule()
+    global_w = {k: v.detach().clone() for k, v in ctxs[0].model.state_dict().items()}
+    keys = ctxs[0].model.classifier_param_names()
+    for rnd in range(3):
+        if rnd == 2:  # a fresh process takes over site-1: the Adam state comes back from the saved file
+            path = tmp_path / "trainer_state.pt"
+            torch.save(trainers[0].state_dict(), path)
+            ctxs[0] = make(0)
+            trainers[0] = L.FedLSMTrainer(ctxs[0], **opts)
+            trainers[0].load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
+        cons = []
+        for ctx, tr in zip(ctxs, trainers):
+            ctx.model.load_state_dict(global_w)
+            out = tr.train_round(rnd, 3, {})
+            assert out.steps == 3 and math.isfinite(out.loss)
+            # pools: 20% of 30 uncertain, 30% confident, the rest medium
+            assert out.meta[L.META_POOLS] == [9, 15, 6]
+            q = np.asarray(out.meta[L.META_Q])
+            assert q.shape == (3,) and (q >= 0).all()
+            cons.append(Contribution(ctx.site, {k: v.detach().numpy().copy() for k, v in ctx.model.state_dict().items()},
+                                     30.0, {**out.meta, "annotated": ctx.annotated.tolist()}))
+        # Adam state persists: step count = 3 steps per round x rounds so far (also across the restart)
+        adam_steps = trainers[0].optimizer.state_dict()["state"][0]["step"]
+        assert int(adam_steps) == 3 * (rnd + 1)
+        weights, _ = rule.aggregate(None, cons, keys, rnd)
+        global_w = {k: torch.as_tensor(v) for k, v in weights.items()}
+    # loose thresholds: pseudo labels and mixed samples were used
+    assert sum(c.meta[L.META_PSEUDO] for c in cons) > 0 and sum(c.meta[L.META_UDE_PAIRS] for c in cons) > 0
+
+
+# ------------------------------------------------------------------------------------------ simulator
+
+@pytest.mark.integration
+@pytest.mark.parametrize("job", ["fedlsm_isic", "fedlsm_cxr14"])
+def test_job_three_rounds_in_the_simulator(job, tmp_path, data_cache):
+    """3 rounds of each FedLSM job through `nvflare simulator` on tiny real data: every site contributes every
+    round, the AWPA rule aggregates, the Adam state survives as site state, and results.json holds the
+    best-on-validation model's test metrics (the paper's layout)."""
+    from conftest import copy_job, real_data, results_of, run_simulator, server_log
+    from test_jobs_simulator import TINY
+
+    kind = "ham10000" if job == "fedlsm_isic" else "cxr14"
+    real_data("ham10000" if kind == "ham10000" else "nih_cxr14_1000")
+    args = {**TINY[kind], "train": {"batch_size": 16, "local_steps": 2}}
+    job_dir = copy_job(job, tmp_path / job, num_rounds=3, executor_args=args)
+    n = 5 if job == "fedlsm_isic" else 8
+    ws = tmp_path / "ws"
+    proc = run_simulator(job_dir, ws, n=n, env={"FEDPARTIAL_CACHE": str(data_cache)})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(ws)[-3000:]
+    res = results_of(ws)
+    assert res["method"] == "fedlsm" and res["num_rounds"] == 3
+    for r in res["rounds"]:
+        assert len(r["sites"]) == n and r["val"]["macro"]["auc"] is not None
+    assert res["best"] is not None
+    best = res["final"]["best_FL_global_model.pt"]["test"]
+    metrics = ("auc", "accuracy", "f1", "precision", "recall") if kind == "ham10000" else ("auc",)
+    assert all(best["macro"][m] is not None for m in metrics)
+    log = server_log(ws)
+    assert "with rule FedLSMRule" in log
+    for i in range(1, n + 1):
+        state = torch.load(ws / f"site-{i}/simulate_job/fedpartial_state/trainer_state.pt", weights_only=False)
+        assert int(state["optimizer"]["state"][0]["step"]) == 3 * 2  # 3 rounds x 2 local steps, one Adam
+
+
+def test_fresh_sample_order_every_round_not_a_replay():
+    """The released code rebuilds its samplers with the same seed every round (a site replays the same images);
+    here each round draws its own permutation of the pseudo-label pool."""
+    ctx = _mc_site("site-1", [True, True, False], n=40, seed=3)
+    ctx.train = {"lr": 1e-3, "batch_size": 10, "local_steps": 2}
+    seen: list[int] = []
+
+    class Recording(_FakeDataset):
+        def __getitem__(self, i):
+            seen.append(int(i))
+            return super().__getitem__(i)
+
+    data = ctx.data
+    data.dataset = lambda split, views: (Recording if "strong" in views.values() else _FakeDataset)(
+        data.images, data.labels, data.mask, views)
+    tr = L.FedLSMTrainer(ctx, n_mix=0, n_uncertain=0, n_confident=0)
+    orders = []
+    for rnd in range(2):
+        seen.clear()
+        tr.train_round(rnd, 2, {})
+        orders.append(list(seen))
+    assert len(orders[0]) == len(orders[1]) == 20  # 2 steps x 10 samples, all from the pool
+    assert orders[0] != orders[1]

@@ -33,6 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "custom"))
 
+from fedpartial.fl.keys import BEST_MODEL, LAST_MODEL  # noqa: E402
 from fedpartial.tables import paper_table, per_class_table  # noqa: E402
 from fedpartial.tools.build_jobs import customise_job  # noqa: E402
 
@@ -74,12 +75,12 @@ def summarise(runs: dict[str, list[dict]]) -> list[dict]:
     rows = []
     for job, results in runs.items():
         row = {"job": job, "n_seeds": len(results)}
-        for model in ("FL_global_model.pt", "best_FL_global_model.pt"):
+        for model in (LAST_MODEL, BEST_MODEL):
             tests = [r["final"][model]["test"] for r in results]
             task = tests[0]["task"]
             for m in METRICS[task]:
                 vals = [t["macro"][m] for t in tests if t["macro"].get(m) is not None]
-                tag = "final" if model == "FL_global_model.pt" else "best"
+                tag = "final" if model == LAST_MODEL else "best"
                 row[f"{tag}_{m}"] = (statistics.mean(vals), statistics.pstdev(vals) if len(vals) > 1 else 0.0)
         row["s_per_round"] = statistics.mean(r["seconds_per_round"] for r in results)
         rows.append(row)
@@ -97,8 +98,7 @@ def compact(res: dict) -> dict:
 def tables(runs: dict[str, list[dict]]) -> str:
     """The papers' layout (last-round and best-on-validation models on test) and per-class tables."""
     out = []
-    for model, label in (("FL_global_model.pt", "last-round global model"),
-                         ("best_FL_global_model.pt", "best-on-validation global model")):
+    for model, label in ((LAST_MODEL, "last-round global model"), (BEST_MODEL, "best-on-validation global model")):
         tests = {job: [r["final"][model]["test"] for r in rs] for job, rs in runs.items()}
         task = next(iter(tests.values()))[0]["task"]
         settings = {job: rs[0].get("setting", "?") for job, rs in runs.items()}
@@ -155,7 +155,7 @@ def main(argv=None) -> int:
         for name, job, method_args in configs:
             res = run_one(job, seed, a.rounds, a.sites, scratch, base, env, name, method_args)
             runs.setdefault(name, []).append(compact(res) if a.compact else res)
-            fin = res["final"]["FL_global_model.pt"]["test"]["macro"]
+            fin = res["final"][LAST_MODEL]["test"]["macro"]
             print(f"{name} seed {seed}: test {json.dumps({k: round(v, 4) for k, v in fin.items() if v is not None})} "
                   f"({res['seconds_per_round']:.1f} s/round, {res['wall_seconds_total']:.0f} s)", flush=True)
             if a.out:  # rewritten after every run

@@ -7,3 +7,5 @@ META_CLASSIFIER_KEYS = "classifier_keys"  # site -> server: state-dict keys of t
 META_RESULTS = "fedpartial_results"  # site -> server: full metric dicts of the received model
 META_TEST = "test_metrics"  # site -> server: flat test metrics of the received model
 STATE_FILE = "trainer_state.pt"
+# the server's global model files (PTFileModelPersistor: last round; IntimeModelSelector: best on validation)
+LAST_MODEL, BEST_MODEL = "FL_global_model.pt", "best_FL_global_model.pt"

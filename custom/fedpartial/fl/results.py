@@ -24,7 +24,7 @@ from nvflare.widgets.widget import Widget
 
 from ..metrics import format_table
 from ..tables import paper_table, setting_label
-from .keys import META_ANNOTATED, META_CLASSIFIER_KEYS, META_N_TRAIN, META_RESULTS, META_TEST
+from .keys import BEST_MODEL, LAST_MODEL, META_ANNOTATED, META_CLASSIFIER_KEYS, META_N_TRAIN, META_RESULTS, META_TEST
 
 RESULTS_FILE = "results.json"
 TABLE_FILE = "results.md"
@@ -197,7 +197,7 @@ def render_tables(results: dict) -> str:
            f"{results['num_rounds']} rounds, {(results.get('seconds_per_round') or 0):.1f} s/round"]
     final = results.get("final", {})
     rows = {}
-    for name, label in (("FL_global_model.pt", "last round"), ("best_FL_global_model.pt", "best on validation")):
+    for name, label in ((LAST_MODEL, "last round"), (BEST_MODEL, "best on validation")):
         test = (final.get(name) or {}).get("test")
         if test:
             rows[f"{results['method']} ({label})"] = {results.get("setting", "unknown"): [test["macro"]]}

@@ -32,10 +32,10 @@ from ..data.manifest import Manifest, read_manifest
 from ..data.presets import resolve_dataset
 from ..data.sitedata import SiteDatasets
 from ..evaluation import evaluate, predict
+from ..fl.keys import BEST_MODEL, LAST_MODEL
 from ..metrics import format_table
 from ..models import PartialLabelNet
 
-LAST_MODEL, BEST_MODEL = "FL_global_model.pt", "best_FL_global_model.pt"
 SERVER_CONFIG, CLIENT_CONFIG = "config_fed_server.json", "config_fed_client.json"
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".dcm", ".dicom")
 

@@ -9,4 +9,5 @@ python benchmarks/run_jobs.py --jobs fedavg_ham10000 fedavg_masked_ham10000 feda
   --variant 'fedlsm_no_awpa=fedlsm_isic:{"n_mix": 2, "awpa": "masked"}' \
   --seeds 0 1 2 --rounds 8 --compact \
   --override '{"dataset": {"cache": "disk", "cache_dir": "/tmp/fedlsm_bench_cache", "prepare": {"val_frac": 0.05}}, "train": {"batch_size": 32, "local_steps": 10, "lr": 0.001, "betas": [0.9, 0.99]}, "evaluation": {"test_every": 0}}' \
+  --gap fedavg_ham10000 fedavg_full_ham10000 --gap-metric f1 \
   --out benchmarks/results/fedlsm_ham10000.json "$@"

@@ -1,0 +1,57 @@
+"""benchmarks/run_jobs.py's report: the gap-closed share and ``--report`` re-rendering of a finished benchmark."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from conftest import REPO
+
+
+def _run_jobs():
+    spec = importlib.util.spec_from_file_location("run_jobs", REPO / "benchmarks" / "run_jobs.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _run(f1_last: float, f1_best: float, setting: str) -> dict:
+    def test(f1):
+        return {"task": "multiclass", "macro": {"auc": 0.8, "accuracy": 0.7, "f1": f1, "precision": 0.5, "recall": 0.5},
+                "per_class": {"a": {"auc": 0.8, "f1": f1}, "b": {"auc": 0.8, "f1": f1}}}
+    return {"setting": setting, "seconds_per_round": 2.0,
+            "final": {"FL_global_model.pt": {"test": test(f1_last)}, "best_FL_global_model.pt": {"test": test(f1_best)}}}
+
+
+RUNS = {  # seed means: lower 0.20 / 0.10, upper 0.40 / 0.30, method 0.25 / 0.25
+    "lower": [_run(0.10, 0.10, "2 sites x 1..1 classes"), _run(0.30, 0.10, "2 sites x 1..1 classes")],
+    "upper": [_run(0.40, 0.30, "full labels"), _run(0.40, 0.30, "full labels")],
+    "method": [_run(0.20, 0.20, "2 sites x 1..1 classes"), _run(0.30, 0.30, "2 sites x 1..1 classes")],
+}
+
+
+def test_gap_closed_shares_by_hand():
+    text = _run_jobs().gap_closed(RUNS, "lower", "upper", metric="f1")
+    row = next(line for line in text.splitlines() if line.startswith("| method |"))
+    # last round: (0.25 - 0.20) / (0.40 - 0.20) = 25 %; best on validation: (0.25 - 0.10) / (0.30 - 0.10) = 75 %
+    assert row == "| method | 2 | 25.00 | 25 % | 25.00 | 75 % |"
+    assert "| lower | 2 | 20.00 | bound | 10.00 | bound |" in text
+
+
+def test_gap_names_a_missing_bound():
+    with pytest.raises(SystemExit, match="no configuration 'nope'"):
+        _run_jobs().gap_closed(RUNS, "nope", "upper")
+
+
+def test_report_rerenders_a_finished_benchmark(tmp_path, capsys):
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"args": {"rounds": 3}, "runs": RUNS}))
+    assert _run_jobs().main(["--report", str(path), "--gap", "lower", "upper"]) == 0
+    md = (tmp_path / "bench.md").read_text()
+    assert "| method | 2 | 25.00 | 25 % | 25.00 | 75 % |" in md
+    assert "upper (all labels: upper bound)" in md  # the paper-layout table marks the fully labelled run
+    saved = json.loads(path.read_text())
+    assert saved["args"] == {"rounds": 3} and set(saved["runs"]) == set(RUNS)
+    assert "25 %" in capsys.readouterr().out

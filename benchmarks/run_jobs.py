@@ -14,7 +14,8 @@ was best on validation), plus the wall time per round, and the same numbers in t
 Variants of a job (ablations) run under their own name with extra method options, given to both the sites'
 trainer and the server's rule: ``--variant "fedlsm_no_ue=fedlsm_isic:{\"ue\": false}"``. Runs go seed by seed
 (every job of seed 0, then seed 1, ...) and the JSON is rewritten after every run, so an interrupted benchmark
-keeps the seeds that finished.
+keeps the runs that finished; the same command with ``--resume`` runs only the (configuration, seed) pairs still
+missing from ``--out``.
 
 ``--gap LOWER UPPER`` adds, for every other configuration, the share of the gap between a lower and an upper
 bound that it closes (``--gap-metric``, macro over classes, mean over seeds; FedLSM's "closes 59 % of the
@@ -73,6 +74,7 @@ def run_one(job: str, seed: int, rounds: int, sites: int, scratch: Path, overrid
         raise RuntimeError(f"{job} seed {seed} failed (rc {proc.returncode}):\n{proc.stderr[-2000:]}")
     res = json.loads(res_file.read_text())
     res["wall_seconds_total"] = wall
+    res["seed"] = seed
     return res
 
 
@@ -173,6 +175,23 @@ def save(a: argparse.Namespace, runs: dict[str, list[dict]], args: dict | None =
     a.out.with_suffix(".md").write_text(report(a, runs) + "\n")
 
 
+def previous_runs(a: argparse.Namespace) -> dict[str, list[dict]]:
+    """The runs of an earlier sitting of the same benchmark (``--resume``); each run carries its seed (older
+    files: the seeds in the order they ran)."""
+    if not a.out or not a.out.is_file():
+        return {}
+    data = json.loads(a.out.read_text())
+    old = data["args"]
+    for key in ("rounds", "sites", "override"):
+        if json.dumps(old.get(key), sort_keys=True) != json.dumps(getattr(a, key), sort_keys=True):
+            raise SystemExit(f"--resume: {a.out} was run with {key}={old.get(key)!r}, not {getattr(a, key)!r}")
+    runs = data["runs"]
+    for rs in runs.values():
+        for run, seed in zip(rs, old.get("seeds", [])):
+            run.setdefault("seed", seed)
+    return runs
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", nargs="+", default=[])
@@ -182,6 +201,9 @@ def main(argv=None) -> int:
     ap.add_argument("--override", default="{}", help="JSON merged into every job's executor args")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--keep", action="store_true", help="keep the scratch workspaces")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the runs already in --out (same rounds, sites and overrides) and run only the missing "
+                         "(configuration, seed) pairs: a long benchmark can be run in several sittings")
     ap.add_argument("--compact", action="store_true",
                     help="store per run only the final / best results and the per-round validation macro metrics")
     ap.add_argument("--variant", action="append", default=[], type=parse_variant, metavar="NAME=JOB:JSON",
@@ -205,9 +227,12 @@ def main(argv=None) -> int:
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     configs = [(job, job, None) for job in a.jobs] + list(a.variant)
     base = json.loads(a.override)
-    runs: dict[str, list[dict]] = {}
+    runs = previous_runs(a) if a.resume else {}
     for seed in a.seeds:  # seed-major: an interrupted benchmark keeps whole seeds
         for name, job, method_args in configs:
+            if any(r.get("seed") == seed for r in runs.get(name, [])):
+                print(f"{name} seed {seed}: already in {a.out}", flush=True)
+                continue
             res = run_one(job, seed, a.rounds, a.sites, scratch, base, env, name, method_args)
             runs.setdefault(name, []).append(compact(res) if a.compact else res)
             fin = res["final"][LAST_MODEL]["test"]["macro"]

@@ -55,3 +55,27 @@ def test_report_rerenders_a_finished_benchmark(tmp_path, capsys):
     saved = json.loads(path.read_text())
     assert saved["args"] == {"rounds": 3} and set(saved["runs"]) == set(RUNS)
     assert "25 %" in capsys.readouterr().out
+
+
+def test_resume_runs_only_the_missing_pairs(tmp_path, monkeypatch):
+    mod = _run_jobs()
+    out = tmp_path / "bench.json"
+    calls = []
+
+    def fake_run_one(job, seed, rounds, sites, scratch, base, env, name=None, method_args=None):
+        calls.append((name, seed))
+        res = _run(0.1 * (seed + 1), 0.1, "full labels")
+        return {**res, "final": {k: {**v, "test": {**v["test"], "task": "multiclass"}} for k, v in res["final"].items()},
+                "wall_seconds_total": 1.0, "seed": seed}
+
+    monkeypatch.setattr(mod, "run_one", fake_run_one)
+    args = ["--jobs", "a", "b", "--rounds", "3", "--out", str(out)]
+    assert mod.main(args + ["--seeds", "0"]) == 0
+    assert calls == [("a", 0), ("b", 0)]
+    calls.clear()
+    assert mod.main(args + ["--seeds", "0", "1", "--resume"]) == 0
+    assert calls == [("a", 1), ("b", 1)]  # seed 0 kept from the first sitting
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["seed"] for r in runs["a"]] == [0, 1]
+    with pytest.raises(SystemExit, match="rounds=3"):  # another budget is another benchmark
+        mod.main(["--jobs", "a", "--rounds", "5", "--out", str(out), "--resume"])

@@ -81,7 +81,24 @@ def run_one(job: str, seed: int, rounds: int, sites: int, scratch: Path, overrid
 METRICS = {"multilabel": ["bacc", "auc", "map", "f1"], "multiclass": ["auc", "accuracy", "f1", "precision", "recall"]}
 
 
-def summarise(runs: dict[str, list[dict]]) -> list[dict]:
+def _mean_std(vals: list[float]) -> tuple[float, float]:
+    return statistics.mean(vals), statistics.pstdev(vals) if len(vals) > 1 else 0.0
+
+
+def tail_metrics(run: dict, k: int) -> dict[str, float]:
+    """Macro test metrics of one run averaged over its last ``k`` test evaluations: the final evaluation of the
+    last-round model and the ``k - 1`` latest per-round test evaluations (full or ``--compact`` runs)."""
+    points = [c["test"] for c in run.get("curves", []) if c.get("test")]
+    points = points or [r["test"]["macro"] for r in run.get("rounds", []) if r.get("test")]
+    points = points[-(k - 1):] if k > 1 else []
+    points.append(run["final"][LAST_MODEL]["test"]["macro"])
+    keys = [m for m in points[-1] if all(p.get(m) is not None for p in points)]
+    return {m: statistics.mean(p[m] for p in points) for m in keys}
+
+
+def summarise(runs: dict[str, list[dict]], tail: int = 0) -> list[dict]:
+    """Per configuration, mean and std over seeds of the final / best-on-validation test metrics and, with
+    ``tail`` > 1, of the per-seed mean over the last ``tail`` test evaluations."""
     rows = []
     for job, results in runs.items():
         row = {"job": job, "n_seeds": len(results)}
@@ -91,7 +108,13 @@ def summarise(runs: dict[str, list[dict]]) -> list[dict]:
             for m in METRICS[task]:
                 vals = [t["macro"][m] for t in tests if t["macro"].get(m) is not None]
                 tag = "final" if model == LAST_MODEL else "best"
-                row[f"{tag}_{m}"] = (statistics.mean(vals), statistics.pstdev(vals) if len(vals) > 1 else 0.0)
+                row[f"{tag}_{m}"] = _mean_std(vals)
+        if tail > 1:
+            tails = [tail_metrics(r, tail) for r in results]
+            for m in METRICS[task]:
+                vals = [t[m] for t in tails if m in t]
+                if vals:
+                    row[f"tail{tail}_{m}"] = _mean_std(vals)
         row["s_per_round"] = statistics.mean(r["seconds_per_round"] for r in results)
         rows.append(row)
     return rows
@@ -125,7 +148,7 @@ def tables(runs: dict[str, list[dict]]) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    keys = [k for k in rows[0] if k.startswith(("final_", "best_"))]
+    keys = [k for k in rows[0] if k.startswith(("final_", "best_", "tail"))]
     head = "| job | seeds | " + " | ".join(keys) + " | s / round |"
     lines = [head, "|" + "---|" * (len(keys) + 3)]
     for r in rows:
@@ -161,7 +184,7 @@ def gap_closed(runs: dict[str, list[dict]], lower: str, upper: str, metric: str 
 
 
 def report(a: argparse.Namespace, runs: dict[str, list[dict]]) -> str:
-    text = markdown(summarise(runs)) + "\n\n" + tables(runs)
+    text = markdown(summarise(runs, a.tail)) + "\n\n" + tables(runs)
     if a.gap:
         text += "\n\n" + gap_closed(runs, *a.gap, metric=a.gap_metric)
     return text
@@ -170,7 +193,7 @@ def report(a: argparse.Namespace, runs: dict[str, list[dict]]) -> str:
 def save(a: argparse.Namespace, runs: dict[str, list[dict]], args: dict | None = None) -> None:
     a.out.parent.mkdir(parents=True, exist_ok=True)
     args = args or vars(a) | {"out": str(a.out)}
-    a.out.write_text(json.dumps({"args": args, "summary": summarise(runs),
+    a.out.write_text(json.dumps({"args": args, "summary": summarise(runs, a.tail),
                                  "tables": tables(runs), "runs": runs}, indent=1, default=str))
     a.out.with_suffix(".md").write_text(report(a, runs) + "\n")
 
@@ -208,6 +231,9 @@ def main(argv=None) -> int:
                     help="store per run only the final / best results and the per-round validation macro metrics")
     ap.add_argument("--variant", action="append", default=[], type=parse_variant, metavar="NAME=JOB:JSON",
                     help="also run JOB as NAME with these method options (repeatable)")
+    ap.add_argument("--tail", type=int, default=0, metavar="K",
+                    help="also report each metric averaged over the last K test evaluations of every run (the final "
+                         "one included), less sensitive than the last round alone to round-to-round swings")
     ap.add_argument("--gap", nargs=2, metavar=("LOWER", "UPPER"), default=None,
                     help="report the share of the LOWER -> UPPER gap each other configuration closes")
     ap.add_argument("--gap-metric", default="f1", help="macro metric of --gap (f1, bacc, auc, map, ...)")

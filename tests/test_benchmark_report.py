@@ -79,3 +79,17 @@ def test_resume_runs_only_the_missing_pairs(tmp_path, monkeypatch):
     assert [r["seed"] for r in runs["a"]] == [0, 1]
     with pytest.raises(SystemExit, match="rounds=3"):  # another budget is another benchmark
         mod.main(["--jobs", "a", "--rounds", "5", "--out", str(out), "--resume"])
+
+
+def test_tail_mean_over_the_last_k_test_evaluations():
+    mod = _run_jobs()
+    run = _run(0.6, 0.1, "full labels")  # final evaluation of the last-round model: f1 0.6
+    run["curves"] = [{"round": r, "test": {"f1": v, "bacc": 0.5}} for r, v in ((0, 0.1), (5, 0.2), (10, 0.3))]
+    run["curves"].insert(1, {"round": 1, "test": None})  # rounds without a test evaluation are skipped
+    # k = 3: the two latest curve points and the final evaluation: (0.2 + 0.3 + 0.6) / 3
+    assert mod.tail_metrics(run, 3)["f1"] == pytest.approx(1.1 / 3)
+    assert mod.tail_metrics(run, 1)["f1"] == pytest.approx(0.6)  # the final evaluation alone
+    assert "auc" not in mod.tail_metrics(run, 3)  # not measured at every point: not averaged
+    rows = mod.summarise({"m": [run, run]}, tail=3)
+    assert rows[0]["tail3_f1"] == pytest.approx((1.1 / 3, 0.0))
+    assert "tail3_f1" not in mod.summarise({"m": [run]})[0]  # off by default

@@ -248,12 +248,25 @@ def main(argv=None) -> int:
         return 0
     if not a.jobs and not a.variant:
         ap.error("give --jobs and/or --variant (or --report X.json)")
-    scratch = Path(tempfile.mkdtemp(prefix="fedpartial-bench-"))
+    runs = previous_runs(a) if a.resume else {}
     env = {**os.environ, "FEDPARTIAL_DATA_DIR": str(REPO)}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     configs = [(job, job, None) for job in a.jobs] + list(a.variant)
     base = json.loads(a.override)
-    runs = previous_runs(a) if a.resume else {}
+    scratch = Path(tempfile.mkdtemp(prefix="fedpartial-bench-"))
+    try:
+        run_all(a, configs, runs, scratch, base, env)
+    finally:
+        if not a.keep:
+            shutil.rmtree(scratch, ignore_errors=True)
+    print("\n" + report(a, runs))
+    return 0
+
+
+def run_all(a: argparse.Namespace, configs: list, runs: dict[str, list[dict]], scratch: Path, base: dict,
+            env: dict) -> None:
+    """Every (configuration, seed) pair not yet in ``runs``, seed by seed; ``runs`` and ``--out`` grow as they
+    finish."""
     for seed in a.seeds:  # seed-major: an interrupted benchmark keeps whole seeds
         for name, job, method_args in configs:
             if any(r.get("seed") == seed for r in runs.get(name, [])):
@@ -266,10 +279,6 @@ def main(argv=None) -> int:
                   f"({res['seconds_per_round']:.1f} s/round, {res['wall_seconds_total']:.0f} s)", flush=True)
             if a.out:  # rewritten after every run
                 save(a, runs)
-    print("\n" + report(a, runs))
-    if not a.keep:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return 0
 
 
 if __name__ == "__main__":

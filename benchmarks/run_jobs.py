@@ -186,7 +186,9 @@ def gap_closed(runs: dict[str, list[dict]], lower: str, upper: str, metric: str 
 def report(a: argparse.Namespace, runs: dict[str, list[dict]]) -> str:
     text = markdown(summarise(runs, a.tail)) + "\n\n" + tables(runs)
     if a.gap:
-        text += "\n\n" + gap_closed(runs, *a.gap, metric=a.gap_metric)
+        missing = [name for name in a.gap if name not in runs]
+        text += "\n\n" + (f"(gap: waiting for {', '.join(missing)})" if missing and not a.report
+                          else gap_closed(runs, *a.gap, metric=a.gap_metric))
     return text
 
 

@@ -77,6 +77,11 @@ def test_resume_runs_only_the_missing_pairs(tmp_path, monkeypatch):
     assert calls == [("a", 1), ("b", 1)]  # seed 0 kept from the first sitting
     runs = json.loads(out.read_text())["runs"]
     assert [r["seed"] for r in runs["a"]] == [0, 1]
+    # a gap whose bounds have not run yet waits instead of stopping the benchmark
+    assert mod.main(["--jobs", "a", "--rounds", "3", "--seeds", "0", "2", "--out", str(out), "--resume",
+                     "--gap", "a", "zzz"]) == 0
+    assert calls == [("a", 1), ("b", 1), ("a", 2)]
+    assert "(gap: waiting for zzz)" in out.with_suffix(".md").read_text()
     with pytest.raises(SystemExit, match="rounds=3"):  # another budget is another benchmark
         mod.main(["--jobs", "a", "--rounds", "5", "--out", str(out), "--resume"])
 

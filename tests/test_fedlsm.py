@@ -350,9 +350,14 @@ def test_job_three_rounds_in_the_simulator(job, tmp_path, data_cache):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(ws)[-3000:]
     res = results_of(ws)
     assert res["method"] == "fedlsm" and res["num_rounds"] == 3
+    num_classes = len(res["rounds"][0]["val"]["per_class"])
     for r in res["rounds"]:
         assert len(r["sites"]) == n and r["val"]["macro"]["auc"] is not None
+        for site, stats in r["site_stats"].items():  # the round's counters, per site, in results.json
+            assert isinstance(stats["fedlsm_pseudo"], int) and stats["fedlsm_pseudo"] >= 0, (r["round"], site)
+            assert len(stats["fedlsm_pools"]) == 3 and len(stats["fedlsm_q"]) == num_classes, (r["round"], site)
     assert res["best"] is not None
+    assert "fedlsm_pseudo" in (ws / "site-1" / "log.txt").read_text()  # and in each site's round log line
     best = res["final"]["best_FL_global_model.pt"]["test"]
     metrics = ("auc", "accuracy", "f1", "precision", "recall") if kind == "ham10000" else ("auc",)
     assert all(best["macro"][m] is not None for m in metrics)

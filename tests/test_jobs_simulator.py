@@ -82,6 +82,9 @@ def test_fedmlp_prototypes_travel_and_pseudo_labels_persist(tmp_path, data_cache
     # server -> sites: global prototypes and degrees go out with every aggregated model
     for r in (r0, r1, r2):
         assert {"fedmlp_global_p0", "fedmlp_global_p1", "fedmlp_global_degree"} <= set(r["server_meta"]), r["round"]
+        # the small values are recorded too (prototypes, too large, by key only)
+        assert len(r["server_stats"]["fedmlp_global_degree"]) == 5 and "fedmlp_global_p0" not in r["server_stats"]
+        assert all(len(st["fedmlp_degree"]) == 5 for st in r["site_stats"].values()), r["round"]
     # ... and the sites used them in stage 2 (the key is only reported when global prototypes arrived)
     for r in (r1, r2):
         assert all("fedmlp_received_prototypes" in keys for keys in r["site_meta"].values()), r["round"]

@@ -42,6 +42,7 @@ from ..metrics import flatten_metrics, format_table
 from ..methods import SiteContext, get_method
 from ..models import build_model
 from .keys import META_ANNOTATED, META_CLASSIFIER_KEYS, META_N_TRAIN, META_RESULTS, META_SUMMARY, META_TEST, STATE_FILE
+from .results import method_stats
 
 log = logging.getLogger("fedpartial")
 
@@ -207,8 +208,11 @@ class PartialLabelExecutor(Executor):
             META_RESULTS: results, "train_loss": out.loss, "eval_seconds": t_eval,
             "train_seconds": time.time() - t0 - t_eval,
         })
+        counters = {k: v for k, v in method_stats(out.meta).items() if not isinstance(v, list)}
         self.log_info(fl_ctx, f"round {rnd}: loss {out.loss:.4f} over {out.steps} steps"
-                              + (f", val auc (received model) {val['macro'].get('auc')}" if val else ""))
+                              + (f", val auc (received model) {val['macro'].get('auc')}" if val else "")
+                              + "".join(f", {k} {v}" for k, v in counters.items()))
+        self._stream(fl_ctx, {}, rnd, {"train/loss": out.loss, **{f"train/{k}": v for k, v in counters.items()}})
         return DXO(data_kind=DataKind.WEIGHTS, data=to_numpy_state(self.net), meta=meta).to_shareable()
 
     def _validate(self, shareable: Shareable, fl_ctx: FLContext) -> Shareable:
@@ -230,17 +234,19 @@ class PartialLabelExecutor(Executor):
         return DXO(data_kind=DataKind.WEIGHTS, data=weights).to_shareable()
 
     # ------------------------------------------------------------------------------------------ streaming
-    def _stream(self, fl_ctx: FLContext, results: dict, rnd: int) -> None:
+    def _stream(self, fl_ctx: FLContext, results: dict, rnd: int, scalars: dict | None = None) -> None:
+        """TensorBoard scalars: the metrics of ``results`` (``split/metric``, per-class curves for AUC only) and
+        ``scalars`` (``tag -> number``)."""
         if not self.stream_metrics:
             return
+        values = dict(scalars or {})
         for split, res in results.items():
             for key, value in flatten_metrics(res).items():
-                if "/" in key:  # per-class curves only for AUC
-                    if not key.startswith("auc/"):
-                        continue
-                dxo = create_analytic_dxo(tag=f"{split}/{key}", value=value, data_type=AnalyticsDataType.SCALAR,
-                                          global_step=rnd)
-                send_analytic_dxo(self, dxo, fl_ctx)
+                if "/" not in key or key.startswith("auc/"):
+                    values[f"{split}/{key}"] = value
+        for tag, value in values.items():
+            dxo = create_analytic_dxo(tag=tag, value=float(value), data_type=AnalyticsDataType.SCALAR, global_step=rnd)
+            send_analytic_dxo(self, dxo, fl_ctx)
 
     def handle_event(self, event_type: str, fl_ctx: FLContext):
         if event_type == EventType.END_RUN and self._ready:

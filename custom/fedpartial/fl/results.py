@@ -14,6 +14,7 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
 from nvflare.apis.dxo import MetaKey, from_shareable
 from nvflare.apis.event_type import EventType
 from nvflare.apis.fl_constant import FLContextKey
@@ -111,6 +112,7 @@ class ResultsRecorder(Widget):
             "results": meta.get(META_RESULTS, {}), "train_loss": meta.get("train_loss"),
             "steps": meta.get(MetaKey.NUM_STEPS_CURRENT_ROUND), "train_seconds": meta.get("train_seconds"),
             "eval_seconds": meta.get("eval_seconds"), "method_meta": _method_meta_keys(meta),
+            "method_stats": method_stats(meta),
         }
 
     def _record_aggregation(self, fl_ctx: FLContext):
@@ -120,7 +122,8 @@ class ResultsRecorder(Widget):
         except Exception:  # noqa: BLE001
             return
         rnd = int(fl_ctx.get_prop(AppConstants.CURRENT_ROUND) or 0)
-        self.rounds.setdefault(rnd, {"sites": {}})["server_meta"] = _method_meta_keys(meta)
+        entry = self.rounds.setdefault(rnd, {"sites": {}})
+        entry["server_meta"], entry["server_stats"] = _method_meta_keys(meta), method_stats(meta)
 
     def _record_validation(self, fl_ctx: FLContext):
         owner = fl_ctx.get_prop(AppConstants.MODEL_OWNER)
@@ -150,6 +153,8 @@ class ResultsRecorder(Widget):
                 "sites": sorted(e["sites"]), "seconds": e.get("seconds"),
                 "site_meta": {s: v.get("method_meta", []) for s, v in e["sites"].items()},
                 "server_meta": e.get("server_meta", []),
+                "site_stats": {s: v.get("method_stats", {}) for s, v in e["sites"].items()},
+                "server_stats": e.get("server_stats", {}),
             })
         best = None
         for r in rounds:
@@ -188,6 +193,28 @@ class ResultsRecorder(Widget):
 
 def _method_meta_keys(meta: dict) -> list[str]:
     return sorted(k for k in meta if k not in _STANDARD_META and not k.startswith("__"))
+
+
+STATS_MAX_SIZE = 64
+
+
+def method_stats(meta: dict) -> dict:
+    """The method's small numeric meta as plain JSON values: numbers, and numeric lists / arrays of at most
+    ``STATS_MAX_SIZE`` entries (FedLSM's pseudo-label count, pool sizes and ``q_c^k``; FedMLP's learning degrees and
+    prototype counts). Prototypes and other large arrays are left out (their keys stay in ``*_meta``)."""
+    out = {}
+    for key in _method_meta_keys(meta):
+        value = meta[key]
+        if isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating)):
+            out[key] = value.item() if isinstance(value, np.generic) else value
+            continue
+        try:
+            arr = np.asarray(value)
+        except (ValueError, TypeError):  # ragged or not numeric
+            continue
+        if arr.dtype.kind in "biuf" and 0 < arr.size <= STATS_MAX_SIZE:
+            out[key] = arr.tolist()
+    return out
 
 
 def render_tables(results: dict) -> str:

@@ -98,3 +98,14 @@ def test_tail_mean_over_the_last_k_test_evaluations():
     rows = mod.summarise({"m": [run, run]}, tail=3)
     assert rows[0]["tail3_f1"] == pytest.approx((1.1 / 3, 0.0))
     assert "tail3_f1" not in mod.summarise({"m": [run]})[0]  # off by default
+
+
+def test_compact_keeps_curves_and_method_counters():
+    res = {"final": {"x": 1}, "rounds": [
+        {"round": 0, "val": {"macro": {"f1": 0.1}, "per_class": {}}, "test": None, "sites": ["site-1"],
+         "site_stats": {"site-1": {"fedlsm_pseudo": 3}}},
+        {"round": 1, "val": None, "test": {"macro": {"f1": 0.2}}}]}
+    out = _run_jobs().compact(res)
+    assert "rounds" not in out and out["final"] == {"x": 1}
+    assert out["curves"] == [{"round": 0, "val": {"f1": 0.1}, "test": None, "site_stats": {"site-1": {"fedlsm_pseudo": 3}}},
+                             {"round": 1, "val": None, "test": {"f1": 0.2}, "site_stats": {}}]

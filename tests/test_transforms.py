@@ -192,6 +192,35 @@ def test_two_views_differ():
     assert set(only) == {"image_strong"}
 
 
+def test_plain_tensors_same_draws_and_restores_flag():
+    """Augmenting without MetaTensor bookkeeping gives the same numbers from the same seed, and MONAI's global
+    flag is back to what it was afterwards (also after an exception)."""
+    from monai.data import get_track_meta, set_track_meta
+
+    x = torch.rand(3, 24, 24)
+    views = {"weak": "weak", "strong": "strong"}
+    t = tf.view_transforms(views, 24, [0.5] * 3, [0.25] * 3)
+    t.set_random_state(7)
+    tracked = [t({"image": x.clone()}) for _ in range(6)]
+    t.set_random_state(7)
+    assert get_track_meta() is True
+    with tf.plain_tensors():
+        assert get_track_meta() is False
+        plain = [t({"image": x.clone()}) for _ in range(6)]
+    assert get_track_meta() is True
+    for a, b in zip(tracked, plain):
+        for k in views:
+            assert type(b[k]) is torch.Tensor
+            torch.testing.assert_close(b[k], torch.as_tensor(a[k]), rtol=0, atol=0)
+    set_track_meta(False)
+    try:
+        with pytest.raises(RuntimeError), tf.plain_tensors():
+            raise RuntimeError("boom")
+        assert get_track_meta() is False  # a caller's own setting survives
+    finally:
+        set_track_meta(True)
+
+
 # ---------------------------------------------------------------------------------------------------------- datasets
 
 def test_dataset_items(images):

@@ -23,7 +23,7 @@ from monai.data import CacheDataset, DataLoader, PersistentDataset
 from monai.data import Dataset as MonaiDataset
 
 from .manifest import Manifest
-from .transforms import ImageLoadError, Window, preprocess_transforms, view_transforms
+from .transforms import ImageLoadError, Window, plain_tensors, preprocess_transforms, view_transforms
 
 CACHE_MODES = ("memory", "disk", "none")
 RESERVED_KEYS = ("label", "mask", "index")
@@ -78,7 +78,8 @@ class ManifestDataset(torch.utils.data.Dataset):
             raise root from e
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        item = self.view_tf({"image": self.cached_image(index).clone()})  # clone: some transforms work in place
+        with plain_tensors():  # clone: some transforms work in place
+            item = self.view_tf({"image": self.cached_image(index).clone()})
         item["label"] = self.labels[index].clone()
         item["mask"] = self.mask[index].clone()
         item["index"] = torch.tensor(index, dtype=torch.int64)

@@ -1,0 +1,159 @@
+"""Speed of one local round at a real HAM10000 site, as ratios against a bare PyTorch loop in the same run.
+
+    python benchmarks/local_round_speed.py --out benchmarks/results/local_round_speed.json
+
+What is timed (one process, ``torch.set_num_threads(1)`` like a simulated site, median of ``--repeats``):
+
+- ``views``: the weak + strong views of one cached 64 px image (MONAI dictionary transforms), with MONAI's
+  ``MetaTensor`` bookkeeping (its default) and inside :func:`fedpartial.data.transforms.plain_tensors` (what the
+  datasets use): ms per sample.
+- ``bare``: the reference. ``--steps`` Adam steps of plain cross-entropy on batches of the site's cached
+  tensors (no augmentation, no evaluation, no method): the least a local round of that size can cost.
+- ``fedavg``, ``fedavg_masked``, ``fedlsm`` (and any ``--methods``): ``train_round`` of the method's
+  :class:`~fedpartial.methods.base.LocalTrainer` with the same model, batch size and steps. FedLSM also scores
+  every local image with the received model (uncertainty estimation), runs an EMA teacher on the weak views and
+  mixes ``n_mix`` extra samples into each batch, which the ratio shows.
+
+The data come from ``../shared/data/ham10000`` (``--root``); the script stops with a clear message when absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "custom"))
+
+from fedpartial.data.manifest import read_manifest  # noqa: E402
+from fedpartial.data.presets import resolve_dataset  # noqa: E402
+from fedpartial.data.site_config import resolve_site_data  # noqa: E402
+from fedpartial.data.sitedata import SiteDatasets  # noqa: E402
+from fedpartial.data.transforms import plain_tensors, view_transforms  # noqa: E402
+from fedpartial.methods import get_method  # noqa: E402
+from fedpartial.methods.base import SiteContext  # noqa: E402
+from fedpartial.models import build_model  # noqa: E402
+
+METHOD_ARGS = {"fedlsm": {"n_mix": 2, "n_uncertain": 0.035, "n_confident": 0.14}}
+
+
+def time_views(image: torch.Tensor, cfg: dict, n: int) -> dict[str, float]:
+    """ms per sample of the weak + strong views, with and without MetaTensor tracking."""
+    tf = view_transforms({"weak": "weak", "strong": "strong"}, int(cfg["image_size"]), cfg["mean"], cfg["std"],
+                         channels=int(cfg["channels"]))
+    out = {}
+    for name, ctx in (("meta_tensor", None), ("plain_tensors", plain_tensors)):
+        def run():
+            for _ in range(n):
+                tf({"image": image.clone()})
+        if ctx is None:
+            run()  # warm-up
+            t = time.perf_counter()
+            run()
+        else:
+            with ctx():
+                run()
+                t = time.perf_counter()
+                run()
+        out[name] = (time.perf_counter() - t) / n * 1000.0
+    return out
+
+
+def bare_round(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, steps: int, batch: int,
+               gen: torch.Generator) -> None:
+    """The reference: ``steps`` Adam steps of cross-entropy on random batches of cached tensors."""
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model.train()
+    for _ in range(steps):
+        idx = torch.randint(0, len(images), (batch,), generator=gen)
+        loss = torch.nn.functional.cross_entropy(model(images[idx]), labels[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", default=str(REPO.parent / "shared" / "data" / "ham10000"))
+    ap.add_argument("--site", default="site-1")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--view-samples", type=int, default=200)
+    ap.add_argument("--methods", nargs="+", default=["fedavg", "fedavg_masked", "fedlsm"])
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    if not (Path(args.root) / "HAM10000_metadata.csv").is_file() and not any(Path(args.root).glob("*.csv")):
+        sys.exit(f"no HAM10000 data under {args.root} (give --root)")
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+
+    with tempfile.TemporaryDirectory(prefix="fedpartial-speed-") as tmp:
+        cfg = resolve_dataset({"preset": "ham10000", "cache": "memory", "prepare": {"root": args.root}})
+        sd = resolve_site_data(args.site, cfg)
+        classes = list(cfg["classes"])
+        train = read_manifest(sd.train, classes=classes, data_root=sd.data_root, site=args.site,
+                              task=cfg["task"]).subset("train")
+        data = SiteDatasets({"train": train}, cfg)
+        base = data.dataset("train", {"image": "eval"})
+        images = torch.stack([base[i]["image"] for i in range(len(base))])  # (N, 3, S, S), normalised
+        labels = torch.as_tensor(train.labels).argmax(1)
+        result = {"site": args.site, "n_train": len(train), "steps": args.steps, "batch_size": args.batch_size,
+                  "image_size": int(cfg["image_size"]), "repeats": args.repeats,
+                  "views_ms_per_sample": time_views(base.cached_image(0), cfg, args.view_samples)}
+
+        def fresh_model():
+            torch.manual_seed(0)
+            return build_model({"arch": "small_cnn", "in_channels": 3}, len(classes))
+
+        times: dict[str, list[float]] = {"bare": []}
+        gen = torch.Generator().manual_seed(0)
+        model = fresh_model()
+        bare_round(model, images, labels, 2, args.batch_size, gen)  # warm-up
+        for _ in range(args.repeats):
+            t = time.perf_counter()
+            bare_round(model, images, labels, args.steps, args.batch_size, gen)
+            times["bare"].append(time.perf_counter() - t)
+        for name in args.methods:
+            trainer_cls, _, defaults = get_method(name)
+            ctx = SiteContext(site=args.site, task=cfg["task"], classes=classes, annotated=train.annotated,
+                              model=fresh_model(), data=data, device=torch.device("cpu"),
+                              state_dir=Path(tmp) / name,
+                              train={"batch_size": args.batch_size, "local_steps": args.steps, "lr": 1e-3,
+                                     "optimizer": "adam"}, seed=1)
+            ctx.state_dir.mkdir()
+            trainer = trainer_cls(ctx, **{**defaults, **METHOD_ARGS.get(name, {})})
+            trainer.train_round(0, 10, {})  # warm-up
+            times[name] = []
+            for r in range(args.repeats):
+                t = time.perf_counter()
+                trainer.train_round(r + 1, 10, {})
+                times[name].append(time.perf_counter() - t)
+        bare = statistics.median(times["bare"])
+        result["round_s"] = {k: statistics.median(v) for k, v in times.items()}
+        result["ratio_to_bare"] = {k: statistics.median(v) / bare for k, v in times.items()}
+
+    v = result["views_ms_per_sample"]
+    lines = [f"site {args.site}: {result['n_train']} training images, {args.steps} steps x batch {args.batch_size}, "
+             f"{result['image_size']} px, 1 thread, median of {args.repeats}", "",
+             "| what | seconds per round | x bare loop |", "|---|---|---|"]
+    lines += [f"| {k} | {result['round_s'][k]:.2f} | {result['ratio_to_bare'][k]:.1f} |" for k in times]
+    lines += ["", f"weak + strong views: {v['meta_tensor']:.2f} ms per sample with MetaTensor tracking, "
+                  f"{v['plain_tensors']:.2f} ms with plain_tensors ({v['meta_tensor'] / v['plain_tensors']:.1f}x)"]
+    print("\n".join(lines))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

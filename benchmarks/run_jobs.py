@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "custom"))
 
 from fedpartial.fl.keys import BEST_MODEL, LAST_MODEL  # noqa: E402
-from fedpartial.tables import paper_table, per_class_table  # noqa: E402
+from fedpartial.tables import mean_std, paper_table, per_class_table  # noqa: E402
 from fedpartial.tools.build_jobs import customise_job  # noqa: E402
 
 
@@ -81,10 +81,6 @@ def run_one(job: str, seed: int, rounds: int, sites: int, scratch: Path, overrid
 METRICS = {"multilabel": ["bacc", "auc", "map", "f1"], "multiclass": ["auc", "accuracy", "f1", "precision", "recall"]}
 
 
-def _mean_std(vals: list[float]) -> tuple[float, float]:
-    return statistics.mean(vals), statistics.pstdev(vals) if len(vals) > 1 else 0.0
-
-
 def tail_metrics(run: dict, k: int) -> dict[str, float]:
     """Macro test metrics of one run averaged over its last ``k`` test evaluations: the final evaluation of the
     last-round model and the ``k - 1`` latest per-round test evaluations (full or ``--compact`` runs)."""
@@ -94,6 +90,11 @@ def tail_metrics(run: dict, k: int) -> dict[str, float]:
     points.append(run["final"][LAST_MODEL]["test"]["macro"])
     keys = [m for m in points[-1] if all(p.get(m) is not None for p in points)]
     return {m: statistics.mean(p[m] for p in points) for m in keys}
+
+
+def _mean_and_std(values: list) -> list[float] | None:
+    s = mean_std(values)
+    return None if s is None else [s[0], s[1]]
 
 
 def summarise(runs: dict[str, list[dict]], tail: int = 0) -> list[dict]:
@@ -106,15 +107,12 @@ def summarise(runs: dict[str, list[dict]], tail: int = 0) -> list[dict]:
             tests = [r["final"][model]["test"] for r in results]
             task = tests[0]["task"]
             for m in METRICS[task]:
-                vals = [t["macro"][m] for t in tests if t["macro"].get(m) is not None]
                 tag = "final" if model == LAST_MODEL else "best"
-                row[f"{tag}_{m}"] = _mean_std(vals)
+                row[f"{tag}_{m}"] = _mean_and_std([t["macro"].get(m) for t in tests])
         if tail > 1:
             tails = [tail_metrics(r, tail) for r in results]
             for m in METRICS[task]:
-                vals = [t[m] for t in tails if m in t]
-                if vals:
-                    row[f"tail{tail}_{m}"] = _mean_std(vals)
+                row[f"tail{tail}_{m}"] = _mean_and_std([t.get(m) for t in tails])
         row["s_per_round"] = statistics.mean(r["seconds_per_round"] for r in results)
         rows.append(row)
     return rows
@@ -154,7 +152,7 @@ def markdown(rows: list[dict]) -> str:
     head = "| job | seeds | " + " | ".join(keys) + " | s / round |"
     lines = [head, "|" + "---|" * (len(keys) + 3)]
     for r in rows:
-        cells = [f"{100 * r[k][0]:.2f} ± {100 * r[k][1]:.2f}" for k in keys]
+        cells = ["n/a" if r.get(k) is None else f"{100 * r[k][0]:.2f} ± {100 * r[k][1]:.2f}" for k in keys]
         lines.append(f"| {r['job']} | {r['n_seeds']} | " + " | ".join(cells) + f" | {r['s_per_round']:.1f} |")
     return "\n".join(lines)
 
@@ -171,9 +169,8 @@ def gap_closed(runs: dict[str, list[dict]], lower: str, upper: str, metric: str 
              "|---|---|---|---|---|---|"]
 
     def mean(name: str, model: str) -> float:
-        vals = [r["final"][model]["test"]["macro"].get(metric) for r in runs[name]]
-        vals = [v for v in vals if v is not None]
-        return statistics.mean(vals) if vals else float("nan")
+        s = mean_std([r["final"][model]["test"]["macro"].get(metric) for r in runs[name]])
+        return float("nan") if s is None else s[0]
 
     for name in runs:
         cells = []

@@ -28,3 +28,11 @@ def test_small_numeric_meta_is_kept_as_plain_json():
 def test_size_limit_is_inclusive():
     assert method_stats({"a": np.ones(STATS_MAX_SIZE)})["a"] == [1.0] * STATS_MAX_SIZE
     assert method_stats({"a": np.ones(STATS_MAX_SIZE + 1), "empty": []}) == {}
+
+
+def test_non_finite_values_become_null():
+    """NaN / inf would make results.json unreadable for strict JSON parsers: they are written as null."""
+    stats = method_stats({"fedmlp_degree": np.float64("nan"), "x": float("inf"),
+                          "fedlsm_q": np.array([1.0, np.nan, -np.inf]), "grid": np.array([[0.5, np.nan]])})
+    assert stats == {"fedmlp_degree": None, "x": None, "fedlsm_q": [1.0, None, None], "grid": [[0.5, None]]}
+    assert json.loads(json.dumps(stats, allow_nan=False)) == stats

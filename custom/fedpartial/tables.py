@@ -39,7 +39,8 @@ def setting_label(annotated: np.ndarray | Sequence[Sequence[bool]]) -> str:
     return f"{a.shape[0]} sites x {lo}..{hi} classes"
 
 
-def _stats(values: Sequence[float | None]) -> tuple[float, float, int] | None:
+def mean_std(values: Sequence[float | None]) -> tuple[float, float, int] | None:
+    """``(mean, population std, count)`` of the finite values (None and NaN skipped); None when there is none."""
     vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     if not vals:
         return None
@@ -48,7 +49,7 @@ def _stats(values: Sequence[float | None]) -> tuple[float, float, int] | None:
 
 def cell(values: Sequence[float | None]) -> str:
     """Percent with 2 decimals; ``mean ± std`` when there are several values; ``n/a`` when none is defined."""
-    s = _stats(values)
+    s = mean_std(values)
     if s is None:
         return "n/a"
     mean, std, n = s
@@ -80,7 +81,7 @@ def paper_table(results: Mapping[str, Mapping[str, Sequence[Mapping[str, float |
                     n = min((len(r) for r in runs), default=0)
                     vals = []
                     for i in range(n):  # the average over settings of seed i
-                        s = _stats([r[i].get(key) for r in runs])
+                        s = mean_std([r[i].get(key) for r in runs])
                         vals.append(None if s is None or s[2] < len(runs) else s[0])
                 else:
                     vals = [m.get(key) for m in per.get(g, [])]

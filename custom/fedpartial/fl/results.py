@@ -10,6 +10,7 @@ average is that set's score).
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -201,20 +202,28 @@ STATS_MAX_SIZE = 64
 def method_stats(meta: dict) -> dict:
     """The method's small numeric meta as plain JSON values: numbers, and numeric lists / arrays of at most
     ``STATS_MAX_SIZE`` entries (FedLSM's pseudo-label count, pool sizes and ``q_c^k``; FedMLP's learning degrees and
-    prototype counts). Prototypes and other large arrays are left out (their keys stay in ``*_meta``)."""
+    prototype counts). Prototypes and other large arrays are left out (their keys stay in ``*_meta``).
+    A non-finite float (NaN, inf) becomes None (JSON null): ``results.json`` stays strict JSON."""
     out = {}
     for key in _method_meta_keys(meta):
         value = meta[key]
         if isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating)):
-            out[key] = value.item() if isinstance(value, np.generic) else value
+            out[key] = _finite_or_none(value.item() if isinstance(value, np.generic) else value)
             continue
         try:
             arr = np.asarray(value)
         except (ValueError, TypeError):  # ragged or not numeric
             continue
         if arr.dtype.kind in "biuf" and 0 < arr.size <= STATS_MAX_SIZE:
-            out[key] = arr.tolist()
+            out[key] = _finite_or_none(arr.tolist())
     return out
+
+
+def _finite_or_none(value):
+    """``value`` (a number or nested lists of numbers) with every NaN / inf replaced by None."""
+    if isinstance(value, list):
+        return [_finite_or_none(v) for v in value]
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def render_tables(results: dict) -> str:

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # FedLSM benchmark on HAM10000 (5 sites x 3 classes): 3 baselines + FedLSM + 3 ablations, identical budget, 3 seeds.
-# Run from the project root with the venv active; about 30 min per seed on a shared 2-core machine.
+# Run from the project root with the venv active. Budget: ROUNDS rounds (default 25) x STEPS local steps (default
+# 30, the paper's local iterations) of batch 32; extra arguments go to run_jobs.py (e.g. --resume, --seeds 0,
+# --jobs fedavg_ham10000 to run a subset, --out FILE). About 40 min per seed on an idle 2-core machine.
 set -euo pipefail
+ROUNDS="${ROUNDS:-25}"
+STEPS="${STEPS:-30}"
 python benchmarks/run_jobs.py --jobs fedavg_ham10000 fedavg_masked_ham10000 fedavg_full_ham10000 \
   --variant 'fedlsm=fedlsm_isic:{"n_mix": 2}' \
   --variant 'fedlsm_no_ue=fedlsm_isic:{"n_mix": 2, "ue": false}' \
   --variant 'fedlsm_no_ude=fedlsm_isic:{"n_mix": 2, "ude": false}' \
   --variant 'fedlsm_no_awpa=fedlsm_isic:{"n_mix": 2, "awpa": "masked"}' \
-  --seeds 0 1 2 --rounds 8 --compact \
-  --override '{"dataset": {"cache": "disk", "cache_dir": "/tmp/fedlsm_bench_cache", "prepare": {"val_frac": 0.05}}, "train": {"batch_size": 32, "local_steps": 10, "lr": 0.001, "betas": [0.9, 0.99]}, "evaluation": {"test_every": 0}}' \
+  --seeds 0 1 2 --rounds "$ROUNDS" --compact \
+  --override '{"dataset": {"cache": "disk", "cache_dir": "/tmp/fedlsm_bench_cache", "prepare": {"val_frac": 0.05}}, "train": {"batch_size": 32, "local_steps": '"$STEPS"', "lr": 0.001, "betas": [0.9, 0.99]}, "evaluation": {"test_every": 0}}' \
   --gap fedavg_ham10000 fedavg_full_ham10000 --gap-metric f1 \
-  --out benchmarks/results/fedlsm_ham10000.json "$@"
+  --out "benchmarks/results/fedlsm_ham10000_r${ROUNDS}_s${STEPS}.json" "$@"

@@ -225,6 +225,8 @@ def main(argv=None) -> int:
     ap.add_argument("--override", default="{}", help="JSON merged into every job's executor args")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--keep", action="store_true", help="keep the scratch workspaces")
+    ap.add_argument("--only", nargs="+", default=None, metavar="NAME",
+                    help="run only these configurations (job or variant names) of the benchmark's list")
     ap.add_argument("--resume", action="store_true",
                     help="keep the runs already in --out (same rounds, sites and overrides) and run only the missing "
                          "(configuration, seed) pairs: a long benchmark can be run in several sittings")
@@ -253,6 +255,11 @@ def main(argv=None) -> int:
     env = {**os.environ, "FEDPARTIAL_DATA_DIR": str(REPO)}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     configs = [(job, job, None) for job in a.jobs] + list(a.variant)
+    if a.only:
+        unknown = sorted(set(a.only) - {name for name, _, _ in configs})
+        if unknown:
+            ap.error(f"--only: {unknown} not among the configurations {[name for name, _, _ in configs]}")
+        configs = [c for c in configs if c[0] in a.only]
     base = json.loads(a.override)
     scratch = Path(tempfile.mkdtemp(prefix="fedpartial-bench-"))
     try:

@@ -84,6 +84,13 @@ def test_resume_runs_only_the_missing_pairs(tmp_path, monkeypatch):
     assert "(gap: waiting for zzz)" in out.with_suffix(".md").read_text()
     with pytest.raises(SystemExit, match="rounds=3"):  # another budget is another benchmark
         mod.main(["--jobs", "a", "--rounds", "5", "--out", str(out), "--resume"])
+    calls.clear()  # --only runs a subset of the list; the others stay in the file and the report
+    assert mod.main(args + ["--seeds", "3", "--resume", "--only", "b"]) == 0
+    assert calls == [("b", 3)]
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["seed"] for r in runs["a"]] == [0, 1, 2] and [r["seed"] for r in runs["b"]] == [0, 1, 3]
+    with pytest.raises(SystemExit):
+        mod.main(args + ["--only", "c"])
 
 
 def test_tail_mean_over_the_last_k_test_evaluations():

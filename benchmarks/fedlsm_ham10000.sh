@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # FedLSM benchmark on HAM10000 (5 sites x 3 classes): 3 baselines + FedLSM + 3 ablations, identical budget, 3 seeds.
 # Run from the project root with the venv active. Budget: ROUNDS rounds (default 25) x STEPS local steps (default
-# 30, the paper's local iterations) of batch 32; extra arguments go to run_jobs.py (e.g. --resume, --seeds 0,
-# --jobs fedavg_ham10000 to run a subset, --out FILE). About 40 min per seed on an idle 2-core machine.
+# 10; the paper uses 30 local iterations) of batch 32; extra arguments go to run_jobs.py (e.g. --resume, --seeds 0,
+# --only fedlsm to run a subset, --out FILE). Per seed on an idle 2-core machine: about 30 min with STEPS=10, 48 with 30.
 set -euo pipefail
 ROUNDS="${ROUNDS:-25}"
-STEPS="${STEPS:-30}"
+STEPS="${STEPS:-10}"
 python benchmarks/run_jobs.py --jobs fedavg_ham10000 fedavg_masked_ham10000 fedavg_full_ham10000 \
   --variant 'fedlsm=fedlsm_isic:{"n_mix": 2}' \
   --variant 'fedlsm_no_ue=fedlsm_isic:{"n_mix": 2, "ue": false}' \

@@ -83,8 +83,8 @@ def test_check_update_catches_broken_updates():
 
 @pytest.mark.parametrize("method,expected_row1", [("fedavg", (2 + 6) / 2), ("fedavg_masked", 6.0)])
 def test_registered_rules(method, expected_row1):
-    _, rule_cls, _ = get_method(method)
+    rule_cls = get_method(method).rule
     contribs = [Contribution("site-1", A, 1.0, {"annotated": [True, False]}),
                 Contribution("site-2", B, 1.0, {"annotated": [True, True]})]
-    weights, meta = rule_cls().aggregate(A, contribs, KEYS, 0)
+    weights, meta = rule_cls().aggregate(A, contribs, {"classifier": KEYS}, 0)
     assert weights["classifier.weight"][1][0] == pytest.approx(expected_row1)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedpartial.methods import Contribution, SiteContext, get_method
+from fedpartial.methods import Contribution, SiteContext, TrainOptions, get_method
 from fedpartial.methods import fedlsm as L
 from fedpartial.models import PartialLabelNet
 from test_fedmlp import _FakeData, _FakeDataset, _site
@@ -204,7 +204,7 @@ def _states():
 
 def test_rule_adaptive_masked_fedavg():
     prev, cons = _states()
-    keys = ["classifier.weight", "classifier.bias"]
+    keys = {"classifier": ["classifier.weight", "classifier.bias"]}
     w, meta = L.FedLSMRule().aggregate(prev, cons, keys, 0)
     assert meta == {}
     assert w["body.w"][0] == pytest.approx(0.25 * 1 + 0.75 * 5)  # feature extractor by n_k = 4
@@ -271,14 +271,19 @@ def test_class_weights_from_the_server_summary():
 
 
 def test_registered_with_options_and_validation():
-    trainer_cls, rule_cls, _ = get_method("fedlsm")
-    assert trainer_cls is L.FedLSMTrainer and rule_cls is L.FedLSMRule
+    method = get_method("fedlsm")
+    assert method.trainer is L.FedLSMTrainer and method.rule is L.FedLSMRule
     with pytest.raises(ValueError):
         L.FedLSMTrainer(_mc_site("x", [True, False, False]), entropy="x")
     with pytest.raises(ValueError):
         L.FedLSMTrainer(_mc_site("x", [True, False, False]), tau=1.5)
-    tr = L.FedLSMTrainer(_mc_site("x", [True, False, False]), awpa="masked")  # the rule's option is ignored here
-    assert tr.ctx.train["keep_optimizer_state"] is True
+    # one method_args dict: each side takes its own options, an unknown key is an error
+    trainer_args, rule_args = method.split_options({"awpa": "masked", "tau": 0.9})
+    assert trainer_args == {"tau": 0.9} and rule_args == {"awpa": "masked"}
+    with pytest.raises(ValueError, match="'awpa_mode'.*did you mean 'awpa'"):
+        method.split_options({"awpa_mode": "masked"})
+    tr = method.make_trainer(_mc_site("x", [True, False, False]), {"awpa": "masked"})
+    assert tr.keeps_optimizer_state is True  # FedLSM's default: the optimiser state persists
 
 
 # ------------------------------------------------------------------------------------------ end to end
@@ -294,14 +299,14 @@ def test_end_to_end_three_rounds_with_state(task, tmp_path):
         if task == "multiclass":
             return _mc_site(f"site-{i + 1}", [[True, True, False], [False, True, True]][i], seed=i + 1, tmp=tmp_path)
         ctx = _site(f"site-{i + 1}", [[True, True, False], [False, True, True]][i], n=30, seed=i + 1, tmp=tmp_path)
-        ctx.train = {"lr": 1e-3, "batch_size": 10, "local_steps": 3}
+        ctx.train = TrainOptions(lr=1e-3, batch_size=10, local_steps=3)
         return ctx
 
     ctxs = [make(0), make(1)]
     trainers = [L.FedLSMTrainer(c, **opts) for c in ctxs]
     rule = L.FedLSMRule()
     global_w = {k: v.detach().clone() for k, v in ctxs[0].model.state_dict().items()}
-    keys = ctxs[0].model.classifier_param_names()
+    keys = ctxs[0].model.parameter_groups()
     for rnd in range(3):
         if rnd == 2:  # a fresh process takes over site-1: the Adam state comes back from the saved file
             path = tmp_path / "trainer_state.pt"

@@ -242,7 +242,7 @@ def test_rule_prototypes_degree_and_previous_kept():
     cons = [_contribution(s, [i + 1.0], float(n[i]), annotated[i].tolist(), p0[i], p1[i], counts[i], deg[i])
             for i, s in enumerate("ABC")]
     rule = M.FedMLPRule()
-    weights, meta = rule.aggregate(None, cons, [], 0)
+    weights, meta = rule.aggregate(None, cons, {}, 0)
     # FedAvg: (100*1 + 300*2 + 600*3) / 1000 = 2.5
     assert weights["w"][0] == pytest.approx(2.5)
     assert np.allclose(meta[M.META_GLOBAL_P0], [[1., 0.], [3., 1.]])
@@ -253,13 +253,13 @@ def test_rule_prototypes_degree_and_previous_kept():
     # round 1: only B contributes (annotates class 0 only, new class-0 prototypes, misses class 1 with 0.2)
     b = _contribution("B", [5.0], 300.0, [True, False], [[6., 0.], [0., 0.]], [[0., 6.], [0., 0.]],
                       [[4, 4], [0, 0]], [0.3, 0.2])
-    _, meta = rule.aggregate(None, [b], [], 1)
+    _, meta = rule.aggregate(None, [b], {}, 1)
     assert np.allclose(meta[M.META_GLOBAL_P0], [[6., 0.], [3., 1.]])  # class 1 kept from round 0
     assert np.allclose(meta[M.META_GLOBAL_P1], [[0., 6.], [0., 4.]])
     # class 0 is missed by no contributor this round: previous 0.7 kept; class 1: B's 0.2
     assert meta[M.META_GLOBAL_DEGREE] == pytest.approx([0.7, 0.2])
     # before any prototype was sent (warm-up), the rule sends no meta
-    assert M.FedMLPRule().aggregate(None, [Contribution("A", {"w": np.ones(1)}, 1.0, {"annotated": [True]})], [], 0)[1] == {}
+    assert M.FedMLPRule().aggregate(None, [Contribution("A", {"w": np.ones(1)}, 1.0, {"annotated": [True]})], {}, 0)[1] == {}
 
 
 def test_rule_meta_serialisable_by_nvflare():
@@ -270,7 +270,7 @@ def test_rule_meta_serialisable_by_nvflare():
     p0, p1, counts, annotated, n = _three_sites()
     cons = [_contribution(s, [1.0], float(n[i]), annotated[i].tolist(), p0[i], p1[i], counts[i], [0.5, 0.5])
             for i, s in enumerate("ABC")]
-    _, meta = M.FedMLPRule().aggregate(None, cons, [], 0)
+    _, meta = M.FedMLPRule().aggregate(None, cons, {}, 0)
     back = fobs.loads(fobs.dumps(meta))
     assert np.allclose(back[M.META_GLOBAL_P0], meta[M.META_GLOBAL_P0])
     assert back[M.META_GLOBAL_VALID] == meta[M.META_GLOBAL_VALID]
@@ -363,8 +363,8 @@ def test_parity_switch_loss_cr_and_threshold():
 
 
 def test_registered_and_multilabel_only():
-    trainer, rule, _ = get_method("fedmlp")
-    assert trainer is M.FedMLPTrainer and rule is M.FedMLPRule
+    method = get_method("fedmlp")
+    assert method.trainer is M.FedMLPTrainer and method.rule is M.FedMLPRule
     ctx = _tiny_ctx()
     ctx.task = "multiclass"
     with pytest.raises(ValueError):
@@ -417,7 +417,7 @@ def test_end_to_end_three_rounds(tmp_path):
                 assert out.meta["fedmlp_stage"] == 1 and int((tr.tags >= 0).sum()) == 0
             else:
                 assert out.meta["fedmlp_stage"] == 2
-        weights, meta = rule.aggregate(None, cons, [], rnd)
+        weights, meta = rule.aggregate(None, cons, {}, rnd)
         global_w = {k: torch.as_tensor(v) for k, v in weights.items()}
         assert M.META_GLOBAL_P0 in meta and len(meta[M.META_GLOBAL_DEGREE]) == 3
         if rnd == 0:

@@ -40,28 +40,36 @@ def weighted_average(arrays: Sequence[np.ndarray], weights: Sequence[float]) -> 
     return out.astype(dtype)
 
 
-def rowwise_average(rows: Sequence[np.ndarray], class_weights: np.ndarray, fallback: np.ndarray) -> np.ndarray:
-    """Average per-class rows with per-class site weights.
+def class_average(values: Sequence[np.ndarray] | np.ndarray, class_weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-class average of site metadata over the sites that hold each class (classifier rows, FedMLP's
+    prototypes, FedIRM's relation-matrix rows, ...).
 
     Args:
-        rows: K arrays of shape ``(C, ...)`` (row c belongs to class c).
-        class_weights: ``(K, C)`` non-negative weights of site k for class c.
-        fallback: ``(C, ...)`` rows used where a class has zero total weight.
+        values: K arrays of shape ``(C, ...)`` (entry c belongs to class c), or one ``(K, C, ...)`` array.
+        class_weights: ``(K, C)`` non-negative weights of site k for class c (0 = site k does not hold c).
 
     Returns:
-        ``(C, ...)``: ``sum_k a_{k,c} rows_k[c] / sum_k a_{k,c}``, or ``fallback[c]`` where the sum is 0.
+        ``(avg (C, ...) float64, held (C,) bool)``: ``sum_k a_{k,c} v_k[c] / sum_k a_{k,c}``, and whether any
+        site holds class c (``avg[c]`` is 0 where none does).
     """
     a = np.asarray(class_weights, dtype=np.float64)
-    stacked = np.stack([np.asarray(r, dtype=np.float64) for r in rows])  # (K, C, ...)
+    stacked = np.stack([np.asarray(r, dtype=np.float64) for r in values])  # (K, C, ...)
     if a.shape != stacked.shape[:2]:
-        raise ValueError(f"class_weights shape {a.shape} does not match rows {stacked.shape[:2]}")
+        raise ValueError(f"class_weights shape {a.shape} does not match values {stacked.shape[:2]}")
     if not np.all(np.isfinite(a)) or np.any(a < 0):
         raise ValueError("class weights must be finite and non-negative")
     total = a.sum(axis=0)  # (C,)
     safe = np.where(total > 0, total, 1.0)
     norm = (a / safe).reshape(a.shape + (1,) * (stacked.ndim - 2))
-    out = (norm * stacked).sum(axis=0)
-    keep = (total <= 0).reshape((-1,) + (1,) * (stacked.ndim - 2))
+    return (norm * stacked).sum(axis=0), total > 0
+
+
+def rowwise_average(rows: Sequence[np.ndarray], class_weights: np.ndarray, fallback: np.ndarray) -> np.ndarray:
+    """Average per-class rows with per-class site weights (:func:`class_average`), ``fallback[c]`` where class
+    c has zero total weight; ``rows`` are K arrays ``(C, ...)``, ``fallback`` is ``(C, ...)``. Keeps the dtype
+    of ``rows[0]``."""
+    out, held = class_average(rows, class_weights)
+    keep = (~held).reshape((-1,) + (1,) * (out.ndim - 1))
     out = np.where(keep, np.asarray(fallback, dtype=np.float64), out)
     return out.astype(np.asarray(rows[0]).dtype)
 
@@ -69,7 +77,7 @@ def rowwise_average(rows: Sequence[np.ndarray], class_weights: np.ndarray, fallb
 def aggregate_states(
     states: Sequence[State],
     site_weights: Sequence[float],
-    classifier_keys: Sequence[str] = (),
+    row_keys: Sequence[str] = (),
     class_weights: np.ndarray | None = None,
     previous: State | None = None,
     zero_rows: str = "previous",
@@ -79,8 +87,8 @@ def aggregate_states(
     Args:
         states: K model states with identical keys and shapes.
         site_weights: ``(K,)`` weights for every non-classifier tensor (FedAvg: sample counts n_k).
-        classifier_keys: the classifier tensors, row c = class c.
-        class_weights: ``(K, C)`` per-class weights for the classifier rows; None = plain FedAvg everywhere.
+        row_keys: the tensors averaged row by row (the classifier group), row c = class c.
+        class_weights: ``(K, C)`` per-class weights for those rows; None = plain FedAvg everywhere.
         previous: the previous global state (fallback rows for ``zero_rows="previous"``).
         zero_rows: what a class with zero total weight gets: ``"previous"`` (keep the old global row) or
             ``"samples"`` (FedAvg of the row with ``site_weights``, FedLSM's AWPA fallback).
@@ -91,7 +99,7 @@ def aggregate_states(
     for key in states[0]:
         arrays = [s[key] for s in states]
         plain = weighted_average(arrays, site_weights)
-        if class_weights is None or key not in classifier_keys:
+        if class_weights is None or key not in row_keys:
             out[key] = plain
             continue
         if zero_rows == "previous":

@@ -3,9 +3,15 @@
 Every network is a :class:`PartialLabelNet`:
 
 - ``features(x)``: ``(B, C_in, H, W)`` -> ``(B, D)`` pooled feature (the prototypes of FedMLP live here);
-- ``classifier``: ``nn.Linear(D, num_classes)`` (the "proxies" of FedLSM, the "task block" of surgical
-  aggregation); ``classifier_param_names()`` gives its state-dict keys, so no other module hard-codes them;
+- ``hidden``: optional hidden layers of the head (``head_hidden: 256`` gives surgical aggregation's
+  Dense(256, ReLU) -> Dropout(``head_dropout``); identity by default);
+- ``classifier``: ``nn.Linear(D', num_classes)``, the last layer (the "proxies" of FedLSM, the "task block" of
+  surgical aggregation);
 - ``forward(x)``: ``(B, num_classes)`` logits.
+
+:func:`parameter_groups` splits the state dict by module TYPE, not by name, into ``encoder``, ``norm``
+(BatchNorm / InstanceNorm / GroupNorm weights, biases and running statistics), ``head`` (the hidden layers)
+and ``classifier`` (the task block); server rules and site hooks work on these groups.
 
 Architectures: ``small_cnn`` (CPU-friendly, for demos and tests), ``resnet18`` (MONAI, standard stride-2 stem
 as torchvision / the papers) and ``densenet121`` (MONAI). ImageNet weights are optional and only ever read from
@@ -87,6 +93,8 @@ class PartialLabelNet(nn.Module):
         in_channels: image channels (3 for RGB / the three CT windows, 1 for gray X-ray).
         dropout: dropout on the pooled feature before the classifier (FedIRM uses 0.2).
         width: channel width of ``small_cnn``.
+        head_hidden: width of a hidden head layer (0 = none; surgical aggregation's head uses 256).
+        head_dropout: dropout after the hidden head layer (surgical aggregation: 0.3).
         pretrained: optional path or URL of ImageNet weights (torchvision layout) for the encoder;
             3-channel weights are averaged over channels for a 1-channel input.
         init_seed: seed of the random initialisation (the server's initial global model), drawn from a forked
@@ -95,11 +103,12 @@ class PartialLabelNet(nn.Module):
 
     def __init__(self, arch: str = "small_cnn", num_classes: int = 2, in_channels: int = 3,
                  dropout: float = 0.0, width: int = 16, pretrained: str | None = None,
-                 init_seed: int | None = None):
+                 init_seed: int | None = None, head_hidden: int = 0, head_dropout: float = 0.0):
         super().__init__()
         # constructor args kept as attributes: NVFlare's job export reads them back
         self.arch, self.num_classes, self.in_channels = arch, num_classes, in_channels
         self.dropout, self.width, self.pretrained, self.init_seed = dropout, width, pretrained, init_seed
+        self.head_hidden, self.head_dropout = int(head_hidden), float(head_dropout)
         with torch.random.fork_rng(devices=[], enabled=init_seed is not None):
             if init_seed is not None:
                 torch.manual_seed(int(init_seed))
@@ -118,6 +127,12 @@ class PartialLabelNet(nn.Module):
             raise ValueError(f"unknown arch {arch!r}; choose one of {ARCHS}")
         self.feature_dim = dim
         self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        if self.head_hidden > 0:
+            self.hidden = nn.Sequential(nn.Linear(dim, self.head_hidden), nn.ReLU(inplace=True),
+                                        nn.Dropout(self.head_dropout) if self.head_dropout > 0 else nn.Identity())
+            dim = self.head_hidden
+        else:
+            self.hidden = nn.Identity()
         self.classifier = nn.Linear(dim, num_classes)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
@@ -126,14 +141,14 @@ class PartialLabelNet(nn.Module):
 
     def head(self, feats: torch.Tensor) -> torch.Tensor:
         """``(B, D)`` features -> ``(B, C)`` logits."""
-        return self.classifier(self.drop(feats))
+        return self.classifier(self.hidden(self.drop(feats)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x))
 
-    def classifier_param_names(self) -> list[str]:
-        """State-dict keys of the classifier; row c of each belongs to class c."""
-        return [f"classifier.{n}" for n, _ in self.classifier.named_parameters()]
+    def parameter_groups(self) -> dict[str, list[str]]:
+        """State-dict keys by group (see :func:`parameter_groups`)."""
+        return parameter_groups(self)
 
     def load_pretrained(self, source: str) -> None:
         if str(source).startswith(("http://", "https://")):
@@ -159,7 +174,46 @@ class PartialLabelNet(nn.Module):
         logger.info("loaded %d encoder tensors from %s (%d left at init)", len(usable), source, len(missing))
 
 
-def build_model(cfg: dict, num_classes: int) -> PartialLabelNet:
-    """Model from a config dict such as ``{"arch": "resnet18", "in_channels": 3, "pretrained": null}``."""
-    keys = ("arch", "in_channels", "dropout", "width", "pretrained", "init_seed")
-    return PartialLabelNet(num_classes=num_classes, **{k: cfg[k] for k in keys if k in cfg})
+NORM_TYPES = (nn.modules.batchnorm._NormBase, nn.GroupNorm)  # BatchNorm*d, InstanceNorm*d (and SyncBatchNorm)
+GROUPS = ("encoder", "norm", "head", "classifier")
+
+
+def parameter_groups(model: nn.Module) -> dict[str, list[str]]:
+    """Every state-dict key of ``model`` in exactly one group, decided by the TYPE of the module that owns it:
+
+    - ``norm``: tensors of BatchNorm / InstanceNorm / GroupNorm modules (weights, biases, running statistics);
+    - ``classifier``: the ``classifier`` module (the last layer, row c = class c);
+    - ``head``: the other modules of the head (``hidden``) that are not norm layers;
+    - ``encoder``: everything else.
+    """
+    owner: dict[str, str] = {}
+    for name, module in model.named_modules():
+        prefix = f"{name}." if name else ""
+        own = [n for n, _ in module.named_parameters(recurse=False)] + [n for n, _ in module.named_buffers(recurse=False)]
+        for key in (prefix + n for n in own):
+            if isinstance(module, NORM_TYPES):
+                owner[key] = "norm"
+            elif name == "classifier" or name.startswith("classifier."):
+                owner[key] = "classifier"
+            elif name == "hidden" or name.startswith("hidden."):
+                owner[key] = "head"
+            else:
+                owner[key] = "encoder"
+    groups: dict[str, list[str]] = {g: [] for g in GROUPS}
+    for key in model.state_dict():
+        groups[owner.get(key, "encoder")].append(key)
+    return groups
+
+
+MODEL_OPTIONS = ("arch", "in_channels", "dropout", "width", "pretrained", "init_seed", "head_hidden", "head_dropout")
+# the options that define the architecture (the server's and every site's must agree)
+ARCH_OPTIONS = ("arch", "in_channels", "dropout", "width", "head_hidden", "head_dropout")
+
+
+def build_model(cfg: dict, num_classes: int, where: str = "model") -> PartialLabelNet:
+    """Model from a config dict such as ``{"arch": "resnet18", "in_channels": 3, "pretrained": null}``; an unknown
+    key is an error naming ``where`` and the closest valid key."""
+    from .methods.options import check_known
+
+    check_known(cfg, MODEL_OPTIONS + ("num_classes",), where)
+    return PartialLabelNet(num_classes=num_classes, **{k: cfg[k] for k in MODEL_OPTIONS if k in cfg})

@@ -1,27 +1,33 @@
 """The client side: one NVFlare Executor for every method.
 
 Tasks:
-- ``data_summary``: validate the site's manifests (every error names the site, file and line) and report the
-  per-class annotated counts; runs before any training.
-- ``train``: evaluate the received global model on the site's validation (every round) and test data (every
-  ``evaluation.test_every`` rounds), run the method's local trainer, send weights + the trainer's meta.
-- ``validate``: metrics of a received model on the site's test and validation data (cross-site evaluation).
+- ``data_summary``: validate the site's configuration and manifests (every error names the site, file and line),
+  check that the site runs the job the server runs (method, method options, model: the server sends its spec),
+  and report the per-class annotated counts; runs before any training.
+- ``train``: the method's :meth:`~fedpartial.methods.LocalTrainer.receive` loads the global model, which is
+  evaluated on the site's validation (every round) and test data (every ``evaluation.test_every`` rounds);
+  then the local trainer runs and :meth:`~fedpartial.methods.LocalTrainer.export` gives what is sent, with the
+  trainer's meta and its participation weight.
+- ``validate``: metrics of a received model (loaded through the same ``receive`` hook, so parts a method keeps
+  local, e.g. FedBN's norm layers, are the site's own) on the site's test and validation data.
 - ``submit_model``: the site's last local model.
 
-Per-site state (the trainer's state and the last local weights) is saved under the site's run folder after
-every round, so a fresh process (simulator ``-t < -n``) continues where the last one stopped.
+Per-site state (the trainer's state and the last local weights) is saved atomically under the site's run
+folder after every round and loaded with ``weights_only=True``, so a fresh process (simulator ``-t < -n``)
+continues where the last one stopped.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from nvflare.apis.analytix import AnalyticsDataType
 from nvflare.apis.dxo import DXO, DataKind, MetaKey, from_shareable
 from nvflare.apis.event_type import EventType
 from nvflare.apis.executor import Executor
@@ -31,39 +37,39 @@ from nvflare.apis.shareable import Shareable, make_reply
 from nvflare.apis.signal import Signal
 from nvflare.apis.utils.analytix_utils import create_analytic_dxo, send_analytic_dxo
 from nvflare.app_common.app_constant import AppConstants
-from nvflare.apis.analytix import AnalyticsDataType
 
 from ..data.manifest import Manifest, read_manifest
 from ..data.presets import resolve_dataset
 from ..data.site_config import SiteData, resolve_site_data
 from ..data.sitedata import SiteDatasets
 from ..evaluation import evaluate
+from ..methods import SiteContext, TrainOptions, get_method
+from ..methods.options import build, opt
 from ..metrics import flatten_metrics, format_table
-from ..methods import SiteContext, get_method
 from ..models import build_model
-from .keys import META_ANNOTATED, META_CLASSIFIER_KEYS, META_N_TRAIN, META_RESULTS, META_SUMMARY, META_TEST, STATE_FILE
+from ..seeding import round_seed, seed_everything, site_seed
+from .keys import (META_ANNOTATED, META_GROUPS, META_N_TRAIN, META_RESULTS, META_SPEC, META_SUMMARY, META_TEST,
+                   META_WEIGHT, STATE_FILE)
 from .results import method_stats
+from .spec import job_spec, spec_mismatch
 
 log = logging.getLogger("fedpartial")
+LOCAL_MODEL_FILE = "last_local_model.pt"
 
 
-def to_numpy_state(model: torch.nn.Module) -> dict[str, np.ndarray]:
-    return {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+@dataclass
+class EvalOptions:
+    """The ``evaluation`` section of a job."""
+
+    test_every: int = opt(0, "score the received model on the site's test data every N rounds (0: never)")
+    batch_size: int = opt(128, "evaluation batch size")
 
 
-def seed_everything(seed: int) -> None:
-    """Seed Python's, NumPy's and torch's global generators (dropout, MixUp draws, ... in the trainers)."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def load_numpy_state(model: torch.nn.Module, weights: dict) -> None:
-    own = model.state_dict()
-    missing = [k for k in own if k not in weights]
-    if missing:
-        raise ValueError(f"received model lacks {len(missing)} tensors, e.g. {missing[:3]}")
-    model.load_state_dict({k: torch.as_tensor(np.asarray(weights[k])).to(own[k].dtype) for k in own})
+def save_atomic(obj, path: Path) -> None:
+    """``torch.save`` to a temporary file, then rename: a crash never leaves a half-written state file."""
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
 
 
 class PartialLabelExecutor(Executor):
@@ -85,6 +91,28 @@ class PartialLabelExecutor(Executor):
         if self._ready:
             return
         site = self._site_name(fl_ctx)
+        where = f"job '{self._job_name(fl_ctx)}', site '{site}', executor"
+        self._check_options(where)
+        self._resolve_data(fl_ctx, site)
+        self._read_manifests(site)
+        self._build_model()
+        self._build_trainer(fl_ctx, site, where)
+        self._restore_state(fl_ctx)
+        self._ready = True
+
+    @staticmethod
+    def _job_name(fl_ctx: FLContext) -> str:
+        meta = fl_ctx.get_prop(FLContextKey.JOB_META) or {}
+        return str(meta.get("name") or fl_ctx.get_job_id() or "?")
+
+    def _check_options(self, where: str) -> None:
+        """Typed ``train`` / ``evaluation`` options and the method's options (unknown keys are errors)."""
+        self.method_spec = get_method(self.method)
+        self.train_opts = build(TrainOptions, self.train, f"{where} 'train'")
+        self.eval_opts = build(EvalOptions, self.evaluation, f"{where} 'evaluation'")
+        self.trainer_args, _ = self.method_spec.split_options(self.method_args, where)
+
+    def _resolve_data(self, fl_ctx: FLContext, site: str) -> None:
         self.ds_cfg = resolve_dataset(self.dataset)
         self.task_type, self.classes = self.ds_cfg["task"], list(self.ds_cfg["classes"])
         workspace = fl_ctx.get_engine().get_workspace()
@@ -94,58 +122,71 @@ class PartialLabelExecutor(Executor):
         if self.site_data.synthetic:
             self.log_warning(fl_ctx, f"*** SYNTHETIC DATA *** site {site} trains on the generated "
                                      f"{self.site_data.dataset} phantom ({self.site_data.origin}), not on real scans")
-        trainer_cls, _, defaults = get_method(self.method)
-        semi = bool({**defaults, **self.method_args}.get("allow_unlabelled", False))
+        self.state_dir = Path(workspace.get_run_dir(fl_ctx.get_job_id())) / "fedpartial_state"
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+
+    def _read_manifests(self, site: str) -> None:
+        """Train / val / test manifests; a site without any annotation only where the method accepts it."""
+        unlabelled_ok = self.method_spec.trainer.accepts_unlabelled
         read = dict(classes=self.classes, data_root=self.site_data.data_root, site=site, task=self.task_type)
-        full = read_manifest(self.site_data.train, require_annotated=not semi, **read)
+        full = read_manifest(self.site_data.train, require_annotated=not unlabelled_ok, **read)
         self.manifests: dict[str, Manifest] = {"train": full.subset("train")}
         for split in ("val", "test"):
             path = getattr(self.site_data, split)
             if path is not None:
-                self.manifests[split] = read_manifest(path, **read)
+                self.manifests[split] = read_manifest(path, require_annotated=not unlabelled_ok, **read)
             elif split in full.splits:  # a hand-written manifest may carry its own val / test rows
                 self.manifests[split] = full.subset(split)
         if len(self.manifests["train"]) == 0:
             raise ValueError(f"site '{site}': no training rows in {self.site_data.train}")
 
-        seed_everything(self.seed)
+    def _build_model(self) -> None:
         # MONAI's per-sample augmentations on small tensors are ~10x slower with >1 intra-op thread (measured:
         # 0.6 ms vs 35 ms per RandAffine at 64 px), and simulated sites share the cores: 1 thread by default.
-        torch.set_num_threads(int(self.train.get("num_threads", 1)))
+        torch.set_num_threads(self.train_opts.num_threads)
         dev = self.device if self.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
         self.torch_device = torch.device(dev)
-        self.net = build_model(self.model, len(self.classes)).to(self.torch_device)
-        run_dir = Path(workspace.get_run_dir(fl_ctx.get_job_id()))
-        self.state_dir = run_dir / "fedpartial_state"
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        seed_everything(self.seed)
+        self.net = build_model(self.model, len(self.classes), where="executor 'model'").to(self.torch_device)
+
+    def _build_trainer(self, fl_ctx: FLContext, site: str, where: str) -> None:
         # dataset "cache_dir": a folder shared by runs for "cache": "disk" (decoded images keyed by settings)
         cache = Path(self.ds_cfg["cache_dir"]) if self.ds_cfg.get("cache_dir") else self.state_dir.parent / "cache"
-        self.data = SiteDatasets(self.manifests, self.ds_cfg, cache_dir=cache,
-                                 num_workers=int(self.train.get("num_workers", 0)))
-        site_seed = self.seed * 1000 + (int("".join(ch for ch in site if ch.isdigit()) or 0))
+        self.data = SiteDatasets(self.manifests, self.ds_cfg, cache_dir=cache, num_workers=self.train_opts.num_workers)
         self.ctx = SiteContext(site=site, task=self.task_type, classes=self.classes,
                                annotated=self.manifests["train"].annotated, model=self.net, data=self.data,
-                               device=self.torch_device, state_dir=self.state_dir, train=self.train, seed=site_seed,
-                               log=log)
-        self.trainer = trainer_cls(self.ctx, **{**defaults, **self.method_args})
-        state_file = self.state_dir / STATE_FILE
-        if state_file.is_file():
-            self.trainer.load_state_dict(torch.load(state_file, map_location="cpu", weights_only=False))
-            self.log_info(fl_ctx, f"restored site state from {state_file}")
-        self._ready = True
+                               device=self.torch_device, state_dir=self.state_dir, train=self.train_opts,
+                               seed=site_seed(self.seed, site), log=log)
+        self.trainer = self.method_spec.make_trainer(self.ctx, self.method_args, where)
+
+    def _restore_state(self, fl_ctx: FLContext) -> None:
+        """The trainer's state and the site's last local model (its local parts, e.g. FedBN's norm layers), when
+        an earlier process of this run saved them; a corrupt or mismatched file gives a warning and a fresh start."""
+        for name, restore in ((STATE_FILE, self.trainer.load_state_dict), (LOCAL_MODEL_FILE, self._load_local)):
+            path = self.state_dir / name
+            if not path.is_file():
+                continue
+            try:
+                restore(torch.load(path, map_location="cpu", weights_only=True))
+                self.log_info(fl_ctx, f"restored site state from {path.name}")
+            except Exception as e:  # noqa: BLE001 - a bad file must not stop the site
+                self.log_warning(fl_ctx, f"ignoring unusable state file {path.name} ({type(e).__name__}: {e}); "
+                                         "starting this part of the site state afresh")
+
+    def _load_local(self, state: dict) -> None:
+        self.net.load_state_dict({k: v.to(self.net.state_dict()[k].dtype) for k, v in state.items()})
+        self.trainer.has_local_state = True
 
     def _save_state(self) -> None:
-        tmp = self.state_dir / (STATE_FILE + ".tmp")
-        torch.save(self.trainer.state_dict(), tmp)
-        os.replace(tmp, self.state_dir / STATE_FILE)
-        torch.save(to_numpy_state(self.net), self.state_dir / "last_local_model.pt")
+        save_atomic(self.trainer.state_dict(), self.state_dir / STATE_FILE)
+        save_atomic(self.net.state_dict(), self.state_dir / LOCAL_MODEL_FILE)
 
     # ------------------------------------------------------------------------------------------ tasks
     def execute(self, task_name: str, shareable: Shareable, fl_ctx: FLContext, abort_signal: Signal) -> Shareable:
         try:
             self._setup(fl_ctx)
             if task_name == "data_summary":
-                return self._summary()
+                return self._summary(shareable, fl_ctx)
             if task_name == AppConstants.TASK_TRAIN:
                 return self._train(shareable, fl_ctx, abort_signal)
             if task_name == AppConstants.TASK_VALIDATION:
@@ -160,7 +201,14 @@ class PartialLabelExecutor(Executor):
             reply.set_header("error", msg)
             return reply
 
-    def _summary(self) -> Shareable:
+    def _summary(self, shareable: Shareable, fl_ctx: FLContext) -> Shareable:
+        server_spec = shareable.get(META_SPEC)
+        if server_spec is not None:
+            mine = job_spec(self.method, self.method_args, self.model)
+            why = spec_mismatch(server_spec, mine)
+            if why:
+                raise ValueError(f"this site's job configuration differs from the server's: {why}. Both come from "
+                                 "the same job folder; rebuild or resubmit the job instead of editing one side")
         tr = self.manifests["train"]
         info = {"n_train": len(tr), "annotated": tr.annotated.tolist(), "positives": tr.positives().tolist(),
                 "negatives": tr.negatives().tolist(), "n_val": len(self.manifests.get("val", ())),
@@ -169,14 +217,15 @@ class PartialLabelExecutor(Executor):
         return DXO(data_kind=DataKind.COLLECTION, data={"summary": info}, meta={META_SUMMARY: info}).to_shareable()
 
     def _evaluate_split(self, split: str) -> dict | None:
-        if split not in self.manifests:
+        m = self.manifests.get(split)
+        if m is None or not m.annotated.any():  # nothing to score on an unlabelled split
             return None
-        loader = self.data.eval_loader(split, batch_size=int(self.evaluation.get("batch_size", 128)))
+        loader = self.data.eval_loader(split, batch_size=self.eval_opts.batch_size)
         return evaluate(self.net, loader, self.task_type, self.classes, self.torch_device)
 
     def _train(self, shareable: Shareable, fl_ctx: FLContext, abort_signal: Signal) -> Shareable:
         dxo = from_shareable(shareable)
-        load_numpy_state(self.net, dxo.data)
+        self.trainer.receive(dxo.data)
         global_meta = dict(dxo.meta or {})
         if META_SUMMARY in global_meta:
             self.ctx.summary = global_meta[META_SUMMARY]
@@ -188,7 +237,7 @@ class PartialLabelExecutor(Executor):
         if val is not None:
             results["val"] = val
             meta[MetaKey.INITIAL_METRICS] = flatten_metrics(val)
-        test_every = int(self.evaluation.get("test_every", 0) or 0)
+        test_every = self.eval_opts.test_every
         if test_every and rnd % test_every == 0:
             test = self._evaluate_split("test")
             if test is not None:
@@ -198,26 +247,28 @@ class PartialLabelExecutor(Executor):
         t_eval = time.time() - t0
         if abort_signal.triggered:
             return make_reply(ReturnCode.TASK_ABORTED)
-        seed_everything(self.ctx.seed * 100003 + rnd)  # same draws whichever process runs this round
+        seed_everything(round_seed(self.ctx.seed, rnd))  # same draws whichever process runs this round
         out = self.trainer.train_round(rnd, num_rounds, global_meta)
+        self.trainer.has_local_state = True
         self._save_state()
         meta.update(out.meta)
         meta.update({
             MetaKey.NUM_STEPS_CURRENT_ROUND: out.steps, META_N_TRAIN: len(self.manifests["train"]),
-            META_ANNOTATED: self.ctx.annotated.tolist(), META_CLASSIFIER_KEYS: self.net.classifier_param_names(),
-            META_RESULTS: results, "train_loss": out.loss, "eval_seconds": t_eval,
+            META_ANNOTATED: self.ctx.annotated.tolist(), META_GROUPS: self.net.parameter_groups(),
+            META_WEIGHT: float(out.weight), META_RESULTS: results, "train_loss": out.loss, "eval_seconds": t_eval,
             "train_seconds": time.time() - t0 - t_eval,
         })
         counters = {k: v for k, v in method_stats(out.meta).items() if not isinstance(v, list)}
         self.log_info(fl_ctx, f"round {rnd}: loss {out.loss:.4f} over {out.steps} steps"
+                              + (" (sits this round out)" if out.weight == 0 else "")
                               + (f", val auc (received model) {val['macro'].get('auc')}" if val else "")
                               + "".join(f", {k} {v}" for k, v in counters.items()))
         self._stream(fl_ctx, {}, rnd, {"train/loss": out.loss, **{f"train/{k}": v for k, v in counters.items()}})
-        return DXO(data_kind=DataKind.WEIGHTS, data=to_numpy_state(self.net), meta=meta).to_shareable()
+        return DXO(data_kind=DataKind.WEIGHTS, data=self.trainer.export(), meta=meta).to_shareable()
 
     def _validate(self, shareable: Shareable, fl_ctx: FLContext) -> Shareable:
         dxo = from_shareable(shareable)
-        load_numpy_state(self.net, dxo.data)
+        self.trainer.receive(dxo.data)
         model_name = shareable.get_header(AppConstants.MODEL_OWNER, "?")
         flat, results = {}, {}
         for split in ("test", "val"):
@@ -229,9 +280,9 @@ class PartialLabelExecutor(Executor):
         return DXO(data_kind=DataKind.METRICS, data=flat, meta={META_RESULTS: results}).to_shareable()
 
     def _submit(self) -> Shareable:
-        path = self.state_dir / "last_local_model.pt"
-        weights = torch.load(path, weights_only=False) if path.is_file() else to_numpy_state(self.net)
-        return DXO(data_kind=DataKind.WEIGHTS, data=weights).to_shareable()
+        path = self.state_dir / LOCAL_MODEL_FILE
+        state = torch.load(path, map_location="cpu", weights_only=True) if path.is_file() else self.net.state_dict()
+        return DXO(data_kind=DataKind.WEIGHTS, data={k: v.cpu().numpy() for k, v in state.items()}).to_shareable()
 
     # ------------------------------------------------------------------------------------------ streaming
     def _stream(self, fl_ctx: FLContext, results: dict, rnd: int, scalars: dict | None = None) -> None:

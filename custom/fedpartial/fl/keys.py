@@ -3,7 +3,11 @@
 META_SUMMARY = "fedpartial_data_summary"  # server -> sites: every site's annotated counts
 META_N_TRAIN = "n_train"  # site -> server: training-set size (FedAvg weight)
 META_ANNOTATED = "annotated"  # site -> server: (C,) bool classes annotated at the site
-META_CLASSIFIER_KEYS = "classifier_keys"  # site -> server: state-dict keys of the classifier rows
+META_GROUPS = "param_groups"  # site -> server: state-dict keys by group (encoder / norm / head / classifier)
+META_WEIGHT = "participation"  # site -> server: participation weight of the round's update (0 = sat it out)
+META_SPEC = "fedpartial_job_spec"  # server -> sites (data check): method, resolved options, model architecture
+META_RULE_ERROR = "fedpartial_rule_error"  # server -> results: the rule failed this round (previous model kept)
+META_SKIPPED = "fedpartial_sat_out"  # server -> results: sites whose update had participation weight 0
 META_RESULTS = "fedpartial_results"  # site -> server: full metric dicts of the received model
 META_TEST = "test_metrics"  # site -> server: flat test metrics of the received model
 STATE_FILE = "trainer_state.pt"

@@ -26,12 +26,14 @@ from nvflare.widgets.widget import Widget
 
 from ..metrics import format_table
 from ..tables import paper_table, setting_label
-from .keys import BEST_MODEL, LAST_MODEL, META_ANNOTATED, META_CLASSIFIER_KEYS, META_N_TRAIN, META_RESULTS, META_TEST
+from .keys import (BEST_MODEL, LAST_MODEL, META_ANNOTATED, META_GROUPS, META_N_TRAIN, META_RESULTS, META_RULE_ERROR,
+                   META_SKIPPED, META_TEST, META_WEIGHT)
 
 RESULTS_FILE = "results.json"
 TABLE_FILE = "results.md"
 # meta every site sends each round; the rest (prototypes, degrees, counts, ...) is the method's own exchange
-_STANDARD_META = {META_RESULTS, META_TEST, META_N_TRAIN, META_ANNOTATED, META_CLASSIFIER_KEYS, "train_loss",
+_STANDARD_META = {META_RESULTS, META_TEST, META_N_TRAIN, META_ANNOTATED, META_GROUPS, META_WEIGHT, META_RULE_ERROR,
+                  META_SKIPPED, "train_loss",
                   "train_seconds", "eval_seconds", MetaKey.INITIAL_METRICS, MetaKey.NUM_STEPS_CURRENT_ROUND}
 
 
@@ -113,7 +115,7 @@ class ResultsRecorder(Widget):
             "results": meta.get(META_RESULTS, {}), "train_loss": meta.get("train_loss"),
             "steps": meta.get(MetaKey.NUM_STEPS_CURRENT_ROUND), "train_seconds": meta.get("train_seconds"),
             "eval_seconds": meta.get("eval_seconds"), "method_meta": _method_meta_keys(meta),
-            "method_stats": method_stats(meta),
+            "method_stats": method_stats(meta), "participation": meta.get(META_WEIGHT, 1.0),
         }
 
     def _record_aggregation(self, fl_ctx: FLContext):
@@ -125,6 +127,7 @@ class ResultsRecorder(Widget):
         rnd = int(fl_ctx.get_prop(AppConstants.CURRENT_ROUND) or 0)
         entry = self.rounds.setdefault(rnd, {"sites": {}})
         entry["server_meta"], entry["server_stats"] = _method_meta_keys(meta), method_stats(meta)
+        entry["rule_error"], entry["sat_out"] = meta.get(META_RULE_ERROR), meta.get(META_SKIPPED, [])
 
     def _record_validation(self, fl_ctx: FLContext):
         owner = fl_ctx.get_prop(AppConstants.MODEL_OWNER)
@@ -156,6 +159,7 @@ class ResultsRecorder(Widget):
                 "server_meta": e.get("server_meta", []),
                 "site_stats": {s: v.get("method_stats", {}) for s, v in e["sites"].items()},
                 "server_stats": e.get("server_stats", {}),
+                "sat_out": e.get("sat_out", []), "rule_error": e.get("rule_error"),
             })
         best = None
         for r in rounds:

@@ -1,6 +1,14 @@
-"""Federated methods: each is a local trainer plus a server rule (see ``base``)."""
+"""Federated methods: each is a local trainer plus a server rule (see ``base``), registered by name.
 
-from .base import Contribution, LocalTrainer, RoundOutput, ServerRule, SiteContext, available_methods, get_method, register
+Layout: ``base`` (the extension points, :class:`Method` and the registry), ``options`` (typed, checked options),
+``common`` (building blocks several methods share), ``baselines`` (FedAvg and its partial-label variants),
+``fedprox`` (the smallest method: one extra loss term), and one package per published method with its
+``maths`` (the equations as pure functions), ``trainer`` and ``rule``.
+"""
+
+from .base import (Contribution, LocalTrainer, Method, RoundOutput, RuleOptions, ServerRule, SiteContext,
+                   TrainerOptions, TrainOptions, available_methods, get_method, register)
+from .options import OptionError
 
 _loaded = False
 
@@ -11,16 +19,11 @@ def load_all() -> None:
     if _loaded:
         return
     _loaded = True
-    from . import baselines
+    from . import baselines, fedlsm, fedmlp, fedprox
 
-    baselines.register_all(register)
-    from . import fedmlp
-
-    fedmlp.register_all(register)
-    from . import fedlsm
-
-    fedlsm.register_all(register)
+    for module in (baselines, fedprox, fedmlp, fedlsm):
+        module.register_all(register)
 
 
-__all__ = ["Contribution", "LocalTrainer", "RoundOutput", "ServerRule", "SiteContext", "available_methods",
-           "get_method", "register", "load_all"]
+__all__ = ["Contribution", "LocalTrainer", "Method", "OptionError", "RoundOutput", "RuleOptions", "ServerRule",
+           "SiteContext", "TrainerOptions", "TrainOptions", "available_methods", "get_method", "register", "load_all"]

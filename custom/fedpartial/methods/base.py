@@ -1,12 +1,18 @@
-"""The two extension points every method plugs into.
+"""The two extension points every method plugs into, and the registry that names them.
 
-- :class:`LocalTrainer` runs one round of local training at a site on the received global model and returns
-  the metadata it wants to send with its weights (counts, prototypes, relation matrices, ...).
-- :class:`ServerRule` turns the sites' contributions into the next global model plus the metadata that
-  travels back to the sites with it.
+- :class:`LocalTrainer` runs one round of local training at a site. Besides :meth:`LocalTrainer.train_round` it
+  owns the site-side hooks used by BOTH the train and the validate tasks: :meth:`~LocalTrainer.receive` (how
+  the received global weights enter the local model: everything by default, FedBN keeps the site's norm layers,
+  PFL its head) and :meth:`~LocalTrainer.export` (what the site sends). Its :class:`RoundOutput` carries a
+  participation weight: 0 means the site sits this round out (not an error).
+- :class:`ServerRule` turns the sites' contributions into the next global model plus the metadata that travels
+  back with it. It gets the model's parameter groups (``encoder`` / ``norm`` / ``head`` / ``classifier``, see
+  :func:`fedpartial.models.parameter_groups`) and may check the federation's data summary before training
+  (:meth:`ServerRule.check_federation`).
+- Options are typed dataclasses (``Options`` of each class, :mod:`.options`); a :class:`Method` checks a job's
+  ``method_args`` against the union of its trainer's and rule's options and gives each side its own.
 
-Both are NVFlare-free; ``fedpartial.fl`` wires them into an Executor and an Aggregator. A method registers a
-(trainer, rule) pair with :func:`register`; the job config names it (``"method": "fedavg_masked"``).
+Both classes are NVFlare-free; ``fedpartial.fl`` wires them into an Executor and an Aggregator.
 """
 
 from __future__ import annotations
@@ -14,12 +20,34 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
 from ..aggregation import State, aggregate_states
+from ..models import NORM_TYPES
+from .options import build, check_known, opt, option_names
+
+Norm = Literal["average", "local", "frozen"]
+
+
+@dataclass
+class TrainOptions:
+    """The ``train`` section of a job (every method)."""
+
+    optimizer: Literal["adam", "sgd"] = opt("adam", "optimiser, fresh each round unless keep_optimizer_state")
+    lr: float = opt(1e-3, "learning rate")
+    weight_decay: float = opt(0.0, "L2 weight decay")
+    betas: tuple[float, float] = opt((0.9, 0.999), "Adam betas")
+    momentum: float = opt(0.9, "SGD momentum")
+    batch_size: int = opt(32, "training batch size")
+    local_epochs: int = opt(1, "passes over the local training set per round (unless local_steps)")
+    local_steps: int | None = opt(None, "optimisation steps per round (overrides local_epochs)")
+    inference_batch_size: int | None = opt(None, "batch size of whole-set passes (default 4 x batch_size)")
+    num_threads: int = opt(1, "torch intra-op threads at the site")
+    num_workers: int = opt(0, "DataLoader workers")
+    keep_optimizer_state: bool | None = opt(None, "carry the optimiser state across rounds (None: the method's default)")
 
 
 @dataclass
@@ -30,13 +58,13 @@ class SiteContext:
         site: site name.
         task: 'multilabel' or 'multiclass'.
         classes: global class list (C).
-        annotated: ``(C,)`` bool, classes this site annotates (from its manifest).
-        model: the network (``features`` / ``classifier`` split), already holding the received global weights.
-        data: builds datasets / loaders over the site's training manifest (``fedpartial.data.dataset``).
+        annotated: ``(C,)`` bool, classes this site annotates (from its manifest; all False at an unlabelled site).
+        model: the network (``features`` / ``head`` split), holding the received global weights.
+        data: builds datasets / loaders over the site's manifests (``fedpartial.data.sitedata.SiteDatasets``).
         device: torch device.
         state_dir: folder for state that must survive rounds (``-t < -n`` restarts processes).
-        train: training options (lr, batch_size, local_epochs, optimizer, weight_decay, ...).
-        seed: the site's seed.
+        train: :class:`TrainOptions` (a dict is checked and converted).
+        seed: the site's seed (:func:`fedpartial.seeding.site_seed`).
         summary: the global data summary broadcast by the server (per-site counts), or None.
     """
 
@@ -48,14 +76,24 @@ class SiteContext:
     data: Any
     device: torch.device
     state_dir: Path
-    train: dict
+    train: TrainOptions | dict = field(default_factory=TrainOptions)
     seed: int = 0
     summary: dict | None = None
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("fedpartial"))
 
+    def __setattr__(self, name, value):
+        if name == "train" and isinstance(value, dict):  # a dict is checked and converted, also when reassigned
+            value = build(TrainOptions, value, f"site '{self.site}': train options")
+        super().__setattr__(name, value)
+
     @property
     def num_classes(self) -> int:
         return len(self.classes)
+
+    @property
+    def labelled(self) -> bool:
+        """Whether the site annotates any class."""
+        return bool(np.asarray(self.annotated, dtype=bool).any())
 
 
 def summary_counts(summary: dict, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,55 +109,114 @@ def summary_counts(summary: dict, num_classes: int) -> tuple[torch.Tensor, torch
 
 @dataclass
 class RoundOutput:
-    """What a trainer returns after a round: the number of optimisation steps, the mean loss, extra meta."""
+    """What a trainer returns after a round.
+
+    Attributes:
+        steps: optimisation steps taken; loss: their mean loss; meta: metadata sent to the server.
+        weight: participation weight of this round's update (multiplies the site's aggregation weight);
+            0 = the site sits this round out, its update is not averaged (not an error).
+    """
 
     steps: int
     loss: float
     meta: dict = field(default_factory=dict)
+    weight: float = 1.0
+
+
+@dataclass
+class TrainerOptions:
+    """Options every local trainer takes (in the job's ``method_args``)."""
+
+    norm: Norm = opt("average", "norm layers: averaged (FedAvg), kept local at each site (FedBN), or frozen (FedBN+)")
+    keep_local: list[Literal["head", "classifier"]] = opt([], "groups each site keeps local (PFL: ['classifier'])")
 
 
 class LocalTrainer:
-    """Base local trainer: optimiser, loaders and state persistence; subclasses implement :meth:`train_round`.
+    """Base local trainer: optimiser, loaders, the receive / export hooks and state persistence; subclasses
+    implement :meth:`train_round` and declare their ``Options`` (a dataclass extending :class:`TrainerOptions`).
 
-    Per-site state (:meth:`state_dict` / :meth:`load_state_dict`) is saved by the executor under the site's
-    run folder after every round and restored when a new process takes over the site.
+    Class attributes:
+        tasks: the task types the method supports.
+        accepts_unlabelled: whether a site that annotates no class at all may run this trainer (then its train,
+            val and test manifests may be unlabelled).
+        keep_optimizer_state: the default of ``train.keep_optimizer_state``.
+
+    Per-site state (:meth:`state_dict` / :meth:`load_state_dict`) is saved by the executor under the site's run
+    folder after every round and restored when a new process takes over the site.
     """
 
+    Options: type = TrainerOptions
     tasks: tuple[str, ...] = ("multilabel", "multiclass")
+    accepts_unlabelled: bool = False
+    keep_optimizer_state: bool = False
 
     def __init__(self, ctx: SiteContext, **options):
         if ctx.task not in self.tasks:
             raise ValueError(f"{type(self).__name__} does not support task {ctx.task!r}")
         self.ctx = ctx
-        self.options = options
+        self.opts = build(self.Options, options, f"{type(self).__name__} options")
         self.optimizer: torch.optim.Optimizer | None = None
         self._optimizer_state: dict | None = None
+        groups = ctx.model.parameter_groups()
+        local = (["norm"] if self.opts.norm == "local" else []) + list(self.opts.keep_local)
+        self.local_keys: set[str] = {k for g in local for k in groups[g]}
+        self.has_local_state = False  # set once the model holds this site's own local parts
 
     # -- the method -------------------------------------------------------------------------------------
     def train_round(self, round_num: int, num_rounds: int, global_meta: dict) -> RoundOutput:
         raise NotImplementedError
 
+    # -- site hooks ---------------------------------------------------------------------------------------
+    def receive(self, weights: dict[str, np.ndarray]) -> None:
+        """Load the received global weights into the model; the site's local parts (``norm: local``,
+        ``keep_local``) keep their own values once the site has trained them."""
+        model = self.ctx.model
+        own = model.state_dict()
+        missing = [k for k in own if k not in weights]
+        if missing:
+            raise ValueError(f"received model lacks {len(missing)} tensors, e.g. {missing[:3]}")
+        keep = self.local_keys if self.has_local_state else set()
+        model.load_state_dict({k: own[k] if k in keep else torch.as_tensor(np.asarray(weights[k])).to(own[k].dtype)
+                               for k in own})
+
+    def export(self) -> dict[str, np.ndarray]:
+        """The weights the site sends: its whole model."""
+        return {k: v.detach().cpu().numpy() for k, v in self.ctx.model.state_dict().items()}
+
+    def train_mode(self) -> torch.nn.Module:
+        """Put the model in training mode; with ``norm: frozen`` (FedBN+) the norm layers stay in eval mode and
+        their affine parameters are not trained. Returns the model."""
+        model = self.ctx.model.train()
+        if self.opts.norm == "frozen":
+            for m in model.modules():
+                if isinstance(m, NORM_TYPES):
+                    m.eval()
+                    for p in m.parameters(recurse=False):
+                        p.requires_grad_(False)
+        return model
+
     # -- helpers ----------------------------------------------------------------------------------------
+    @property
+    def keeps_optimizer_state(self) -> bool:
+        t = self.ctx.train.keep_optimizer_state
+        return self.keep_optimizer_state if t is None else bool(t)
+
     def make_optimizer(self, params=None) -> torch.optim.Optimizer:
         """A fresh optimiser each round (as the papers), or the previous round's state restored when
         ``train.keep_optimizer_state`` is true (as FedLSM's released code)."""
         t = self.ctx.train
-        params = list(self.ctx.model.parameters()) if params is None else params
-        name = t.get("optimizer", "adam").lower()
-        lr, wd = float(t.get("lr", 1e-3)), float(t.get("weight_decay", 0.0))
-        if name == "adam":
-            opt = torch.optim.Adam(params, lr=lr, betas=tuple(t.get("betas", (0.9, 0.999))), weight_decay=wd)
-        elif name == "sgd":
-            opt = torch.optim.SGD(params, lr=lr, momentum=float(t.get("momentum", 0.9)), weight_decay=wd)
+        params = [p for p in self.ctx.model.parameters() if p.requires_grad] if params is None else params
+        if t.optimizer == "adam":
+            opt_ = torch.optim.Adam(params, lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay)
         else:
-            raise ValueError(f"unknown optimizer {name!r} (adam or sgd)")
-        if t.get("keep_optimizer_state"):
+            opt_ = torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
+        if self.keeps_optimizer_state:
             # the previous round's optimiser in this process, else the state restored from the site's file
             prev = self.optimizer.state_dict() if self.optimizer is not None else self._optimizer_state
             if prev is not None:
-                opt.load_state_dict(prev)
-        self.optimizer = opt
-        return opt
+                opt_.load_state_dict(prev)
+        self.optimizer = opt_
+        return opt_
 
     def step(self, loss: torch.Tensor) -> None:
         assert self.optimizer is not None
@@ -127,19 +224,22 @@ class LocalTrainer:
         loss.backward()
         self.optimizer.step()
 
+    @property
+    def inference_batch_size(self) -> int:
+        return int(self.ctx.train.inference_batch_size or self.ctx.train.batch_size * 4)
+
     def loader(self, views: dict[str, str], shuffle: bool = True, round_num: int = 0, batch_size: int | None = None):
         """A loader over the site's training images with the given views (key -> 'eval'/'weak'/'strong');
         the shuffling order depends on the site seed and the round. A shuffled (training) loader drops a
         trailing batch of a single image: BatchNorm cannot train on it (e.g. 33 images in batches of 32)."""
-        bs = int(batch_size or self.ctx.train.get("batch_size", 32))
+        bs = int(batch_size or self.ctx.train.batch_size)
         n = len(self.ctx.data.dataset("train", views))
         return self.ctx.data.train_loader(views, batch_size=bs, shuffle=shuffle, seed=self.ctx.seed * 100003 + round_num,
                                           drop_last=shuffle and n > 1 and n % bs == 1)
 
     def batches(self, views: dict[str, str], round_num: int):
         """Yield device batches for ``train.local_epochs`` epochs (or ``train.local_steps`` steps if set)."""
-        epochs = int(self.ctx.train.get("local_epochs", 1))
-        max_steps = self.ctx.train.get("local_steps")
+        epochs, max_steps = self.ctx.train.local_epochs, self.ctx.train.local_steps
         done = 0
         for epoch in range(max(epochs, 1) if max_steps is None else 10**9):
             for batch in self.loader(views, round_num=round_num * 1000 + epoch):
@@ -150,8 +250,10 @@ class LocalTrainer:
 
     # -- persistence --------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
+        """Per-site state to persist (tensors, numbers, strings, lists and dicts only: it is loaded with
+        ``torch.load(weights_only=True)``)."""
         state: dict = {}
-        if self.ctx.train.get("keep_optimizer_state") and self.optimizer is not None:
+        if self.keeps_optimizer_state and self.optimizer is not None:
             state["optimizer"] = self.optimizer.state_dict()
         return state
 
@@ -161,47 +263,127 @@ class LocalTrainer:
 
 @dataclass
 class Contribution:
-    """One site's update as the server sees it."""
+    """One site's update as the server sees it.
+
+    Attributes:
+        site: the sender; weights: its exported state; n: its training-set size; meta: its metadata;
+        weight: its participation weight this round (0 = sat the round out).
+    """
 
     site: str
     weights: dict[str, np.ndarray]
     n: float
     meta: dict
+    weight: float = 1.0
 
     @property
     def annotated(self) -> np.ndarray:
         return np.asarray(self.meta.get("annotated"), dtype=bool)
 
 
+@dataclass
+class RuleOptions:
+    """Options every server rule takes (in the job's ``method_args``)."""
+
+    site_weighting: Literal["samples", "uniform"] = opt("samples", "site weight a_k: n_k (FedAvg) or 1 (surgical aggregation)")
+    norm: Norm = opt("average", "norm layers: averaged, kept local at the sites (FedBN) or frozen (FedBN+; kept as they were)")
+
+
 class ServerRule:
-    """Base server rule: FedAvg weighted by the sites' training-set sizes (McMahan et al.)."""
+    """Base server rule: every tensor averaged with the site weights ``a_k`` (``site_weighting``: FedAvg's
+    ``n_k`` by default, McMahan et al.) times each site's participation weight.
+
+    Under ``norm: local`` (FedBN) the global model's norm layers hold the sites' average (what ``predict`` uses
+    on data of no site) while each site evaluates and trains with its own; under ``norm: frozen`` (FedBN+)
+    they keep their previous global values.
+    """
+
+    Options: type = RuleOptions
 
     def __init__(self, **options):
-        self.options = options
+        self.opts = build(self.Options, options, f"{type(self).__name__} options")
 
-    def aggregate(self, previous: State, contributions: list[Contribution], classifier_keys: list[str],
+    def check_federation(self, summary: dict) -> None:
+        """Raise ``ValueError`` naming the offending sites when the federation's data summary (``{"classes",
+        "sites": {site: {"annotated", "n_train", ...}}}``) does not suit the method; called before training."""
+
+    def site_weights(self, contributions: list[Contribution]) -> np.ndarray:
+        """``(K,)`` aggregation weights: ``n_k`` or 1 per ``site_weighting``, times the participation weight."""
+        base = [c.n if self.opts.site_weighting == "samples" else 1.0 for c in contributions]
+        return np.asarray(base, dtype=np.float64) * np.asarray([c.weight for c in contributions], dtype=np.float64)
+
+    def average(self, previous: State | None, contributions: list[Contribution], groups: dict[str, list[str]],
+                class_weights: np.ndarray | None = None, zero_rows: str = "previous") -> dict[str, np.ndarray]:
+        """Average the contributions with :meth:`site_weights` (classifier rows with ``class_weights`` if given,
+        see :func:`fedpartial.aggregation.aggregate_states`), then apply the ``norm`` policy."""
+        out = aggregate_states([c.weights for c in contributions], self.site_weights(contributions),
+                               groups.get("classifier", ()), class_weights, previous, zero_rows)
+        if self.opts.norm == "frozen" and previous is not None:
+            out.update({k: np.asarray(previous[k]) for k in groups.get("norm", ()) if k in previous})
+        return out
+
+    def aggregate(self, previous: State | None, contributions: list[Contribution], groups: dict[str, list[str]],
                   round_num: int, summary: dict | None = None) -> tuple[dict[str, np.ndarray], dict]:
-        """Return (new global weights, meta sent to the sites with them)."""
-        weights = aggregate_states([c.weights for c in contributions], [c.n for c in contributions])
-        return weights, {}
+        """Return (new global weights, meta sent to the sites with them). ``contributions`` hold only sites with
+        a positive participation weight."""
+        return self.average(previous, contributions, groups), {}
+
+    # -- state that must survive a restart of the rule ------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
 
 
-_REGISTRY: dict[str, tuple[type[LocalTrainer], type[ServerRule], dict]] = {}
+@dataclass(frozen=True)
+class Method:
+    """A registered method: its local trainer, its server rule and default options."""
+
+    name: str
+    trainer: type[LocalTrainer]
+    rule: type[ServerRule]
+    defaults: dict = field(default_factory=dict)
+    doc: str = ""
+
+    def option_names(self) -> set[str]:
+        return option_names(self.trainer.Options, self.rule.Options)
+
+    def split_options(self, args: dict | None, where: str = "") -> tuple[dict, dict]:
+        """``(trainer options, rule options)`` from a job's ``method_args`` merged over the defaults; an unknown
+        key is an :class:`~.options.OptionError` naming ``where``, the method, the key and the closest name."""
+        args = {**self.defaults, **(args or {})}
+        check_known(args, self.option_names(), f"{where + ': ' if where else ''}method '{self.name}' method_args")
+        t, r = option_names(self.trainer.Options), option_names(self.rule.Options)
+        return {k: v for k, v in args.items() if k in t}, {k: v for k, v in args.items() if k in r}
+
+    def make_rule(self, args: dict | None, where: str = "") -> ServerRule:
+        return self.rule(**self.split_options(args, where)[1])
+
+    def make_trainer(self, ctx: SiteContext, args: dict | None, where: str = "") -> LocalTrainer:
+        return self.trainer(ctx, **self.split_options(args, where)[0])
 
 
-def register(name: str, trainer: type[LocalTrainer], rule: type[ServerRule], **defaults) -> None:
-    """Register a method: its local trainer, its server rule and default trainer options."""
-    _REGISTRY[name] = (trainer, rule, defaults)
+_REGISTRY: dict[str, Method] = {}
 
 
-def get_method(name: str) -> tuple[type[LocalTrainer], type[ServerRule], dict]:
+def register(name: str, trainer: type[LocalTrainer], rule: type[ServerRule], doc: str = "", **defaults) -> None:
+    """Register a method: its local trainer, its server rule and default options (checked when used)."""
+    _REGISTRY[name] = Method(name, trainer, rule, defaults, doc)
+
+
+def get_method(name: str) -> Method:
     from . import load_all
 
     load_all()
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise ValueError(f"unknown method {name!r}; available: {sorted(_REGISTRY)}") from None
+        import difflib
+
+        close = difflib.get_close_matches(name, _REGISTRY, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown method {name!r}{hint} (available: {sorted(_REGISTRY)})") from None
 
 
 def available_methods() -> list[str]:
@@ -209,6 +391,3 @@ def available_methods() -> list[str]:
 
     load_all()
     return sorted(_REGISTRY)
-
-
-TrainerFactory = Callable[[SiteContext], LocalTrainer]

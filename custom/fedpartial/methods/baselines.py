@@ -5,37 +5,69 @@
 - ``fedavg_pl``: the loss only over each site's annotated classes (partial loss); FedAvg.
 - ``fedavg_masked``: partial loss + each classifier row averaged only over the sites that annotate its class
   (FPSL's task-dependent aggregation, FedLSM's FedAvg*, surgical aggregation's task-block rule).
-- ``fedavg_full``: the same trainer on fully-labelled sites (the data protocol ``full``): the upper bound.
+
+The all-labels upper bound is not a method: it is ``fedavg_pl`` on the data protocol ``full`` (jobs
+``fedavg_full_*``).
 """
 
 from __future__ import annotations
 
-import numpy as np
+from dataclasses import dataclass
+from typing import Literal
 
-from ..aggregation import aggregate_states, masked_class_weights
+import numpy as np
+import torch
+
+from ..aggregation import masked_class_weights
 from ..losses import supervised_loss
-from .base import Contribution, LocalTrainer, RoundOutput, ServerRule
+from .base import Contribution, LocalTrainer, RoundOutput, RuleOptions, ServerRule, TrainerOptions
+from .options import opt
+
+
+@dataclass
+class SupervisedOptions(TrainerOptions):
+    """Options of plain supervised local training."""
+
+    missing: Literal["negatives", "partial"] = opt("partial", "unannotated entries as negatives, or left out of the loss")
+    view: Literal["eval", "weak", "strong"] = opt("weak", "the training augmentation")
 
 
 class SupervisedTrainer(LocalTrainer):
-    """Plain supervised local training on the annotated labels.
+    """Plain supervised local training on the annotated labels; subclasses add a term with :meth:`extra_loss`
+    (FedProx: a proximal term; see ``fedprox``) and may prepare it in :meth:`start_round`."""
 
-    Options:
-        missing: 'negatives' (unannotated = 0) or 'partial' (loss over annotated entries only).
-        view: the training augmentation ('weak' by default).
-    """
+    Options = SupervisedOptions
+
+    def start_round(self, round_num: int, global_meta: dict) -> None:
+        """Called with the received global model loaded, before the first step of the round."""
+
+    def extra_loss(self, batch: dict, logits: torch.Tensor) -> torch.Tensor | None:
+        """A term added to the supervised loss of each step (None: nothing)."""
+        return None
 
     def train_round(self, round_num: int, num_rounds: int, global_meta: dict) -> RoundOutput:
-        loss_fn = supervised_loss(self.ctx.task, self.options.get("missing", "partial"))
-        model = self.ctx.model.train()
+        loss_fn = supervised_loss(self.ctx.task, self.opts.missing)
+        self.start_round(round_num, global_meta)
+        model = self.train_mode()
         self.make_optimizer()
         total, steps = 0.0, 0
-        for batch in self.batches({"image": self.options.get("view", "weak")}, round_num):
-            loss = loss_fn(model(batch["image"]), batch["label"], batch["mask"])
+        for batch in self.batches({"image": self.opts.view}, round_num):
+            logits = model(batch["image"])
+            loss = loss_fn(logits, batch["label"], batch["mask"])
+            extra = self.extra_loss(batch, logits)
+            if extra is not None:
+                loss = loss + extra
             self.step(loss)
             total += float(loss.detach())
             steps += 1
         return RoundOutput(steps=steps, loss=total / max(steps, 1))
+
+
+@dataclass
+class MaskedRuleOptions(RuleOptions):
+    """Options of the class-masked rule."""
+
+    row_weighting: Literal["samples", "uniform"] = opt("samples", "classifier-row weights: n_k, or 1 (surgical aggregation)")
 
 
 class MaskedRule(ServerRule):
@@ -43,17 +75,17 @@ class MaskedRule(ServerRule):
     'uniform' as surgical aggregation); other tensors FedAvg; a class no contributing site annotates keeps
     its previous global row."""
 
-    def aggregate(self, previous, contributions: list[Contribution], classifier_keys, round_num, summary=None):
+    Options = MaskedRuleOptions
+
+    def aggregate(self, previous, contributions: list[Contribution], groups, round_num, summary=None):
         annotated = np.stack([c.annotated for c in contributions])
-        n = [c.n for c in contributions]
-        cw = masked_class_weights(annotated, n, self.options.get("row_weighting", "samples"))
-        weights = aggregate_states([c.weights for c in contributions], n, classifier_keys, cw, previous,
-                                   zero_rows="previous")
-        return weights, {}
+        n = [c.n * c.weight for c in contributions]
+        cw = masked_class_weights(annotated, n, self.opts.row_weighting)
+        return self.average(previous, contributions, groups, cw, zero_rows="previous"), {}
 
 
 def register_all(register) -> None:
-    register("fedavg", SupervisedTrainer, ServerRule, missing="negatives")
-    register("fedavg_pl", SupervisedTrainer, ServerRule, missing="partial")
-    register("fedavg_masked", SupervisedTrainer, MaskedRule, missing="partial")
-    register("fedavg_full", SupervisedTrainer, ServerRule, missing="partial")
+    register("fedavg", SupervisedTrainer, ServerRule, doc="FedAvg, missing labels as negatives", missing="negatives")
+    register("fedavg_pl", SupervisedTrainer, ServerRule, doc="FedAvg with the partial loss", missing="partial")
+    register("fedavg_masked", SupervisedTrainer, MaskedRule, doc="partial loss + class-masked classifier rows",
+             missing="partial")

@@ -64,7 +64,8 @@ def customise_job(job: Path, dest: Path, num_rounds: int | None = None, executor
     """Copy a job folder to ``dest`` with the package built into it, ``num_rounds`` (and ``min_clients``, in the
     server config and ``meta.json``) set, ``executor_args`` merged into the client executor's args, ``rule_args``
     into the server rule's options and ``seed`` set for both the sites (executor seed) and the initial global
-    model (for tests and benchmarks)."""
+    model (for tests and benchmarks). The job stays one spec: ``method`` / ``method_args`` in ``executor_args``
+    go to the server's aggregator too, and ``model`` options to the server's model component."""
     from ..data.presets import deep_merge
 
     shutil.copytree(job, dest, ignore=shutil.ignore_patterns("custom"))
@@ -77,9 +78,16 @@ def customise_job(job: Path, dest: Path, num_rounds: int | None = None, executor
     if seed is not None:
         comps["model"]["args"]["init_seed"] = int(seed)
         executor_args = {**(executor_args or {}), "seed": int(seed)}
+    executor_args = dict(executor_args or {})
+    rule_args = deep_merge(executor_args.get("method_args", {}), rule_args or {})
     if rule_args:
+        executor_args["method_args"] = rule_args
         comps["aggregator"]["args"]["method_args"] = deep_merge(comps["aggregator"]["args"].get("method_args", {}),
                                                                 rule_args)
+    if "method" in executor_args:
+        cfg["method"] = comps["aggregator"]["args"]["method"] = executor_args["method"]
+    if "model" in executor_args:
+        comps["model"]["args"] = deep_merge(comps["model"]["args"], executor_args["model"])
     if min_clients is not None:
         cfg["min_clients"] = min_clients
         meta = json.loads((dest / "meta.json").read_text())

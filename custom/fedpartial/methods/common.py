@@ -1,0 +1,141 @@
+"""Building blocks several methods share (pure functions on tensors, no NVFlare): frozen and EMA teachers,
+entropies, MC-dropout predictive entropy, the site's label table and whole-set passes.
+
+Per-class averaging of site metadata over the sites that hold a class is
+:func:`fedpartial.aggregation.class_average`.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+
+from ..evaluation import probabilities
+
+_EPS = 1e-12
+
+
+# ------------------------------------------------------------------------------------------ teachers
+
+def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` in eval mode with gradients off (the received global model as a fixed teacher)."""
+    teacher = copy.deepcopy(model).eval()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    return teacher
+
+
+@torch.no_grad()
+def ema_update(teacher: torch.nn.Module, student: torch.nn.Module, decay: float) -> None:
+    """Mean-teacher update, in place: ``t <- decay * t + (1 - decay) * s`` for every floating-point entry of the
+    state dict (parameters and BatchNorm statistics); integer buffers (``num_batches_tracked``) are copied."""
+    s_state = student.state_dict()
+    for key, t in teacher.state_dict().items():
+        s = s_state[key]
+        if torch.is_floating_point(t):
+            t.mul_(decay).add_(s.to(t.dtype), alpha=1.0 - decay)
+        else:
+            t.copy_(s)
+
+
+# ------------------------------------------------------------------------------------------ entropies
+
+def plogp(p: torch.Tensor) -> torch.Tensor:
+    """``p log p`` elementwise with ``0 log 0 = 0``."""
+    return torch.where(p > 0, p * torch.log(p.clamp_min(_EPS)), torch.zeros_like(p))
+
+
+def softmax_entropy(probs: torch.Tensor) -> torch.Tensor:
+    """``H(x_i) = -sum_c p_ic log p_ic`` (natural log): ``(N, C)`` softmax probabilities -> ``(N,)``."""
+    return -plogp(probs.double()).sum(1).to(probs.dtype)
+
+
+def binary_entropy(probs: torch.Tensor) -> torch.Tensor:
+    """``h(p) = -p ln p - (1 - p) ln(1 - p)`` elementwise (sigmoid outputs), in nats."""
+    p = probs.double()
+    return (-(plogp(p) + plogp(1 - p))).to(probs.dtype)
+
+
+def predictive_entropy(mean_probs: torch.Tensor, task: str) -> torch.Tensor:
+    """Entropy of a mean prediction: ``(N, C)`` -> ``(N,)`` softmax entropy (single-label) or ``(N, C)``
+    per-class binary entropy (multi-label), in nats (``ln 2`` is the maximum of a binary entropy)."""
+    return softmax_entropy(mean_probs) if task == "multiclass" else binary_entropy(mean_probs)
+
+
+@torch.no_grad()
+def mc_dropout_probs(model: torch.nn.Module, x: torch.Tensor, passes: int, task: str) -> torch.Tensor:
+    """``(T, B, C)`` probabilities of ``passes`` stochastic forward passes with dropout active and every other
+    layer (BatchNorm) in eval mode (Monte-Carlo dropout, Gal & Ghahramani). The model's modes are restored."""
+    modes = {m: m.training for m in model.modules()}
+    model.eval()
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
+            m.train()
+    try:
+        return torch.stack([probabilities(model(x), task) for _ in range(int(passes))])
+    finally:
+        for m, mode in modes.items():
+            m.train(mode)
+
+
+def mc_dropout_entropy(model: torch.nn.Module, x: torch.Tensor, passes: int, task: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(mean probabilities (B, C), predictive entropy)`` of :func:`mc_dropout_probs` (entropy of the mean)."""
+    mean = mc_dropout_probs(model, x, passes, task).mean(0)
+    return mean, predictive_entropy(mean, task)
+
+
+# ------------------------------------------------------------------------------------------ the site's data
+
+def label_table(data) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(labels (N, C) float, mask (N, C) bool)`` of the site's training set, in row-index order."""
+    ds = data.dataset("train", {"image": "eval"})
+    return torch.as_tensor(ds.labels).float().cpu(), torch.as_tensor(ds.mask).bool().cpu()
+
+
+@torch.no_grad()
+def whole_set_pass(model: torch.nn.Module, loader, n: int, task: str, device: torch.device | str = "cpu",
+                   features: bool = False, key: str = "image") -> tuple[torch.Tensor | None, torch.Tensor]:
+    """One inference pass of ``model`` (eval mode, restored afterwards) over every training image.
+
+    Args:
+        loader: an unshuffled loader whose batches carry ``index``; n: the number of rows.
+        features: also return the pooled features (``model.features``; the logits are ``model.head`` of them).
+
+    Returns:
+        ``(features (N, D) or None, probs (N, C))``, rows in row-index order.
+    """
+    was_training = model.training
+    model.eval()
+    feats: torch.Tensor | None = None
+    probs: torch.Tensor | None = None
+    try:
+        for b in loader:
+            x = b[key].to(device)
+            if features:
+                f = model.features(x)
+                logits = model.head(f)
+            else:
+                logits = model(x)
+            p = probabilities(logits, task).float().cpu()
+            idx = b["index"].cpu().long()
+            if probs is None:
+                probs = torch.zeros(n, p.shape[1])
+            probs[idx] = p
+            if features:
+                if feats is None:
+                    feats = torch.zeros(n, f.shape[1])
+                feats[idx] = f.float().cpu()
+    finally:
+        model.train(was_training)
+    if probs is None:
+        probs = torch.zeros(n, 0)
+    if features and feats is None:
+        feats = torch.zeros(n, 0)
+    return feats, probs
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``(N, D)`` x ``(M, D)`` -> ``(N, M)`` cosine similarities."""
+    return F.normalize(a.float(), dim=1, eps=_EPS) @ F.normalize(b.float(), dim=1, eps=_EPS).t()

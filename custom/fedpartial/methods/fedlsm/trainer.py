@@ -1,0 +1,218 @@
+"""FedLSM's local trainer: uncertainty pools, EMA-teacher pseudo labels, MixUp of confident and uncertain data."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+
+from ...losses import ce_labelled, labelled_rows
+from ...evaluation import probabilities
+from ..base import LocalTrainer, RoundOutput, SiteContext, TrainerOptions, summary_counts
+from ..common import ema_update, frozen_copy, label_table, whole_set_pass
+from ..options import opt
+from .maths import (META_POOLS, META_PSEUDO, META_Q, META_UDE_PAIRS, mixup, multiclass_targets, multilabel_entropy,
+                    multilabel_targets, negative_positive_ratio, pool_sizes, pseudo_ce, soft_ce, softmax_entropy,
+                    split_pools, weighted_bce)
+
+
+def _share(name: str, v: float) -> None:
+    if not 0.0 <= float(v) <= 1.0:
+        raise ValueError(f"fedlsm: {name} must lie in [0, 1], got {v}")
+
+
+@dataclass
+class FedLSMOptions(TrainerOptions):
+    """FedLSM's site options (method_args; the paper's Table 4 defaults)."""
+
+    tau: float = opt(0.95, "single-label threshold of the pseudo-label pool")
+    tau_l: float = opt(0.85, "single-label threshold of the uncertain pool")
+    tau_p: float = opt(0.85, "multi-label positive threshold (pseudo-label pool)")
+    tau_n: float = opt(0.005, "multi-label negative threshold (pseudo-label pool; released code 0.01)")
+    tau_lp: float = opt(0.7, "multi-label positive threshold (uncertain pool)")
+    tau_ln: float = opt(0.01, "multi-label negative threshold (uncertain pool; released code 0.005)")
+    n_uncertain: float = opt(0.05, "uncertain pool size: fraction (< 1) or count (>= 1)")
+    n_confident: float = opt(0.2, "confident pool size: fraction (< 1) or count (>= 1)")
+    n_mix: int = opt(4, "mixed samples per step (the batch holds batch_size - n_mix pseudo-pool samples)")
+    alpha: float = opt(0.2, "MixUp Beta parameter")
+    lam_ude: float = opt(0.1, "UDE loss weight")
+    ema: float = opt(0.999, "teacher EMA decay")
+    ue: bool = opt(True, "uncertainty estimation (False: pools drawn at random, same sizes)")
+    ude: bool = opt(True, "uncertain data enhancing (False: no mixed samples)")
+    restrict_unknown: bool = opt(True, "single-label pseudo labels only for classes in U_k (False: released code)")
+    entropy: Literal["binary", "plogp"] = opt("binary", "multi-label uncertainty (plogp: released code)")
+    class_weighting: Literal["positive", "entry", "none"] = opt("positive", "FPSL class weights on the positive term, the whole entry (code), or none")
+    q_counts: Literal["dataset", "seen"] = opt("dataset", "q_c^k over the whole local set or the batches seen (code)")
+
+    def __post_init__(self):
+        for name in ("tau", "tau_l", "tau_p", "tau_n", "tau_lp", "tau_ln", "ema"):
+            _share(name, getattr(self, name))
+        if self.alpha <= 0:
+            raise ValueError(f"fedlsm: alpha must be > 0, got {self.alpha}")
+
+
+class FedLSMTrainer(LocalTrainer):
+    """FedLSM's local training (both tasks).
+
+    Options: :class:`FedLSMOptions` (paper Table 4 defaults).
+    The optimiser state persists across rounds (``train.keep_optimizer_state`` defaults to true here).
+    Steps per round: ``train.local_steps`` if set, else ``local_epochs`` passes over the pseudo-label pool.
+    """
+
+    Options = FedLSMOptions
+    keep_optimizer_state = True
+
+    def __init__(self, ctx: SiteContext, **options):
+        super().__init__(ctx, **options)
+        self.unknown = ~torch.as_tensor(np.asarray(ctx.annotated, dtype=bool))
+        self._warned_summary = False
+
+    # -- pieces (public for tests) --------------------------------------------------------------------
+    def uncertainty(self, probs: torch.Tensor) -> torch.Tensor:
+        """``(N,)`` UE scores of the received model's probabilities (Eq. 3 / the multi-label reading)."""
+        if self.ctx.task == "multiclass":
+            return softmax_entropy(probs)
+        return multilabel_entropy(probs, self.unknown, self.opts.entropy)
+
+    def targets(self, labels: torch.Tensor, mask: torch.Tensor, teacher_probs: torch.Tensor,
+                uncertain: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(targets, known, pseudo)`` with the pseudo-pool thresholds or (``uncertain``) the lower ones;
+        ``known`` / ``pseudo`` are ``(B,)`` rows for single-label, ``(B, C)`` entries for multi-label."""
+        if self.ctx.task == "multiclass":
+            unknown = self.unknown.to(teacher_probs.device) if self.opts.restrict_unknown else None
+            t, lab, pseudo = multiclass_targets(labels, mask, teacher_probs, self.opts.tau_l if uncertain else self.opts.tau,
+                                                unknown)
+            return t, lab | pseudo, pseudo
+        return multilabel_targets(labels, mask, teacher_probs, self.opts.tau_lp if uncertain else self.opts.tau_p,
+                                  self.opts.tau_ln if uncertain else self.opts.tau_n)
+
+    def class_weights(self, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
+        """FPSL's negative / positive ratio per class from the server's data summary (all sites' labels); the
+        site's own labels when no summary came (with a warning). None for single-label."""
+        if self.ctx.task == "multiclass" or self.opts.class_weighting == "none":
+            return None
+        if self.ctx.summary:
+            pos, neg = summary_counts(self.ctx.summary, self.ctx.num_classes)
+        else:
+            if not self._warned_summary:
+                self.ctx.log.warning("fedlsm: no data summary received; class weights from the local labels")
+                self._warned_summary = True
+            m = mask.float()
+            pos, neg = (labels * m).sum(0), ((1 - labels) * m).sum(0)
+        return negative_positive_ratio(pos, neg)
+
+    def supervised_loss(self, logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor,
+                        targets: torch.Tensor, known: torch.Tensor, pseudo: torch.Tensor,
+                        weights: torch.Tensor | None) -> torch.Tensor:
+        """``L_I + L_U`` on the pseudo-pool batch."""
+        if self.ctx.task == "multiclass":
+            n_unlabelled = int((~labelled_rows(labels, mask)).sum())
+            return ce_labelled(logits, labels, mask) + pseudo_ce(logits, targets, pseudo, n_unlabelled)
+        return weighted_bce(logits, targets, known, weights, self.opts.class_weighting)
+
+    def ude_loss(self, logits: torch.Tensor, targets: torch.Tensor, known: torch.Tensor,
+                 weights: torch.Tensor | None) -> torch.Tensor:
+        """``L_UDE`` on the mixed samples (cross-entropy with the soft labels)."""
+        if self.ctx.task == "multiclass":
+            return soft_ce(logits, targets, known)
+        return weighted_bce(logits, targets, known, weights, self.opts.class_weighting)
+
+    def estimated_counts(self, labels: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor,
+                         known: torch.Tensor) -> torch.Tensor:
+        """``q_c`` contribution of some samples: labelled positives plus pseudo-label positives, ``(C,)``."""
+        pos = labels * mask.to(labels.dtype)
+        if self.ctx.task == "multiclass":
+            return (pos + targets * (known & ~labelled_rows(labels, mask))[:, None]).sum(0)
+        return (pos + targets * (known & ~mask.bool())).sum(0)
+
+    # -- the round ------------------------------------------------------------------------------------
+    def _received_probs(self, n: int) -> torch.Tensor:
+        """``(N, C)`` probabilities of the received global model on every local image (eval view, eval mode)."""
+        loader = self.loader({"image": "eval"}, shuffle=False, batch_size=self.inference_batch_size)
+        return whole_set_pass(self.ctx.model, loader, n, self.ctx.task, self.ctx.device)[1]
+
+    def _num_steps(self, pool: int, per_step: int) -> int:
+        steps = self.ctx.train.local_steps
+        if steps is not None:
+            return int(steps)
+        return max(1, self.ctx.train.local_epochs) * max(1, math.ceil(pool / max(per_step, 1)))
+
+    def train_round(self, round_num: int, num_rounds: int, global_meta: dict) -> RoundOutput:
+        ctx, model, dev = self.ctx, self.ctx.model, self.ctx.device
+        labels, mask = label_table(ctx.data)
+        n = labels.shape[0]
+        gen = torch.Generator().manual_seed(ctx.seed * 100003 + round_num)
+
+        # UE with the received global model over all local images
+        probs = self._received_probs(n)
+        scores = self.uncertainty(probs) if self.opts.ue else torch.rand(n, generator=gen)
+        n_h, n_l = pool_sizes(n, self.opts.n_uncertain, self.opts.n_confident)
+        confident, medium, uncertain = split_pools(scores, n_h, n_l)
+        pseudo_pool = torch.cat([confident, medium])
+        use_ude = self.opts.ude and self.opts.n_mix > 0 and len(confident) > 0 and len(uncertain) > 0
+        n_mix = self.opts.n_mix if use_ude else 0
+        per_step = max(1, ctx.train.batch_size - n_mix)
+        weights = self.class_weights(labels, mask)
+        weights = None if weights is None else weights.to(dev)
+
+        q = torch.zeros(ctx.num_classes)
+        if self.opts.q_counts == "dataset":  # q_c^k over all n_k images, pseudo labels of the round's teacher (Eq. 7)
+            t, known, _ = self.targets(labels, mask, probs)
+            q = self.estimated_counts(labels, mask, t, known)
+
+        teacher = frozen_copy(model)
+        ds = ctx.data.dataset("train", {"weak": "weak", "strong": "strong"})
+        if hasattr(ds, "set_random_state"):
+            ds.set_random_state(seed=int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+
+        def fetch(idx: torch.Tensor) -> dict:
+            batch = torch.utils.data.default_collate([ds[int(i)] for i in idx])
+            return {k: v.to(dev) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+        self.train_mode()
+        self.make_optimizer()
+        order, pos = pseudo_pool[torch.randperm(len(pseudo_pool), generator=gen)], 0
+        total, steps, n_pseudo, n_pairs = 0.0, 0, 0, 0
+        for _ in range(self._num_steps(len(pseudo_pool), per_step) if len(pseudo_pool) else 0):
+            if pos >= len(order):  # a fresh permutation of the pool (never the same replay every round)
+                order, pos = pseudo_pool[torch.randperm(len(pseudo_pool), generator=gen)], 0
+            idx = order[pos:pos + per_step]
+            pos += per_step
+            b = fetch(idx)
+            weak = [b["weak"]]
+            if n_mix:
+                bl = fetch(confident[torch.randperm(len(confident), generator=gen)[:n_mix]])
+                bh = fetch(uncertain[torch.randperm(len(uncertain), generator=gen)[:n_mix]])
+                weak += [bl["weak"], bh["weak"]]
+            with torch.no_grad():
+                tp = probabilities(teacher(torch.cat(weak)), ctx.task).float()
+            B = len(idx)
+            y, known, pseudo = self.targets(b["label"], b["mask"], tp[:B])
+            inputs = [b["strong"]]
+            if n_mix:
+                yl, kl, _ = self.targets(bl["label"], bl["mask"], tp[B:B + len(bl["weak"])])
+                yh, kh, _ = self.targets(bh["label"], bh["mask"], tp[B + len(bl["weak"]):], uncertain=True)
+                m = min(len(yl), len(yh))
+                lam = float(torch.distributions.Beta(self.opts.alpha, self.opts.alpha).sample()) if m else 0.0
+                x_mix, y_mix = mixup(bl["weak"][:m], yl[:m], bh["weak"][:m], yh[:m], lam)
+                k_mix = kl[:m] & kh[:m]
+                inputs.append(x_mix)
+                n_pairs += int(k_mix.any(1).sum()) if k_mix.dim() == 2 else int(k_mix.sum())
+            out = model(torch.cat(inputs))
+            loss = self.supervised_loss(out[:B], b["label"], b["mask"], y, known, pseudo, weights)
+            if n_mix:
+                loss = loss + self.opts.lam_ude * self.ude_loss(out[B:], y_mix, k_mix, weights)
+            self.step(loss)
+            ema_update(teacher, model, self.opts.ema)
+            total += float(loss.detach())
+            steps += 1
+            n_pseudo += int(pseudo.sum())
+            if self.opts.q_counts == "seen":
+                q += self.estimated_counts(b["label"], b["mask"], y, known).cpu()
+        del teacher
+        meta = {META_Q: q.numpy().astype(np.float64), META_POOLS: [len(confident), len(medium), len(uncertain)],
+                META_PSEUDO: n_pseudo, META_UDE_PAIRS: n_pairs}
+        return RoundOutput(steps=steps, loss=total / max(steps, 1), meta=meta)

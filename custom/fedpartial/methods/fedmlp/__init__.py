@@ -1,0 +1,48 @@
+"""FedMLP (Sun et al., "FedMLP: Federated Multi-Label Medical Image Classification under Task Heterogeneity",
+MICCAI 2024) as a (LocalTrainer, ServerRule) pair:
+``maths`` (the equations as pure functions), ``trainer`` (the site), ``rule`` (the server).
+
+Two stages at every site k (active classes AC_k = annotated, negative classes NC_k = missing):
+
+- Stage 1 (rounds ``< warmup_rounds``): weighted-partial-class loss (Eq. 4) on logit-adjusted outputs (Eq. 3)
+  over the active classes, on two weak views, plus (``cr``) the MSE between the local and the frozen received
+  global model's sigmoid outputs on the missing entries (consistency regularisation, Sec. 2.4).
+- End of the warm-up and of every later round: local dual prototypes of the active classes (Eq. 5) and the
+  learning degree of the missing classes (Eq. 10, left) go to the server in the round's meta.
+- Server: FedAvg of the weights (n_k), global prototypes over the sites that annotate each class (Eq. 6),
+  global learning degree over the sites where the class is missing (Eq. 10, right); both travel back.
+- Stage 2: with the received global model's features, Z = cos(P0, F) - cos(P1, F) (Eq. 7) for every missing
+  class; among the samples not yet tagged for that class, the top ``tau0`` share of the negative candidates
+  (Z >= 0, largest Z) are tagged 0 and the top ``tau1`` share of the positive candidates (Z < 0, smallest Z)
+  are tagged 1 (Eq. 8-9) with ``tau = d_c^G * T`` (self-adaptive threshold, Sec. 2.3.3). Tags are permanent
+  and accumulate in the trainer state. Training: WPC over active + pseudo-labelled entries, MSE to the
+  global model on missing entries without a pseudo label.
+
+``parity="code"`` reproduces the released code (szbonaldo/FedMLP) where it departs from the paper: plain
+masked BCE (mean over labelled entries, no logit adjustment), fixed selection fractions T0 / T1 (no learning
+degree), no consistency term in stage 2 and one view in stage 2, features on a weak view, and (server, if the
+rule also gets ``parity: code``) n_k-weighted prototype averaging.
+
+Readings of the paper (see also the docstrings of each function):
+
+- Eq. 3 is the binary form of logit adjustment: ``sigmoid(l)*pi1 / (sigmoid(l)*pi1 + (1-sigmoid(l))*pi0)
+  == sigmoid(l + log pi1 - log pi0)``; the temperature generalises it as ``l + tau*(log pi1 - log pi0)``.
+- Eq. 4 sums over the labelled entries of a sample and divides by C (all classes), then averages the samples.
+- Eq. 8-9: the shares are of the *residual* candidates (samples not yet tagged for the class), rounded down.
+- Eq. 10: ``d_c^k`` is defined for missing classes, so ``d_c^G`` averages (|D_k|-weighted) over the sites where
+  c is missing (the printed ``k in S_c`` would be the annotating sites, where d_c^k is undefined; the released
+  code averages over the missing sites too); 1 where no site misses c.
+"""
+
+from __future__ import annotations
+
+from .maths import *  # noqa: F401,F403 - the equations, importable as fedpartial.methods.fedmlp.<name>
+from .maths import __all__ as _maths_all
+from .rule import FedMLPRule, FedMLPRuleOptions
+from .trainer import FedMLPOptions, FedMLPTrainer
+
+__all__ = [*_maths_all, "FedMLPRule", "FedMLPRuleOptions", "FedMLPOptions", "FedMLPTrainer", "register_all"]
+
+
+def register_all(register) -> None:
+    register("fedmlp", FedMLPTrainer, FedMLPRule, doc="FedMLP (Sun et al., MICCAI 2024)")

@@ -1,0 +1,262 @@
+"""FedMLP's mathematics as pure functions on tensors (equation numbers of Sun et al., MICCAI 2024)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ...aggregation import class_average
+from ..base import summary_counts
+from ..common import cosine
+
+__all__ = [
+    "class_rates", "summary_rates", "logit_adjust", "wpc_loss", "consistency_loss", "class_prototypes",
+    "aggregate_prototypes", "prototype_scores", "select_pseudo_labels", "accumulate_tags", "learning_degree",
+    "aggregate_learning_degree", "selection_ratios", "META_P0", "META_P1", "META_COUNTS", "META_DEGREE",
+    "META_GLOBAL_P0", "META_GLOBAL_P1", "META_GLOBAL_VALID", "META_GLOBAL_DEGREE", "PARITIES",
+]
+
+# site -> server
+META_P0 = "fedmlp_p0"  # (C, D) float32: local negative prototypes (rows of missing classes are 0)
+META_P1 = "fedmlp_p1"  # (C, D) float32: local positive prototypes
+META_COUNTS = "fedmlp_proto_counts"  # (C, 2) int64: samples behind P0 / P1
+META_DEGREE = "fedmlp_degree"  # (C,) float64: local learning degree d_c^k (meaningful for missing classes)
+# server -> sites
+META_GLOBAL_P0 = "fedmlp_global_p0"  # (C, D) float32
+META_GLOBAL_P1 = "fedmlp_global_p1"  # (C, D) float32
+META_GLOBAL_VALID = "fedmlp_global_valid"  # list of C [bool, bool]: P0 / P1 of class c are defined
+META_GLOBAL_DEGREE = "fedmlp_global_degree"  # list of C floats: d_c^G
+
+PARITIES = ("paper", "code")
+_RATE_EPS = 1e-4
+
+
+# ------------------------------------------------------------------------------------------ pure functions
+
+def class_rates(labels: torch.Tensor, label_mask: torch.Tensor, eps: float = _RATE_EPS) -> tuple[torch.Tensor, torch.Tensor]:
+    """Class positive / negative rates ``pi_{c,1}``, ``pi_{c,0} = 1 - pi_{c,1}`` used by Eq. 3.
+
+    Args:
+        labels: ``(N, C)`` 0/1 targets.
+        label_mask: ``(N, C)`` bool, entries that carry a label (annotated or pseudo).
+
+    Returns:
+        ``(pi1 (C,), pi0 (C,))``: share of positives among the labelled entries of each class, 0.5 (no
+        adjustment) for a class without labelled entries, clamped to ``[eps, 1 - eps]``.
+    """
+    m = label_mask.float()
+    n = m.sum(0)
+    pos = (labels.float() * m).sum(0)
+    pi1 = torch.where(n > 0, pos / n.clamp_min(1.0), torch.full_like(n, 0.5)).clamp(eps, 1 - eps)
+    return pi1, 1 - pi1
+
+
+def summary_rates(summary: dict, num_classes: int, eps: float = _RATE_EPS) -> tuple[torch.Tensor, torch.Tensor]:
+    """Global class rates from the server's data summary (``{"sites": {site: {"positives", "negatives"}}}``):
+    ``pi_{c,1} = sum_k pos_{k,c} / sum_k (pos_{k,c} + neg_{k,c})`` over the sites' annotated entries."""
+    pos, neg = summary_counts(summary, num_classes)
+    n = pos + neg
+    pi1 = torch.where(n > 0, pos / n.clamp_min(1.0), torch.full_like(n, 0.5)).clamp(eps, 1 - eps).float()
+    return pi1, 1 - pi1
+
+
+def logit_adjust(logits: torch.Tensor, pi1: torch.Tensor, pi0: torch.Tensor | None = None,
+                 tau: float = 1.0) -> torch.Tensor:
+    """Multi-label logit adjustment (Eq. 3, generalising Eq. 2).
+
+    Eq. 3 ``y' = y*pi1 / (y*pi1 + (1-y)*pi0)`` with ``y = sigmoid(l)`` equals ``sigmoid(l + log pi1 - log pi0)``;
+    with a temperature: ``l' = l + tau * (log pi1 - log pi0)`` (``tau = 1`` is Eq. 3 exactly, 0 disables it).
+
+    Args:
+        logits: ``(B, C)``; pi1, pi0: ``(C,)`` positive / negative rates (``pi0`` defaults to ``1 - pi1``).
+
+    Returns:
+        ``(B, C)`` adjusted logits (use them in the training loss only; predictions use the raw logits).
+    """
+    pi1 = torch.as_tensor(pi1, dtype=logits.dtype, device=logits.device)
+    pi0 = 1 - pi1 if pi0 is None else torch.as_tensor(pi0, dtype=logits.dtype, device=logits.device)
+    return logits + tau * (torch.log(pi1) - torch.log(pi0))
+
+
+def wpc_loss(logits: torch.Tensor, labels: torch.Tensor, label_mask: torch.Tensor,
+             pi1: torch.Tensor | None = None, pi0: torch.Tensor | None = None, tau: float = 1.0) -> torch.Tensor:
+    """Weighted-partial-class loss (Eq. 4) on logit-adjusted outputs (Eq. 3).
+
+    ``L_i = -(1/C) sum_{j labelled} [y_ij log y'_ij + (1 - y_ij) log(1 - y'_ij)]``, averaged over the batch.
+    "Labelled" = the active classes (Eq. 4) plus, in stage 2, the pseudo-labelled entries (Sec. 2.4). The
+    division by C (not by the number of labelled classes) is the "weight" of the partial-class loss.
+
+    Args:
+        logits: ``(B, C)`` raw logits; labels: ``(B, C)`` 0/1; label_mask: ``(B, C)`` bool.
+        pi1, pi0: ``(C,)`` class rates for Eq. 3; None = no adjustment.
+
+    Returns:
+        scalar loss.
+    """
+    z = logits if pi1 is None else logit_adjust(logits, pi1, pi0, tau)
+    per = F.binary_cross_entropy_with_logits(z, labels.to(z.dtype), reduction="none")
+    return (per * label_mask.to(z.dtype)).sum(dim=1).div(logits.shape[1]).mean()
+
+
+def consistency_loss(p_local: torch.Tensor, p_global: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Consistency regularisation (Sec. 2.4): mean squared difference between the local and the global model's
+    probabilities over the masked entries (missing classes without a pseudo label); 0 (with gradient) if none.
+
+    Args:
+        p_local, p_global: ``(B, C)`` sigmoid outputs (``p_global`` is a constant target); mask: ``(B, C)`` bool.
+    """
+    m = mask.to(p_local.dtype)
+    return ((p_local - p_global.detach()) ** 2 * m).sum() / m.sum().clamp_min(1.0)
+
+
+def class_prototypes(features: torch.Tensor, labels: torch.Tensor,
+                     label_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Local dual prototypes (Eq. 5): ``P_n^c = mean of F_i over the samples with y_ic = n`` (n in {0, 1}).
+
+    Args:
+        features: ``(N, D)``; labels: ``(N, C)`` 0/1; label_mask: ``(N, C)`` bool, the entries to use (the
+            site's annotated entries of its active classes).
+
+    Returns:
+        ``(P0 (C, D), P1 (C, D), counts (C, 2) int64)``; a prototype with no sample is a zero row (count 0).
+    """
+    f = features.float()
+    m = label_mask.float()
+    y = labels.float()
+    w1 = y * m  # (N, C)
+    w0 = (1 - y) * m
+    c1, c0 = w1.sum(0), w0.sum(0)
+    p1 = (w1.t() @ f) / c1.clamp_min(1.0)[:, None]
+    p0 = (w0.t() @ f) / c0.clamp_min(1.0)[:, None]
+    counts = torch.stack([c0, c1], dim=1).round().long()
+    return p0, p1, counts
+
+
+def aggregate_prototypes(p0: torch.Tensor, p1: torch.Tensor, counts: torch.Tensor, annotated: torch.Tensor,
+                         site_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Global prototypes (Eq. 6): ``P_n^c = sum_{i in S_c} a_i P_n^{i,c} / sum_{i in S_c} a_i``.
+
+    S_c = the sites that annotate class c; a site whose prototype ``P_n^{i,c}`` has no sample (count 0) is left
+    out of that prototype (it is undefined there). ``a_i = 1`` is the paper (``1/|S_c|``);
+    ``site_weights = n_k`` is the released code. The per-class average is
+    :func:`fedpartial.aggregation.class_average`.
+
+    Args:
+        p0, p1: ``(K, C, D)`` local prototypes; counts: ``(K, C, 2)``; annotated: ``(K, C)`` bool;
+        site_weights: ``(K,)`` or None (uniform).
+
+    Returns:
+        ``(P0 (C, D), P1 (C, D), valid (C, 2) bool)``; rows with no contributing site are 0 and not valid.
+    """
+    K = p0.shape[0]
+    a = np.ones(K) if site_weights is None else np.asarray(site_weights, dtype=np.float64)
+    out, valid = [], []
+    for n, p in enumerate((p0, p1)):
+        w = np.asarray(annotated, dtype=np.float64) * (np.asarray(counts[..., n]) > 0) * a[:, None]  # (K, C)
+        avg, held = class_average(np.asarray(p, dtype=np.float64), w)
+        out.append(torch.as_tensor(avg).to(p.dtype))
+        valid.append(torch.as_tensor(held))
+    return out[0], out[1], torch.stack(valid, dim=1)
+
+
+def prototype_scores(features: torch.Tensor, p0: torch.Tensor, p1: torch.Tensor) -> torch.Tensor:
+    """Prototype confidence (Eq. 7): ``Z_ic = cos(P0^c, F_i) - cos(P1^c, F_i)``; Z < 0 leans positive.
+
+    Args:
+        features: ``(N, D)``; p0, p1: ``(C, D)`` global prototypes.
+
+    Returns:
+        ``(N, C)`` scores in [-2, 2].
+    """
+    return cosine(features, p0) - cosine(features, p1)
+
+
+def select_pseudo_labels(scores: torch.Tensor, already_tagged: torch.Tensor, tau0: float | torch.Tensor,
+                         tau1: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Missing-label detection (Eq. 8-9) on the residual pool of each class.
+
+    For column c, among the samples not yet tagged: the negative candidates (``Z >= 0``) and the positive
+    candidates (``Z < 0``); ``floor(tau0_c * #negative candidates)`` of the largest Z become negatives and
+    ``floor(tau1_c * #positive candidates)`` of the smallest Z become positives. Ties keep the lower index.
+
+    Args:
+        scores: ``(N,)`` or ``(N, C)`` Z scores (NaN = never selected).
+        already_tagged: same shape, bool: samples tagged in earlier rounds (excluded, "residual samples").
+        tau0, tau1: shares in [0, 1], scalars or ``(C,)`` (a 0 share selects nothing for that class).
+
+    Returns:
+        ``(new_negatives, new_positives)``: bool masks of the shape of ``scores``.
+    """
+    z = scores if scores.dim() == 2 else scores[:, None]
+    tagged = (already_tagged if already_tagged.dim() == 2 else already_tagged[:, None]).bool()
+    C = z.shape[1]
+    t0 = torch.as_tensor(tau0, dtype=torch.float64).expand(C)
+    t1 = torch.as_tensor(tau1, dtype=torch.float64).expand(C)
+    neg = torch.zeros_like(tagged)
+    pos = torch.zeros_like(tagged)
+    for c in range(C):
+        zc, free = z[:, c], ~tagged[:, c]
+        for sel, cand, share, descending in ((neg, free & (zc >= 0), float(t0[c]), True),
+                                             (pos, free & (zc < 0), float(t1[c]), False)):
+            idx = torch.nonzero(cand, as_tuple=False).flatten()
+            k = int(math.floor(share * idx.numel() + 1e-9))
+            if k <= 0:
+                continue
+            order = torch.sort(zc[idx], descending=descending, stable=True).indices[:k]
+            sel[idx[order], c] = True
+    if scores.dim() == 1:
+        return neg[:, 0], pos[:, 0]
+    return neg, pos
+
+
+def accumulate_tags(tags: torch.Tensor, new_negatives: torch.Tensor, new_positives: torch.Tensor) -> torch.Tensor:
+    """Permanent tags (Sec. 2.3.2): ``tags`` is ``(N, C)`` int8 with -1 = untagged, 0 / 1 = pseudo label; new
+    selections are written only where the entry is still untagged (earlier tags are never revised)."""
+    free = tags < 0
+    out = tags.clone()
+    out[free & new_negatives.bool()] = 0
+    out[free & new_positives.bool()] = 1
+    return out
+
+
+def learning_degree(probs: torch.Tensor, L: float = 0.3, R: float = 0.7) -> torch.Tensor:
+    """Local learning degree (Eq. 10, left): ``d_c^k = #{i: p_ic < L or p_ic > R} / N_k``.
+
+    Args:
+        probs: ``(N, C)`` sigmoid outputs on all local samples.
+
+    Returns:
+        ``(C,)`` (the caller keeps the missing classes).
+    """
+    confident = (probs < L) | (probs > R)
+    return confident.float().mean(0) if probs.shape[0] else torch.zeros(probs.shape[1])
+
+
+def aggregate_learning_degree(degrees: torch.Tensor, site_sizes: torch.Tensor, missing: torch.Tensor,
+                              fallback: float = 1.0) -> torch.Tensor:
+    """Global learning degree (Eq. 10, right): ``d_c^G = sum_k |D_k| d_c^k / sum_k |D_k|`` over the sites k where
+    class c is missing; ``fallback`` where no site misses c.
+
+    Args:
+        degrees: ``(K, C)``; site_sizes: ``(K,)``; missing: ``(K, C)`` bool.
+
+    Returns:
+        ``(C,)`` float64.
+    """
+    w = missing.to(torch.float64) * torch.as_tensor(site_sizes, dtype=torch.float64)[:, None]
+    total = w.sum(0)
+    d = (w * torch.nan_to_num(degrees.to(torch.float64))).sum(0) / total.clamp_min(1e-12)
+    return torch.where(total > 0, d, torch.full_like(d, float(fallback)))
+
+
+def selection_ratios(global_degree: torch.Tensor, T0: float, T1: float,
+                     adaptive: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Self-adaptive threshold (Sec. 2.3.3): ``tau0 = d_c^G * T0``, ``tau1 = d_c^G * T1``; fixed ``T0`` / ``T1``
+    when ``adaptive`` is False (ablation without ST, and the released code)."""
+    d = torch.as_tensor(global_degree, dtype=torch.float64)
+    if not adaptive:
+        d = torch.ones_like(d)
+    return d * T0, d * T1

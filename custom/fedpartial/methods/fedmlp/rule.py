@@ -1,0 +1,83 @@
+"""FedMLP's server rule: FedAvg of the weights, global prototypes and learning degrees back to the sites."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+import numpy as np
+import torch
+
+from ..base import Contribution, RuleOptions, ServerRule
+from ..options import opt
+from .maths import (META_COUNTS, META_DEGREE, META_GLOBAL_DEGREE, META_GLOBAL_P0, META_GLOBAL_P1, META_GLOBAL_VALID,
+                    META_P0, META_P1, aggregate_learning_degree, aggregate_prototypes)
+
+
+@dataclass
+class FedMLPRuleOptions(RuleOptions):
+    """FedMLP's server options (method_args)."""
+
+    parity: Literal["paper", "code"] = opt("paper", "'code': prototypes averaged with n_k weights (released code)")
+    proto_weighting: Literal["uniform", "samples"] | None = opt(None, "Eq. 6 weights: uniform 1/|S_c| or n_k; overrides parity")
+
+
+class FedMLPRule(ServerRule):
+    """FedAvg (n_k) of the weights; global prototypes (Eq. 6) over the sites annotating each class and the
+    global learning degree (Eq. 10) over the sites missing it, sent to the sites as the next round's meta.
+
+    Options: :class:`FedMLPRuleOptions`.
+
+    A class no contributing site annotates this round keeps its previous global prototypes; a class no
+    contributing site misses keeps its previous degree (1 if none yet).
+    """
+
+    Options = FedMLPRuleOptions
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.proto_weighting = self.opts.proto_weighting or ("samples" if self.opts.parity == "code" else "uniform")
+        self.p0: torch.Tensor | None = None
+        self.p1: torch.Tensor | None = None
+        self.valid: torch.Tensor | None = None
+        self.degree: torch.Tensor | None = None
+
+    def aggregate(self, previous, contributions: list[Contribution], groups, round_num, summary=None):
+        weights = self.average(previous, contributions, groups)
+        with_stats = [c for c in contributions if META_P0 in c.meta]
+        if with_stats:
+            self._update(with_stats)
+        if self.p0 is None:
+            return weights, {}
+        return weights, {
+            META_GLOBAL_P0: self.p0.numpy().astype(np.float32), META_GLOBAL_P1: self.p1.numpy().astype(np.float32),
+            META_GLOBAL_VALID: self.valid.tolist(), META_GLOBAL_DEGREE: [float(v) for v in self.degree],
+        }
+
+    def _update(self, contributions: Sequence[Contribution]) -> None:
+        p0 = torch.stack([torch.as_tensor(np.asarray(c.meta[META_P0]), dtype=torch.float32) for c in contributions])
+        p1 = torch.stack([torch.as_tensor(np.asarray(c.meta[META_P1]), dtype=torch.float32) for c in contributions])
+        counts = torch.stack([torch.as_tensor(np.asarray(c.meta[META_COUNTS]), dtype=torch.int64) for c in contributions])
+        annotated = torch.stack([torch.as_tensor(c.annotated, dtype=torch.bool) for c in contributions])
+        sizes = torch.as_tensor([c.n for c in contributions], dtype=torch.float64)
+        g0, g1, valid = aggregate_prototypes(p0, p1, counts, annotated,
+                                             sizes if self.proto_weighting == "samples" else None)
+        if self.p0 is None or self.p0.shape != g0.shape:
+            self.p0, self.p1, self.valid = g0, g1, valid
+        else:  # keep the previous prototype where nobody contributed one this round
+            self.p0 = torch.where(valid[:, :1], g0, self.p0)
+            self.p1 = torch.where(valid[:, 1:], g1, self.p1)
+            self.valid = self.valid | valid
+        degrees = torch.stack([torch.as_tensor(np.asarray(c.meta[META_DEGREE]), dtype=torch.float64) for c in contributions])
+        missing = ~annotated
+        d = aggregate_learning_degree(degrees, sizes, missing)
+        if self.degree is not None and self.degree.shape == d.shape:
+            d = torch.where(missing.any(0), d, self.degree)
+        self.degree = d
+
+    def state_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("p0", "p1", "valid", "degree") if getattr(self, k) is not None}
+
+    def load_state_dict(self, state: dict) -> None:
+        for k in ("p0", "p1", "valid", "degree"):
+            setattr(self, k, state.get(k))

@@ -1,0 +1,216 @@
+"""FedMLP's local trainer: two stages, prototypes and learning degrees to the server, pseudo labels kept."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ...losses import masked_bce
+from ..base import LocalTrainer, RoundOutput, SiteContext, TrainerOptions
+from ..common import frozen_copy, label_table, whole_set_pass
+from ..options import opt
+from .maths import (META_COUNTS, META_DEGREE, META_GLOBAL_DEGREE, META_GLOBAL_P0, META_GLOBAL_P1, META_GLOBAL_VALID,
+                    META_P0, META_P1, accumulate_tags, class_prototypes, class_rates, consistency_loss,
+                    learning_degree, prototype_scores, select_pseudo_labels, selection_ratios, summary_rates,
+                    wpc_loss)
+
+Parity = Literal["paper", "code"]
+
+
+@dataclass
+class FedMLPOptions(TrainerOptions):
+    """FedMLP's site options (method_args)."""
+
+    warmup_rounds: int = opt(50, "stage-1 rounds t1 (prototypes sent from warmup_rounds - 1, tags from warmup_rounds)")
+    L: float = opt(0.3, "lower confidence bound of the learning degree (Eq. 10)")
+    R: float = opt(0.7, "upper confidence bound of the learning degree (Eq. 10)")
+    T0: float = opt(0.005, "base share of negative candidates tagged per round (Eq. 8)")
+    T1: float = opt(0.01, "base share of positive candidates tagged per round (Eq. 9)")
+    tau: float = opt(1.0, "logit-adjustment temperature (Eq. 2-3); 0 disables it")
+    mld: bool = opt(True, "missing-label detection (stage-2 pseudo labels)")
+    wpc: bool = opt(True, "weighted-partial-class loss + logit adjustment; False = Eq. 1 BCE with untagged missing as 0")
+    cr: bool = opt(True, "consistency to the received global model on missing entries without a pseudo label")
+    cr_warmup: bool = opt(True, "apply CR during the warm-up too (released code; Sec. 2.2 reads stage 1 as L_WPC alone)")
+    cr_weight: float = opt(1.0, "weight of the CR term")
+    st: bool = opt(True, "self-adaptive threshold tau = d_c^G * T; False = fixed T0 / T1")
+    global_rates: bool = opt(False, "class rates of Eq. 3 from the data summary (all sites) instead of the site's")
+    parity: Parity = opt("paper", "'code': the released code's loss, fixed T, no stage-2 CR, one stage-2 view")
+    feature_view: Literal["eval", "weak", "strong"] | None = opt(None, "view of the feature pass (None: eval, weak for parity code)")
+
+    def __post_init__(self):
+        if not 0.0 <= self.L <= self.R <= 1.0:
+            raise ValueError(f"need 0 <= L <= R <= 1, got L={self.L}, R={self.R}")
+        for name in ("T0", "T1"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be a share in [0, 1], got {getattr(self, name)}")
+
+
+class FedMLPTrainer(LocalTrainer):
+    """FedMLP's local training (multi-label only).
+
+    Options: :class:`FedMLPOptions`.
+    """
+
+    Options = FedMLPOptions
+    tasks = ("multilabel",)
+
+    def __init__(self, ctx: SiteContext, **options):
+        super().__init__(ctx, **options)
+        self.feature_view = self.opts.feature_view or ("weak" if self.opts.parity == "code" else "eval")
+        self.annotated = torch.as_tensor(np.asarray(ctx.annotated, dtype=bool))
+        self.tags: torch.Tensor | None = None  # (N, C) int8: -1 untagged, 0 / 1 permanent pseudo labels
+        self._table: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._warned_rates = False
+
+    # -- pieces (public for tests) --------------------------------------------------------------------
+    @property
+    def adaptive(self) -> bool:
+        return self.opts.st and self.opts.parity == "paper"
+
+    def use_cr(self, stage2: bool) -> bool:
+        if not self.opts.cr:
+            return False
+        return (self.opts.parity == "paper") if stage2 else self.opts.cr_warmup
+
+    def supervised_loss(self, logits: torch.Tensor, labels: torch.Tensor, label_mask: torch.Tensor,
+                        pi1: torch.Tensor | None, pi0: torch.Tensor | None) -> torch.Tensor:
+        """The supervised term on (annotated + pseudo) labels for the configured variant."""
+        if self.opts.parity == "code":
+            return masked_bce(logits, labels, label_mask)
+        if not self.opts.wpc:  # Eq. 1: every class, missing (untagged) entries as negatives
+            return F.binary_cross_entropy_with_logits(logits, labels * label_mask.to(labels.dtype))
+        return wpc_loss(logits, labels, label_mask, pi1, pi0, self.opts.tau)
+
+    def rates(self, labels: torch.Tensor, label_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(pi1, pi0)`` for Eq. 3: the site's labelled entries, or the data summary with ``global_rates``."""
+        if self.opts.global_rates:
+            if self.ctx.summary:
+                return summary_rates(self.ctx.summary, self.ctx.num_classes)
+            if not self._warned_rates:
+                self.ctx.log.warning("fedmlp: global_rates set but no data summary received; using local rates")
+                self._warned_rates = True
+        return class_rates(labels, label_mask)
+
+    # -- data helpers ---------------------------------------------------------------------------------
+    def _label_table(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._table is None:
+            self._table = label_table(self.ctx.data)
+        return self._table
+
+    def _ensure_tags(self, n: int) -> None:
+        C = self.ctx.num_classes
+        if self.tags is None or tuple(self.tags.shape) != (n, C):
+            if self.tags is not None:
+                self.ctx.log.warning(f"fedmlp: stored pseudo labels have shape {tuple(self.tags.shape)}, the "
+                                     f"training set is ({n}, {C}); starting from no pseudo labels")
+            self.tags = torch.full((n, C), -1, dtype=torch.int8)
+
+    def _features(self, model: torch.nn.Module, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(features (N, D), probs (N, C))`` of every training sample (row-index order), model in eval mode."""
+        loader = self.loader({"image": self.feature_view}, shuffle=False, batch_size=self.inference_batch_size)
+        return whole_set_pass(model, loader, n, "multilabel", self.ctx.device, features=True)
+
+    # -- the round ------------------------------------------------------------------------------------
+    def train_round(self, round_num: int, num_rounds: int, global_meta: dict) -> RoundOutput:
+        model = self.ctx.model
+        stage2 = round_num >= self.opts.warmup_rounds
+        use_cr = self.use_cr(stage2)
+        teacher = frozen_copy(model) if use_cr or (stage2 and self.opts.mld) else None  # the received model
+        labels, mask = self._label_table()
+        n = labels.shape[0]
+        self._ensure_tags(n)
+        meta: dict = {"fedmlp_stage": 2 if stage2 else 1}
+        if stage2 and self.opts.mld:
+            meta.update(self._tag_missing_labels(teacher, global_meta or {}, n))
+
+        tagged = self.tags >= 0
+        eff_mask = mask | tagged
+        eff_labels = torch.where(mask, labels, torch.where(tagged, self.tags.float(), torch.zeros_like(labels)))
+        pi1, pi0 = self.rates(eff_labels, eff_mask)
+        pi1, pi0 = pi1.to(self.ctx.device), pi0.to(self.ctx.device)
+        one_view = stage2 and self.opts.parity == "code"
+        views = {"image": "weak"} if one_view else {"image": "weak", "image_2": "weak"}
+
+        self.train_mode()
+        self.make_optimizer()
+        total, steps = 0.0, 0
+        tags_dev = self.tags.to(self.ctx.device)
+        for batch in self.batches(views, round_num):
+            idx = batch["index"].long()
+            m = batch["mask"].bool()
+            t = tags_dev[idx]
+            tg = (t >= 0) & ~m
+            y = torch.where(m, batch["label"].float(), torch.where(tg, t.float(), torch.zeros_like(batch["label"].float())))
+            lab = m | tg
+            cr_mask = ~lab
+            losses = []
+            for key in views:
+                x = batch[key]
+                logits = model(x)
+                loss = self.supervised_loss(logits, y, lab, pi1, pi0)
+                if use_cr and cr_mask.any():
+                    with torch.no_grad():
+                        pg = torch.sigmoid(teacher(x))
+                    loss = loss + self.opts.cr_weight * consistency_loss(torch.sigmoid(logits), pg, cr_mask)
+                losses.append(loss)
+            loss = torch.stack(losses).mean()
+            self.step(loss)
+            total += float(loss.detach())
+            steps += 1
+        del teacher
+
+        if round_num >= self.opts.warmup_rounds - 1:
+            meta.update(self._local_statistics(model, labels, mask, n))
+        meta["fedmlp_pseudo_negatives"] = (self.tags == 0).sum(0).tolist()
+        meta["fedmlp_pseudo_positives"] = (self.tags == 1).sum(0).tolist()
+        return RoundOutput(steps=steps, loss=total / max(steps, 1), meta=meta)
+
+    def _tag_missing_labels(self, teacher: torch.nn.Module, global_meta: dict, n: int) -> dict:
+        """Stage-2 missing-label detection with the received global model's features (Eq. 7-9)."""
+        if META_GLOBAL_P0 not in global_meta:
+            self.ctx.log.warning("fedmlp: stage 2 but no global prototypes received; no pseudo labels this round")
+            return {"fedmlp_new_pseudo": 0}
+        p0 = torch.as_tensor(np.asarray(global_meta[META_GLOBAL_P0]), dtype=torch.float32)
+        p1 = torch.as_tensor(np.asarray(global_meta[META_GLOBAL_P1]), dtype=torch.float32)
+        valid = torch.as_tensor(np.asarray(global_meta.get(META_GLOBAL_VALID, np.ones((p0.shape[0], 2), bool)), dtype=bool))
+        degree = torch.as_tensor(np.asarray(global_meta.get(META_GLOBAL_DEGREE, np.ones(p0.shape[0])), dtype=np.float64))
+        usable = ~self.annotated & valid.all(dim=1)
+        received = {"fedmlp_received_prototypes": int(valid.all(dim=1).sum())}  # classes with both P0 and P1
+        if not bool(usable.any()):
+            return {"fedmlp_new_pseudo": 0, **received}
+        feats, _ = self._features(teacher, n)
+        if feats.shape[1] != p0.shape[1]:
+            raise ValueError(f"fedmlp: global prototypes have dimension {p0.shape[1]}, features {feats.shape[1]}")
+        z = prototype_scores(feats, p0, p1)
+        tau0, tau1 = selection_ratios(degree, self.opts.T0, self.opts.T1, adaptive=self.adaptive)
+        tau0, tau1 = tau0 * usable, tau1 * usable
+        neg, pos = select_pseudo_labels(z, self.tags >= 0, tau0, tau1)
+        before = int((self.tags >= 0).sum())
+        self.tags = accumulate_tags(self.tags, neg & usable, pos & usable)
+        return {"fedmlp_new_pseudo": int((self.tags >= 0).sum()) - before, "fedmlp_tau0": tau0.tolist(),
+                "fedmlp_tau1": tau1.tolist(), **received}
+
+    def _local_statistics(self, model: torch.nn.Module, labels: torch.Tensor, mask: torch.Tensor, n: int) -> dict:
+        """Local prototypes of the active classes (Eq. 5) and learning degrees (Eq. 10) with the trained model."""
+        feats, probs = self._features(model, n)
+        active_mask = mask & self.annotated[None, :]
+        p0, p1, counts = class_prototypes(feats, labels, active_mask)
+        degree = learning_degree(probs, self.opts.L, self.opts.R)
+        return {META_P0: p0.numpy().astype(np.float32), META_P1: p1.numpy().astype(np.float32),
+                META_COUNTS: counts.numpy().astype(np.int64), META_DEGREE: degree.numpy().astype(np.float64)}
+
+    # -- persistence ----------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        if self.tags is not None:
+            state["fedmlp_tags"] = self.tags.clone().cpu()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        tags = state.get("fedmlp_tags")
+        self.tags = None if tags is None else torch.as_tensor(tags, dtype=torch.int8).clone()

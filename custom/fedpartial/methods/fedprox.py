@@ -1,0 +1,36 @@
+"""FedProx (Li et al., MLSys 2020): the supervised local loss plus ``mu/2 ||w - w_global||^2`` against the weights
+received this round (NVFlare's ``PTFedProxLoss``). ``fedprox_masked`` adds the class-masked classifier rows
+(FedLSM's FedProx*). The whole method is one extra loss term on :class:`~.baselines.SupervisedTrainer`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from nvflare.app_opt.pt.fedproxloss import PTFedProxLoss
+
+from .baselines import MaskedRule, SupervisedOptions, SupervisedTrainer
+from .base import ServerRule
+from .common import frozen_copy
+from .options import opt
+
+
+@dataclass
+class FedProxOptions(SupervisedOptions):
+    mu: float = opt(0.01, "weight of the proximal term mu/2 ||w - w_global||^2")
+
+
+class FedProxTrainer(SupervisedTrainer):
+    Options = FedProxOptions
+
+    def start_round(self, round_num: int, global_meta: dict) -> None:
+        self.global_model = frozen_copy(self.ctx.model)  # the weights received this round
+        self.prox = PTFedProxLoss(mu=self.opts.mu)
+
+    def extra_loss(self, batch: dict, logits: torch.Tensor) -> torch.Tensor:
+        return self.prox(self.ctx.model, self.global_model)
+
+
+def register_all(register) -> None:
+    register("fedprox", FedProxTrainer, ServerRule, doc="FedProx, partial loss", missing="partial")
+    register("fedprox_masked", FedProxTrainer, MaskedRule, doc="FedProx* (class-masked rows)", missing="partial")

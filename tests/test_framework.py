@@ -1,0 +1,303 @@
+"""The method framework: site hooks (receive / export / participation), parameter groups by module type, norm
+policies (FedAvg / FedBN / FedBN+), checked options, the job spec check, seeds, and a server rule that raises."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from nvflare.apis.dxo import DXO, DataKind, from_shareable
+from nvflare.apis.fl_constant import ReservedKey
+from nvflare.apis.fl_context import FLContext
+from nvflare.app_common.abstract.model import ModelLearnableKey
+from nvflare.app_common.app_constant import AppConstants
+from torch import nn
+
+from fedpartial.fl.aggregator import PartialLabelAggregator
+from fedpartial.fl.executor import PartialLabelExecutor
+from fedpartial.fl.keys import META_GROUPS, META_N_TRAIN, META_RULE_ERROR, META_WEIGHT
+from fedpartial.fl.spec import job_spec, spec_mismatch
+from fedpartial.methods import Contribution, OptionError, ServerRule, SiteContext, get_method, register
+from fedpartial.methods.baselines import SupervisedTrainer
+from fedpartial.models import PartialLabelNet, parameter_groups
+from fedpartial.seeding import site_seed
+
+from test_fedmlp import _site  # a fake multi-label site (images with class signal)
+
+
+# ------------------------------------------------------------------------------------------ options
+
+def test_misspelled_method_option_names_key_and_closest():
+    m = get_method("fedmlp")
+    with pytest.raises(OptionError) as e:
+        m.split_options({"warmup_round": 5}, "job 'fedmlp_ich', site 'site-1', executor")
+    msg = str(e.value)
+    assert "job 'fedmlp_ich'" in msg and "executor" in msg and "'warmup_round'" in msg
+    assert "did you mean 'warmup_rounds'" in msg
+    assert m.split_options({"warmup_rounds": 5, "proto_weighting": "samples"}) == (
+        {"warmup_rounds": 5}, {"proto_weighting": "samples"})
+
+
+@pytest.mark.parametrize("key,closest", [("local_epoch", "local_epochs"), ("optimiser", "optimizer"),
+                                         ("batchsize", "batch_size")])
+def test_misspelled_train_option_is_an_error(key, closest):
+    with pytest.raises(OptionError, match=f"'{key}'.*did you mean '{closest}'"):
+        SiteContext(site="s", task="multilabel", classes=["a"], annotated=np.ones(1, bool), model=None, data=None,
+                    device=torch.device("cpu"), state_dir=Path("."), train={key: 1})
+    with pytest.raises(OptionError, match="learning_rate"):  # no close name: the valid ones are listed
+        SiteContext(site="s", task="multilabel", classes=["a"], annotated=np.ones(1, bool), model=None, data=None,
+                    device=torch.device("cpu"), state_dir=Path("."), train={"learning_rate": 0.1})
+
+
+def test_option_types_and_choices_are_checked():
+    m = get_method("fedlsm")
+    ctx = _site("s", [True, False, True])
+    with pytest.raises(OptionError, match="'ue' must be bool"):
+        m.make_trainer(ctx, {"ue": "false"})
+    with pytest.raises(OptionError, match="'awpa' must be one of"):
+        m.make_rule({"awpa": "adaptiv"})
+    with pytest.raises(OptionError, match="must be one of 'adam', 'sgd'"):
+        ctx.train = {"optimizer": "adamw"}
+
+
+def test_executor_checks_its_options_before_anything_runs():
+    ex = PartialLabelExecutor(dataset="ich_phantom", method="fedavg", train={"local_epoch": 2})
+    with pytest.raises(OptionError, match="job 'j'.*'train'.*'local_epoch'.*did you mean 'local_epochs'"):
+        ex._check_options("job 'j', site 'site-1', executor")
+    ex = PartialLabelExecutor(dataset="ich_phantom", method="fedavg", evaluation={"test_evry": 2})
+    with pytest.raises(OptionError, match="did you mean 'test_every'"):
+        ex._check_options("job 'j'")
+
+
+def test_unknown_method_suggests_the_closest():
+    with pytest.raises(ValueError, match="did you mean 'fedmlp'"):
+        get_method("fedmpl")
+
+
+# ------------------------------------------------------------------------------------------ job spec
+
+def test_spec_mismatch_between_server_and_site():
+    server = job_spec("fedavg", {}, {"arch": "small_cnn", "in_channels": 3})
+    assert spec_mismatch(server, job_spec("fedavg", {}, {"arch": "small_cnn"})) is None  # defaults filled in
+    assert "server runs method 'fedavg', this site 'fedmlp'" in spec_mismatch(server, job_spec("fedmlp", {}, {}))
+    a, b = job_spec("fedmlp", {"warmup_rounds": 5}, {}), job_spec("fedmlp", {"warmup_rounds": 50}, {})
+    assert "warmup_rounds = 5 at the server, 50 here" in spec_mismatch(a, b)
+    assert "width = 16 at the server, 8 here" in spec_mismatch(server, job_spec("fedavg", {}, {"width": 8}))
+
+
+# ------------------------------------------------------------------------------------------ seeds
+
+def test_site_seeds_from_a_stable_hash_of_the_name():
+    a, b = site_seed(0, "hospital-a"), site_seed(0, "hospital-b")
+    assert a != b  # the old digit-based seed gave both 0
+    expected = int.from_bytes(hashlib.sha256(b"0/hospital-a").digest()[:4], "big") & 0x7FFFFFFF
+    assert a == expected and site_seed(1, "hospital-a") != a
+
+
+# ------------------------------------------------------------------------------------------ parameter groups
+
+class _OddNames(nn.Module):
+    """Names that would fool a name-based split: a conv called 'bn', a norm called 'classifier_norm'."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.Conv2d(3, 4, 3)
+        self.classifier_norm = nn.GroupNorm(2, 4)
+        self.inorm = nn.InstanceNorm2d(4, affine=True, track_running_stats=True)
+        self.hidden = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+        self.classifier = nn.Linear(4, 2)
+
+
+def test_parameter_groups_by_module_type():
+    g = parameter_groups(_OddNames())
+    assert g["encoder"] == ["bn.weight", "bn.bias"]
+    assert set(g["norm"]) == {"classifier_norm.weight", "classifier_norm.bias", "inorm.weight", "inorm.bias",
+                              "inorm.running_mean", "inorm.running_var", "inorm.num_batches_tracked",
+                              "hidden.1.weight", "hidden.1.bias", "hidden.1.running_mean", "hidden.1.running_var",
+                              "hidden.1.num_batches_tracked"}
+    assert g["head"] == ["hidden.0.weight", "hidden.0.bias"]
+    assert g["classifier"] == ["classifier.weight", "classifier.bias"]
+
+
+def test_surgical_head_is_a_model_option():
+    net = PartialLabelNet("small_cnn", 3, 3, width=4, head_hidden=256, head_dropout=0.3)
+    g = net.parameter_groups()
+    assert g["head"] == ["hidden.0.weight", "hidden.0.bias"] and net.classifier.in_features == 256
+    assert net(torch.zeros(2, 3, 16, 16)).shape == (2, 3)
+
+
+# ------------------------------------------------------------------------------------------ site hooks
+
+def _global_like(model: nn.Module, value: float) -> dict:
+    return {k: np.full(tuple(v.shape), value, dtype=v.detach().numpy().dtype) for k, v in model.state_dict().items()}
+
+
+def test_fedbn_receive_keeps_the_sites_norm_statistics_across_rounds():
+    ctx = _site("site-1", [True, True, False], n=16)
+    tr = SupervisedTrainer(ctx, norm="local")
+    groups = ctx.model.parameter_groups()
+    tr.receive(_global_like(ctx.model, 0.5))  # first round: everything loaded (no local state yet)
+    assert all(np.allclose(v.numpy(), 0.5) for v in ctx.model.state_dict().values() if v.is_floating_point())
+    tr.train_round(0, 2, {})
+    tr.has_local_state = True  # as the executor marks it after a round
+    local_norm = {k: ctx.model.state_dict()[k].clone() for k in groups["norm"]}
+    assert any(not torch.allclose(v.float(), torch.full_like(v.float(), 0.5)) for k, v in local_norm.items()
+               if "running" in k)
+    tr.receive(_global_like(ctx.model, 2.0))  # round 2: a new encoder, the site's own norm layers
+    state = ctx.model.state_dict()
+    for k in groups["norm"]:
+        assert torch.equal(state[k], local_norm[k]), k
+    for k in groups["encoder"] + groups["classifier"]:
+        assert np.allclose(state[k].numpy(), 2.0), k
+    # FedAvg (norm: average) loads the received norm layers
+    plain = SupervisedTrainer(_site("site-2", [True, True, False], n=16))
+    plain.has_local_state = True
+    plain.receive(_global_like(plain.ctx.model, 2.0))
+    assert all(np.allclose(plain.ctx.model.state_dict()[k].numpy(), 2.0) for k in groups["norm"] if "num_batches" not in k)
+
+
+def test_pfl_keeps_the_local_classifier():
+    ctx = _site("site-1", [True, True, False], n=16)
+    tr = SupervisedTrainer(ctx, keep_local=["classifier"])
+    tr.has_local_state = True
+    before = ctx.model.classifier.weight.detach().clone()
+    tr.receive(_global_like(ctx.model, 1.0))
+    assert torch.equal(ctx.model.classifier.weight, before)
+    assert np.allclose(ctx.model.state_dict()["encoder.body.0.weight"].numpy(), 1.0)
+
+
+def test_fedbn_plus_freezes_norm_layers_in_training_and_at_the_server():
+    ctx = _site("site-1", [True, True, False], n=16)
+    tr = SupervisedTrainer(ctx, norm="frozen")
+    groups = ctx.model.parameter_groups()
+    before = {k: v.clone() for k, v in ctx.model.state_dict().items()}
+    tr.train_round(0, 1, {})
+    after = ctx.model.state_dict()
+    assert all(torch.equal(after[k], before[k]) for k in groups["norm"])  # statistics and affine frozen
+    assert not torch.equal(after["encoder.body.0.weight"], before["encoder.body.0.weight"])
+    rule = get_method("fedavg").make_rule({"norm": "frozen"})
+    prev = {k: v.numpy() for k, v in before.items()}
+    moved = {k: v + 1 if np.issubdtype(v.dtype, np.floating) else v for k, v in prev.items()}
+    out, _ = rule.aggregate(prev, [Contribution("a", moved, 10.0, {})], groups, 0)
+    assert all(np.array_equal(out[k], prev[k]) for k in groups["norm"])
+    assert np.allclose(out["encoder.body.0.weight"], prev["encoder.body.0.weight"] + 1)
+
+
+def test_site_weighting_uniform_and_participation():
+    rule = ServerRule(site_weighting="uniform")
+    cons = [Contribution("a", {"w": np.array([0.0])}, 10.0, {}), Contribution("b", {"w": np.array([3.0])}, 30.0, {})]
+    assert rule.aggregate(None, cons, {}, 0)[0]["w"][0] == pytest.approx(1.5)
+    assert ServerRule().aggregate(None, cons, {}, 0)[0]["w"][0] == pytest.approx(2.25)
+    cons[1].weight = 0.5  # half weight this round: a_b = 30 * 0.5
+    assert ServerRule().aggregate(None, cons, {}, 0)[0]["w"][0] == pytest.approx(45 / 25)
+
+
+# ------------------------------------------------------------------------------------------ the aggregator
+
+class _Engine:
+    def __init__(self, components=None):
+        self.components = components or {}
+
+    def get_component(self, cid):
+        return self.components.get(cid)
+
+    def fire_event(self, event_type, fl_ctx):
+        pass
+
+
+def _ctx(previous: dict, rnd: int) -> FLContext:
+    fl_ctx = FLContext()
+    fl_ctx.set_prop(ReservedKey.ENGINE, _Engine(), private=True, sticky=False)
+    fl_ctx.set_prop(AppConstants.GLOBAL_MODEL, {ModelLearnableKey.WEIGHTS: previous}, private=True, sticky=False)
+    fl_ctx.set_prop(AppConstants.CURRENT_ROUND, rnd, private=True, sticky=False)
+    return fl_ctx
+
+
+def _send(agg: PartialLabelAggregator, fl_ctx: FLContext, site: str, value: float, n: float, weight: float = 1.0):
+    peer = FLContext()
+    peer.set_prop(ReservedKey.IDENTITY_NAME, site, private=True, sticky=False)
+    fl_ctx.set_peer_context(peer)
+    meta = {META_N_TRAIN: n, META_WEIGHT: weight, META_GROUPS: {"classifier": []}, "annotated": [True]}
+    assert agg.accept(DXO(DataKind.WEIGHTS, {"w": np.array([value], np.float32)}, meta).to_shareable(), fl_ctx)
+
+
+def test_participation_weight_zero_leaves_the_average_of_the_others():
+    agg = PartialLabelAggregator("fedavg")
+    prev = {"w": np.array([0.0], np.float32)}
+    fl_ctx = _ctx(prev, 3)
+    _send(agg, fl_ctx, "site-1", 1.0, 10)
+    _send(agg, fl_ctx, "site-2", 4.0, 30)
+    _send(agg, fl_ctx, "site-3", 100.0, 60, weight=0.0)  # sits the round out
+    out = from_shareable(agg.aggregate(fl_ctx))
+    assert out.data["w"][0] == pytest.approx((10 * 1 + 30 * 4) / 40)
+    assert out.meta["fedpartial_sat_out"] == ["site-3"]
+
+
+class _Exploding(ServerRule):
+    calls = 0
+
+    def aggregate(self, previous, contributions, groups, round_num, summary=None):
+        type(self).calls += 1
+        if type(self).calls == 1:
+            return super().aggregate(previous, contributions, groups, round_num)[0], {"kept": [1, 2]}
+        raise RuntimeError("boom")
+
+
+def test_a_rule_that_raises_keeps_the_previous_model_and_meta_then_stops_cleanly():
+    register("exploding_test_rule", SupervisedTrainer, _Exploding)
+    agg = PartialLabelAggregator("exploding_test_rule", max_rule_failures=2)
+    panics = []
+    agg.system_panic = lambda reason, fl_ctx: panics.append(reason)
+    prev = {"w": np.array([0.0], np.float32)}
+    fl_ctx = _ctx(prev, 0)
+    _send(agg, fl_ctx, "site-1", 2.0, 10)
+    first = from_shareable(agg.aggregate(fl_ctx))
+    assert first.data["w"][0] == pytest.approx(2.0) and first.meta["kept"] == [1, 2]
+    for rnd in (1, 2):
+        fl_ctx = _ctx(first.data, rnd)
+        _send(agg, fl_ctx, "site-1", 7.0, 10)
+        out = from_shareable(agg.aggregate(fl_ctx))
+        assert out.data["w"][0] == pytest.approx(2.0)  # previous model kept
+        assert out.meta["kept"] == [1, 2]  # previous method meta kept (sites keep e.g. their prototypes)
+        assert f"round {rnd}: RuntimeError: boom" in out.meta[META_RULE_ERROR]
+        assert len(panics) == (rnd - 1)  # the second consecutive failure stops the job
+    assert "failed 2 rounds in a row" in panics[0]
+
+
+def test_option_errors_reach_the_server_side_too():
+    with pytest.raises(OptionError, match="server aggregator.*'row_weight'.*did you mean 'row_weighting'"):
+        PartialLabelAggregator("fedavg_masked", {"row_weight": "uniform"})
+
+
+# ------------------------------------------------------------------------------------------ site roles
+
+def _manifest(tmp_path: Path, header: str, rows: list[str]) -> Path:
+    from PIL import Image
+
+    for i in range(len(rows)):
+        Image.new("RGB", (8, 8)).save(tmp_path / f"{i}.png")
+    path = tmp_path / "train.csv"
+    path.write_text(header + "\n" + "\n".join(rows) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("accepts", [False, True])
+def test_unlabelled_site_only_where_the_trainer_accepts_it(tmp_path, accepts):
+    class Semi(SupervisedTrainer):
+        accepts_unlabelled = True
+
+    ex = PartialLabelExecutor(dataset="ich_phantom")
+    ex.method_spec = SimpleNamespace(trainer=Semi if accepts else SupervisedTrainer)
+    ex.classes, ex.task_type = ["a", "b"], "multilabel"
+    train = _manifest(tmp_path, "image", ["0.png", "1.png"])  # a plain list of images
+    ex.site_data = SimpleNamespace(data_root=tmp_path, train=train, val=None, test=None)
+    if accepts:
+        ex._read_manifests("site-9")
+        assert len(ex.manifests["train"]) == 2 and not ex.manifests["train"].annotated.any()
+    else:
+        with pytest.raises(ValueError, match="no class is annotated"):
+            ex._read_manifests("site-9")

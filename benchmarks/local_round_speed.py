@@ -116,14 +116,13 @@ def main(argv=None) -> int:
             bare_round(model, images, labels, args.steps, args.batch_size, gen)
             times["bare"].append(time.perf_counter() - t)
         for name in args.methods:
-            trainer_cls, _, defaults = get_method(name)
             ctx = SiteContext(site=args.site, task=cfg["task"], classes=classes, annotated=train.annotated,
                               model=fresh_model(), data=data, device=torch.device("cpu"),
                               state_dir=Path(tmp) / name,
                               train={"batch_size": args.batch_size, "local_steps": args.steps, "lr": 1e-3,
                                      "optimizer": "adam"}, seed=1)
             ctx.state_dir.mkdir()
-            trainer = trainer_cls(ctx, **{**defaults, **METHOD_ARGS.get(name, {})})
+            trainer = get_method(name).make_trainer(ctx, METHOD_ARGS.get(name, {}))
             trainer.train_round(0, 10, {})  # warm-up
             times[name] = []
             for r in range(args.repeats):

@@ -53,3 +53,22 @@ def test_class_nobody_annotates_stops_the_job(tmp_path):
     proc, log, _ = _run(tmp_path, ["img/0.png,1,0,0,0,", "img/1.png,0,1,0,1,", "img/2.png,0,0,1,0,"])
     assert "annotated by no site" in log and "subdural" in log
     assert "aggregated" not in log
+
+
+def test_client_server_method_mismatch_stops_the_job(tmp_path):
+    """Issue: a client running fedmlp against a server running fedavg completed with rc 0 and results that said
+    fedavg. The server sends its spec with the data check; the site that differs stops the job."""
+    job = copy_job("fedavg_ich", tmp_path / "job", num_rounds=1, executor_args={"dataset": {"image_size": 16}})
+    client = job / "app/config/config_fed_client.json"
+    cfg = json.loads(client.read_text())
+    cfg["method"] = "fedmlp"  # edited on one side only
+    client.write_text(json.dumps(cfg))
+    ws = tmp_path / "ws"
+    rows = ["img/0.png,1,0,0,0,0", "img/1.png,0,1,0,1,1", "img/2.png,0,0,1,0,0"]
+    proc = run_simulator(job, ws, n=2, env={"FEDPARTIAL_SITE_CONFIG": _site_config(tmp_path, rows)}, timeout=300)
+    log = server_log(ws) + proc.stdout + proc.stderr
+    assert "data check failed" in log
+    assert "differs from the server's: the server runs method 'fedavg', this site 'fedmlp'" in log
+    assert "aggregated" not in log
+    assert not (ws / "server/simulate_job/results.json").is_file() or '"num_rounds": 0' in (
+        ws / "server/simulate_job/results.json").read_text()

@@ -4,6 +4,7 @@ policies (FedAvg / FedBN / FedBN+), checked options, the job spec check, seeds, 
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -269,8 +270,15 @@ def test_a_rule_that_raises_keeps_the_previous_model_and_meta_then_stops_cleanly
 
 
 def test_option_errors_reach_the_server_side_too():
-    with pytest.raises(OptionError, match="server aggregator.*'row_weight'.*did you mean 'row_weighting'"):
-        PartialLabelAggregator("fedavg_masked", {"row_weight": "uniform"})
+    agg = PartialLabelAggregator("fedavg_masked", {"row_weight": "uniform"})
+    panics = []
+    agg.system_panic = lambda reason, fl_ctx: panics.append(reason)
+    fl_ctx = _ctx({}, 0)
+    fl_ctx.set_prop(ReservedKey.JOB_META, {"name": "fedavg_masked_ich"}, private=True, sticky=False)
+    agg.handle_event("_start_run", fl_ctx)
+    assert agg.rule is None and len(panics) == 1
+    assert re.search("job 'fedavg_masked_ich'.*server aggregator.*'row_weight'.*did you mean 'row_weighting'",
+                     panics[0])
 
 
 # ------------------------------------------------------------------------------------------ site roles
@@ -301,3 +309,19 @@ def test_unlabelled_site_only_where_the_trainer_accepts_it(tmp_path, accepts):
     else:
         with pytest.raises(ValueError, match="no class is annotated"):
             ex._read_manifests("site-9")
+
+
+def test_new_job_writes_one_checked_spec_to_both_sides(tmp_path):
+    import json
+
+    from fedpartial.tools.new_job import write_job
+
+    with pytest.raises(OptionError, match="job 'bad'.*'warmup_round'.*did you mean 'warmup_rounds'"):
+        write_job(tmp_path / "bad", "fedmlp", {"preset": "ich_phantom"}, 3, method_args={"warmup_round": 2})
+    assert not (tmp_path / "bad").exists()  # nothing half-written
+    job = write_job(tmp_path / "ok", "fedmlp", {"preset": "ich_phantom"}, 3, method_args={"warmup_rounds": 2})
+    server = json.loads((job / "app/config/config_fed_server.json").read_text())
+    client = json.loads((job / "app/config/config_fed_client.json").read_text())
+    agg = next(c for c in server["components"] if c["id"] == "aggregator")["args"]
+    ex = client["executors"][0]["executor"]["args"]
+    assert server["method"] == client["method"] == "fedmlp" and agg["method_args"] == ex["method_args"]

@@ -17,6 +17,7 @@ import traceback
 import numpy as np
 from nvflare.apis.dxo import DXO, DataKind, from_shareable
 from nvflare.apis.event_type import EventType
+from nvflare.apis.fl_constant import FLContextKey
 from nvflare.apis.fl_context import FLContext
 from nvflare.apis.shareable import Shareable
 from nvflare.app_common.abstract.aggregator import Aggregator
@@ -55,7 +56,11 @@ class PartialLabelAggregator(Aggregator):
         super().__init__()
         self.method, self.method_args, self.summary_id = method, method_args or {}, summary_id
         self.max_rule_failures = int(max_rule_failures)
-        self.rule: ServerRule = get_method(method).make_rule(self.method_args, "server aggregator")
+        self.config_error: str | None = None
+        try:
+            self.rule: ServerRule | None = get_method(method).make_rule(self.method_args, "server aggregator")
+        except ValueError as e:  # reported with the job's name when the job starts (no context here)
+            self.rule, self.config_error = None, str(e)
         self._contributions: list[Contribution] = []
         self.rejected: list[tuple[str, str]] = []
         self._last_meta: dict = {}
@@ -64,6 +69,9 @@ class PartialLabelAggregator(Aggregator):
     def handle_event(self, event_type: str, fl_ctx: FLContext):
         if event_type == EventType.START_RUN:
             self._last_meta, self._failures = {}, 0
+            if self.config_error:
+                job = (fl_ctx.get_prop(FLContextKey.JOB_META) or {}).get("name") or fl_ctx.get_job_id()
+                self.system_panic(f"job '{job}': {self.config_error}", fl_ctx)
 
     def reset(self, fl_ctx: FLContext):
         self._contributions, self.rejected = [], []

@@ -62,7 +62,7 @@ class DataSummaryProcessor(ResponseProcessor):
     def _spec(self, fl_ctx: FLContext) -> dict | None:
         engine = fl_ctx.get_engine()
         agg, model = engine.get_component(self.aggregator_id), engine.get_component(self.model_id)
-        if agg is None or not hasattr(agg, "method"):
+        if agg is None or getattr(agg, "rule", None) is None:
             return None
         arch = {k: getattr(model, k) for k in ARCH_OPTIONS if hasattr(model, k)} if model is not None else {}
         return job_spec(agg.method, agg.method_args, arch)
@@ -95,7 +95,7 @@ class DataSummaryProcessor(ResponseProcessor):
         agg = fl_ctx.get_engine().get_component(self.aggregator_id)
         try:
             check_coverage({s: np.asarray(i["annotated"], bool) for s, i in self._sites.items()}, classes)
-            if agg is not None and hasattr(agg, "rule"):
+            if getattr(agg, "rule", None) is not None:
                 agg.rule.check_federation(summary)
         except (ManifestError, ValueError) as e:
             return self._fail(fl_ctx, str(e))

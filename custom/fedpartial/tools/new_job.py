@@ -84,6 +84,17 @@ def write_job(folder: str | Path, method: str, dataset: dict, num_sites: int, nu
     train = train or {"optimizer": "adam", "lr": 0.001, "batch_size": 32, "local_epochs": 1}
     evaluation = evaluation or {"test_every": 5, "batch_size": 256}
     method_args = method_args or {}
+    # one spec for both sides, checked before anything is written (unknown keys name the closest valid one)
+    from ..methods import TrainOptions, get_method
+    from ..methods.options import build
+    from ..models import build_model
+    from ..fl.executor import EvalOptions
+
+    where = f"job '{folder.name}'"
+    get_method(method).split_options(method_args, where)
+    build(TrainOptions, train, f"{where} 'train'")
+    build(EvalOptions, evaluation, f"{where} 'evaluation'")
+    build_model(model, 2, where=f"{where} 'model'")
     (folder / "app" / "config").mkdir(parents=True, exist_ok=True)
     meta = {"name": folder.name, "resource_spec": {}, "min_clients": num_sites, "deploy_map": {"app": ["@ALL"]}}
     files = {

@@ -325,3 +325,29 @@ def test_new_job_writes_one_checked_spec_to_both_sides(tmp_path):
     agg = next(c for c in server["components"] if c["id"] == "aggregator")["args"]
     ex = client["executors"][0]["executor"]["args"]
     assert server["method"] == client["method"] == "fedmlp" and agg["method_args"] == ex["method_args"]
+
+
+# ------------------------------------------------------------------------------------------ FedProx
+
+def test_fedprox_term_and_gradient_by_hand():
+    from fedpartial.methods.fedprox import FedProxTrainer
+
+    ctx = _site("site-1", [True, True, False], n=8)
+    tr = FedProxTrainer(ctx, mu=0.5)
+    tr.start_round(0, {})
+    with torch.no_grad():
+        ctx.model.classifier.bias += torch.tensor([1.0, -2.0, 0.0])  # the only change since receiving
+    term = tr.extra_loss({}, None)
+    assert float(term) == pytest.approx(0.5 / 2 * (1.0 + 4.0))  # mu/2 * ||w - w_global||^2
+    term.backward()
+    assert torch.allclose(ctx.model.classifier.bias.grad, 0.5 * torch.tensor([1.0, -2.0, 0.0]))  # mu (w - w_g)
+    # without the term (mu = 0) a round trains exactly as fedavg_pl from the same start and seed
+    start = {k: v.clone() for k, v in _site("a", [True, True, False], n=8).model.state_dict().items()}
+    finals = []
+    for trainer_cls, opts in ((FedProxTrainer, {"mu": 0.0}), (SupervisedTrainer, {})):
+        c = _site("a", [True, True, False], n=8)
+        c.model.load_state_dict(start)
+        torch.manual_seed(0)
+        trainer_cls(c, **opts).train_round(0, 1, {})
+        finals.append(c.model.classifier.weight.detach().clone())
+    assert torch.allclose(finals[0], finals[1])

@@ -19,10 +19,22 @@ TINY = {
 }
 TINY["cxr14"] = {"dataset": {"image_size": 32}, "evaluation": {"test_every": 1}, "train": {"batch_size": 16}}
 # fedmlp_ich has its own 3-round test below, the paper configurations theirs too; the FedLSM jobs are tested in
-# test_fedlsm.py
+# test_fedlsm.py; the all-labels bounds (fedavg_full_*) are fedavg_pl jobs on the `full` protocol (checked below,
+# the protocol itself in test_protocols.py / test_prepare.py)
 JOBS = sorted(p.parent.name for p in (REPO / "jobs").glob("*/meta.json")
               if p.parent.name != "fedmlp_ich" and not p.parent.name.endswith("_paper")
-              and not p.parent.name.startswith("fedlsm_"))
+              and not p.parent.name.startswith(("fedlsm_", "fedavg_full_")))
+
+
+@pytest.mark.parametrize("job", sorted(p.parent.name for p in (REPO / "jobs").glob("fedavg_full_*/meta.json")))
+def test_upper_bound_jobs_are_fedavg_pl_on_full_labels(job):
+    base = job.replace("fedavg_full_", "fedavg_pl_")
+    load = lambda j, side: json.loads((REPO / "jobs" / j / f"app/config/config_fed_{side}.json").read_text())
+    client, ref = load(job, "client"), load(base, "client")
+    assert client["method"] == load(job, "server")["method"] == "fedavg_pl"
+    args, ref_args = client["executors"][0]["executor"]["args"], ref["executors"][0]["executor"]["args"]
+    assert args["dataset"]["prepare"]["protocol"] == "full"
+    assert {k: v for k, v in args.items() if k != "dataset"} == {k: v for k, v in ref_args.items() if k != "dataset"}
 PAPER_JOBS = sorted(p.parent.name for p in (REPO / "jobs").glob("*_paper/meta.json"))
 
 

@@ -351,3 +351,12 @@ def test_fedprox_term_and_gradient_by_hand():
         trainer_cls(c, **opts).train_round(0, 1, {})
         finals.append(c.model.classifier.weight.detach().clone())
     assert torch.allclose(finals[0], finals[1])
+
+
+def test_what_the_global_model_holds_is_stated():
+    from fedpartial.fl.spec import global_model_note, local_parts
+
+    assert local_parts("fedavg", {}) == [] and global_model_note([]) is None
+    assert local_parts("fedavg_pl", {"norm": "local"}) == ["norm"]
+    assert local_parts("fedavg_pl", {"keep_local": ["classifier"]}) == ["classifier"]
+    assert "sites' average of the norm layers" in global_model_note(["norm"])

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import csv
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -77,7 +77,6 @@ class Manifest:
     file: str = ""
     site: str = ""
     task: str = "multilabel"
-    extra: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -97,7 +96,7 @@ class Manifest:
             paths=[self.paths[i] for i in idx], labels=self.labels[idx], mask=self.mask[idx],
             classes=list(self.classes), patient_ids=[self.patient_ids[i] for i in idx],
             splits=[split] * len(idx), lines=[self.lines[i] for i in idx], file=self.file, site=self.site,
-            task=self.task, extra=dict(self.extra),
+            task=self.task,
         )
 
     def positives(self) -> np.ndarray:

@@ -26,6 +26,7 @@ from nvflare.widgets.widget import Widget
 
 from ..metrics import format_table
 from ..tables import paper_table, setting_label
+from .spec import global_model_note, local_parts, resolved_options
 from .keys import (BEST_MODEL, LAST_MODEL, META_ANNOTATED, META_GROUPS, META_N_TRAIN, META_RESULTS, META_RULE_ERROR,
                    META_SKIPPED, META_TEST, META_WEIGHT)
 
@@ -185,6 +186,11 @@ class ResultsRecorder(Widget):
     def _write(self, fl_ctx: FLContext):
         self.setting = self._setting(fl_ctx)
         out = self.summary()
+        agg = fl_ctx.get_engine().get_component("aggregator")
+        if getattr(agg, "rule", None) is not None:
+            out["method_options"] = resolved_options(agg.method, agg.method_args)
+            out["local_parts"] = local_parts(agg.method, agg.method_args)
+            out["global_model_note"] = global_model_note(out["local_parts"])
         run_dir = Path(fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id()))
         text = render_tables(out)
         for path, content in ((run_dir / RESULTS_FILE, json.dumps(out, indent=1, default=float)),
@@ -235,6 +241,11 @@ def render_tables(results: dict) -> str:
     the per-class tables of both models on test and validation."""
     out = [f"# {results['method']} on {results['dataset']} ({results.get('setting', 'unknown')}), "
            f"{results['num_rounds']} rounds, {(results.get('seconds_per_round') or 0):.1f} s/round"]
+    if results.get("global_model_note"):
+        out.append(f"Note: {results['global_model_note']}.")
+    failed = [r["round"] for r in results.get("rounds", []) if r.get("rule_error")]
+    if failed:
+        out.append(f"The server rule failed in round(s) {failed} (previous global model kept; see rounds[].rule_error).")
     final = results.get("final", {})
     rows = {}
     for name, label in ((LAST_MODEL, "last round"), (BEST_MODEL, "best on validation")):

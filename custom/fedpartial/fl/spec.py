@@ -44,3 +44,19 @@ def spec_mismatch(server: dict, site: dict) -> str | None:
             return f"{'method options' if part == 'options' else 'model'} differ: " + ", ".join(
                 f"{k} = {a.get(k)!r} at the server, {b.get(k)!r} here" for k in diff)
     return None
+
+
+def local_parts(method: str, method_args: dict | None) -> list[str]:
+    """Parameter groups each site keeps local under the method's options (``norm: local``, ``keep_local``)."""
+    o = resolved_options(method, method_args)
+    return (["norm"] if o.get("norm") == "local" else []) + list(o.get("keep_local") or [])
+
+
+def global_model_note(parts: list[str]) -> str | None:
+    """What the global model holds when parts stay local (None when nothing does)."""
+    if not parts:
+        return None
+    p = " and ".join(parts)
+    return (f"the sites keep their own {p} layers: the global model holds the shared layers plus the sites' average "
+            f"of the {p} layers; every site's validation and test metrics (per round and cross-site) use its own "
+            f"{p} layers, while a prediction with the global model on data of no site uses the averaged ones")

@@ -33,6 +33,7 @@ from ..data.presets import resolve_dataset
 from ..data.sitedata import SiteDatasets
 from ..evaluation import evaluate, predict
 from ..fl.keys import BEST_MODEL, LAST_MODEL
+from ..fl.spec import global_model_note, local_parts
 from ..metrics import format_table
 from ..models import PartialLabelNet
 
@@ -47,6 +48,7 @@ class LoadedModel:
     net: PartialLabelNet
     dataset: dict
     path: Path
+    note: str | None = None  # what the global model holds when the method keeps parts local at the sites
 
     @property
     def classes(self) -> list[str]:
@@ -103,7 +105,11 @@ def load_model(run: str | Path, which: str = "best", config_dir: str | Path | No
     state = torch.load(path, map_location="cpu", weights_only=True)  # tensors only: no pickled code runs
     state = state.get("model", state) if isinstance(state, dict) else state
     net.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in state.items()})
-    return LoadedModel(net.to(device).eval(), dataset, path)
+    method = str(executor_args.get("method", "fedavg"))
+    if method.startswith("{") and method.endswith("}"):  # an NVFlare config variable, e.g. "{method}"
+        method = client.get(method[1:-1], method)
+    note = global_model_note(local_parts(method, executor_args.get("method_args")))
+    return LoadedModel(net.to(device).eval(), dataset, path, note)
 
 
 def image_manifest(folder: str | Path, classes: list[str], task: str = "multilabel") -> Manifest:
@@ -176,6 +182,8 @@ def _load(args) -> LoadedModel:
     model = load_model(args.run, args.model, args.job_config, args.device)
     print(f"model {model.path} ({model.net.arch}, {len(model.classes)} classes: {', '.join(model.classes)})",
           file=sys.stderr)
+    if model.note:
+        print(f"note: {model.note}", file=sys.stderr)
     return model
 
 

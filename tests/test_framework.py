@@ -360,3 +360,48 @@ def test_what_the_global_model_holds_is_stated():
     assert local_parts("fedavg_pl", {"norm": "local"}) == ["norm"]
     assert local_parts("fedavg_pl", {"keep_local": ["classifier"]}) == ["classifier"]
     assert "sites' average of the norm layers" in global_model_note(["norm"])
+
+
+# ------------------------------------------------------------------------------------------ shared building blocks
+
+def test_class_average_over_the_sites_holding_each_class_by_hand():
+    from fedpartial.aggregation import class_average
+
+    values = np.array([[[1.0, 1.0], [2.0, 2.0], [9.0, 9.0]],   # site A: (C=3, D=2)
+                       [[3.0, 5.0], [0.0, 0.0], [7.0, 7.0]]])  # site B
+    holds = np.array([[1.0, 2.0, 0.0],    # A holds classes 0, 1 (weight 2 on class 1)
+                      [3.0, 0.0, 0.0]])   # B holds class 0 only; nobody holds class 2
+    avg, held = class_average(values, holds)
+    assert np.allclose(avg[0], [(1 * 1 + 3 * 3) / 4, (1 * 1 + 3 * 5) / 4]) and np.allclose(avg[1], [2.0, 2.0])
+    assert np.allclose(avg[2], 0.0) and held.tolist() == [True, True, False]
+
+
+def test_mc_dropout_predictive_entropy_by_hand():
+    from fedpartial.methods.common import binary_entropy, mc_dropout_probs, predictive_entropy, softmax_entropy
+
+    p = torch.tensor([[0.5, 0.5], [1.0, 0.0]])
+    assert torch.allclose(softmax_entropy(p), torch.tensor([np.log(2.0), 0.0], dtype=torch.float32))
+    assert torch.allclose(binary_entropy(torch.tensor([0.5, 0.0])), torch.tensor([np.log(2.0), 0.0], dtype=torch.float32))
+    assert torch.allclose(predictive_entropy(p, "multiclass"), softmax_entropy(p))
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bn = nn.BatchNorm1d(4)
+            self.drop = nn.Dropout(0.5)
+            self.fc = nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.fc(self.drop(self.bn(x)))
+
+    net = Net().train()
+    x = torch.randn(6, 4)
+    torch.manual_seed(0)
+    probs = mc_dropout_probs(net, x, passes=8, task="multiclass")
+    assert probs.shape == (8, 6, 3)
+    assert not torch.allclose(probs[0], probs[1])  # dropout is active during the passes
+    assert int(net.bn.num_batches_tracked) == 0  # BatchNorm ran in eval mode (no statistics updated)
+    assert net.training and net.drop.training and net.bn.training  # modes restored
+    net.eval()
+    assert torch.allclose(mc_dropout_probs(net, x, 2, "multiclass")[0].sum(1), torch.ones(6))
+    assert not net.drop.training  # restored to eval

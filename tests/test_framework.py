@@ -4,6 +4,7 @@ policies (FedAvg / FedBN / FedBN+), checked options, the job spec check, seeds, 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -405,3 +406,28 @@ def test_mc_dropout_predictive_entropy_by_hand():
     net.eval()
     assert torch.allclose(mc_dropout_probs(net, x, 2, "multiclass")[0].sum(1), torch.ones(6))
     assert not net.drop.training  # restored to eval
+
+
+def test_a_shared_evaluation_set_is_scored_by_one_site_and_a_local_one_by_its_own():
+    from fedpartial.data.manifest import Manifest
+    from fedpartial.fl.executor import scorer_of
+    from fedpartial.fl.results import data_record
+
+    def manifest(paths, labels):
+        labels = np.asarray(labels, np.float32)
+        return Manifest(paths=paths, labels=labels, mask=np.ones_like(labels, bool), classes=["a", "b"],
+                        patient_ids=[""] * len(paths), splits=["val"] * len(paths), lines=list(range(2, 2 + len(paths))))
+
+    central = manifest(["/d/1.png", "/d/2.png"], [[1, 0], [0, 1]])
+    same = manifest(["/d/1.png", "/d/2.png"], [[1, 0], [0, 1]])
+    relabelled = manifest(["/d/1.png", "/d/2.png"], [[1, 0], [1, 1]])  # same images, other labels: another set
+    own = manifest(["/h/9.png"], [[0, 1]])
+    assert central.fingerprint() == same.fingerprint() != relabelled.fingerprint()
+    sites = {"site-b": {"eval_sets": {"val": central.fingerprint()}}, "site-a": {"eval_sets": {"val": same.fingerprint()}},
+             "site-c": {"eval_sets": {"val": own.fingerprint()}}, "site-d": {"eval_sets": {}}}
+    assert scorer_of("val", central.fingerprint(), sites) == "site-a"  # first by name, whatever the order
+    assert scorer_of("val", own.fingerprint(), sites) == "site-c"  # a site's own set is its own
+    assert scorer_of("test", central.fingerprint(), sites) is None  # nobody reports it: score where it is
+    rec = data_record({**{s: {**v, "n_train": 1, "annotated": [True, False]} for s, v in sites.items()}})
+    assert rec["shared_eval_sets"]["val"] == [["site-a", "site-b"]] and rec["sites"]["site-a"]["annotated"] == [0]
+    assert central.fingerprint() not in json.dumps(rec)  # fingerprints are not written to results.json

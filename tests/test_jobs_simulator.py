@@ -60,13 +60,19 @@ def test_job_runs_two_rounds(job, tmp_path, data_cache):
     res = results_of(ws)
     method = job.rsplit("_", 1)[0].replace("fedavg_full", "fedavg_pl")  # the upper bound: fedavg_pl on full labels
     assert res["method"] == method and res["num_rounds"] == 2
+    shared = res["data"]["shared_eval_sets"]
+    assert shared["val"] == shared["test"] == [[f"site-{i}" for i in range(1, n + 1)]]  # the simulator's central sets
+    n_test, n_val = res["data"]["sites"]["site-1"]["n_test"], res["data"]["sites"]["site-1"]["n_val"]
     for r in res["rounds"]:
         assert sorted(r["sites"]) == sorted(f"site-{i}" for i in range(1, n + 1)), r["sites"]  # all contributed
         assert r["val"]["macro"]["auc"] is not None and r["test"] is not None
+        # each shared image scored once per round, by the first site
+        assert r["evaluated_by"] == {"val": ["site-1"], "test": ["site-1"]}
+        assert r["val"]["n"] == n_val and r["test"]["n"] == n_test
     assert res["best"] is not None and res["best"]["trained_rounds"] == 1
     for model in ("FL_global_model.pt", "best_FL_global_model.pt"):
         final = res["final"][model]
-        assert len(final["sites"]) == n
+        assert final["sites"] == ["site-1"] and final["test"]["n"] == n_test
         assert 0.0 <= final["test"]["macro"]["auc"] <= 1.0
         assert set(final["test"]["per_class"]) == set(res["rounds"][0]["val"]["per_class"])
     log = server_log(ws)

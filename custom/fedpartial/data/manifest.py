@@ -21,6 +21,7 @@ is line 1), before any training starts.
 from __future__ import annotations
 
 import csv
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +99,17 @@ class Manifest:
             splits=[split] * len(idx), lines=[self.lines[i] for i in idx], file=self.file, site=self.site,
             task=self.task,
         )
+
+    def fingerprint(self) -> str:
+        """sha256 of the rows (absolute image paths, labels, annotation mask): two sites holding the same
+        evaluation set (the simulator's shared val / test splits) get the same fingerprint; nothing about
+        the rows can be read back from it."""
+        h = hashlib.sha256()
+        for path in self.paths:
+            h.update(path.encode() + b"\0")
+        h.update(np.ascontiguousarray(self.labels, dtype=np.float32).tobytes())
+        h.update(np.ascontiguousarray(self.mask, dtype=bool).tobytes())
+        return h.hexdigest()
 
     def positives(self) -> np.ndarray:
         """``(C,)`` int: annotated positives per class."""

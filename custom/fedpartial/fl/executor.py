@@ -12,6 +12,11 @@ Tasks:
   local, e.g. FedBN's norm layers, are the site's own) on the site's test and validation data.
 - ``submit_model``: the site's last local model.
 
+Evaluation once per image: each site reports a fingerprint of its validation and test sets in the data summary;
+when several sites hold the same set (the simulator's shared splits) only the first of them by name scores it,
+so the server's pooled numbers count each image once. A site with its own evaluation data always scores it, and
+when the method keeps parts of the model local (FedBN, PFL) every site scores its own model on its own sets.
+
 Per-site state (the trainer's state and the last local weights) is saved atomically under the site's run
 folder after every round and loaded with ``weights_only=True``, so a fresh process (simulator ``-t < -n``)
 continues where the last one stopped.
@@ -63,6 +68,13 @@ class EvalOptions:
 
     test_every: int = opt(0, "score the received model on the site's test data every N rounds (0: never)")
     batch_size: int = opt(128, "evaluation batch size")
+
+
+def scorer_of(split: str, fingerprint: str, sites: dict) -> str | None:
+    """The site that scores an evaluation set: the first by name of the data summary's sites (``{site: {"eval_sets":
+    {split: fingerprint}}}``) holding a set with this fingerprint; None when no site reports it."""
+    holders = sorted(s for s, info in sites.items() if (info.get("eval_sets") or {}).get(split) == fingerprint)
+    return holders[0] if holders else None
 
 
 def save_atomic(obj, path: Path) -> None:
@@ -158,6 +170,7 @@ class PartialLabelExecutor(Executor):
                                device=self.torch_device, state_dir=self.state_dir, train=self.train_opts,
                                seed=site_seed(self.seed, site), log=log)
         self.trainer = self.method_spec.make_trainer(self.ctx, self.method_args, where)
+        self._fingerprints: dict[str, str] = {}
 
     def _restore_state(self, fl_ctx: FLContext) -> None:
         """The trainer's state and the site's last local model (its local parts, e.g. FedBN's norm layers), when
@@ -213,12 +226,24 @@ class PartialLabelExecutor(Executor):
         info = {"n_train": len(tr), "annotated": tr.annotated.tolist(), "positives": tr.positives().tolist(),
                 "negatives": tr.negatives().tolist(), "n_val": len(self.manifests.get("val", ())),
                 "n_test": len(self.manifests.get("test", ())), "origin": self.site_data.origin,
-                "synthetic": self.site_data.synthetic, "classes": self.classes}
+                "synthetic": self.site_data.synthetic, "classes": self.classes,
+                "eval_sets": {s: m.fingerprint() for s, m in self.manifests.items() if s != "train"}}
         return DXO(data_kind=DataKind.COLLECTION, data={"summary": info}, meta={META_SUMMARY: info}).to_shareable()
 
-    def _evaluate_split(self, split: str) -> dict | None:
+    def scores(self, split: str) -> bool:
+        """Whether this site scores ``split`` (see the module docstring: evaluation once per image)."""
         m = self.manifests.get(split)
         if m is None or not m.annotated.any():  # nothing to score on an unlabelled split
+            return False
+        sites = (self.ctx.summary or {}).get("sites") or {}
+        if self.trainer.local_keys or not sites:  # each site's own model, or no summary (yet): score it here
+            return True
+        if split not in self._fingerprints:
+            self._fingerprints[split] = m.fingerprint()
+        return scorer_of(split, self._fingerprints[split], sites) in (None, self.ctx.site)
+
+    def _evaluate_split(self, split: str) -> dict | None:
+        if not self.scores(split):
             return None
         loader = self.data.eval_loader(split, batch_size=self.eval_opts.batch_size)
         return evaluate(self.net, loader, self.task_type, self.classes, self.torch_device)
@@ -269,6 +294,8 @@ class PartialLabelExecutor(Executor):
     def _validate(self, shareable: Shareable, fl_ctx: FLContext) -> Shareable:
         dxo = from_shareable(shareable)
         self.trainer.receive(dxo.data)
+        if META_SUMMARY in (dxo.meta or {}):
+            self.ctx.summary = dxo.meta[META_SUMMARY]
         model_name = shareable.get_header(AppConstants.MODEL_OWNER, "?")
         flat, results = {}, {}
         for split in ("test", "val"):

@@ -2,9 +2,14 @@
 validation, the final cross-site evaluation of the last and best global models, written to
 ``<server run dir>/results.json`` and printed as per-class tables at the end of the run.
 
-Each site evaluates the model it receives on its own validation / test data; the server averages the sites'
-numbers weighted by their evaluation-set sizes (in simulation every site holds the same central sets, so the
-average is that set's score).
+Pooled and per-site numbers: the sites score the model they receive on their validation / test data; a set
+several sites share (the simulator's central splits) is scored once, by the first of them by name (see
+``fedpartial.fl.executor``). ``val`` / ``test`` in ``results.json`` pool the scored sets: the average of each
+set's metrics weighted by its size, ``n`` = the images scored, each once, ``evaluated_by`` = who scored. When a
+method keeps parts of the model local (FedBN, PFL) every site scores its own model and the pooled numbers
+average the sites' own models; each site's numbers stay under ``rounds[i].site_results`` and
+``final[model].per_site``. ``data`` records the federation's data summary (sizes, annotated classes, which
+evaluation sets are shared).
 """
 
 from __future__ import annotations
@@ -79,6 +84,7 @@ class ResultsRecorder(Widget):
         self.rounds: dict[int, dict] = {}
         self.setting = "unknown"
         self.final: dict[str, dict] = {}
+        self.data: dict = {}
         self._round_start: dict[int, float] = {}
         self._t0 = time.time()
 
@@ -151,9 +157,13 @@ class ResultsRecorder(Widget):
         for rnd in sorted(self.rounds):
             e = self.rounds[rnd]
             res = {s: v["results"] for s, v in e["sites"].items()}
+            scored = {s: r for s, r in res.items() if r}
             rounds.append({
                 "round": rnd, "trained_rounds": rnd,  # the received model has been aggregated `rnd` times
                 "val": self._site_average(res, "val"), "test": self._site_average(res, "test"),
+                "evaluated_by": {split: sorted(s for s, r in res.items() if (r or {}).get(split))
+                                 for split in ("val", "test")},
+                "site_results": scored if len(scored) > 1 else {},
                 "train_loss": {s: v["train_loss"] for s, v in e["sites"].items()},
                 "sites": sorted(e["sites"]), "seconds": e.get("seconds"),
                 "site_meta": {s: v.get("method_meta", []) for s, v in e["sites"].items()},
@@ -170,21 +180,26 @@ class ResultsRecorder(Widget):
         final = {}
         for owner, per_site in self.final.items():
             name = owner.replace("SRV_", "")
-            final[name] = {"test": self._site_average(per_site, "test"), "val": self._site_average(per_site, "val"),
-                           "sites": sorted(per_site)}
+            scored = {site: r for site, r in per_site.items() if r}
+            final[name] = {"test": self._site_average(scored, "test"), "val": self._site_average(scored, "val"),
+                           "sites": sorted(scored), "per_site": scored if len(scored) > 1 else {}}
         secs = [r["seconds"] for r in rounds if r.get("seconds")]
         return {"method": self.method, "dataset": self.dataset, "key_metric": self.key_metric,
-                "setting": self.setting, "num_rounds": len(rounds),
+                "setting": self.setting, "data": self.data, "num_rounds": len(rounds),
                 "seconds_per_round": (sum(secs) / len(secs)) if secs else None,
                 "wall_seconds": time.time() - self._t0, "best": best, "final": final, "rounds": rounds}
 
     def _setting(self, fl_ctx: FLContext) -> str:
-        comp = fl_ctx.get_engine().get_component(self.summary_id) if self.summary_id else None
-        sites = (getattr(comp, "summary", None) or {}).get("sites") or {}
+        sites = self._summary_sites(fl_ctx)
         return setting_label([sites[s]["annotated"] for s in sorted(sites)]) if sites else "unknown"
+
+    def _summary_sites(self, fl_ctx: FLContext) -> dict:
+        comp = fl_ctx.get_engine().get_component(self.summary_id) if self.summary_id else None
+        return (getattr(comp, "summary", None) or {}).get("sites") or {}
 
     def _write(self, fl_ctx: FLContext):
         self.setting = self._setting(fl_ctx)
+        self.data = data_record(self._summary_sites(fl_ctx))
         out = self.summary()
         agg = fl_ctx.get_engine().get_component("aggregator")
         if getattr(agg, "rule", None) is not None:
@@ -200,6 +215,24 @@ class ResultsRecorder(Widget):
             os.replace(tmp, path)
         self.log_info(fl_ctx, "\n" + text)
         self.log_info(fl_ctx, f"results written to {run_dir / RESULTS_FILE} and {run_dir / TABLE_FILE}")
+
+
+def data_record(sites: dict) -> dict:
+    """The federation's data as results.json records it: per site its sizes and annotated class indices, and
+    per evaluation split the groups of sites holding the same set (fingerprints are not recorded)."""
+    out: dict = {"sites": {}, "shared_eval_sets": {}}
+    for site in sorted(sites):
+        info = sites[site]
+        out["sites"][site] = {"n_train": info.get("n_train"), "n_val": info.get("n_val"), "n_test": info.get("n_test"),
+                              "annotated": [i for i, a in enumerate(info.get("annotated", [])) if a]}
+    for split in ("val", "test"):
+        groups: dict[str, list[str]] = {}
+        for site in sorted(sites):
+            fp = (sites[site].get("eval_sets") or {}).get(split)
+            if fp:
+                groups.setdefault(fp, []).append(site)
+        out["shared_eval_sets"][split] = [g for g in groups.values() if len(g) > 1]
+    return out
 
 
 def _method_meta_keys(meta: dict) -> list[str]:

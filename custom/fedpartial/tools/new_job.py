@@ -25,7 +25,7 @@ def server_config(method: str, dataset: dict, model: dict, num_rounds: int, min_
     return {
         "format_version": 2, "num_rounds": num_rounds, "min_clients": min_clients, "method": method,
         "server": {"task_request_interval": 0.1},
-        "task_data_filters": [{"tasks": ["train"], "filters": [
+        "task_data_filters": [{"tasks": ["train", "validate"], "filters": [
             {"path": "fedpartial.fl.data_check.SummaryFilter", "args": {"summary_id": "data_summary"}}]}],
         "task_result_filters": [],
         "components": [
@@ -38,7 +38,7 @@ def server_config(method: str, dataset: dict, model: dict, num_rounds: int, min_
              "args": {"method": "{method}", "method_args": method_args}},
             {"id": "data_summary", "path": "fedpartial.fl.data_check.DataSummaryProcessor",
              "args": {"classes": ds["classes"]}},
-            {"id": "model_selector", "path": "nvflare.app_common.widgets.intime_model_selector.IntimeModelSelector",
+            {"id": "model_selector", "path": "fedpartial.fl.selection.ModelSelector",
              "args": {"key_metric": key_metric}},
             {"id": "model_locator", "path": f"{PT}.file_model_locator.PTFileModelLocator",
              "args": {"pt_persistor_id": "persistor"}},

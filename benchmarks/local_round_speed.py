@@ -5,12 +5,14 @@
 What is timed (one process, ``torch.set_num_threads(1)`` like a simulated site, median of ``--repeats``):
 
 - ``views``: the weak + strong views of one cached 64 px image (MONAI dictionary transforms), with MONAI's
-  ``MetaTensor`` bookkeeping (its default) and inside :func:`fedpartial.data.transforms.plain_tensors` (what the
-  datasets use): ms per sample.
+  ``MetaTensor`` bookkeeping (its default) and inside :func:`fedpartial.data.transforms.plain_tensors` (what
+  ``train.views: per_sample`` uses), and drawn per batch of 32 (:mod:`fedpartial.data.batch_views`, the
+  default): ms per sample.
 - ``bare``: the reference. ``--steps`` Adam steps of plain cross-entropy on batches of the site's cached
   tensors (no augmentation, no evaluation, no method): the least a local round of that size can cost.
 - ``fedavg``, ``fedavg_masked``, ``fedlsm`` (and any ``--methods``): ``train_round`` of the method's
-  :class:`~fedpartial.methods.base.LocalTrainer` with the same model, batch size and steps. FedLSM also scores
+  :class:`~fedpartial.methods.base.LocalTrainer` with the same model, batch size and steps, with the views drawn
+  per batch (default) and per sample (``--views``). FedLSM also scores
   every local image with the received model (uncertainty estimation), runs an EMA teacher on the weak views and
   mixes ``n_mix`` extra samples into each batch, which the ratio shows.
 
@@ -33,6 +35,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "custom"))
 
+from fedpartial.data.batch_views import BatchAugment  # noqa: E402
 from fedpartial.data.manifest import read_manifest  # noqa: E402
 from fedpartial.data.presets import resolve_dataset  # noqa: E402
 from fedpartial.data.site_config import resolve_site_data  # noqa: E402
@@ -57,6 +60,13 @@ def time_views(image: torch.Tensor, cfg: dict, n: int) -> dict[str, float]:
                 for _ in range(n):
                     tf({"image": image.clone()})
         out[name] = (time.perf_counter() - t) / n * 1000.0
+    aug, batch = BatchAugment(cfg["mean"], cfg["std"]), image.expand(32, *image.shape).clone()
+    gen = torch.Generator().manual_seed(0)
+    for _pass in range(2):
+        t = time.perf_counter()
+        for _ in range(max(1, n // 32)):
+            aug(batch, "weak", gen), aug(batch, "strong", gen)
+    out["batched"] = (time.perf_counter() - t) / (max(1, n // 32) * 32) * 1000.0
     return out
 
 
@@ -82,6 +92,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--view-samples", type=int, default=200)
     ap.add_argument("--methods", nargs="+", default=["fedavg", "fedavg_masked", "fedlsm"])
+    ap.add_argument("--views", nargs="+", default=["batched", "per_sample"], choices=["batched", "per_sample"],
+                    help="train.views settings to time each method with")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     if not any(Path(args.root).glob("*.csv")):
@@ -116,19 +128,21 @@ def main(argv=None) -> int:
             bare_round(model, images, labels, args.steps, args.batch_size, gen)
             times["bare"].append(time.perf_counter() - t)
         for name in args.methods:
-            ctx = SiteContext(site=args.site, task=cfg["task"], classes=classes, annotated=train.annotated,
-                              model=fresh_model(), data=data, device=torch.device("cpu"),
-                              state_dir=Path(tmp) / name,
-                              train={"batch_size": args.batch_size, "local_steps": args.steps, "lr": 1e-3,
-                                     "optimizer": "adam"}, seed=1)
-            ctx.state_dir.mkdir()
-            trainer = get_method(name).make_trainer(ctx, METHOD_ARGS.get(name, {}))
-            trainer.train_round(0, 10, {})  # warm-up
-            times[name] = []
-            for r in range(args.repeats):
-                t = time.perf_counter()
-                trainer.train_round(r + 1, 10, {})
-                times[name].append(time.perf_counter() - t)
+            for views in args.views:
+                key = name if views == "batched" else f"{name} ({views} views)"
+                ctx = SiteContext(site=args.site, task=cfg["task"], classes=classes, annotated=train.annotated,
+                                  model=fresh_model(), data=data, device=torch.device("cpu"),
+                                  state_dir=Path(tmp) / key,
+                                  train={"batch_size": args.batch_size, "local_steps": args.steps, "lr": 1e-3,
+                                         "optimizer": "adam", "views": views}, seed=1)
+                ctx.state_dir.mkdir()
+                trainer = get_method(name).make_trainer(ctx, METHOD_ARGS.get(name, {}))
+                trainer.train_round(0, 10, {})  # warm-up
+                times[key] = []
+                for r in range(args.repeats):
+                    t = time.perf_counter()
+                    trainer.train_round(r + 1, 10, {})
+                    times[key].append(time.perf_counter() - t)
         bare = statistics.median(times["bare"])
         result["round_s"] = {k: statistics.median(v) for k, v in times.items()}
         result["ratio_to_bare"] = {k: statistics.median(v) / bare for k, v in times.items()}
@@ -139,7 +153,8 @@ def main(argv=None) -> int:
              "| what | seconds per round | x bare loop |", "|---|---|---|"]
     lines += [f"| {k} | {result['round_s'][k]:.2f} | {result['ratio_to_bare'][k]:.1f} |" for k in times]
     lines += ["", f"weak + strong views: {v['meta_tensor']:.2f} ms per sample with MetaTensor tracking, "
-                  f"{v['plain_tensors']:.2f} ms with plain_tensors ({v['meta_tensor'] / v['plain_tensors']:.1f}x)"]
+                  f"{v['plain_tensors']:.2f} ms with plain_tensors ({v['meta_tensor'] / v['plain_tensors']:.1f}x), "
+                  f"{v['batched']:.3f} ms drawn per batch of 32 (batch_views)"]
     print("\n".join(lines))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

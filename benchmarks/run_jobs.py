@@ -12,10 +12,19 @@ was best on validation), plus the wall time per round, and the same numbers in t
 (``--out X.json`` also writes ``X.md``).
 
 Variants of a job (ablations) run under their own name with extra method options, given to both the sites'
-trainer and the server's rule: ``--variant "fedlsm_no_ue=fedlsm_isic:{\"ue\": false}"``. Runs go seed by seed
+trainer and the server's rule: ``--variant "fedlsm_no_ue=fedlsm_isic:{\"ue\": false}"``; a ``"method"`` key runs
+another registered method on the job's data and budget (``--variant 'individual=surgical_ich:{"method":
+"individual"}'``). Runs go seed by seed
 (every job of seed 0, then seed 1, ...) and the JSON is rewritten after every run, so an interrupted benchmark
 keeps the runs that finished; the same command with ``--resume`` runs only the (configuration, seed) pairs still
 missing from ``--out``.
+
+``--compare A B`` (repeatable) adds the surgical-aggregation paper's statistics: for the last-round and the
+best-on-validation model, a paired t-test of A against B over the per-class test AUROCs (per seed, and on the
+per-class means over seeds) with the Shapiro-Wilk test of the differences (``fedpartial.stats``). Every
+report also lists each run's macro test AUROC with its bootstrap 95 % interval (100 seeded resamples, from
+``results.json``) and, for methods whose sites keep their task block (PFL, individual), the AUROC of each class
+over the sites that annotate it (``own``).
 
 ``--gap LOWER UPPER`` adds, for every other configuration, the share of the gap between a lower and an upper
 bound that it closes (``--gap-metric``, macro over classes, mean over seeds; FedLSM's "closes 59 % of the
@@ -43,6 +52,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "custom"))
 
 from fedpartial.fl.keys import BEST_MODEL, LAST_MODEL  # noqa: E402
+from fedpartial.stats import paired_comparison, per_class_auc, stars  # noqa: E402
 from fedpartial.tables import mean_std, paper_table, per_class_table  # noqa: E402
 from fedpartial.tools.build_jobs import customise_job  # noqa: E402
 
@@ -61,9 +71,13 @@ def run_one(job: str, seed: int, rounds: int, sites: int, scratch: Path, overrid
     """One simulator run of ``job`` (as ``name``) with ``method_args`` merged into both the sites' trainer and
     the server's rule options."""
     dest = scratch / f"{name or job}-s{seed}"
+    method_args = dict(method_args or {})
+    if "method" in method_args:  # a variant running another registered method on the job's data and budget
+        overrides = {**overrides, "method": method_args.pop("method")}
     if method_args:
         overrides = {**overrides, "method_args": {**overrides.get("method_args", {}), **method_args}}
-    customise_job(REPO / "jobs" / job, dest / "job", rounds, overrides, seed=seed, rule_args=method_args or None)
+    customise_job(REPO / "jobs" / job, dest / "job", rounds, overrides, seed=seed, rule_args=method_args or None,
+                  min_clients=sites)  # the simulator's -n: a job run with fewer or more sites than it names
     nvflare = Path(sys.executable).parent / "nvflare"
     t0 = time.time()
     proc = subprocess.run([str(nvflare), "simulator", str(dest / "job"), "-w", str(dest / "ws"), "-n", str(sites),
@@ -113,6 +127,9 @@ def summarise(runs: dict[str, list[dict]], tail: int = 0) -> list[dict]:
             tails = [tail_metrics(r, tail) for r in results]
             for m in METRICS[task]:
                 row[f"tail{tail}_{m}"] = _mean_and_std([t.get(m) for t in tails])
+        own = [(r["final"][LAST_MODEL].get("own_classes") or {}).get("macro") for r in results]
+        if any(v is not None for v in own):
+            row["final_own_auc"] = _mean_and_std(own)
         row["s_per_round"] = statistics.mean(r["seconds_per_round"] for r in results)
         rows.append(row)
     return rows
@@ -182,8 +199,61 @@ def gap_closed(runs: dict[str, list[dict]], lower: str, upper: str, metric: str 
     return "\n".join(lines)
 
 
+def _ci_cell(test: dict) -> str:
+    ci = ((test.get("ci") or {}).get("auc") or {}).get("macro")
+    auc = (test.get("macro") or {}).get("auc")
+    if auc is None:
+        return "n/a"
+    return f"{100 * auc:.2f}" + (f" [{100 * ci[0]:.2f}, {100 * ci[1]:.2f}]" if ci else "")
+
+
+def intervals(runs: dict[str, list[dict]]) -> str:
+    """Markdown: every run's macro test AUROC (last-round model) with its bootstrap 95 % interval."""
+    seeds = sorted({r.get("seed") for rs in runs.values() for r in rs}, key=str)
+    lines = ["Macro test AUROC of the last-round global model, bootstrap 95 % interval (100 resamples) (%):", "",
+             "| configuration | " + " | ".join(f"seed {s}" for s in seeds) + " |", "|---|" + "---|" * len(seeds)]
+    for name, rs in runs.items():
+        by_seed = {r.get("seed"): r for r in rs}
+        cells = [_ci_cell(by_seed[s]["final"][LAST_MODEL]["test"]) if s in by_seed else "" for s in seeds]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def compare(runs: dict[str, list[dict]], a: str, b: str) -> str:
+    """Markdown: paired t-tests of ``a`` against ``b`` over the per-class test AUROCs, per common seed and on
+    the per-class means over the common seeds, for the last-round and the best-on-validation model."""
+    for name in (a, b):
+        if name not in runs:
+            raise SystemExit(f"--compare: no configuration {name!r} in this benchmark (have {', '.join(runs)})")
+    sa, sb = {r.get("seed"): r for r in runs[a]}, {r.get("seed"): r for r in runs[b]}
+    common = [s for s in sa if s in sb]
+    lines = [f"{a} vs {b}: paired t-test over per-class test AUROCs (Shapiro-Wilk p of the differences; "
+             "ns / * / ** / ***: p >= .05 / < .05 / < .01 / < .001):", "",
+             "| model | seeds | classes | mean A | mean B | A - B | t | p | | Shapiro p |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for model, label in ((LAST_MODEL, "last round"), (BEST_MODEL, "best on val")):
+        per_seed = [(str(s), per_class_auc(sa[s]["final"][model]["test"]), per_class_auc(sb[s]["final"][model]["test"]))
+                    for s in common]
+        if len(per_seed) > 1:
+            def mean_over(i):
+                keys = set.intersection(*(set(p[i]) for p in per_seed))
+                return {c: statistics.mean(p[i][c] for p in per_seed) for c in sorted(keys)}
+            per_seed.append(("mean", mean_over(1), mean_over(2)))
+        for seed, x, y in per_seed:
+            r = paired_comparison(x, y)
+            pct = lambda v, k=100: "n/a" if v is None else f"{k * v:.2f}"  # noqa: E731
+            p = "n/a" if r["p"] is None else f"{r['p']:.3g}"
+            sw = "n/a" if r["shapiro_p"] is None else f"{r['shapiro_p']:.3g}"
+            lines.append(f"| {label} | {seed} | {r['n']} | {pct(r['mean_a'])} | {pct(r['mean_b'])} | "
+                         f"{pct(r['mean_diff'])} | {pct(r['t'], 1)} | {p} | {stars(r['p'])} | {sw} |")
+    return "\n".join(lines)
+
+
 def report(a: argparse.Namespace, runs: dict[str, list[dict]]) -> str:
-    text = markdown(summarise(runs, a.tail)) + "\n\n" + tables(runs)
+    text = markdown(summarise(runs, a.tail)) + "\n\n" + tables(runs) + "\n\n" + intervals(runs)
+    for x, y in (a.compare or []):
+        missing = [n for n in (x, y) if n not in runs]
+        text += "\n\n" + (f"(compare: waiting for {', '.join(missing)})" if missing and not a.report
+                           else compare(runs, x, y))
     if a.gap:
         missing = [name for name in a.gap if name not in runs]
         text += "\n\n" + (f"(gap: waiting for {', '.join(missing)})" if missing and not a.report
@@ -239,6 +309,8 @@ def main(argv=None) -> int:
                          "one included), less sensitive than the last round alone to round-to-round swings")
     ap.add_argument("--gap", nargs=2, metavar=("LOWER", "UPPER"), default=None,
                     help="report the share of the LOWER -> UPPER gap each other configuration closes")
+    ap.add_argument("--compare", nargs=2, action="append", metavar=("A", "B"), default=None,
+                    help="paired t-test of A against B over per-class test AUROCs (repeatable)")
     ap.add_argument("--gap-metric", default="f1", help="macro metric of --gap (f1, bacc, auc, map, ...)")
     ap.add_argument("--report", type=Path, default=None, metavar="X.json",
                     help="re-render the tables of a finished benchmark (rewrites X.md) and run nothing")

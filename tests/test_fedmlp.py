@@ -295,7 +295,7 @@ class _FakeDataset(torch.utils.data.Dataset):
 
 
 class _FakeData:
-    """The two methods of SiteDatasets a trainer uses."""
+    """The methods of SiteDatasets a trainer uses."""
 
     def __init__(self, images, labels, mask):
         self.images, self.labels, self.mask = images, labels, mask
@@ -303,10 +303,14 @@ class _FakeData:
     def dataset(self, split, views):
         return _FakeDataset(self.images, self.labels, self.mask, views)
 
-    def train_loader(self, views, batch_size, shuffle=True, seed=0, drop_last=False):
+    def train_loader(self, views, batch_size, shuffle=True, seed=0, drop_last=False, **_):
         g = torch.Generator().manual_seed(int(seed))
         return torch.utils.data.DataLoader(self.dataset("train", views), batch_size=batch_size, shuffle=shuffle,
                                            generator=g, drop_last=drop_last)
+
+    def fetcher(self, views, seed, batched=False, device="cpu"):
+        ds = self.dataset("train", views)
+        return lambda idx: torch.utils.data.default_collate([ds[int(i)] for i in idx])
 
 
 def _site(name, annotated, n=24, C=3, seed=0, tmp: Path | None = None, model=None):

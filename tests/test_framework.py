@@ -303,7 +303,7 @@ def test_unlabelled_site_only_where_the_trainer_accepts_it(tmp_path, accepts):
     ex.method_spec = SimpleNamespace(trainer=Semi if accepts else SupervisedTrainer)
     ex.classes, ex.task_type = ["a", "b"], "multilabel"
     train = _manifest(tmp_path, "image", ["0.png", "1.png"])  # a plain list of images
-    ex.site_data = SimpleNamespace(data_root=tmp_path, train=train, val=None, test=None)
+    ex.site_data = SimpleNamespace(data_root=tmp_path, train=train, val=None, test=None, vocabulary={})
     if accepts:
         ex._read_manifests("site-9")
         assert len(ex.manifests["train"]) == 2 and not ex.manifests["train"].annotated.any()
@@ -431,3 +431,44 @@ def test_a_shared_evaluation_set_is_scored_by_one_site_and_a_local_one_by_its_ow
     rec = data_record({**{s: {**v, "n_train": 1, "annotated": [True, False]} for s, v in sites.items()}})
     assert rec["shared_eval_sets"]["val"] == [["site-a", "site-b"]] and rec["sites"]["site-a"]["annotated"] == [0]
     assert central.fingerprint() not in json.dumps(rec)  # fingerprints are not written to results.json
+
+
+def test_mean_local_validation_loss_over_each_sites_own_classes_by_hand():
+    from fedpartial.fl.selection import mean_site_loss
+
+    classes = ["a", "b", "c"]
+    shared = {"per_class": {"a": {"bce": 0.2}, "b": {"bce": 0.4}, "c": {"bce": 0.9}}}
+    own = {"per_class": {"a": {"bce": 1.0}, "b": {"bce": None}, "c": {"bce": 3.0}}}
+    sites = {"s1": {"annotated": [True, True, False], "eval_sets": {"val": "F"}},  # scored the shared set
+             "s2": {"annotated": [False, False, True], "eval_sets": {"val": "F"}},  # same set, scored by s1
+             "s3": {"annotated": [True, True, True], "eval_sets": {"val": "G"}},  # its own set; b undefined
+             "s4": {"annotated": [True, False, False], "eval_sets": {}}}  # no validation data: left out
+    # s1: (0.2 + 0.4) / 2 = 0.3; s2: 0.9 (class c on the shared set); s3: (1.0 + 3.0) / 2 = 2.0
+    assert mean_site_loss({"s1": shared, "s3": own}, sites, classes) == pytest.approx((0.3 + 0.9 + 2.0) / 3)
+    assert mean_site_loss({}, sites, classes) is None
+
+
+def test_early_stopping_ends_training_after_patience_rounds_without_a_better_model(tmp_path, data_cache):
+    """lr 0: the global model never changes, so after the first scored round (round 1) nothing is better; with
+    patience 1 and selection by the mean local validation loss the job stops after round 2 of 5, and still runs
+    the final evaluation."""
+    from conftest import copy_job, results_of, run_simulator, server_log
+
+    job = copy_job("fedavg_pl_ich", tmp_path / "job", num_rounds=5, executor_args={
+        "dataset": {"image_size": 32, "prepare": {"source_args": {"n_images": 120, "size": 32, "seed": 0}}},
+        "train": {"batch_size": 16, "lr": 0.0}})
+    server = job / "app" / "config" / "config_fed_server.json"
+    cfg = json.loads(server.read_text())
+    for comp in cfg["components"]:
+        if comp["id"] == "model_selector":
+            comp["args"] = {"key_metric": "site_bce", "patience": 1}
+    server.write_text(json.dumps(cfg))
+    ws = tmp_path / "ws"
+    proc = run_simulator(job, ws, n=5, env={"FEDPARTIAL_CACHE": str(data_cache)}, threads=5)
+    assert proc.returncode == 0, proc.stderr[-3000:] + server_log(ws)[-3000:]
+    res = results_of(ws)
+    assert res["num_rounds"] == 3  # rounds 0, 1, 2 of 5
+    assert res["best"]["trained_rounds"] == 1 and res["best"]["metric"] == "site_bce"
+    assert res["early_stopping"] == {"patience": 1, "best_round": 1, "stopped": True, "last_round": 2}
+    assert "early stopping after round 2" in server_log(ws)
+    assert res["final"]["FL_global_model.pt"]["test"] is not None

@@ -19,11 +19,12 @@ TINY = {
 }
 TINY["cxr14"] = {"dataset": {"image_size": 32}, "evaluation": {"test_every": 1}, "train": {"batch_size": 16}}
 # fedmlp_ich has its own 3-round test below, the paper configurations theirs too; the FedLSM jobs are tested in
-# test_fedlsm.py; the all-labels bounds (fedavg_full_*) are fedavg_pl jobs on the `full` protocol (checked below,
+# test_fedlsm.py, surgical_ich in test_surgical.py, the FedIRM jobs and their baselines in test_fedirm.py; the all-labels bounds (fedavg_full_*) are fedavg_pl jobs on the `full` protocol (checked below,
 # the protocol itself in test_protocols.py / test_prepare.py)
 JOBS = sorted(p.parent.name for p in (REPO / "jobs").glob("*/meta.json")
-              if p.parent.name != "fedmlp_ich" and not p.parent.name.endswith("_paper")
-              and not p.parent.name.startswith(("fedlsm_", "fedavg_full_")))
+              if p.parent.name not in ("fedmlp_ich", "surgical_ich") and not p.parent.name.endswith("_paper")
+              and not p.parent.name.startswith(("fedlsm_", "fedavg_full_", "fedirm_", "fedavg_labelled_",
+                                                "fed_consistency_", "fed_selftraining_")))
 
 
 @pytest.mark.parametrize("job", sorted(p.parent.name for p in (REPO / "jobs").glob("fedavg_full_*/meta.json")))
@@ -63,16 +64,17 @@ def test_job_runs_two_rounds(job, tmp_path, data_cache):
     shared = res["data"]["shared_eval_sets"]
     assert shared["val"] == shared["test"] == [[f"site-{i}" for i in range(1, n + 1)]]  # the simulator's central sets
     n_test, n_val = res["data"]["sites"]["site-1"]["n_test"], res["data"]["sites"]["site-1"]["n_val"]
+    # each shared image is scored once, by the first site; with local parts (PFL) each site scores its own model
+    scorers = sorted(f"site-{i}" for i in range(1, n + 1)) if res["local_parts"] else ["site-1"]
     for r in res["rounds"]:
         assert sorted(r["sites"]) == sorted(f"site-{i}" for i in range(1, n + 1)), r["sites"]  # all contributed
         assert r["val"]["macro"]["auc"] is not None and r["test"] is not None
-        # each shared image scored once per round, by the first site
-        assert r["evaluated_by"] == {"val": ["site-1"], "test": ["site-1"]}
-        assert r["val"]["n"] == n_val and r["test"]["n"] == n_test
+        assert r["evaluated_by"] == {"val": scorers, "test": scorers}
+        assert r["val"]["n"] == n_val * len(scorers) and r["test"]["n"] == n_test * len(scorers)
     assert res["best"] is not None and res["best"]["trained_rounds"] == 1
     for model in ("FL_global_model.pt", "best_FL_global_model.pt"):
         final = res["final"][model]
-        assert final["sites"] == ["site-1"] and final["test"]["n"] == n_test
+        assert final["sites"] == scorers and final["test"]["n"] == n_test * len(scorers)
         assert 0.0 <= final["test"]["macro"]["auc"] <= 1.0
         assert set(final["test"]["per_class"]) == set(res["rounds"][0]["val"]["per_class"])
     log = server_log(ws)

@@ -8,6 +8,7 @@ import warnings
 import numpy as np
 import pytest
 from sklearn.metrics import (
+    log_loss,
     accuracy_score,
     average_precision_score,
     balanced_accuracy_score,
@@ -43,7 +44,8 @@ def _sk_binary(yt: np.ndarray, p: np.ndarray, thr: float = 0.5) -> dict[str, flo
     pred = (p >= thr).astype(int)
     return {"auc": roc_auc_score(yt, p), "ap": average_precision_score(yt, p),
             "bacc": balanced_accuracy_score(yt, pred), "f1": f1_score(yt, pred, zero_division=0),
-            "precision": precision_score(yt, pred, zero_division=0), "recall": recall_score(yt, pred, zero_division=0)}
+            "precision": precision_score(yt, pred, zero_division=0), "recall": recall_score(yt, pred, zero_division=0),
+            "bce": log_loss(yt, p, labels=[0, 1])}
 
 
 # ---------------------------------------------------------------- multilabel
@@ -66,6 +68,11 @@ def test_multilabel_matches_sklearn(thr: float) -> None:
     assert all(isinstance(v, float) for v in r["macro"].values())
 
 
+# binary cross-entropy of the annotated entries, by hand: -mean(y ln p + (1 - y) ln(1 - p))
+BCE_A = -(math.log(0.9) + math.log(0.4) + math.log(0.7) + math.log(0.9)) / 4  # y=[1,1,0,0], p=[.9,.4,.3,.1]
+BCE_B = -(math.log(0.8) + math.log(0.7) + math.log(0.4) + math.log(0.1)) / 4  # y=[0,1,0,1], p=[.2,.7,.6,.1]
+
+
 def test_multilabel_hand_computed() -> None:
     y = np.array([[1, 0], [1, 1], [0, 0], [0, 1]])
     p = np.array([[0.9, 0.2], [0.4, 0.7], [0.3, 0.6], [0.1, 0.1]])
@@ -73,13 +80,14 @@ def test_multilabel_hand_computed() -> None:
     # A: y=[1,1,0,0] pred=[1,0,0,0]: TPR=1/2, TNR=2/2 -> BACC=0.75; every positive outranks every negative -> AUC=AP=1
     #    precision=1/1, recall=1/2, F1=2*1*0.5/1.5=2/3
     assert r["per_class"]["A"] == pytest.approx(
-        {"auc": 1.0, "ap": 1.0, "bacc": 0.75, "f1": 2 / 3, "precision": 1.0, "recall": 0.5})
+        {"auc": 1.0, "ap": 1.0, "bacc": 0.75, "f1": 2 / 3, "precision": 1.0, "recall": 0.5, "bce": BCE_A})
     # B: y=[0,1,0,1] pred=[0,1,1,0]: TPR=1/2, TNR=1/2 -> BACC=0.5; pairs (pos>neg): .7>.2,.7>.6 yes, .1>.2,.1>.6 no
     #    -> AUC=2/4; ranking .7(+) .6(-) .2(-) .1(+) -> AP = 0.5*1 + 0.5*(2/4) = 0.75; precision=recall=F1=1/2
     assert r["per_class"]["B"] == pytest.approx(
-        {"auc": 0.5, "ap": 0.75, "bacc": 0.5, "f1": 0.5, "precision": 0.5, "recall": 0.5})
+        {"auc": 0.5, "ap": 0.75, "bacc": 0.5, "f1": 0.5, "precision": 0.5, "recall": 0.5, "bce": BCE_B})
     assert r["macro"] == pytest.approx(
-        {"auc": 0.75, "map": 0.875, "bacc": 0.625, "f1": 7 / 12, "precision": 0.75, "recall": 0.5})
+        {"auc": 0.75, "map": 0.875, "bacc": 0.625, "f1": 7 / 12, "precision": 0.75, "recall": 0.5,
+         "bce": (BCE_A + BCE_B) / 2})
 
 
 def test_multilabel_undefined_class_left_out() -> None:

@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from .metrics import compute_metrics
+from .stats import bootstrap_auc_ci
 
 
 def probabilities(logits: torch.Tensor, task: str) -> torch.Tensor:
@@ -35,9 +36,16 @@ def predict(model: torch.nn.Module, loader, task: str, device: torch.device | st
 
 def evaluate(model: torch.nn.Module, loader, task: str, classes: list[str],
              device: torch.device | str = "cpu") -> dict:
-    """Metrics of ``model`` on a (fully or partially) labelled loader (``fedpartial.metrics`` result dict)."""
+    """Metrics of ``model`` on a (fully or partially) labelled loader (``fedpartial.metrics`` result dict, plus
+    ``ci``: bootstrap confidence intervals of the AUROC, :func:`fedpartial.stats.bootstrap_auc_ci`)."""
     pred = predict(model, loader, task, device)
     if task == "multiclass":
         mask = pred["mask"].any(axis=1) & (pred["label"] * pred["mask"]).sum(axis=1).astype(bool)
-        return compute_metrics(task, pred["label"], pred["probs"], classes, mask=mask)
-    return compute_metrics(task, pred["label"], pred["probs"], classes, mask=pred["mask"].astype(bool))
+        result = compute_metrics(task, pred["label"], pred["probs"], classes, mask=mask)
+        mask = np.repeat(mask[:, None], len(classes), axis=1)  # one-vs-rest AUROC per class on the scored rows
+    else:
+        mask = pred["mask"].astype(bool)
+        result = compute_metrics(task, pred["label"], pred["probs"], classes, mask=mask)
+    # bootstrap 95 % intervals of the per-class / macro AUROC (100 seeded resamples, fedpartial.stats)
+    result["ci"] = bootstrap_auc_ci(pred["label"], pred["probs"], classes, mask) if len(pred["probs"]) else None
+    return result

@@ -44,7 +44,7 @@ from sklearn.metrics import (
 
 __all__ = ["multilabel_metrics", "multiclass_metrics", "compute_metrics", "flatten_metrics", "format_table"]
 
-ML_CLASS_METRICS = ("auc", "ap", "bacc", "f1", "precision", "recall")
+ML_CLASS_METRICS = ("auc", "ap", "bacc", "f1", "precision", "recall", "bce")
 ML_MACRO = {"auc": "auc", "map": "ap", "bacc": "bacc", "f1": "f1", "precision": "precision", "recall": "recall"}
 MC_CLASS_METRICS = ("auc", "sensitivity", "specificity", "f1", "precision", "recall")
 
@@ -108,6 +108,9 @@ def multilabel_metrics(y_true: np.ndarray, probs: np.ndarray, classes: Sequence[
         if len(yt):
             for key, fn in (("f1", f1_score), ("precision", precision_score), ("recall", recall_score)):
                 m[key] = float(fn(yt, pred, zero_division=0))
+        if len(yt):  # binary cross-entropy of the annotated entries (surgical aggregation's model selection)
+            q = np.clip(p, 1e-7, 1 - 1e-7)
+            m["bce"] = float(-np.mean(yt * np.log(q) + (1 - yt) * np.log(1 - q)))
         if 0 < yt.sum() < len(yt):  # both outcomes present
             m["auc"] = float(roc_auc_score(yt, p))
             m["ap"] = float(average_precision_score(yt, p))
@@ -117,6 +120,7 @@ def multilabel_metrics(y_true: np.ndarray, probs: np.ndarray, classes: Sequence[
         per_class[name] = m
 
     macro = {k: _mean([per_class[c][pm] for c in classes]) for k, pm in ML_MACRO.items()}
+    macro["bce"] = _mean([per_class[c]["bce"] for c in classes])
     return _result("multilabel", len(y_true), classes, per_class, macro, ML_MACRO)
 
 

@@ -8,6 +8,9 @@ every access. :meth:`ManifestDataset.with_views` gives another set of views over
 Items are dicts::
 
     {<view key>: float32 (channels, S, S), ..., "label": float32 (C,), "mask": bool (C,), "index": int64 ()}
+
+or, with the views ``SOURCE_VIEW``, ``{"source": (channels, S, S) in [0, 1], "label", "mask", "index"}`` for
+views drawn per batch (:mod:`fedpartial.data.batch_views`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from .manifest import Manifest
 from .transforms import ImageLoadError, Window, plain_tensors, preprocess_transforms, view_transforms
 
 CACHE_MODES = ("memory", "disk", "none")
+SOURCE_KEY = "source"  # items of a source-only dataset: the cached (channels, S, S) image in [0, 1], unnormalised
+SOURCE_VIEW = {SOURCE_KEY: "source"}
 RESERVED_KEYS = ("label", "mask", "index")
 _CACHE_VERSION = 1  # bump when preprocessing changes so old disk caches are not reused
 
@@ -62,7 +67,8 @@ class ManifestDataset(torch.utils.data.Dataset):
         self.std = None if std is None else list(std)
         self.labels = torch.as_tensor(manifest.labels, dtype=torch.float32)
         self.mask = torch.as_tensor(manifest.mask, dtype=torch.bool)
-        self.view_tf = view_transforms(self.views, image_size, self.mean, self.std, channels=channels)
+        self.view_tf = None if self.views == SOURCE_VIEW else view_transforms(self.views, image_size, self.mean,
+                                                                               self.std, channels=channels)
 
     def __len__(self) -> int:
         return len(self.manifest)
@@ -78,8 +84,11 @@ class ManifestDataset(torch.utils.data.Dataset):
             raise root from e
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        with plain_tensors():  # no MetaTensor bookkeeping: same numbers, faster
-            item = self.view_tf({"image": self.cached_image(index).clone()})  # clone: some transforms work in place
+        if self.views == SOURCE_VIEW:  # the cached image itself; the views are drawn per batch (batch_views)
+            item = {SOURCE_KEY: self.cached_image(index)}
+        else:
+            with plain_tensors():  # no MetaTensor bookkeeping: same numbers, faster
+                item = self.view_tf({"image": self.cached_image(index).clone()})  # clone: some transforms work in place
         item["label"] = self.labels[index].clone()
         item["mask"] = self.mask[index].clone()
         item["index"] = torch.tensor(index, dtype=torch.int64)
@@ -91,7 +100,8 @@ class ManifestDataset(torch.utils.data.Dataset):
 
     def set_random_state(self, seed: int | None = None, state=None) -> "ManifestDataset":
         """Seed the view augmentations (called by MONAI's DataLoader / worker_init_fn)."""
-        self.view_tf.set_random_state(seed=seed, state=state)
+        if self.view_tf is not None:
+            self.view_tf.set_random_state(seed=seed, state=state)
         return self
 
 

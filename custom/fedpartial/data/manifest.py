@@ -30,6 +30,8 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from .vocabulary import IGNORED, VocabularyError, map_header
+
 IMAGE_COL = "image"
 PATIENT_COL = "patient_id"
 SPLIT_COL = "split"
@@ -144,6 +146,8 @@ def read_manifest(
     task: str = "multilabel",
     check_images: bool = True,
     require_annotated: bool = True,
+    columns: dict[str, str] | None = None,
+    ignore_columns: Sequence[str] = (),
 ) -> Manifest:
     """Read and validate a manifest CSV.
 
@@ -156,6 +160,8 @@ def read_manifest(
         check_images: check that every image file exists and is non-empty.
         require_annotated: raise if no class is annotated at all (a site with nothing to learn from is allowed
             for semi-supervised methods, which pass False).
+        columns, ignore_columns: the site's vocabulary (:mod:`fedpartial.data.vocabulary`): its own column names
+            mapped to global classes, and columns to skip.
 
     Raises:
         ManifestError: naming the site, the file and the line of the first problem found.
@@ -179,10 +185,16 @@ def read_manifest(
     dup = sorted({h for h in header if header.count(h) > 1})
     if dup:
         raise ManifestError(f"duplicate column(s) {dup}", site, file, 1)
-    unknown = [c for c in header if c not in RESERVED_COLS and c not in classes]
+    try:  # the site's own column names -> the job's classes (fedpartial.data.vocabulary)
+        header, _ = map_header(header, classes, columns, ignore_columns)
+    except VocabularyError as e:
+        raise ManifestError(str(e), site, file, 1) from None
+    unknown = [c for c in header if c not in RESERVED_COLS and c not in classes and not c.startswith(IGNORED)]
     if unknown:
         raise ManifestError(
-            f"unknown class column(s) {unknown}; the job's classes are {list(classes)}", site, file, 1)
+            f"unknown class column(s) {unknown}; the job's classes are {list(classes)} (a site naming a class "
+            "differently maps it with 'columns' in its fedpartial_data.json; 'ignore_columns' skips a column)",
+            site, file, 1)
     body, line_numbers = [], []
     for number, r in enumerate(rows[1:], start=2):  # csv line numbers as an editor shows them
         if not any(cell.strip() for cell in r):

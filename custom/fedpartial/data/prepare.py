@@ -10,6 +10,12 @@ in each site's manifest, the class columns the protocol does not give that site.
 
 Everything is written into a temporary sibling folder, validated with :func:`read_manifest` /
 :func:`check_coverage` and renamed into place at the end, so a failed run leaves nothing behind.
+Two options model the surgical-aggregation paper's settings: ``vocabularies`` writes some sites' manifests in
+another label vocabulary (``{"site-3": "chexpert"}``: CheXpert's column names; ``dataset.json`` records each such
+site's ``{its column: global class}`` map, which the simulator applies as a site configuration's ``columns``
+would), and ``centralise`` pools every site's training rows, each with the labels its site annotates, into one
+site (the centralised baseline: missing labels become negatives under ``fedavg``).
+
 ``ensure_prepared(spec, cache_dir)`` is the simulator's prepare-on-first-use (cached by a hash of the spec,
 guarded by a file lock).
 
@@ -36,6 +42,7 @@ import numpy as np
 
 from .manifest import check_coverage, read_manifest, write_manifest
 from .protocols import assign
+from .vocabulary import invert, resolve_vocabulary
 from .sources import SourceTable, load_source
 
 DATASET_JSON = "dataset.json"
@@ -232,7 +239,8 @@ def _validate(folder: Path, info: dict, data_root: Path) -> None:
     patients: dict[str, set[str]] = {}
     for name, file in info["files"].items():
         m = read_manifest(folder / file, classes, data_root=data_root, site=name, task=task,
-                          require_annotated=bool(info["sites"].get(name, True)))
+                          require_annotated=bool(info["sites"].get(name, True)),
+                          columns=(info.get("vocabularies") or {}).get(name))
         if name in info["sites"]:
             got = m.annotated_classes()
             if got != info["sites"][name]:
@@ -273,7 +281,8 @@ def prepare(source: str, source_root: str | os.PathLike | None, out_dir: str | o
             protocol: str, seed: int = 0, val_frac: float = 0.1, test_frac: float = 0.2,
             site_sizes: int | Sequence[int] | None = None, classes: Sequence[str] | None = None,
             source_args: dict | None = None, top_k_classes: int | None = None, overwrite: bool = False,
-            verbose: bool = True, **protocol_params: Any) -> Path:
+            verbose: bool = True, vocabularies: dict | None = None, centralise: bool = False,
+            **protocol_params: Any) -> Path:
     """Prepare a federated partial-label dataset; returns the output folder.
 
     Args:
@@ -292,6 +301,10 @@ def prepare(source: str, source_root: str | os.PathLike | None, out_dir: str | o
         top_k_classes: keep the k most frequent classes (after ``classes``).
         overwrite: replace an existing output folder.
         verbose: print the per-site count table.
+        vocabularies: ``{site: vocabulary}``, a vocabulary being a name from
+            ``fedpartial.data.vocabulary.VOCABULARIES`` or ``{global class: column name}``: those sites' manifests
+            use these column names (the split of the paper's two-vocabulary experiment).
+        centralise: pool every site's rows (with the labels its site annotates) into one site ``site-1``.
         **protocol_params: the protocol's parameter (``k``, ``s``, ``m`` or ``table``).
 
     Raises:
@@ -315,7 +328,7 @@ def prepare(source: str, source_root: str | os.PathLike | None, out_dir: str | o
         table = subset_classes(table, classes, top_k_classes)
         base = final if inside else tmp  # folder the manifests' image paths are relative to, before publishing
         info = _build(table, tmp, base, source_root is None or inside, num_sites, protocol, seed, val_frac,
-                      test_frac, site_sizes, source, source_args, protocol_params)
+                      test_frac, site_sizes, source, source_args, protocol_params, vocabularies, centralise)
         _validate(tmp, info, base if (source_root is None or inside) else table.root.resolve())
         (tmp / DATASET_JSON).write_text(json.dumps(info, indent=2) + "\n")
         _publish(tmp, final, inside, overwrite)
@@ -331,7 +344,8 @@ def prepare(source: str, source_root: str | os.PathLike | None, out_dir: str | o
 
 
 def _build(table: SourceTable, tmp: Path, base: Path, local: bool, num_sites: int, protocol: str, seed: int,
-           val_frac: float, test_frac: float, site_sizes, source: str, source_args, protocol_params) -> dict:
+           val_frac: float, test_frac: float, site_sizes, source: str, source_args, protocol_params,
+           vocabularies: dict | None = None, centralise: bool = False) -> dict:
     """Split, assign, write the manifests into ``tmp``; returns the dataset.json content."""
     frame, classes = table.frame, list(table.classes)
     images = frame["image"].astype(str)
@@ -351,14 +365,29 @@ def _build(table: SourceTable, tmp: Path, base: Path, local: bool, num_sites: in
         "test_frac": test_frac, "site_sizes": site_sizes, "source_args": source_args or {},
         "synthetic": bool(table.synthetic), "sites": {}, "files": {}, "sizes": {}, "counts": {},
     }
-    parts = [(site_name(i), rows, "train", per_site[i]) for i, rows in enumerate(site_rows)]
-    parts += [(s, np.flatnonzero(split == s), s, list(range(len(classes)))) for s in ("val", "test")]
-    for name, rows, split_name, annotated in parts:
+    def masked(rows, annotated):
         mask = np.zeros((len(rows), len(classes)), bool)
         mask[:, annotated] = True
-        write_manifest(tmp / f"{name}.csv", images.iloc[rows], labels[rows], mask, classes,
+        return mask
+
+    parts = [(site_name(i), rows, "train", masked(rows, per_site[i])) for i, rows in enumerate(site_rows)]
+    if centralise:  # one site holding every site's rows, each with its own site's labels
+        parts = [(site_name(0), np.concatenate([p[1] for p in parts]), "train", np.concatenate([p[3] for p in parts]))]
+        info["centralised_from"] = num_sites
+    parts += [(s, rows, s, masked(rows, list(range(len(classes)))))
+              for s in ("val", "test") for rows in [np.flatnonzero(split == s)]]
+    renames = {site: resolve_vocabulary(v, classes) for site, v in (vocabularies or {}).items()}
+    unknown = sorted(set(renames) - {p[0] for p in parts if p[2] == "train"})
+    if unknown:
+        raise ValueError(f"vocabularies name site(s) {unknown} that this split does not have")
+    if renames:
+        info["vocabularies"] = {site: invert(r) for site, r in renames.items()}
+    for name, rows, split_name, mask in parts:
+        columns = [renames.get(name, {}).get(c, c) for c in classes]
+        write_manifest(tmp / f"{name}.csv", images.iloc[rows], labels[rows], mask, columns,
                        patient_ids=pids[rows], splits=[split_name] * len(rows))
         if split_name == "train":
+            annotated = np.flatnonzero(mask.any(axis=0)) if len(mask) else []
             info["sites"][name] = [classes[j] for j in annotated]
         info["files"][name] = f"{name}.csv"
         info["sizes"][name] = int(len(rows))
@@ -469,6 +498,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--source-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="loader keyword, e.g. view=PA (repeatable)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    p.add_argument("--vocabulary", action="append", default=[], metavar="SITES=VOCAB",
+                   help="these sites' manifests use another vocabulary: site-3,site-4=chexpert (a name, or a JSON "
+                        "{global class: column name}); repeatable")
+    p.add_argument("--centralise", action="store_true", help="pool every site's rows into one site (central baseline)")
     return p
 
 
@@ -489,9 +522,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         site_sizes = args.site_size[0] if len(args.site_size) == 1 else args.site_size
     params = {k: v for k, v in (("k", args.k), ("s", args.s), ("m", args.m), ("table", args.table))
               if v is not None}
+    vocabularies = {}
+    for item in args.vocabulary:
+        sites, sep, vocab = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--vocabulary expects SITES=VOCAB, got {item!r}")
+        for site in sites.split(","):
+            vocabularies[site.strip()] = _parse_value(vocab)
     prepare(args.source, args.root, args.out, args.sites, args.protocol, seed=args.seed, val_frac=args.val_frac,
             test_frac=args.test_frac, site_sizes=site_sizes, classes=classes, source_args=source_args or None,
-            top_k_classes=args.top_k_classes, overwrite=args.overwrite, **params)
+            top_k_classes=args.top_k_classes, overwrite=args.overwrite, vocabularies=vocabularies or None,
+            centralise=args.centralise, **params)
     return 0
 
 

@@ -9,7 +9,9 @@ in this order:
        {"datasets": {"rsna_ich": {"data_root": "/data/rsna", "train": "manifests/train.csv",
                                   "val": "manifests/val.csv", "test": "manifests/test.csv"}}}
 
-   (relative paths are relative to the JSON file's folder; ``val`` / ``test`` are optional);
+   (relative paths are relative to the JSON file's folder; ``val`` / ``test`` are optional; ``columns`` maps
+   the site's own column names to the job's classes and ``ignore_columns`` lists columns to skip, see
+   :mod:`fedpartial.data.vocabulary`);
 3. in the simulator only, a simulated split prepared on first use from the job's ``dataset.prepare`` spec
    (sites ``site-1 .. site-N`` take ``site-<i>.csv``). Real (provisioned / POC) sites need 1. or 2.; the
    environment can force either way: ``FEDPARTIAL_REQUIRE_SITE_CONFIG=1`` (or ``dataset.require_site_config:
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 SITE_CONFIG_ENV = "FEDPARTIAL_SITE_CONFIG"
@@ -47,6 +49,13 @@ class SiteData:
     test: Path | None
     origin: str  # "site-config:<file>" or "simulated:<folder>"
     synthetic: bool = False
+    columns: dict[str, str] = field(default_factory=dict)  # the site's column name -> global class
+    ignore_columns: list[str] = field(default_factory=list)
+
+    @property
+    def vocabulary(self) -> dict:
+        """Keyword arguments of :func:`~fedpartial.data.manifest.read_manifest` for this site's manifests."""
+        return {"columns": dict(self.columns), "ignore_columns": list(self.ignore_columns)}
 
 
 def cache_dir() -> Path:
@@ -73,7 +82,7 @@ def _site_config_file(local_dir: str | os.PathLike | None) -> Path | None:
     return None
 
 
-def _from_site_config(site: str, name: str, file: Path) -> SiteData:
+def _from_site_config(site: str, name: str, file: Path, classes=None) -> SiteData:
     if not file.is_file():
         raise SiteDataError(f"site '{site}': data config file {file} (from ${SITE_CONFIG_ENV}) does not exist")
     try:
@@ -88,8 +97,20 @@ def _from_site_config(site: str, name: str, file: Path) -> SiteData:
         raise SiteDataError(f"site '{site}': dataset '{name}' in {file} lacks the 'train' manifest")
     base = file.parent.resolve()
     root = resolve_path(entry.get("data_root", "."), base)
+    columns, ignore = _vocabulary(entry, classes, f"site '{site}', {file}, dataset '{name}'")
     return SiteData(site, name, root, resolve_path(entry["train"], base), resolve_path(entry.get("val"), base),
-                    resolve_path(entry.get("test"), base), origin=f"site-config:{file}")
+                    resolve_path(entry.get("test"), base), origin=f"site-config:{file}", columns=columns,
+                    ignore_columns=ignore)
+
+
+def _vocabulary(entry: dict, classes, where: str) -> tuple[dict, list]:
+    from .vocabulary import VocabularyError, check_vocabulary
+
+    try:
+        return check_vocabulary(entry.get("columns"), entry.get("ignore_columns"), classes or [], where) \
+            if classes is not None else (dict(entry.get("columns") or {}), list(entry.get("ignore_columns") or []))
+    except VocabularyError as e:
+        raise SiteDataError(str(e)) from None
 
 
 def _from_simulated(site: str, dataset: dict) -> SiteData:
@@ -106,8 +127,10 @@ def _from_simulated(site: str, dataset: dict) -> SiteData:
             f"site '{site}' is not one of the simulated sites {sorted(prepared.sites)} of dataset "
             f"'{dataset['name']}' (prepared in {folder}); run with that many clients or give this site a "
             f"{SITE_CONFIG_FILE}")
+    vocab = (prepared.info.get("vocabularies") or {}).get(site) or {}  # a split written in several vocabularies
     return SiteData(site, dataset["name"], prepared.data_root, prepared.sites[site], prepared.val, prepared.test,
-                    origin=f"simulated:{folder}", synthetic=bool(prepared.info.get("synthetic")))
+                    origin=f"simulated:{folder}", synthetic=bool(prepared.info.get("synthetic")),
+                    columns=dict(vocab))
 
 
 def site_config_required(dataset: dict, simulated: bool = True) -> bool:
@@ -127,7 +150,7 @@ def resolve_site_data(site: str, dataset: dict, local_dir: str | os.PathLike | N
     name = dataset["name"]
     file = _site_config_file(local_dir)
     if file is not None:
-        return _from_site_config(site, name, file)
+        return _from_site_config(site, name, file, dataset.get("classes"))
     if dataset.get("prepare") and not site_config_required(dataset, simulated):
         return _from_simulated(site, dataset)
     where = f"{Path(local_dir) / SITE_CONFIG_FILE}" if local_dir else f"local/{SITE_CONFIG_FILE}"

@@ -140,7 +140,8 @@ class PartialLabelExecutor(Executor):
     def _read_manifests(self, site: str) -> None:
         """Train / val / test manifests; a site without any annotation only where the method accepts it."""
         unlabelled_ok = self.method_spec.trainer.accepts_unlabelled
-        read = dict(classes=self.classes, data_root=self.site_data.data_root, site=site, task=self.task_type)
+        read = dict(classes=self.classes, data_root=self.site_data.data_root, site=site, task=self.task_type,
+                    **self.site_data.vocabulary)  # the site's own column names mapped to the job's classes
         full = read_manifest(self.site_data.train, require_annotated=not unlabelled_ok, **read)
         self.manifests: dict[str, Manifest] = {"train": full.subset("train")}
         for split in ("val", "test"):
@@ -227,7 +228,8 @@ class PartialLabelExecutor(Executor):
                 "negatives": tr.negatives().tolist(), "n_val": len(self.manifests.get("val", ())),
                 "n_test": len(self.manifests.get("test", ())), "origin": self.site_data.origin,
                 "synthetic": self.site_data.synthetic, "classes": self.classes,
-                "eval_sets": {s: m.fingerprint() for s, m in self.manifests.items() if s != "train"}}
+                "eval_sets": {s: m.fingerprint() for s, m in self.manifests.items() if s != "train"},
+                "vocabulary": self.site_data.vocabulary}
         return DXO(data_kind=DataKind.COLLECTION, data={"summary": info}, meta={META_SUMMARY: info}).to_shareable()
 
     def scores(self, split: str) -> bool:
@@ -273,7 +275,8 @@ class PartialLabelExecutor(Executor):
         if abort_signal.triggered:
             return make_reply(ReturnCode.TASK_ABORTED)
         seed_everything(round_seed(self.ctx.seed, rnd))  # same draws whichever process runs this round
-        out = self.trainer.train_round(rnd, num_rounds, global_meta)
+        with torch.autocast(self.torch_device.type, dtype=torch.bfloat16, enabled=self.train_opts.amp):
+            out = self.trainer.train_round(rnd, num_rounds, global_meta)
         self.trainer.has_local_state = True
         self._save_state()
         meta.update(out.meta)

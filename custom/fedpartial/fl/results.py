@@ -30,6 +30,7 @@ from nvflare.app_common.app_event_type import AppEventType
 from nvflare.widgets.widget import Widget
 
 from ..metrics import format_table
+from ..stats import add_run_statistics
 from ..tables import paper_table, setting_label
 from .spec import global_model_note, local_parts, resolved_options
 from .keys import (BEST_MODEL, LAST_MODEL, META_ANNOTATED, META_GROUPS, META_N_TRAIN, META_RESULTS, META_RULE_ERROR,
@@ -75,9 +76,11 @@ class ResultsRecorder(Widget):
     server sent back (e.g. FedMLP's prototypes), so the exchange can be audited from ``results.json``.
     """
 
-    def __init__(self, key_metric: str = "auc", method: str = "", dataset: str = "", summary_id: str = "data_summary"):
+    def __init__(self, key_metric: str = "auc", method: str = "", dataset: str = "", summary_id: str = "data_summary",
+                 selector_id: str = "model_selector"):
         super().__init__()
         self.key_metric, self.method, self.dataset, self.summary_id = key_metric, method, dataset, summary_id
+        self.selector_id = selector_id
         self._reset()
 
     def _reset(self):
@@ -165,6 +168,8 @@ class ResultsRecorder(Widget):
                                  for split in ("val", "test")},
                 "site_results": scored if len(scored) > 1 else {},
                 "train_loss": {s: v["train_loss"] for s, v in e["sites"].items()},
+                "site_seconds": {s: {"train": v.get("train_seconds"), "eval": v.get("eval_seconds")}
+                                 for s, v in e["sites"].items()},
                 "sites": sorted(e["sites"]), "seconds": e.get("seconds"),
                 "site_meta": {s: v.get("method_meta", []) for s, v in e["sites"].items()},
                 "server_meta": e.get("server_meta", []),
@@ -201,11 +206,19 @@ class ResultsRecorder(Widget):
         self.setting = self._setting(fl_ctx)
         self.data = data_record(self._summary_sites(fl_ctx))
         out = self.summary()
+        selector = fl_ctx.get_engine().get_component(self.selector_id)
+        if getattr(selector, "best_round", None) is not None:  # the selector's choice (its metric, e.g. site_bce)
+            out["best"] = {"trained_rounds": selector.best_round, "metric": selector.key_metric,
+                           f"val_{selector.key_metric}": selector.best_raw_val_metric}
+        if getattr(selector, "patience", 0):
+            out["early_stopping"] = {"patience": selector.patience, "best_round": selector.best_round,
+                                     "stopped": selector.should_stop(), "last_round": selector.last_round}
         agg = fl_ctx.get_engine().get_component("aggregator")
         if getattr(agg, "rule", None) is not None:
             out["method_options"] = resolved_options(agg.method, agg.method_args)
             out["local_parts"] = local_parts(agg.method, agg.method_args)
             out["global_model_note"] = global_model_note(out["local_parts"])
+        add_run_statistics(out, self._summary_sites(fl_ctx))  # AUROC intervals, own-class scores (fedpartial.stats)
         run_dir = Path(fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id()))
         text = render_tables(out)
         for path, content in ((run_dir / RESULTS_FILE, json.dumps(out, indent=1, default=float)),

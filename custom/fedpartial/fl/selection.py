@@ -1,17 +1,79 @@
-"""Best-model selection on the server: NVFlare's ``IntimeModelSelector`` over the validation metric the sites
-report with their updates, where a site that did not score a validation set this round (evaluation once per
-image: another site scored the shared set) is simply not counted, instead of a warning per site and round."""
+"""Best-model selection and early stopping on the server.
+
+:class:`ModelSelector` is NVFlare's ``IntimeModelSelector`` over the validation metrics the sites report with
+their updates (the received global model, scored before local training), with two additions:
+
+- a site that did not score a validation set this round (evaluation once per image: another site scored the
+  shared set) is simply not counted, instead of a warning per site and round;
+- ``key_metric: site_bce`` selects the global model with the lowest mean local validation loss, as surgical
+  aggregation does: for every site, the binary cross-entropy over ITS annotated classes on its validation set
+  (the per-class BCE of the set it holds, scored by whichever site scored it), averaged over the sites
+  (:func:`mean_site_loss`).
+
+``patience`` > 0 stops the training workflow (:class:`ScatterAndGather` below) after that many rounds without a
+new best; the cross-site evaluation of the last and best global models still runs.
+"""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 from nvflare.apis.dxo import MetaKey, from_shareable
 from nvflare.apis.fl_constant import FLContextKey
 from nvflare.apis.fl_context import FLContext
+from nvflare.app_common.app_constant import AppConstants
+from nvflare.app_common.app_event_type import AppEventType
 from nvflare.app_common.widgets.intime_model_selector import IntimeModelSelector
+from nvflare.app_common.workflows.scatter_and_gather import ScatterAndGather as _ScatterAndGather
+
+from .executor import scorer_of
+from .keys import META_RESULTS
+
+SITE_LOSS = "site_bce"
+
+
+def mean_site_loss(val: dict[str, dict], sites: dict[str, dict], classes: list[str]) -> float | None:
+    """Mean over sites of each site's validation BCE over its own annotated classes.
+
+    Args:
+        val: ``{site: validation result}`` of the sites that scored a set this round (``per_class[c]["bce"]``).
+        sites: the data summary's ``{site: {"annotated": (C,) bool, "eval_sets": {"val": fingerprint}}}``.
+        classes: the class names (column order of ``annotated``).
+
+    A site's loss is the mean of ``bce`` over its annotated classes on its own set: its own result when it
+    scored one, else the result of the site that scored the same (shared) set. Sites without a validation set,
+    or whose set nobody scored, are left out; None when no site is left.
+    """
+    losses = []
+    for site, info in sorted(sites.items()):
+        fp = (info.get("eval_sets") or {}).get("val")
+        res = val.get(site) or (val.get(scorer_of("val", fp, sites) or "") if fp else None)
+        if not res:
+            continue
+        own = [res["per_class"][c].get("bce") for c, a in zip(classes, info.get("annotated", ())) if a]
+        own = [v for v in own if v is not None and math.isfinite(v)]
+        if own:
+            losses.append(float(np.mean(own)))
+    return float(np.mean(losses)) if losses else None
 
 
 class ModelSelector(IntimeModelSelector):
-    """``IntimeModelSelector`` (same arguments) that skips, silently, updates carrying no validation metrics."""
+    """``IntimeModelSelector`` (same arguments) plus ``key_metric: site_bce`` (lower is better), ``patience``
+    (rounds without a new best before :class:`ScatterAndGather` stops; 0: never) and ``summary_id`` (the data
+    summary component, for ``site_bce``)."""
+
+    def __init__(self, key_metric: str = "auc", patience: int = 0, summary_id: str = "data_summary", **kwargs):
+        kwargs.setdefault("negate_key_metric", key_metric == SITE_LOSS)
+        super().__init__(key_metric=key_metric, **kwargs)
+        self.patience, self.summary_id = int(patience), summary_id
+        self.best_round: int | None = None
+        self.last_round: int | None = None
+        self._val: dict[str, dict] = {}
+
+    def _reset_stats(self):
+        super()._reset_stats()
+        self._val = {}
 
     def _before_accept(self, fl_ctx: FLContext):
         peer = fl_ctx.get_peer_context()
@@ -19,6 +81,55 @@ class ModelSelector(IntimeModelSelector):
             meta = from_shareable(peer.get_prop(FLContextKey.SHAREABLE)).meta or {}
         except Exception:  # noqa: BLE001 - the parent reports a broken update
             return super()._before_accept(fl_ctx)
+        if self.key_metric == SITE_LOSS:
+            val = (meta.get(META_RESULTS) or {}).get("val")
+            if val and fl_ctx.get_prop(AppConstants.CURRENT_ROUND):  # round 0 scores the initial model
+                self._val[peer.get_identity_name()] = val
+            return bool(val)
         if meta.get(self.validation_metric_name or MetaKey.INITIAL_METRICS) is None:
             return False
         return super()._before_accept(fl_ctx)
+
+    def _before_aggregate(self, fl_ctx: FLContext):
+        rnd = int(fl_ctx.get_prop(AppConstants.CURRENT_ROUND) or 0)
+        if self.key_metric == SITE_LOSS and self._val:
+            summary = getattr(fl_ctx.get_engine().get_component(self.summary_id), "summary", None) or {}
+            loss = mean_site_loss(self._val, summary.get("sites") or {}, list(summary.get("classes") or []))
+            if loss is not None:
+                self.validation_metric_weighted_sum, self.raw_validation_metric_weighted_sum = -loss, loss
+                self.validation_metric_sum_of_weights = 1.0
+                self.log_info(fl_ctx, f"round {rnd}: mean local validation loss {loss:.5f}")
+        before = self.best_val_metric
+        done = super()._before_aggregate(fl_ctx)
+        if self.best_val_metric > before:
+            self.best_round = rnd
+        self.last_round = rnd
+        return done
+
+    def should_stop(self) -> bool:
+        """True once ``patience`` rounds have passed since the best one."""
+        return bool(self.patience and self.best_round is not None and self.last_round is not None
+                    and self.last_round - self.best_round >= self.patience)
+
+
+class ScatterAndGather(_ScatterAndGather):
+    """NVFlare's ScatterAndGather (same arguments) that ends the training phase early when the model selector
+    (component ``selector_id``) says so (:meth:`ModelSelector.should_stop`): after the round in which it does,
+    no further round starts; the last global model is saved as every round."""
+
+    def __init__(self, *args, selector_id: str = "model_selector", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.selector_id = selector_id
+        self.stopped_early_at: int | None = None
+
+    def handle_event(self, event_type: str, fl_ctx: FLContext):
+        super().handle_event(event_type, fl_ctx)
+        if event_type != AppEventType.ROUND_DONE or self.stopped_early_at is not None:
+            return
+        selector = fl_ctx.get_engine().get_component(self.selector_id)
+        if selector is not None and getattr(selector, "should_stop", lambda: False)():
+            self.stopped_early_at = self._current_round
+            self._num_rounds = self._current_round - self._start_round + 1  # the loop ends after this round
+            self.log_info(fl_ctx, f"early stopping after round {self._current_round}: no better validation "
+                                  f"{selector.key_metric} since round {selector.best_round} "
+                                  f"(patience {selector.patience})")

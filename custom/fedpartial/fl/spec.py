@@ -48,6 +48,8 @@ def spec_mismatch(server: dict, site: dict) -> str | None:
 
 def local_parts(method: str, method_args: dict | None) -> list[str]:
     """Parameter groups each site keeps local under the method's options (``norm: local``, ``keep_local``)."""
+    if get_method(method).trainer.keeps_all_local:
+        return ["encoder", "norm", "head", "classifier"]
     o = resolved_options(method, method_args)
     return (["norm"] if o.get("norm") == "local" else []) + list(o.get("keep_local") or [])
 
@@ -56,6 +58,10 @@ def global_model_note(parts: list[str]) -> str | None:
     """What the global model holds when parts stay local (None when nothing does)."""
     if not parts:
         return None
+    if {"encoder", "norm", "head", "classifier"} <= set(parts):
+        return ("every site keeps its whole model (individually trained): the global model is only the sites' "
+                "average, used by nobody during training; every site's validation and test metrics (per round and "
+                "cross-site) are its own model's")
     p = " and ".join(parts)
     return (f"the sites keep their own {p} layers: the global model holds the shared layers plus the sites' average "
             f"of the {p} layers; every site's validation and test metrics (per round and cross-site) use its own "

@@ -19,9 +19,9 @@ def load_all() -> None:
     if _loaded:
         return
     _loaded = True
-    from . import baselines, fedlsm, fedmlp, fedprox
+    from . import baselines, fedlsm, fedmlp, fedprox, surgical
 
-    for module in (baselines, fedprox, fedmlp, fedlsm):
+    for module in (baselines, fedprox, fedmlp, fedlsm, surgical):
         module.register_all(register)
 
 

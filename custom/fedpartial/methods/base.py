@@ -48,6 +48,10 @@ class TrainOptions:
     num_threads: int = opt(1, "torch intra-op threads at the site")
     num_workers: int = opt(0, "DataLoader workers")
     keep_optimizer_state: bool | None = opt(None, "carry the optimiser state across rounds (None: the method's default)")
+    views: Literal["batched", "per_sample"] = opt("batched", "random views drawn per batch on the training device "
+                                                  "(vectorised), or per sample by the MONAI pipelines in the loader")
+    amp: bool = opt(False, "bfloat16 autocast during local training (for GPUs)")
+    pin_memory: bool = opt(False, "pin batches in host memory before copying them to a GPU")
 
 
 @dataclass
@@ -139,6 +143,7 @@ class LocalTrainer:
         tasks: the task types the method supports.
         accepts_unlabelled: whether a site that annotates no class at all may run this trainer (then its train,
             val and test manifests may be unlabelled).
+        keeps_all_local: the site keeps its whole model (nothing received is loaded once it has trained).
         keep_optimizer_state: the default of ``train.keep_optimizer_state``.
 
     Per-site state (:meth:`state_dict` / :meth:`load_state_dict`) is saved by the executor under the site's run
@@ -149,6 +154,7 @@ class LocalTrainer:
     tasks: tuple[str, ...] = ("multilabel", "multiclass")
     accepts_unlabelled: bool = False
     keep_optimizer_state: bool = False
+    keeps_all_local: bool = False  # every tensor stays at the site (individually trained models)
 
     def __init__(self, ctx: SiteContext, **options):
         if ctx.task not in self.tasks:
@@ -160,6 +166,8 @@ class LocalTrainer:
         groups = ctx.model.parameter_groups()
         local = (["norm"] if self.opts.norm == "local" else []) + list(self.opts.keep_local)
         self.local_keys: set[str] = {k for g in local for k in groups[g]}
+        if self.keeps_all_local:
+            self.local_keys = set(ctx.model.state_dict())
         self.has_local_state = False  # set once the model holds this site's own local parts
 
     # -- the method -------------------------------------------------------------------------------------
@@ -233,9 +241,15 @@ class LocalTrainer:
         the shuffling order depends on the site seed and the round. A shuffled (training) loader drops a
         trailing batch of a single image: BatchNorm cannot train on it (e.g. 33 images in batches of 32)."""
         bs = int(batch_size or self.ctx.train.batch_size)
-        n = len(self.ctx.data.dataset("train", views))
+        n = len(self.ctx.data.dataset("train", {"image": "eval"}))
+        t = self.ctx.train
         return self.ctx.data.train_loader(views, batch_size=bs, shuffle=shuffle, seed=self.ctx.seed * 100003 + round_num,
-                                          drop_last=shuffle and n > 1 and n % bs == 1)
+                                          drop_last=shuffle and n > 1 and n % bs == 1, batched=t.views == "batched",
+                                          device=self.ctx.device, pin_memory=t.pin_memory)
+
+    def fetcher(self, views: dict[str, str], seed: int):
+        """``fetch(indices) -> device batch`` of chosen training rows with the given views (see ``train.views``)."""
+        return self.ctx.data.fetcher(views, seed, self.ctx.train.views == "batched", self.ctx.device)
 
     def batches(self, views: dict[str, str], round_num: int):
         """Yield device batches for ``train.local_epochs`` epochs (or ``train.local_steps`` steps if set)."""

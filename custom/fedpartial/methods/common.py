@@ -94,7 +94,7 @@ def label_table(data) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.as_tensor(ds.labels).float().cpu(), torch.as_tensor(ds.mask).bool().cpu()
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def whole_set_pass(model: torch.nn.Module, loader, n: int, task: str, device: torch.device | str = "cpu",
                    features: bool = False, key: str = "image") -> tuple[torch.Tensor | None, torch.Tensor]:
     """One inference pass of ``model`` (eval mode, restored afterwards) over every training image.

@@ -50,7 +50,7 @@ def server_config(method: str, dataset: dict, model: dict, num_rounds: int, min_
         "workflows": [
             {"id": "data_check", "path": f"{WF}.broadcast_and_process.BroadcastAndProcess",
              "args": {"processor": "data_summary", "task_name": "data_summary", "timeout": 0}},
-            {"id": "scatter_and_gather", "path": f"{WF}.scatter_and_gather.ScatterAndGather",
+            {"id": "scatter_and_gather", "path": "fedpartial.fl.selection.ScatterAndGather",
              "args": {"min_clients": "{min_clients}", "num_rounds": "{num_rounds}", "wait_time_after_min_received": 0,
                       "aggregator_id": "aggregator", "persistor_id": "persistor",
                       "shareable_generator_id": "shareable_generator", "train_task_name": "train",

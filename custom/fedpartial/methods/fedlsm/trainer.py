@@ -164,13 +164,7 @@ class FedLSMTrainer(LocalTrainer):
             q = self.estimated_counts(labels, mask, t, known)
 
         teacher = frozen_copy(model)
-        ds = ctx.data.dataset("train", {"weak": "weak", "strong": "strong"})
-        if hasattr(ds, "set_random_state"):
-            ds.set_random_state(seed=int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
-
-        def fetch(idx: torch.Tensor) -> dict:
-            batch = torch.utils.data.default_collate([ds[int(i)] for i in idx])
-            return {k: v.to(dev) if torch.is_tensor(v) else v for k, v in batch.items()}
+        fetch = self.fetcher({"weak": "weak", "strong": "strong"}, int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
 
         self.train_mode()
         self.make_optimizer()

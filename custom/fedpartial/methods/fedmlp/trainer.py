@@ -147,15 +147,16 @@ class FedMLPTrainer(LocalTrainer):
             y = torch.where(m, batch["label"].float(), torch.where(tg, t.float(), torch.zeros_like(batch["label"].float())))
             lab = m | tg
             cr_mask = ~lab
+            targets = None
+            if use_cr and cr_mask.any():  # the frozen teacher (eval mode) on every view in one forward pass
+                with torch.no_grad():
+                    targets = torch.sigmoid(teacher(torch.cat([batch[k] for k in views]))).chunk(len(views))
             losses = []
-            for key in views:
-                x = batch[key]
-                logits = model(x)
+            for i, key in enumerate(views):
+                logits = model(batch[key])
                 loss = self.supervised_loss(logits, y, lab, pi1, pi0)
-                if use_cr and cr_mask.any():
-                    with torch.no_grad():
-                        pg = torch.sigmoid(teacher(x))
-                    loss = loss + self.opts.cr_weight * consistency_loss(torch.sigmoid(logits), pg, cr_mask)
+                if targets is not None:
+                    loss = loss + self.opts.cr_weight * consistency_loss(torch.sigmoid(logits), targets[i], cr_mask)
                 losses.append(loss)
             loss = torch.stack(losses).mean()
             self.step(loss)

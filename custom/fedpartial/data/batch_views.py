@@ -1,0 +1,228 @@
+"""Random views of a whole batch at once (plain torch tensor operations, on the training device).
+
+The per-sample MONAI pipelines of :func:`fedpartial.data.transforms.augment_transforms` cost about 3 ms per
+sample on a CPU core, one sample at a time (``benchmarks/local_round_speed.py``); here the same augmentations are
+drawn per sample but applied to the ``(B, C, S, S)`` batch in a few vectorised operations (``affine_grid`` /
+``grid_sample`` for the geometry, grouped convolutions for the filters), so they also run on a GPU.
+
+Same kinds, same parameter ranges as the MONAI pipelines (each draw independent per sample):
+
+- ``"eval"``: normalise only.
+- ``"weak"``: horizontal flip p=0.5; affine p=1: rotation U(-10, 10) deg, translation U(-2, 2) % of the side
+  per axis; bilinear, zero padding.
+- ``"strong"``: vertical and horizontal flips p=0.5 each; affine p=0.85: rotation U(-15, 15) deg, translation
+  U(-10, 10) %, scale 1 + U(-0.1, 0.1) per axis; one of {3x3 median, Gaussian blur sigma U(0.1, 1) per axis,
+  Gaussian noise std 0.03} with p=0.7 in all; brightness (x (1 + U(-0.2, 0.2))) then contrast (gamma U(0.8, 1.25)
+  on the image's min-max range) together p=0.75; clip to [0, 1].
+
+The random numbers come from a ``torch.Generator`` the caller seeds (the site seed, round and epoch), so a seed
+reproduces the views; they are not the numbers MONAI's pipelines draw (``train.views: per_sample`` keeps those).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .transforms import KINDS
+
+
+@dataclass(frozen=True)
+class AffineRanges:
+    """Ranges of a random affine: rotation in degrees, translation as a fraction of the side, scale +- fraction."""
+
+    prob: float
+    rotate_deg: float
+    translate: float
+    scale: float = 0.0
+
+
+WEAK_AFFINE = AffineRanges(prob=1.0, rotate_deg=10.0, translate=0.02)
+STRONG_AFFINE = AffineRanges(prob=0.85, rotate_deg=15.0, translate=0.10, scale=0.10)
+P_FILTER, P_INTENSITY, NOISE_STD = 0.7, 0.75, 0.03
+
+
+def _uniform(n: int, lo: float, hi: float, gen: torch.Generator) -> torch.Tensor:
+    return lo + (hi - lo) * torch.rand(n, generator=gen, dtype=torch.float64)
+
+
+def sample_affine(n: int, ranges: AffineRanges, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Per-sample affine parameters: ``angle`` (rad), ``shift`` ``(n, 2)`` as fractions of the side (x, y),
+    ``scale`` ``(n, 2)``; samples not drawn (probability ``ranges.prob``) get the identity."""
+    on = torch.rand(n, generator=gen, dtype=torch.float64) < ranges.prob
+    r = math.radians(ranges.rotate_deg)
+    angle = _uniform(n, -r, r, gen) * on
+    shift = torch.stack([_uniform(n, -ranges.translate, ranges.translate, gen) for _ in range(2)], 1) * on[:, None]
+    scale = 1 + torch.stack([_uniform(n, -ranges.scale, ranges.scale, gen) for _ in range(2)], 1) * on[:, None]
+    return {"angle": angle, "shift": shift, "scale": scale}
+
+
+def affine_theta(angle: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``(n, 2, 3)`` matrices for :func:`torch.nn.functional.affine_grid` (``align_corners=False``) equal to MONAI's
+    ``Affine(rotate_params=angle, translate_params=(ty, tx) px, scale_params=(sy, sx))``: the affine maps output
+    to input coordinates about the image centre, ``input = R (S output + t)`` with MONAI's rotation (by
+    ``-angle`` in (x, y) order); ``shift`` ``(n, 2)`` = (tx, ty) in fractions of the side."""
+    cos, sin = torch.cos(angle), torch.sin(angle)
+    rot = torch.stack([torch.stack([cos, sin], 1), torch.stack([-sin, cos], 1)], 1)  # (n, 2, 2), (x, y) order
+    a = rot * scale[:, None, :]  # R @ diag(sx, sy)
+    offset = (rot @ (2 * shift).unsqueeze(-1)).squeeze(-1)  # R t, t in normalised units (the side = 2)
+    return torch.cat([a, offset.unsqueeze(-1)], 2)
+
+
+def warp(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+    """``(B, C, S, S)`` -> same shape, bilinear, zeros outside the image."""
+    grid = F.affine_grid(theta.to(x.dtype), list(x.shape), align_corners=False)
+    return F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+
+
+def flip(x: torch.Tensor, which: torch.Tensor, dim: int) -> torch.Tensor:
+    """Flip the samples where ``which`` ``(B,)`` is True along ``dim`` (3 = horizontal, 2 = vertical)."""
+    return torch.where(which.view(-1, 1, 1, 1).to(x.device), x.flip(dim), x)
+
+
+def median3(x: torch.Tensor) -> torch.Tensor:
+    """3x3 median filter (edges replicated, as MONAI's ``MedianSmooth(radius=1)``): ``(B, C, H, W)``."""
+    b, c, h, w = x.shape
+    patches = F.unfold(F.pad(x, (1, 1, 1, 1), mode="replicate"), 3)  # (B, C*9, H*W)
+    return patches.view(b, c, 9, h * w).median(2).values.view(b, c, h, w)
+
+
+def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+    """Separable Gaussian blur with a per-sample ``sigma`` ``(B, 2)`` (x = width, y = height), as MONAI's
+    ``GaussianSmooth``: kernels from differences of ``erf`` over each pixel, truncated at 4 sigma, not
+    renormalised, zero padding. ``(B, C, H, W)`` -> same shape."""
+    b, c, h, w = x.shape
+    sigma = sigma.to(x.device, torch.float32).clamp_min(1e-3)
+    tails = (torch.clamp(4.0 * sigma, min=0.5) + 0.5).floor()  # (B, 2) per-sample kernel half-widths
+    radius = int(tails.max()) if b else 0
+    pos = torch.arange(-radius, radius + 1, dtype=torch.float32, device=x.device)
+    out = x.reshape(1, b * c, h, w)
+    for axis in (0, 1):  # x (width) then y (height)
+        t = 0.70710678 / sigma[:, axis:axis + 1]
+        k = (0.5 * (torch.erf(t * (pos + 0.5)) - torch.erf(t * (pos - 0.5)))).clamp_min(0)
+        k = torch.where(pos.abs()[None] <= tails[:, axis:axis + 1], k, torch.zeros_like(k)).to(x.dtype)
+        k = k.repeat_interleave(c, 0)  # (B*C, K)
+        weight = k.view(b * c, 1, 1, -1) if axis == 0 else k.view(b * c, 1, -1, 1)
+        pad = (radius, radius, 0, 0) if axis == 0 else (0, 0, radius, radius)
+        out = F.conv2d(F.pad(out, pad), weight, groups=b * c)
+    return out.view(b, c, h, w)
+
+
+def adjust_contrast(x: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
+    """Per-sample gamma on the image's own min-max range (MONAI ``AdjustContrast``): ``(B, C, H, W)``."""
+    flat = x.flatten(1)
+    lo, hi = flat.min(1).values.view(-1, 1, 1, 1), flat.max(1).values.view(-1, 1, 1, 1)
+    rng = hi - lo
+    g = gamma.to(x.device, x.dtype).view(-1, 1, 1, 1)
+    return ((x - lo) / (rng + 1e-7)).clamp_min(0) ** g * rng + lo
+
+
+class BatchAugment:
+    """Random views of ``(B, C, S, S)`` batches in [0, 1] (see the module docstring), then normalisation.
+
+    Args:
+        mean, std: per-channel normalisation (None: none).
+    """
+
+    def __init__(self, mean: Sequence[float] | None = None, std: Sequence[float] | None = None):
+        self.mean = None if mean is None else torch.tensor([float(m) for m in mean])
+        self.std = None if std is None else torch.tensor([float(s) for s in std])
+        if self.mean is None and self.std is not None:
+            self.mean = torch.zeros_like(self.std)
+        if self.std is None and self.mean is not None:
+            self.std = torch.ones_like(self.mean)
+
+    def normalise(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mean is None:
+            return x
+        m, s = self.mean.to(x.device, x.dtype), self.std.to(x.device, x.dtype)
+        return (x - m.view(1, -1, 1, 1)) / s.view(1, -1, 1, 1)
+
+    def __call__(self, x: torch.Tensor, kind: str, gen: torch.Generator) -> torch.Tensor:
+        """``(B, C, S, S)`` float in [0, 1] -> one view per sample, same shape, normalised."""
+        if kind not in KINDS:
+            raise ValueError(f"augmentation kind must be one of {KINDS}, got {kind!r}")
+        n = x.shape[0]
+        if kind == "weak":
+            x = flip(x, torch.rand(n, generator=gen) < 0.5, 3)
+            x = warp(x, affine_theta(**sample_affine(n, WEAK_AFFINE, gen)).to(x.device))
+        elif kind == "strong":
+            x = flip(x, torch.rand(n, generator=gen) < 0.5, 2)
+            x = flip(x, torch.rand(n, generator=gen) < 0.5, 3)
+            x = warp(x, affine_theta(**sample_affine(n, STRONG_AFFINE, gen)).to(x.device))
+            x = self._filter(x, gen)
+            x = self._intensity(x, gen)
+            x = x.clamp(0.0, 1.0)
+        return self.normalise(x)
+
+    @staticmethod
+    def _filter(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        """One of {3x3 median, Gaussian blur, Gaussian noise, nothing} per sample."""
+        n = x.shape[0]
+        choice = torch.multinomial(torch.tensor([P_FILTER / 3] * 3 + [1 - P_FILTER]), n, replacement=True,
+                                   generator=gen)
+        sigma = torch.stack([_uniform(n, 0.1, 1.0, gen) for _ in range(2)], 1)
+        noise = torch.randn(x.shape, generator=gen).to(x.device, x.dtype) * NOISE_STD
+        out = x.clone()
+        median, blur, noisy = (choice == k for k in range(3))
+        if median.any():
+            out[median.to(x.device)] = median3(x[median.to(x.device)])
+        if blur.any():
+            out[blur.to(x.device)] = gaussian_blur(x[blur.to(x.device)], sigma[blur])
+        if noisy.any():
+            out[noisy.to(x.device)] = x[noisy.to(x.device)] + noise[noisy.to(x.device)]
+        return out
+
+    @staticmethod
+    def _intensity(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        n = x.shape[0]
+        on = torch.rand(n, generator=gen) < P_INTENSITY
+        factor = 1 + _uniform(n, -0.2, 0.2, gen)
+        gamma = _uniform(n, 0.8, 1.25, gen)
+        if not on.any():
+            return x
+        sel = on.to(x.device)
+        out = x.clone()
+        y = x[sel] * factor[on].to(x.device, x.dtype).view(-1, 1, 1, 1)
+        out[sel] = adjust_contrast(y, gamma[on])
+        return out
+
+
+def draw_views(batch: dict, views: Mapping[str, str], augment: BatchAugment, gen: torch.Generator,
+               device: torch.device | str = "cpu", pin_memory: bool = False) -> dict:
+    """Replace a collated batch's ``"source"`` ``(B, C, S, S)`` by the requested views (key -> kind) on ``device``;
+    the other entries are moved to ``device`` too."""
+    device = torch.device(device)
+    src = batch.pop("source")
+    if pin_memory and device.type == "cuda":
+        src = src.pin_memory()
+    src = src.to(device, non_blocking=True)
+    out = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+    for key, kind in views.items():
+        out[key] = augment(src, kind, gen)
+    return out
+
+
+class ViewLoader:
+    """A loader whose batches carry the cached images under ``"source"``, turned into the requested views by
+    :func:`draw_views`; the generator is seeded once per loader from ``seed``, so the same seed gives the same
+    views (and the wrapped loader the same order)."""
+
+    def __init__(self, loader, views: Mapping[str, str], augment: BatchAugment, seed: int,
+                 device: torch.device | str = "cpu", pin_memory: bool = False):
+        self.loader, self.views, self.augment, self.seed = loader, dict(views), augment, int(seed)
+        self.device, self.pin_memory = torch.device(device), pin_memory
+        self.dataset = loader.dataset
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        gen = torch.Generator()
+        gen.manual_seed(self.seed)
+        for batch in self.loader:
+            yield draw_views(batch, self.views, self.augment, gen, self.device, self.pin_memory)

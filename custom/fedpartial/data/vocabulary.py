@@ -1,0 +1,109 @@
+"""Label vocabularies: hospitals name their classes differently (NIH ``Effusion``, CheXpert ``Pleural
+Effusion``). A site's ``fedpartial_data.json`` entry may map its manifest's own column names to the job's global
+classes and list columns to ignore::
+
+    {"datasets": {"nih_cxr14": {"train": "train.csv",
+                                "columns": {"Pleural Effusion": "Effusion"},
+                                "ignore_columns": ["Support Devices", "No Finding"]}}}
+
+:func:`map_header` applies that to a manifest header: a mapped column is read as its global class, an ignored
+one is skipped, a global class name is itself, and any other column stays the "unknown class column" error of
+:func:`fedpartial.data.manifest.read_manifest`. Two columns landing on one class are an error.
+
+Named vocabularies (``VOCABULARIES``, global class -> the other vocabulary's column name) let
+``fedpartial-prepare`` write a split where groups of sites use different names (``--vocabulary``).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+IGNORED = "\0ignored:"  # prefix of an ignored column in a mapped header (never a class name)
+
+CHEXPERT_NAMES = {"Effusion": "Pleural Effusion", "Pleural_Thickening": "Pleural Other",
+                  "Mass": "Lung Lesion", "Infiltration": "Lung Opacity"}
+"""NIH ChestX-ray14 names -> CheXpert's: the shared findings CheXpert names differently (Atelectasis,
+Cardiomegaly, Consolidation, Edema, Pneumonia, Pneumothorax are spelled alike) and the closest CheXpert
+column of a few NIH findings (used as "CheXpert's own" classes when only NIH images are at hand)."""
+
+ICH_ABBREVIATIONS = {"epidural": "EDH", "intraparenchymal": "IPH", "intraventricular": "IVH",
+                     "subarachnoid": "SAH", "subdural": "SDH"}
+"""RSNA ICH subtype names -> the clinical abbreviations."""
+
+VOCABULARIES: dict[str, dict[str, str]] = {"chexpert": CHEXPERT_NAMES, "ich_abbreviations": ICH_ABBREVIATIONS}
+
+
+class VocabularyError(ValueError):
+    """A bad vocabulary in a site configuration (names the site and the file)."""
+
+
+def check_vocabulary(columns: Mapping[str, str] | None, ignore: Sequence[str] | None, classes: Sequence[str],
+                     where: str) -> tuple[dict[str, str], list[str]]:
+    """Validate a site's mapping against the job's classes; returns ``(columns, ignore)`` as plain types.
+
+    Raises:
+        VocabularyError: a mapping that is not ``{str: str}``, a target that is not a job class, a column both
+            mapped and ignored, or two columns mapped onto one class.
+    """
+    columns, ignore = dict(columns or {}), list(ignore or [])
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in columns.items()):
+        raise VocabularyError(f"{where}: 'columns' must map manifest column names to class names (strings)")
+    if not all(isinstance(c, str) for c in ignore):
+        raise VocabularyError(f"{where}: 'ignore_columns' must be a list of column names")
+    bad = {k: v for k, v in columns.items() if v not in classes}
+    if bad:
+        raise VocabularyError(f"{where}: 'columns' maps {bad} onto no class of the job; the classes are {list(classes)}")
+    both = sorted(set(columns) & set(ignore))
+    if both:
+        raise VocabularyError(f"{where}: column(s) {both} are both mapped and ignored")
+    targets: dict[str, str] = {}
+    for k, v in columns.items():
+        if v in targets:
+            raise VocabularyError(f"{where}: columns {targets[v]!r} and {k!r} are both mapped onto class {v!r}")
+        targets[v] = k
+    return columns, ignore
+
+
+def map_header(header: Sequence[str], classes: Sequence[str], columns: Mapping[str, str] | None,
+               ignore: Sequence[str] | None) -> tuple[list[str], dict[str, str]]:
+    """A manifest header in the job's vocabulary.
+
+    Returns:
+        ``(mapped header, renamed {global class: original column})``; an ignored column becomes
+        ``IGNORED + name`` (skipped by the reader).
+
+    Raises:
+        VocabularyError: a column mapped onto a class the header also has under its own name.
+    """
+    columns, ignore = dict(columns or {}), set(ignore or ())
+    out, renamed = [], {}
+    for h in header:
+        if h in ignore:
+            out.append(IGNORED + h)
+        elif h in columns:
+            out.append(columns[h])
+            renamed[columns[h]] = h
+        else:
+            out.append(h)
+    clash = sorted(c for c in renamed if c in header)
+    if clash:
+        raise VocabularyError(f"column(s) {[renamed[c] for c in clash]} are mapped onto {clash}, which the manifest "
+                              "also has as column(s) of their own")
+    return out, renamed
+
+
+def invert(global_to_local: Mapping[str, str]) -> dict[str, str]:
+    """``{global: local}`` (how prepare renames) -> ``{local: global}`` (what a site configuration holds)."""
+    return {v: k for k, v in global_to_local.items()}
+
+
+def resolve_vocabulary(spec: str | Mapping[str, str], classes: Sequence[str]) -> dict[str, str]:
+    """A named vocabulary or a ``{global class: column name}`` dict, restricted to ``classes``."""
+    if isinstance(spec, str):
+        if spec not in VOCABULARIES:
+            raise VocabularyError(f"unknown vocabulary {spec!r}; known: {sorted(VOCABULARIES)}")
+        spec = VOCABULARIES[spec]
+    unknown = [c for c in spec if c not in classes]
+    if unknown and isinstance(spec, dict) and spec not in VOCABULARIES.values():
+        raise VocabularyError(f"vocabulary renames unknown class(es) {unknown}; classes are {list(classes)}")
+    return {g: l for g, l in spec.items() if g in classes and g != l}

@@ -338,7 +338,7 @@ def test_fedprox_term_and_gradient_by_hand():
     tr.start_round(0, {})
     with torch.no_grad():
         ctx.model.classifier.bias += torch.tensor([1.0, -2.0, 0.0])  # the only change since receiving
-    term = tr.extra_loss({}, None)
+    term = tr.extra_loss({}, None, None)
     assert float(term) == pytest.approx(0.5 / 2 * (1.0 + 4.0))  # mu/2 * ||w - w_global||^2
     term.backward()
     assert torch.allclose(ctx.model.classifier.bias.grad, 0.5 * torch.tensor([1.0, -2.0, 0.0]))  # mu (w - w_g)
@@ -472,3 +472,58 @@ def test_early_stopping_ends_training_after_patience_rounds_without_a_better_mod
     assert res["early_stopping"] == {"patience": 1, "best_round": 1, "stopped": True, "last_round": 2}
     assert "early stopping after round 2" in server_log(ws)
     assert res["final"]["FL_global_model.pt"]["test"] is not None
+
+
+def test_fedrs_restricted_softmax_by_hand():
+    import math
+
+    from fedpartial.methods.fedrs import restricted_softmax_ce
+
+    logits = torch.tensor([[2.0, 1.0, 0.0], [0.5, 0.0, 3.0]], requires_grad=True)
+    labels = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])  # row 2: its class is not annotated here
+    mask = torch.tensor([[True, False, True], [True, False, True]])
+    owned = torch.tensor([True, False, True])
+    loss = restricted_softmax_ce(logits, labels, mask, owned, alpha=0.5)
+    # row 1 only; the not-owned class's logit 1.0 -> 0.5: -log(e^2 / (e^2 + e^0.5 + e^0))
+    assert float(loss) == pytest.approx(-math.log(math.exp(2) / (math.exp(2) + math.exp(0.5) + 1.0)))
+    loss.backward()
+    p = torch.softmax(torch.tensor([2.0, 0.5, 0.0]), 0)
+    # d/dz_c: (p_c - y_c) * scale_c; the not-owned class's gradient is halved
+    assert torch.allclose(logits.grad[0], (p - torch.tensor([1.0, 0, 0])) * torch.tensor([1.0, 0.5, 1.0]), atol=1e-6)
+    assert torch.equal(logits.grad[1], torch.zeros(3))
+    plain = restricted_softmax_ce(logits, labels, mask, owned, alpha=1.0)  # alpha 1: plain cross-entropy
+    assert float(plain) == pytest.approx(float(torch.nn.functional.cross_entropy(logits[:1], torch.tensor([0]))))
+    with pytest.raises(OptionError, match="alpah"):
+        get_method("fedrs").split_options({"alpah": 0.5})
+
+
+def test_moon_contrastive_term_by_hand_and_previous_model_kept_as_site_state(tmp_path):
+    import math
+
+    from fedpartial.methods.moon import model_contrastive_loss
+
+    z = torch.tensor([[1.0, 0.0]])
+    z_glob = torch.tensor([[1.0, 1.0]])  # cos 45 deg = 1/sqrt(2)
+    z_prev = torch.tensor([[0.0, 1.0]])  # cos 90 deg = 0
+    pos, neg = (1 / math.sqrt(2)) / 0.5, 0.0
+    expected = -math.log(math.exp(pos) / (math.exp(pos) + math.exp(neg)))
+    assert float(model_contrastive_loss(z, z_glob, z_prev, tau=0.5)) == pytest.approx(expected)
+    # closer to the global representation at the same similarity to the previous one -> lower loss
+    g, prev = torch.tensor([[1.0, 1.0, 0.0]]), torch.tensor([[0.0, 0.0, 1.0]])
+    assert model_contrastive_loss(g, g, prev, 0.5) < model_contrastive_loss(torch.tensor([[1.0, 0.0, 0.0]]), g, prev, 0.5)
+
+    from test_fedmlp import _site
+
+    ctx = _site("s", [True, True, False], tmp=tmp_path)
+    tr = get_method("moon").make_trainer(ctx, {"mu": 1.0})
+    tr.train_round(0, 3, {})  # first round: no previous local model, no term
+    assert tr.previous is not None
+    after0 = {k: v.clone() for k, v in ctx.model.state_dict().items()}
+    fresh = get_method("moon").make_trainer(ctx, {})
+    fresh.load_state_dict(tr.state_dict())  # a new process restores the previous local model
+    assert all(torch.equal(fresh.previous[k], after0[k]) for k in after0)
+    seen = []
+    orig = fresh.extra_loss
+    fresh.extra_loss = lambda b, lg, f: seen.append(orig(b, lg, f)) or seen[-1]
+    fresh.train_round(1, 3, {})
+    assert seen and all(t is not None and torch.isfinite(t) for t in seen)  # the term is active from round 1

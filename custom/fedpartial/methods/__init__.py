@@ -19,9 +19,9 @@ def load_all() -> None:
     if _loaded:
         return
     _loaded = True
-    from . import baselines, fedirm, fedlsm, fedmlp, fedprox, surgical
+    from . import baselines, fedirm, fedlsm, fedmlp, fedprox, fedrs, moon, surgical
 
-    for module in (baselines, fedprox, fedmlp, fedlsm, fedirm, surgical):
+    for module in (baselines, fedprox, fedrs, moon, fedmlp, fedlsm, fedirm, surgical):
         module.register_all(register)
 
 

@@ -34,27 +34,34 @@ class SupervisedOptions(TrainerOptions):
 
 class SupervisedTrainer(LocalTrainer):
     """Plain supervised local training on the annotated labels; subclasses add a term with :meth:`extra_loss`
-    (FedProx: a proximal term; see ``fedprox``) and may prepare it in :meth:`start_round`."""
+    (FedProx: a proximal term; see ``fedprox``), may prepare it in :meth:`start_round`, or replace the loss
+    itself with :meth:`supervised` (FedRS: see ``fedrs``)."""
 
     Options = SupervisedOptions
 
     def start_round(self, round_num: int, global_meta: dict) -> None:
         """Called with the received global model loaded, before the first step of the round."""
 
-    def extra_loss(self, batch: dict, logits: torch.Tensor) -> torch.Tensor | None:
-        """A term added to the supervised loss of each step (None: nothing)."""
+    def extra_loss(self, batch: dict, logits: torch.Tensor, features: torch.Tensor) -> torch.Tensor | None:
+        """A term added to the supervised loss of each step (None: nothing); ``features`` ``(B, D)`` are the
+        pooled representation the logits ``(B, C)`` were computed from."""
         return None
 
+    def supervised(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
+        """The supervised loss of a batch (``missing``: unannotated entries as negatives or left out); FedRS
+        replaces it by its restricted softmax."""
+        return supervised_loss(self.ctx.task, self.opts.missing)(logits, batch["label"], batch["mask"])
+
     def train_round(self, round_num: int, num_rounds: int, global_meta: dict) -> RoundOutput:
-        loss_fn = supervised_loss(self.ctx.task, self.opts.missing)
         self.start_round(round_num, global_meta)
         model = self.train_mode()
         self.make_optimizer()
         total, steps = 0.0, 0
         for batch in self.batches({"image": self.opts.view}, round_num):
-            logits = model(batch["image"])
-            loss = loss_fn(logits, batch["label"], batch["mask"])
-            extra = self.extra_loss(batch, logits)
+            features = model.features(batch["image"])
+            logits = model.head(features)
+            loss = self.supervised(logits, batch)
+            extra = self.extra_loss(batch, logits, features)
             if extra is not None:
                 loss = loss + extra
             self.step(loss)

@@ -27,7 +27,7 @@ class FedProxTrainer(SupervisedTrainer):
         self.global_model = frozen_copy(self.ctx.model)  # the weights received this round
         self.prox = PTFedProxLoss(mu=self.opts.mu)
 
-    def extra_loss(self, batch: dict, logits: torch.Tensor) -> torch.Tensor:
+    def extra_loss(self, batch: dict, logits: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         return self.prox(self.ctx.model, self.global_model)
 
 

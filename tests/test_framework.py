@@ -477,13 +477,17 @@ def test_early_stopping_ends_training_after_patience_rounds_without_a_better_mod
 def test_fedrs_restricted_softmax_by_hand():
     import math
 
-    from fedpartial.methods.fedrs import restricted_softmax_ce
+    from fedpartial.methods.fedrs import logit_scales, restricted_softmax_ce
 
     logits = torch.tensor([[2.0, 1.0, 0.0], [0.5, 0.0, 3.0]], requires_grad=True)
     labels = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])  # row 2: its class is not annotated here
     mask = torch.tensor([[True, False, True], [True, False, True]])
-    owned = torch.tensor([True, False, True])
-    loss = restricted_softmax_ce(logits, labels, mask, owned, alpha=0.5)
+    counts = torch.tensor([6.0, 0.0, 2.0])  # the site's labelled images per class
+    scales = logit_scales(counts, 0.5)
+    assert torch.equal(scales, torch.tensor([1.0, 0.5, 1.0]))  # the paper: by presence
+    # the released code: alpha + (1 - alpha) * cnt / max cnt = 0.5 + 0.5 * [1, 0, 1/3]
+    assert torch.allclose(logit_scales(counts, 0.5, "counts"), torch.tensor([1.0, 0.5, 0.5 + 0.5 / 3]))
+    loss = restricted_softmax_ce(logits, labels, mask, scales)
     # row 1 only; the not-owned class's logit 1.0 -> 0.5: -log(e^2 / (e^2 + e^0.5 + e^0))
     assert float(loss) == pytest.approx(-math.log(math.exp(2) / (math.exp(2) + math.exp(0.5) + 1.0)))
     loss.backward()
@@ -491,7 +495,7 @@ def test_fedrs_restricted_softmax_by_hand():
     # d/dz_c: (p_c - y_c) * scale_c; the not-owned class's gradient is halved
     assert torch.allclose(logits.grad[0], (p - torch.tensor([1.0, 0, 0])) * torch.tensor([1.0, 0.5, 1.0]), atol=1e-6)
     assert torch.equal(logits.grad[1], torch.zeros(3))
-    plain = restricted_softmax_ce(logits, labels, mask, owned, alpha=1.0)  # alpha 1: plain cross-entropy
+    plain = restricted_softmax_ce(logits, labels, mask, logit_scales(counts, 1.0))  # alpha 1: plain cross-entropy
     assert float(plain) == pytest.approx(float(torch.nn.functional.cross_entropy(logits[:1], torch.tensor([0]))))
     with pytest.raises(OptionError, match="alpah"):
         get_method("fedrs").split_options({"alpah": 0.5})

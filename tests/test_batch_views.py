@@ -9,12 +9,12 @@ import math
 import numpy as np
 import pytest
 import torch
-from monai.transforms import Affine, AdjustContrast, GaussianSmooth, MedianSmooth
+from monai.transforms import Affine, AdjustContrast, Flip, GaussianSmooth, MedianSmooth
 from scipy import stats
 
 from fedpartial.data.batch_views import (STRONG_AFFINE, WEAK_AFFINE, BatchAugment, adjust_contrast, affine_theta,
-                                         gaussian_blur, median3, sample_affine, warp)
-from fedpartial.data.transforms import augment_transforms, plain_tensors
+                                         flip, gaussian_blur, median3, sample_affine, warp)
+from fedpartial.data.transforms import KINDS, augment_transforms, plain_tensors
 
 
 @pytest.mark.parametrize("angle,tx,ty,sx,sy", [(0.3, 0, 0, 1, 1), (0, 2, 0, 1, 1), (0, 0, -3, 1, 1),
@@ -68,7 +68,7 @@ def _views(kind: str, image: torch.Tensor, n: int, batched: bool) -> torch.Tenso
         torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("kind", ["weak", "strong"])
+@pytest.mark.parametrize("kind", ["flip", "weak", "strong"])
 def test_batched_views_have_the_distribution_of_the_monai_views(kind):
     """300 views of one image, batched against MONAI per sample: the same distribution of how far a view moves
     from the image and of its brightness (two-sample KS), and the same mean view."""
@@ -95,3 +95,34 @@ def test_views_are_reproducible_from_the_seed_and_differ_per_sample():
     assert torch.allclose(aug(x, "eval", torch.Generator()), (x - 0.5) / 0.25)  # eval: normalisation only
     with pytest.raises(ValueError, match="augmentation kind"):
         aug(x, "medium", torch.Generator())
+
+
+def test_flip_view_is_monais_horizontal_flip_with_probability_one_half():
+    """The "flip" kind (FedLSM's weak view): for a given draw the same operation as MONAI's horizontal flip
+    (``Flip(spatial_axis=1)`` on ``(C, H, W)``), nothing else; flipped with probability 0.5, per sample; the same
+    seed gives the same views; both pipelines know the kind."""
+    x = torch.rand(6, 2, 8, 8, generator=torch.Generator().manual_seed(0))
+    ref = torch.stack([torch.as_tensor(Flip(spatial_axis=1)(v)) for v in x])
+    assert torch.equal(flip(x, torch.ones(6, dtype=torch.bool), 3), ref)
+    # by hand on a 1 x 1 x 3 row: [1, 2, 3] -> [3, 2, 1]
+    row = torch.tensor([[[[1.0, 2.0, 3.0]]]])
+    assert flip(row, torch.tensor([True]), 3).flatten().tolist() == [3.0, 2.0, 1.0]
+    aug = BatchAugment(mean=[0.5, 0.5], std=[0.25, 0.25])
+    n = 4000
+    big = torch.rand(n, 2, 8, 8, generator=torch.Generator().manual_seed(1))
+    views = aug(big, "flip", torch.Generator().manual_seed(7))
+    norm = (big - 0.5) / 0.25
+    kept = (views == norm).flatten(1).all(1)
+    flipped = (views == norm.flip(3)).flatten(1).all(1)
+    assert bool((kept | flipped).all())  # every view is the image or its mirror: no rotation, shift or noise
+    assert stats.binomtest(int(flipped.sum()), n, 0.5).pvalue > 1e-3
+    assert torch.equal(views, aug(big, "flip", torch.Generator().manual_seed(7)))  # reproducible from the seed
+    assert not torch.equal(views, aug(big, "flip", torch.Generator().manual_seed(8)))
+    assert "flip" in KINDS
+    tf = augment_transforms("flip", 8)
+    tf.set_random_state(seed=0)
+    with plain_tensors():
+        outs = [torch.as_tensor(tf({"image": x[0].clone()})["image"]) for _ in range(200)]
+    m_flipped = sum(bool(torch.equal(o, ref[0])) for o in outs)
+    assert all(torch.equal(o, x[0]) or torch.equal(o, ref[0]) for o in outs)
+    assert stats.binomtest(m_flipped, 200, 0.5).pvalue > 1e-3

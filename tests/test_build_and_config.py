@@ -80,7 +80,8 @@ def test_paper_configuration_has_the_papers_settings(job):
     assert args["model"]["arch"] == "resnet18"
     t = args["train"]
     assert (t["optimizer"], t["lr"], t["batch_size"], t["local_epochs"]) == ("adam", 3e-5, 32, 1) and t["weight_decay"] > 0
-    assert args["method_args"] == {"warmup_rounds": 50, "L": 0.3, "R": 0.7, "T0": 0.005, "T1": 0.01, "parity": "paper"}
+    assert args["method_args"] == {"warmup_rounds": 50, "L": 0.3, "R": 0.7, "T0": 0.005, "T1": 0.01, "parity": "paper",
+                                   "cr_warmup": False}  # the paper: stage 1 is L_WPC only
     ds = resolve_dataset(args["dataset"])
     sites = 5 if "ich" in job else 8
     assert ds["image_size"] == 224 and ds["prepare"]["num_sites"] == sites == len(ds["classes"])

@@ -396,3 +396,150 @@ def test_fresh_sample_order_every_round_not_a_replay():
         orders.append(list(seen))
     assert len(orders[0]) == len(orders[1]) == 20  # 2 steps x 10 samples, all from the pool
     assert orders[0] != orders[1]
+
+
+# ------------------------------------------------------------------------------------------ behaviour (issue 16)
+
+def test_uncertain_samples_get_pseudo_labels_with_the_lower_thresholds():
+    """UDE (Eq. 6): confident samples are labelled with tau_p / tau_n (0.85 / 0.005), uncertain ones with the
+    lower tau_lp / tau_ln (0.7 / 0.01); mixed labels lam y_l + (1 - lam) y_h where both sides have a label."""
+    tr = L.FedLSMTrainer(_site("y", [True, False, False], n=4, C=3))
+    label = torch.tensor([[1.0, 0.0, 0.0]])
+    mask = torch.tensor([[True, False, False]])
+    conf = {"weak": torch.full((1, 1, 2, 2), 2.0), "label": label, "mask": mask}
+    unc = {"weak": torch.zeros(1, 1, 2, 2), "label": torch.zeros(1, 3), "mask": mask}
+    q = torch.tensor([[0.5, 0.75, 0.008]])  # the same teacher output on both sides
+    x, y, known = tr.ude_batch(conf, unc, q, q, lam=0.25)
+    # confident side: 0.75 < 0.85 and 0.008 > 0.005 -> classes 1, 2 unlabelled; uncertain side: 0.75 >= 0.7 -> 1,
+    # 0.008 <= 0.01 -> 0; only class 0 (annotated on both) is known on both sides
+    assert known.tolist() == [[True, False, False]]
+    assert torch.allclose(x, torch.full_like(x, 0.5))  # 0.25 * 2 + 0.75 * 0
+    assert y.tolist() == [[0.25, 0.75 * 1.0, 0.0]]  # class 0: 0.25 * 1 + 0.75 * 0; class 1: 0.25 * 0 + 0.75 * 1
+    # the same sample on the confident side with a teacher above the pseudo-pool thresholds is known on both
+    _, _, known = tr.ude_batch(conf, unc, torch.tensor([[0.5, 0.9, 0.001]]), q, lam=0.25)
+    assert known.tolist() == [[True, True, True]]
+    # single-label: tau_l = 0.85 for the uncertain row, tau = 0.95 for the confident one
+    mc = L.FedLSMTrainer(_mc_site("x", [True, False, False]))
+    zero = {"weak": torch.zeros(1, 1, 2, 2), "label": torch.zeros(1, 3), "mask": mask}
+    p = torch.tensor([[0.05, 0.9, 0.05]])
+    _, y, known = mc.ude_batch(zero, zero, torch.tensor([[0.02, 0.96, 0.02]]), p, lam=0.5)
+    assert known.tolist() == [True] and y.tolist() == [[0.0, 1.0, 0.0]]  # 0.9 >= tau_l only for the uncertain row
+    _, _, known = mc.ude_batch(zero, zero, p, p, lam=0.5)
+    assert known.tolist() == [False]  # 0.9 < tau = 0.95 on the confident side
+
+
+class _MarkedViews(_FakeDataset):
+    """Every view kind is a constant image (its marker), so a forward pass shows which view it saw."""
+
+    MARK = {"eval": 0.0, "flip": 1.0, "weak": 2.0, "strong": 3.0}
+
+    def __getitem__(self, i):
+        item = super().__getitem__(i)
+        item.update({k: torch.full_like(self.images[i], self.MARK[v]) for k, v in self.views.items()})
+        return item
+
+
+class _ViewData(_FakeData):
+    def dataset(self, split, views):
+        return _MarkedViews(self.images, self.labels, self.mask, views)
+
+
+class _Probe(PartialLabelNet):
+    """Records (per-sample input mean, first parameter tensor) at every forward pass (a deepcopy records apart)."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.seen: list = []
+
+    def forward(self, x):
+        self.seen.append((x.detach().mean((1, 2, 3)).clone(), next(self.parameters()).detach().clone()))
+        return super().forward(x)
+
+
+@pytest.mark.parametrize("weak_view,mark", [("flip", 1.0), ("weak", 2.0)])
+def test_teacher_sees_the_weak_view_student_the_strong_one_and_the_ema_moves(weak_view, mark, monkeypatch):
+    """The EMA teacher gets the weak view (horizontal flip by default), the student the strong view; the teacher
+    starts as the received model and moves by EMA after every step of the round."""
+    from fedpartial.methods.fedlsm import trainer as lsm_trainer
+
+    torch.manual_seed(0)
+    ctx = _site("s", [True, False, False], n=30, seed=1, model=_Probe("small_cnn", 3, 3, width=4))
+    ctx.data = _ViewData(ctx.data.images, ctx.data.labels, ctx.data.mask)
+    ctx.train = TrainOptions(lr=0.05, batch_size=10, local_steps=3)
+    teachers = []
+    real = lsm_trainer.frozen_copy
+
+
+    def copy_of(model):
+        teachers.append(real(model))
+        teachers[-1].seen = []  # the copy's own record starts empty
+        return teachers[-1]
+
+    monkeypatch.setattr(lsm_trainer, "frozen_copy", copy_of)
+    received = next(ctx.model.parameters()).detach().clone()
+    tr = L.FedLSMTrainer(ctx, weak_view=weak_view, n_uncertain=0.2, n_confident=0.3, n_mix=2, ema=0.5)
+    ctx.model.seen.clear()
+    tr.train_round(0, 1, {})
+    (teacher,) = teachers
+    assert len(teacher.seen) == 3  # one teacher pass per step
+    assert all(torch.all(x == mark) for x, _ in teacher.seen)  # weak views only
+    student = [x for x, _ in ctx.model.seen[1:]]  # [0] is the uncertainty pass on the eval view
+    assert torch.all(ctx.model.seen[0][0] == 0.0) and len(student) == 3
+    for x in student:  # pseudo-pool rows: the strong view; the 2 mixed rows: mixes of two weak views
+        assert torch.all(x[:-2] == 3.0) and torch.allclose(x[-2:], torch.full((2,), mark))
+    w = [p for _, p in teacher.seen]
+    assert torch.equal(w[0], received)  # the teacher starts as the received model
+    assert not torch.equal(w[1], w[0]) and not torch.equal(w[2], w[1])  # and moves within the round
+
+
+@pytest.mark.parametrize("mode", ["dataset", "seen"])
+def test_estimated_class_counts_in_both_modes(mode):
+    """q_c^k = labelled positives + pseudo positives, over all local images ("dataset", Eq. 7) or over the images
+    of the batches trained this round ("seen", released code). tau_p = 0 makes every unannotated entry a
+    positive pseudo label, so the counts are known by hand."""
+    ctx = _site("s", [True, False, False], n=20, seed=5)
+    ctx.train = TrainOptions(lr=1e-3, batch_size=8, local_steps=2)
+    seen: list[int] = []
+    data = ctx.data
+
+    class Recording(_FakeDataset):
+        def __getitem__(self, i):
+            seen.append(int(i))
+            return super().__getitem__(i)
+
+    data.dataset = lambda split, views: (Recording if "strong" in views.values() else _FakeDataset)(
+        data.images, data.labels, data.mask, views)
+    tr = L.FedLSMTrainer(ctx, tau_p=0.0, tau_n=0.0, n_mix=0, n_uncertain=0, n_confident=0, q_counts=mode)
+    q = np.asarray(tr.train_round(0, 1, {}).meta[L.META_Q])
+    pos = data.labels[:, 0]
+    if mode == "dataset":  # class 0: its labelled positives among the 20; classes 1, 2: all 20 images
+        assert q.tolist() == [float(pos.sum()), 20.0, 20.0]
+    else:  # 2 steps x 8 images seen: class 0 the labelled positives among them; classes 1, 2: 16
+        assert len(seen) == 16
+        assert q.tolist() == [float(pos[seen].sum()), 16.0, 16.0]
+
+
+def test_entry_weighting_counts_every_zero_as_a_negative_and_ude_is_unweighted():
+    """class_weighting 'entry' (released code, missing labels stored as 0): w_c = (sum_k n_k - pos_c) / pos_c;
+    'positive' uses the annotated negatives. L_UDE carries no class weights by default (ude_weighting)."""
+    ctx = _site("y", [True, False, False], n=4, C=3)
+    ctx.summary = {"classes": ["c0", "c1", "c2"], "sites": {
+        "a": {"n_train": 8, "positives": [2, 1, 0], "negatives": [6, 3, 0]},
+        "b": {"n_train": 12, "positives": [0, 1, 4], "negatives": [0, 3, 8]}}}
+    # annotated counts: class 0: 6 / 2 = 3; class 1: 6 / 2 = 3; class 2: 8 / 4 = 2
+    assert L.FedLSMTrainer(ctx).class_weights(None, None).tolist() == [3.0, 3.0, 2.0]
+    # every zero of the 20 images: class 0: (20 - 2) / 2 = 9; class 1: (20 - 2) / 2 = 9; class 2: (20 - 4) / 4 = 4
+    code = L.FedLSMTrainer(ctx, class_weighting="entry")
+    assert code.class_weights(None, None).tolist() == [9.0, 9.0, 4.0]
+    # without a summary: the site's own table, missing entries as zeros: 4 rows, class 0 labels [1, 0, 0, 0]
+    ctx.summary = None
+    labels = torch.tensor([[1., 0., 0.], [0., 0., 0.], [0., 0., 0.], [0., 0., 0.]])
+    mask = torch.tensor([[True, False, False]] * 4)
+    assert code.class_weights(labels, mask).tolist() == [3.0, 1.0, 1.0]  # 3 / 1; no positive -> 1
+    # UDE: logits 0 -> ln 2 per known entry, / 2 rows; class weights [3, 1] would make it (3 + 1) ln2 / 2
+    logits, t = torch.zeros(2, 2), torch.tensor([[1.0, 1.0], [0.0, 0.0]])
+    known = torch.tensor([[True, True], [False, False]])
+    w = torch.tensor([3.0, 1.0])
+    assert L.FedLSMTrainer(ctx).ude_loss(logits, t, known, w).item() == pytest.approx(LN2, abs=1e-6)
+    weighted = L.FedLSMTrainer(ctx, ude_weighting="class").ude_loss(logits, t, known, w)
+    assert weighted.item() == pytest.approx(2 * LN2, abs=1e-6)

@@ -65,6 +65,10 @@ def test_wpc_loss_hand_values():
     mask = torch.tensor([[True, False], [True, True]])
     # no adjustment: sample 1: ln2 / C = ln2/2; sample 2: 2 ln2 / 2 = ln2 -> mean = 0.75 ln 2
     assert M.wpc_loss(logits, labels, mask).item() == pytest.approx(0.75 * LN2, abs=1e-6)
+    # the released code's balance: mean over the 3 labelled entries = ln 2
+    assert M.wpc_loss(logits, labels, mask, reduction="entries").item() == pytest.approx(LN2, abs=1e-6)
+    with pytest.raises(ValueError):
+        M.wpc_loss(logits, labels, mask, reduction="samples")
     # with Eq. 3, pi1 = [0.25, 0.5]: class 0 adjusted prob = 0.25, class 1 stays 0.5
     # sample 1: y=1 on class 0 -> -ln 0.25 = ln 4                       -> ln4 / 2
     # sample 2: y=0 on class 0 -> -ln 0.75 = ln(4/3); y=1 class 1 -> ln 2 -> (ln(4/3) + ln 2) / 2
@@ -339,7 +343,7 @@ def test_parity_switch_loss_cr_and_threshold():
     labels = torch.tensor([[1., 0.], [0., 1.]])
     lab = torch.tensor([[True, False], [True, True]])
     pi1 = torch.tensor([0.25, 0.5])
-    paper = M.FedMLPTrainer(_tiny_ctx())
+    paper = M.FedMLPTrainer(_tiny_ctx(), loss_balance="eq4")
     code = M.FedMLPTrainer(_tiny_ctx(), parity="code")
     # paper: WPC + Eq. 3 = ln(32/3)/4 (see test_wpc_loss_hand_values)
     assert paper.supervised_loss(logits, labels, lab, pi1, 1 - pi1).item() == pytest.approx(math.log(32 / 3) / 4, abs=1e-6)
@@ -351,10 +355,19 @@ def test_parity_switch_loss_cr_and_threshold():
     lg = torch.tensor([[0., 2.], [0., 0.]])
     expected = (3 * LN2 + math.log1p(math.exp(2.0))) / 4
     assert nowpc.supervised_loss(lg, labels, lab, pi1, 1 - pi1).item() == pytest.approx(expected, abs=1e-6)
-    # consistency: paper in both stages, code only in the warm-up; cr_warmup=False drops it in stage 1
-    assert paper.use_cr(False) and paper.use_cr(True)
+    # wpc off is honoured under parity code too (it was ignored there): the same Eq. 1 value
+    code_nowpc = M.FedMLPTrainer(_tiny_ctx(), parity="code", wpc=False)
+    assert code_nowpc.supervised_loss(lg, labels, lab, pi1, 1 - pi1).item() == pytest.approx(expected, abs=1e-6)
+    # the released code's balance: the same terms as Eq. 4 averaged over the 3 labelled entries, not / C per sample
+    per_term = M.FedMLPTrainer(_tiny_ctx())  # the default balance (chosen by measurement)
+    assert per_term.supervised_loss(logits, labels, lab, pi1, 1 - pi1).item() == pytest.approx(
+        math.log(32 / 3) / 3, abs=1e-6)
+    # consistency: the paper only in stage 2 (Sec. 2.2: stage 1 is L_WPC alone), the code only in the warm-up;
+    # cr_warmup=True / False overrides the stage-1 choice
+    assert not paper.use_cr(False) and paper.use_cr(True)
     assert code.use_cr(False) and not code.use_cr(True)
-    assert not M.FedMLPTrainer(_tiny_ctx(), cr_warmup=False).use_cr(False)
+    assert M.FedMLPTrainer(_tiny_ctx(), cr_warmup=True).use_cr(False)
+    assert not M.FedMLPTrainer(_tiny_ctx(), parity="code", cr_warmup=False).use_cr(False)
     assert not M.FedMLPTrainer(_tiny_ctx(), cr=False).use_cr(True)
     # self-adaptive threshold: paper yes, code / st=False fixed fractions
     assert paper.adaptive and not code.adaptive and not M.FedMLPTrainer(_tiny_ctx(), st=False).adaptive
@@ -454,3 +467,198 @@ def test_training_loader_drops_a_trailing_single_image_batch():
     assert out.steps == 4
     ctx = _site("s", (True, True, True), n=34)
     assert [len(b["index"]) for b in SupervisedTrainer(ctx).loader({"image": "weak"})] == [8, 8, 8, 8, 2]
+
+
+# ------------------------------------------------------------------------------------------------ behaviour (issue 16)
+
+def _tags_from(state: dict, ctx, p0, p1, degree, T0, T1, tags=None, adaptive=True) -> torch.Tensor:
+    """The tags Eq. 7-9 give with the features of the model whose weights are ``state`` (eval view = the cached
+    image of the fake site), computed outside the trainer from the tested pure functions: ``(N, C)`` int8."""
+    model = PartialLabelNet("small_cnn", ctx.num_classes, 3, width=4)
+    model.load_state_dict(state)
+    model.eval()
+    with torch.no_grad():
+        feats = model.features(ctx.data.images)
+    n, C = feats.shape[0], ctx.num_classes
+    tags = torch.full((n, C), -1, dtype=torch.int8) if tags is None else tags
+    missing = ~torch.as_tensor(ctx.annotated)
+    tau0, tau1 = M.selection_ratios(torch.as_tensor(degree, dtype=torch.float64), T0, T1, adaptive=adaptive)
+    neg, pos = M.select_pseudo_labels(M.prototype_scores(feats, p0, p1), tags >= 0, tau0 * missing, tau1 * missing)
+    return M.accumulate_tags(tags, neg & missing, pos & missing)
+
+
+def _global_meta(p0, p1, degree):
+    C = p0.shape[0]
+    return {M.META_GLOBAL_P0: p0.numpy(), M.META_GLOBAL_P1: p1.numpy(), M.META_GLOBAL_VALID: [[True, True]] * C,
+            M.META_GLOBAL_DEGREE: list(degree)}
+
+
+def test_stage2_tags_use_the_received_global_models_features():
+    """Z (Eq. 7) is computed with the features of the RECEIVED global model: the trainer's tags equal the tags
+    recomputed from the received weights, and differ from those of the model after local training."""
+    torch.manual_seed(0)
+    ctx = _site("s", [True, False, False], n=24, seed=3)
+    ctx.train = {"lr": 0.05, "batch_size": 8, "local_epochs": 3}  # local training moves the features a lot
+    received = {k: v.clone() for k, v in ctx.model.state_dict().items()}
+    g = torch.Generator().manual_seed(0)
+    p0, p1 = torch.randn(3, 32, generator=g), torch.randn(3, 32, generator=g)
+    tr = M.FedMLPTrainer(ctx, warmup_rounds=0, T0=0.5, T1=0.5)
+    out = tr.train_round(0, 1, _global_meta(p0, p1, [1.0, 1.0, 1.0]))
+    expected = _tags_from(received, ctx, p0, p1, [1.0] * 3, 0.5, 0.5)
+    assert int((expected >= 0).sum()) > 10 and out.meta["fedmlp_new_pseudo"] == int((expected >= 0).sum())
+    assert torch.equal(tr.tags, expected)
+    trained = _tags_from(ctx.model.state_dict(), ctx, p0, p1, [1.0] * 3, 0.5, 0.5)
+    assert not torch.equal(trained, expected)  # the locally trained model would tag other samples
+
+
+def test_consistency_target_is_the_frozen_received_model_on_untagged_missing_entries(monkeypatch):
+    """CR (Sec. 2.4): the target of every step is the received global model in eval mode (not the model being
+    trained), and the mask holds only the missing entries without a pseudo label (annotated and tagged out)."""
+    from fedpartial.methods.common import frozen_copy
+    from fedpartial.methods.fedmlp import trainer as mlp_trainer
+
+    torch.manual_seed(0)
+    ctx = _site("s", [True, False, False], n=16, seed=4)
+    ctx.train = {"lr": 0.05, "batch_size": 8, "local_epochs": 1}
+    tr = M.FedMLPTrainer(ctx, warmup_rounds=0, mld=False)  # stage 2 (CR on in the paper), no new tags
+    tr._ensure_tags(16)
+    tr.tags[:6, 1] = 1  # pseudo labels of earlier rounds
+    tr.tags[3:10, 2] = 0
+    received = frozen_copy(ctx.model)
+    calls, batches = [], []
+    real = mlp_trainer.consistency_loss
+    monkeypatch.setattr(mlp_trainer, "consistency_loss",
+                        lambda pl, pg, m: calls.append((pg.detach().clone(), m.clone())) or real(pl, pg, m))
+    orig = tr.batches
+
+    def recording(views, rnd):
+        for b in orig(views, rnd):
+            batches.append({k: v.clone() if torch.is_tensor(v) else v for k, v in b.items()})
+            yield b
+
+    tr.batches = recording
+    tr.train_round(0, 1, {})
+    assert len(batches) == 2 and len(calls) == 4  # two batches x two weak views
+    seen_tagged = 0
+    for i, (target, mask) in enumerate(calls):
+        b, key = batches[i // 2], ("image", "image_2")[i % 2]
+        with torch.no_grad():
+            assert torch.allclose(target, torch.sigmoid(received(b[key])), atol=1e-5)
+        tagged = tr.tags[b["index"].long()] >= 0
+        assert torch.equal(mask, ~(b["mask"].bool() | tagged))
+        assert not mask[:, 0].any()  # the annotated class never
+        seen_tagged += int(tagged.sum())
+    assert seen_tagged > 0  # tagged entries were in the batches and left out
+
+
+def test_learning_degree_scales_the_selection_end_to_end():
+    """Two sites, warm-up of 1 round with L / R such that d_c^G is neither 0 nor 1: the server's d_c^G (Eq. 10)
+    multiplies T0 / T1 in the next round, so each site's new tags are those of tau = d_c^G * T (not of T)."""
+    torch.manual_seed(0)
+    opts = dict(warmup_rounds=1, T0=0.9, T1=0.9, L=0.49, R=0.51)
+    ctxs = [_site("site-1", [True, False, False], seed=1), _site("site-2", [False, True, True], seed=2)]
+    trainers = [M.FedMLPTrainer(c, **opts) for c in ctxs]
+    rule = M.FedMLPRule()
+    global_w = {k: v.detach().clone() for k, v in ctxs[0].model.state_dict().items()}
+    meta: dict = {}
+    totals = [0, 0]  # tags with tau = T (no learning degree), tags made
+    for rnd in range(2):
+        cons = []
+        for ctx, tr in zip(ctxs, trainers):
+            ctx.model.load_state_dict(global_w)
+            if rnd == 1:
+                p0 = torch.as_tensor(np.asarray(meta[M.META_GLOBAL_P0]))
+                p1 = torch.as_tensor(np.asarray(meta[M.META_GLOBAL_P1]))
+                d = meta[M.META_GLOBAL_DEGREE]
+                expected = _tags_from(global_w, ctx, p0, p1, d, 0.9, 0.9)
+                fixed = _tags_from(global_w, ctx, p0, p1, d, 0.9, 0.9, adaptive=False)
+            out = tr.train_round(rnd, 2, meta)
+            if rnd == 1:
+                assert torch.equal(tr.tags, expected)
+                assert out.meta["fedmlp_tau0"] == pytest.approx([0.9 * v * m for v, m in zip(d, ~ctx.annotated)])
+                totals[0] += int((fixed >= 0).sum())
+                totals[1] += int((expected >= 0).sum())
+            cons.append(Contribution(ctx.site, {k: v.detach().numpy().copy() for k, v in ctx.model.state_dict().items()},
+                                     24.0, {**out.meta, "annotated": ctx.annotated.tolist()}))
+        weights, meta = rule.aggregate(None, cons, {}, rnd)
+        global_w = {k: torch.as_tensor(v) for k, v in weights.items()}
+        if rnd == 0:
+            d = np.asarray(meta[M.META_GLOBAL_DEGREE])
+            # every class is missing at one site: d_c^G is that site's d_c^k (here [1, 1, 0.29]: one class below 1)
+            assert ((d > 0.05) & (d < 0.95)).any(), d
+            assert d[0] == pytest.approx(cons[1].meta[M.META_DEGREE][0]) and d[1] == pytest.approx(cons[0].meta[M.META_DEGREE][1])
+    assert totals[0] > totals[1] > 0  # tau = T would have tagged more
+
+
+def test_missing_class_rates_follow_prevalence_not_the_tag_ratio():
+    """Eq. 3's pi for a class the site does not annotate is its prevalence (data summary, else positive tags
+    over the site's samples), not positives / tags: with only negative tags the tag ratio is 0, pi clamps to
+    1e-4 and the adjusted logit shifts by ln(1e-4 / (1 - 1e-4)) ~ -9.2, so negative pseudo labels get no gradient."""
+    ctx = _site("x", [True, False], n=10, C=2)
+    labels = torch.zeros(10, 2)
+    labels[:3, 0] = 1.0  # class 0 annotated: 3 positives of 10
+    mask = torch.zeros(10, 2, dtype=torch.bool)
+    mask[:, 0] = True
+    mask[:4, 1] = True  # class 1 missing here: 4 negative tags, no positive tag
+    tr = M.FedMLPTrainer(ctx)
+    # no summary: class 0 = 3/10; class 1 = (0 + 1) / (10 + 2) = 1/12
+    pi1, pi0 = tr.rates(labels, mask)
+    assert torch.allclose(pi1, torch.tensor([0.3, 1 / 12]), atol=1e-6) and torch.allclose(pi0, 1 - pi1)
+    # with the summary: class 1 = 6 positives / (6 + 24) annotated entries elsewhere = 0.2; class 0 stays local
+    ctx.summary = {"classes": ["c0", "c1"], "sites": {
+        "x": {"n_train": 10, "annotated": [True, False], "positives": [3, 0], "negatives": [7, 0]},
+        "y": {"n_train": 30, "annotated": [False, True], "positives": [0, 6], "negatives": [0, 24]}}}
+    pi1, _ = tr.rates(labels, mask)
+    assert torch.allclose(pi1, torch.tensor([0.3, 0.2]), atol=1e-6)
+    # the earlier reading (missing_rates: tags): 0 positives of 4 tags -> clamped to 1e-4
+    old, _ = M.FedMLPTrainer(ctx, missing_rates="tags").rates(labels, mask)
+    assert old[1].item() == pytest.approx(1e-4)
+    # the gradient of Eq. 4 on one negative pseudo entry at logit 0 is sigmoid(ln(pi1/pi0)) / C = pi1 / C
+    for rate, grad in ((pi1, 0.2 / 2), (old, 1e-4 / 2)):
+        lg = torch.zeros(1, 2, requires_grad=True)
+        M.wpc_loss(lg, torch.zeros(1, 2), torch.tensor([[False, True]]), rate, 1 - rate).backward()
+        assert lg.grad[0, 1].item() == pytest.approx(grad, rel=1e-4)
+
+
+def test_aggregator_fallback_keeps_fedmlp_prototypes_and_tagging_goes_on():
+    """After a round in which nothing usable arrived (every site sat out, or nothing came), the server sends
+    the last FedMLP meta again (prototypes, d_c^G), so stage-2 tagging does not pause at the sites."""
+    from nvflare.apis.dxo import DXO, DataKind, from_shareable
+    from nvflare.apis.fl_constant import ReservedKey
+    from nvflare.apis.fl_context import FLContext
+
+    from fedpartial.fl.aggregator import PartialLabelAggregator
+    from fedpartial.fl.keys import META_GROUPS, META_N_TRAIN, META_WEIGHT
+    from test_framework import _ctx
+
+    g = torch.Generator().manual_seed(0)
+    annotated = {"site-1": [True, False, False], "site-2": [False, True, True]}
+    agg = PartialLabelAggregator("fedmlp")
+
+    def send(fl_ctx, site, weight):
+        peer = FLContext()
+        peer.set_prop(ReservedKey.IDENTITY_NAME, site, private=True, sticky=False)
+        fl_ctx.set_peer_context(peer)
+        counts = np.asarray([[5, 5] if a else [0, 0] for a in annotated[site]], np.int64)
+        meta = {META_N_TRAIN: 24, META_WEIGHT: weight, META_GROUPS: {"classifier": []}, "annotated": annotated[site],
+                M.META_P0: torch.randn(3, 32, generator=g).numpy(), M.META_P1: torch.randn(3, 32, generator=g).numpy(),
+                M.META_COUNTS: counts, M.META_DEGREE: np.full(3, 0.5)}
+        assert agg.accept(DXO(DataKind.WEIGHTS, {"w": np.ones(1, np.float32)}, meta).to_shareable(), fl_ctx)
+
+    fl_ctx = _ctx({"w": np.zeros(1, np.float32)}, 5)
+    for site in annotated:
+        send(fl_ctx, site, 1.0)
+    first = from_shareable(agg.aggregate(fl_ctx)).meta
+    assert M.META_GLOBAL_P0 in first
+    fl_ctx = _ctx({"w": np.ones(1, np.float32)}, 6)
+    for site in annotated:
+        send(fl_ctx, site, 0.0)  # every site sits the round out: no usable update
+    sat_out = from_shareable(agg.aggregate(fl_ctx)).meta
+    empty = from_shareable(agg.aggregate(_ctx({"w": np.ones(1, np.float32)}, 7))).meta  # nothing arrived
+    for meta in (sat_out, empty):
+        for key in (M.META_GLOBAL_P0, M.META_GLOBAL_P1, M.META_GLOBAL_VALID, M.META_GLOBAL_DEGREE):
+            assert np.array_equal(np.asarray(meta[key]), np.asarray(first[key])), key
+    # a site in stage 2 receiving the fallback meta tags as usual
+    tr = M.FedMLPTrainer(_site("site-1", annotated["site-1"], seed=1), warmup_rounds=0, T0=0.5, T1=0.5)
+    assert \
+        tr.train_round(7, 8, empty).meta["fedmlp_new_pseudo"] > 0

@@ -124,7 +124,7 @@ def masked_class_weights(annotated: np.ndarray, n_samples: Sequence[float], weig
 
 
 def check_update(state: State, reference: State) -> str | None:
-    """Why a site's update is unusable (missing / extra keys, wrong shapes, non-finite values), or None."""
+    """Why a site's update is unusable (missing / extra keys, wrong shapes or dtypes, non-finite values), or None."""
     missing = sorted(set(reference) - set(state))
     extra = sorted(set(state) - set(reference))
     if missing or extra:
@@ -133,6 +133,172 @@ def check_update(state: State, reference: State) -> str | None:
         v = np.asarray(state[k])
         if v.shape != np.shape(ref):
             return f"tensor '{k}' has shape {v.shape}, expected {np.shape(ref)}"
+        if v.dtype != np.asarray(ref).dtype:
+            return f"tensor '{k}' has dtype {v.dtype}, expected {np.asarray(ref).dtype}"
         if np.issubdtype(v.dtype, np.floating) and not np.all(np.isfinite(v)):
             return f"tensor '{k}' has non-finite values"
     return None
+
+
+# ------------------------------------------------------------------------------------------ robustness
+# Plain functions used by the server before and during averaging (fedpartial.fl.aggregator: bounded changes;
+# ServerRule.average: norm clipping, coordinate-wise median, trimmed mean). A site's *change* of a tensor is
+# ``d_k = w_k - w_prev`` (the received global model); norms are L2 norms computed in float64.
+
+ROBUST = ("none", "median", "trimmed_mean")
+BOUND_MODES = ("reject", "clip")
+
+
+def is_float(a) -> bool:
+    return np.issubdtype(np.asarray(a).dtype, np.floating)
+
+
+def lower_median(values: Sequence[float]) -> float:
+    """The lower median: the ``ceil(K/2)``-th smallest of K values (an actual value; with K = 2 the smaller one,
+    so a single outlier never moves it halfway, as ``np.median`` would)."""
+    v = np.sort(np.asarray(values, dtype=np.float64))
+    if v.size == 0:
+        raise ValueError("lower_median of no values")
+    return float(v[(v.size - 1) // 2])
+
+
+def change_norms(states: Sequence[State], reference: State) -> dict[str, np.ndarray]:
+    """``{key: (K,) ||w_k[key] - ref[key]||_2}`` for every floating-point tensor of ``reference``."""
+    out = {}
+    for key, ref in reference.items():
+        if not is_float(ref):
+            continue
+        r = np.asarray(ref, dtype=np.float64)
+        out[key] = np.array([np.linalg.norm(np.asarray(s[key], dtype=np.float64) - r) for s in states])
+    return out
+
+
+def change_bound(norms: np.ndarray, ref_norm: float, max_ratio: float, floor: float = 1e-4) -> float:
+    """The largest allowed change of one tensor this round: ``max_ratio * max(lower_median(norms),
+    floor * (||ref|| + 1))``. The floor keeps a tensor that (almost) no site changes (frozen norm layers) from
+    making every tiny change an outlier."""
+    return float(max_ratio) * max(lower_median(norms), float(floor) * (float(ref_norm) + 1.0))
+
+
+def bound_changes(states: Sequence[State], reference: State, max_ratio: float, mode: str = "reject",
+                  floor: float = 1e-4) -> tuple[list[dict[str, np.ndarray]], dict[int, str]]:
+    """Bound each site's change of each tensor relative to the round's median change of that tensor.
+
+    Args:
+        states: K site states (already checked for keys / shapes / finiteness).
+        reference: the global model the sites received.
+        max_ratio: a change ``||d_k|| > max_ratio * median_j ||d_j||`` (see :func:`change_bound`) is too large.
+        mode: ``"reject"`` (the site's whole update is refused) or ``"clip"`` (the change of that tensor is scaled
+            down to the bound: ``w = ref + d * bound / ||d||``).
+
+    Returns:
+        ``(states out, {site index: why})``: with "reject" the refused sites are left out of ``states out`` (the
+        others unchanged); with "clip" every site is kept and the dict names the clipped ones.
+    """
+    if mode not in BOUND_MODES:
+        raise ValueError(f"mode must be one of {BOUND_MODES}, got {mode!r}")
+    if max_ratio <= 0 or len(states) == 0:
+        return [dict(s) for s in states], {}
+    norms = change_norms(states, reference)
+    why: dict[int, str] = {}
+    out = [dict(s) for s in states]
+    for key, nk in norms.items():
+        bound = change_bound(nk, np.linalg.norm(np.asarray(reference[key], dtype=np.float64)), max_ratio, floor)
+        for k in np.flatnonzero(nk > bound):
+            if k not in why:
+                why[int(k)] = (f"tensor '{key}' changed by {nk[k]:.4g}, more than {max_ratio:g} x the round's median "
+                               f"change ({bound / max_ratio:.4g})")
+            if mode == "clip":
+                ref = np.asarray(reference[key], dtype=np.float64)
+                d = np.asarray(states[k][key], dtype=np.float64) - ref
+                out[k][key] = (ref + d * (bound / nk[k])).astype(np.asarray(states[k][key]).dtype)
+    if mode == "reject":
+        out = [s for k, s in enumerate(out) if k not in why]
+    return out, why
+
+
+def clip_change_norms(states: Sequence[State], reference: State, factor: float) -> list[dict[str, np.ndarray]]:
+    """Norm clipping: each site's whole change (all floating-point tensors together) is scaled down to at most
+    ``factor`` times the round's median whole-change norm, ``w_k = ref + d_k * min(1, tau / ||d_k||)`` with
+    ``tau = factor * lower_median_j ||d_j||``; other tensors untouched. ``factor <= 0``: no clipping."""
+    if factor <= 0 or not states:
+        return [dict(s) for s in states]
+    per_key = change_norms(states, reference)
+    total = np.sqrt(sum(v ** 2 for v in per_key.values())) if per_key else np.zeros(len(states))
+    tau = float(factor) * lower_median(total)
+    out = []
+    for k, s in enumerate(states):
+        scale = 1.0 if total[k] <= tau or total[k] == 0 else tau / total[k]
+        new = dict(s)
+        if scale < 1.0:
+            for key in per_key:
+                ref = np.asarray(reference[key], dtype=np.float64)
+                new[key] = (ref + (np.asarray(s[key], dtype=np.float64) - ref) * scale).astype(np.asarray(s[key]).dtype)
+        out.append(new)
+    return out
+
+
+def trim_count(k: int, trim: float) -> int:
+    """Values dropped from EACH end by a trimmed mean of k values: ``ceil(trim * k)``, at most ``(k - 1) // 2``
+    (at least one value is left); 0 when ``trim`` is 0."""
+    if not 0 <= trim < 0.5:
+        raise ValueError(f"trim must be in [0, 0.5), got {trim}")
+    return min(int(np.ceil(trim * k - 1e-12)), (k - 1) // 2)
+
+
+def robust_combine(arrays: Sequence[np.ndarray], how: str, trim: float = 0.2) -> np.ndarray:
+    """Coordinate-wise ``"median"`` (``np.median`` over sites: the mean of the two middle values for even K) or
+    ``"trimmed_mean"`` (per coordinate, drop the :func:`trim_count` smallest and largest values and average the
+    rest) of K arrays, unweighted; keeps the dtype of ``arrays[0]`` (integers rounded)."""
+    stacked = np.stack([np.asarray(a, dtype=np.float64) for a in arrays])
+    if how == "median":
+        out = np.median(stacked, axis=0)
+    elif how == "trimmed_mean":
+        t = trim_count(len(arrays), trim)
+        s = np.sort(stacked, axis=0)
+        out = s[t:len(arrays) - t].mean(axis=0)
+    else:
+        raise ValueError(f"how must be 'median' or 'trimmed_mean', got {how!r}")
+    dtype = np.asarray(arrays[0]).dtype
+    if np.issubdtype(dtype, np.integer):
+        out = np.rint(out)
+    return out.astype(dtype)
+
+
+def robust_rows(rows: Sequence[np.ndarray], class_weights: np.ndarray, fallback: np.ndarray, how: str,
+                trim: float = 0.2) -> np.ndarray:
+    """Row c = :func:`robust_combine` of the rows of the sites with ``class_weights[k, c] > 0`` (the weights
+    only choose who takes part); ``fallback[c]`` where no site does."""
+    a = np.asarray(class_weights, dtype=np.float64)
+    out = np.array(fallback, dtype=np.asarray(rows[0]).dtype, copy=True)
+    for c in range(a.shape[1]):
+        holders = np.flatnonzero(a[:, c] > 0)
+        if holders.size:
+            out[c] = robust_combine([np.asarray(rows[k])[c] for k in holders], how, trim)
+    return out
+
+
+def robust_states(states: Sequence[State], site_weights: Sequence[float], how: str, trim: float = 0.2,
+                  row_keys: Sequence[str] = (), class_weights: np.ndarray | None = None,
+                  previous: State | None = None, zero_rows: str = "previous") -> dict[str, np.ndarray]:
+    """:func:`aggregate_states` with :func:`robust_combine` in place of the weighted mean: every tensor over the
+    sites with a positive site weight, classifier rows (with ``class_weights``) over the sites holding the class
+    (:func:`robust_rows`); a class nobody holds keeps the previous row (``zero_rows="previous"``) or gets the
+    robust combination over all sites (``"samples"``)."""
+    w = np.asarray(site_weights, dtype=np.float64)
+    keep = [k for k in range(len(states)) if w[k] > 0]
+    if not keep:
+        raise ValueError(f"weights must not be all zero: {w.tolist()}")
+    out: dict[str, np.ndarray] = {}
+    for key in states[0]:
+        arrays = [states[k][key] for k in keep]
+        plain = robust_combine(arrays, how, trim)
+        if class_weights is None or key not in row_keys:
+            out[key] = plain
+            continue
+        if zero_rows == "previous":
+            fallback = previous[key] if previous is not None and key in previous else plain
+        else:
+            fallback = plain
+        out[key] = robust_rows(arrays, np.asarray(class_weights)[keep], fallback, how, trim)
+    return out

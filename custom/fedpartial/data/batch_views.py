@@ -8,6 +8,7 @@ drawn per sample but applied to the ``(B, C, S, S)`` batch in a few vectorised o
 Same kinds, same parameter ranges as the MONAI pipelines (each draw independent per sample):
 
 - ``"eval"``: normalise only.
+- ``"flip"``: horizontal flip p=0.5 (FedLSM's weak view).
 - ``"weak"``: horizontal flip p=0.5; affine p=1: rotation U(-10, 10) deg, translation U(-2, 2) % of the side
   per axis; bilinear, zero padding.
 - ``"strong"``: vertical and horizontal flips p=0.5 each; affine p=0.85: rotation U(-15, 15) deg, translation
@@ -147,7 +148,9 @@ class BatchAugment:
         if kind not in KINDS:
             raise ValueError(f"augmentation kind must be one of {KINDS}, got {kind!r}")
         n = x.shape[0]
-        if kind == "weak":
+        if kind == "flip":
+            x = flip(x, torch.rand(n, generator=gen) < 0.5, 3)
+        elif kind == "weak":
             x = flip(x, torch.rand(n, generator=gen) < 0.5, 3)
             x = warp(x, affine_theta(**sample_affine(n, WEAK_AFFINE, gen)).to(x.device))
         elif kind == "strong":

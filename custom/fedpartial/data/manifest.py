@@ -148,6 +148,9 @@ def read_manifest(
     require_annotated: bool = True,
     columns: dict[str, str] | None = None,
     ignore_columns: Sequence[str] = (),
+    verify_images: bool = False,
+    confine: bool = True,
+    duplicates: str = "allow",
 ) -> Manifest:
     """Read and validate a manifest CSV.
 
@@ -158,10 +161,19 @@ def read_manifest(
         site: site name, only used in error messages.
         task: 'multilabel' or 'multiclass' (single-label: at most one 1 per row).
         check_images: check that every image file exists and is non-empty.
+        verify_images: also check each image's header (:func:`fedpartial.data.transforms.check_image_header`:
+            PIL ``verify``, DICOM header and pixel-data length); the executor's data check does.
+        confine: every image path must resolve (``Path.resolve``: symlinks and ``..`` followed) inside the data
+            root; an absolute path or a link pointing elsewhere is an error.
+        duplicates: ``"error"``: the same image (after resolving) twice in the file is an error naming both lines
+            and whether their labels conflict (the executor's data check); ``"allow"``: accepted.
         require_annotated: raise if no class is annotated at all (a site with nothing to learn from is allowed
             for semi-supervised methods, which pass False).
         columns, ignore_columns: the site's vocabulary (:mod:`fedpartial.data.vocabulary`): its own column names
             mapped to global classes, and columns to skip.
+
+    Image paths in the messages are as written in the manifest (relative to the data root), never the absolute
+    location.
 
     Raises:
         ManifestError: naming the site, the file and the line of the first problem found.
@@ -195,6 +207,7 @@ def read_manifest(
             f"unknown class column(s) {unknown}; the job's classes are {list(classes)} (a site naming a class "
             "differently maps it with 'columns' in its fedpartial_data.json; 'ignore_columns' skips a column)",
             site, file, 1)
+    root_resolved = root.resolve()
     body, line_numbers = [], []
     for number, r in enumerate(rows[1:], start=2):  # csv line numbers as an editor shows them
         if not any(cell.strip() for cell in r):
@@ -214,6 +227,9 @@ def read_manifest(
     has_pid = PATIENT_COL in df.columns
     present = [(j, name) for j, name in enumerate(classes) if name in df.columns]
     col = {name: df.columns.get_loc(name) for name in df.columns}
+    seen: dict[str, int] = {}  # resolved image path -> row index
+    if verify_images:
+        from .transforms import ImageLoadError, check_image_header
     for i in range(n):
         line = line_numbers[i]
         rel = str(df.iat[i, col[IMAGE_COL]]).strip()
@@ -221,13 +237,30 @@ def read_manifest(
             raise ManifestError("empty image path", site, file, line)
         p = Path(rel)
         p = p if p.is_absolute() else root / p
+        real = p.resolve()
+        if confine and not real.is_relative_to(root_resolved):
+            raise ManifestError(f"image path {rel!r} resolves outside the site's data root (absolute paths, '..' "
+                                "and symbolic links must stay inside it)", site, file, line)
         if check_images:
             if not p.is_file():
-                raise ManifestError(f"image not found: {p}", site, file, line)
+                raise ManifestError(f"image not found: {rel}", site, file, line)
             if p.stat().st_size == 0:
-                raise ManifestError(f"image file is empty: {p}", site, file, line)
+                raise ManifestError(f"image file is empty: {rel}", site, file, line)
+            if verify_images:
+                try:
+                    check_image_header(p)
+                except ImageLoadError as e:
+                    raise ManifestError(str(e).replace(str(p), rel), site, file, line) from None
         for j, name in present:
             labels[i, j] = _parse_cell(df.iat[i, col[name]], site, file, line, name)
+        key = str(real)
+        if key in seen and duplicates == "error":
+            j0 = seen[key]
+            same = bool(np.array_equal(labels[j0], labels[i], equal_nan=True))
+            raise ManifestError(
+                f"image {rel!r} is listed twice (lines {line_numbers[j0]} and {line}"
+                + (")" if same else f") with conflicting labels") + "; keep one row per image", site, file, line)
+        seen[key] = i
         if task == "multiclass" and np.nansum(labels[i]) > 1:
             raise ManifestError("single-label task but the row has more than one positive class", site, file, line)
         split = str(df.iat[i, col[SPLIT_COL]]).strip().lower() if has_split else "train"

@@ -45,7 +45,7 @@ from PIL import Image
 
 from .sources.rsna_ich import apply_windows, read_dicom_hu  # DICOM -> HU (H, W); HU -> (n_windows, H, W) in [0, 1]
 
-KINDS = ("eval", "weak", "strong")
+KINDS = ("eval", "flip", "weak", "strong")  # the view kinds of both pipelines (this one and batch_views)
 Window = tuple[float, float]  # (center, width) in HU
 
 
@@ -62,6 +62,37 @@ def is_dicom(path: str | os.PathLike) -> bool:
     with open(path, "rb") as f:
         head = f.read(132)
     return len(head) == 132 and head[128:] == b"DICM"
+
+
+def check_image_header(path: str | os.PathLike) -> None:
+    """Cheap decodability check used by the data check (no pixel decoding): PIL ``verify()`` (reads the chunks and
+    checks a PNG's CRCs, so a truncated PNG fails) or the DICOM header read by pydicom plus the length of an
+    uncompressed pixel-data element against Rows x Columns x SamplesPerPixel x BitsAllocated.
+
+    Raises:
+        ImageLoadError: why the file is not a readable image (the message names the path as given).
+    """
+    try:
+        if is_dicom(path):
+            import pydicom
+
+            ds = pydicom.dcmread(str(path), force=True)
+            for tag in ("Rows", "Columns", "PixelData"):
+                if tag not in ds:
+                    raise ValueError(f"DICOM without {tag}")
+            ts = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
+            if ts is None or not ts.is_compressed:
+                need = int(ds.Rows) * int(ds.Columns) * int(ds.get("SamplesPerPixel", 1)) * \
+                    int(ds.get("NumberOfFrames", 1) or 1) * int(ds.get("BitsAllocated", 16)) // 8
+                if len(ds.PixelData) < need:
+                    raise ValueError(f"pixel data has {len(ds.PixelData)} bytes, the header needs {need} (truncated)")
+        else:
+            with Image.open(path) as im:
+                im.verify()
+    except ImageLoadError:
+        raise
+    except Exception as e:  # noqa: BLE001 - PIL / pydicom raise many types
+        raise ImageLoadError(f"not a readable image: {path} ({type(e).__name__}: {e})") from None
 
 
 def _minmax(x: np.ndarray) -> np.ndarray:
@@ -197,6 +228,7 @@ def augment_transforms(kind: str, image_size: int, mean: Sequence[float] | None 
     """Random part, on ``(C, S, S)`` tensors in [0, 1]; output same shape, float32, normalised.
 
     - ``"eval"``: normalise only (deterministic).
+    - ``"flip"`` (FedLSM's weak view: "weak augmentation refered to horizontal flip"): horizontal flip p=0.5.
     - ``"weak"`` (FedMLP / FedIRM): horizontal flip p=0.5, affine (rotation +-10 deg, translation 2 %) p=1.
     - ``"strong"`` (FedLSM): v/h flips, affine (15 deg, 10 % translation, 10 % scale) p=0.85, one of
       {3x3 median, Gaussian blur, Gaussian noise} p=0.7, brightness + contrast p=0.75, clip to [0, 1].
@@ -208,6 +240,8 @@ def augment_transforms(kind: str, image_size: int, mean: Sequence[float] | None 
             EnsureTyped(keys, data_type="tensor", dtype=torch.float32, track_meta=False)]  # plain tensors out
     if kind == "eval":
         return Compose(norm)
+    if kind == "flip":
+        return Compose([RandFlipd(keys, prob=0.5, spatial_axis=1), *norm])
     if kind == "weak":
         t = 0.02 * image_size
         return Compose([

@@ -2,8 +2,14 @@
 ones, and hand the rest to the method's :class:`~fedpartial.methods.ServerRule`.
 
 An update is refused (and the round goes on without it) when it is from another round, is not full weights,
-or has missing / extra tensors, wrong shapes or non-finite values. An update with participation weight 0 is
-accepted but not averaged (the site sat the round out). When nothing usable arrives, or the rule raises, the
+or has missing / extra tensors, wrong shapes or dtypes or non-finite values, or when its sample count is not a
+positive integer no larger than the training-set size the site reported in the data check (a site absent from
+the data check is refused too). Before the rule sees them, the round's updates are compared with each other:
+a site whose change of some tensor exceeds ``max_change_ratio`` times the round's (lower) median change of that
+tensor is refused (``on_large_change: reject``) or has that change scaled down to the bound (``clip``); see
+:func:`fedpartial.aggregation.bound_changes`. Sites that sent nothing usable this round (dead, slow, failed or
+refused) are recorded per round (``missing`` / ``rejected`` in ``results.json``). An update with participation
+weight 0 is accepted but not averaged (the site sat the round out). When nothing usable arrives, or the rule raises, the
 previous global model and the previous method metadata are kept, the round and the error are logged and
 recorded in ``results.json``, and the job goes on; after ``max_rule_failures`` consecutive rule failures the job
 stops cleanly (its last good model kept). The rule's returned meta (prototypes, learning degrees, ...) travels to
@@ -24,9 +30,10 @@ from nvflare.app_common.abstract.aggregator import Aggregator
 from nvflare.app_common.abstract.model import ModelLearnableKey
 from nvflare.app_common.app_constant import AppConstants
 
-from ..aggregation import check_update
+from ..aggregation import BOUND_MODES, bound_changes, check_update
 from ..methods import Contribution, ServerRule, get_method
-from .keys import META_GROUPS, META_N_TRAIN, META_RULE_ERROR, META_SKIPPED, META_WEIGHT
+from .keys import (META_CLIPPED, META_GROUPS, META_MISSING, META_N_TRAIN, META_REJECTED, META_RULE_ERROR, META_SKIPPED,
+                   META_WEIGHT)
 
 
 def to_builtin(value):
@@ -49,20 +56,27 @@ class PartialLabelAggregator(Aggregator):
         method_args: the method's options (the rule takes its own; every key must belong to the method).
         summary_id: id of the :class:`~fedpartial.fl.data_check.DataSummaryProcessor` component (optional).
         max_rule_failures: consecutive rounds in which the rule may raise before the job is stopped.
+        max_change_ratio: bound on each tensor's change relative to the round's median change (0: no bound).
+        on_large_change: ``reject`` the site's update or ``clip`` the offending tensors' changes to the bound.
     """
 
     def __init__(self, method: str = "fedavg", method_args: dict | None = None, summary_id: str = "data_summary",
-                 max_rule_failures: int = 3):
+                 max_rule_failures: int = 3, max_change_ratio: float = 25.0, on_large_change: str = "reject"):
         super().__init__()
         self.method, self.method_args, self.summary_id = method, method_args or {}, summary_id
         self.max_rule_failures = int(max_rule_failures)
+        self.max_change_ratio, self.on_large_change = float(max_change_ratio), on_large_change
         self.config_error: str | None = None
+        if on_large_change not in BOUND_MODES or not self.max_change_ratio >= 0:
+            self.config_error = (f"aggregator: on_large_change must be one of {BOUND_MODES} and max_change_ratio >= 0, "
+                                 f"got {on_large_change!r} and {max_change_ratio!r}")
         try:
             self.rule: ServerRule | None = get_method(method).make_rule(self.method_args, "server aggregator")
         except ValueError as e:  # reported with the job's name when the job starts (no context here)
             self.rule, self.config_error = None, str(e)
         self._contributions: list[Contribution] = []
         self.rejected: list[tuple[str, str]] = []
+        self._clipped: list[str] = []
         self._last_meta: dict = {}
         self._failures = 0
 
@@ -109,15 +123,53 @@ class PartialLabelAggregator(Aggregator):
         meta = dict(dxo.meta or {})
         try:
             n, w = float(meta.get(META_N_TRAIN, 1.0)), float(meta.get(META_WEIGHT, 1.0))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             return self._reject(fl_ctx, site, f"sample count {meta.get(META_N_TRAIN)!r} or participation weight "
                                               f"{meta.get(META_WEIGHT)!r} is not a number")
-        if not np.isfinite(n) or n <= 0:
-            return self._reject(fl_ctx, site, f"invalid sample count {n}")
+        if not np.isfinite(n) or n <= 0 or n != int(n):
+            return self._reject(fl_ctx, site, f"invalid sample count {meta.get(META_N_TRAIN)!r} (not a positive integer)")
+        sites = (self._summary(fl_ctx) or {}).get("sites")
+        if sites is not None:
+            if site not in sites:
+                return self._reject(fl_ctx, site, "the site did not pass the data check of this job")
+            reported = sites[site].get("n_train")
+            if reported is not None and n > float(reported):
+                return self._reject(fl_ctx, site, f"sample count {int(n)} exceeds the {reported} training images the "
+                                                  "site reported in the data check")
         if not np.isfinite(w) or w < 0:
             return self._reject(fl_ctx, site, f"invalid participation weight {w}")
         self._contributions.append(Contribution(site=site, weights=weights, n=n, meta=meta, weight=w))
         return True
+
+    def _summary(self, fl_ctx: FLContext) -> dict | None:
+        comp = fl_ctx.get_engine().get_component(self.summary_id) if self.summary_id else None
+        return getattr(comp, "summary", None)
+
+    def _expected_sites(self, fl_ctx: FLContext) -> list[str]:
+        """The sites that should contribute each round: those of the data check, else the connected clients."""
+        sites = (self._summary(fl_ctx) or {}).get("sites")
+        if sites:
+            return sorted(sites)
+        try:
+            return sorted(c.name for c in fl_ctx.get_engine().get_clients())
+        except Exception:  # noqa: BLE001
+            return []
+
+    def _bound(self, fl_ctx: FLContext, rnd: int, previous, contributions: list[Contribution]) -> list[Contribution]:
+        """Apply :func:`bound_changes` to the round's updates (participation weight > 0)."""
+        if previous is None or self.max_change_ratio <= 0 or len(contributions) < 2:
+            return contributions
+        states, why = bound_changes([c.weights for c in contributions], previous, self.max_change_ratio,
+                                    self.on_large_change)
+        if self.on_large_change == "reject":
+            for k, reason in sorted(why.items()):
+                self._reject(fl_ctx, contributions[k].site, f"round {rnd}: {reason}")
+            return [c for k, c in enumerate(contributions) if k not in why]
+        for k, reason in sorted(why.items()):
+            self._clipped.append(contributions[k].site)
+            self.log_warning(fl_ctx, f"round {rnd}: update from site '{contributions[k].site}' CLIPPED: {reason}")
+        return [Contribution(site=c.site, weights=s, n=c.n, meta=c.meta, weight=c.weight)
+                for c, s in zip(contributions, states)]
 
     def _keep_previous(self, previous, extra: dict | None = None) -> Shareable:
         """The previous global model with the previous method metadata (sites keep e.g. their prototypes)."""
@@ -127,17 +179,24 @@ class PartialLabelAggregator(Aggregator):
         previous = self._previous(fl_ctx)
         rnd = int(fl_ctx.get_prop(AppConstants.CURRENT_ROUND) or 0)
         received = sorted(self._contributions, key=lambda c: c.site)
-        self._contributions = []
-        contributions = [c for c in received if c.weight > 0]
-        sat_out = {META_SKIPPED: [c.site for c in received if c.weight <= 0]}
+        self._contributions, self._clipped = [], []
+        contributions = self._bound(fl_ctx, rnd, previous, [c for c in received if c.weight > 0])
+        rejected = sorted({s for s, _ in self.rejected})
+        answered = {c.site for c in received} | set(rejected)
+        sat_out = {META_SKIPPED: [c.site for c in received if c.weight <= 0],
+                   META_MISSING: [s for s in self._expected_sites(fl_ctx) if s not in answered],
+                   META_REJECTED: {s: why for s, why in self.rejected}, META_CLIPPED: list(self._clipped)}
+        self.rejected = []
         if sat_out[META_SKIPPED]:
             self.log_info(fl_ctx, f"round {rnd}: site(s) {sat_out[META_SKIPPED]} sat this round out (weight 0)")
+        if sat_out[META_MISSING]:
+            self.log_warning(fl_ctx, f"round {rnd}: no update from site(s) {sat_out[META_MISSING]} (dead, slow or "
+                                     "failed); the round goes on without them")
         if not contributions:
             self.log_error(fl_ctx, f"round {rnd}: no usable update; keeping the previous global model")
             return self._keep_previous(previous, sat_out)
         groups = contributions[0].meta.get(META_GROUPS) or {}
-        summary_comp = fl_ctx.get_engine().get_component(self.summary_id) if self.summary_id else None
-        summary = getattr(summary_comp, "summary", None)
+        summary = self._summary(fl_ctx)
         try:
             weights, meta = self.rule.aggregate(previous, contributions, groups, rnd, summary)
             meta = to_builtin(meta)

@@ -44,11 +44,16 @@ class DataSummaryProcessor(ResponseProcessor):
         classes: the job's class list (every site must use it).
         aggregator_id, model_id: the components whose method / options and model architecture make the job spec
             sent to the sites (absent components: no spec check).
+        max_missing: how many connected sites may leave the data check unanswered (dead, or slower than the
+            workflow's ``timeout``); the job goes on without them (their updates are refused) or stops when more
+            are missing. A site that answers with an error always stops the job.
     """
 
-    def __init__(self, classes: list[str] | None = None, aggregator_id: str = "aggregator", model_id: str = "model"):
+    def __init__(self, classes: list[str] | None = None, aggregator_id: str = "aggregator", model_id: str = "model",
+                 max_missing: int = 0):
         super().__init__()
         self.classes, self.aggregator_id, self.model_id = classes, aggregator_id, model_id
+        self.max_missing = int(max_missing)
         self.summary: dict | None = None
         self._sites: dict[str, dict] = {}
         self.error: str | None = None
@@ -90,6 +95,16 @@ class DataSummaryProcessor(ResponseProcessor):
     def final_process(self, fl_ctx: FLContext) -> bool:
         if not self._sites:
             return self._fail(fl_ctx, "no site answered the data check")
+        try:
+            connected = sorted(c.name for c in fl_ctx.get_engine().get_clients())
+        except Exception:  # noqa: BLE001
+            connected = sorted(self._sites)
+        silent = [c for c in connected if c not in self._sites]
+        if len(silent) > self.max_missing:
+            return self._fail(fl_ctx, f"site(s) {silent} did not answer the data check (at most {self.max_missing} "
+                                      "may be missing)")
+        if silent:
+            self.log_warning(fl_ctx, f"site(s) {silent} did not answer the data check; the job goes on without them")
         classes = self.classes or next(iter(self._sites.values()))["classes"]
         summary = {"classes": list(classes), "sites": self._sites}
         agg = fl_ctx.get_engine().get_component(self.aggregator_id)
@@ -106,8 +121,22 @@ class DataSummaryProcessor(ResponseProcessor):
         return True
 
 
+# what of each site's data-check answer travels to the other sites (no configuration paths, no vocabulary)
+SHARED_SITE_FIELDS = ("n_train", "n_val", "n_test", "annotated", "positives", "negatives", "classes", "synthetic",
+                      "eval_sets")
+
+
+def shared_summary(summary: dict) -> dict:
+    """The federation summary as the sites receive it: per site only :data:`SHARED_SITE_FIELDS` (annotated
+    counts, set sizes, evaluation-set fingerprints); the rest of each site's answer stays at the server."""
+    return {**{k: v for k, v in summary.items() if k != "sites"},
+            "sites": {s: {k: info[k] for k in SHARED_SITE_FIELDS if k in info}
+                      for s, info in (summary.get("sites") or {}).items()}}
+
+
 class SummaryFilter(DXOFilter):
-    """Adds the data summary (component ``summary_id``) to the meta of outgoing task data."""
+    """Adds the data summary (component ``summary_id``, reduced to :func:`shared_summary`) to the meta of
+    outgoing task data."""
 
     def __init__(self, summary_id: str = "data_summary"):
         super().__init__(supported_data_kinds=None, data_kinds_to_filter=None)
@@ -117,5 +146,66 @@ class SummaryFilter(DXOFilter):
         comp = fl_ctx.get_engine().get_component(self.summary_id)
         summary = getattr(comp, "summary", None)
         if summary is not None:
-            dxo.set_meta_prop(META_SUMMARY, summary)
+            dxo.set_meta_prop(META_SUMMARY, shared_summary(summary))
+        return dxo
+
+
+# ------------------------------------------------------------------------------------------ what leaves a site
+# per-class statistics a method sends, with the per-class image counts behind them: FedMLP's prototypes P0 / P1
+# are backed by counts[:, 0] / counts[:, 1]; FedLSM's estimated class counts q are their own counts.
+from ..methods.fedlsm.maths import META_Q as FEDLSM_Q  # noqa: E402
+from ..methods.fedmlp.maths import META_COUNTS as FEDMLP_COUNTS, META_P0 as FEDMLP_P0, META_P1 as FEDMLP_P1  # noqa: E402
+
+
+def suppress_small_counts(meta: dict, min_count: int) -> tuple[dict, list[str]]:
+    """Drop every per-class statistic computed from fewer than ``min_count`` images (but at least one).
+
+    - FedMLP: prototype row ``P_n[c]`` with ``0 < counts[c, n] < min_count`` becomes a zero row and its count 0
+      (the server leaves a prototype with count 0 out of the average, as one the site does not hold).
+    - FedLSM: ``q[c]`` with ``0 < q[c] < min_count`` becomes 0 (AWPA then gives the site no weight for class c;
+      a class no site reports falls back to sample-count weights).
+
+    Returns ``(new meta, ["key[c]", ...] of what was dropped)``; ``meta`` itself is not modified.
+    """
+    out, dropped = dict(meta), []
+    if min_count <= 1:
+        return out, dropped
+    if FEDMLP_COUNTS in meta:
+        counts = np.array(meta[FEDMLP_COUNTS], dtype=np.int64, copy=True)  # (C, 2)
+        for n, key in enumerate((FEDMLP_P0, FEDMLP_P1)):
+            small = (counts[:, n] > 0) & (counts[:, n] < min_count)
+            if not small.any():
+                continue
+            if key in meta:
+                p = np.array(meta[key], copy=True)
+                p[small] = 0
+                out[key] = p
+            counts[small, n] = 0
+            dropped += [f"{key}[{c}]" for c in np.flatnonzero(small)]
+        out[FEDMLP_COUNTS] = counts
+    if FEDLSM_Q in meta:
+        q = np.array(meta[FEDLSM_Q], dtype=np.float64, copy=True)
+        small = (q > 0) & (q < min_count)
+        q[small] = 0.0
+        out[FEDLSM_Q] = q
+        dropped += [f"{FEDLSM_Q}[{c}]" for c in np.flatnonzero(small)]
+    return out, dropped
+
+
+class MinCountFilter(DXOFilter):
+    """Client-side task result filter (``task_result_filters`` of ``config_fed_client.json``, tasks ``train``):
+    per-class statistics computed from fewer than ``min_count`` images never leave the site
+    (:func:`suppress_small_counts`). A site can enforce it whatever the job says by listing it in its own NVFlare
+    privacy policy (``local/privacy.json``)."""
+
+    def __init__(self, min_count: int = 5):
+        super().__init__(supported_data_kinds=None, data_kinds_to_filter=None)
+        self.min_count = int(min_count)
+
+    def process_dxo(self, dxo: DXO, shareable: Shareable, fl_ctx: FLContext) -> DXO | None:
+        meta, dropped = suppress_small_counts(dict(dxo.meta or {}), self.min_count)
+        if dropped:
+            for k, v in meta.items():
+                dxo.set_meta_prop(k, v)
+            self.log_info(fl_ctx, f"min_count {self.min_count}: not sent: {', '.join(dropped)}")
         return dxo

@@ -141,6 +141,7 @@ class PartialLabelExecutor(Executor):
         """Train / val / test manifests; a site without any annotation only where the method accepts it."""
         unlabelled_ok = self.method_spec.trainer.accepts_unlabelled
         read = dict(classes=self.classes, data_root=self.site_data.data_root, site=site, task=self.task_type,
+                    verify_images=True, duplicates="error",  # headers decoded, one row per image (data check)
                     **self.site_data.vocabulary)  # the site's own column names mapped to the job's classes
         full = read_manifest(self.site_data.train, require_annotated=not unlabelled_ok, **read)
         self.manifests: dict[str, Manifest] = {"train": full.subset("train")}
@@ -209,11 +210,35 @@ class PartialLabelExecutor(Executor):
                 return self._submit()
             return make_reply(ReturnCode.TASK_UNKNOWN)
         except Exception as e:  # noqa: BLE001 - reported to the server with the site's name
-            msg = f"site '{self._site_name(fl_ctx)}' failed task '{task_name}': {type(e).__name__}: {e}"
-            self.log_exception(fl_ctx, msg)
+            msg = self._relative(f"site '{self._site_name(fl_ctx)}' failed task '{task_name}': {type(e).__name__}: {e}")
+            log.info("site traceback (kept local)", exc_info=True)  # error_log.txt reaches the server: no paths there
+            self.log_error(fl_ctx, msg)
             reply = make_reply(ReturnCode.EXECUTION_EXCEPTION)
             reply.set_header("error", msg)
             return reply
+
+    def _relative(self, text: str) -> str:
+        """``text`` with the site's data root and site-config folder cut off paths (what leaves the site names
+        files relative to the data root, never where they live)."""
+        sd = getattr(self, "site_data", None)
+        if sd is None:
+            return text
+        roots = {str(sd.data_root), str(Path(sd.data_root).resolve())}
+        cfg = str(sd.origin).split(":", 1)[-1]
+        roots |= {str(Path(cfg).parent), str(Path(cfg).resolve().parent)} if cfg else set()
+        for r in sorted(roots, key=len, reverse=True):
+            if r and r != os.sep:
+                text = text.replace(r.rstrip(os.sep) + os.sep, "")
+        return text
+
+    @staticmethod
+    def _check_received(weights) -> None:
+        """Refuse a global model with non-finite values before it touches the local model."""
+        bad = [k for k, v in (weights or {}).items()
+               if np.issubdtype(np.asarray(v).dtype, np.floating) and not np.all(np.isfinite(np.asarray(v)))]
+        if bad:
+            raise ValueError(f"refusing the received global model: non-finite values in {len(bad)} tensor(s), e.g. "
+                             f"{bad[:3]}; the local model and state are kept")
 
     def _summary(self, shareable: Shareable, fl_ctx: FLContext) -> Shareable:
         server_spec = shareable.get(META_SPEC)
@@ -226,7 +251,7 @@ class PartialLabelExecutor(Executor):
         tr = self.manifests["train"]
         info = {"n_train": len(tr), "annotated": tr.annotated.tolist(), "positives": tr.positives().tolist(),
                 "negatives": tr.negatives().tolist(), "n_val": len(self.manifests.get("val", ())),
-                "n_test": len(self.manifests.get("test", ())), "origin": self.site_data.origin,
+                "n_test": len(self.manifests.get("test", ())), "origin": self.site_data.origin.split(":", 1)[0],  # the kind only, no path
                 "synthetic": self.site_data.synthetic, "classes": self.classes,
                 "eval_sets": {s: m.fingerprint() for s, m in self.manifests.items() if s != "train"},
                 "vocabulary": self.site_data.vocabulary}
@@ -252,6 +277,7 @@ class PartialLabelExecutor(Executor):
 
     def _train(self, shareable: Shareable, fl_ctx: FLContext, abort_signal: Signal) -> Shareable:
         dxo = from_shareable(shareable)
+        self._check_received(dxo.data)
         self.trainer.receive(dxo.data)
         global_meta = dict(dxo.meta or {})
         if META_SUMMARY in global_meta:
@@ -296,6 +322,7 @@ class PartialLabelExecutor(Executor):
 
     def _validate(self, shareable: Shareable, fl_ctx: FLContext) -> Shareable:
         dxo = from_shareable(shareable)
+        self._check_received(dxo.data)
         self.trainer.receive(dxo.data)
         if META_SUMMARY in (dxo.meta or {}):
             self.ctx.summary = dxo.meta[META_SUMMARY]

@@ -34,13 +34,13 @@ from ..stats import add_run_statistics
 from ..tables import paper_table, setting_label
 from .spec import global_model_note, local_parts, resolved_options
 from .keys import (BEST_MODEL, LAST_MODEL, META_ANNOTATED, META_GROUPS, META_N_TRAIN, META_RESULTS, META_RULE_ERROR,
-                   META_SKIPPED, META_TEST, META_WEIGHT)
+                   META_SKIPPED, META_TEST, META_WEIGHT, META_MISSING, META_REJECTED, META_CLIPPED)
 
 RESULTS_FILE = "results.json"
 TABLE_FILE = "results.md"
 # meta every site sends each round; the rest (prototypes, degrees, counts, ...) is the method's own exchange
 _STANDARD_META = {META_RESULTS, META_TEST, META_N_TRAIN, META_ANNOTATED, META_GROUPS, META_WEIGHT, META_RULE_ERROR,
-                  META_SKIPPED, "train_loss",
+                  META_SKIPPED, META_MISSING, META_REJECTED, META_CLIPPED, "train_loss",
                   "train_seconds", "eval_seconds", MetaKey.INITIAL_METRICS, MetaKey.NUM_STEPS_CURRENT_ROUND}
 
 
@@ -138,6 +138,8 @@ class ResultsRecorder(Widget):
         entry = self.rounds.setdefault(rnd, {"sites": {}})
         entry["server_meta"], entry["server_stats"] = _method_meta_keys(meta), method_stats(meta)
         entry["rule_error"], entry["sat_out"] = meta.get(META_RULE_ERROR), meta.get(META_SKIPPED, [])
+        entry["missing"], entry["rejected"] = meta.get(META_MISSING, []), meta.get(META_REJECTED, {})
+        entry["clipped"] = meta.get(META_CLIPPED, [])
 
     def _record_validation(self, fl_ctx: FLContext):
         owner = fl_ctx.get_prop(AppConstants.MODEL_OWNER)
@@ -176,6 +178,7 @@ class ResultsRecorder(Widget):
                 "site_stats": {s: v.get("method_stats", {}) for s, v in e["sites"].items()},
                 "server_stats": e.get("server_stats", {}),
                 "sat_out": e.get("sat_out", []), "rule_error": e.get("rule_error"),
+                "missing": e.get("missing", []), "rejected": e.get("rejected", {}), "clipped": e.get("clipped", []),
             })
         best = None
         for r in rounds:

@@ -31,6 +31,7 @@ from .executor import scorer_of
 from .keys import META_RESULTS
 
 SITE_LOSS = "site_bce"
+SIMULATOR_JOB_ID = "simulate_job"  # the job id NVFlare's simulator runs every job under
 
 
 def mean_site_loss(val: dict[str, dict], sites: dict[str, dict], classes: list[str]) -> float | None:
@@ -115,15 +116,36 @@ class ModelSelector(IntimeModelSelector):
 class ScatterAndGather(_ScatterAndGather):
     """NVFlare's ScatterAndGather (same arguments) that ends the training phase early when the model selector
     (component ``selector_id``) says so (:meth:`ModelSelector.should_stop`): after the round in which it does,
-    no further round starts; the last global model is saved as every round."""
+    no further round starts; the last global model is saved as every round.
 
-    def __init__(self, *args, selector_id: str = "model_selector", **kwargs):
+    ``min_clients`` is the job's number of sites and ``max_missing`` how many of them may be missing from a round
+    (dead, slow past ``train_timeout``, or failed): a round aggregates once ``min_clients - max_missing`` sites
+    answered and ``wait_time_after_min_received`` seconds passed (or all answered); in the simulator (job id
+    ``simulate_job``) the wait is ``train_timeout``, as its sites may train in turns (``-t`` < ``-n``) but cannot
+    die. ``num_rounds`` < 1 is an error when the job is loaded, before any data check or training."""
+
+    def __init__(self, *args, selector_id: str = "model_selector", max_missing: int = 0, **kwargs):
+        rounds = kwargs.get("num_rounds", 5)
+        if not isinstance(rounds, int) or rounds < 1:
+            raise ValueError(f"num_rounds must be an integer >= 1, got {rounds!r}")
+        max_missing = int(max_missing)
+        if max_missing < 0:
+            raise ValueError(f"max_missing must be >= 0, got {max_missing}")
+        if "min_clients" in kwargs:
+            if max_missing >= int(kwargs["min_clients"]):
+                raise ValueError(f"max_missing ({max_missing}) must be smaller than min_clients "
+                                 f"({kwargs['min_clients']}, the job's number of sites)")
+            kwargs["min_clients"] = int(kwargs["min_clients"]) - max_missing
         super().__init__(*args, **kwargs)
-        self.selector_id = selector_id
+        self.selector_id, self.max_missing = selector_id, max_missing
         self.stopped_early_at: int | None = None
 
     def handle_event(self, event_type: str, fl_ctx: FLContext):
         super().handle_event(event_type, fl_ctx)
+        if event_type == AppEventType.ROUND_STARTED and self.max_missing and fl_ctx.get_job_id() == SIMULATOR_JOB_ID:
+            # simulated sites cannot die, they answer (an error too), but with -t < -n they train in turns: waiting
+            # for all of them keeps every site in every round while a failing site still costs only its round
+            self._wait_time_after_min_received = self._train_timeout or 10**6
         if event_type != AppEventType.ROUND_DONE or self.stopped_early_at is not None:
             return
         selector = fl_ctx.get_engine().get_component(self.selector_id)

@@ -25,7 +25,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from ..aggregation import State, aggregate_states
+from ..aggregation import State, aggregate_states, clip_change_norms, robust_states, trim_count
 from ..models import NORM_TYPES
 from .options import build, check_known, opt, option_names
 
@@ -301,11 +301,22 @@ class RuleOptions:
 
     site_weighting: Literal["samples", "uniform"] = opt("samples", "site weight a_k: n_k (FedAvg) or 1 (surgical aggregation)")
     norm: Norm = opt("average", "norm layers: averaged, kept local at the sites (FedBN) or frozen (FedBN+; kept as they were)")
+    robust: Literal["none", "median", "trimmed_mean"] = opt(
+        "none", "robust averaging of every tensor (classifier rows over the sites holding the class): the weighted "
+        "mean, the coordinate-wise median or the trimmed mean (unweighted)")
+    trim: float = opt(0.2, "trimmed_mean: fraction of the sites dropped at EACH end per coordinate (ceil(trim * K), "
+                           "at least one site left)")
+    clip_norm: float = opt(0.0, "norm clipping: each site's whole change is scaled down to at most clip_norm x the "
+                                "round's median change norm before averaging (0: off)")
 
 
 class ServerRule:
     """Base server rule: every tensor averaged with the site weights ``a_k`` (``site_weighting``: FedAvg's
     ``n_k`` by default, McMahan et al.) times each site's participation weight.
+
+    Robust options (every rule that averages through :meth:`average`): ``clip_norm`` scales each site's change
+    down to a multiple of the round's median change norm, ``robust: median / trimmed_mean`` replaces the weighted
+    mean by the coordinate-wise median / trimmed mean (:mod:`fedpartial.aggregation`).
 
     Under ``norm: local`` (FedBN) the global model's norm layers hold the sites' average (what ``predict`` uses
     on data of no site) while each site evaluates and trains with its own; under ``norm: frozen`` (FedBN+)
@@ -316,6 +327,9 @@ class ServerRule:
 
     def __init__(self, **options):
         self.opts = build(self.Options, options, f"{type(self).__name__} options")
+        trim_count(3, float(self.opts.trim))  # a bad trim fraction is an option error, not a failed round
+        if not float(self.opts.clip_norm) >= 0:
+            raise ValueError(f"{type(self).__name__} options: clip_norm must be >= 0, got {self.opts.clip_norm}")
 
     def check_federation(self, summary: dict) -> None:
         """Raise ``ValueError`` naming the offending sites when the federation's data summary (``{"classes",
@@ -330,8 +344,15 @@ class ServerRule:
                 class_weights: np.ndarray | None = None, zero_rows: str = "previous") -> dict[str, np.ndarray]:
         """Average the contributions with :meth:`site_weights` (classifier rows with ``class_weights`` if given,
         see :func:`fedpartial.aggregation.aggregate_states`), then apply the ``norm`` policy."""
-        out = aggregate_states([c.weights for c in contributions], self.site_weights(contributions),
-                               groups.get("classifier", ()), class_weights, previous, zero_rows)
+        states = [c.weights for c in contributions]
+        if self.opts.clip_norm > 0 and previous is not None:
+            states = clip_change_norms(states, previous, self.opts.clip_norm)
+        if self.opts.robust != "none":
+            out = robust_states(states, self.site_weights(contributions), self.opts.robust, self.opts.trim,
+                                groups.get("classifier", ()), class_weights, previous, zero_rows)
+        else:
+            out = aggregate_states(states, self.site_weights(contributions), groups.get("classifier", ()),
+                                   class_weights, previous, zero_rows)
         if self.opts.norm == "frozen" and previous is not None:
             out.update({k: np.asarray(previous[k]) for k in groups.get("norm", ()) if k in previous})
         return out

@@ -5,6 +5,14 @@ this; edit their JSON freely afterwards)::
 
 The folder gets ``meta.json`` and ``app/config/config_fed_{server,client}.json``; ``app/custom`` is produced by
 ``fedpartial-build-jobs``.
+
+Every job tolerates a dead, slow or failing site (:func:`harden`): ``max_missing_sites`` (``--max-missing``;
+default 1 with 3 or more sites) may be absent from the data check and from any round (the workflow aggregates
+once ``min_clients - max_missing_sites`` sites answered), training tasks time out (``train_timeout``), the data
+check and the cross-site evaluation have real timeouts, and the aggregator bounds each update's change relative
+to the round's median. Existing job folders are brought to the same settings with::
+
+    python -m fedpartial.tools.new_job --harden jobs/*
 """
 
 from __future__ import annotations
@@ -18,11 +26,82 @@ from ..data.presets import resolve_dataset
 PT = "nvflare.app_opt.pt"
 WF = "nvflare.app_common.workflows"
 
+# timeouts (seconds): a normal round of the shipped jobs takes seconds (phantoms, small CNN) to a few minutes
+# (DenseNet-121 on real images, one local epoch); a site silent for an hour is treated as dead for that round
+TRAIN_TIMEOUT = 3600
+WAIT_AFTER_MIN = 30  # once all but max_missing sites answered, wait this long for the rest
+DATA_CHECK_TIMEOUT = 900  # reading + checking every manifest row and image header
+SUBMIT_MODEL_TIMEOUT = 300
+VALIDATION_TIMEOUT = 1800
+MAX_CHANGE_RATIO = 25.0
+
+
+def default_max_missing(num_sites: int) -> int:
+    """Sites that may be missing by default: 1 with 3 or more sites, else 0 (two sites cannot lose one)."""
+    return 1 if num_sites >= 3 else 0
+
+
+def harden(cfg: dict, max_missing: int) -> dict:
+    """Set the reliability settings on a server config in place (idempotent): ``max_missing_sites``, the data
+    check's timeout and tolerance, ``train_timeout`` / ``wait_time_after_min_received`` / ``max_missing`` on the
+    training workflow, the cross-site evaluation timeouts and the aggregator's update bound (existing aggregator
+    bound settings are kept). Returns ``cfg``."""
+    n = cfg.get("min_clients")
+    if isinstance(n, int) and not 0 <= max_missing < n:
+        raise ValueError(f"max_missing must be in [0, {n}) for a job of {n} sites, got {max_missing}")
+    cfg["max_missing_sites"] = int(max_missing)
+    for comp in cfg.get("components", []):
+        path, args = comp.get("path", ""), comp.setdefault("args", {})
+        if path.endswith("PartialLabelAggregator"):
+            args.setdefault("max_change_ratio", MAX_CHANGE_RATIO)
+            args.setdefault("on_large_change", "reject")
+        elif path.endswith("DataSummaryProcessor"):
+            args["max_missing"] = "{max_missing_sites}"
+    for wf in cfg.get("workflows", []):
+        path, args = wf.get("path", ""), wf.setdefault("args", {})
+        if path.endswith("BroadcastAndProcess") and args.get("task_name") == "data_summary":
+            args["timeout"] = DATA_CHECK_TIMEOUT
+        elif path.endswith("ScatterAndGather"):
+            args.update({"max_missing": "{max_missing_sites}", "train_timeout": TRAIN_TIMEOUT,
+                         "wait_time_after_min_received": WAIT_AFTER_MIN})
+        elif path.endswith("CrossSiteModelEval"):
+            args.update({"submit_model_timeout": SUBMIT_MODEL_TIMEOUT, "validation_timeout": VALIDATION_TIMEOUT})
+    return cfg
+
+
+MIN_COUNT = 5
+CLIENT_RESULT_FILTERS = [{"tasks": ["train"], "filters": [
+    {"path": "fedpartial.fl.data_check.MinCountFilter", "args": {"min_count": MIN_COUNT}}]}]
+
+
+def harden_client(cfg: dict) -> dict:
+    """Add the site's :class:`~fedpartial.fl.data_check.MinCountFilter` to a client config (in place, idempotent)."""
+    filters = cfg.setdefault("task_result_filters", [])
+    if not any(f.get("path", "").endswith("MinCountFilter") for e in filters for f in e.get("filters", [])):
+        filters.extend(json.loads(json.dumps(CLIENT_RESULT_FILTERS)))
+    return cfg
+
+
+def harden_job(folder: str | Path, max_missing: int | None = None) -> Path:
+    """:func:`harden` a job folder's ``config_fed_server.json`` files (``max_missing``: the folder's own value,
+    else :func:`default_max_missing` of its ``min_clients``)."""
+    folder = Path(folder)
+    for path in sorted(folder.glob("*/config/config_fed_server.json")):
+        cfg = json.loads(path.read_text())
+        k = max_missing if max_missing is not None else cfg.get("max_missing_sites",
+                                                                  default_max_missing(int(cfg.get("min_clients", 0))))
+        path.write_text(json.dumps(harden(cfg, int(k)), indent=2) + "\n")
+    for path in sorted(folder.glob("*/config/config_fed_client.json")):
+        path.write_text(json.dumps(harden_client(json.loads(path.read_text())), indent=2) + "\n")
+    return folder
+
 
 def server_config(method: str, dataset: dict, model: dict, num_rounds: int, min_clients: int,
-                  method_args: dict, key_metric: str = "auc") -> dict:
+                  method_args: dict, key_metric: str = "auc", max_missing: int | None = None) -> dict:
     ds = resolve_dataset(dataset)
-    return {
+    if max_missing is None:
+        max_missing = default_max_missing(min_clients)
+    return harden({
         "format_version": 2, "num_rounds": num_rounds, "min_clients": min_clients, "method": method,
         "server": {"task_request_interval": 0.1},
         "task_data_filters": [{"tasks": ["train", "validate"], "filters": [
@@ -58,7 +137,7 @@ def server_config(method: str, dataset: dict, model: dict, num_rounds: int, min_
             {"id": "cross_site_validate", "path": f"{WF}.cross_site_model_eval.CrossSiteModelEval",
              "args": {"model_locator_id": "model_locator", "submit_model_task_name": ""}},
         ],
-    }
+    }, max_missing)
 
 
 def client_config(method: str, dataset: dict, model: dict, train: dict, evaluation: dict, method_args: dict,
@@ -69,7 +148,7 @@ def client_config(method: str, dataset: dict, model: dict, train: dict, evaluati
             "id": "executor", "path": "fedpartial.fl.executor.PartialLabelExecutor",
             "args": {"method": "{method}", "method_args": method_args, "dataset": dataset, "model": model,
                      "train": train, "evaluation": evaluation, "seed": seed}}}],
-        "task_result_filters": [], "task_data_filters": [],
+        "task_result_filters": CLIENT_RESULT_FILTERS, "task_data_filters": [],
         "components": [{"id": "event_to_fed", "path": "nvflare.app_common.widgets.convert_to_fed_event.ConvertToFedEvent",
                         "args": {"events_to_convert": ["analytix_log_stats"], "fed_event_prefix": "fed."}}],
     }
@@ -77,8 +156,10 @@ def client_config(method: str, dataset: dict, model: dict, train: dict, evaluati
 
 def write_job(folder: str | Path, method: str, dataset: dict, num_sites: int, num_rounds: int = 20,
               model: dict | None = None, train: dict | None = None, evaluation: dict | None = None,
-              method_args: dict | None = None, seed: int = 0) -> Path:
+              method_args: dict | None = None, seed: int = 0, max_missing: int | None = None) -> Path:
     folder = Path(folder)
+    if int(num_rounds) < 1:
+        raise ValueError(f"num_rounds must be >= 1, got {num_rounds}")
     model = model or {"arch": "small_cnn", "in_channels": int(resolve_dataset(dataset)["channels"])}
     model = {**model, "init_seed": model.get("init_seed", seed)}  # the server's initial global model
     train = train or {"optimizer": "adam", "lr": 0.001, "batch_size": 32, "local_epochs": 1}
@@ -100,7 +181,7 @@ def write_job(folder: str | Path, method: str, dataset: dict, num_sites: int, nu
     files = {
         folder / "meta.json": meta,
         folder / "app/config/config_fed_server.json": server_config(method, dataset, model, num_rounds, num_sites,
-                                                                    method_args),
+                                                                    method_args, max_missing=max_missing),
         folder / "app/config/config_fed_client.json": client_config(method, dataset, model, train, evaluation,
                                                                     method_args, seed),
     }
@@ -110,19 +191,31 @@ def write_job(folder: str | Path, method: str, dataset: dict, num_sites: int, nu
 
 
 def main(argv=None) -> int:
+    argv = list(__import__("sys").argv[1:] if argv is None else argv)
+    if argv and argv[0] == "--harden":
+        hp = argparse.ArgumentParser(prog="new_job --harden", description="apply the reliability settings to job folders")
+        hp.add_argument("folders", nargs="+")
+        hp.add_argument("--max-missing", type=int, default=None)
+        h = hp.parse_args(argv[1:])
+        for f in h.folders:
+            if list(Path(f).glob("*/config/config_fed_server.json")):
+                print(f"hardened {harden_job(f, h.max_missing)}")
+        return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("folder")
     ap.add_argument("--method", required=True)
     ap.add_argument("--dataset", required=True, help="preset name or a JSON dataset config")
     ap.add_argument("--sites", type=int, required=True)
     ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--max-missing", type=int, default=None,
+                    help="sites that may be missing from the data check or a round (default 1 with >= 3 sites)")
     ap.add_argument("--method-args", default="{}", help="JSON")
     ap.add_argument("--train", default=None, help="JSON training options")
     ap.add_argument("--model", default=None, help="JSON model options")
     a = ap.parse_args(argv)
     dataset = json.loads(a.dataset) if a.dataset.strip().startswith("{") else {"preset": a.dataset}
     write_job(a.folder, a.method, dataset, a.sites, a.rounds, json.loads(a.model) if a.model else None,
-              json.loads(a.train) if a.train else None, None, json.loads(a.method_args))
+              json.loads(a.train) if a.train else None, None, json.loads(a.method_args), max_missing=a.max_missing)
     print(f"wrote {a.folder}")
     return 0
 

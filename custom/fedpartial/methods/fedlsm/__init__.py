@@ -8,8 +8,10 @@ Every round at site k (I_k = annotated classes, U_k = the others):
   softmax entropy (Eq. 3) for single-label; for multi-label the entropy over U_k only, normalised to [0, 1]
   (mean binary entropy / ln 2). The ``n_uncertain`` highest form the uncertain pool D^h, the ``n_confident``
   lowest the confident pool D^l, the rest D^m (sizes as counts or fractions, :func:`pool_sizes`).
-- Pseudo labelling on D^l + D^m with an EMA teacher initialised from the global model every round (weak view
-  to the teacher, strong view to the student). Single-label (Eq. 4): an unlabelled row gets
+- Pseudo labelling on D^l + D^m with an EMA teacher initialised from the global model every round and updated
+  after every step (weak view to the teacher, strong view to the student; the weak view is a horizontal flip,
+  "weak augmentation refered to horizontal flip", view kind ``"flip"``; ``weak_view: weak`` = FedMLP's flip +
+  rotation + translation). Single-label (Eq. 4): an unlabelled row gets
   ``argmax`` of the teacher's softmax when its probability is ``>= tau`` and (paper) the class is in U_k;
   ``L_U = -(1/N_U) sum pseudo rows log p_student(y^)``, N_U = unlabelled rows of the batch; ``L_I`` = CE on the
   labelled rows. Multi-label (Eq. 5): an unannotated entry is a positive pseudo label when ``q >= tau_p``,
@@ -19,7 +21,9 @@ Every round at site k (I_k = annotated classes, U_k = the others):
 - Uncertain data enhancing (UDE, Eq. 6): ``n_mix`` confident and ``n_mix`` uncertain samples per step are mixed
   with ``lambda ~ Beta(alpha, alpha)``: ``x~ = lambda x_l + (1 - lambda) x_h``, same for the (pseudo) labels;
   uncertain samples get pseudo labels with the lower thresholds (``tau_l`` / ``tau_lp``, ``tau_ln``). A pair
-  (single-label) or an entry (multi-label) counts only where both sides have a label. Loss weight ``lam_ude``.
+  (single-label) or an entry (multi-label) counts only where both sides have a label (the released code's
+  joint-confidence mask); L_UDE is plain (binary) cross-entropy ("The UDE loss function is cross-entropy loss",
+  and the released code), ``ude_weighting: class`` adds the class weights. Loss weight ``lam_ude``.
   ``L = L_I + L_U + lam_ude * L_UDE``.
 - The site sends ``q_c^k`` (Sec. 2.4): labelled positives of c plus pseudo-label positives of c.
 - Server (AWPA, Eq. 7): feature extractor by n_k; classifier row and bias of class c by ``q_c^k / sum_j q_c^j``;
@@ -30,7 +34,8 @@ Ablations (method options): ``ue: false`` (pools drawn at random, same sizes), `
 
 Released code (dzp2095/FedLSM) behaviours offered as options: ``restrict_unknown: false`` (single-label pseudo
 labels of any class, not only U_k), ``entropy: plogp`` (multi-label uncertainty as sum of -p ln p over U_k),
-``class_weighting: entry`` (the whole BCE entry weighted by the ratio), ``q_counts: seen`` (q counted over the
+``class_weighting: entry`` (the whole BCE entry weighted by the ratio, and the ratio counting every 0 as a
+negative, missing entries included, as the code that stores missing labels as 0: ``(sum_k n_k - pos_c) / pos_c``), ``q_counts: seen`` (q counted over the
 batches trained this round instead of over the whole local set), ``tau_n: 0.01`` (the code's negative
 threshold; the paper's Table 4 says 5e-3, the default here). Not reproduced: the code's samplers, rebuilt with
 the same seed every round (a site replays the same images each round), and its ISIC MixUp bug (the mixed

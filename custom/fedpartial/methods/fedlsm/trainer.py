@@ -44,7 +44,16 @@ class FedLSMOptions(TrainerOptions):
     ude: bool = opt(True, "uncertain data enhancing (False: no mixed samples)")
     restrict_unknown: bool = opt(True, "single-label pseudo labels only for classes in U_k (False: released code)")
     entropy: Literal["binary", "plogp"] = opt("binary", "multi-label uncertainty (plogp: released code)")
-    class_weighting: Literal["positive", "entry", "none"] = opt("positive", "FPSL class weights on the positive term, the whole entry (code), or none")
+    class_weighting: Literal["positive", "entry", "none"] = opt(
+        "positive", "FPSL class weights (negatives / positives over the annotated entries of all sites) on the "
+        "positive term; 'entry': the released code, the whole entry weighted and every 0 counted as a negative "
+        "(missing entries included); or none")
+    ude_weighting: Literal["none", "class"] = opt(
+        "none", "L_UDE: BCE with the joint-confidence mask only (paper: 'cross-entropy'; released code), or "
+        "class-weighted as L_I + L_U")
+    weak_view: Literal["flip", "weak"] = opt(
+        "flip", "the teacher's weak view: horizontal flip (paper Sec. 3, released code) or FedMLP's flip + "
+        "rotation + translation")
     q_counts: Literal["dataset", "seen"] = opt("dataset", "q_c^k over the whole local set or the batches seen (code)")
 
     def __post_init__(self):
@@ -90,17 +99,31 @@ class FedLSMTrainer(LocalTrainer):
                                   self.opts.tau_ln if uncertain else self.opts.tau_n)
 
     def class_weights(self, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
-        """FPSL's negative / positive ratio per class from the server's data summary (all sites' labels); the
-        site's own labels when no summary came (with a warning). None for single-label."""
+        """``(C,)`` FPSL's negative / positive ratio per class from the server's data summary (all sites' labels);
+        the site's own labels when no summary came (with a warning). None for single-label.
+
+        ``class_weighting: positive`` counts the annotated negatives; ``entry`` (released code, which stores
+        missing labels as 0) counts every 0 as a negative: ``(sum_k n_k - positives_c) / positives_c``, about
+        ``K / |S_c|`` times larger for a class annotated at ``|S_c|`` of ``K`` sites.
+
+        Args:
+            labels, mask: ``(N, C)`` the site's labels and annotation mask (used without a summary).
+        """
         if self.ctx.task == "multiclass" or self.opts.class_weighting == "none":
             return None
+        every_zero = self.opts.class_weighting == "entry"
         if self.ctx.summary:
             pos, neg = summary_counts(self.ctx.summary, self.ctx.num_classes)
+            if every_zero:
+                sites = self.ctx.summary["sites"].values()
+                if any("n_train" not in info for info in sites):
+                    raise ValueError("fedlsm: class_weighting 'entry' needs every site's n_train in the data summary")
+                neg = sum(float(info["n_train"]) for info in sites) - pos
         else:
             if not self._warned_summary:
                 self.ctx.log.warning("fedlsm: no data summary received; class weights from the local labels")
                 self._warned_summary = True
-            m = mask.float()
+            m = torch.ones_like(mask, dtype=torch.float32) if every_zero else mask.float()
             pos, neg = (labels * m).sum(0), ((1 - labels) * m).sum(0)
         return negative_positive_ratio(pos, neg)
 
@@ -115,10 +138,35 @@ class FedLSMTrainer(LocalTrainer):
 
     def ude_loss(self, logits: torch.Tensor, targets: torch.Tensor, known: torch.Tensor,
                  weights: torch.Tensor | None) -> torch.Tensor:
-        """``L_UDE`` on the mixed samples (cross-entropy with the soft labels)."""
+        """``L_UDE`` on the mixed samples (cross-entropy with the soft labels): ``logits``, ``targets`` ``(M, C)``,
+        ``known`` ``(M,)`` rows / ``(M, C)`` entries labelled on both sides (joint confidence); multi-label
+        class weights ``(C,)`` only with ``ude_weighting: class``."""
         if self.ctx.task == "multiclass":
             return soft_ce(logits, targets, known)
+        if self.opts.ude_weighting == "none":
+            return weighted_bce(logits, targets, known, None, "none")
         return weighted_bce(logits, targets, known, weights, self.opts.class_weighting)
+
+    def ude_batch(self, confident: dict, uncertain: dict, teacher_confident: torch.Tensor,
+                  teacher_uncertain: torch.Tensor, lam: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The mixed samples of Eq. 6 from a confident and an uncertain batch.
+
+        The confident samples get their (pseudo) labels with the pseudo-pool thresholds, the uncertain ones with
+        the lower thresholds (``tau_l`` / ``tau_lp``, ``tau_ln``); ``x~ = lam x_l + (1 - lam) x_h`` on the weak views,
+        same for the labels; an entry (multi-label) or a row (single-label) counts where both sides have a label.
+
+        Args:
+            confident, uncertain: batches with ``"weak"`` ``(M, ...)``, ``"label"`` and ``"mask"`` ``(M, C)``;
+            teacher_confident, teacher_uncertain: ``(M, C)`` teacher probabilities on those weak views; lam in [0, 1].
+
+        Returns:
+            ``(x~ (m, ...), y~ (m, C), known (m, C) or (m,))`` with ``m`` the smaller batch size.
+        """
+        yl, kl, _ = self.targets(confident["label"], confident["mask"], teacher_confident)
+        yh, kh, _ = self.targets(uncertain["label"], uncertain["mask"], teacher_uncertain, uncertain=True)
+        m = min(len(yl), len(yh))
+        x_mix, y_mix = mixup(confident["weak"][:m], yl[:m], uncertain["weak"][:m], yh[:m], lam)
+        return x_mix, y_mix, kl[:m] & kh[:m]
 
     def estimated_counts(self, labels: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor,
                          known: torch.Tensor) -> torch.Tensor:
@@ -164,7 +212,8 @@ class FedLSMTrainer(LocalTrainer):
             q = self.estimated_counts(labels, mask, t, known)
 
         teacher = frozen_copy(model)
-        fetch = self.fetcher({"weak": "weak", "strong": "strong"}, int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+        fetch = self.fetcher({"weak": self.opts.weak_view, "strong": "strong"},
+                             int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
 
         self.train_mode()
         self.make_optimizer()
@@ -187,12 +236,9 @@ class FedLSMTrainer(LocalTrainer):
             y, known, pseudo = self.targets(b["label"], b["mask"], tp[:B])
             inputs = [b["strong"]]
             if n_mix:
-                yl, kl, _ = self.targets(bl["label"], bl["mask"], tp[B:B + len(bl["weak"])])
-                yh, kh, _ = self.targets(bh["label"], bh["mask"], tp[B + len(bl["weak"]):], uncertain=True)
-                m = min(len(yl), len(yh))
+                m = min(len(bl["weak"]), len(bh["weak"]))
                 lam = float(torch.distributions.Beta(self.opts.alpha, self.opts.alpha).sample()) if m else 0.0
-                x_mix, y_mix = mixup(bl["weak"][:m], yl[:m], bh["weak"][:m], yh[:m], lam)
-                k_mix = kl[:m] & kh[:m]
+                x_mix, y_mix, k_mix = self.ude_batch(bl, bh, tp[B:B + len(bl["weak"])], tp[B + len(bl["weak"]):], lam)
                 inputs.append(x_mix)
                 n_pairs += int(k_mix.any(1).sum()) if k_mix.dim() == 2 else int(k_mix.sum())
             out = model(torch.cat(inputs))

@@ -5,8 +5,15 @@ MICCAI 2024) as a (LocalTrainer, ServerRule) pair:
 Two stages at every site k (active classes AC_k = annotated, negative classes NC_k = missing):
 
 - Stage 1 (rounds ``< warmup_rounds``): weighted-partial-class loss (Eq. 4) on logit-adjusted outputs (Eq. 3)
-  over the active classes, on two weak views, plus (``cr``) the MSE between the local and the frozen received
-  global model's sigmoid outputs on the missing entries (consistency regularisation, Sec. 2.4).
+  over the active classes, on two weak views (Sec. 2.2: L_WPC alone; ``cr_warmup: true``, the released code's
+  default under ``parity: code``, adds the consistency term below in stage 1 too).
+- Eq. 3's rates: annotated classes the site's share of positives; missing classes (``missing_rates:
+  prevalence``) the class prevalence of the data summary (all annotating sites), else ``(positive tags + 1) /
+  (N + 2)`` (``missing_rates: tags``: positives / tagged entries, a ratio set by T1 / T0 that clamps to 1e-4 when
+  only negative tags exist).
+- Loss balance: ``loss_balance: per_term`` (default, each term the mean over its own entries, as the released
+  code; chosen by a short CXR14 measurement) or ``eq4`` (Eq. 4: sum over labelled entries / C, consistency a
+  mean over its entries: with one labelled class of C, consistency weighs C times more against supervision).
 - End of the warm-up and of every later round: local dual prototypes of the active classes (Eq. 5) and the
   learning degree of the missing classes (Eq. 10, left) go to the server in the round's meta.
 - Server: FedAvg of the weights (n_k), global prototypes over the sites that annotate each class (Eq. 6),
@@ -20,8 +27,9 @@ Two stages at every site k (active classes AC_k = annotated, negative classes NC
 
 ``parity="code"`` reproduces the released code (szbonaldo/FedMLP) where it departs from the paper: plain
 masked BCE (mean over labelled entries, no logit adjustment), fixed selection fractions T0 / T1 (no learning
-degree), no consistency term in stage 2 and one view in stage 2, features on a weak view, and (server, if the
-rule also gets ``parity: code``) n_k-weighted prototype averaging.
+degree), consistency in stage 1 and not in stage 2, one view in stage 2, features on a weak view, and (server,
+if the rule also gets ``parity: code``) n_k-weighted prototype averaging. ``wpc: false`` (Eq. 1, missing as 0)
+applies under either parity.
 
 Readings of the paper (see also the docstrings of each function):
 

@@ -13,10 +13,10 @@ from ..base import summary_counts
 from ..common import cosine
 
 __all__ = [
-    "class_rates", "summary_rates", "logit_adjust", "wpc_loss", "consistency_loss", "class_prototypes",
+    "class_rates", "summary_rates", "prevalence_rates", "logit_adjust", "wpc_loss", "consistency_loss", "class_prototypes",
     "aggregate_prototypes", "prototype_scores", "select_pseudo_labels", "accumulate_tags", "learning_degree",
     "aggregate_learning_degree", "selection_ratios", "META_P0", "META_P1", "META_COUNTS", "META_DEGREE",
-    "META_GLOBAL_P0", "META_GLOBAL_P1", "META_GLOBAL_VALID", "META_GLOBAL_DEGREE", "PARITIES",
+    "META_GLOBAL_P0", "META_GLOBAL_P1", "META_GLOBAL_VALID", "META_GLOBAL_DEGREE", "PARITIES", "REDUCTIONS",
 ]
 
 # site -> server
@@ -31,6 +31,7 @@ META_GLOBAL_VALID = "fedmlp_global_valid"  # list of C [bool, bool]: P0 / P1 of 
 META_GLOBAL_DEGREE = "fedmlp_global_degree"  # list of C floats: d_c^G
 
 PARITIES = ("paper", "code")
+REDUCTIONS = ("classes", "entries")  # Eq. 4's 1/C per sample, or the mean over the labelled entries (released code)
 _RATE_EPS = 1e-4
 
 
@@ -63,6 +64,24 @@ def summary_rates(summary: dict, num_classes: int, eps: float = _RATE_EPS) -> tu
     return pi1, 1 - pi1
 
 
+def prevalence_rates(positives: torch.Tensor, n: int, eps: float = _RATE_EPS) -> tuple[torch.Tensor, torch.Tensor]:
+    """A site's own prevalence estimate for classes it does not annotate: ``pi_{c,1} = (t_c + 1) / (N + 2)``.
+
+    ``t_c`` = the positive pseudo labels (tags) of class c among the site's ``N`` samples; add-one smoothing keeps
+    a class without positive tags away from 0 (``1 / (N + 2)``, not ``eps``). Used for Eq. 3 on missing classes
+    when no data summary reached the site (the summary's global rate is the better estimate).
+
+    Args:
+        positives: ``(C,)`` positive tags per class; n: the site's sample count N.
+
+    Returns:
+        ``(pi1 (C,), pi0 (C,))`` float32, clamped to ``[eps, 1 - eps]``.
+    """
+    pos = torch.as_tensor(positives, dtype=torch.float64)
+    pi1 = ((pos + 1.0) / (float(n) + 2.0)).clamp(eps, 1 - eps).float()
+    return pi1, 1 - pi1
+
+
 def logit_adjust(logits: torch.Tensor, pi1: torch.Tensor, pi0: torch.Tensor | None = None,
                  tau: float = 1.0) -> torch.Tensor:
     """Multi-label logit adjustment (Eq. 3, generalising Eq. 2).
@@ -82,23 +101,32 @@ def logit_adjust(logits: torch.Tensor, pi1: torch.Tensor, pi0: torch.Tensor | No
 
 
 def wpc_loss(logits: torch.Tensor, labels: torch.Tensor, label_mask: torch.Tensor,
-             pi1: torch.Tensor | None = None, pi0: torch.Tensor | None = None, tau: float = 1.0) -> torch.Tensor:
+             pi1: torch.Tensor | None = None, pi0: torch.Tensor | None = None, tau: float = 1.0,
+             reduction: str = "classes") -> torch.Tensor:
     """Weighted-partial-class loss (Eq. 4) on logit-adjusted outputs (Eq. 3).
 
-    ``L_i = -(1/C) sum_{j labelled} [y_ij log y'_ij + (1 - y_ij) log(1 - y'_ij)]``, averaged over the batch.
-    "Labelled" = the active classes (Eq. 4) plus, in stage 2, the pseudo-labelled entries (Sec. 2.4). The
-    division by C (not by the number of labelled classes) is the "weight" of the partial-class loss.
+    ``reduction="classes"`` (Eq. 4): ``L_i = -(1/C) sum_{j labelled} [y_ij log y'_ij + (1 - y_ij) log(1 - y'_ij)]``,
+    averaged over the batch; the division by C (not by the number of labelled classes) is the "weight" of the
+    partial-class loss. ``reduction="entries"`` (the released code's balance): the mean of the same terms over the
+    labelled entries of the batch (0 with gradient when there is none). With one labelled class of C the two
+    differ by a factor C. "Labelled" = the active classes (Eq. 4) plus, in stage 2, the pseudo-labelled entries.
 
     Args:
         logits: ``(B, C)`` raw logits; labels: ``(B, C)`` 0/1; label_mask: ``(B, C)`` bool.
         pi1, pi0: ``(C,)`` class rates for Eq. 3; None = no adjustment.
+        reduction: ``"classes"`` or ``"entries"``.
 
     Returns:
         scalar loss.
     """
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
     z = logits if pi1 is None else logit_adjust(logits, pi1, pi0, tau)
     per = F.binary_cross_entropy_with_logits(z, labels.to(z.dtype), reduction="none")
-    return (per * label_mask.to(z.dtype)).sum(dim=1).div(logits.shape[1]).mean()
+    m = label_mask.to(z.dtype)
+    if reduction == "entries":
+        return (per * m).sum() / m.sum().clamp_min(1.0)
+    return (per * m).sum(dim=1).div(logits.shape[1]).mean()
 
 
 def consistency_loss(p_local: torch.Tensor, p_global: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -15,8 +15,8 @@ from ..common import frozen_copy, label_table, whole_set_pass
 from ..options import opt
 from .maths import (META_COUNTS, META_DEGREE, META_GLOBAL_DEGREE, META_GLOBAL_P0, META_GLOBAL_P1, META_GLOBAL_VALID,
                     META_P0, META_P1, accumulate_tags, class_prototypes, class_rates, consistency_loss,
-                    learning_degree, prototype_scores, select_pseudo_labels, selection_ratios, summary_rates,
-                    wpc_loss)
+                    learning_degree, prevalence_rates, prototype_scores, select_pseudo_labels, selection_ratios,
+                    summary_rates, wpc_loss)
 
 Parity = Literal["paper", "code"]
 
@@ -32,12 +32,20 @@ class FedMLPOptions(TrainerOptions):
     T1: float = opt(0.01, "base share of positive candidates tagged per round (Eq. 9)")
     tau: float = opt(1.0, "logit-adjustment temperature (Eq. 2-3); 0 disables it")
     mld: bool = opt(True, "missing-label detection (stage-2 pseudo labels)")
-    wpc: bool = opt(True, "weighted-partial-class loss + logit adjustment; False = Eq. 1 BCE with untagged missing as 0")
+    wpc: bool = opt(True, "weighted-partial-class loss + logit adjustment; False = Eq. 1 BCE with untagged missing as 0 "
+                    "(either parity)")
     cr: bool = opt(True, "consistency to the received global model on missing entries without a pseudo label")
-    cr_warmup: bool = opt(True, "apply CR during the warm-up too (released code; Sec. 2.2 reads stage 1 as L_WPC alone)")
+    cr_warmup: bool | None = opt(None, "CR during the warm-up too; None: no for parity paper (Sec. 2.2: stage 1 is "
+                                 "L_WPC alone), yes for parity code (released code)")
     cr_weight: float = opt(1.0, "weight of the CR term")
     st: bool = opt(True, "self-adaptive threshold tau = d_c^G * T; False = fixed T0 / T1")
     global_rates: bool = opt(False, "class rates of Eq. 3 from the data summary (all sites) instead of the site's")
+    missing_rates: Literal["prevalence", "tags"] = opt(
+        "prevalence", "Eq. 3 rates of missing classes: prevalence (data summary, else (positive tags + 1) / (N + 2)) "
+        "or positive / all tags (the earlier reading, a ratio set by T1 / T0)")
+    loss_balance: Literal["eq4", "per_term"] = opt(
+        "per_term", "per_term: each term the mean over its own entries (released code; chosen by measurement, "
+        "benchmarks/results/fedmlp_cxr14_balance_r20.md); eq4: WPC sums the labelled entries / C (Eq. 4), CR a mean")
     parity: Parity = opt("paper", "'code': the released code's loss, fixed T, no stage-2 CR, one stage-2 view")
     feature_view: Literal["eval", "weak", "strong"] | None = opt(None, "view of the feature pass (None: eval, weak for parity code)")
 
@@ -71,29 +79,60 @@ class FedMLPTrainer(LocalTrainer):
     def adaptive(self) -> bool:
         return self.opts.st and self.opts.parity == "paper"
 
+    @property
+    def cr_warmup(self) -> bool:
+        """CR in stage 1: the option, else the paper (no) or the released code (yes) by ``parity``."""
+        return self.opts.parity == "code" if self.opts.cr_warmup is None else bool(self.opts.cr_warmup)
+
     def use_cr(self, stage2: bool) -> bool:
         if not self.opts.cr:
             return False
-        return (self.opts.parity == "paper") if stage2 else self.opts.cr_warmup
+        return (self.opts.parity == "paper") if stage2 else self.cr_warmup
 
     def supervised_loss(self, logits: torch.Tensor, labels: torch.Tensor, label_mask: torch.Tensor,
                         pi1: torch.Tensor | None, pi0: torch.Tensor | None) -> torch.Tensor:
-        """The supervised term on (annotated + pseudo) labels for the configured variant."""
+        """The supervised term on (annotated + pseudo) labels for the configured variant.
+
+        Args:
+            logits, labels: ``(B, C)``; label_mask: ``(B, C)`` bool (annotated + pseudo-labelled entries);
+            pi1, pi0: ``(C,)`` rates of Eq. 3 (unused by ``parity: code`` and ``wpc: false``).
+        """
+        if not self.opts.wpc:  # Eq. 1 (Table 3 without WPC): every class, missing (untagged) entries as negatives
+            return F.binary_cross_entropy_with_logits(logits, labels * label_mask.to(labels.dtype))
         if self.opts.parity == "code":
             return masked_bce(logits, labels, label_mask)
-        if not self.opts.wpc:  # Eq. 1: every class, missing (untagged) entries as negatives
-            return F.binary_cross_entropy_with_logits(logits, labels * label_mask.to(labels.dtype))
-        return wpc_loss(logits, labels, label_mask, pi1, pi0, self.opts.tau)
+        reduction = "classes" if self.opts.loss_balance == "eq4" else "entries"
+        return wpc_loss(logits, labels, label_mask, pi1, pi0, self.opts.tau, reduction)
 
     def rates(self, labels: torch.Tensor, label_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(pi1, pi0)`` for Eq. 3: the site's labelled entries, or the data summary with ``global_rates``."""
-        if self.opts.global_rates:
-            if self.ctx.summary:
-                return summary_rates(self.ctx.summary, self.ctx.num_classes)
-            if not self._warned_rates:
-                self.ctx.log.warning("fedmlp: global_rates set but no data summary received; using local rates")
-                self._warned_rates = True
-        return class_rates(labels, label_mask)
+        """``(pi1 (C,), pi0 (C,))`` for Eq. 3 ("the sample proportion of class c").
+
+        Args:
+            labels: ``(N, C)`` annotated labels with the pseudo labels written into the missing columns;
+            label_mask: ``(N, C)`` bool, annotated or tagged entries.
+
+        Annotated classes: the share of positives among the site's annotated entries (or the data summary's
+        global rate with ``global_rates``). Missing classes (``missing_rates: prevalence``): the data summary's
+        global rate (positives / annotated entries over the sites annotating c), else the site's own estimate
+        ``(positive tags + 1) / (N + 2)``; ``missing_rates: tags``: positives among the tagged entries.
+        """
+        C = self.ctx.num_classes
+        summary = self.ctx.summary
+        if (self.opts.global_rates or self.opts.missing_rates == "prevalence") and not summary \
+                and not self._warned_rates:
+            self.ctx.log.warning("fedmlp: no data summary received; Eq. 3 rates from the site's own labels / tags")
+            self._warned_rates = True
+        if self.opts.global_rates and summary:
+            return summary_rates(summary, C)
+        pi1, _ = class_rates(labels, label_mask)
+        if self.opts.missing_rates == "prevalence":
+            missing = ~self.annotated.to(pi1.device)
+            if summary:
+                prev1, _ = summary_rates(summary, C)
+            else:
+                prev1, _ = prevalence_rates((labels * label_mask.to(labels.dtype)).sum(0), labels.shape[0])
+            pi1 = torch.where(missing, prev1.to(pi1), pi1)
+        return pi1, 1 - pi1
 
     # -- data helpers ---------------------------------------------------------------------------------
     def _label_table(self) -> tuple[torch.Tensor, torch.Tensor]:

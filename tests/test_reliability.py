@@ -1,0 +1,433 @@
+"""Reliability and security (issue 17), unit level: robust aggregation maths by hand, update checks at the
+server, what a site refuses and what leaves it, hostile manifests, and the jobs' fault-tolerance settings."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedpartial.aggregation import (bound_changes, change_norms, check_update, clip_change_norms, lower_median,
+                                    robust_combine, robust_rows, robust_states, trim_count)
+from fedpartial.data.manifest import ManifestError, read_manifest
+from fedpartial.methods import Contribution, get_method
+
+CLASSES = ["a", "b"]
+
+
+# ------------------------------------------------------------------------------------------ plain maths
+def test_lower_median_by_hand():
+    assert lower_median([3, 1, 2]) == 2
+    assert lower_median([5, 1]) == 1  # never halfway towards an outlier
+    assert lower_median([4, 1, 3, 2]) == 2
+    with pytest.raises(ValueError):
+        lower_median([])
+
+
+def _three():
+    ref = {"w": np.zeros(2, np.float32), "b": np.zeros(1, np.float32), "n": np.array(7, np.int64)}
+    states = [{"w": np.array([3, 4], np.float32), "b": np.array([0.1], np.float32), "n": np.array(9, np.int64)},
+              {"w": np.array([0, 1], np.float32), "b": np.array([0.1], np.float32), "n": np.array(9, np.int64)},
+              {"w": np.array([0, 2], np.float32), "b": np.array([0.1], np.float32), "n": np.array(9, np.int64)}]
+    return ref, states
+
+
+def test_change_norms_skip_integer_buffers():
+    ref, states = _three()
+    norms = change_norms(states, ref)
+    assert set(norms) == {"w", "b"}
+    np.testing.assert_allclose(norms["w"], [5, 1, 2])
+    np.testing.assert_allclose(norms["b"], [0.1, 0.1, 0.1], rtol=1e-6)
+
+
+def test_bound_changes_reject_and_clip_by_hand():
+    ref, states = _three()
+    # w: changes 5, 1, 2; lower median 2; ratio 2 -> bound 4: site 0 (5 > 4) is too large; b: 0.1 each, fine
+    kept, why = bound_changes(states, ref, max_ratio=2, mode="reject")
+    assert list(why) == [0] and "tensor 'w' changed by 5" in why[0] and len(kept) == 2
+    assert kept[0] is not states[1] and np.array_equal(kept[0]["w"], states[1]["w"])
+    clipped, why = bound_changes(states, ref, max_ratio=2, mode="clip")
+    assert list(why) == [0] and len(clipped) == 3
+    np.testing.assert_allclose(clipped[0]["w"], [2.4, 3.2], rtol=1e-6)  # (3, 4) * 4 / 5
+    assert clipped[0]["w"].dtype == np.float32 and np.array_equal(clipped[1]["w"], states[1]["w"])
+    # a loose bound keeps everything; 0 switches it off
+    assert bound_changes(states, ref, max_ratio=3)[1] == {}
+    assert bound_changes(states, ref, max_ratio=0)[1] == {}
+    with pytest.raises(ValueError):
+        bound_changes(states, ref, 2, mode="ignore")
+
+
+def test_bound_changes_floor_on_unchanged_tensors():
+    """A tensor no honest site changes (median 0) still refuses a huge change, but not a tiny one."""
+    ref = {"g": np.ones(4, np.float32)}  # ||ref|| = 2 -> floor 1e-4 * 3
+    states = [{"g": np.ones(4, np.float32)}, {"g": np.ones(4, np.float32)}, {"g": np.full(4, 1e30, np.float32)}]
+    assert list(bound_changes(states, ref, 25)[1]) == [2]
+    states[2] = {"g": np.array([1, 1, 1, 1.001], np.float32)}  # change 0.001 <= 25 * 3e-4
+    assert bound_changes(states, ref, 25)[1] == {}
+
+
+def test_clip_change_norms_by_hand():
+    ref = {"w": np.zeros(2), "k": np.array(1)}
+    states = [{"w": np.array([3.0, 4.0]), "k": np.array(5)}, {"w": np.array([0.0, 1.0]), "k": np.array(5)},
+              {"w": np.array([0.0, 2.0]), "k": np.array(5)}]
+    out = clip_change_norms(states, ref, factor=1.0)  # tau = 1 x lower median (5, 1, 2) = 2
+    np.testing.assert_allclose(out[0]["w"], [1.2, 1.6])  # (3, 4) * 2 / 5
+    np.testing.assert_allclose(out[1]["w"], [0, 1])
+    np.testing.assert_allclose(out[2]["w"], [0, 2])  # exactly at tau: untouched
+    assert out[0]["k"] == 5  # integer buffers untouched
+    assert clip_change_norms(states, ref, 0)[0]["w"].tolist() == [3.0, 4.0]
+
+
+def test_trim_count_by_hand():
+    assert trim_count(3, 0.2) == 1  # ceil(0.6)
+    assert trim_count(10, 0.2) == 2
+    assert trim_count(2, 0.2) == 0  # at least one value left
+    assert trim_count(4, 0.4) == 1  # ceil(1.6) = 2, capped at (4 - 1) // 2
+    assert trim_count(5, 0.0) == 0
+    with pytest.raises(ValueError):
+        trim_count(5, 0.5)
+
+
+def test_robust_combine_by_hand():
+    np.testing.assert_allclose(robust_combine([np.array([1.0]), np.array([100.0]), np.array([3.0])], "median"), [3])
+    np.testing.assert_allclose(robust_combine([np.array([1.0, 2.0]), np.array([3.0, 4.0])], "median"), [2, 3])
+    vals = [np.array([v], np.float32) for v in (1, 2, 3, 100, 4)]
+    out = robust_combine(vals, "trimmed_mean", 0.2)  # drop 1 and 100: (2 + 3 + 4) / 3
+    assert out.dtype == np.float32 and out.tolist() == [3.0]
+    ints = robust_combine([np.array(1), np.array(2)], "median")  # 1.5 -> rounded, dtype kept
+    assert ints.dtype == np.asarray(1).dtype and int(ints) == 2
+    with pytest.raises(ValueError):
+        robust_combine(vals, "mean")
+
+
+def test_robust_rows_over_the_holders_only():
+    rows = [np.array([[1.0], [10.0]]), np.array([[2.0], [20.0]]), np.array([[30.0], [1000.0]])]
+    cw = np.array([[1, 1], [1, 0], [1, 1]])  # site 1 does not hold class 1
+    out = robust_rows(rows, cw, fallback=np.array([[-1.0], [-1.0]]), how="median")
+    np.testing.assert_allclose(out, [[2.0], [505.0]])  # median(1, 2, 30); median(10, 1000)
+    out = robust_rows(rows, np.array([[1, 0], [1, 0], [1, 0]]), np.array([[-1.0], [-7.0]]), "median")
+    np.testing.assert_allclose(out, [[2.0], [-7.0]])  # nobody holds class 1: the fallback (previous row)
+
+
+def test_robust_states_ignore_zero_weight_sites():
+    states = [{"x": np.array([1.0])}, {"x": np.array([2.0])}, {"x": np.array([9.0])}, {"x": np.array([1e9])}]
+    out = robust_states(states, [1, 1, 1, 0], "median")
+    assert out["x"].tolist() == [2.0]
+
+
+def test_check_update_refuses_wrong_dtype():
+    ref = {"w": np.zeros(2, np.float32)}
+    assert "dtype float64" in check_update({"w": np.zeros(2)}, ref)
+    assert "non-finite" in check_update({"w": np.array([np.inf, 0], np.float32)}, ref)
+    assert check_update({"w": np.ones(2, np.float32)}, ref) is None
+
+
+# ------------------------------------------------------------------------------------------ rule options
+def _contribs(values, n=(10, 10, 10)):
+    return [Contribution(site=f"s{i}", weights={"x": np.array([v], np.float32)}, n=float(k), meta={})
+            for i, (v, k) in enumerate(zip(values, n))]
+
+
+@pytest.mark.parametrize("method", ["fedavg", "fedavg_masked", "fedmlp", "fedlsm", "surgical"])
+def test_robust_options_exist_under_every_rule(method):
+    rule = get_method(method).make_rule({"robust": "median", "clip_norm": 2.0})
+    assert rule.opts.robust == "median" and rule.opts.clip_norm == 2.0 and rule.opts.trim == 0.2
+    out = rule.average({"x": np.array([0.0], np.float32)}, _contribs([1.0, 2.0, 1e6]), {})
+    assert out["x"].tolist() == [2.0]  # median after clipping (1e6 -> 2 x lower median 2 = 4): median(1, 2, 4)
+
+
+def test_rule_average_options_by_hand():
+    prev = {"x": np.array([0.0], np.float32)}
+    fedavg = get_method("fedavg")
+    assert fedavg.make_rule({}).average(prev, _contribs([1.0, 2.0, 9.0], (1, 1, 2)), {})["x"].tolist() == [5.25]
+    # trimmed mean of 5 values with trim 0.2 drops one at each end
+    c5 = [Contribution(site=f"s{i}", weights={"x": np.array([v], np.float32)}, n=1.0, meta={})
+          for i, v in enumerate((1, 2, 3, 100, 4))]
+    assert fedavg.make_rule({"robust": "trimmed_mean"}).average(prev, c5, {})["x"].tolist() == [3.0]
+    # clipping alone: (1, 2, 9) with tau = 1 x 2 -> (1, 2, 2), weights (1, 1, 2): (1 + 2 + 4) / 4
+    assert fedavg.make_rule({"clip_norm": 1.0}).average(prev, _contribs([1.0, 2.0, 9.0], (1, 1, 2)), {})["x"].tolist() == [1.75]
+    with pytest.raises(ValueError):
+        fedavg.make_rule({"trim": 0.6})
+    with pytest.raises(ValueError):
+        fedavg.make_rule({"robust": "mode"})
+
+
+# ------------------------------------------------------------------------------------------ the aggregator
+class _Engine:
+    def __init__(self, components, clients=()):
+        self.components, self.clients = components, clients
+
+    def get_component(self, cid):
+        return self.components.get(cid)
+
+    def get_clients(self):
+        return [type("C", (), {"name": c})() for c in self.clients]
+
+    def fire_event(self, *args, **kwargs):  # error logs fire an event in NVFlare 2.9
+        pass
+
+
+def _ctx(engine, site: str | None = None, rnd: int = 1, prev=None):
+    from nvflare.apis.fl_constant import FLContextKey, ReservedKey
+    from nvflare.apis.fl_context import FLContext
+    from nvflare.app_common.abstract.model import ModelLearnableKey
+    from nvflare.app_common.app_constant import AppConstants
+
+    ctx = FLContext()
+    ctx.set_prop(ReservedKey.ENGINE, engine, private=True, sticky=False)
+    ctx.set_prop(AppConstants.CURRENT_ROUND, rnd, private=True, sticky=False)
+    if prev is not None:
+        ctx.set_prop(AppConstants.GLOBAL_MODEL, {ModelLearnableKey.WEIGHTS: prev}, private=True, sticky=False)
+    if site:
+        peer = FLContext()
+        peer.set_prop(FLContextKey.CLIENT_NAME, site, private=False, sticky=False)
+        peer.set_prop(ReservedKey.IDENTITY_NAME, site, private=False, sticky=False)
+        ctx.set_peer_context(peer)
+    return ctx
+
+
+def _update(weights, n):
+    from nvflare.apis.dxo import DXO, DataKind
+
+    return DXO(data_kind=DataKind.WEIGHTS, data=weights, meta={"n_train": n}).to_shareable()
+
+
+def _aggregator(sites=("site-1", "site-2", "site-3", "site-4"), n_train=20):
+    from fedpartial.fl.aggregator import PartialLabelAggregator
+
+    agg = PartialLabelAggregator(method="fedavg")
+    summary = type("S", (), {"summary": {"classes": CLASSES, "sites": {s: {"n_train": n_train} for s in sites}}})()
+    return agg, _Engine({"data_summary": summary, "aggregator": agg}, sites)
+
+
+@pytest.mark.parametrize("n, why", [(1e12, "exceeds the 20 training images"), ("abc", "is not a number"),
+                                    (3.5, "not a positive integer"), (0, "not a positive integer"),
+                                    (float("nan"), "not a positive integer"), (-4, "not a positive integer")])
+def test_sample_count_checked_against_the_data_check(n, why):
+    agg, engine = _aggregator()
+    prev = {"x": np.zeros(2, np.float32)}
+    assert not agg.accept(_update({"x": np.ones(2, np.float32)}, n), _ctx(engine, "site-1", prev=prev))
+    assert agg.rejected and why in agg.rejected[0][1], agg.rejected
+    assert agg.accept(_update({"x": np.ones(2, np.float32)}, 20), _ctx(engine, "site-2", prev=prev))
+
+
+def test_site_absent_from_the_data_check_is_refused():
+    agg, engine = _aggregator(sites=("site-1",))
+    prev = {"x": np.zeros(2, np.float32)}
+    assert not agg.accept(_update({"x": np.ones(2, np.float32)}, 5), _ctx(engine, "site-9", prev=prev))
+    assert "did not pass the data check" in agg.rejected[0][1]
+
+
+def test_aggregate_refuses_outliers_and_records_missing_sites():
+    from nvflare.apis.dxo import from_shareable
+
+    from fedpartial.fl.keys import META_CLIPPED, META_MISSING, META_REJECTED
+
+    agg, engine = _aggregator()
+    prev = {"x": np.zeros(2, np.float32)}
+    updates = {"site-1": np.array([0.1, 0.0]), "site-2": np.array([0.0, 0.2]), "site-3": np.array([10.0, 0.0])}
+    for site, w in updates.items():  # site-3: 100 x the others' change; site-4 never answers
+        assert agg.accept(_update({"x": w.astype(np.float32)}, 20), _ctx(engine, site, prev=prev))
+    out = from_shareable(agg.aggregate(_ctx(engine, prev=prev)))
+    np.testing.assert_allclose(out.data["x"], [0.05, 0.1], rtol=1e-6)  # the two honest sites only
+    assert out.meta[META_MISSING] == ["site-4"] and list(out.meta[META_REJECTED]) == ["site-3"]
+    assert "more than 25 x the round's median" in out.meta[META_REJECTED]["site-3"] and out.meta[META_CLIPPED] == []
+
+    clip, engine = _aggregator()
+    clip.on_large_change = "clip"
+    for site, w in updates.items():
+        clip.accept(_update({"x": w.astype(np.float32)}, 20), _ctx(engine, site, prev=prev))
+    out = from_shareable(clip.aggregate(_ctx(engine, prev=prev)))
+    # lower median of (0.1, 0.2, 10) = 0.2 -> site-3 clipped to 25 x 0.2 = 5: (0.1 + 0 + 5) / 3, 0.2 / 3
+    np.testing.assert_allclose(out.data["x"], [5.1 / 3, 0.2 / 3], rtol=1e-5)
+    assert out.meta[META_CLIPPED] == ["site-3"] and out.meta[META_REJECTED] == {}
+
+
+def test_bad_bound_settings_are_config_errors():
+    from fedpartial.fl.aggregator import PartialLabelAggregator
+
+    assert "on_large_change" in PartialLabelAggregator(on_large_change="ignore").config_error
+    assert PartialLabelAggregator().config_error is None
+
+
+# ------------------------------------------------------------------------------------------ the site
+def test_site_refuses_a_non_finite_global_model():
+    from fedpartial.fl.executor import PartialLabelExecutor
+
+    with pytest.raises(ValueError, match="refusing the received global model"):
+        PartialLabelExecutor._check_received({"a": np.ones(2, np.float32), "b": np.array([np.nan], np.float32)})
+    PartialLabelExecutor._check_received({"a": np.ones(2, np.float32), "n": np.array(3)})
+
+
+def test_errors_leaving_a_site_name_paths_relative_to_the_data_root(tmp_path):
+    from fedpartial.data.site_config import SiteData
+    from fedpartial.fl.executor import PartialLabelExecutor
+
+    ex = PartialLabelExecutor(dataset="ich_phantom")
+    root = tmp_path / "hospital" / "data"
+    cfg = tmp_path / "local" / "fedpartial_data.json"
+    ex.site_data = SiteData("site-1", "ich_phantom", root, root / "train.csv", None, None,
+                            origin=f"site-config:{cfg}")
+    msg = ex._relative(f"cannot read image {root}/scans/1.png; manifest {cfg.parent}/train.csv")
+    assert msg == "cannot read image scans/1.png; manifest train.csv" and str(tmp_path) not in msg
+
+
+def test_summary_sent_to_sites_carries_no_configuration():
+    from fedpartial.fl.data_check import shared_summary
+
+    summary = {"classes": CLASSES, "sites": {"site-1": {
+        "n_train": 3, "annotated": [True, False], "positives": [1, 0], "negatives": [2, 0], "n_val": 0, "n_test": 0,
+        "origin": "site-config:/secret/hospital/fedpartial_data.json", "vocabulary": {"columns": {"x": "a"}},
+        "synthetic": False, "classes": CLASSES, "eval_sets": {}}}}
+    out = shared_summary(summary)
+    assert "origin" not in out["sites"]["site-1"] and "vocabulary" not in out["sites"]["site-1"]
+    assert "/secret" not in json.dumps(out) and out["sites"]["site-1"]["positives"] == [1, 0]
+    assert "origin" in summary["sites"]["site-1"]  # the server's own copy is untouched
+
+
+def test_min_count_drops_small_per_class_statistics_by_hand():
+    from fedpartial.fl.data_check import suppress_small_counts
+
+    meta = {"fedmlp_p0": np.ones((3, 2), np.float32), "fedmlp_p1": np.full((3, 2), 2, np.float32),
+            "fedmlp_proto_counts": np.array([[10, 4], [0, 5], [1, 7]]), "fedlsm_q": np.array([0.0, 4.5, 5.0]),
+            "other": [1, 2]}
+    out, dropped = suppress_small_counts(meta, 5)
+    # P1 of class 0 (4 images) and P0 of class 2 (1 image) dropped; counts of 0 and >= 5 kept
+    assert out["fedmlp_proto_counts"].tolist() == [[10, 0], [0, 5], [0, 7]]
+    assert out["fedmlp_p1"][0].tolist() == [0, 0] and out["fedmlp_p1"][1].tolist() == [2, 2]
+    assert out["fedmlp_p0"][2].tolist() == [0, 0] and out["fedmlp_p0"][0].tolist() == [1, 1]
+    assert out["fedlsm_q"].tolist() == [0.0, 0.0, 5.0]
+    assert sorted(dropped) == ["fedlsm_q[1]", "fedmlp_p0[2]", "fedmlp_p1[0]"]
+    assert meta["fedmlp_proto_counts"][0, 1] == 4 and out["other"] == [1, 2]  # the input is not modified
+    assert suppress_small_counts(meta, 1)[1] == []
+
+
+# ------------------------------------------------------------------------------------------ manifests
+@pytest.fixture
+def site(tmp_path):
+    from PIL import Image
+
+    root = tmp_path / "root"
+    (root / "img").mkdir(parents=True)
+    for i in range(3):
+        Image.new("RGB", (8, 8), (i * 50, 0, 0)).save(root / "img" / f"{i}.png")
+    (tmp_path / "outside.png").write_bytes((root / "img" / "0.png").read_bytes())
+    return root
+
+
+def _read(root, rows, **kw):
+    f = root / "m.csv"
+    f.write_text("image,a,b\n" + "\n".join(rows) + "\n")
+    return read_manifest(f, CLASSES, data_root=root, site="site-1", verify_images=True, duplicates="error", **kw)
+
+
+@pytest.mark.parametrize("path", ["../outside.png", "img/../../outside.png", "/etc/hostname"])
+def test_paths_outside_the_data_root_are_refused(site, path):
+    with pytest.raises(ManifestError, match="outside the site's data root") as e:
+        _read(site, ["img/0.png,1,0", f"{path},0,1"])
+    assert e.value.row == 3 and str(site.parent) not in str(e.value).replace(str(site / "m.csv"), "")
+
+
+def test_symlink_escaping_the_data_root_is_refused(site):
+    os.symlink(site.parent / "outside.png", site / "img" / "link.png")
+    with pytest.raises(ManifestError, match="outside the site's data root"):
+        _read(site, ["img/0.png,1,0", "img/link.png,0,1"])
+    os.symlink(site / "img" / "1.png", site / "inside.png")  # a link that stays inside is fine
+    assert len(_read(site, ["img/0.png,1,0", "inside.png,0,1", f"{site}/img/2.png,1,1"])) == 3
+
+
+def test_duplicate_and_conflicting_rows(site):
+    with pytest.raises(ManifestError, match=r"listed twice \(lines 2 and 4\); keep") as e:
+        _read(site, ["img/0.png,1,0", "img/1.png,0,1", "img/0.png,1,0"])
+    assert e.value.row == 4
+    with pytest.raises(ManifestError, match="lines 2 and 3.*conflicting labels"):
+        _read(site, ["img/0.png,1,0", "img/./0.png,0,0"])
+
+
+def test_truncated_png_and_corrupt_dicom_fail_the_data_check(site):
+    data = (site / "img" / "2.png").read_bytes()
+    (site / "img" / "2.png").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ManifestError, match="not a readable image: img/2.png") as e:
+        _read(site, ["img/0.png,1,0", "img/2.png,0,1"])
+    assert e.value.row == 3 and str(site / "img") not in str(e.value)
+    (site / "img" / "bad.dcm").write_bytes(b"\0" * 128 + b"DICM" + os.urandom(200))
+    with pytest.raises(ManifestError, match="not a readable image: img/bad.dcm"):
+        _read(site, ["img/0.png,1,0", "img/bad.dcm,0,1"])
+    assert len(_read(site, ["img/0.png,1,0", "img/1.png,0,1"])) == 2
+
+
+def test_truncated_dicom_pixel_data_is_found():
+    pydicom = pytest.importorskip("pydicom")
+    from pydicom.dataset import FileDataset, FileMetaDataset
+    from pydicom.uid import ExplicitVRLittleEndian
+
+    from fedpartial.data.transforms import ImageLoadError, check_image_header
+
+    def write(path, n_bytes):
+        meta = FileMetaDataset()
+        meta.TransferSyntaxUID = ExplicitVRLittleEndian
+        meta.MediaStorageSOPClassUID, meta.MediaStorageSOPInstanceUID = "1.2.840.10008.5.1.4.1.1.2", "1.2.3.4"
+        ds = FileDataset(str(path), {}, file_meta=meta, preamble=b"\0" * 128)
+        ds.Rows, ds.Columns, ds.BitsAllocated, ds.SamplesPerPixel = 4, 4, 16, 1
+        ds.BitsStored, ds.HighBit, ds.PixelRepresentation, ds.PhotometricInterpretation = 16, 15, 0, "MONOCHROME2"
+        ds.PixelData = b"\1" * n_bytes
+        ds.save_as(str(path), enforce_file_format=True)
+        return path
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        check_image_header(write(Path(d) / "ok.dcm", 32))
+        with pytest.raises(ImageLoadError, match="truncated"):
+            check_image_header(write(Path(d) / "short.dcm", 8))
+
+
+# ------------------------------------------------------------------------------------------ jobs
+def test_num_rounds_below_one_is_an_error_before_training():
+    from fedpartial.fl.selection import ScatterAndGather
+
+    with pytest.raises(ValueError, match="num_rounds must be an integer >= 1"):
+        ScatterAndGather(min_clients=3, num_rounds=0)
+    sag = ScatterAndGather(min_clients=5, num_rounds=2, max_missing=1)
+    assert sag._min_clients == 4 and sag.max_missing == 1
+    with pytest.raises(ValueError, match="max_missing"):
+        ScatterAndGather(min_clients=2, num_rounds=2, max_missing=2)
+
+
+def test_new_job_tolerates_a_missing_site(tmp_path):
+    from fedpartial.tools.new_job import harden_job, main
+
+    assert main([str(tmp_path / "j"), "--method", "fedavg", "--dataset", "ich_phantom", "--sites", "4"]) == 0
+    cfg = json.loads((tmp_path / "j/app/config/config_fed_server.json").read_text())
+    wf = {w["id"]: w["args"] for w in cfg["workflows"]}
+    assert cfg["max_missing_sites"] == 1 and cfg["min_clients"] == 4
+    assert wf["scatter_and_gather"]["max_missing"] == "{max_missing_sites}"
+    assert wf["scatter_and_gather"]["train_timeout"] > 0 and wf["scatter_and_gather"]["wait_time_after_min_received"] > 0
+    assert wf["data_check"]["timeout"] > 0 and wf["cross_site_validate"]["validation_timeout"] <= 1800
+    client = json.loads((tmp_path / "j/app/config/config_fed_client.json").read_text())
+    assert client["task_result_filters"][0]["filters"][0]["args"] == {"min_count": 5}
+    before = {p.name: p.read_text() for p in (tmp_path / "j/app/config").iterdir()}
+    harden_job(tmp_path / "j")  # idempotent
+    assert before == {p.name: p.read_text() for p in (tmp_path / "j/app/config").iterdir()}
+    assert main([str(tmp_path / "k"), "--method", "fedavg", "--dataset", "ich_phantom", "--sites", "4",
+                 "--max-missing", "0"]) == 0
+    assert json.loads((tmp_path / "k/app/config/config_fed_server.json").read_text())["max_missing_sites"] == 0
+    with pytest.raises(ValueError, match="num_rounds"):
+        main([str(tmp_path / "z"), "--method", "fedavg", "--dataset", "ich_phantom", "--sites", "4", "--rounds", "0"])
+
+
+def test_every_shipped_job_is_hardened():
+    from fedpartial.tools.new_job import DATA_CHECK_TIMEOUT, TRAIN_TIMEOUT
+
+    repo = Path(__file__).resolve().parents[1]
+    for server in sorted(repo.glob("jobs/*/app/config/config_fed_server.json")):
+        cfg = json.loads(server.read_text())
+        wf = {w["path"].rsplit(".", 1)[-1]: w["args"] for w in cfg["workflows"]}
+        assert 0 <= cfg["max_missing_sites"] < cfg["min_clients"], server
+        assert wf["ScatterAndGather"]["train_timeout"] == TRAIN_TIMEOUT, server
+        assert wf["BroadcastAndProcess"]["timeout"] == DATA_CHECK_TIMEOUT, server
+        client = json.loads((server.parent / "config_fed_client.json").read_text())
+        assert any(f["path"].endswith("MinCountFilter") for e in client["task_result_filters"] for f in e["filters"])

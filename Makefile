@@ -29,7 +29,7 @@ demo: setup
 	$(BIN)/python -m fedpartial.tools.show_results $(WS)/$(DEMO_JOB)
 
 test: setup
-	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q tests
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q --durations=30 tests
 
 clean:
 	rm -rf $(WS) jobs/*/app/custom

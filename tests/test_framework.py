@@ -454,9 +454,13 @@ def test_early_stopping_ends_training_after_patience_rounds_without_a_better_mod
     the final evaluation."""
     from conftest import copy_job, results_of, run_simulator, server_log
 
-    job = copy_job("fedavg_pl_ich", tmp_path / "job", num_rounds=5, executor_args={
-        "dataset": {"image_size": 32, "prepare": {"source_args": {"n_images": 120, "size": 32, "seed": 0}}},
-        "train": {"batch_size": 16, "lr": 0.0}})
+    from fedpartial.tools.build_jobs import customise_job
+
+    from conftest import REPO
+    job = customise_job(REPO / "jobs" / "fedavg_pl_ich", tmp_path / "job", 5, {
+        "dataset": {"image_size": 32, "prepare": {"num_sites": 2, "k": 1,
+                                                  "source_args": {"n_images": 120, "size": 32, "seed": 0}}},
+        "train": {"batch_size": 16, "lr": 0.0}}, min_clients=2)
     server = job / "app" / "config" / "config_fed_server.json"
     cfg = json.loads(server.read_text())
     for comp in cfg["components"]:
@@ -464,7 +468,7 @@ def test_early_stopping_ends_training_after_patience_rounds_without_a_better_mod
             comp["args"] = {"key_metric": "site_bce", "patience": 1}
     server.write_text(json.dumps(cfg))
     ws = tmp_path / "ws"
-    proc = run_simulator(job, ws, n=5, env={"FEDPARTIAL_CACHE": str(data_cache)}, threads=5)
+    proc = run_simulator(job, ws, n=2, env={"FEDPARTIAL_CACHE": str(data_cache)}, threads=2)
     assert proc.returncode == 0, proc.stderr[-3000:] + server_log(ws)[-3000:]
     res = results_of(ws)
     assert res["num_rounds"] == 3  # rounds 0, 1, 2 of 5

@@ -662,3 +662,74 @@ def test_aggregator_fallback_keeps_fedmlp_prototypes_and_tagging_goes_on():
     tr = M.FedMLPTrainer(_site("site-1", annotated["site-1"], seed=1), warmup_rounds=0, T0=0.5, T1=0.5)
     assert \
         tr.train_round(7, 8, empty).meta["fedmlp_new_pseudo"] > 0
+
+
+def test_tag_audit_counts_and_precisions_by_hand():
+    """fedpartial.tools.tag_audit: pseudo labels of the missing classes against the true labels, by hand."""
+    from fedpartial.tools.tag_audit import summarise, tag_quality
+
+    tags = np.array([[1, 1, -1], [1, 0, 0], [-1, 0, 1], [0, -1, 1]])
+    truth = np.array([[1, 0, 1], [0, 0, 0], [1, 1, 1], [0, 0, 1]])
+    missing = np.array([False, True, True])  # class 0 annotated: its tags (there are none in practice) not counted
+    c = tag_quality(tags, truth, missing)
+    assert c["entries"].tolist() == [0, 4, 4] and c["true_pos"].tolist() == [0, 1, 3]
+    assert c["pos_tags"].tolist() == [0, 1, 2] and c["pos_correct"].tolist() == [0, 0, 2]  # row 0 class 1 is wrong
+    assert c["neg_tags"].tolist() == [0, 2, 1] and c["neg_correct"].tolist() == [0, 1, 1]  # row 2 class 1 wrong
+    rows = summarise(c, ["a", "b", "c"])
+    assert [r["class"] for r in rows] == ["b", "c"]  # no missing entry of class a
+    b, cc = rows
+    assert b["prevalence"] == 0.25 and b["pos_precision"] == 0.0 and b["neg_precision"] == 0.5 and b["pos_recall"] == 0.0
+    assert cc["prevalence"] == 0.75 and cc["pos_precision"] == 1.0 and cc["neg_precision"] == 1.0
+    assert cc["pos_recall"] == 2 / 3
+    with pytest.raises(ValueError, match="shape"):
+        tag_quality(tags[:2], truth, missing)
+
+
+def test_selection_counts_carry_the_fraction_so_small_sites_still_tag():
+    """Eq. 8-9 on a small site: 30 positive candidates at tau1 = 1 % is 0.3 of a tag per round; rounded down every
+    round it never tags (the reading this project had: FedMLP on 88-image CXR sites tagged nothing in 25 rounds);
+    with the fraction carried it tags one every 3-4 rounds, 0.3 per round on average."""
+    n_neg, n_pos = torch.tensor([50, 0]), torch.tensor([30, 10])
+    k0, k1, carry = M.selection_counts(n_neg, n_pos, 0.005, torch.tensor([0.01, 0.5]))
+    assert k0.tolist() == [0, 0] and k1.tolist() == [0, 5]
+    assert torch.allclose(carry, torch.tensor([[0.25, 0.0], [0.3, 0.0]], dtype=torch.float64))
+    total, carry = 0, torch.zeros(2, 2, dtype=torch.float64)
+    for r in range(10):  # same pools every round (the pool shrinks in practice)
+        k0, k1, carry = M.selection_counts(n_neg, n_pos, 0.005, 0.01, carry)
+        total += int(k1[0])
+        if r == 2:
+            assert total == 0  # 0.3, 0.6, 0.9
+        if r == 3:
+            assert total == 1 and abs(float(carry[1, 0]) - 0.2) < 1e-9  # 1.2 -> one tag, 0.2 carried
+    assert total == 3 and int(k0.sum()) <= 1  # 10 x 0.3 = 3; negatives 10 x 0.25 = 2.5 -> 2 over the rounds
+    floor_total = sum(int(M.selection_counts(n_neg, n_pos, 0.005, 0.01)[1][0]) for _ in range(10))
+    assert floor_total == 0
+
+
+def test_schedule_share_matches_the_paper_schedule_total():
+    """T' = 1 - (1 - T)^(S / S'): tagging T' for S' rounds leaves the same untagged share as T for S rounds."""
+    t = M.schedule_share(0.01, 450, 25)
+    assert abs((1 - t) ** 25 - 0.99 ** 450) < 1e-12 and abs(t - (1 - 0.99 ** 18)) < 1e-12
+    assert M.schedule_share(0.01, None, 25) == 0.01 and M.schedule_share(0.01, 450, 0) == 0.01
+    assert M.schedule_share(0.01, 25, 25) == pytest.approx(0.01)
+
+
+def test_fedmlp_small_site_tags_with_carry_not_with_floor_and_T_rounds_compresses_the_schedule():
+    """The trainer's stage 2 on a site whose tau * #candidates < 1 every round (24 images, T = 2 %): rounding down
+    never tags; the carried fraction (site state) does; ``T_rounds`` (the schedule T is meant for) tags more in a
+    short job."""
+    g = torch.Generator().manual_seed(0)
+    p0, p1 = torch.randn(3, 32, generator=g), torch.randn(3, 32, generator=g)
+    tagged = {}
+    for name, opts in (("floor", {"tag_rounding": "floor"}), ("carry", {}), ("schedule", {"T_rounds": 100})):
+        torch.manual_seed(0)
+        ctx = _site("s", [True, False, False], n=24, seed=3)
+        tr = M.FedMLPTrainer(ctx, warmup_rounds=0, T0=0.02, T1=0.02, st=False, cr=False, **opts)
+        for rnd in range(6):
+            tr.train_round(rnd, 6, _global_meta(p0, p1, [1.0] * 3))
+        tagged[name] = int((tr.tags >= 0).sum())
+        if name == "carry":
+            again = M.FedMLPTrainer(_site("s", [True, False, False], n=24, seed=3), warmup_rounds=0)
+            again.load_state_dict(tr.state_dict())
+            assert torch.equal(again.tag_carry, tr.tag_carry) and float(tr.tag_carry.sum()) > 0
+    assert tagged["floor"] == 0 and tagged["carry"] > 0 and tagged["schedule"] > 2 * tagged["carry"], tagged

@@ -118,7 +118,7 @@ def _set_server_workflow_args(job_dir, **args) -> None:
     path.write_text(json.dumps(cfg, indent=2))
 
 
-def test_fedmlp_prototypes_travel_pseudo_labels_persist_and_the_job_resumes(tmp_path, data_cache):
+def test_fedmlp_prototypes_travel_pseudo_labels_persist_and_the_job_resumes(tmp_path, data_cache, monkeypatch):
     """jobs/fedmlp_ich with a 1-round warm-up, run for 2 of its 3 rounds, then resumed from the checkpoints as
     after a server restart (``fedpartial-admin resume-folder``): the resumed job continues at round 2 with the
     server's rule state and method metadata and each site's saved state; prototypes go site -> server -> sites,
@@ -182,6 +182,14 @@ def test_fedmlp_prototypes_travel_pseudo_labels_persist_and_the_job_resumes(tmp_
         assert tags.shape[1] == 5
         tagged += int((tags >= 0).sum())
     assert tagged > 0, "no pseudo label was created in stage 2"
+    # the simulation-only audit reads the same tags against the phantom's true labels (fedpartial.tools.tag_audit)
+    from fedpartial.tools.tag_audit import audit
+
+    monkeypatch.setenv("FEDPARTIAL_CACHE", str(data_cache))
+    rows = audit(ws)["pooled"]
+    assert sum(r["pos_tags"] + r["neg_tags"] for r in rows) == tagged
+    assert sum(r["entries"] for r in rows) == 4 * sum(s["n_train"] for s in res["data"]["sites"].values())
+    assert all(0 <= r["pos_correct"] <= r["pos_tags"] and 0 <= r["neg_correct"] <= r["neg_tags"] for r in rows)
 
 
 # The paper configurations need the full datasets (RSNA ICH, NIH CXR14 at 224 px); here they run 2 rounds with

@@ -14,7 +14,8 @@ from ..common import cosine
 
 __all__ = [
     "class_rates", "summary_rates", "prevalence_rates", "logit_adjust", "wpc_loss", "consistency_loss", "class_prototypes",
-    "aggregate_prototypes", "prototype_scores", "select_pseudo_labels", "accumulate_tags", "learning_degree",
+    "aggregate_prototypes", "prototype_scores", "candidate_counts", "selection_counts", "select_top",
+    "select_pseudo_labels", "schedule_share", "accumulate_tags", "learning_degree",
     "aggregate_learning_degree", "selection_ratios", "META_P0", "META_P1", "META_COUNTS", "META_DEGREE",
     "META_GLOBAL_P0", "META_GLOBAL_P1", "META_GLOBAL_VALID", "META_GLOBAL_DEGREE", "PARITIES", "REDUCTIONS",
 ]
@@ -202,6 +203,57 @@ def prototype_scores(features: torch.Tensor, p0: torch.Tensor, p1: torch.Tensor)
     return cosine(features, p0) - cosine(features, p1)
 
 
+def candidate_counts(scores: torch.Tensor, already_tagged: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(negative candidates (C,), positive candidates (C,))`` of the residual pool: untagged samples with
+    ``Z >= 0`` / ``Z < 0`` (NaN scores are neither). Shapes as :func:`select_pseudo_labels`."""
+    z = scores if scores.dim() == 2 else scores[:, None]
+    free = ~(already_tagged if already_tagged.dim() == 2 else already_tagged[:, None]).bool()
+    return (free & (z >= 0)).sum(0), (free & (z < 0)).sum(0)
+
+
+def selection_counts(n_neg: torch.Tensor, n_pos: torch.Tensor, tau0: float | torch.Tensor, tau1: float | torch.Tensor,
+                     carry: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """How many candidates Eq. 8-9 tag this round: ``tau * #candidates`` rounded down.
+
+    ``carry`` (``(2, C)``, the fractional parts left by earlier rounds, rows negative / positive) is added
+    before rounding and the new remainder returned, so that over the rounds a site tags ``tau`` of its
+    candidates on average even where ``tau * #candidates < 1`` every round (a site of 100 images with
+    ``T1 = 1 %``: plain rounding down never tags anything). ``carry=None``: plain rounding down.
+
+    Returns: ``(k0 (C,) int64, k1 (C,) int64, carry (2, C) float64)``.
+    """
+    exact = torch.stack([torch.as_tensor(tau0, dtype=torch.float64).expand(n_neg.shape) * n_neg.double(),
+                         torch.as_tensor(tau1, dtype=torch.float64).expand(n_pos.shape) * n_pos.double()])
+    if carry is not None:
+        exact = exact + torch.as_tensor(carry, dtype=torch.float64)
+    k = torch.floor(exact + 1e-9)
+    return k[0].long(), k[1].long(), (exact - k).clamp_min(0.0)
+
+
+def select_top(scores: torch.Tensor, already_tagged: torch.Tensor, k0: torch.Tensor,
+               k1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per class c: the ``k0_c`` negative candidates (untagged, ``Z >= 0``) with the largest Z and the ``k1_c``
+    positive candidates (``Z < 0``) with the smallest Z. Ties keep the lower index. Shapes as
+    :func:`select_pseudo_labels`."""
+    z = scores if scores.dim() == 2 else scores[:, None]
+    tagged = (already_tagged if already_tagged.dim() == 2 else already_tagged[:, None]).bool()
+    neg = torch.zeros_like(tagged)
+    pos = torch.zeros_like(tagged)
+    k0, k1 = torch.as_tensor(k0).expand(z.shape[1]), torch.as_tensor(k1).expand(z.shape[1])
+    for c in range(z.shape[1]):
+        zc, free = z[:, c], ~tagged[:, c]
+        for sel, cand, k, descending in ((neg, free & (zc >= 0), int(k0[c]), True),
+                                         (pos, free & (zc < 0), int(k1[c]), False)):
+            if k <= 0:
+                continue
+            idx = torch.nonzero(cand, as_tuple=False).flatten()
+            order = torch.sort(zc[idx], descending=descending, stable=True).indices[:k]
+            sel[idx[order], c] = True
+    if scores.dim() == 1:
+        return neg[:, 0], pos[:, 0]
+    return neg, pos
+
+
 def select_pseudo_labels(scores: torch.Tensor, already_tagged: torch.Tensor, tau0: float | torch.Tensor,
                          tau1: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Missing-label detection (Eq. 8-9) on the residual pool of each class.
@@ -209,6 +261,7 @@ def select_pseudo_labels(scores: torch.Tensor, already_tagged: torch.Tensor, tau
     For column c, among the samples not yet tagged: the negative candidates (``Z >= 0``) and the positive
     candidates (``Z < 0``); ``floor(tau0_c * #negative candidates)`` of the largest Z become negatives and
     ``floor(tau1_c * #positive candidates)`` of the smallest Z become positives. Ties keep the lower index.
+    (The trainer's default carries the fractional parts across rounds: :func:`selection_counts`.)
 
     Args:
         scores: ``(N,)`` or ``(N, C)`` Z scores (NaN = never selected).
@@ -218,26 +271,18 @@ def select_pseudo_labels(scores: torch.Tensor, already_tagged: torch.Tensor, tau
     Returns:
         ``(new_negatives, new_positives)``: bool masks of the shape of ``scores``.
     """
-    z = scores if scores.dim() == 2 else scores[:, None]
-    tagged = (already_tagged if already_tagged.dim() == 2 else already_tagged[:, None]).bool()
-    C = z.shape[1]
-    t0 = torch.as_tensor(tau0, dtype=torch.float64).expand(C)
-    t1 = torch.as_tensor(tau1, dtype=torch.float64).expand(C)
-    neg = torch.zeros_like(tagged)
-    pos = torch.zeros_like(tagged)
-    for c in range(C):
-        zc, free = z[:, c], ~tagged[:, c]
-        for sel, cand, share, descending in ((neg, free & (zc >= 0), float(t0[c]), True),
-                                             (pos, free & (zc < 0), float(t1[c]), False)):
-            idx = torch.nonzero(cand, as_tuple=False).flatten()
-            k = int(math.floor(share * idx.numel() + 1e-9))
-            if k <= 0:
-                continue
-            order = torch.sort(zc[idx], descending=descending, stable=True).indices[:k]
-            sel[idx[order], c] = True
-    if scores.dim() == 1:
-        return neg[:, 0], pos[:, 0]
-    return neg, pos
+    k0, k1, _ = selection_counts(*candidate_counts(scores, already_tagged), tau0, tau1)
+    return select_top(scores, already_tagged, k0, k1)
+
+
+def schedule_share(T: float, reference_rounds: int | None, rounds: int) -> float:
+    """A per-round share ``T`` meant for ``reference_rounds`` stage-2 rounds, for a job with ``rounds`` of them:
+    ``1 - (1 - T) ** (reference_rounds / rounds)``, so that a pool tagged at that share every round is tagged to
+    the same total share by the last round (the paper: T1 = 1 % over 450 rounds tags 99 % of the positive
+    candidates; over 25 rounds 1 % tags 22 %). ``reference_rounds`` None or ``rounds <= 0``: ``T`` unchanged."""
+    if not reference_rounds or rounds <= 0:
+        return T
+    return 1.0 - (1.0 - T) ** (reference_rounds / rounds)
 
 
 def accumulate_tags(tags: torch.Tensor, new_negatives: torch.Tensor, new_positives: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,8 @@ from ..common import frozen_copy, label_table, whole_set_pass
 from ..options import opt
 from .maths import (META_COUNTS, META_DEGREE, META_GLOBAL_DEGREE, META_GLOBAL_P0, META_GLOBAL_P1, META_GLOBAL_VALID,
                     META_P0, META_P1, accumulate_tags, class_prototypes, class_rates, consistency_loss,
-                    learning_degree, prevalence_rates, prototype_scores, select_pseudo_labels, selection_ratios,
+                    candidate_counts, learning_degree, prevalence_rates, prototype_scores, schedule_share, select_top,
+                    selection_counts, selection_ratios,
                     summary_rates, wpc_loss)
 
 Parity = Literal["paper", "code"]
@@ -39,6 +40,13 @@ class FedMLPOptions(TrainerOptions):
                                  "L_WPC alone), yes for parity code (released code)")
     cr_weight: float = opt(1.0, "weight of the CR term")
     st: bool = opt(True, "self-adaptive threshold tau = d_c^G * T; False = fixed T0 / T1")
+    tag_rounding: Literal["carry", "floor"] = opt(
+        "carry", "tau * #candidates rounded down with the fractional part carried to the next round (a small site "
+        "still tags tau of its candidates on average), or plainly rounded down every round (no tag at all where "
+        "tau * #candidates < 1)")
+    T_rounds: int | None = opt(None, "stage-2 rounds T0 / T1 are meant for (the paper: 450 = 500 - 50); a job "
+                               "with fewer rounds tags the same total share: T' = 1 - (1 - T)^(T_rounds / its "
+                               "stage-2 rounds); None: T0 / T1 per round as given")
     global_rates: bool = opt(False, "class rates of Eq. 3 from the data summary (all sites) instead of the site's")
     missing_rates: Literal["prevalence", "tags"] = opt(
         "prevalence", "Eq. 3 rates of missing classes: prevalence (data summary, else (positive tags + 1) / (N + 2)) "
@@ -71,6 +79,7 @@ class FedMLPTrainer(LocalTrainer):
         self.feature_view = self.opts.feature_view or ("weak" if self.opts.parity == "code" else "eval")
         self.annotated = torch.as_tensor(np.asarray(ctx.annotated, dtype=bool))
         self.tags: torch.Tensor | None = None  # (N, C) int8: -1 untagged, 0 / 1 permanent pseudo labels
+        self.tag_carry: torch.Tensor | None = None  # (2, C) float64: fractional tag counts carried (tag_rounding)
         self._table: tuple[torch.Tensor, torch.Tensor] | None = None
         self._warned_rates = False
 
@@ -164,7 +173,7 @@ class FedMLPTrainer(LocalTrainer):
         self._ensure_tags(n)
         meta: dict = {"fedmlp_stage": 2 if stage2 else 1}
         if stage2 and self.opts.mld:
-            meta.update(self._tag_missing_labels(teacher, global_meta or {}, n))
+            meta.update(self._tag_missing_labels(teacher, global_meta or {}, n, num_rounds - self.opts.warmup_rounds))
 
         tagged = self.tags >= 0
         eff_mask = mask | tagged
@@ -209,7 +218,7 @@ class FedMLPTrainer(LocalTrainer):
         meta["fedmlp_pseudo_positives"] = (self.tags == 1).sum(0).tolist()
         return RoundOutput(steps=steps, loss=total / max(steps, 1), meta=meta)
 
-    def _tag_missing_labels(self, teacher: torch.nn.Module, global_meta: dict, n: int) -> dict:
+    def _tag_missing_labels(self, teacher: torch.nn.Module, global_meta: dict, n: int, stage2_rounds: int) -> dict:
         """Stage-2 missing-label detection with the received global model's features (Eq. 7-9)."""
         if META_GLOBAL_P0 not in global_meta:
             self.ctx.log.warning("fedmlp: stage 2 but no global prototypes received; no pseudo labels this round")
@@ -226,9 +235,17 @@ class FedMLPTrainer(LocalTrainer):
         if feats.shape[1] != p0.shape[1]:
             raise ValueError(f"fedmlp: global prototypes have dimension {p0.shape[1]}, features {feats.shape[1]}")
         z = prototype_scores(feats, p0, p1)
-        tau0, tau1 = selection_ratios(degree, self.opts.T0, self.opts.T1, adaptive=self.adaptive)
+        T0, T1 = (schedule_share(T, self.opts.T_rounds, stage2_rounds) for T in (self.opts.T0, self.opts.T1))
+        tau0, tau1 = selection_ratios(degree, T0, T1, adaptive=self.adaptive)
         tau0, tau1 = tau0 * usable, tau1 * usable
-        neg, pos = select_pseudo_labels(z, self.tags >= 0, tau0, tau1)
+        carry = None
+        if self.opts.tag_rounding == "carry":
+            carry = self.tag_carry if self.tag_carry is not None and self.tag_carry.shape == (2, z.shape[1]) \
+                else torch.zeros(2, z.shape[1], dtype=torch.float64)
+        k0, k1, carry = selection_counts(*candidate_counts(z, self.tags >= 0), tau0, tau1, carry)
+        if self.opts.tag_rounding == "carry":
+            self.tag_carry = carry
+        neg, pos = select_top(z, self.tags >= 0, k0, k1)
         before = int((self.tags >= 0).sum())
         self.tags = accumulate_tags(self.tags, neg & usable, pos & usable)
         return {"fedmlp_new_pseudo": int((self.tags >= 0).sum()) - before, "fedmlp_tau0": tau0.tolist(),
@@ -248,9 +265,13 @@ class FedMLPTrainer(LocalTrainer):
         state = super().state_dict()
         if self.tags is not None:
             state["fedmlp_tags"] = self.tags.clone().cpu()
+        if self.tag_carry is not None:
+            state["fedmlp_tag_carry"] = self.tag_carry.clone().cpu()
         return state
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         tags = state.get("fedmlp_tags")
         self.tags = None if tags is None else torch.as_tensor(tags, dtype=torch.int8).clone()
+        carry = state.get("fedmlp_tag_carry")
+        self.tag_carry = None if carry is None else torch.as_tensor(carry, dtype=torch.float64).clone()

@@ -436,6 +436,12 @@ def spec_hash(spec: dict, length: int = 12) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 
+def prepared_path(spec: dict, cache_dir: str | os.PathLike) -> Path:
+    """Where :func:`ensure_prepared` keeps the split of ``spec``: ``cache_dir/<source>-<protocol>-<hash>``."""
+    spec = canonical_spec(spec)
+    return Path(cache_dir).expanduser().resolve() / f"{spec['source']}-{spec['protocol']}-{spec_hash(spec)}"
+
+
 def ensure_prepared(spec: dict, cache_dir: str | os.PathLike, verbose: bool = True) -> Path:
     """Prepare on first use: ``cache_dir/<source>-<protocol>-<hash>``, reused when its dataset.json exists.
 
@@ -453,7 +459,7 @@ def ensure_prepared(spec: dict, cache_dir: str | os.PathLike, verbose: bool = Tr
     verbose = bool(spec.get("verbose", verbose))
     spec = canonical_spec(spec)
     cache = Path(cache_dir).expanduser().resolve()
-    out = cache / f"{spec['source']}-{spec['protocol']}-{spec_hash(spec)}"
+    out = prepared_path(spec, cache)
     if (out / DATASET_JSON).is_file():
         return out
     cache.mkdir(parents=True, exist_ok=True)

@@ -113,14 +113,19 @@ def _vocabulary(entry: dict, classes, where: str) -> tuple[dict, list]:
         raise SiteDataError(str(e)) from None
 
 
-def _from_simulated(site: str, dataset: dict) -> SiteData:
-    from .prepare import ensure_prepared, load_prepared
-
+def simulated_spec(dataset: dict) -> dict:
+    """The :func:`~fedpartial.data.prepare.ensure_prepared` spec of a job's simulated split."""
     # a job overrides a preset's protocol parameter away with null (e.g. {"protocol": "full", "k": null})
     spec = {k: v for k, v in dataset["prepare"].items() if v is not None or k == "root"}
     if spec.get("root") is not None:
         spec["root"] = str(resolve_path(spec["root"]))
-    folder = ensure_prepared(spec, cache_dir())
+    return spec
+
+
+def _from_simulated(site: str, dataset: dict) -> SiteData:
+    from .prepare import ensure_prepared, load_prepared
+
+    folder = ensure_prepared(simulated_spec(dataset), cache_dir())
     prepared = load_prepared(folder)
     if site not in prepared.sites:
         raise SiteDataError(

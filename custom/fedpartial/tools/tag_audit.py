@@ -79,24 +79,34 @@ def _client_args(site_dir: Path) -> dict:
     return config["executors"][0]["executor"]["args"]
 
 
-def site_truth(site: str, site_dir: Path) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """``(classes, annotated (C,) bool, truth (N, C))`` of a simulated site's training rows, in row order."""
+def site_truth(site: str, site_dir: Path, tables: dict | None = None) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """``(classes, annotated (C,) bool, truth (N, C))`` of a simulated site's training rows, in row order.
+    ``tables``: source tables already loaded, by root (filled in)."""
     from ..data.manifest import read_manifest
-    from ..data.prepare import load_prepared
+    from ..data.prepare import DATASET_JSON, load_prepared, prepared_path
     from ..data.presets import resolve_dataset
-    from ..data.site_config import _from_simulated
+    from ..data.site_config import _from_simulated, cache_dir, simulated_spec
     from ..data.sources import load_source
 
     ds = resolve_dataset(_client_args(site_dir)["dataset"])
     if not ds.get("prepare"):
         raise ValueError(f"site '{site}': the job's dataset is not a simulated split; there are no true labels")
+    folder = prepared_path(simulated_spec(ds), cache_dir())
+    if not (folder / DATASET_JSON).is_file():  # never prepare a split here: audit the one the run used
+        raise FileNotFoundError(f"site '{site}': the run's split {folder.name} is not in {folder.parent} (set "
+                                "FEDPARTIAL_CACHE to the cache the run used)")
     data = _from_simulated(site, ds)
     classes = list(ds["classes"])
     manifest = read_manifest(data.train, classes, data_root=data.data_root, site=site, task=ds["task"],
                              require_annotated=False, **data.vocabulary).subset("train")
-    info = load_prepared(Path(data.origin.split(":", 1)[1])).info
-    table = load_source(info["source"], data.data_root, **(info.get("source_args") or {}))
-    frame = table.frame.set_index(table.frame["image"].map(lambda p: str((table.root / p).resolve())))
+    info = load_prepared(folder).info
+    generated = folder / "source"  # a generated source (the phantom) lives inside the prepared folder
+    root = generated if info.get("data_root") == "." and generated.is_dir() else data.data_root
+    tables = {} if tables is None else tables
+    if str(root) not in tables:
+        table = load_source(info["source"], root, **(info.get("source_args") or {}))
+        tables[str(root)] = table.frame.set_index(table.frame["image"].map(lambda p: str((table.root / p).resolve())))
+    frame = tables[str(root)]
     keys = [str(Path(p).resolve()) for p in manifest.paths]
     absent = [k for k in keys if k not in frame.index]
     if absent:
@@ -116,13 +126,13 @@ def audit(workspace: str | Path) -> dict:
     states = sorted(ws.glob(f"site-*/**/fedpartial_state/{STATE_FILE}"))
     if not states:
         raise FileNotFoundError(f"no site state ({STATE_FILE}) under {ws}")
-    pooled, classes, sites = None, None, {}
+    pooled, classes, sites, tables = None, None, {}, {}
     for path in states:
         site = path.relative_to(ws).parts[0]
         state = torch.load(path, map_location="cpu", weights_only=True)
         if TAGS_KEY not in state:
             raise ValueError(f"{path}: no {TAGS_KEY} (not a FedMLP run, or no stage-2 round ran)")
-        classes, annotated, truth = site_truth(site, ws / site)
+        classes, annotated, truth = site_truth(site, ws / site, tables)
         counts = tag_quality(state[TAGS_KEY].numpy(), truth, ~annotated)
         sites[site] = summarise(counts, classes)
         pooled = counts if pooled is None else {k: pooled[k] + v for k, v in counts.items()}

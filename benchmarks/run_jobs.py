@@ -415,6 +415,37 @@ def gap_closed(runs: dict[str, list[dict]], lower: str, upper: str, metric: str 
     return "\n".join(lines)
 
 
+def class_subset(runs: dict[str, list[dict]], classes: list[str], metrics=("auc", "ap"),
+                 gap: list[str] | None = None) -> str:
+    """Markdown table: per configuration, the mean over ``classes`` of each per-class test metric (mean ± std
+    over seeds) for the last-round and the best-on-validation model, and with ``gap`` (lower, upper) the share
+    of the lower -> upper gap of the first metric closed on these classes."""
+    def value(run: dict, model: str, metric: str) -> float:
+        per = run["final"][model]["test"]["per_class"]
+        unknown = [c for c in classes if c not in per]
+        if unknown:
+            raise SystemExit(f"--classes: {unknown} not among the classes {list(per)}")
+        vals = [per[c].get(metric) for c in classes]
+        return statistics.mean(vals) if all(v is not None for v in vals) else float("nan")
+
+    heads = [f"{label} {m}" for label in ("last-round", "best-on-validation") for m in metrics]
+    lines = [f"Mean over the classes {', '.join(classes)} (test set, mean ± std over seeds, %):", "",
+             "| configuration | seeds | " + " | ".join(heads) + (" | closed (last round) |" if gap else " |"),
+             "|---|---|" + "---|" * (len(heads) + bool(gap))]
+    means = {name: statistics.mean(value(r, LAST_MODEL, metrics[0]) for r in rs) for name, rs in runs.items()}
+    for name, rs in runs.items():
+        cells = []
+        for model in (LAST_MODEL, BEST_MODEL):
+            for m in metrics:
+                ms = mean_std([value(r, model, m) for r in rs])
+                cells.append("n/a" if ms is None else f"{100 * ms[0]:.2f} ± {100 * ms[1]:.2f}")
+        if gap:
+            lo, hi = (means.get(g, float("nan")) for g in gap)
+            cells.append("bound" if name in gap else f"{100 * (means[name] - lo) / (hi - lo):.0f} %")
+        lines.append(f"| {name} | {len(rs)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _ci_cell(test: dict) -> str:
     ci = ((test.get("ci") or {}).get("auc") or {}).get("macro")
     auc = (test.get("macro") or {}).get("auc")
@@ -474,6 +505,9 @@ def report(a: argparse.Namespace, runs: dict[str, list[dict]]) -> str:
         missing = [name for name in a.gap if name not in runs]
         text += "\n\n" + (f"(gap: waiting for {', '.join(missing)})" if missing and not a.report
                           else gap_closed(runs, *a.gap, metric=a.gap_metric))
+    if a.classes:
+        gap = a.gap if a.gap and all(g in runs for g in a.gap) else None
+        text += "\n\n" + class_subset(runs, a.classes, gap=gap)
     return text
 
 
@@ -554,6 +588,9 @@ def main(argv=None) -> int:
     ap.add_argument("--compare", nargs=2, action="append", metavar=("A", "B"), default=None,
                     help="paired t-test of A against B over per-class test AUROCs (repeatable)")
     ap.add_argument("--gap-metric", default="f1", help="macro metric of --gap (f1, bacc, auc, map, ...)")
+    ap.add_argument("--classes", nargs="+", metavar="CLASS",
+                    help="also tabulate the mean of the per-class test AUC / AP over these classes (multi-label; e.g. "
+                         "the classes whose annotating sites hold enough positives), with the --gap share on them")
     ap.add_argument("--report", type=Path, default=None, metavar="X.json",
                     help="re-render the tables of a finished benchmark (rewrites X.md) and run nothing")
     a = ap.parse_args(argv)

@@ -40,6 +40,23 @@ def test_gap_closed_shares_by_hand():
     assert "| lower | 2 | 20.00 | bound | 10.00 | bound |" in text
 
 
+def test_class_subset_means_and_gap_by_hand():
+    """--classes: the mean of per-class metrics over a subset of classes, seeds averaged, and the gap share on it."""
+    def run(a, b, c):
+        per = {"x": {"auc": a, "ap": 0.1}, "y": {"auc": b, "ap": 0.3}, "z": {"auc": c, "ap": 0.9}}
+        return {"final": {m: {"test": {"per_class": per}} for m in ("FL_global_model.pt", "best_FL_global_model.pt")}}
+
+    runs = {"lo": [run(0.5, 0.7, 0.0)], "hi": [run(0.9, 0.9, 0.0)],
+            "m": [run(0.6, 0.8, 1.0), run(0.8, 0.8, 0.0)]}  # x, y means: 0.6 / 0.9 / (0.7 + 0.8) / 2 = 0.75
+    text = _run_jobs().class_subset(runs, ["x", "y"], gap=["lo", "hi"])
+    row = next(line for line in text.splitlines() if line.startswith("| m |"))
+    # AUC: seed 0 (0.6 + 0.8) / 2 = 0.70, seed 1 0.80 -> 75.00 ± 5.00; AP (0.1 + 0.3) / 2 = 20; gap (0.75 - 0.6) / 0.3
+    assert row == "| m | 2 | 75.00 ± 5.00 | 20.00 ± 0.00 | 75.00 ± 5.00 | 20.00 ± 0.00 | 50 % |"
+    assert "| lo | 1 | 60.00 ± 0.00 |" in text and text.count("bound") == 2
+    with pytest.raises(SystemExit, match="not among the classes"):
+        _run_jobs().class_subset(runs, ["x", "w"])
+
+
 def test_gap_names_a_missing_bound():
     with pytest.raises(SystemExit, match="no configuration 'nope'"):
         _run_jobs().gap_closed(RUNS, "nope", "upper")

@@ -7,6 +7,7 @@
 #   +MLD+WPC         + weighted partial-class loss with logit adjustment
 #   +MLD+WPC+CR      + consistency to the received global model
 #   FedMLP           + self-adaptive thresholds (all components)
+#   FedMLP-floor     FedMLP with tau * #candidates rounded down every round (this project's reading before)
 #   FedMLP+T450      FedMLP with T0 / T1 rescaled from the paper's 450 stage-2 rounds to the job's (T_rounds: 450)
 # Run from the project root with the venv active; SEEDS (default "0 1 2"); --resume continues an interrupted run.
 set -euo pipefail
@@ -20,6 +21,7 @@ PY="${PY:-python}"
   --variant '+MLD+WPC+CR=fedmlp_ich:{"st": false}' \
   --variant 'FedMLP=fedmlp_ich:{}' \
   --variant 'FedMLP+T450=fedmlp_ich:{"T_rounds": 450}' \
+  --variant 'FedMLP-floor=fedmlp_ich:{"tag_rounding": "floor"}' \
   --variant 'FedAvg-PL=fedavg_pl_ich:{}' \
   --variant 'FedAvg-PL+masked=fedavg_masked_ich:{}' \
   --variant 'all labels=fedavg_full_ich:{}' \

@@ -1,7 +1,7 @@
 """How good are FedMLP's pseudo labels? A simulation-only diagnostic that compares each site's permanent tags
 with the source's full labels:
 
-    python -m fedpartial.tools.tag_audit WS [--json OUT]
+    python -m fedpartial.tools.tag_audit WS [WS ...] [--json OUT]
 
 ``WS`` is a finished simulator workspace (``nvflare simulator ... -w WS``, or a run kept by
 ``benchmarks/run_jobs.py --keep``). For every site the tool reads the tags the site kept (``fedmlp_tags`` in
@@ -9,7 +9,8 @@ with the source's full labels:
 site's training manifest of the simulated split, and the true label of every missing entry from the source
 dataset the split was prepared from (matched by image file). It prints, per class, over the sites where the
 class is missing: the missing entries, their true prevalence, the positive / negative tags with their precision,
-and the share of the true positives that got a positive tag.
+and the share of the true positives that got a positive tag. Several workspaces (e.g. the seeds of one
+configuration) are pooled.
 
 Only a simulated split has these true labels: nothing here runs at a site or travels, and a deployment (sites
 with their own ``fedpartial_data.json``) has nothing to audit. A positive-tag precision near the prevalence means
@@ -121,7 +122,8 @@ def site_truth(site: str, site_dir: Path, tables: dict | None = None) -> tuple[l
 
 
 def audit(workspace: str | Path) -> dict:
-    """Per-site and pooled tag quality of a finished simulator workspace (see the module docstring)."""
+    """Per-site and pooled tag quality of a finished simulator workspace (see the module docstring); ``counts``
+    holds the pooled :func:`tag_quality` counts."""
     ws = Path(workspace)
     states = sorted(ws.glob(f"site-*/**/fedpartial_state/{STATE_FILE}"))
     if not states:
@@ -136,7 +138,8 @@ def audit(workspace: str | Path) -> dict:
         counts = tag_quality(state[TAGS_KEY].numpy(), truth, ~annotated)
         sites[site] = summarise(counts, classes)
         pooled = counts if pooled is None else {k: pooled[k] + v for k, v in counts.items()}
-    return {"workspace": str(ws), "classes": classes, "pooled": summarise(pooled, classes), "sites": sites}
+    return {"workspace": str(ws), "classes": classes, "pooled": summarise(pooled, classes), "sites": sites,
+            "counts": {k: v.tolist() for k, v in pooled.items()}}
 
 
 def render(rows: list[dict]) -> str:
@@ -154,18 +157,26 @@ def render(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("workspace", help="a finished simulator workspace of a FedMLP job on a simulated split")
-    ap.add_argument("--json", help="also write the per-site and pooled rows here")
+    ap.add_argument("workspace", nargs="+", help="finished simulator workspaces of FedMLP jobs on simulated splits "
+                    "(pooled)")
+    ap.add_argument("--json", help="also write the per-workspace reports and the pooled rows here")
     a = ap.parse_args(argv)
     try:
-        report = audit(a.workspace)
+        reports = [audit(ws) for ws in a.workspace]
     except (FileNotFoundError, ValueError) as e:
         print(f"tag_audit: {e}", file=sys.stderr)
         return 2
-    print(f"FedMLP pseudo labels against the source's labels (simulation only), {report['workspace']}, all sites:")
-    print(render(report["pooled"]))
+    classes = reports[0]["classes"]
+    if any(r["classes"] != classes for r in reports):
+        print("tag_audit: the workspaces have different class lists; audit them one by one", file=sys.stderr)
+        return 2
+    counts = {k: np.sum([np.asarray(r["counts"][k]) for r in reports], axis=0) for k in reports[0]["counts"]}
+    pooled = summarise(counts, classes)
+    print("FedMLP pseudo labels against the source's labels (simulation only), all sites of "
+          + ", ".join(r["workspace"] for r in reports) + ":")
+    print(render(pooled))
     if a.json:
-        Path(a.json).write_text(json.dumps(report, indent=1))
+        Path(a.json).write_text(json.dumps({"pooled": pooled, "workspaces": reports}, indent=1))
     return 0
 
 

@@ -28,8 +28,7 @@ import numpy as np
 import torch
 
 from ..fl.keys import STATE_FILE
-
-TAGS_KEY = "fedmlp_tags"
+from ..methods.fedmlp.trainer import STATE_TAGS as TAGS_KEY
 
 
 def tag_quality(tags: np.ndarray, truth: np.ndarray, missing: np.ndarray) -> dict[str, np.ndarray]:

@@ -20,6 +20,8 @@ from .maths import (META_COUNTS, META_DEGREE, META_GLOBAL_DEGREE, META_GLOBAL_P0
                     summary_rates, wpc_loss)
 
 Parity = Literal["paper", "code"]
+STATE_TAGS = "fedmlp_tags"  # site state: (N, C) int8 permanent pseudo labels (read by fedpartial.tools.tag_audit)
+STATE_TAG_CARRY = "fedmlp_tag_carry"  # site state: (2, C) float64 fractional tag counts carried (tag_rounding)
 
 
 @dataclass
@@ -264,14 +266,14 @@ class FedMLPTrainer(LocalTrainer):
     def state_dict(self) -> dict:
         state = super().state_dict()
         if self.tags is not None:
-            state["fedmlp_tags"] = self.tags.clone().cpu()
+            state[STATE_TAGS] = self.tags.clone().cpu()
         if self.tag_carry is not None:
-            state["fedmlp_tag_carry"] = self.tag_carry.clone().cpu()
+            state[STATE_TAG_CARRY] = self.tag_carry.clone().cpu()
         return state
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        tags = state.get("fedmlp_tags")
+        tags = state.get(STATE_TAGS)
         self.tags = None if tags is None else torch.as_tensor(tags, dtype=torch.int8).clone()
-        carry = state.get("fedmlp_tag_carry")
+        carry = state.get(STATE_TAG_CARRY)
         self.tag_carry = None if carry is None else torch.as_tensor(carry, dtype=torch.float64).clone()

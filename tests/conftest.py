@@ -30,11 +30,12 @@ def data_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("fedpartial_cache")
 
 
-def copy_job(job: str, dest: Path, num_rounds: int | None = None, executor_args: dict | None = None) -> Path:
+def copy_job(job: str, dest: Path, num_rounds: int | None = None, executor_args: dict | None = None,
+             min_clients: int | None = None) -> Path:
     """Copy jobs/<job> to dest with the package built into its apps and the given overrides."""
     from fedpartial.tools.build_jobs import customise_job
 
-    return customise_job(REPO / "jobs" / job, dest, num_rounds, executor_args)
+    return customise_job(REPO / "jobs" / job, dest, num_rounds, executor_args, min_clients=min_clients)
 
 
 def run_simulator(job_dir: Path, workspace: Path, n: int, env: dict | None = None, timeout: int = 600,

@@ -219,3 +219,41 @@ def test_paper_job_runs_with_its_settings(job, tmp_path, data_cache):
     res = results_of(ws)
     assert res["method"] == "fedmlp" and res["setting"] == f"missing {n - 1} classes"
     assert all("fedmlp_received_prototypes" in k for k in res["rounds"][1]["site_meta"].values())
+
+
+# The papers' comparison methods (issue 18): each job 2 rounds through the real simulator with 2 sites and a
+# 1-round first stage (round 2 runs the method's second stage: pseudo labels, detection, distillation), so what
+# the method's server rule sends reaches a site and is used there. Kept small for the CI budget: 2 site processes.
+COMPARISON_JOBS = ["cbafed_ich", "fednoro_ich", "fedlsr_ich", "fedprox_ich", "fixmatch_ich", "moon_ich",
+                   "rscfed_ich", "fedpu_ham10000", "fedrs_ham10000", "fixmatch_masked_ham10000", "fpsl_ham10000"]
+TWO_SITES = {"ich": {"dataset": {"prepare": {"num_sites": 2, "k": 2,
+                                             "source_args": {"n_images": 120, "size": 32, "seed": 0}}}},
+             "ham10000": {"dataset": {"prepare": {"num_sites": 2, "protocol": "missing_k", "k": 3, "table": None,
+                                                  "site_sizes": 40}}}}
+
+
+@pytest.mark.parametrize("job", COMPARISON_JOBS)
+def test_comparison_method_runs_two_rounds(job, tmp_path, data_cache):
+    from fedpartial.data.presets import deep_merge
+    from fedpartial.methods import get_method
+
+    kind, needs = _kind(job)
+    if needs:
+        real_data(needs)
+    client = json.loads((REPO / "jobs" / job / "app/config/config_fed_client.json").read_text())
+    method = get_method(client["method"])
+    stage = {k: 1 for k in ("warmup_rounds", "warm_rounds") if k in method.option_names()}
+    args = deep_merge(deep_merge(TINY[kind], TWO_SITES[kind]), {"evaluation": {"test_every": 0}})
+    if stage:
+        args["method_args"] = {**client["executors"][0]["executor"]["args"]["method_args"], **stage}
+    job_dir = copy_job(job, tmp_path / job, num_rounds=2, executor_args=args, min_clients=2)
+    ws = tmp_path / "ws"
+    proc = run_simulator(job_dir, ws, n=2, env={"FEDPARTIAL_CACHE": str(data_cache)})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(ws)[-3000:]
+    res = results_of(ws)
+    assert res["method"] == client["method"] and res["num_rounds"] == 2
+    for r in res["rounds"]:
+        assert sorted(r["sites"]) == ["site-1", "site-2"], r["sites"]
+        assert r["rejected"] == {} and r["missing"] == [] and r["rule_error"] is None
+        assert r["val"]["macro"]["auc"] is not None
+    assert 0.0 <= res["final"]["FL_global_model.pt"]["test"]["macro"]["auc"] <= 1.0

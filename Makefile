@@ -7,6 +7,7 @@ BIN := $(VENV)/bin
 WS ?= workspaces
 DEMO_JOB ?= fedmlp_ich
 DEMO_SITES ?= 5
+TEST_WORKERS ?= 2
 
 .PHONY: setup jobs demo test bench clean
 
@@ -29,7 +30,7 @@ demo: setup
 	$(BIN)/python -m fedpartial.tools.show_results $(WS)/$(DEMO_JOB)
 
 test: setup
-	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q --durations=30 tests
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=30 tests
 
 clean:
 	rm -rf $(WS) jobs/*/app/custom

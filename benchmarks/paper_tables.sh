@@ -5,8 +5,8 @@
 #   TABLE=fedmlp bash benchmarks/paper_tables.sh   # FedMLP Table 1 layout: ICH phantom, missing 4 (LEVELS="4 2" adds
 #                                                  # missing 2), FedAvg, FedAvg-PL, RSCFed, FedFixMatch, CBAFed,
 #                                                  # FedLSR, FedNoRo (FedNoRo-code: FedMLP's released
-#                                                  # adaptation, partial BCE + KD on the missing entries), FedMLP,
-#                                                  # all labels (BACC / AUC / mAP)
+#                                                  # adaptation, partial BCE + KD on the missing entries), FedProx,
+#                                                  # MOON, FPSL, FedMLP, all labels (BACC / AUC / mAP)
 #   TABLE=fedlsm bash benchmarks/paper_tables.sh   # FedLSM Table 2 layout: HAM10000, 5 sites x 3 classes, FedAvg,
 #                                                  # FedAvg*, FedProx*, MOON*, FedRS, FedAvg*+FixMatch, FedPU, FedLSM,
 #                                                  # all labels (AUC / Acc / F1 / Precision / Recall)
@@ -32,6 +32,8 @@ if [ "$TABLE" = fedmlp ]; then
                --variant "RSCFed@$k=rscfed_ich:{$d}" --variant "FedFixMatch@$k=fixmatch_ich:{$d}"
                --variant "CBAFed@$k=cbafed_ich:{$d}" --variant "FedLSR@$k=fedlsr_ich:{$d}"
                --variant "FedNoRo@$k=fednoro_ich:{$d}" --variant "FedNoRo-code@$k=fednoro_ich:{\"parity\": \"code\", $d}"
+               --variant "FedProx@$k=fedprox_ich:{$d}" --variant "MOON@$k=moon_ich:{$d}"
+               --variant "FPSL@$k=fedavg_masked_ich:{\"method\": \"fpsl\", $d}"
                --variant "FedMLP@$k=fedmlp_ich:{$d}")
   done
   python benchmarks/run_jobs.py "${variants[@]}" --variant 'FedAvg-full=fedavg_full_ich:{}' \

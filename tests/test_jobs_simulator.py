@@ -225,7 +225,9 @@ def test_paper_job_runs_with_its_settings(job, tmp_path, data_cache):
 # 1-round first stage (round 2 runs the method's second stage: pseudo labels, detection, distillation), so what
 # the method's server rule sends reaches a site and is used there. Kept small for the CI budget: 2 site processes.
 COMPARISON_JOBS = ["cbafed_ich", "fednoro_ich", "fedlsr_ich", "fedprox_ich", "fixmatch_ich", "moon_ich",
-                   "rscfed_ich", "fedpu_ham10000", "fedrs_ham10000", "fixmatch_masked_ham10000", "fpsl_ham10000"]
+                   "rscfed_ich", "fedpu_ham10000", "fedrs_ham10000", "fixmatch_masked_ham10000", "fpsl_ham10000",
+                   # FedLSM's FedProx* and MOON*: the masked-rows variants, run as FedLSM's table runs them
+                   "fedavg_masked_ham10000:fedprox_masked", "fedavg_masked_ham10000:moon_masked"]
 TWO_SITES = {"ich": {"dataset": {"prepare": {"num_sites": 2, "k": 2,
                                              "source_args": {"n_images": 120, "size": 32, "seed": 0}}}},
              "ham10000": {"dataset": {"prepare": {"num_sites": 2, "protocol": "missing_k", "k": 3, "table": None,
@@ -237,13 +239,17 @@ def test_comparison_method_runs_two_rounds(job, tmp_path, data_cache):
     from fedpartial.data.presets import deep_merge
     from fedpartial.methods import get_method
 
+    job, _, method_name = job.partition(":")  # "job:method" runs the job with another method
     kind, needs = _kind(job)
     if needs:
         real_data(needs)
     client = json.loads((REPO / "jobs" / job / "app/config/config_fed_client.json").read_text())
-    method = get_method(client["method"])
+    method_name = method_name or client["method"]
+    method = get_method(method_name)
     stage = {k: 1 for k in ("warmup_rounds", "warm_rounds") if k in method.option_names()}
     args = deep_merge(deep_merge(TINY[kind], TWO_SITES[kind]), {"evaluation": {"test_every": 0}})
+    if method_name != client["method"]:
+        args["method"] = method_name
     if stage:
         args["method_args"] = {**client["executors"][0]["executor"]["args"]["method_args"], **stage}
     job_dir = copy_job(job, tmp_path / job, num_rounds=2, executor_args=args, min_clients=2)
@@ -251,7 +257,7 @@ def test_comparison_method_runs_two_rounds(job, tmp_path, data_cache):
     proc = run_simulator(job_dir, ws, n=2, env={"FEDPARTIAL_CACHE": str(data_cache)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(ws)[-3000:]
     res = results_of(ws)
-    assert res["method"] == client["method"] and res["num_rounds"] == 2
+    assert res["method"] == method_name and res["num_rounds"] == 2
     for r in res["rounds"]:
         assert sorted(r["sites"]) == ["site-1", "site-2"], r["sites"]
         assert r["rejected"] == {} and r["missing"] == [] and r["rule_error"] is None

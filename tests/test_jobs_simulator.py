@@ -222,8 +222,9 @@ def test_paper_job_runs_with_its_settings(job, tmp_path, data_cache):
 
 
 # The papers' comparison methods (issue 18): each job 2 rounds through the real simulator with 2 sites and a
-# 1-round first stage (round 2 runs the method's second stage: pseudo labels, detection, distillation), so what
-# the method's server rule sends reaches a site and is used there. Kept small for the CI budget: 2 site processes.
+# 1-round first stage, so round 2 runs the method's second stage (pseudo labels, detection, distillation) on what
+# the server rule sent after round 1: both rounds must take both sites' updates without a rule error. Kept small
+# for the CI budget: 2 site processes.
 COMPARISON_JOBS = ["cbafed_ich", "fednoro_ich", "fedlsr_ich", "fedprox_ich", "fixmatch_ich", "moon_ich",
                    "rscfed_ich", "fedpu_ham10000", "fedrs_ham10000", "fixmatch_masked_ham10000", "fpsl_ham10000",
                    # FedLSM's FedProx* and MOON*: the masked-rows variants, run as FedLSM's table runs them

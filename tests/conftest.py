@@ -30,6 +30,15 @@ def data_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("fedpartial_cache")
 
 
+SCHEDULE_KEYS = ("warmup_rounds", "warm_rounds", "labelled_only_rounds")  # the methods' first-stage lengths
+
+
+def one_round_first_stage(method) -> dict:
+    """``method_args`` that shorten a registered method's first stage (warm-up, labelled-only rounds) to 1 round,
+    so that round 2 of a short run is its second stage; {} for a method without one."""
+    return {k: 1 for k in SCHEDULE_KEYS if k in method.option_names()}
+
+
 def copy_job(job: str, dest: Path, num_rounds: int | None = None, executor_args: dict | None = None,
              min_clients: int | None = None) -> Path:
     """Copy jobs/<job> to dest with the package built into its apps and the given overrides."""

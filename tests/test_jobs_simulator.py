@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import REPO, copy_job, real_data, results_of, run_simulator, server_log
+from conftest import REPO, copy_job, one_round_first_stage, real_data, results_of, run_simulator, server_log
 
 pytestmark = pytest.mark.integration
 
@@ -247,12 +247,10 @@ def test_comparison_method_runs_two_rounds(job, tmp_path, data_cache):
     client = json.loads((REPO / "jobs" / job / "app/config/config_fed_client.json").read_text())
     method_name = method_name or client["method"]
     method = get_method(method_name)
-    stage = {k: 1 for k in ("warmup_rounds", "warm_rounds") if k in method.option_names()}
     args = deep_merge(deep_merge(TINY[kind], TWO_SITES[kind]), {"evaluation": {"test_every": 0}})
     if method_name != client["method"]:
         args["method"] = method_name
-    if stage:
-        args["method_args"] = {**client["executors"][0]["executor"]["args"]["method_args"], **stage}
+    args["method_args"] = one_round_first_stage(method)  # merged over the job's own method_args, both sides
     job_dir = copy_job(job, tmp_path / job, num_rounds=2, executor_args=args, min_clients=2)
     ws = tmp_path / "ws"
     proc = run_simulator(job_dir, ws, n=2, env={"FEDPARTIAL_CACHE": str(data_cache)})

@@ -23,6 +23,8 @@ from nvflare.app_common.decomposers import numpy_decomposers
 from nvflare.fuel.utils import fobs
 from PIL import Image
 
+from conftest import one_round_first_stage
+
 from fedpartial.data.manifest import read_manifest, write_manifest
 from fedpartial.data.presets import resolve_dataset
 from fedpartial.data.sitedata import SiteDatasets
@@ -34,7 +36,6 @@ from fedpartial.models import PartialLabelNet
 load_all()
 numpy_decomposers.register()  # as NVFlare's runtime does for jobs that send numpy arrays
 PRESET = {"multilabel": "ich_phantom", "multiclass": "ham10000"}
-SCHEDULE_KEYS = ("warmup_rounds", "warm_rounds", "labelled_only_rounds")  # a 1-round first stage: round 1 is stage 2
 N, SIZE = 16, 16
 # FedIRM's setting: every site labels everything or nothing (data protocol labeled_unlabeled)
 LABELLED_OR_NOT = {"fedirm", "fed_consistency", "fed_selftraining", "fedavg_labelled"}
@@ -114,7 +115,7 @@ def test_every_method_runs_two_federated_rounds(name, task, images, tmp_path):
     method = get_method(name)
     ds = resolve_dataset({"preset": PRESET[task], "image_size": SIZE})
     C = len(ds["classes"])
-    options = {k: 1 for k in SCHEDULE_KEYS if k in method.option_names()}
+    options = one_round_first_stage(method)  # round 1 is stage 2
     annotated = _annotations(name, task, C, method.trainer.accepts_unlabelled)
     ctxs = [_site(images, k, task, a, ds, tmp_path / f"s{k}") for k, a in enumerate(annotated)]
     summary = _summary(ctxs)

@@ -73,6 +73,23 @@ def test_rowwise_average_shapes_and_errors():
         weighted_average([np.zeros(2)], [float("nan")])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_weighted_average_in_place_sums_match_numpy(dtype):
+    """The BLAS axpy accumulation (contiguous float tensors) and the numpy one (strided views, integers, 0-d)
+    give the weighted mean; a zero weight skips its array."""
+    rng = np.random.default_rng(0)
+    arrays = [rng.normal(size=(4, 6)).astype(dtype) for _ in range(3)]
+    w = [1.0, 2.0, 0.0]
+    expected = (arrays[0] * 1 + arrays[1] * 2) / 3
+    out = weighted_average(arrays, w)
+    assert out.dtype == dtype
+    np.testing.assert_allclose(out, expected, rtol=1e-6)
+    np.testing.assert_allclose(weighted_average([a.T for a in arrays], w), expected.T, rtol=1e-6)  # not contiguous
+    assert weighted_average([np.array(2.5, dtype), np.array(4.0, dtype)], [1, 3]) == pytest.approx(3.625)
+    ints = weighted_average([np.array(1, np.int64), np.array(4, np.int64)], [1, 3])
+    assert ints.dtype == np.int64 and ints == 3  # 3.25 rounded
+
+
 def test_check_update_catches_broken_updates():
     assert check_update(A, B) is None
     bad = dict(A, **{"encoder.w": np.array([np.nan], np.float32)})

@@ -60,6 +60,29 @@ def test_bound_changes_reject_and_clip_by_hand():
         bound_changes(states, ref, 2, mode="ignore")
 
 
+def test_check_update_collects_the_change_norms_bound_changes_uses():
+    """The server reads each update once: check_update's norms are change_norms', NaN still fails, and
+    bound_changes decides on norms it is given (here deliberately not the true ones) instead of recomputing."""
+    ref, states = _three()
+    scratch: dict = {}
+    collected = []
+    for s in states:
+        norms: dict = {}
+        assert check_update(s, ref, norms, scratch) is None
+        collected.append(norms)
+    assert set(scratch) == {"w", "b"}  # difference buffers kept for the next update
+    for key, expected in change_norms(states, ref).items():
+        np.testing.assert_allclose([c[key] for c in collected], expected, rtol=1e-6)
+    assert "non-finite" in check_update(dict(states[0], w=np.array([np.nan, 0], np.float32)), ref, {}, scratch)
+    # finite values whose change overflows pass the check; their infinite change norm is refused by the bound
+    huge = dict(states[0], w=np.array([3e38, -3e38], np.float32))
+    norms = {}
+    assert check_update(huge, {**ref, "w": np.array([-3e38, 3e38], np.float32)}, norms) is None
+    assert norms["w"] == np.inf
+    given = {"w": np.array([1.0, 50.0, 1.0]), "b": np.array([0.1, 0.1, 0.1])}
+    assert list(bound_changes(states, ref, 2, norms=given)[1]) == [1]  # the true norms would refuse site 0
+
+
 def test_bound_changes_floor_on_unchanged_tensors():
     """A tensor no honest site changes (median 0) still refuses a huge change, but not a tiny one."""
     ref = {"g": np.ones(4, np.float32)}  # ||ref|| = 2 -> floor 1e-4 * 3

@@ -20,8 +20,22 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 import numpy as np
+from scipy.linalg import blas
 
 State = Mapping[str, np.ndarray]
+
+_AXPY = {np.dtype(np.float32): blas.saxpy, np.dtype(np.float64): blas.daxpy}
+
+
+def _add_scaled(out: np.ndarray, x: np.ndarray, a: float, tmp: np.ndarray) -> None:
+    """``out += a * x`` in place: one BLAS axpy pass when both are C-contiguous arrays of out's float dtype (the
+    usual case: float32 model tensors), else numpy through ``tmp`` (same shape and dtype as ``out``)."""
+    axpy = _AXPY.get(out.dtype)
+    if (axpy is not None and x.dtype == out.dtype and out.flags.c_contiguous and x.flags.c_contiguous
+            and out.size > 0):
+        axpy(x.reshape(-1), out.reshape(-1), a=a)  # in place on out's memory (checked in tests/test_aggregation)
+    else:
+        out += np.multiply(x, a, out=tmp, dtype=out.dtype)
 
 
 def weighted_average(arrays: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
@@ -37,14 +51,14 @@ def weighted_average(arrays: Sequence[np.ndarray], weights: Sequence[float]) -> 
     dtype = first.dtype
     # accumulate in place, at least float32 (float64 stays float64, integers in float64): no (K, ...) stack of copies
     acc = np.promote_types(dtype, np.float32) if np.issubdtype(dtype, np.floating) else np.dtype(np.float64)
-    out = np.multiply(first, w[0], dtype=acc)
-    tmp = np.empty_like(out)
+    out = np.multiply(first, w[0], out=np.empty(first.shape, acc), dtype=acc)  # an array even for 0-d tensors
+    tmp = np.empty_like(out) if len(arrays) > 1 else out
     for a, wk in zip(arrays[1:], w[1:]):
         if wk:
-            out += np.multiply(np.asarray(a), wk, out=tmp, dtype=acc)
+            _add_scaled(out, np.asarray(a), float(wk), tmp)
     if np.issubdtype(dtype, np.integer):
         out = np.rint(out)
-    return out.astype(dtype)
+    return out.astype(dtype, copy=False)
 
 
 def class_average(values: Sequence[np.ndarray] | np.ndarray, class_weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -135,8 +149,15 @@ def _finite_sum(v: np.ndarray) -> bool:
         return bool(np.isfinite(v.sum()))
 
 
-def check_update(state: State, reference: State) -> str | None:
-    """Why a site's update is unusable (missing / extra keys, wrong shapes or dtypes, non-finite values), or None."""
+def check_update(state: State, reference: State, norms: dict[str, float] | None = None,
+                 scratch: dict[str, np.ndarray] | None = None) -> str | None:
+    """Why a site's update is unusable (missing / extra keys, wrong shapes or dtypes, non-finite values), or None.
+
+    With ``norms`` (a dict to fill), each floating-point tensor's change ``||state[k] - reference[k]||_2`` is
+    computed on the way and stored there (what :func:`bound_changes` needs): its finiteness then doubles as the
+    finiteness check, so the update is read once instead of twice. ``scratch`` keeps the difference buffers
+    between calls (one per tensor, created on first use).
+    """
     missing = sorted(set(reference) - set(state))
     extra = sorted(set(state) - set(reference))
     if missing or extra:
@@ -147,8 +168,21 @@ def check_update(state: State, reference: State) -> str | None:
             return f"tensor '{k}' has shape {v.shape}, expected {np.shape(ref)}"
         if v.dtype != np.asarray(ref).dtype:
             return f"tensor '{k}' has dtype {v.dtype}, expected {np.asarray(ref).dtype}"
-        # a NaN / inf makes the sum non-finite; only a sum that overflowed needs the element-wise check
-        if np.issubdtype(v.dtype, np.floating) and not _finite_sum(v) and not np.all(np.isfinite(v)):
+        if not np.issubdtype(v.dtype, np.floating):
+            continue
+        if norms is not None:
+            buf = scratch.get(k) if scratch is not None else None
+            if buf is None or buf.shape != v.shape or buf.dtype != v.dtype:
+                buf = np.empty_like(v)
+                if scratch is not None:
+                    scratch[k] = buf
+            with np.errstate(over="ignore", invalid="ignore"):
+                norms[k] = _norm(np.subtract(v, np.asarray(ref), out=buf))
+            finite = bool(np.isfinite(norms[k]))
+        else:
+            finite = _finite_sum(v)
+        # a NaN / inf makes the sum (norm) non-finite; only one that overflowed needs the element-wise check
+        if not finite and not np.all(np.isfinite(v)):
             return f"tensor '{k}' has non-finite values"
     return None
 
@@ -203,7 +237,8 @@ def change_bound(norms: np.ndarray, ref_norm: float, max_ratio: float, floor: fl
 
 
 def bound_changes(states: Sequence[State], reference: State, max_ratio: float, mode: str = "reject",
-                  floor: float = 1e-4) -> tuple[list[dict[str, np.ndarray]], dict[int, str]]:
+                  floor: float = 1e-4, norms: Mapping[str, np.ndarray] | None = None,
+                  ) -> tuple[list[dict[str, np.ndarray]], dict[int, str]]:
     """Bound each site's change of each tensor relative to the round's median change of that tensor.
 
     Args:
@@ -212,6 +247,8 @@ def bound_changes(states: Sequence[State], reference: State, max_ratio: float, m
         max_ratio: a change ``||d_k|| > max_ratio * median_j ||d_j||`` (see :func:`change_bound`) is too large.
         mode: ``"reject"`` (the site's whole update is refused) or ``"clip"`` (the change of that tensor is scaled
             down to the bound: ``w = ref + d * bound / ||d||``).
+        norms: the changes' norms if already known (``{key: (K,)}`` as :func:`change_norms` returns, e.g. collected
+            by :func:`check_update` as the updates arrived); computed here when None.
 
     Returns:
         ``(states out, {site index: why})``: with "reject" the refused sites are left out of ``states out`` (the
@@ -221,10 +258,12 @@ def bound_changes(states: Sequence[State], reference: State, max_ratio: float, m
         raise ValueError(f"mode must be one of {BOUND_MODES}, got {mode!r}")
     if max_ratio <= 0 or len(states) == 0:
         return [dict(s) for s in states], {}
-    norms = change_norms(states, reference)
+    if norms is None:
+        norms = change_norms(states, reference)
     why: dict[int, str] = {}
     out = [dict(s) for s in states]
     for key, nk in norms.items():
+        nk = np.asarray(nk, dtype=np.float64)
         bound = change_bound(nk, _norm(np.asarray(reference[key])), max_ratio, floor)
         for k in np.flatnonzero(nk > bound):
             if k not in why:

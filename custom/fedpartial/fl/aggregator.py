@@ -75,6 +75,8 @@ class PartialLabelAggregator(Aggregator):
         except ValueError as e:  # reported with the job's name when the job starts (no context here)
             self.rule, self.config_error = None, str(e)
         self._contributions: list[Contribution] = []
+        self._norms: dict[str, dict[str, float]] = {}  # site -> its change norm per tensor (for the change bound)
+        self._scratch: dict[str, np.ndarray] = {}  # difference buffers reused by check_update
         self.rejected: list[tuple[str, str]] = []
         self._clipped: list[str] = []
         self._last_meta: dict = {}
@@ -88,7 +90,7 @@ class PartialLabelAggregator(Aggregator):
                 self.system_panic(f"job '{job}': {self.config_error}", fl_ctx)
 
     def reset(self, fl_ctx: FLContext):
-        self._contributions, self.rejected = [], []
+        self._contributions, self.rejected, self._norms = [], [], {}
 
     def checkpoint_state(self) -> dict:
         """The rule's state (e.g. FedIRM's global relation matrix) and the metadata the sites received last, for
@@ -128,7 +130,9 @@ class PartialLabelAggregator(Aggregator):
             return self._reject(fl_ctx, site, "second contribution in the same round")
         weights = {k: np.asarray(v) for k, v in (dxo.data or {}).items()}
         previous = self._previous(fl_ctx)
-        why = check_update(weights, previous) if previous is not None else None
+        # the change norms for the bound come with the finiteness check (one read of the update)
+        norms = {} if self.max_change_ratio > 0 else None
+        why = check_update(weights, previous, norms, self._scratch) if previous is not None else None
         if why:
             return self._reject(fl_ctx, site, why)
         meta = dict(dxo.meta or {})
@@ -150,6 +154,8 @@ class PartialLabelAggregator(Aggregator):
         if not np.isfinite(w) or w < 0:
             return self._reject(fl_ctx, site, f"invalid participation weight {w}")
         self._contributions.append(Contribution(site=site, weights=weights, n=n, meta=meta, weight=w))
+        if norms is not None:
+            self._norms[site] = norms
         return True
 
     def _summary(self, fl_ctx: FLContext) -> dict | None:
@@ -170,8 +176,12 @@ class PartialLabelAggregator(Aggregator):
         """Apply :func:`bound_changes` to the round's updates (participation weight > 0)."""
         if previous is None or self.max_change_ratio <= 0 or len(contributions) < 2:
             return contributions
+        norms = None
+        if all(c.site in self._norms for c in contributions):
+            norms = {key: np.array([self._norms[c.site][key] for c in contributions])
+                     for key in self._norms[contributions[0].site]}
         states, why = bound_changes([c.weights for c in contributions], previous, self.max_change_ratio,
-                                    self.on_large_change)
+                                    self.on_large_change, norms=norms)
         if self.on_large_change == "reject":
             for k, reason in sorted(why.items()):
                 self._reject(fl_ctx, contributions[k].site, f"round {rnd}: {reason}")
@@ -192,6 +202,7 @@ class PartialLabelAggregator(Aggregator):
         received = sorted(self._contributions, key=lambda c: c.site)
         self._contributions, self._clipped = [], []
         contributions = self._bound(fl_ctx, rnd, previous, [c for c in received if c.weight > 0])
+        self._norms = {}
         rejected = sorted({s for s, _ in self.rejected})
         answered = {c.site for c in received} | set(rejected)
         sat_out = {META_SKIPPED: [c.site for c in received if c.weight <= 0],

@@ -30,6 +30,8 @@ def test_warp_equals_monai_affine_for_the_same_parameters(angle, tx, ty, sx, sy)
 def test_filters_equal_monai_per_sample():
     x = torch.rand(2, 3, 12, 12, generator=torch.Generator().manual_seed(1))
     assert torch.equal(median3(x), torch.stack([torch.as_tensor(MedianSmooth(radius=1)(v)) for v in x]))
+    ties = torch.randint(0, 3, (2, 1, 9, 7), generator=torch.Generator().manual_seed(2)).float()  # many equal values
+    assert torch.equal(median3(ties), torch.stack([torch.as_tensor(MedianSmooth(radius=1)(v)) for v in ties]))
     sigma = torch.tensor([[0.3, 0.8], [1.0, 0.1]])  # (x, y); MONAI's sigma is (rows, columns)
     ref = torch.stack([torch.as_tensor(GaussianSmooth(sigma=(float(s[1]), float(s[0])))(v)) for v, s in zip(x, sigma)])
     assert torch.allclose(gaussian_blur(x, sigma), ref, atol=1e-6)

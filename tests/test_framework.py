@@ -125,6 +125,13 @@ def test_parameter_groups_by_module_type():
     assert g["classifier"] == ["classifier.weight", "classifier.bias"]
 
 
+def test_inference_batch_defaults_to_the_training_batch_on_cpu_and_4x_on_gpu():
+    from fedpartial.models import default_inference_batch_size
+
+    assert default_inference_batch_size(32, "cpu") == 32 and default_inference_batch_size(32, "cuda") == 128
+    assert default_inference_batch_size(8, torch.device("cuda", 0)) == 32
+
+
 def test_surgical_head_is_a_model_option():
     net = PartialLabelNet("small_cnn", 3, 3, width=4, head_hidden=256, head_dropout=0.3)
     g = net.parameter_groups()

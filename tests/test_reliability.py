@@ -60,20 +60,29 @@ def test_bound_changes_reject_and_clip_by_hand():
         bound_changes(states, ref, 2, mode="ignore")
 
 
+def test_change_norm_block_by_block_by_hand(monkeypatch):
+    import fedpartial.aggregation as agg
+
+    monkeypatch.setattr(agg, "_CHUNK", 3)  # 7 values: blocks of 3, 3 and 1
+    a = np.array([3, 0, 0, 0, 0, 4, 2], np.float32)
+    assert agg.change_norm(a, np.zeros(7, np.float32)) == pytest.approx(np.sqrt(9 + 16 + 4))
+    assert agg.change_norm(a.reshape(7, 1), a.reshape(7, 1) + 1) == pytest.approx(np.sqrt(7))
+    assert np.isnan(agg.change_norm(np.array([1, np.nan], np.float32), np.zeros(2, np.float32)))
+    assert agg.change_norm(np.zeros(0, np.float32), np.zeros(0, np.float32)) == 0.0
+
+
 def test_check_update_collects_the_change_norms_bound_changes_uses():
     """The server reads each update once: check_update's norms are change_norms', NaN still fails, and
     bound_changes decides on norms it is given (here deliberately not the true ones) instead of recomputing."""
     ref, states = _three()
-    scratch: dict = {}
     collected = []
     for s in states:
         norms: dict = {}
-        assert check_update(s, ref, norms, scratch) is None
+        assert check_update(s, ref, norms) is None
         collected.append(norms)
-    assert set(scratch) == {"w", "b"}  # difference buffers kept for the next update
     for key, expected in change_norms(states, ref).items():
         np.testing.assert_allclose([c[key] for c in collected], expected, rtol=1e-6)
-    assert "non-finite" in check_update(dict(states[0], w=np.array([np.nan, 0], np.float32)), ref, {}, scratch)
+    assert "non-finite" in check_update(dict(states[0], w=np.array([np.nan, 0], np.float32)), ref, {})
     # finite values whose change overflows pass the check; their infinite change norm is refused by the bound
     huge = dict(states[0], w=np.array([3e38, -3e38], np.float32))
     norms = {}

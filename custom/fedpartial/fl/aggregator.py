@@ -76,7 +76,6 @@ class PartialLabelAggregator(Aggregator):
             self.rule, self.config_error = None, str(e)
         self._contributions: list[Contribution] = []
         self._norms: dict[str, dict[str, float]] = {}  # site -> its change norm per tensor (for the change bound)
-        self._scratch: dict[str, np.ndarray] = {}  # difference buffers reused by check_update
         self.rejected: list[tuple[str, str]] = []
         self._clipped: list[str] = []
         self._last_meta: dict = {}
@@ -132,7 +131,7 @@ class PartialLabelAggregator(Aggregator):
         previous = self._previous(fl_ctx)
         # the change norms for the bound come with the finiteness check (one read of the update)
         norms = {} if self.max_change_ratio > 0 else None
-        why = check_update(weights, previous, norms, self._scratch) if previous is not None else None
+        why = check_update(weights, previous, norms) if previous is not None else None
         if why:
             return self._reject(fl_ctx, site, why)
         meta = dict(dxo.meta or {})

@@ -51,7 +51,7 @@ from ..evaluation import evaluate
 from ..methods import SiteContext, TrainOptions, get_method
 from ..methods.options import build, opt
 from ..metrics import flatten_metrics, format_table
-from ..models import build_model, numpy_state
+from ..models import build_model, default_inference_batch_size, numpy_state
 from ..seeding import round_seed, seed_everything, site_seed
 from .checkpoint import read_file, run_folder, site_state_file, write_private
 from .keys import (META_ANNOTATED, META_GROUPS, META_N_TRAIN, META_RESULTS, META_SPEC, META_SUMMARY, META_TEST,
@@ -68,7 +68,8 @@ class EvalOptions:
     """The ``evaluation`` section of a job."""
 
     test_every: int = opt(0, "score the received model on the site's test data every N rounds (0: never)")
-    batch_size: int = opt(128, "evaluation batch size")
+    batch_size: int | None = opt(None, "evaluation batch size (default: the training batch size on a CPU, 4 x it on "
+                                       "a GPU: models.default_inference_batch_size)")
 
 
 def scorer_of(split: str, fingerprint: str, sites: dict) -> str | None:
@@ -310,7 +311,8 @@ class PartialLabelExecutor(Executor):
     def _evaluate_split(self, split: str) -> dict | None:
         if not self.scores(split):
             return None
-        loader = self.data.eval_loader(split, batch_size=self.eval_opts.batch_size)
+        bs = self.eval_opts.batch_size or default_inference_batch_size(self.train_opts.batch_size, self.torch_device)
+        loader = self.data.eval_loader(split, batch_size=bs)
         return evaluate(self.net, loader, self.task_type, self.classes, self.torch_device)
 
     def _train(self, shareable: Shareable, fl_ctx: FLContext, abort_signal: Signal) -> Shareable:

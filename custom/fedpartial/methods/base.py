@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ..aggregation import State, aggregate_states, clip_change_norms, robust_states, trim_count
-from ..models import NORM_TYPES, numpy_state
+from ..models import NORM_TYPES, default_inference_batch_size, numpy_state
 from .options import build, check_known, opt, option_names
 
 Norm = Literal["average", "local", "frozen"]
@@ -44,7 +44,8 @@ class TrainOptions:
     batch_size: int = opt(32, "training batch size")
     local_epochs: int = opt(1, "passes over the local training set per round (unless local_steps)")
     local_steps: int | None = opt(None, "optimisation steps per round (overrides local_epochs)")
-    inference_batch_size: int | None = opt(None, "batch size of whole-set passes (default 4 x batch_size)")
+    inference_batch_size: int | None = opt(None, "batch size of whole-set passes (default: batch_size on a CPU, "
+                                                  "4 x batch_size on a GPU)")
     num_threads: int = opt(1, "torch intra-op threads at the site")
     num_workers: int = opt(0, "DataLoader workers")
     keep_optimizer_state: bool | None = opt(None, "carry the optimiser state across rounds (None: the method's default)")
@@ -237,7 +238,8 @@ class LocalTrainer:
 
     @property
     def inference_batch_size(self) -> int:
-        return int(self.ctx.train.inference_batch_size or self.ctx.train.batch_size * 4)
+        return int(self.ctx.train.inference_batch_size
+                   or default_inference_batch_size(self.ctx.train.batch_size, self.ctx.device))
 
     def loader(self, views: dict[str, str], shuffle: bool = True, round_num: int = 0, batch_size: int | None = None):
         """A loader over the site's training images with the given views (key -> 'eval'/'weak'/'strong');

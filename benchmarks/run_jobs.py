@@ -463,6 +463,10 @@ def intervals(runs: dict[str, list[dict]]) -> str:
         by_seed = {r.get("seed"): r for r in rs}
         cells = [_ci_cell(by_seed[s]["final"][LAST_MODEL]["test"]) if s in by_seed else "" for s in seeds]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if any("[" not in line for line in lines[4:]):
+        lines += ["", "A value without an interval is pooled over several sites' evaluations (e.g. each site scoring "
+                      "with its own norm layers under FedBN): such a pool has no single bootstrap interval; each "
+                      "site's own interval is in its per-site result (`results.json`)."]
     return "\n".join(lines)
 
 

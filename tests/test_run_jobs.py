@@ -191,3 +191,30 @@ def test_resume_refuses_another_unset(tmp_path, monkeypatch):
     a.unset = ["train.lr"]
     with pytest.raises(SystemExit, match="unset"):
         R.previous_runs(a)
+
+
+def test_sweep_table_pairs_every_point_and_seed_by_hand(tmp_path):
+    """benchmarks/sweep_table.py: per-point mean ± std over seeds and the paper's paired t-test over all runs."""
+    from scipy import stats
+
+    spec = importlib.util.spec_from_file_location("sweep_table", REPO / "benchmarks" / "sweep_table.py")
+    st = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(st)
+
+    def run(seed, auc):
+        return {"seed": seed, "final": {"FL_global_model.pt": {"test": {"macro": {"auc": auc}}}}}
+
+    a = {2: (0.70, 0.72), 4: (0.75, 0.71)}  # per point: seeds 0 and 1
+    b = {2: (0.69, 0.70), 4: (0.74, 0.72)}
+    files = []
+    for k in (2, 4):
+        f = tmp_path / f"sweep_k{k}.json"
+        f.write_text(json.dumps({"runs": {"A": [run(s, v) for s, v in enumerate(a[k])],
+                                          "B": [run(s, v) for s, v in enumerate(b[k])]}}))
+        files.append(f)
+    text, cmp = st.sweep_table(files, "A", "B", ["2", "4"], "K")
+    assert "| 2 | 71.00 ± 1.41 | 69.50 ± 0.71 | 1.50 ± 0.71 | 2 |" in text  # diffs 1 and 2
+    x, y = [70, 72, 75, 71], [69, 70, 74, 72]
+    assert cmp["n"] == 4 and cmp["mean_diff"] == pytest.approx(0.75)
+    assert cmp["p"] == pytest.approx(stats.ttest_rel(x, y).pvalue)
+    assert st.main([str(f) for f in files] + ["--a", "A", "--b", "B"]) == 0

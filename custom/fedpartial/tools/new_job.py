@@ -179,7 +179,7 @@ def write_job(folder: str | Path, method: str, dataset: dict, num_sites: int, nu
     model = model or {"arch": "small_cnn", "in_channels": int(resolve_dataset(dataset)["channels"])}
     model = {**model, "init_seed": model.get("init_seed", seed)}  # the server's initial global model
     train = train or {"optimizer": "adam", "lr": 0.001, "batch_size": 32, "local_epochs": 1}
-    evaluation = evaluation or {"test_every": 5, "batch_size": 256}
+    evaluation = evaluation or {"test_every": 5}
     method_args = method_args or {}
     # one spec for both sides, checked before anything is written (unknown keys name the closest valid one)
     from ..methods import TrainOptions, get_method

@@ -465,7 +465,7 @@ def test_teacher_sees_the_weak_view_student_the_strong_one_and_the_ema_moves(wea
     torch.manual_seed(0)
     ctx = _site("s", [True, False, False], n=30, seed=1, model=_Probe("small_cnn", 3, 3, width=4))
     ctx.data = _ViewData(ctx.data.images, ctx.data.labels, ctx.data.mask)
-    ctx.train = TrainOptions(lr=0.05, batch_size=10, local_steps=3)
+    ctx.train = TrainOptions(lr=0.05, batch_size=10, local_steps=3, inference_batch_size=30)  # one uncertainty pass
     teachers = []
     real = lsm_trainer.frozen_copy
 

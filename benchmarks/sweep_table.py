@@ -22,9 +22,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "custom"))
 
+from fedpartial.fl.keys import BEST_MODEL, LAST_MODEL  # noqa: E402
 from fedpartial.stats import paired_comparison, stars  # noqa: E402
 
-MODELS = {"last": "FL_global_model.pt", "best": "best_FL_global_model.pt"}
+MODELS = {"last": LAST_MODEL, "best": BEST_MODEL}
 
 
 def macro_aucs(path: Path, config: str, model: str) -> dict[str, float]:

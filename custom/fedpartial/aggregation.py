@@ -27,15 +27,15 @@ State = Mapping[str, np.ndarray]
 _AXPY = {np.dtype(np.float32): blas.saxpy, np.dtype(np.float64): blas.daxpy}
 
 
-def _add_scaled(out: np.ndarray, x: np.ndarray, a: float, tmp: np.ndarray) -> None:
+def _add_scaled(out: np.ndarray, x: np.ndarray, a: float) -> None:
     """``out += a * x`` in place: one BLAS axpy pass when both are C-contiguous arrays of out's float dtype (the
-    usual case: float32 model tensors), else numpy through ``tmp`` (same shape and dtype as ``out``)."""
+    usual case: float32 model tensors), else numpy (a temporary for ``a * x``: integers, strided views)."""
     axpy = _AXPY.get(out.dtype)
     if (axpy is not None and x.dtype == out.dtype and out.flags.c_contiguous and x.flags.c_contiguous
             and out.size > 0):
         axpy(x.reshape(-1), out.reshape(-1), a=a)  # in place on out's memory (checked in tests/test_aggregation)
     else:
-        out += np.multiply(x, a, out=tmp, dtype=out.dtype)
+        out += np.multiply(x, a, dtype=out.dtype)
 
 
 def weighted_average(arrays: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
@@ -52,10 +52,9 @@ def weighted_average(arrays: Sequence[np.ndarray], weights: Sequence[float]) -> 
     # accumulate in place, at least float32 (float64 stays float64, integers in float64): no (K, ...) stack of copies
     acc = np.promote_types(dtype, np.float32) if np.issubdtype(dtype, np.floating) else np.dtype(np.float64)
     out = np.multiply(first, w[0], out=np.empty(first.shape, acc), dtype=acc)  # an array even for 0-d tensors
-    tmp = np.empty_like(out) if len(arrays) > 1 else out
     for a, wk in zip(arrays[1:], w[1:]):
         if wk:
-            _add_scaled(out, np.asarray(a), float(wk), tmp)
+            _add_scaled(out, np.asarray(a), float(wk))
     if np.issubdtype(dtype, np.integer):
         out = np.rint(out)
     return out.astype(dtype, copy=False)

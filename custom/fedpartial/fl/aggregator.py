@@ -130,7 +130,7 @@ class PartialLabelAggregator(Aggregator):
         weights = {k: np.asarray(v) for k, v in (dxo.data or {}).items()}
         previous = self._previous(fl_ctx)
         # the change norms for the bound come with the finiteness check (one read of the update)
-        norms = {} if self.max_change_ratio > 0 else None
+        norms = {} if self.max_change_ratio > 0 and previous is not None else None
         why = check_update(weights, previous, norms) if previous is not None else None
         if why:
             return self._reject(fl_ctx, site, why)

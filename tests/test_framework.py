@@ -75,6 +75,25 @@ def test_executor_checks_its_options_before_anything_runs():
         ex._check_options("job 'j'")
 
 
+@pytest.mark.parametrize("amp", [False, True])
+def test_train_amp_runs_the_local_round_under_bfloat16_autocast(amp):
+    """``train.amp``: the executor runs the method's round under bfloat16 autocast (on this CPU as on a GPU), so a
+    convolution inside the round computes in bfloat16; without it in float32. The weights stay float32."""
+    ex = PartialLabelExecutor(dataset="ich_phantom", method="fedavg", train={"amp": amp})
+    ex._check_options("job 'j'")
+    ex.torch_device = torch.device("cpu")
+    conv, seen = nn.Conv2d(3, 4, 3), {}
+
+    class Recorder:
+        def train_round(self, rnd, num_rounds, meta):
+            seen["dtype"] = conv(torch.randn(1, 3, 8, 8)).dtype
+            return "out"
+
+    ex.trainer = Recorder()
+    assert ex._train_round(0, 1, {}) == "out"
+    assert seen["dtype"] == (torch.bfloat16 if amp else torch.float32) and conv.weight.dtype == torch.float32
+
+
 def test_unknown_method_suggests_the_closest():
     with pytest.raises(ValueError, match="did you mean 'fedmlp'"):
         get_method("fedmpl")

@@ -171,6 +171,12 @@ class PartialLabelExecutor(Executor):
         if self.train_opts.channels_last:  # conv weights (and so activations) channels-last: faster convs and pooling
             self.net = self.net.to(memory_format=torch.channels_last)
 
+    def _train_round(self, rnd: int, num_rounds: int, global_meta: dict):
+        """The method's local round, under bfloat16 autocast with ``train.amp`` (a GPU's mixed precision; bfloat16
+        needs no loss scaling, and the same call runs on a CPU)."""
+        with torch.autocast(self.torch_device.type, dtype=torch.bfloat16, enabled=self.train_opts.amp):
+            return self.trainer.train_round(rnd, num_rounds, global_meta)
+
     def _build_trainer(self, fl_ctx: FLContext, site: str, where: str) -> None:
         # dataset "cache_dir": a folder shared by runs for "cache": "disk" (decoded images keyed by settings)
         cache = Path(self.ds_cfg["cache_dir"]) if self.ds_cfg.get("cache_dir") else self.state_dir.parent / "cache"
@@ -343,8 +349,7 @@ class PartialLabelExecutor(Executor):
         if abort_signal.triggered:
             return make_reply(ReturnCode.TASK_ABORTED)
         seed_everything(round_seed(self.ctx.seed, rnd))  # same draws whichever process runs this round
-        with torch.autocast(self.torch_device.type, dtype=torch.bfloat16, enabled=self.train_opts.amp):
-            out = self.trainer.train_round(rnd, num_rounds, global_meta)
+        out = self._train_round(rnd, num_rounds, global_meta)
         self.trainer.has_local_state = True
         self._save_state(rnd)
         meta.update(out.meta)

@@ -9,6 +9,7 @@
 #   vocab: two groups of sites with different vocabularies (sites 3-4 name the ICH subtypes by abbreviation).
 # Budget: ROUNDS rounds (default 10) of one local epoch; the warm-up (round 0) has WARMUP epochs (default 5; the
 # paper 15). Measured on the shared 2-core machine: about 1-2 min per ICH run of 6 rounds (see the job READMEs).
+# IMAGES: the ICH phantom's size for EXP=vocab (default: the preset's 1,500 images), e.g. IMAGES=4500.
 set -euo pipefail
 EXP="${EXP:-baselines}"; DATA="${DATA:-ich}"; NORM="${NORM:-frozen}"; ROUNDS="${ROUNDS:-10}"; WARMUP="${WARMUP:-5}"
 SEEDS="${SEEDS:-0 1 2}"
@@ -43,7 +44,7 @@ vocab)
   TABLE='[["epidural", "subdural", "intraventricular"], ["epidural", "subdural", "intraparenchymal"], ["epidural", "subdural", "subarachnoid"], ["epidural", "subdural", "subarachnoid"]]'
   python benchmarks/run_jobs.py --jobs surgical_ich --variant "fl_pl=surgical_ich:{\"task_block\": \"average\"}" \
     --seeds $SEEDS --rounds "$ROUNDS" --compact --sites 4 --compare surgical_ich fl_pl \
-    --override "{\"method_args\": {\"warmup_epochs\": $WARMUP}, \"dataset\": {\"prepare\": {\"num_sites\": 4, \"protocol\": \"table\", \"k\": null, \"table\": $TABLE, \"vocabularies\": {\"site-3\": \"ich_abbreviations\", \"site-4\": \"ich_abbreviations\"}}}, $EVAL}" \
-    --out "benchmarks/results/surgical_vocab.json" "$@" ;;
+    --override "{\"method_args\": {\"warmup_epochs\": $WARMUP}, \"dataset\": {\"prepare\": {\"num_sites\": 4, \"protocol\": \"table\", \"k\": null, \"table\": $TABLE, \"vocabularies\": {\"site-3\": \"ich_abbreviations\", \"site-4\": \"ich_abbreviations\"}${IMAGES:+, \"source_args\": {\"n_images\": $IMAGES\}}}}, $EVAL}" \
+    --out "benchmarks/results/surgical_vocab${IMAGES:+_n$IMAGES}.json" "$@" ;;
 *) echo "EXP must be baselines, sites, overlap or vocab" >&2; exit 2 ;;
 esac

@@ -146,12 +146,6 @@ def mc_dropout_probs(model: torch.nn.Module, x: torch.Tensor, passes: int, task:
             m.train(mode)
 
 
-def mc_dropout_entropy(model: torch.nn.Module, x: torch.Tensor, passes: int, task: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(mean probabilities (B, C), predictive entropy)`` of :func:`mc_dropout_probs` (entropy of the mean)."""
-    mean = mc_dropout_probs(model, x, passes, task).mean(0)
-    return mean, predictive_entropy(mean, task)
-
-
 # ------------------------------------------------------------------------------------------ the site's data
 
 def label_table(data) -> tuple[torch.Tensor, torch.Tensor]:

@@ -104,3 +104,33 @@ def test_prepare_centralise_pools_the_sites_partial_labels(tmp_path):
     assert len(pooled) == sum(len(p) for p in parts)
     assert np.array_equal(pooled.mask, np.concatenate([p.mask for p in parts]))  # each row keeps its site's labels
     assert not pooled.mask.all() and pooled.annotated.all()
+
+
+def test_nih_images_split_into_nih_and_chexpert_vocabularies_read_as_the_union(tmp_path):
+    """The surgical paper's real-world setting on the real NIH images (benchmarks/surgical.sh EXP=vocab
+    DATA=cxr14): sites 1-2 write NIH names, sites 3-4 CheXpert's; read back with each site's mapping, every site's
+    annotated classes are its table row in the job's (NIH) names and the two groups together cover all 14."""
+    from conftest import real_data
+
+    root = real_data("nih_cxr14_1000")
+    from fedpartial.data.vocabulary import CHEXPERT_NAMES
+
+    shared = ["Atelectasis", "Cardiomegaly", "Consolidation", "Edema", "Effusion", "Pneumonia", "Pneumothorax"]
+    nih = shared + ["Nodule", "Emphysema", "Fibrosis", "Hernia"]
+    chx = shared + ["Mass", "Infiltration", "Pleural_Thickening"]
+    classes = sorted(set(nih) | set(chx))
+    out = prep.prepare("nih_cxr14", root, tmp_path / "two", 4, "table", seed=0, verbose=False, classes=classes,
+                       table=[nih, nih, chx, chx], vocabularies={"site-3": "chexpert", "site-4": "chexpert"})
+    ds = prep.load_prepared(out)
+    header3 = pd.read_csv(ds.sites["site-3"], nrows=0).columns.tolist()
+    assert {"Pleural Effusion", "Lung Lesion", "Lung Opacity", "Pleural Other"} <= set(header3)
+    assert not {"Effusion", "Mass", "Infiltration", "Pleural_Thickening"} & set(header3)
+    assert "Effusion" in pd.read_csv(ds.sites["site-1"], nrows=0).columns
+    annotated = {}
+    for site, row in zip(sorted(ds.sites), [nih, nih, chx, chx]):
+        vocab = ds.info["vocabularies"].get(site)
+        assert (vocab == {v: k for k, v in CHEXPERT_NAMES.items()}) == (site in ("site-3", "site-4"))
+        m = read_manifest(ds.sites[site], classes, ds.data_root, site=site, columns=vocab)
+        annotated[site] = set(m.annotated_classes())
+        assert annotated[site] == set(row), site
+    assert set().union(*annotated.values()) == set(classes) and len(classes) == 14

@@ -11,6 +11,7 @@
 #       sites 1-2 use NIH names for the 7 findings NIH and CheXpert share plus 4 NIH-only findings, sites 3-4 use
 #       CheXpert names ("Pleural Effusion") for the shared 7 plus 3 findings under their closest CheXpert column
 #       (Lung Lesion = Mass, Lung Opacity = Infiltration, Pleural Other = Pleural_Thickening); the union is 14.
+#       all_labels: the same pipeline with every site annotating every class in one vocabulary (the upper bound).
 # Budget: ROUNDS rounds (default 10) of one local epoch; the warm-up (round 0) has WARMUP epochs (default 5; the
 # paper 15). Measured on the shared 2-core machine: about 1-2 min per ICH run of 6 rounds (see the job READMEs).
 # IMAGES: the ICH phantom's size for EXP=vocab (default: the preset's 1,500 images), e.g. IMAGES=4500.
@@ -56,6 +57,7 @@ vocab)
     VOCAB='{"site-3": "chexpert", "site-4": "chexpert"}'
   fi
   python benchmarks/run_jobs.py --jobs "$JOB" --variant "fl_pl=${JOB}:{\"task_block\": \"average\"}" \
+    --variant "all_labels=${JOB}:{\"dataset\": {\"prepare\": {\"protocol\": \"full\", \"table\": null, \"vocabularies\": null}}}" \
     --seeds $SEEDS --rounds "$ROUNDS" --compact --sites 4 --compare "$JOB" fl_pl \
     --override "{\"method_args\": {\"warmup_epochs\": $WARMUP}, \"dataset\": {\"prepare\": {\"num_sites\": 4, \"protocol\": \"table\", \"k\": null, \"table\": $TABLE, \"vocabularies\": $VOCAB${IMAGES:+, \"source_args\": {\"n_images\": $IMAGES\}}}}, $EVAL}" \
     --out "benchmarks/results/surgical_vocab$([ "$DATA" = ich ] || echo "_$DATA")${IMAGES:+_n$IMAGES}.json" "$@" ;;

@@ -13,7 +13,7 @@ import pytest
 from fedpartial.data import prepare as prep
 from fedpartial.data.manifest import ManifestError, read_manifest
 from fedpartial.data.site_config import SITE_CONFIG_ENV, SiteDataError, resolve_site_data
-from fedpartial.data.vocabulary import ICH_ABBREVIATIONS, VocabularyError, check_vocabulary, map_header
+from fedpartial.data.vocabulary import CHEXPERT_NAMES, ICH_ABBREVIATIONS, VocabularyError, check_vocabulary, map_header
 
 CLASSES = ["Atelectasis", "Effusion", "Edema"]
 
@@ -113,8 +113,6 @@ def test_nih_images_split_into_nih_and_chexpert_vocabularies_read_as_the_union(t
     from conftest import real_data
 
     root = real_data("nih_cxr14_1000")
-    from fedpartial.data.vocabulary import CHEXPERT_NAMES
-
     shared = ["Atelectasis", "Cardiomegaly", "Consolidation", "Edema", "Effusion", "Pneumonia", "Pneumothorax"]
     nih = shared + ["Nodule", "Emphysema", "Fibrosis", "Hernia"]
     chx = shared + ["Mass", "Infiltration", "Pleural_Thickening"]

@@ -19,7 +19,8 @@ Every round:
   student's softmax on one view and the teacher's on another (Eq. 1); ``L_IRM`` = symmetric KL between the
   global matrix and the batch's local matrix (Eq. 6), the local one built from the student's pre-softmax outputs
   of the samples whose MC-dropout predictive entropy (T = 8 passes, Eq. 4) is below h = ln 2, grouped by their
-  pseudo label argmax (Eq. 5). ``lambda(omega) = exp(-5 (1 - min(omega, 30)/30)^2)``, omega = the round.
+  pseudo label ``y^u = argmax(p^u)`` of the training forward pass (Eq. 5; ``pseudo_label: mc_mean``: argmax of
+  the MC mean). ``lambda(omega) = exp(-5 (1 - min(omega, 30)/30)^2)``, omega = the round.
 
 Readings of the paper: Eq. 5 prints the probabilities p^u where "(c.f. Eq. 2)" refers to the pre-softmax mean
 feature vectors; the default takes the pre-softmax outputs (as Eq. 2 and the released code: a softmax of
@@ -35,13 +36,17 @@ entropy < ``ml_entropy_threshold`` (0.5 nats ~ p >= 0.8); consistency on sigmoid
 is the released code's ICH treatment: the label row's argmax as a single-label softmax target (rows without a
 positive are left out); the model is still scored with per-class sigmoid scores by the evaluation.
 
-Released code (liuquande/FedIRM) behaviours offered as options: ``warm_rounds: 20`` (only labelled sites train
-in the first rounds; unlabelled sites sit them out with weight 0), ``site_weighting: uniform`` (FedAvg with equal
+Released code (liuquande/FedIRM) behaviours offered as options: ``warm_rounds: 21`` (``train_main.py`` trains the
+unlabelled clients when ``com_round * local_ep > 20``: rounds 0-20 are labelled-only; unlabelled sites sit them
+out with weight 0), ``site_weighting: uniform`` (FedAvg with equal
 site weights), ``label_smoothing: 0.1``, ``mc_passes: 11``, ``entropy_threshold: 2.0`` (never filters with 5
 classes), ``min_confidence: 0.3``, ``loss_weight: 15``, ``kl: code`` (the two KLs averaged instead of summed),
-``relation_average: code`` (batches without class c contribute a uniform row). Not reproduced: the code's
-labelled learning rate switch (3e-4 after round 20; set ``train.lr`` per job instead), its MC passes with
-BatchNorm in training mode, its teacher EMA of parameters only (here buffers too).
+``relation_average: code`` (batches without class c contribute a uniform row), ``train.lr: 2e-4`` with
+``labelled_lr_after_warm: 3e-4`` (the labelled clients' rate from round 21 on; the unlabelled clients' fixed
+2e-4 is ``unlabelled_lr``), ``train.keep_optimizer_state: true`` (each client's Adam state kept across rounds;
+the default builds a fresh Adam every round). The code and the paper agree on the pseudo label (argmax of the
+training forward pass, the default). Not reproduced: its MC passes with BatchNorm in training mode, its
+teacher EMA of parameters only (here buffers too). Details and pointers: :class:`FedIRMOptions`.
 
 Baselines (registered methods, any dataset):
 

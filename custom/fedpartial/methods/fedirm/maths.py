@@ -163,35 +163,38 @@ def symmetric_kl(global_m: torch.Tensor, local_m: torch.Tensor, rows: torch.Tens
 
 
 def uncertainty_filter(passes: torch.Tensor, threshold: float, kind: Kind = "softmax",
-                       confidence: torch.Tensor | None = None, min_confidence: float = 0.0
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       confidence: torch.Tensor | None = None, min_confidence: float = 0.0,
+                       pseudo: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Uncertainty-aware pseudo labels (Sec. 2.2.2, Eq. 4-5): the predictive entropy of the mean of ``T``
     Monte-Carlo-dropout passes ``w = -sum_c qbar_c log qbar_c``; a sample is kept when ``w < h``, its pseudo label
-    is ``argmax qbar``.
+    is ``y = argmax p`` of the prediction ``p`` given as ``pseudo`` (the paper: ``y^u = argmax(p^u)``, the training
+    forward pass, as the released ``local_unsupervised.py``), or ``argmax qbar`` when ``pseudo`` is None.
 
     Single-label (``"softmax"``): ``(B,)`` entropies, one-hot rows of the kept samples. Multi-label
-    (``"sigmoid"``): per entry the binary entropy of ``qbar_ic``, an entry is a selected positive when
-    ``qbar_ic > 1/2`` and its entropy ``< h``.
+    (``"sigmoid"``): per entry the binary entropy of ``qbar_ic``, an entry is a selected positive when its
+    prediction (``pseudo``, else ``qbar``) is ``> 1/2`` and its entropy ``< h``.
 
     Args:
         passes: ``(T, B, C)`` probabilities of the T stochastic passes.
         threshold: ``h`` in nats (paper ``ln 2``; the released code 2.0).
         confidence: optional ``(B, C)`` probabilities of the training forward pass; with ``min_confidence`` the
             released code's second test ``max_c p_ic >= 0.3`` (multi-label: ``p_ic >= min_confidence``).
+        pseudo: optional ``(B, C)`` probabilities whose argmax (multi-label: entries > 1/2) is the pseudo label.
 
     Returns:
         ``(targets (B, C) float, kept (B,) or (B, C) bool, entropy (B,) or (B, C))``.
     """
     mean = passes.mean(0)
+    source = mean if pseudo is None else pseudo.to(mean.dtype)
     task = "multiclass" if kind == "softmax" else "multilabel"
     entropy = predictive_entropy(mean.double(), task)
     kept = entropy < float(threshold)
     if kind == "softmax":
         if confidence is not None and min_confidence > 0:
             kept = kept & (confidence.max(1).values >= min_confidence)
-        targets = F.one_hot(mean.argmax(1), mean.shape[1]).to(mean.dtype) * kept[:, None].to(mean.dtype)
+        targets = F.one_hot(source.argmax(1), mean.shape[1]).to(mean.dtype) * kept[:, None].to(mean.dtype)
     else:
-        kept = kept & (mean > 0.5)
+        kept = kept & (source > 0.5)
         if confidence is not None and min_confidence > 0:
             kept = kept & (confidence >= min_confidence)
         targets = kept.to(mean.dtype)

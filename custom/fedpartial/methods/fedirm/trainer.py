@@ -24,12 +24,29 @@ UnlabelledMode = Literal["mean_teacher", "self_training", "skip"]
 
 @dataclass
 class FedIRMOptions(TrainerOptions):
-    """FedIRM's site options (method_args; paper defaults, the released code's values in the docs)."""
+    """FedIRM's site options (method_args; paper defaults, the released code's values in the docs).
+
+    Released code (liuquande/FedIRM at HEAD) behind the options below:
+
+    - ``warm_rounds: 21``: ``train_main.py`` trains the unlabelled clients only when ``com_round * local_ep > 20``,
+      i.e. from round 21 on (rounds 0-20, 21 rounds, are labelled-only).
+    - learning rates per role: ``train_main.py`` sets the labelled clients' ``base_lr`` to 3e-4 when
+      ``com_round * local_ep > 20`` (2e-4 before, ``options.py`` ``--base_lr``); ``local_unsupervised.py`` fixes the
+      unlabelled clients' ``base_lr = 2e-4``: ``train.lr: 2e-4, labelled_lr_after_warm: 3e-4, warm_rounds: 21``.
+      The paper gives no learning rate; the default is ``train.lr`` for both roles in every round.
+    - the optimiser: ``train_main.py`` keeps each client's Adam state across rounds (``optim_locals``, passed to and
+      returned by ``local.train``); the paper describes plain FedAvg local training, the default here builds a
+      fresh Adam every round; ``train.keep_optimizer_state: true`` is the code's.
+    - the pseudo label: the paper (``y^u = argmax(p^u)``, p^u the mini-batch's predicted probability) and
+      ``local_unsupervised.py`` (``argmax(softmax(outputs))`` of the training pass) both take it from the training
+      forward pass (the default, ``pseudo_label: forward``); ``pseudo_label: mc_mean`` takes it from the mean of the
+      Monte-Carlo dropout passes.
+    """
 
     unlabelled: UnlabelledMode = opt("mean_teacher", "unlabelled sites: mean teacher (FedIRM, Fed-Consistency), self_training, or skip (sit out)")
     irm: bool = opt(True, "inter-client relation matching at unlabelled sites (False: Fed-Consistency)")
     consistency: bool = opt(True, "the mean-teacher consistency loss L_c at unlabelled sites")
-    warm_rounds: int = opt(0, "rounds in which only labelled sites train (released code: 20)")
+    warm_rounds: int = opt(0, "rounds in which only labelled sites train (released code: 21, rounds 0-20)")
     tau: float = opt(2.0, "temperature of the relation matrix (Eq. 3)")
     relation_average: Literal["batches", "code"] = opt("batches", "labelled matrix: row c over the batches holding c, or all batches (code)")
     unlabelled_rows: Literal["logits", "probs"] = opt("logits", "unlabelled matrix from pre-softmax outputs (Eq. 2, code) or probabilities (Eq. 5 as printed)")
@@ -45,6 +62,10 @@ class FedIRMOptions(TrainerOptions):
     label_mode: Literal["auto", "argmax"] = opt("auto", "multi-label data: sigmoid generalisation, or single-label softmax on argmax of the row (code's ICH)")
     pseudo_threshold: float = opt(0.95, "Fed-SelfTraining: confidence of the received model's pseudo labels")
     view: Literal["weak", "strong"] = opt("weak", "the two augmented views")
+    pseudo_label: Literal["forward", "mc_mean"] = opt("forward", "unlabelled pseudo label: argmax of the training forward pass (paper, code) or of the MC-dropout mean")
+    labelled_lr: float | None = opt(None, "labelled sites' learning rate in rounds < warm_rounds (None: train.lr)")
+    labelled_lr_after_warm: float | None = opt(None, "labelled sites' learning rate from round warm_rounds on (None: labelled_lr; code: 3e-4)")
+    unlabelled_lr: float | None = opt(None, "unlabelled sites' learning rate (None: train.lr; code: 2e-4)")
 
     def __post_init__(self):
         if self.tau <= 0:
@@ -55,6 +76,10 @@ class FedIRMOptions(TrainerOptions):
             raise ValueError(f"fedirm: ema_max_decay must lie in [0, 1], got {self.ema_max_decay}")
         if self.warm_rounds < 0 or self.rampup_rounds < 0:
             raise ValueError("fedirm: warm_rounds and rampup_rounds must be >= 0")
+        for name in ("labelled_lr", "labelled_lr_after_warm", "unlabelled_lr"):
+            v = getattr(self, name)
+            if v is not None and not v > 0:
+                raise ValueError(f"fedirm: {name} must be > 0, got {v}")
 
 
 @torch.no_grad()
@@ -118,6 +143,24 @@ class FedIRMTrainer(WithMeanTeacher, LocalTrainer):
             return float(self.opts.ml_entropy_threshold)
         return LN2 if self.opts.entropy_threshold is None else float(self.opts.entropy_threshold)
 
+    def learning_rate(self, round_num: int) -> float:
+        """The site's learning rate this round: ``train.lr`` unless the role's option sets one."""
+        base = float(self.ctx.train.lr)
+        if not self.is_labelled:
+            return base if self.opts.unlabelled_lr is None else float(self.opts.unlabelled_lr)
+        lr = base if self.opts.labelled_lr is None else float(self.opts.labelled_lr)
+        if round_num >= self.opts.warm_rounds and self.opts.labelled_lr_after_warm is not None:
+            lr = float(self.opts.labelled_lr_after_warm)
+        return lr
+
+    def round_optimizer(self, round_num: int) -> torch.optim.Optimizer:
+        """The round's optimiser (fresh, or the kept state with ``train.keep_optimizer_state``) at this round's
+        learning rate (the released code also overrides a restored state's rate: ``param_group['lr'] = base_lr``)."""
+        optimizer = self.make_optimizer()
+        for group in optimizer.param_groups:
+            group["lr"] = self.learning_rate(round_num)
+        return optimizer
+
     def loss_weight(self, round_num: int) -> float:
         """``loss_weight * lambda(omega)`` of the unlabelled loss."""
         return float(self.opts.loss_weight) * rampup(round_num, self.opts.rampup_rounds)
@@ -147,7 +190,8 @@ class FedIRMTrainer(WithMeanTeacher, LocalTrainer):
         the relation matrix of the kept samples' outputs. Returns ``(M (C, C), counts (C,), kept)``."""
         passes = mc_dropout_probs(self.ctx.model, x, self.opts.mc_passes, self.method_task)
         conf = probabilities(outputs.detach(), self.method_task)
-        pseudo, kept, _ = uncertainty_filter(passes, self.threshold, self.kind, conf, self.opts.min_confidence)
+        source = conf if self.opts.pseudo_label == "forward" else None
+        pseudo, kept, _ = uncertainty_filter(passes, self.threshold, self.kind, conf, self.opts.min_confidence, source)
         rows = outputs if self.opts.unlabelled_rows == "logits" else probabilities(outputs, self.method_task)
         m, counts = relation_matrix(rows, pseudo, self.opts.tau, self.kind)
         return m, counts, kept
@@ -167,7 +211,7 @@ class FedIRMTrainer(WithMeanTeacher, LocalTrainer):
 
     def _labelled_round(self, round_num: int) -> RoundOutput:
         model = self.train_mode()
-        self.make_optimizer()
+        self.round_optimizer(round_num)
         mats, counts = [], []
         total, steps = 0.0, 0
         for b in self.batches(self._views(), round_num):
@@ -191,7 +235,7 @@ class FedIRMTrainer(WithMeanTeacher, LocalTrainer):
     def _mean_teacher_round(self, round_num: int, global_meta: dict) -> RoundOutput:
         model = self.train_mode()
         teacher = self.ensure_teacher()
-        self.make_optimizer()
+        self.round_optimizer(round_num)
         received = self.received_relation(global_meta) if self.opts.irm else None
         w = self.loss_weight(round_num)
         total, steps, selected, l_irm, l_c, dist = 0.0, 0, 0, 0.0, 0.0, 0.0
@@ -226,7 +270,7 @@ class FedIRMTrainer(WithMeanTeacher, LocalTrainer):
     def _self_training_round(self, round_num: int) -> RoundOutput:
         model = self.train_mode()
         reference = frozen_copy(model)  # the received global model labels the data
-        self.make_optimizer()
+        self.round_optimizer(round_num)
         w = self.loss_weight(round_num)
         total, steps, used = 0.0, 0, 0
         for b in self.batches(self._views(), round_num):

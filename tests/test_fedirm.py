@@ -309,6 +309,9 @@ def test_schedule_and_baselines_switches():
     assert fedirm.make_trainer(unl, {"warm_rounds": 2}).train_round(1, 5, {}).weight == 0.0
     assert fedirm.make_trainer(lab, {"warm_rounds": 2}).train_round(1, 5, {}).weight == 1.0
     assert fedirm.make_trainer(_site("unl", False), {"warm_rounds": 2}).train_round(2, 5, {}).weight == 1.0
+    # the released code trains unlabelled clients when com_round * local_ep > 20: its schedule is warm_rounds 21
+    code = fedirm.make_trainer(_site("unl", False), {"warm_rounds": 21})
+    assert code.train_round(20, 30, {}).weight == 0.0 and code.train_round(21, 30, {}).weight == 1.0
     # labelled-only FedAvg: unlabelled sites never train
     before = _weights(unl.model)
     out = get_method("fedavg_labelled").make_trainer(unl, {}).train_round(40, 50, {})

@@ -116,6 +116,13 @@ MUTATIONS = [
              [('if self.opts.task_block == "masked":', "if False:")], T_SURGICAL, "caught"),
     Mutation("pfl_head_shared", "PFL: the task block shared (not kept local)", f"{SURGICAL}/__init__.py",
              [('**PAPER, keep_local=["classifier"])', "**PAPER)")], T_SURGICAL, "caught"),
+    Mutation("norm_frozen_ignored", "norm: frozen ignored (BatchNorm trains; the individual baseline's code option)",
+             "custom/fedpartial/methods/base.py",
+             [('        if self.opts.norm == "frozen":\n            for m in model.modules():',
+               '        if False:\n            for m in model.modules():')], T_SURGICAL, "option"),
+    Mutation("min_delta_ignored", "early stopping min_delta ignored", "custom/fedpartial/fl/selection.py",
+             [("if self.patience_metric is None or self.best_val_metric > self.patience_metric + self.min_delta:",
+               "if True:")], T_SURGICAL, "option"),
 ]
 
 

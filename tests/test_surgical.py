@@ -147,11 +147,17 @@ def test_warmup_trains_only_the_task_block_with_the_representation_frozen(train)
 
 
 def test_warmup_keeps_the_epoch_with_the_lowest_local_val_loss():
+    """The validation labels are the training labels inverted: fitting the training set raises the validation
+    loss, so the best epoch is not the last one, and the kept head must score the best epoch's loss (a warm-up
+    that keeps its last epoch, or reports one epoch and keeps another, fails)."""
     ctx = _surgical_site()
+    images, labels, mask = ctx.data.val
+    ctx.data.val = (images, 1.0 - labels, mask)
     tr = SurgicalTrainer(ctx, warmup_epochs=4, warmup_lr=0.05)
     out = tr.train_round(0, 5, {})
     losses = out.meta["surgical_warmup_val_bce"]
     best = int(np.argmin(losses))
+    assert best < 3 and losses[-1] > losses[best] + 1e-3  # the case: the loss does not fall to the last epoch
     assert out.meta["surgical_warmup"] == [4, best + 1]
     loader = ctx.data.eval_loader("val", 64)
     assert local_bce(ctx.model, loader, ctx.annotated) == pytest.approx(losses[best], rel=1e-5)
@@ -196,6 +202,52 @@ def test_fedbn_keeps_each_sites_norm_statistics_and_pfl_its_task_block():
     mine = {k: v.clone() for k, v in ind.ctx.model.state_dict().items()}
     ind.receive({k: np.full(v.shape, 0.25, dtype=v.numpy().dtype) for k, v in mine.items()})
     assert all(torch.equal(ind.ctx.model.state_dict()[k], v) for k, v in mine.items())  # nothing taken
+
+
+def test_individual_trains_batchnorm_or_freezes_it_as_the_released_code():
+    """The paper's individually trained baseline is "standard deep learning" (``norm: average``: BatchNorm trains,
+    its statistics move); the released ``src/local.py`` freezes every BatchNormalization layer after the warm-up:
+    ``norm: frozen`` keeps the norm tensors of round 1 exactly."""
+    for options, frozen in (({}, False), ({"norm": "frozen"}, True)):
+        ctx = _surgical_site()
+        tr = get_method("individual").make_trainer(ctx, {"warmup_epochs": 1, **options})
+        tr.train_round(0, 3, {})
+        tr.has_local_state = True
+        before = {k: v.clone() for k, v in ctx.model.state_dict().items()}
+        tr.train_round(1, 3, {})
+        after = ctx.model.state_dict()
+        norm = ctx.model.parameter_groups()["norm"]
+        assert norm and all(torch.equal(after[k], before[k]) for k in norm) == frozen, options
+        assert not torch.equal(after["encoder.body.0.weight"], before["encoder.body.0.weight"])
+
+
+def test_early_stopping_min_delta_counts_only_improvements_above_it():
+    """Mean local validation loss falling by 4e-5 a round. min_delta 0: every round is a new best, never a stop.
+    min_delta 1e-4 (the released federated.py): round 0 sets the reference; rounds 1 and 2 improve by 4e-5 and
+    8e-5 (< 1e-4), so with patience 2 training stops after round 2, while the best model is still round 2's."""
+    from fedpartial.fl.selection import ModelSelector
+
+    losses = [1.0, 0.99996, 0.99992, 0.99988, 0.99984]
+
+    def run(min_delta):
+        sel = ModelSelector(key_metric="site_bce", patience=2, min_delta=min_delta)
+        for rnd, loss in enumerate(losses):
+            before = sel.best_val_metric
+            sel.best_val_metric = max(before, -loss)  # what the parent does with the negated loss
+            sel.note_round(rnd, before)
+            if sel.should_stop():  # the workflow starts no further round
+                return sel, rnd
+        return sel, None
+
+    sel, stopped = run(0.0)
+    assert stopped is None and sel.best_round == sel.patience_round == 4
+    sel, stopped = run(1e-4)
+    assert stopped == 2 and sel.patience_round == 0 and sel.best_round == 2
+    restored = ModelSelector(key_metric="site_bce", patience=2, min_delta=1e-4)
+    restored.restore_checkpoint(run(1e-4)[0].checkpoint_state())
+    assert restored.patience_round == 0 and restored.patience_metric == pytest.approx(-1.0)
+    with pytest.raises(ValueError, match="min_delta"):
+        ModelSelector(min_delta=-1.0)
 
 
 def test_warmup_state_survives_a_restart():

@@ -11,7 +11,10 @@ their updates (the received global model, scored before local training), with tw
   (:func:`mean_site_loss`).
 
 ``patience`` > 0 stops the training workflow (:class:`ScatterAndGather` below) after that many rounds without a
-new best; the cross-site evaluation of the last and best global models still runs.
+new best; the cross-site evaluation of the last and best global models still runs. ``min_delta`` (default 0): a
+round restarts the patience count only when it beats the metric of the last round that restarted it by more than
+``min_delta`` (Keras ``EarlyStopping`` semantics; surgical aggregation's released ``federated.py`` stops on the mean
+local validation loss with ``patience: 25, min_delta: 1e-4``); the best model is still the best by any margin.
 """
 
 from __future__ import annotations
@@ -64,15 +67,20 @@ def mean_site_loss(val: dict[str, dict], sites: dict[str, dict], classes: list[s
 
 class ModelSelector(IntimeModelSelector):
     """``IntimeModelSelector`` (same arguments) plus ``key_metric: site_bce`` (lower is better), ``patience``
-    (rounds without a new best before :class:`ScatterAndGather` stops; 0: never) and ``summary_id`` (the data
-    summary component, for ``site_bce``)."""
+    (rounds without an improvement of more than ``min_delta`` before :class:`ScatterAndGather` stops; 0: never)
+    and ``summary_id`` (the data summary component, for ``site_bce``)."""
 
-    def __init__(self, key_metric: str = "auc", patience: int = 0, summary_id: str = "data_summary", **kwargs):
+    def __init__(self, key_metric: str = "auc", patience: int = 0, summary_id: str = "data_summary",
+                 min_delta: float = 0.0, **kwargs):
         kwargs.setdefault("negate_key_metric", key_metric == SITE_LOSS)
         super().__init__(key_metric=key_metric, **kwargs)
-        self.patience, self.summary_id = int(patience), summary_id
+        if min_delta < 0:
+            raise ValueError(f"model selector: min_delta must be >= 0, got {min_delta}")
+        self.patience, self.summary_id, self.min_delta = int(patience), summary_id, float(min_delta)
         self.best_round: int | None = None
         self.last_round: int | None = None
+        self.patience_round: int | None = None  # the last round that improved by more than min_delta
+        self.patience_metric: float | None = None  # its metric (higher is better, as best_val_metric)
         self._val: dict[str, dict] = {}
 
     def _reset_stats(self):
@@ -105,25 +113,35 @@ class ModelSelector(IntimeModelSelector):
                 self.log_info(fl_ctx, f"round {rnd}: mean local validation loss {loss:.5f}")
         before = self.best_val_metric
         done = super()._before_aggregate(fl_ctx)
-        if self.best_val_metric > before:
-            self.best_round = rnd
-        self.last_round = rnd
+        self.note_round(rnd, before)
         return done
 
+    def note_round(self, rnd: int, best_before: float) -> None:
+        """Book-keeping after the parent scored round ``rnd`` (``best_val_metric`` was ``best_before``): the best
+        round (any improvement) and the round that restarts the patience count (an improvement > ``min_delta``)."""
+        if self.best_val_metric > best_before:
+            self.best_round = rnd
+            if self.patience_metric is None or self.best_val_metric > self.patience_metric + self.min_delta:
+                self.patience_round, self.patience_metric = rnd, float(self.best_val_metric)
+        self.last_round = rnd
+
     def should_stop(self) -> bool:
-        """True once ``patience`` rounds have passed since the best one."""
-        return bool(self.patience and self.best_round is not None and self.last_round is not None
-                    and self.last_round - self.best_round >= self.patience)
+        """True once ``patience`` rounds have passed since the last improvement by more than ``min_delta``."""
+        return bool(self.patience and self.patience_round is not None and self.last_round is not None
+                    and self.last_round - self.patience_round >= self.patience)
 
     def checkpoint_state(self) -> dict:
         """What a resumed job needs to go on selecting (see :mod:`.checkpoint`)."""
         return {"best_val_metric": float(self.best_val_metric), "best_raw_val_metric": self.best_raw_val_metric,
-                "best_round": self.best_round, "last_round": self.last_round}
+                "best_round": self.best_round, "last_round": self.last_round,
+                "patience_round": self.patience_round, "patience_metric": self.patience_metric}
 
     def restore_checkpoint(self, state: dict) -> None:
         self.best_val_metric = float(state["best_val_metric"])
         self.best_raw_val_metric = state.get("best_raw_val_metric")
         self.best_round, self.last_round = state.get("best_round"), state.get("last_round")
+        self.patience_round = state.get("patience_round", self.best_round)
+        self.patience_metric = state.get("patience_metric", self.best_val_metric if self.best_round is not None else None)
 
 
 class ScatterAndGather(_ScatterAndGather):
@@ -248,6 +266,7 @@ class ScatterAndGather(_ScatterAndGather):
         if selector is not None and getattr(selector, "should_stop", lambda: False)():
             self.stopped_early_at = self._current_round
             self._num_rounds = self._current_round - self._start_round + 1  # the loop ends after this round
-            self.log_info(fl_ctx, f"early stopping after round {self._current_round}: no better validation "
-                                  f"{selector.key_metric} since round {selector.best_round} "
+            self.log_info(fl_ctx, f"early stopping after round {self._current_round}: no validation "
+                                  f"{selector.key_metric} better by more than {getattr(selector, 'min_delta', 0.0)} "
+                                  f"since round {getattr(selector, 'patience_round', selector.best_round)} "
                                   f"(patience {selector.patience})")

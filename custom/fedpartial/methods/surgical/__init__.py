@@ -25,7 +25,10 @@ Registered methods:
 - ``pfl``: the PFL baseline: the same, but each site keeps its own task block (``keep_local: ['classifier']``);
   evaluated per site on its own classes (``own_classes`` in results.json).
 - ``individual``: each site trains alone (warm-up, then local training; nothing taken from the server);
-  evaluated per site on its own classes.
+  evaluated per site on its own classes. After the warm-up BatchNorm trains (``norm: average``: the paper's
+  individually trained baseline is "standard deep learning"); ``norm: frozen`` freezes the norm layers (eval mode,
+  affine fixed) as the released ``src/local.py`` (``layer.trainable = False`` for every BatchNormalization layer
+  before fine-tuning).
 
 Vanilla FL and FL with partial loss through the same pipeline (warm-up, unweighted means, same norm strategy):
 ``surgical`` with ``task_block: average`` and ``missing: negatives`` / ``partial``. The plain ``fedavg`` /
@@ -33,8 +36,13 @@ Vanilla FL and FL with partial loss through the same pipeline (warm-up, unweight
 protocol option ``centralise`` of ``fedpartial-prepare`` (one site holding every site's rows with their partial
 labels) run with ``fedavg`` (missing labels as negatives).
 
-Not here (server-side, shared with every method): model selection by mean local validation loss and early
-stopping; the evaluation statistics are in :mod:`fedpartial.stats`.
+Not here (server-side, shared with every method, :mod:`fedpartial.fl.selection`): model selection and early
+stopping. The paper selects the global model by the mean local validation BCE ("Convergence of the global model
+is determined by the mean of local validation BCE loss for each client"): the model selector's
+``key_metric: site_bce`` (each site's BCE over its own annotated classes, averaged over the sites; the surgical
+jobs should use it rather than AUC). The released ``src/federated.py`` also stops early on that loss with
+``patience: 25`` and ``min_delta: 1e-4`` (a round restarts the count only when it improves by more than 1e-4;
+the selector's ``patience`` and ``min_delta``). The evaluation statistics are in :mod:`fedpartial.stats`.
 """
 
 from __future__ import annotations

@@ -134,7 +134,8 @@ class IndividualTrainer(SurgicalTrainer):
     anything from the server (every tensor is local once the site has trained; the first round starts from the
     common initial model). The server's average is recorded but used by nobody; each site's validation and test
     numbers are its own model's (read per class over the sites annotating the class: ``own_classes`` in
-    ``results.json``)."""
+    ``results.json``). Registered with ``norm: average`` (BatchNorm trains after the warm-up, the paper's
+    "standard deep learning"); ``norm: frozen`` freezes it as the released ``src/local.py``."""
 
     keeps_all_local = True
 

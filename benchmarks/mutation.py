@@ -6,8 +6,11 @@ For every mutation below, a temporary copy of ``custom/`` gets one source patch 
 must match once, so a mutation that no longer applies is an error, not a silent pass), and the method's targeted
 test file (``tests/test_fedirm.py`` or ``tests/test_surgical.py``, without the simulator tests) runs against the
 copy (``PYTHONPATH`` puts it before the installed package; the run checks that the copy is the one imported).
-A mutation is caught when at least one test fails; the table names the failing tests. The unmutated copy runs
-first and must pass every test. Writes ``<out>.md`` and ``<out>.json``; ``--only NAME`` runs some mutations.
+A mutation is caught when at least one test fails; the table names the first failing test (pytest ``-x``, in
+file order: the hand-computed tests come first; ``--all-tests`` runs the whole file and names every failing test).
+The unmutated copy runs first and must pass every test. Left out of every run: the simulator tests and
+``DESELECT`` (a model-architecture test that no mutation touches and that costs a DenseNet-121 build). Writes
+``<out>.md`` and ``<out>.json``; ``--only NAME`` runs some mutations.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class Mutation:
 
 
 T_FEDIRM, T_SURGICAL = "tests/test_fedirm.py", "tests/test_surgical.py"
+DESELECT = ["tests/test_surgical.py::test_paper_head_for_every_backbone_and_only_the_last_dense_is_the_task_block[densenet121]"]
 
 MUTATIONS = [
     # ---------------------------------------------------------------- FedIRM, listed as not caught
@@ -137,11 +141,14 @@ def _apply(root: Path, path: str, patches: list[tuple[str, str]]) -> None:
     f.write_text(text)
 
 
-def _run_tests(copy_root: Path, test_file: str, xml: Path) -> tuple[int, list[str], int, float]:
+def _run_tests(copy_root: Path, test_file: str, xml: Path, first_failure: bool = False
+               ) -> tuple[int, list[str], int, float]:
     """Run one test file against ``copy_root/custom``; returns (rc, failing test ids, tests run, seconds)."""
     env = {**os.environ, "PYTHONPATH": str(copy_root / "custom")}
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not integration", test_file,
-           f"--junitxml={xml}"]
+           f"--junitxml={xml}", *(f"--deselect={d}" for d in DESELECT if d.startswith(test_file))]
+    if first_failure:
+        cmd.append("-x")
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - t0
@@ -167,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="benchmarks/results/mutation", help="output prefix (.md and .json)")
     ap.add_argument("--only", nargs="*", help="run only these mutations (by name)")
+    ap.add_argument("--all-tests", action="store_true", help="run the whole test file for each mutation (default: "
+                                                                "stop at the first failing test)")
     args = ap.parse_args(argv)
     chosen = [m for m in MUTATIONS if not args.only or m.name in args.only]
     if args.only and len(chosen) != len(set(args.only)):
@@ -191,14 +200,15 @@ def main(argv: list[str] | None = None) -> int:
             _apply(work, m.path, m.patches)
             for path, patches in m.extra:
                 _apply(work, path, patches)
-            rc, failed, total, sec = _run_tests(work, m.tests, tmp / f"{m.name}.xml")
+            rc, failed, total, sec = _run_tests(work, m.tests, tmp / f"{m.name}.xml", not args.all_tests)
             rows.append({"name": m.name, "what": m.what, "file": m.path, "origin": m.origin, "tests": m.tests,
                          "caught": bool(failed), "failing": failed, "run": total, "seconds": round(sec, 1)})
             print(f"{m.name:32s} {'CAUGHT' if failed else 'MISSED'} by {len(failed)} / {total}: {', '.join(failed)}",
                   flush=True)
             shutil.rmtree(work)
     total_s = time.perf_counter() - started
-    result = {"command": "python benchmarks/mutation.py" + (f" --only {' '.join(args.only)}" if args.only else ""),
+    result = {"command": "python benchmarks/mutation.py" + (" --all-tests" if args.all_tests else "")
+              + (f" --only {' '.join(args.only)}" if args.only else ""), "first_failure": not args.all_tests,
               "baseline": baseline, "mutations": rows, "caught": sum(r["caught"] for r in rows), "total": len(rows),
               "seconds": round(total_s, 1)}
     out = REPO / args.out if not Path(args.out).is_absolute() else Path(args.out)
@@ -216,7 +226,9 @@ def _markdown(result: dict) -> str:
         "",
         f"Command: `{result['command']}` ({result['seconds']:.0f} s on the shared 2-core machine). Each mutation is",
         "one source patch on a temporary copy of `custom/`; the method's test file runs against it (simulator tests",
-        "left out). Caught = at least one test fails. The unmutated code passes: "
+        "left out" + (", stopping at the first failing test: the table names that test" if result["first_failure"]
+                      else "; the table names every failing test") + "). Caught = at least one test fails. "
+        "The unmutated code passes: "
         + ", ".join(f"`{k}` {v['tests']} tests" for k, v in result["baseline"].items()) + ".",
         "",
         f"**{result['caught']} of {result['total']} mutations caught.**",

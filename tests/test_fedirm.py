@@ -1,4 +1,4 @@
-"""FedIRM (issue 14): every equation against values computed by hand on tiny tensors, the server's average over
+"""FedIRM: every equation against values computed by hand on tiny tensors, the server's average over
 labelled sites only, the MC-dropout filter, the persistent mean teacher, the baselines, the federation check,
 the job configurations, and two short simulator runs."""
 
@@ -205,6 +205,231 @@ def test_supervised_loss_label_smoothing_by_hand():
     smooth = ((LN2 + LN2) / 2 + (math.log(4 / 3) + math.log(4.0)) / 2) / 2
     assert R.supervised_loss(logits, targets, known, label_smoothing=0.1).item() == pytest.approx(0.9 * nll + 0.1 * smooth, abs=1e-6)
     assert R.supervised_loss(logits, targets, torch.tensor([False, False])).item() == 0.0
+
+
+# ------------------------------------------------------------------------------------------ one step, by hand
+# A deterministic site: a linear model (no dropout, no BatchNorm; mc_passes 1), two fixed views (view 2 is view 1
+# reversed), one full batch, plain SGD: the update of one step is -lr * the gradient of the loss of Eq. 7, which
+# the tests below compose from the paper's terms (each term's function has its own hand-computed test above).
+
+class _Lin(torch.nn.Module):
+    """``(B, 1, 1, D)`` images -> ``Linear(D, C)`` logits (optional dropout on the input)."""
+
+    def __init__(self, d: int, c: int, dropout: float = 0.0):
+        super().__init__()
+        self.drop = torch.nn.Dropout(dropout)
+        self.classifier = torch.nn.Linear(d, c)
+
+    def forward(self, x):
+        return self.classifier(self.drop(x.flatten(1)))
+
+    def parameter_groups(self):
+        return {"encoder": [], "norm": [], "head": [], "classifier": ["classifier.weight", "classifier.bias"]}
+
+
+class _TwoViewDataset(torch.utils.data.Dataset):
+    def __init__(self, images, labels, mask, views):
+        self.images, self.labels, self.mask, self.keys = images, labels, mask, list(views)
+
+    def __len__(self):
+        return len(self.images)
+
+    def __getitem__(self, i):
+        item = {k: (self.images[i].flip(-1) if k == "image_2" else self.images[i]) for k in self.keys}
+        item.update(label=self.labels[i], mask=self.mask[i], index=torch.tensor(i))
+        return item
+
+
+class _TwoViewData:
+    """The data a trainer sees: key ``image`` = the image, ``image_2`` = the image reversed; rows in order."""
+
+    def __init__(self, images, labels, mask):
+        self.images, self.labels, self.mask = images, labels, mask
+
+    def dataset(self, split, views):
+        return _TwoViewDataset(self.images, self.labels, self.mask, views)
+
+    def train_loader(self, views, batch_size, **_):
+        return torch.utils.data.DataLoader(self.dataset("train", views), batch_size=batch_size, shuffle=False)
+
+
+X6 = torch.tensor([[2.0, 0.0, 0.0, 1.0], [0.0, 3.0, 0.0, 0.0], [0.0, 0.0, 2.5, 0.5], [1.0, 1.0, 0.0, 0.0],
+                   [0.2, 0.1, 2.0, 0.0], [0.0, 0.0, 0.0, 0.3]])
+Y6 = torch.tensor([0, 1, 2, 0, 2, 1])
+
+
+def _linear_site(labelled: bool, optimizer="sgd", lr=0.5, dropout=0.0) -> SiteContext:
+    torch.manual_seed(5)
+    model = _Lin(4, 3, dropout)
+    with torch.no_grad():
+        model.classifier.weight.copy_(torch.tensor([[1.5, -0.5, 0.2, 0.4], [-0.3, 1.2, 0.1, -0.6], [0.1, -0.2, 1.4, 0.3]]))
+        model.classifier.bias.copy_(torch.tensor([0.1, -0.1, 0.05]))
+    onehot = torch.nn.functional.one_hot(Y6, 3).float()
+    annotated = np.full(3, labelled)
+    mask = torch.full((6, 3), labelled)
+    return SiteContext(site="s", task="multiclass", classes=["a", "b", "c"], annotated=annotated, model=model,
+                       data=_TwoViewData(X6[:, None, None, :], onehot * mask, mask), device=torch.device("cpu"),
+                       state_dir=Path("."), seed=0,
+                       train={"optimizer": optimizer, "momentum": 0.0, "lr": lr, "batch_size": 6, "local_steps": 1})
+
+
+def _params(model):
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def _sgd_step(model, loss_of, lr):
+    """The parameters after one plain SGD step on ``loss_of(model)``, on a copy."""
+    import copy
+
+    m = copy.deepcopy(model)
+    loss = loss_of(m)
+    grads = torch.autograd.grad(loss, list(m.parameters()))
+    return {k: p.detach() - lr * g for (k, p), g in zip(m.named_parameters(), grads)}, float(loss.detach())
+
+
+def test_labelled_step_is_ce_on_both_views_and_its_matrix_comes_from_view_1_logits():
+    """L^l = CE(f(x')) + CE(f(x'')) unscaled by the ramp (Eq. 7), and M^l row c = softmax over j of the mean
+    pre-softmax output of class c on the first view / tau (Eq. 2-3), computed here entry by entry."""
+    ctx = _linear_site(True)
+    tr = R.FedIRMTrainer(ctx)  # default ramp: lambda(0) = e^-5 would shrink a wrongly scaled labelled loss
+    with torch.no_grad():
+        z1 = ctx.model(X6)
+    x1, x2 = X6, X6.flip(-1)
+    ce = torch.nn.functional.cross_entropy
+    expected, _ = _sgd_step(ctx.model, lambda m: ce(m(x1), Y6) + ce(m(x2), Y6), 0.5)
+    out = tr.train_round(0, 5, {})
+    for k, v in _params(ctx.model).items():
+        assert torch.allclose(v, expected[k], atol=1e-6), k
+    # the relation matrix, by hand: v_c = mean logits of class c's rows; row c = exp(v_cj/2) / sum_j exp(v_cj/2)
+    m = np.asarray(out.meta[R.META_RELATION])
+    for c in range(3):
+        v = z1[Y6 == c].mean(0) / 2.0
+        e = [math.exp(float(t)) for t in v]
+        assert m[c] == pytest.approx([t / sum(e) for t in e], abs=1e-6), c
+    assert not np.allclose(m.sum(0), 1.0, atol=1e-3)  # rows, not columns, are distributions
+
+
+def _unlabelled_case(**opts):
+    """An unlabelled linear site at round 15 with a teacher that is not the student (weights halved, bias moved),
+    a received matrix whose row 'b' is not valid, and the paper's filter (h = ln 2, one deterministic pass)."""
+    ctx = _linear_site(False)
+    tr = R.FedIRMTrainer(ctx, mc_passes=1, loss_weight=2.0, **opts)
+    teacher = tr.ensure_teacher()
+    with torch.no_grad():
+        teacher.classifier.weight.mul_(0.5)
+        teacher.classifier.bias.copy_(torch.tensor([0.0, 0.4, -0.2]))
+    g = torch.tensor([[0.7, 0.2, 0.1], [0.2, 0.6, 0.2], [0.15, 0.15, 0.7]])
+    meta = {R.META_GLOBAL_RELATION: g.tolist(), R.META_GLOBAL_VALID: [1, 0, 1]}
+    return ctx, tr, teacher, g, meta
+
+
+def test_unlabelled_step_is_the_ramped_sum_of_consistency_and_masked_irm_by_hand():
+    """L^u = w lambda(omega) (L_c + L_IRM) (Eq. 7, w = loss_weight): L_c between the student on view 1 and the
+    teacher on view 2 (Eq. 1); L_IRM (Eq. 6) between the received matrix and the matrix of the student's view-1
+    logits of the samples its own pass keeps (entropy < ln 2), grouped by the arg-max of the student's forward
+    pass (Eq. 4-5), over the rows the batch holds AND the server marked valid. One SGD step must move the
+    weights by exactly -lr * the gradient of that sum."""
+    import copy
+
+    ctx, tr, teacher, g, meta = _unlabelled_case()
+    x1, x2 = X6, X6.flip(-1)
+    w = 2.0 * math.exp(-5 * (1 - 15 / 30) ** 2)
+    with torch.no_grad():
+        p = torch.softmax(ctx.model(x1), 1)
+        entropy = -(p * p.log()).sum(1)
+        kept = entropy < LN2
+        t_probs = torch.softmax(teacher(x2), 1)
+        t_kept = (-(t_probs * t_probs.log()).sum(1)) < LN2
+    y = p.argmax(1)
+    # the case exercises every part: kept and dropped samples, a kept class whose row is not valid, a kept set
+    # that the teacher's pass would not give
+    assert 0 < int(kept.sum()) < 6 and (y[kept] == 1).any() and (y[kept] != 1).any()
+    assert not torch.equal(kept, t_kept)
+    rows = torch.zeros(3, dtype=torch.bool)
+    rows[y[kept].unique()] = True
+    rows &= torch.tensor([True, False, True])
+
+    def terms(m):
+        z = m(x1)
+        lc = ((torch.softmax(z, 1) - t_probs) ** 2).sum() / 6
+        onehot = torch.nn.functional.one_hot(y, 3).float() * kept[:, None]
+        local, _ = R.relation_matrix(z, onehot, 2.0)
+        kl = (g * (g / local).log()).sum(1) + (local * (local / g).log()).sum(1)
+        return lc, (kl * rows).sum() / 3
+
+    expected, _ = _sgd_step(ctx.model, lambda m: w * sum(terms(m)), 0.5)
+    lc0, irm0 = (t.detach() for t in terms(copy.deepcopy(ctx.model)))
+    out = tr.train_round(15, 30, meta)
+    assert out.meta[R.META_RAMP] == pytest.approx(w)
+    assert out.meta[R.META_CONSISTENCY] == pytest.approx(float(lc0), abs=1e-6)
+    assert out.meta[R.META_IRM] == pytest.approx(float(irm0), abs=1e-6)
+    assert out.meta[R.META_SELECTED] == int(kept.sum())
+    for k, v in _params(ctx.model).items():
+        assert torch.allclose(v, expected[k], atol=1e-6), k
+
+
+def test_pseudo_label_from_the_forward_pass_or_the_mc_mean():
+    """``pseudo_label: forward`` (the paper's y = argmax(p^u), the released code) groups the kept samples by the
+    training pass's arg-max; ``mc_mean`` by the arg-max of the MC mean. The model predicts class a for every
+    sample (bias (4, 0, 0): entropy 0.24 < ln 2, all kept); the forward outputs given say class b."""
+    outputs = torch.tensor([[0.0, 3.0, 0.0]] * 6)
+    for mode, counts in (("forward", [0.0, 6.0, 0.0]), ("mc_mean", [6.0, 0.0, 0.0])):
+        ctx = _linear_site(False)
+        with torch.no_grad():
+            ctx.model.classifier.weight.zero_()
+            ctx.model.classifier.bias.copy_(torch.tensor([4.0, 0.0, 0.0]))
+        tr = R.FedIRMTrainer(ctx, mc_passes=1, pseudo_label=mode)
+        m, n, kept = tr.unlabelled_relation(X6[:, None, None, :], outputs)
+        assert n.tolist() == counts and kept.all(), mode
+        if mode == "forward":  # row b = softmax((0, 3, 0) / 2)
+            assert m[1].tolist() == pytest.approx(_softmax([0.0, 1.5, 0.0]), abs=1e-6)
+    # the same switch in the filter itself (multi-label: a certain entry, binary entropy of the MC mean < h,
+    # is positive where the given pass is > 1/2): h(0.9), h(0.05) both certain (0.33, 0.20 < 0.5 nats)
+    passes = torch.tensor([[[0.9, 0.05]]])
+    assert R.uncertainty_filter(passes, 0.5, "sigmoid", pseudo=torch.tensor([[0.4, 0.97]]))[0].tolist() == [[0.0, 1.0]]
+    assert R.uncertainty_filter(passes, 0.5, "sigmoid")[0].tolist() == [[1.0, 0.0]]
+
+
+def _max_change(before, model):
+    return max(float((v - before[k]).abs().max()) for k, v in _params(model).items())
+
+
+def test_learning_rate_per_role_and_round():
+    """A fresh Adam's first step moves every parameter with a gradient by lr * g / (|g| + eps) = lr: the largest
+    change of one step IS the learning rate used (code: labelled 2e-4 then 3e-4 after the warm rounds,
+    unlabelled 2e-4; default: train.lr everywhere)."""
+    opts = {"labelled_lr": 0.02, "labelled_lr_after_warm": 0.03, "unlabelled_lr": 0.04, "warm_rounds": 2}
+    cases = [(True, {}, 0, 0.1), (True, opts, 1, 0.02), (True, opts, 2, 0.03), (False, opts, 2, 0.04),
+             (False, {}, 2, 0.1)]
+    for labelled, o, rnd, lr in cases:
+        ctx = _linear_site(labelled, optimizer="adam", lr=0.1)
+        tr = R.FedIRMTrainer(ctx, mc_passes=1, rampup_rounds=0, **o)
+        if not labelled:
+            with torch.no_grad():
+                tr.ensure_teacher().classifier.bias.add_(1.0)  # a teacher unlike the student: L_c has a gradient
+        before = _params(ctx.model)
+        tr.train_round(rnd, 5, {})
+        assert _max_change(before, ctx.model) == pytest.approx(lr, rel=1e-4), (labelled, o, rnd)
+
+
+def test_optimizer_fresh_each_round_or_kept_as_the_released_code():
+    """Default: a fresh Adam each round, so round 1's first step again moves each parameter by exactly lr (or 0);
+    ``train.keep_optimizer_state: true`` (the code's ``optim_locals``) continues the moments: round 1's step is
+    Adam's second (state step 2), not lr everywhere; the round's rate still applies to the restored state."""
+    for keep in (False, True):
+        ctx = _linear_site(True, optimizer="adam", lr=0.1)
+        ctx.train = {**ctx.train.__dict__, "keep_optimizer_state": keep}
+        tr = R.FedIRMTrainer(ctx, labelled_lr_after_warm=0.05, warm_rounds=1)
+        tr.train_round(0, 3, {})
+        before = _params(ctx.model)
+        tr.train_round(1, 3, {})
+        changes = torch.cat([(v - before[k]).abs().flatten() for k, v in _params(ctx.model).items()])
+        steps = {int(s["step"]) for s in tr.optimizer.state.values()}
+        assert tr.optimizer.param_groups[0]["lr"] == 0.05
+        if keep:
+            assert steps == {2} and not torch.allclose(changes[changes > 0], torch.tensor(0.05), rtol=1e-3)
+        else:
+            assert steps == {1} and torch.allclose(changes[changes > 1e-9], torch.tensor(0.05), rtol=1e-4)
 
 
 # ------------------------------------------------------------------------------------------ the site
@@ -432,228 +657,3 @@ def test_job_three_rounds_in_the_simulator(job, tmp_path, data_cache):
         assert state["fedirm_ema_step"] == 2 * 2  # rounds 1 and 2 x 2 local steps, one teacher
     best = res["final"]["best_FL_global_model.pt"]["test"]
     assert best["macro"]["auc"] is not None
-
-
-# ------------------------------------------------------------------------------------------ one step, by hand
-# A deterministic site: a linear model (no dropout, no BatchNorm; mc_passes 1), two fixed views (view 2 is view 1
-# reversed), one full batch, plain SGD: the update of one step is -lr * the gradient of the loss of Eq. 7, which
-# the tests below compose from the paper's terms (each term's function has its own hand-computed test above).
-
-class _Lin(torch.nn.Module):
-    """``(B, 1, 1, D)`` images -> ``Linear(D, C)`` logits (optional dropout on the input)."""
-
-    def __init__(self, d: int, c: int, dropout: float = 0.0):
-        super().__init__()
-        self.drop = torch.nn.Dropout(dropout)
-        self.classifier = torch.nn.Linear(d, c)
-
-    def forward(self, x):
-        return self.classifier(self.drop(x.flatten(1)))
-
-    def parameter_groups(self):
-        return {"encoder": [], "norm": [], "head": [], "classifier": ["classifier.weight", "classifier.bias"]}
-
-
-class _TwoViewDataset(torch.utils.data.Dataset):
-    def __init__(self, images, labels, mask, views):
-        self.images, self.labels, self.mask, self.keys = images, labels, mask, list(views)
-
-    def __len__(self):
-        return len(self.images)
-
-    def __getitem__(self, i):
-        item = {k: (self.images[i].flip(-1) if k == "image_2" else self.images[i]) for k in self.keys}
-        item.update(label=self.labels[i], mask=self.mask[i], index=torch.tensor(i))
-        return item
-
-
-class _TwoViewData:
-    """The data a trainer sees: key ``image`` = the image, ``image_2`` = the image reversed; rows in order."""
-
-    def __init__(self, images, labels, mask):
-        self.images, self.labels, self.mask = images, labels, mask
-
-    def dataset(self, split, views):
-        return _TwoViewDataset(self.images, self.labels, self.mask, views)
-
-    def train_loader(self, views, batch_size, **_):
-        return torch.utils.data.DataLoader(self.dataset("train", views), batch_size=batch_size, shuffle=False)
-
-
-X6 = torch.tensor([[2.0, 0.0, 0.0, 1.0], [0.0, 3.0, 0.0, 0.0], [0.0, 0.0, 2.5, 0.5], [1.0, 1.0, 0.0, 0.0],
-                   [0.2, 0.1, 2.0, 0.0], [0.0, 0.0, 0.0, 0.3]])
-Y6 = torch.tensor([0, 1, 2, 0, 2, 1])
-
-
-def _linear_site(labelled: bool, optimizer="sgd", lr=0.5, dropout=0.0) -> SiteContext:
-    torch.manual_seed(5)
-    model = _Lin(4, 3, dropout)
-    with torch.no_grad():
-        model.classifier.weight.copy_(torch.tensor([[1.5, -0.5, 0.2, 0.4], [-0.3, 1.2, 0.1, -0.6], [0.1, -0.2, 1.4, 0.3]]))
-        model.classifier.bias.copy_(torch.tensor([0.1, -0.1, 0.05]))
-    onehot = torch.nn.functional.one_hot(Y6, 3).float()
-    annotated = np.full(3, labelled)
-    mask = torch.full((6, 3), labelled)
-    return SiteContext(site="s", task="multiclass", classes=["a", "b", "c"], annotated=annotated, model=model,
-                       data=_TwoViewData(X6[:, None, None, :], onehot * mask, mask), device=torch.device("cpu"),
-                       state_dir=Path("."), seed=0,
-                       train={"optimizer": optimizer, "momentum": 0.0, "lr": lr, "batch_size": 6, "local_steps": 1})
-
-
-def _params(model):
-    return {k: v.detach().clone() for k, v in model.named_parameters()}
-
-
-def _sgd_step(model, loss_of, lr):
-    """The parameters after one plain SGD step on ``loss_of(model)``, on a copy."""
-    import copy
-
-    m = copy.deepcopy(model)
-    loss = loss_of(m)
-    grads = torch.autograd.grad(loss, list(m.parameters()))
-    return {k: p.detach() - lr * g for (k, p), g in zip(m.named_parameters(), grads)}, float(loss.detach())
-
-
-def test_labelled_step_is_ce_on_both_views_and_its_matrix_comes_from_view_1_logits():
-    """L^l = CE(f(x')) + CE(f(x'')) unscaled by the ramp (Eq. 7), and M^l row c = softmax over j of the mean
-    pre-softmax output of class c on the first view / tau (Eq. 2-3), computed here entry by entry."""
-    ctx = _linear_site(True)
-    tr = R.FedIRMTrainer(ctx)  # default ramp: lambda(0) = e^-5 would shrink a wrongly scaled labelled loss
-    with torch.no_grad():
-        z1 = ctx.model(X6)
-    x1, x2 = X6, X6.flip(-1)
-    ce = torch.nn.functional.cross_entropy
-    expected, _ = _sgd_step(ctx.model, lambda m: ce(m(x1), Y6) + ce(m(x2), Y6), 0.5)
-    out = tr.train_round(0, 5, {})
-    for k, v in _params(ctx.model).items():
-        assert torch.allclose(v, expected[k], atol=1e-6), k
-    # the relation matrix, by hand: v_c = mean logits of class c's rows; row c = exp(v_cj/2) / sum_j exp(v_cj/2)
-    m = np.asarray(out.meta[R.META_RELATION])
-    for c in range(3):
-        v = z1[Y6 == c].mean(0) / 2.0
-        e = [math.exp(float(t)) for t in v]
-        assert m[c] == pytest.approx([t / sum(e) for t in e], abs=1e-6), c
-    assert not np.allclose(m.sum(0), 1.0, atol=1e-3)  # rows, not columns, are distributions
-
-
-def _unlabelled_case(**opts):
-    """An unlabelled linear site at round 15 with a teacher that is not the student (weights halved, bias moved),
-    a received matrix whose row 'b' is not valid, and the paper's filter (h = ln 2, one deterministic pass)."""
-    ctx = _linear_site(False)
-    tr = R.FedIRMTrainer(ctx, mc_passes=1, loss_weight=2.0, **opts)
-    teacher = tr.ensure_teacher()
-    with torch.no_grad():
-        teacher.classifier.weight.mul_(0.5)
-        teacher.classifier.bias.copy_(torch.tensor([0.0, 0.4, -0.2]))
-    g = torch.tensor([[0.7, 0.2, 0.1], [0.2, 0.6, 0.2], [0.15, 0.15, 0.7]])
-    meta = {R.META_GLOBAL_RELATION: g.tolist(), R.META_GLOBAL_VALID: [1, 0, 1]}
-    return ctx, tr, teacher, g, meta
-
-
-def test_unlabelled_step_is_the_ramped_sum_of_consistency_and_masked_irm_by_hand():
-    """L^u = w lambda(omega) (L_c + L_IRM) (Eq. 7, w = loss_weight): L_c between the student on view 1 and the
-    teacher on view 2 (Eq. 1); L_IRM (Eq. 6) between the received matrix and the matrix of the student's view-1
-    logits of the samples its own pass keeps (entropy < ln 2), grouped by the arg-max of the student's forward
-    pass (Eq. 4-5), over the rows the batch holds AND the server marked valid. One SGD step must move the
-    weights by exactly -lr * the gradient of that sum."""
-    import copy
-
-    ctx, tr, teacher, g, meta = _unlabelled_case()
-    x1, x2 = X6, X6.flip(-1)
-    w = 2.0 * math.exp(-5 * (1 - 15 / 30) ** 2)
-    with torch.no_grad():
-        p = torch.softmax(ctx.model(x1), 1)
-        entropy = -(p * p.log()).sum(1)
-        kept = entropy < LN2
-        t_probs = torch.softmax(teacher(x2), 1)
-        t_kept = (-(t_probs * t_probs.log()).sum(1)) < LN2
-    y = p.argmax(1)
-    # the case exercises every part: kept and dropped samples, a kept class whose row is not valid, a kept set
-    # that the teacher's pass would not give
-    assert 0 < int(kept.sum()) < 6 and (y[kept] == 1).any() and (y[kept] != 1).any()
-    assert not torch.equal(kept, t_kept)
-    rows = torch.zeros(3, dtype=torch.bool)
-    rows[y[kept].unique()] = True
-    rows &= torch.tensor([True, False, True])
-
-    def terms(m):
-        z = m(x1)
-        lc = ((torch.softmax(z, 1) - t_probs) ** 2).sum() / 6
-        onehot = torch.nn.functional.one_hot(y, 3).float() * kept[:, None]
-        local, _ = R.relation_matrix(z, onehot, 2.0)
-        kl = (g * (g / local).log()).sum(1) + (local * (local / g).log()).sum(1)
-        return lc, (kl * rows).sum() / 3
-
-    expected, _ = _sgd_step(ctx.model, lambda m: w * sum(terms(m)), 0.5)
-    lc0, irm0 = (t.detach() for t in terms(copy.deepcopy(ctx.model)))
-    out = tr.train_round(15, 30, meta)
-    assert out.meta[R.META_RAMP] == pytest.approx(w)
-    assert out.meta[R.META_CONSISTENCY] == pytest.approx(float(lc0), abs=1e-6)
-    assert out.meta[R.META_IRM] == pytest.approx(float(irm0), abs=1e-6)
-    assert out.meta[R.META_SELECTED] == int(kept.sum())
-    for k, v in _params(ctx.model).items():
-        assert torch.allclose(v, expected[k], atol=1e-6), k
-
-
-def test_pseudo_label_from_the_forward_pass_or_the_mc_mean():
-    """``pseudo_label: forward`` (the paper's y = argmax(p^u), the released code) groups the kept samples by the
-    training pass's arg-max; ``mc_mean`` by the arg-max of the MC mean. The model predicts class a for every
-    sample (bias (4, 0, 0): entropy 0.24 < ln 2, all kept); the forward outputs given say class b."""
-    outputs = torch.tensor([[0.0, 3.0, 0.0]] * 6)
-    for mode, counts in (("forward", [0.0, 6.0, 0.0]), ("mc_mean", [6.0, 0.0, 0.0])):
-        ctx = _linear_site(False)
-        with torch.no_grad():
-            ctx.model.classifier.weight.zero_()
-            ctx.model.classifier.bias.copy_(torch.tensor([4.0, 0.0, 0.0]))
-        tr = R.FedIRMTrainer(ctx, mc_passes=1, pseudo_label=mode)
-        m, n, kept = tr.unlabelled_relation(X6[:, None, None, :], outputs)
-        assert n.tolist() == counts and kept.all(), mode
-        if mode == "forward":  # row b = softmax((0, 3, 0) / 2)
-            assert m[1].tolist() == pytest.approx(_softmax([0.0, 1.5, 0.0]), abs=1e-6)
-    # the same switch in the filter itself (multi-label: a certain entry, binary entropy of the MC mean < h,
-    # is positive where the given pass is > 1/2): h(0.9), h(0.05) both certain (0.33, 0.20 < 0.5 nats)
-    passes = torch.tensor([[[0.9, 0.05]]])
-    assert R.uncertainty_filter(passes, 0.5, "sigmoid", pseudo=torch.tensor([[0.4, 0.97]]))[0].tolist() == [[0.0, 1.0]]
-    assert R.uncertainty_filter(passes, 0.5, "sigmoid")[0].tolist() == [[1.0, 0.0]]
-
-
-def _max_change(before, model):
-    return max(float((v - before[k]).abs().max()) for k, v in _params(model).items())
-
-
-def test_learning_rate_per_role_and_round():
-    """A fresh Adam's first step moves every parameter with a gradient by lr * g / (|g| + eps) = lr: the largest
-    change of one step IS the learning rate used (code: labelled 2e-4 then 3e-4 after the warm rounds,
-    unlabelled 2e-4; default: train.lr everywhere)."""
-    opts = {"labelled_lr": 0.02, "labelled_lr_after_warm": 0.03, "unlabelled_lr": 0.04, "warm_rounds": 2}
-    cases = [(True, {}, 0, 0.1), (True, opts, 1, 0.02), (True, opts, 2, 0.03), (False, opts, 2, 0.04),
-             (False, {}, 2, 0.1)]
-    for labelled, o, rnd, lr in cases:
-        ctx = _linear_site(labelled, optimizer="adam", lr=0.1)
-        tr = R.FedIRMTrainer(ctx, mc_passes=1, rampup_rounds=0, **o)
-        if not labelled:
-            with torch.no_grad():
-                tr.ensure_teacher().classifier.bias.add_(1.0)  # a teacher unlike the student: L_c has a gradient
-        before = _params(ctx.model)
-        tr.train_round(rnd, 5, {})
-        assert _max_change(before, ctx.model) == pytest.approx(lr, rel=1e-4), (labelled, o, rnd)
-
-
-def test_optimizer_fresh_each_round_or_kept_as_the_released_code():
-    """Default: a fresh Adam each round, so round 1's first step again moves each parameter by exactly lr (or 0);
-    ``train.keep_optimizer_state: true`` (the code's ``optim_locals``) continues the moments: round 1's step is
-    Adam's second (state step 2), not lr everywhere; the round's rate still applies to the restored state."""
-    for keep in (False, True):
-        ctx = _linear_site(True, optimizer="adam", lr=0.1)
-        ctx.train = {**ctx.train.__dict__, "keep_optimizer_state": keep}
-        tr = R.FedIRMTrainer(ctx, labelled_lr_after_warm=0.05, warm_rounds=1)
-        tr.train_round(0, 3, {})
-        before = _params(ctx.model)
-        tr.train_round(1, 3, {})
-        changes = torch.cat([(v - before[k]).abs().flatten() for k, v in _params(ctx.model).items()])
-        steps = {int(s["step"]) for s in tr.optimizer.state.values()}
-        assert tr.optimizer.param_groups[0]["lr"] == 0.05
-        if keep:
-            assert steps == {2} and not torch.allclose(changes[changes > 0], torch.tensor(0.05), rtol=1e-3)
-        else:
-            assert steps == {1} and torch.allclose(changes[changes > 1e-9], torch.tensor(0.05), rtol=1e-4)

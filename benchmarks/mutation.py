@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _markdown(result: dict) -> str:
-    origin = {"issue": "listed as not caught", "caught": "listed as caught", "option": "documented option"}
+    origin = {"issue": "previously not caught", "caught": "previously caught", "option": "option / schedule"}
     lines = [
         "# Mutation run: FedIRM and surgical aggregation",
         "",

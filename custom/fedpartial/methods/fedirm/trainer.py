@@ -109,7 +109,8 @@ class FedIRMTrainer(WithMeanTeacher, LocalTrainer):
       from the model the site first trains, EMA decay ``min(1 - 1/(step+1), 0.99)``, steps counted across rounds);
       ``L_u = w * lambda(omega) * (L_c + L_IRM)``: consistency between the student on view 1 and the teacher on
       view 2, and the symmetric KL between the received global matrix and the batch's matrix built from the
-      student's outputs on the samples that pass the MC-dropout uncertainty filter (pseudo label = argmax).
+      student's outputs on the samples that pass the MC-dropout uncertainty filter (pseudo label = argmax of the
+      training forward pass; ``pseudo_label: mc_mean``: of the MC mean).
       Before the first global matrix arrives, L_IRM is 0. In rounds ``< warm_rounds`` the site sits out (weight 0).
     - ``unlabelled: self_training``: cross-entropy on the received model's confident pseudo labels (weighted
       like L_u); ``skip``: unlabelled sites never train (labelled-only FedAvg).

@@ -38,7 +38,7 @@ FLAMBY_CENTRES: list[str] = ["BCN", "HAM_vidir_molemax", "HAM_vidir_modern", "HA
                              "HAM_vienna_dias"]
 """Fed-ISIC2019's centres in FLamby's index order 0..5."""
 
-_CODE = re.compile(r"^[A-Za-z]+")
+_CODE = re.compile(r"^([A-Za-z]+)")
 
 
 def _centres(meta: pd.DataFrame, meta_csv: Path, root: Path, ham_metadata: str | None) -> pd.Series:

@@ -125,7 +125,7 @@ def quality_pass(table: SourceTable, decode: bool = True, drop_unreadable: bool 
     if exclude:
         base = names.map(lambda p: Path(p).name)
         stem = names.map(lambda p: Path(p).stem)
-        hit = (names.isin(exclude) | base.isin(exclude) | stem.isin(exclude)).to_numpy()
+        hit = (names.isin(exclude) | base.isin(exclude) | stem.isin(exclude)).to_numpy().copy()
         if "image_id" in frame.columns:
             hit |= frame["image_id"].astype(str).isin(exclude).to_numpy()
         matched = set(names[hit]) | set(base[hit]) | set(stem[hit])
@@ -139,6 +139,7 @@ def quality_pass(table: SourceTable, decode: bool = True, drop_unreadable: bool 
             table.dropped.append(Dropped("--exclude", "were excluded", names[hit].tolist(),
                                          [lines[i] for i in np.flatnonzero(hit)]))
         keep = ~hit
+        keep = keep.copy()
     else:
         keep = np.ones(len(frame), bool)
     root = table.root

@@ -1,0 +1,92 @@
+"""Each new source trains one round through an existing job, prepared on first use from its published layout
+(tiny copies built from the shared real images); a truncated image stops the job at the data check."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import copy_job, results_of, run_simulator, server_log
+from fedpartial.data.presets import PRESETS
+from published_layouts import HAM, NIH, chexpert_release, isic2019_release, mimic_release, nih_release
+
+pytestmark = [pytest.mark.integration, pytest.mark.realdata]
+
+
+@pytest.fixture(autouse=True)
+def _shared_data():
+    for folder in (NIH, HAM):
+        if not folder.is_dir():
+            pytest.skip(f"real data {folder} not available on this machine")
+
+
+def _job(tmp_path: Path, base: str, dataset: dict) -> Path:
+    """``jobs/<base>`` for one round with its dataset (and the server's class list) replaced."""
+    job = copy_job(base, tmp_path / "job", num_rounds=1, executor_args={"evaluation": {"test_every": 1}})
+    client = job / "app/config/config_fed_client.json"
+    cfg = json.loads(client.read_text())
+    cfg["executors"][0]["executor"]["args"]["dataset"] = dataset
+    client.write_text(json.dumps(cfg, indent=1))
+    server = job / "app/config/config_fed_server.json"
+    cfg = json.loads(server.read_text())
+    comps = {c["id"]: c for c in cfg["components"]}
+    comps["model"]["args"]["num_classes"] = len(dataset["classes"])
+    comps["data_summary"]["args"]["classes"] = dataset["classes"]
+    server.write_text(json.dumps(cfg, indent=1))
+    return job
+
+
+def _run(tmp_path: Path, job: Path, n: int) -> tuple[dict | None, str]:
+    ws = tmp_path / "ws"
+    proc = run_simulator(job, ws, n=n, env={"FEDPARTIAL_CACHE": str(tmp_path / "cache")}, timeout=600)
+    log = server_log(ws) + proc.stdout + proc.stderr
+    path = ws / "server/simulate_job/results.json"
+    return (results_of(ws) if path.is_file() else None), log
+
+
+def _trained(results: dict | None, log: str, n: int) -> None:
+    assert results is not None, log[-3000:]
+    assert results["num_rounds"] == 1 and len(results["data"]["sites"]) == n, log[-3000:]
+    assert results["rounds"][-1]["val"] is not None
+
+
+def test_nih_and_chexpert_sites_train_one_round_each_in_its_own_vocabulary(tmp_path):
+    nih = nih_release(tmp_path / "data" / "nih")
+    chex = chexpert_release(tmp_path / "data")
+    classes = ["Atelectasis", "Cardiomegaly", "Effusion", "Edema", "Consolidation", "Lung Opacity"]
+    dataset = {"name": "nih_chexpert", "task": "multilabel", "classes": classes, "channels": 1, "image_size": 32,
+               "ct_windows": None, "mean": None, "std": None,
+               "prepare": {"sources": [{"source": "nih_cxr14", "root": str(nih), "num_sites": 1},
+                                       {"source": "chexpert", "root": str(chex), "num_sites": 1,
+                                        "source_args": {"view": "frontal", "uncertain": "ignore"}}],
+                           "classes": classes, "protocol": "full", "seed": 0, "val_frac": 0.2, "test_frac": 0.2}}
+    results, log = _run(tmp_path, _job(tmp_path, "fedavg_cxr14", dataset), n=2)
+    _trained(results, log, 2)
+    sites = results["data"]["sites"]
+    assert classes.index("Lung Opacity") not in sites["site-1"]["annotated"]  # NIH has no Lung Opacity
+    assert classes.index("Lung Opacity") in sites["site-2"]["annotated"]
+    assert classes.index("Effusion") in sites["site-2"]["annotated"]  # CheXpert's Pleural Effusion, mapped
+    # the server's results component still says the job's nih_cxr14; results name the data actually used
+    assert results["dataset"] == "nih_cxr14+chexpert" and results["job_dataset"] == "nih_cxr14"
+
+
+def test_mimic_cxr_trains_one_round(tmp_path):
+    root = mimic_release(tmp_path / "mimic")
+    dataset = json.loads(json.dumps(PRESETS["mimic_cxr"]))
+    dataset.update(image_size=32)
+    dataset["prepare"].update(root=str(root), num_sites=2, source_args={"official_split": True, "view": "all"})
+    results, log = _run(tmp_path, _job(tmp_path, "fedavg_cxr14", dataset), n=2)
+    _trained(results, log, 2)
+    assert results["dataset"] == "mimic_cxr"
+
+
+def test_isic2019_centres_train_one_round(tmp_path):
+    root = isic2019_release(tmp_path / "isic2019", per_centre=5)
+    dataset = json.loads(json.dumps(PRESETS["isic2019"]))
+    dataset.update(image_size=32)
+    dataset["prepare"].update(root=str(root), val_frac=0.2, test_frac=0.2)  # no HAM metadata: BCN, HAM, MSK
+    results, log = _run(tmp_path, _job(tmp_path, "fedavg_ham10000", dataset), n=3)
+    _trained(results, log, 3)
+    assert results["dataset"] == "isic2019"

@@ -196,3 +196,41 @@ def test_unknown_source_option_is_one_line(tmp_path):
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
     assert "source 'ham10000' takes no option(s) ['veiw']" in proc.stderr
     _nothing_written(tmp_path)
+
+
+def test_data_check_decodes_fully_where_the_header_check_passes(tmp_path):
+    from fedpartial.data.manifest import ManifestError, read_manifest
+    from fedpartial.data.transforms import check_image_header
+
+    root = ham10000_release(tmp_path / "ham", n=14)
+    images = sorted(p.relative_to(root).as_posix() for p in root.glob("HAM10000_images_part_*/*.jpg"))
+    bad = root / images[4]
+    full = (HAM / "images" / bad.name).read_bytes()  # the 224 px original: half of it keeps a readable header
+    bad.write_bytes(full[: len(full) // 2])
+    check_image_header(bad)  # the cheap header check does not see it
+    classes = ["MEL", "NV"]
+    (tmp_path / "train.csv").write_text("image,MEL,NV\n" + "".join(f"{i},1,0\n" for i in images))
+    read_manifest(tmp_path / "train.csv", classes, root, site="site-1", verify_images=False)
+    with pytest.raises(ManifestError) as e:
+        read_manifest(tmp_path / "train.csv", classes, root, site="site-1", verify_images=True)
+    msg = str(e.value)
+    assert "site 'site-1'" in msg and "train.csv" in msg and "line 6" in msg and bad.name in msg
+    assert "truncated" in msg
+
+
+def test_missing_dicom_names_the_rsna_csv_line_not_a_temporary_manifest(tmp_path):
+    from fedpartial.data.sources.ich_phantom import generate_ich_phantom
+
+    root = generate_ich_phantom(tmp_path / "rsna", n_images=30, size=32)
+    csv = root / "stage_2_train.csv"
+    ids = pd.read_csv(csv)["ID"]  # ID_<hex>_<subtype>
+    image = ids.iloc[10].rsplit("_", 1)[0]
+    line = int(np.flatnonzero(ids.str.startswith(image + "_"))[0]) + 2  # the image's first row
+    (root / "stage_2_train" / f"{image}.dcm").unlink()
+    proc = _cli(["--source", "rsna_ich", "--root", str(root), "--out", str(tmp_path / "out"), "--sites", "2",
+                 "--protocol", "missing_k", "--k", "1"])
+    last = proc.stderr.strip().splitlines()[-1]  # (the loader also logs that the missing file has no PatientID)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and last.startswith("fedpartial-prepare: error:")
+    assert f"{csv} line {line}: image stage_2_train/{image}.dcm cannot be used: image file not found" in last
+    assert ".tmp-" not in proc.stderr
+    _nothing_written(tmp_path)

@@ -90,3 +90,35 @@ def test_isic2019_centres_train_one_round(tmp_path):
     results, log = _run(tmp_path, _job(tmp_path, "fedavg_ham10000", dataset), n=3)
     _trained(results, log, 3)
     assert results["dataset"] == "isic2019"
+
+
+def test_truncated_image_stops_every_site_at_the_data_check(tmp_path):
+    """The data check decodes every image: a truncated JPEG stops the job before round 0, so no site writes
+    round state while another site's data are unreadable."""
+    root = nih_release(tmp_path / "nih", n=24)
+    import pandas as pd
+    from PIL import Image
+
+    jpg = tmp_path / "site" / "img"
+    jpg.mkdir(parents=True)
+    names = pd.read_csv(NIH / "labels.csv").iloc[:6]["Image Index"]
+    for n in names:
+        Image.open(NIH / "images" / n).convert("L").save(jpg / n.replace(".png", ".jpg"), "JPEG")
+    bad = jpg / names.iloc[3].replace(".png", ".jpg")
+    bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
+    classes = PRESETS["nih_cxr14"]["classes"]
+    rows = [f"img/{n.replace('.png', '.jpg')}," + ",".join("1" if j == i % 8 else "0" for j in range(8))
+            for i, n in enumerate(names)]
+    (tmp_path / "site" / "train.csv").write_text("image," + ",".join(classes) + "\n" + "\n".join(rows) + "\n")
+    cfg = tmp_path / "site" / "fedpartial_data.json"
+    cfg.write_text(json.dumps({"datasets": {"nih_cxr14": {"data_root": ".", "train": "train.csv"}}}))
+    job = copy_job("fedavg_cxr14", tmp_path / "job", num_rounds=1, executor_args={"dataset": {"image_size": 32}})
+    ws = tmp_path / "ws"
+    proc = run_simulator(job, ws, n=2, env={"FEDPARTIAL_SITE_CONFIG": str(cfg),
+                                            "FEDPARTIAL_CACHE": str(tmp_path / "cache")}, timeout=300)
+    log = server_log(ws) + proc.stdout + proc.stderr
+    assert "data check failed" in log and "line 5" in log and bad.name in log and "truncated" in log
+    assert "cannot be decoded" in log  # the full decode, not the header check, found it
+    assert "aggregated" not in log
+    assert not list(ws.glob("site-*/simulate_job/**/*round*")), "a site wrote round state"
+    del root

@@ -186,9 +186,11 @@ def test_nih_official_split_lists(tmp_path):
 def test_nih_and_chexpert_two_vocabulary_federation_in_one_command(tmp_path, capsys):
     nih = nih_release(tmp_path / "data" / "nih")
     chex = chexpert_release(tmp_path / "data")
+    skip = (nih / "test_list.txt").read_text().split()[0]  # one NIH image left out; CheXpert has no such name
     rc = prep.main(["--source", "nih_cxr14", "--root", str(nih), "--sites", "2",
                     "--source", "chexpert", "--root", str(chex), "--sites", "2",
-                    "--source-arg", "chexpert:view=frontal", "--protocol", "full", "--out", str(tmp_path / "fed")])
+                    "--source-arg", "chexpert:view=frontal", "--protocol", "full", "--out", str(tmp_path / "fed"),
+                    "--exclude", skip])
     assert rc == 0, capsys.readouterr().err
     printed = capsys.readouterr().out
     out = tmp_path / "fed"
@@ -216,6 +218,8 @@ def test_nih_and_chexpert_two_vocabulary_federation_in_one_command(tmp_path, cap
     assert "label structure per site" in printed and (out / "label_structure.png").is_file()
     ds = prep.load_prepared(out)
     assert ds.data_root == (tmp_path / "data").resolve()
+    assert not _all_rows(out)["image"].str.endswith(skip).any()
+    assert [d["count"] for d in info["dropped"] if d["reason"] == "were excluded"] == [1]
 
 
 def test_dirichlet_label_skew_and_quantity_skew():

@@ -53,6 +53,8 @@ from .sources.isic2019 import FLAMBY_CENTRES
 from .vocabulary import CHEXPERT_SYNONYMS, VOCABULARIES, VocabularyError, invert, resolve_vocabulary
 
 DATASET_JSON = "dataset.json"
+PUBLISHED_SOURCES = ("ham10000", "isic2018", "isic2019", "nih_cxr14", "chexpert", "mimic_cxr", "rsna_ich")
+"""Sources read from a release's folder (--root required); the others are generated into the output folder."""
 FORMAT_VERSION = 1
 
 
@@ -311,14 +313,15 @@ def _decode_cache_file() -> Path:
 
 
 def _load_one(source: str, root: Path, source_args: dict | None, classes, top_k_classes, exclude: set[str],
-              decode_images: bool, drop_unreadable: bool) -> SourceTable:
-    """Load a source, keep the class subset and run the quality pass."""
+              decode_images: bool, drop_unreadable: bool, matched: set[str] | None = None) -> SourceTable:
+    """Load a source, keep the class subset and run the quality pass (``matched`` collects the ``exclude``
+    entries found, for a federation of several sources)."""
     table = load_source(source, root, **(source_args or {}))
     if table.lines is not None and "line" not in table.frame.columns:
         table.frame = table.frame.assign(line=table.lines)
     table = subset_classes(table, classes, top_k_classes)
     return quality_pass(table, decode=decode_images, drop_unreadable=drop_unreadable, exclude=exclude,
-                        cache_file=_decode_cache_file() if decode_images else None)
+                        cache_file=_decode_cache_file() if decode_images else None, matched_out=matched)
 
 
 def _group_vocabulary(source: str, given, multi: bool) -> dict[str, str]:
@@ -529,17 +532,20 @@ def prepare(source: str | None, source_root: str | os.PathLike | None, out_dir: 
     tmp.mkdir()
     try:
         if sources:
-            tables, vocabs, groups = [], [], []
+            tables, vocabs, groups, matched = [], [], [], set()
             for spec in sources:
                 unknown = sorted(set(spec) - {"source", "root", "num_sites", "source_args", "vocabulary"})
                 if unknown or "source" not in spec or "root" not in spec:
                     raise SourceError(f"a federation source needs 'source' and 'root' (and 'num_sites', "
                                       f"'source_args', 'vocabulary'); got {sorted(spec)}")
                 t = _load_one(spec["source"], Path(spec["root"]).expanduser().resolve(), spec.get("source_args"),
-                              None, None, excluded, decode_images, drop_unreadable)
+                              None, None, excluded, decode_images, drop_unreadable, matched)
                 tables.append(t)
                 vocabs.append(_group_vocabulary(spec["source"], spec.get("vocabulary"), True))
                 groups.append(int(spec.get("num_sites", 1)))
+            if excluded - matched:
+                raise SourceError(f"--exclude names {len(excluded - matched)} image(s) none of the sources has: "
+                                  f"{sorted(excluded - matched)[:5]}")
             table, masks = _combine(tables, vocabs, classes)
             if num_sites is not None and num_sites != sum(groups):
                 raise SourceError(f"the sources' num_sites add up to {sum(groups)}, not {num_sites}")
@@ -548,6 +554,9 @@ def prepare(source: str | None, source_root: str | os.PathLike | None, out_dir: 
             source = table.name
             local = False
         else:
+            if root is None and source in PUBLISHED_SOURCES:
+                raise SourceError(f"source {source!r} needs its folder: --root (a job's dataset.prepare.root), the "
+                                  "folder of the published release", hint="see docs/datasets.md for each layout")
             if root is None:
                 root = tmp / "source"
             table = _load_one(source, root, source_args, classes, top_k_classes, excluded, decode_images,

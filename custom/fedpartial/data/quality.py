@@ -107,7 +107,8 @@ def read_exclude(exclude: str | os.PathLike | Sequence[str] | None) -> set[str]:
 
 
 def quality_pass(table: SourceTable, decode: bool = True, drop_unreadable: bool = False,
-                 exclude: set[str] | None = None, cache_file: str | os.PathLike | None = None) -> SourceTable:
+                 exclude: set[str] | None = None, cache_file: str | os.PathLike | None = None,
+                 matched_out: set[str] | None = None) -> SourceTable:
     """Apply ``exclude``, check that every image exists and (``decode``) fully decodes.
 
     Returns:
@@ -132,7 +133,9 @@ def quality_pass(table: SourceTable, decode: bool = True, drop_unreadable: bool 
         if "image_id" in frame.columns:
             matched |= set(frame["image_id"].astype(str)[hit])
         unused = sorted(exclude - matched)
-        if unused:
+        if matched_out is not None:
+            matched_out |= exclude & matched
+        elif unused:
             raise SourceError(f"--exclude names {len(unused)} image(s) the source does not have: {unused[:5]}",
                               hint="give file names, ids or paths relative to --root as the release writes them")
         if hit.any():

@@ -27,6 +27,8 @@ pytestmark = pytest.mark.realdata
 def _shared_data(tmp_path, monkeypatch):
     for folder in (NIH, HAM):
         if not folder.is_dir():
+            if os.environ.get("CI", "").lower() == "true":
+                pytest.fail(f"{folder} is absent but CI=true: the real-data tests must run in CI")
             pytest.skip(f"real data {folder} not available on this machine")
     monkeypatch.setenv("FEDPARTIAL_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv(SITE_CONFIG_ENV, raising=False)

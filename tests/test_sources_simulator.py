@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.realdata]
 def _shared_data():
     for folder in (NIH, HAM):
         if not folder.is_dir():
+            if os.environ.get("CI", "").lower() == "true":
+                pytest.fail(f"{folder} is absent but CI=true: the real-data tests must run in CI")
             pytest.skip(f"real data {folder} not available on this machine")
 
 

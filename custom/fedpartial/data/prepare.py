@@ -461,11 +461,16 @@ def plot_structure(info: dict, file: Path) -> Path | None:
         ax.bar(x, pos, color="tab:red", label="positive")
         ax.bar(x, neg, bottom=pos, color="tab:blue", label="negative")
         ax.bar(x, unl, bottom=pos + neg, color="lightgrey", label="unlabelled")
-        ax.set_ylabel(site, rotation=0, ha="right", va="center")
-    axes[0, 0].legend(ncol=3, fontsize="small", loc="upper right")
+        centre = (info.get("centres") or {}).get(site)
+        ax.set_ylabel(f"{site}\n{centre}" if centre else site, rotation=0, ha="right", va="center")
+    handles, labels = axes[0, 0].get_legend_handles_labels()
     axes[-1, 0].set_xticks(x, classes, rotation=45, ha="right")
-    fig.suptitle(f"{info['source']}: label structure per site ({info['protocol']}, {info.get('partition', 'iid')})")
-    fig.tight_layout()
+    fig.suptitle(f"{info['source']}: label structure per site ({info['protocol']}, {info.get('partition', 'iid')})",
+                 fontsize="medium")
+    top = 1 - 0.9 / fig.get_figheight()
+    fig.legend(handles, labels, ncol=3, fontsize="small", loc="upper center", bbox_to_anchor=(0.5, top + 0.35 /
+                                                                                             fig.get_figheight()))
+    fig.tight_layout(rect=(0, 0, 1, top))
     fig.savefig(file, dpi=100)
     plt.close(fig)
     return file

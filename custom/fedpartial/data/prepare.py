@@ -16,8 +16,16 @@ site's ``{its column: global class}`` map, which the simulator applies as a site
 would), and ``centralise`` pools every site's training rows, each with the labels its site annotates, into one
 site (the centralised baseline: missing labels become negatives under ``fedavg``).
 
+Before any split, a quality pass (:mod:`fedpartial.data.quality`) applies ``exclude``, checks that every image
+exists and decodes it fully (cached by path, size and mtime); a bad image is an error at its line of the
+release's CSV, and every row left out (missing image, view filter, class outside the list, ``exclude``) is
+reported (count, first names and lines) and recorded under ``dropped``. ``sources`` federates several releases
+(each keeps its sites and column names), ``partition`` deals training patients IID, by centre, with Dirichlet
+label skew or quantity skew (:mod:`fedpartial.data.partition`), and ``label_structure.png`` shows positives /
+annotated / unlabelled per class and site. The layouts and commands of each release: ``docs/datasets.md``.
+
 ``ensure_prepared(spec, cache_dir)`` is the simulator's prepare-on-first-use (cached by a hash of the spec,
-guarded by a file lock).
+checked against the size and mtime of the release's label files, guarded by a file lock).
 
 Example::
 

@@ -153,17 +153,19 @@ ISIC2019_CENTRES = {"BCN": "BCN", "HAM_vidir_molemax": "HAM", "HAM_vidir_modern"
                     "MSK": "MSK", "HAM_vienna_dias": "HAM"}
 
 
-def isic2019_release(dest: Path, per_centre: int = 6, unknown_centre: int = 2) -> Path:
+def isic2019_release(dest: Path, per_centre: int = 6, unknown_centre: int = 2, centres: list[str] | None = None
+                     ) -> Path:
     """``ISIC_2019_Training_GroundTruth.csv`` (one-hot 0.0 / 1.0 over 9 columns), ``ISIC_2019_Training_Metadata.csv``
     (blank lesion_id where the centre is unknown), ``ISIC_2019_Training_Input/*.jpg`` and a HAM10000 metadata with
-    FLamby's ``dataset`` column (``HAM10000_metadata``)."""
-    n = per_centre * len(ISIC2019_CENTRES) + unknown_centre
+    FLamby's ``dataset`` column (``HAM10000_metadata``); ``centres``: a subset of the six."""
+    chosen = list(centres or ISIC2019_CENTRES)
+    n = per_centre * len(chosen) + unknown_centre
     ham = ham_sample(n)
     dx_map = {"mel": "MEL", "nv": "NV", "bcc": "BCC", "akiec": "AK", "bkl": "BKL", "df": "DF", "vasc": "VASC"}
     gt, meta, hamrows = [], [], []
     for i, r in ham.iterrows():
         c = i // per_centre
-        centre = list(ISIC2019_CENTRES)[c] if c < len(ISIC2019_CENTRES) else None
+        centre = chosen[c] if c < len(chosen) else None
         image = r["image_id"] + ("_downsampled" if centre == "MSK" else "")
         cls = "SCC" if i % 7 == 6 else dx_map[r["dx"]]
         gt.append([image, *["1.0" if k == cls else "0.0" for k in ISIC2019]])

@@ -79,6 +79,7 @@ def _prep(src: str, root: Path, out: Path, **kw) -> Path:
     if kw["protocol"] == "missing_k":
         kw.setdefault("k", 2)
     kw.setdefault("verbose", False)
+    kw.setdefault("figure", False)
     return prep.prepare(src, root, out, **kw)
 
 
@@ -100,12 +101,16 @@ def test_isic2018_layout(tiny_ham):
     for c in HAM_CLASSES:
         gt[c] = (meta["dx"] == c.lower()).astype(float)
     gt.to_csv(tiny_ham / "gt.csv", index=False)
-    t = load_isic2018(tiny_ham, "gt.csv", "images")
+    with pytest.raises(ValueError, match="LesionGroupings.csv not found.*lesion_groupings=none"):
+        load_isic2018(tiny_ham, "gt.csv", "images")  # one lesion could land in train and test: refused
+    with pytest.warns(UserWarning, match="its own lesion"):
+        t = load_isic2018(tiny_ham, "gt.csv", "images", lesion_groupings="none")
     ref = load_ham10000(tiny_ham)
     assert t.name == "isic2018" and len(t.frame) == 70
     assert (t.frame[HAM_CLASSES].to_numpy() == ref.frame[HAM_CLASSES].to_numpy()).all()
     assert (t.frame["patient_id"] == t.frame["image_id"]).all()
-    assert load_ham10000(tiny_ham, metadata="gt.csv").name == "isic2018"  # layout detected
+    with pytest.warns(UserWarning):
+        assert load_ham10000(tiny_ham, metadata="gt.csv", lesion_groupings="none").name == "isic2018"
     groups = pd.DataFrame({"image": meta["image_id"], "lesion_id": meta["lesion_id"]})
     groups.to_csv(tiny_ham / "groups.csv", index=False)
     t2 = load_isic2018(tiny_ham, "gt.csv", "images", lesion_groupings="groups.csv")
@@ -113,7 +118,7 @@ def test_isic2018_layout(tiny_ham):
     gt.loc[3, "NV"] = 1.0  # two positives
     gt.to_csv(tiny_ham / "bad.csv", index=False)
     with pytest.raises(ValueError, match="line 5"):
-        load_isic2018(tiny_ham, "bad.csv", "images")
+        load_isic2018(tiny_ham, "bad.csv", "images", lesion_groupings="none")
 
 
 def test_nih_labels_csv_layout(tiny_nih):
@@ -162,7 +167,8 @@ def test_most_frequent_classes(tiny_nih):
 
 
 def test_registry():
-    assert set(sources.SOURCES) == {"ham10000", "isic2018", "nih_cxr14", "rsna_ich", "ich_phantom"}
+    assert set(sources.SOURCES) == {"ham10000", "isic2018", "isic2019", "nih_cxr14", "chexpert", "mimic_cxr",
+                                    "rsna_ich", "ich_phantom"}
     with pytest.raises(ValueError, match="unknown source"):
         sources.load_source("mnist", ".")
 

@@ -162,7 +162,9 @@ def read_manifest(
         task: 'multilabel' or 'multiclass' (single-label: at most one 1 per row).
         check_images: check that every image file exists and is non-empty.
         verify_images: also check each image's header (:func:`fedpartial.data.transforms.check_image_header`:
-            PIL ``verify``, DICOM header and pixel-data length); the executor's data check does.
+            PIL ``verify``, DICOM header and pixel-data length) and then decode every image fully (a truncated
+            JPEG passes the header check), the results cached by path, size and mtime
+            (:mod:`fedpartial.data.quality`); the executor's data check does, so a site stops before round 0.
         confine: every image path must resolve (``Path.resolve``: symlinks and ``..`` followed) inside the data
             root; an absolute path or a link pointing elsewhere is an error.
         duplicates: ``"error"``: the same image (after resolving) twice in the file is an error naming both lines
@@ -271,12 +273,31 @@ def read_manifest(
         pids.append(str(df.iat[i, col[PATIENT_COL]]).strip() if has_pid else "")
         splits.append(split)
         lines.append(line)
+    if verify_images and check_images and paths:
+        _decode_fully(paths, lines, df, col, site, file)
     mask = ~np.isnan(labels)
     m = Manifest(paths=paths, labels=np.nan_to_num(labels, nan=0.0), mask=mask, classes=list(classes),
                  patient_ids=pids, splits=splits, lines=lines, file=str(file), site=site or "", task=task)
     if require_annotated and not m.annotated.any():
         raise ManifestError("no class is annotated in any row (all class cells empty)", site, file)
     return m
+
+
+def _decode_fully(paths: list[str], lines: list[int], df: pd.DataFrame, col: dict, site, file) -> None:
+    """Decode every image (cached); the first that fails is a ManifestError at its line."""
+    from .quality import DecodeCache, decode_all
+    from .site_config import cache_dir
+
+    cache = DecodeCache(cache_dir() / "decoded.sqlite")
+    try:
+        errors = decode_all([Path(p) for p in paths], cache)
+    finally:
+        cache.close()
+    for p, line, err in zip(paths, lines, errors):
+        if err is not None:
+            bad = [q for q, e in zip(paths, errors) if e is not None]
+            more = f" ({len(bad) - 1} more undecodable image(s))" if len(bad) > 1 else ""
+            raise ManifestError(f"image {Path(p).name} cannot be decoded: {err}{more}", site, file, line)
 
 
 def write_manifest(file: str | os.PathLike, images: Iterable[str], labels: np.ndarray, mask: np.ndarray,

@@ -16,8 +16,16 @@ site's ``{its column: global class}`` map, which the simulator applies as a site
 would), and ``centralise`` pools every site's training rows, each with the labels its site annotates, into one
 site (the centralised baseline: missing labels become negatives under ``fedavg``).
 
+Before any split, a quality pass (:mod:`fedpartial.data.quality`) applies ``exclude``, checks that every image
+exists and decodes it fully (cached by path, size and mtime); a bad image is an error at its line of the
+release's CSV, and every row left out (missing image, view filter, class outside the list, ``exclude``) is
+reported (count, first names and lines) and recorded under ``dropped``. ``sources`` federates several releases
+(each keeps its sites and column names), ``partition`` deals training patients IID, by centre, with Dirichlet
+label skew or quantity skew (:mod:`fedpartial.data.partition`), and ``label_structure.png`` shows positives /
+annotated / unlabelled per class and site. The layouts and commands of each release: ``docs/datasets.md``.
+
 ``ensure_prepared(spec, cache_dir)`` is the simulator's prepare-on-first-use (cached by a hash of the spec,
-guarded by a file lock).
+checked against the size and mtime of the release's label files, guarded by a file lock).
 
 Example::
 
@@ -32,6 +40,8 @@ import hashlib
 import json
 import os
 import shutil
+import sys
+import time
 import uuid
 import warnings
 from dataclasses import dataclass, field
@@ -39,13 +49,20 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+import pandas as pd
 
-from .manifest import check_coverage, read_manifest, write_manifest
+from .manifest import ManifestError, check_coverage, read_manifest, write_manifest
+from .partition import PARTITIONS, by_centre, dirichlet_label_skew, quantity_skew
 from .protocols import assign
-from .vocabulary import invert, resolve_vocabulary
+from .quality import quality_pass, read_exclude
 from .sources import SourceTable, load_source
+from .sources.base import NOT_ANNOTATED, Dropped, SourceError
+from .sources.isic2019 import FLAMBY_CENTRES
+from .vocabulary import CHEXPERT_SYNONYMS, VOCABULARIES, VocabularyError, invert, resolve_vocabulary
 
 DATASET_JSON = "dataset.json"
+PUBLISHED_SOURCES = ("ham10000", "isic2018", "isic2019", "nih_cxr14", "chexpert", "mimic_cxr", "rsna_ich")
+"""Sources read from a release's folder (--root required); the others are generated into the output folder."""
 FORMAT_VERSION = 1
 
 
@@ -115,9 +132,18 @@ def subset_classes(table: SourceTable, classes: Sequence[str] | None = None,
     if top_k is not None:
         chosen = most_frequent_classes(sub, int(top_k))
         frame = frame.drop(columns=[c for c in sub.classes if c not in chosen])
+    lines = table.lines
     if table.task == "multiclass":
-        frame = frame[frame[chosen].sum(axis=1) > 0]
-    return SourceTable(table.name, table.task, chosen, table.root, frame.reset_index(drop=True), table.synthetic)
+        keep = (frame[chosen].clip(lower=0).sum(axis=1) > 0).to_numpy()
+        if not keep.all():
+            gone = frame[~keep]
+            table.dropped.append(Dropped(table.files[0] if table.files else table.name,
+                                         f"are of a class outside {chosen}", gone["image"].astype(str).tolist(),
+                                         gone["line"].astype(int).tolist() if "line" in gone else []))
+            lines = None if lines is None else [l for l, k in zip(lines, keep) if k]
+        frame = frame[keep]
+    return SourceTable(table.name, table.task, chosen, table.root, frame.reset_index(drop=True), table.synthetic,
+                       table.dropped, table.files, lines)
 
 
 # ----------------------------------------------------------------------------------------------------- splits
@@ -277,59 +303,294 @@ def _publish(tmp: Path, final: Path, inside: bool, overwrite: bool) -> None:
     os.rename(tmp, final)
 
 
-def prepare(source: str, source_root: str | os.PathLike | None, out_dir: str | os.PathLike, num_sites: int,
-            protocol: str, seed: int = 0, val_frac: float = 0.1, test_frac: float = 0.2,
+def _stamps(files: Sequence[str]) -> dict[str, list[int]]:
+    """``{file: [size, mtime_ns]}`` of the source's label files (what the prepared-data cache checks)."""
+    out = {}
+    for f in files:
+        p = Path(f)
+        if p.is_file():
+            st = p.stat()
+            out[str(p.resolve())] = [int(st.st_size), int(st.st_mtime_ns)]
+    return out
+
+
+def _decode_cache_file() -> Path:
+    from .site_config import cache_dir
+
+    return cache_dir() / "decoded.sqlite"
+
+
+def _load_one(source: str, root: Path, source_args: dict | None, classes, top_k_classes, exclude: set[str],
+              decode_images: bool, drop_unreadable: bool, matched: set[str] | None = None) -> SourceTable:
+    """Load a source, keep the class subset and run the quality pass (``matched`` collects the ``exclude``
+    entries found, for a federation of several sources)."""
+    table = load_source(source, root, **(source_args or {}))
+    if table.lines is not None and "line" not in table.frame.columns:
+        table.frame = table.frame.assign(line=table.lines)
+    table = subset_classes(table, classes, top_k_classes)
+    return quality_pass(table, decode=decode_images, drop_unreadable=drop_unreadable, exclude=exclude,
+                        cache_file=_decode_cache_file() if decode_images else None, matched_out=matched)
+
+
+def _group_vocabulary(source: str, given, multi: bool) -> dict[str, str]:
+    """``{source column: global class}`` of one source of a federation."""
+    if given is None:
+        return invert(CHEXPERT_SYNONYMS) if multi and source in ("chexpert", "mimic_cxr") else {}
+    if isinstance(given, str):
+        return invert(resolve_vocabulary(given, list(VOCABULARIES.get(given, {}))))
+    return dict(given)
+
+
+def _combine(tables: list[SourceTable], vocabs: list[dict[str, str]], classes: Sequence[str] | None
+             ) -> tuple[SourceTable, list[np.ndarray]]:
+    """Several sources -> one table over global classes (cells a source lacks = ``NOT_ANNOTATED``), images
+    relative to the sources' common folder, patient ids prefixed by source; returns (table, row mask per source)."""
+    tasks = {t.task for t in tables}
+    if len(tasks) > 1:
+        raise SourceError(f"the sources mix tasks {sorted(tasks)}; a federation needs one task")
+    mapped = [[v.get(c, c) for c in t.classes] for t, v in zip(tables, vocabs)]
+    union: list[str] = []
+    for m in mapped:
+        union += [c for c in m if c not in union]
+    if classes is not None:
+        unknown = [c for c in classes if c not in union]
+        if unknown:
+            raise SourceError(f"class(es) {unknown} are in none of the sources; they have {union}")
+        union = list(classes)
+    common = Path(os.path.commonpath([str(t.root.resolve()) for t in tables]))
+    parts, masks, files, dropped = [], [], [], []
+    for k, (t, m) in enumerate(zip(tables, mapped)):
+        f = t.frame
+        prefix = (t.root.resolve()).relative_to(common)
+        part = pd.DataFrame({
+            "image": [(prefix / p).as_posix() for p in f["image"]],
+            "patient_id": [f"{t.name}:{p}" for p in f["patient_id"]],
+            "official_split": f["official_split"] if "official_split" in f.columns else "",
+            "line": t.row_lines(), "label_file": t.row_files(), "group": k})
+        for c in union:
+            part[c] = f[t.classes[m.index(c)]].to_numpy() if c in m else NOT_ANNOTATED
+        parts.append(part)
+        files += t.files
+        dropped += t.dropped
+    frame = pd.concat(parts, ignore_index=True)
+    masks = [(frame["group"] == k).to_numpy() for k in range(len(tables))]
+    table = SourceTable("+".join(t.name for t in tables), tables[0].task, union, common, frame,
+                        any(t.synthetic for t in tables), dropped, files)
+    return table, masks
+
+
+def _val_from_train(patient_ids: Sequence[str], val_frac: float, seed: int) -> np.ndarray:
+    """Boolean ``(N,)``: the rows (whole patients) carved out of a publisher's train list as val."""
+    pids = np.asarray([str(p) for p in patient_ids])
+    uniq, inverse, sizes = np.unique(pids, return_inverse=True, return_counts=True)
+    order = np.random.default_rng([1, seed]).permutation(len(uniq))
+    cum = np.concatenate([[0], np.cumsum(sizes[order])])
+    n_val = _cut(cum, val_frac * len(pids), 1, max(1, len(uniq) - 1))
+    is_val = np.zeros(len(uniq), bool)
+    is_val[order[:n_val]] = True
+    return is_val[inverse]
+
+
+def _group_split(frame: pd.DataFrame, rows: np.ndarray, val_frac: float, test_frac: float, seed: int) -> np.ndarray:
+    """'train' / 'val' / 'test' for ``rows`` of the frame: the publisher's split where the loader read one."""
+    pids = frame["patient_id"].astype(str).to_numpy()[rows]
+    official = frame["official_split"].astype(str).to_numpy()[rows] if "official_split" in frame else None
+    if official is None or not (official != "").any():
+        return split_patients(pids, val_frac, test_frac, seed)
+    out = official.astype(object)
+    train = np.flatnonzero(out == "train")
+    if not (out == "val").any() and len(train):
+        out[train[_val_from_train(pids[train], val_frac, seed)]] = "val"
+    for s in ("train", "val", "test"):
+        if not (out == s).any():
+            raise SourceError(f"the publisher's split leaves '{s}' empty for this selection")
+    return out.astype(str)
+
+
+def _partition(frame: pd.DataFrame, train: np.ndarray, n: int | None, partition: str, seed: int, site_sizes,
+               classes: list[str], alpha: float, centre_order: Sequence[str] | None
+               ) -> tuple[list[np.ndarray], list[str] | None]:
+    """Training rows per site of one group (positions into the frame), and the centre names (centre partition)."""
+    pids = frame["patient_id"].astype(str).to_numpy()[train]
+    if partition == "iid":
+        return [train[r] for r in split_sites(pids, n, seed, site_sizes)], None
+    if partition == "centre":
+        if "centre" not in frame.columns:
+            raise SourceError("partition 'centre' needs a source that records each image's centre (isic2019)")
+        rows, names = by_centre(frame["centre"].astype(str).to_numpy()[train], n, centre_order)
+        return [train[r] for r in rows], names
+    if partition == "dirichlet":
+        labels = frame[classes].to_numpy(np.int64)[train]
+        return [train[r] for r in dirichlet_label_skew(pids, labels, n, alpha, seed)], None
+    if partition == "quantity":
+        return [train[r] for r in quantity_skew(pids, n, alpha, seed)], None
+    raise SourceError(f"unknown partition {partition!r}; known: {list(PARTITIONS)}")
+
+
+def _structure(labels: np.ndarray, mask: np.ndarray, classes: Sequence[str]) -> dict[str, dict[str, int]]:
+    """Per class: positives, annotated rows and unlabelled rows."""
+    ann = mask.sum(axis=0)
+    pos = (labels * mask).sum(axis=0)
+    return {c: {"positives": int(pos[j]), "annotated": int(ann[j]), "unlabelled": int(len(mask) - ann[j])}
+            for j, c in enumerate(classes)}
+
+
+def format_structure(info: dict) -> str:
+    """Per site and class ``positives/annotated`` (``-`` = not annotated) and the unlabelled rows."""
+    classes = info["classes"]
+    width = max(10, *(len(c) + 1 for c in classes))
+    lines = [f"{'':<8}" + "".join(f"{c:>{width}}" for c in classes)]
+    for site, per in info.get("structure", {}).items():
+        cells = [f"{per[c]['positives']}/{per[c]['annotated']}" if per[c]["annotated"] else "-" for c in classes]
+        lines.append(f"{site:<8}" + "".join(f"{v:>{width}}" for v in cells))
+    return "\n".join(lines)
+
+
+def plot_structure(info: dict, file: Path) -> Path | None:
+    """Bar chart of positives / annotated negatives / unlabelled per class, one panel per site (matplotlib,
+    imported here only); None when matplotlib is absent."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    sites = list(info["structure"])
+    classes = info["classes"]
+    fig, axes = plt.subplots(len(sites), 1, figsize=(max(6, 0.6 * len(classes) + 2), 1.8 * len(sites) + 0.8),
+                             sharex=True, squeeze=False)
+    x = np.arange(len(classes))
+    for ax, site in zip(axes[:, 0], sites):
+        per = info["structure"][site]
+        pos = np.array([per[c]["positives"] for c in classes])
+        neg = np.array([per[c]["annotated"] - per[c]["positives"] for c in classes])
+        unl = np.array([per[c]["unlabelled"] for c in classes])
+        ax.bar(x, pos, color="tab:red", label="positive")
+        ax.bar(x, neg, bottom=pos, color="tab:blue", label="negative")
+        ax.bar(x, unl, bottom=pos + neg, color="lightgrey", label="unlabelled")
+        centre = (info.get("centres") or {}).get(site)
+        ax.set_ylabel(f"{site}\n{centre}" if centre else site, rotation=0, ha="right", va="center")
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    axes[-1, 0].set_xticks(x, classes, rotation=45, ha="right")
+    fig.suptitle(f"{info['source']}: label structure per site ({info['protocol']}, {info.get('partition', 'iid')})",
+                 fontsize="medium")
+    top = 1 - 0.9 / fig.get_figheight()
+    fig.legend(handles, labels, ncol=3, fontsize="small", loc="upper center", bbox_to_anchor=(0.5, top + 0.35 /
+                                                                                             fig.get_figheight()))
+    fig.tight_layout(rect=(0, 0, 1, top))
+    fig.savefig(file, dpi=100)
+    plt.close(fig)
+    return file
+
+
+def prepare(source: str | None, source_root: str | os.PathLike | None, out_dir: str | os.PathLike,
+            num_sites: int | None, protocol: str, seed: int = 0, val_frac: float = 0.1, test_frac: float = 0.2,
             site_sizes: int | Sequence[int] | None = None, classes: Sequence[str] | None = None,
             source_args: dict | None = None, top_k_classes: int | None = None, overwrite: bool = False,
             verbose: bool = True, vocabularies: dict | None = None, centralise: bool = False,
-            **protocol_params: Any) -> Path:
+            sources: Sequence[dict] | None = None, partition: str = "iid", alpha: float = 0.5,
+            exclude: str | os.PathLike | Sequence[str] | None = None, decode_images: bool = True,
+            drop_unreadable: bool = False, figure: bool = True, **protocol_params: Any) -> Path:
     """Prepare a federated partial-label dataset; returns the output folder.
 
     Args:
-        source: a name from ``fedpartial.data.sources.SOURCES``.
+        source: a name from ``fedpartial.data.sources.SOURCES`` (None with ``sources``).
         source_root: the source's folder. ``None`` for generated sources (``ich_phantom``): the data are then
             generated inside the output folder (``<out_dir>/source``, ``data_root`` '.').
         out_dir: output folder (must not exist or be empty unless ``overwrite``; when the source lives inside it
             the manifests are added next to the images).
-        num_sites: number of sites (``site-1`` .. ``site-N``).
+        num_sites: number of sites (``site-1`` .. ``site-N``); with ``partition="centre"`` it may be None (one
+            site per centre); with ``sources`` the sum of their ``num_sites``.
         protocol: a name from ``fedpartial.data.protocols.PROTOCOLS``.
         seed: seed of the splits, the site assignment and randomised protocols.
-        val_frac, test_frac: fractions of images (split by patient) for the shared val / test sets.
-        site_sizes: cap on training images per site (one int, or one per site).
-        classes: class subset (source order kept).
+        val_frac, test_frac: fractions of images (split by patient) for the shared val / test sets (the publisher's
+            split replaces this where the loader read one: ``--source-arg official_split=true``).
+        site_sizes: cap on training images per site (one int, or one per site; ``iid`` partition).
+        classes: class subset (source order kept); with ``sources``, the federation's global class list.
         source_args: keyword arguments for the source loader.
         top_k_classes: keep the k most frequent classes (after ``classes``).
         overwrite: replace an existing output folder.
-        verbose: print the per-site count table.
+        verbose: print the per-site count tables and the dropped-row report.
         vocabularies: ``{site: vocabulary}``, a vocabulary being a name from
             ``fedpartial.data.vocabulary.VOCABULARIES`` or ``{global class: column name}``: those sites' manifests
             use these column names (the split of the paper's two-vocabulary experiment).
         centralise: pool every site's rows (with the labels its site annotates) into one site ``site-1``.
+        sources: a federation of several published sources, each ``{"source", "root", "num_sites",
+            "source_args" (optional), "vocabulary" (optional {its column: global class} or a vocabulary name)}``;
+            each source's sites hold only its images and keep its own column names (CheXpert / MIMIC-CXR's
+            ``Pleural Effusion`` is NIH's ``Effusion`` by default).
+        partition: ``iid``, ``centre``, ``dirichlet`` or ``quantity`` (see :mod:`fedpartial.data.partition`);
+            ``alpha`` is the Dirichlet concentration of the last two.
+        exclude: image names / ids / relative paths to leave out (a file, one per line, or a list).
+        decode_images: fully decode every image once (cached by path, size and mtime).
+        drop_unreadable: leave unreadable images out (reported) instead of stopping.
+        figure: save ``label_structure.png`` (matplotlib) next to the manifests.
         **protocol_params: the protocol's parameter (``k``, ``s``, ``m`` or ``table``).
 
     Raises:
-        ValueError / ManifestError: bad arguments, an impossible protocol, or a result that fails validation;
-            nothing is left behind.
+        SourceError / ValueError / ManifestError: bad arguments or files, an impossible protocol, or a result
+            that fails validation; nothing is left behind.
     """
     final = Path(out_dir).expanduser().resolve()
     root = None if source_root is None else Path(source_root).expanduser().resolve()
     inside = root is not None and _is_within(root, final)
     if not overwrite and (final / DATASET_JSON).exists():
-        raise FileExistsError(f"{final} already holds a prepared dataset (pass overwrite=True)")
+        raise FileExistsError(f"{final} already holds a prepared dataset (pass overwrite=True / --overwrite)")
     if not overwrite and not inside and final.exists() and any(final.iterdir()):
-        raise FileExistsError(f"{final} exists and is not empty (pass overwrite=True)")
+        raise FileExistsError(f"{final} exists and is not empty (pass overwrite=True / --overwrite)")
+    excluded = read_exclude(exclude)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        if root is None:
-            root = tmp / "source"
-        table = load_source(source, root, **(source_args or {}))
-        table = subset_classes(table, classes, top_k_classes)
+        if sources:
+            tables, vocabs, groups, matched = [], [], [], set()
+            for spec in sources:
+                unknown = sorted(set(spec) - {"source", "root", "num_sites", "source_args", "vocabulary"})
+                if unknown or "source" not in spec or "root" not in spec:
+                    raise SourceError(f"a federation source needs 'source' and 'root' (and 'num_sites', "
+                                      f"'source_args', 'vocabulary'); got {sorted(spec)}")
+                t = _load_one(spec["source"], Path(spec["root"]).expanduser().resolve(), spec.get("source_args"),
+                              None, None, excluded, decode_images, drop_unreadable, matched)
+                tables.append(t)
+                vocabs.append(_group_vocabulary(spec["source"], spec.get("vocabulary"), True))
+                groups.append(int(spec.get("num_sites", 1)))
+            if excluded - matched:
+                raise SourceError(f"--exclude names {len(excluded - matched)} image(s) none of the sources has: "
+                                  f"{sorted(excluded - matched)[:5]}")
+            table, masks = _combine(tables, vocabs, classes)
+            if num_sites is not None and num_sites != sum(groups):
+                raise SourceError(f"the sources' num_sites add up to {sum(groups)}, not {num_sites}")
+            group_specs = [(n, m, {g: l for l, g in vocabs[k].items() if g in table.classes})
+                           for k, (n, m) in enumerate(zip(groups, masks))]
+            source = table.name
+            local = False
+        else:
+            if root is None and source in PUBLISHED_SOURCES:
+                raise SourceError(f"source {source!r} needs its folder: --root (a job's dataset.prepare.root), the "
+                                  "folder of the published release", hint="see docs/datasets.md for each layout")
+            if root is None:
+                root = tmp / "source"
+            table = _load_one(source, root, source_args, classes, top_k_classes, excluded, decode_images,
+                              drop_unreadable)
+            group_specs = [(num_sites, np.ones(len(table.frame), bool), {})]
+            local = source_root is None or inside
         base = final if inside else tmp  # folder the manifests' image paths are relative to, before publishing
-        info = _build(table, tmp, base, source_root is None or inside, num_sites, protocol, seed, val_frac,
-                      test_frac, site_sizes, source, source_args, protocol_params, vocabularies, centralise)
-        _validate(tmp, info, base if (source_root is None or inside) else table.root.resolve())
+        info = _build(table, tmp, base, local, group_specs, protocol, seed, val_frac, test_frac, site_sizes,
+                      source, source_args, protocol_params, vocabularies, centralise, partition, alpha)
+        info["top_k_classes"] = top_k_classes
+        info["sources"] = [{"source": s["source"], "root": str(Path(s["root"]).expanduser().resolve()),
+                            "num_sites": int(s.get("num_sites", 1)), "source_args": s.get("source_args") or {}}
+                           for s in (sources or [])]
+        info["source_files"] = _stamps(table.files + ([str(exclude)] if isinstance(exclude, (str, os.PathLike))
+                                                      and Path(exclude).is_file() else []))
+        info["dropped"] = [{"file": d.file, "reason": d.reason, "count": len(d.names), "first": d.names[:10],
+                            "lines": d.lines[:10]} for d in table.dropped]
+        _validate(tmp, info, base if local else table.root.resolve())
+        if figure:
+            if plot_structure(info, tmp / "label_structure.png") is not None:
+                info["figure"] = "label_structure.png"
         (tmp / DATASET_JSON).write_text(json.dumps(info, indent=2) + "\n")
         _publish(tmp, final, inside, overwrite)
     except BaseException:
@@ -337,46 +598,88 @@ def prepare(source: str, source_root: str | os.PathLike | None, out_dir: str | o
         raise
     if verbose:
         synthetic = " (SYNTHETIC data)" if info["synthetic"] else ""
-        print(f"prepared {final}{synthetic}: {source}, protocol {protocol} {protocol_params}, seed {seed}")
+        print(f"prepared {final}{synthetic}: {source}, protocol {protocol} {protocol_params}, "
+              f"partition {partition}, seed {seed}")
+        for d in table.dropped:
+            print(f"left out: {d.summary()}")
         print("labelled positives per class ('-' = not annotated):")
         print(format_counts(info))
+        print("label structure per site: positives/annotated per class ('-' = not annotated); unlabelled = rows "
+              "without a label for the class")
+        print(format_structure(info))
+        if info.get("figure"):
+            print(f"figure: {final / info['figure']}")
     return final
 
 
-def _build(table: SourceTable, tmp: Path, base: Path, local: bool, num_sites: int, protocol: str, seed: int,
+def _build(table: SourceTable, tmp: Path, base: Path, local: bool, groups: list, protocol: str, seed: int,
            val_frac: float, test_frac: float, site_sizes, source: str, source_args, protocol_params,
-           vocabularies: dict | None = None, centralise: bool = False) -> dict:
-    """Split, assign, write the manifests into ``tmp``; returns the dataset.json content."""
+           vocabularies: dict | None = None, centralise: bool = False, partition: str = "iid",
+           alpha: float = 0.5) -> dict:
+    """Split, deal, assign and write the manifests into ``tmp``; returns the dataset.json content.
+
+    ``groups``: per source of the federation ``(number of sites or None, (N,) row mask, {global class: its
+    column name})``; one group for a single source.
+    """
     frame, classes = table.frame, list(table.classes)
     images = frame["image"].astype(str)
     if local:  # the images live inside the output folder: paths relative to it
         src = table.root.resolve()
         images = images.map(lambda p: (src / p).relative_to(base).as_posix())
     pids = frame["patient_id"].astype(str).to_numpy()
-    labels = frame[classes].to_numpy(dtype=np.int64)
-    split = split_patients(pids, val_frac, test_frac, seed)
-    train_rows = np.flatnonzero(split == "train")
+    raw = frame[classes].to_numpy(dtype=np.int64)
+    known = raw >= 0  # NOT_ANNOTATED cells carry no label
+    labels = np.where(known, raw, 0)
+    split = np.empty(len(frame), dtype=object)
+    site_rows, site_group, centres = [], [], {}
+    for g, (n, rows_mask, _) in enumerate(groups):
+        rows = np.flatnonzero(rows_mask)
+        split[rows] = _group_split(frame, rows, val_frac, test_frac, seed)
+        train = rows[split[rows] == "train"]
+        parts, names = _partition(frame, train, n, partition, seed, site_sizes, classes, alpha,
+                                  FLAMBY_CENTRES if partition == "centre" else None)
+        for k, part in enumerate(parts):
+            if names is not None:
+                centres[site_name(len(site_rows))] = names[k]
+            site_rows.append(part)
+            site_group.append(g)
+    split = split.astype(str)
+    num_sites = len(site_rows)
     per_site = assign(protocol, classes, num_sites, seed, **protocol_params)
-    site_rows = [train_rows[r] for r in split_sites(pids[train_rows], num_sites, seed, site_sizes)]
     info: dict[str, Any] = {
         "format_version": FORMAT_VERSION, "source": source, "task": table.task, "classes": classes,
         "data_root": "." if local else str(table.root.resolve()), "protocol": protocol,
         "protocol_params": protocol_params, "seed": seed, "num_sites": num_sites, "val_frac": val_frac,
         "test_frac": test_frac, "site_sizes": site_sizes, "source_args": source_args or {},
-        "synthetic": bool(table.synthetic), "sites": {}, "files": {}, "sizes": {}, "counts": {},
+        "partition": partition, "synthetic": bool(table.synthetic), "sites": {}, "files": {}, "sizes": {},
+        "counts": {}, "structure": {},
     }
+    if partition in ("dirichlet", "quantity"):
+        info["alpha"] = alpha
+    if centres:
+        info["centres"] = centres
+    if "official_split" in frame.columns and (frame["official_split"].astype(str) != "").any():
+        info["official_split"] = True
+
     def masked(rows, annotated):
         mask = np.zeros((len(rows), len(classes)), bool)
         mask[:, annotated] = True
-        return mask
+        return mask & known[rows]
 
     parts = [(site_name(i), rows, "train", masked(rows, per_site[i])) for i, rows in enumerate(site_rows)]
     if centralise:  # one site holding every site's rows, each with its own site's labels
         parts = [(site_name(0), np.concatenate([p[1] for p in parts]), "train", np.concatenate([p[3] for p in parts]))]
         info["centralised_from"] = num_sites
+        site_group = [0]
     parts += [(s, rows, s, masked(rows, list(range(len(classes)))))
               for s in ("val", "test") for rows in [np.flatnonzero(split == s)]]
-    renames = {site: resolve_vocabulary(v, classes) for site, v in (vocabularies or {}).items()}
+    renames = {}
+    if not centralise:
+        for i, g in enumerate(site_group):
+            if groups[g][2]:
+                renames[site_name(i)] = dict(groups[g][2])
+    for site, v in (vocabularies or {}).items():
+        renames[site] = {**renames.get(site, {}), **resolve_vocabulary(v, classes)}
     unknown = sorted(set(renames) - {p[0] for p in parts if p[2] == "train"})
     if unknown:
         raise ValueError(f"vocabularies name site(s) {unknown} that this split does not have")
@@ -392,6 +695,7 @@ def _build(table: SourceTable, tmp: Path, base: Path, local: bool, num_sites: in
         info["files"][name] = f"{name}.csv"
         info["sizes"][name] = int(len(rows))
         info["counts"][name] = _counts(labels[rows], mask, classes)
+        info["structure"][name] = _structure(labels[rows], mask, classes)
     return info
 
 
@@ -403,7 +707,7 @@ def load_prepared(out_dir: str | os.PathLike) -> PreparedDataset:
     meta = folder / DATASET_JSON
     if not meta.is_file():
         raise FileNotFoundError(f"{meta} not found: not a prepared dataset (run fedpartial-prepare)")
-    info = json.loads(meta.read_text())
+    info = json.loads(meta.read_text(encoding="utf-8-sig"))
     data_root = Path(info["data_root"])
     data_root = data_root if data_root.is_absolute() else (folder / data_root).resolve()
     files = info["files"]
@@ -413,20 +717,26 @@ def load_prepared(out_dir: str | os.PathLike) -> PreparedDataset:
         test=folder / files["test"], info=info, path=folder)
 
 
-_NOT_HASHED = ("verbose", "overwrite")
+_NOT_HASHED = ("verbose", "overwrite", "refresh")
+REFRESH_ENV = "FEDPARTIAL_REFRESH_DATA"
+_STARTED = time.time()
 
 
 def canonical_spec(spec: dict) -> dict:
-    """The spec with ``root`` made absolute (so equal data give equal hashes whatever the working folder) and
-    without the keys that do not change the data (``verbose``, ``overwrite``)."""
+    """The spec with roots made absolute (so equal data give equal hashes whatever the working folder) and
+    without the keys that do not change the data (``verbose``, ``overwrite``, ``refresh``)."""
     spec = {k: v for k, v in spec.items() if k not in _NOT_HASHED}
     if "source_root" in spec and "root" not in spec:
         spec["root"] = spec.pop("source_root")
-    for key in ("source", "num_sites", "protocol"):
-        if key not in spec:
-            raise ValueError(f"dataset spec lacks {key!r}: {spec}")
+    if "protocol" not in spec or not (spec.get("source") or spec.get("sources")):
+        raise ValueError(f"dataset spec needs 'protocol' and 'source' (or 'sources'): {spec}")
+    if not spec.get("sources") and "num_sites" not in spec and spec.get("partition") != "centre":
+        raise ValueError(f"dataset spec lacks 'num_sites': {spec}")
     if spec.get("root") is not None:
         spec["root"] = str(Path(spec["root"]).expanduser().resolve())
+    if spec.get("sources"):
+        spec["sources"] = [{**s, "root": str(Path(s["root"]).expanduser().resolve())} if s.get("root") else dict(s)
+                           for s in spec["sources"]]
     return spec
 
 
@@ -436,19 +746,45 @@ def spec_hash(spec: dict, length: int = 12) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 
+def _spec_name(spec: dict) -> str:
+    return spec.get("source") or "+".join(s.get("source", "?") for s in spec["sources"])
+
+
 def prepared_path(spec: dict, cache_dir: str | os.PathLike) -> Path:
     """Where :func:`ensure_prepared` keeps the split of ``spec``: ``cache_dir/<source>-<protocol>-<hash>``."""
     spec = canonical_spec(spec)
-    return Path(cache_dir).expanduser().resolve() / f"{spec['source']}-{spec['protocol']}-{spec_hash(spec)}"
+    return Path(cache_dir).expanduser().resolve() / f"{_spec_name(spec)}-{spec['protocol']}-{spec_hash(spec)}"
+
+
+def stale_sources(folder: Path) -> list[str]:
+    """The source label files recorded in ``folder``'s dataset.json whose size or mtime changed (or that are
+    gone) since it was prepared."""
+    try:
+        info = json.loads((folder / DATASET_JSON).read_text(encoding="utf-8-sig"))
+    except (OSError, json.JSONDecodeError):
+        return [str(folder / DATASET_JSON)]
+    recorded = info.get("source_files") or {}
+    now = _stamps(list(recorded))
+    return [f for f, st in recorded.items() if now.get(f) != list(st)]
+
+
+def _fresh(out: Path, refresh: bool) -> bool:
+    """A prepared folder that can be reused: complete, sources unchanged, not older than a requested refresh."""
+    meta = out / DATASET_JSON
+    if not meta.is_file() or stale_sources(out):
+        return False
+    return not (refresh and meta.stat().st_mtime < _STARTED)
 
 
 def ensure_prepared(spec: dict, cache_dir: str | os.PathLike, verbose: bool = True) -> Path:
-    """Prepare on first use: ``cache_dir/<source>-<protocol>-<hash>``, reused when its dataset.json exists.
+    """Prepare on first use: ``cache_dir/<source>-<protocol>-<hash>``, reused while its dataset.json exists and
+    the source's label files keep their size and mtime (a corrected label in the source CSV is picked up).
 
     Args:
         spec: ``{"source", "root", "num_sites", "protocol", "seed", ...}``: every other key is a
-            :func:`prepare` keyword (``val_frac``, ``site_sizes``, ``k``, ``table``, ...). ``root`` may be
-            omitted / None for generated sources.
+            :func:`prepare` keyword (``val_frac``, ``site_sizes``, ``k``, ``table``, ``sources``, ...). ``root``
+            may be omitted / None for generated sources. ``"refresh": true`` (or ``FEDPARTIAL_REFRESH_DATA=1``)
+            prepares again once per process start.
         cache_dir: folder of prepared datasets.
 
     Concurrent callers (simulated clients starting together) serialise on a ``filelock.FileLock``; only the
@@ -457,19 +793,42 @@ def ensure_prepared(spec: dict, cache_dir: str | os.PathLike, verbose: bool = Tr
     from filelock import FileLock
 
     verbose = bool(spec.get("verbose", verbose))
+    refresh = bool(spec.get("refresh")) or os.environ.get(REFRESH_ENV, "").strip().lower() in ("1", "true", "yes")
     spec = canonical_spec(spec)
     cache = Path(cache_dir).expanduser().resolve()
     out = prepared_path(spec, cache)
-    if (out / DATASET_JSON).is_file():
+    if _fresh(out, refresh):
         return out
     cache.mkdir(parents=True, exist_ok=True)
     with FileLock(str(cache / f".{out.name}.lock")):
-        if (out / DATASET_JSON).is_file():
+        if _fresh(out, refresh):
             return out
+        if verbose and (out / DATASET_JSON).is_file():
+            changed = stale_sources(out)
+            print(f"re-preparing {out}: " + (f"source file(s) changed: {changed}" if changed else "refresh asked"))
         kwargs = dict(spec)
-        source, root = kwargs.pop("source"), kwargs.pop("root", None)
-        prepare(source, root, out, overwrite=True, verbose=verbose, **kwargs)
+        source, root = kwargs.pop("source", None), kwargs.pop("root", None)
+        num_sites = kwargs.pop("num_sites", None)
+        protocol = kwargs.pop("protocol")
+        prepare(source, root, out, num_sites, protocol, overwrite=True, verbose=verbose, **kwargs)
     return out
+
+
+def check_job_classes(prepared: "PreparedDataset", classes: Sequence[str] | None, where: str = "") -> None:
+    """Raise when a prepared split's classes differ from a job's fixed class list (e.g. ``top_k_classes``
+    picked other classes from these data than the job names)."""
+    if classes is None or list(prepared.classes) == list(classes):
+        return
+    spec = prepared.info
+    extra = [c for c in prepared.classes if c not in classes]
+    missing = [c for c in classes if c not in prepared.classes]
+    how = (f"top_k_classes={spec.get('top_k_classes')} picked them from the data; "
+           if spec.get("top_k_classes") else "")
+    raise SourceError(f"{where}the prepared data ({prepared.path}) have classes {list(prepared.classes)} but the "
+                      f"job's class list is {list(classes)} (only in the data: {extra}; only in the job: "
+                      f"{missing}); {how}prepare with the job's classes",
+                      hint="give the job's class list to prepare ('classes') instead of 'top_k_classes', or set the "
+                           "job's 'classes' to the prepared ones")
 
 
 # -------------------------------------------------------------------------------------------------------- CLI
@@ -485,10 +844,13 @@ def _parse_value(text: str) -> Any:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedpartial-prepare", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--source", required=True, help="ham10000, isic2018, nih_cxr14, rsna_ich, ich_phantom")
-    p.add_argument("--root", default=None, help="source folder (omit for generated sources)")
+    p.add_argument("--source", action="append", required=True,
+                   help="ham10000, isic2018, isic2019, nih_cxr14, chexpert, mimic_cxr, rsna_ich, ich_phantom; repeat "
+                        "--source / --root (and --sites) to federate several published sources")
+    p.add_argument("--root", action="append", default=[], help="source folder (omit for generated sources)")
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--sites", type=int, required=True, help="number of sites")
+    p.add_argument("--sites", type=int, action="append", default=[],
+                   help="number of sites (one per --source when several; omit with --partition centre)")
     p.add_argument("--protocol", required=True,
                    help="missing_k (--k), random_s (--s), table (--table), labeled_unlabeled (--m), full")
     p.add_argument("--k", type=int, help="missing_k: classes missing per site")
@@ -501,8 +863,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--site-size", type=int, nargs="+", help="cap on training images per site (one or per site)")
     p.add_argument("--classes", nargs="+", help="class subset (space or comma separated)")
     p.add_argument("--top-k-classes", type=int, help="keep the k most frequent classes")
-    p.add_argument("--source-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="loader keyword, e.g. view=PA (repeatable)")
+    p.add_argument("--source-arg", action="append", default=[], metavar="[SOURCE:]KEY=VALUE",
+                   help="loader keyword, e.g. view=PA, uncertain=zeros, official_split=true (repeatable; prefix "
+                        "SOURCE: to address one source of a federation)")
+    p.add_argument("--partition", default="iid", choices=list(PARTITIONS),
+                   help="how training patients are dealt over sites (centre: one site per centre)")
+    p.add_argument("--alpha", type=float, default=0.5, help="Dirichlet concentration (dirichlet / quantity)")
+    p.add_argument("--exclude", help="images to leave out: a file (one name per line) or comma-separated names")
+    p.add_argument("--drop-unreadable", action="store_true", help="leave unreadable images out instead of stopping")
+    p.add_argument("--no-decode", action="store_true", help="skip the full decode of every image")
+    p.add_argument("--no-figure", action="store_true", help="do not save label_structure.png")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     p.add_argument("--vocabulary", action="append", default=[], metavar="SITES=VOCAB",
                    help="these sites' manifests use another vocabulary: site-3,site-4=chexpert (a name, or a JSON "
@@ -511,15 +881,31 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point (``fedpartial-prepare``)."""
-    args = build_parser().parse_args(argv)
-    source_args = {}
-    for item in args.source_arg:
+USER_ERRORS = (SourceError, ManifestError, VocabularyError, ValueError, FileExistsError, FileNotFoundError)
+
+
+class UsageError(ValueError):
+    """A command line that does not add up."""
+
+
+def _source_args(items: Sequence[str], names: Sequence[str]) -> dict[str | None, dict]:
+    """``[SOURCE:]KEY=VALUE`` items -> ``{source or None: {key: value}}``."""
+    out: dict[str | None, dict] = {}
+    for item in items:
         key, sep, value = item.partition("=")
         if not sep:
-            raise SystemExit(f"--source-arg expects KEY=VALUE, got {item!r}")
-        source_args[key.strip()] = _parse_value(value)
+            raise UsageError(f"--source-arg expects KEY=VALUE, got {item!r}")
+        target, colon, key = key.rpartition(":")
+        target = target.strip() if colon else None
+        if target is not None and target not in names:
+            raise UsageError(f"--source-arg {item!r} names source {target!r}, which is not one of {list(names)}")
+        out.setdefault(target, {})[key.strip()] = _parse_value(value)
+    return out
+
+
+def _run(args: argparse.Namespace) -> Path:
+    names = list(args.source)
+    per_source = _source_args(args.source_arg, names)
     classes = None
     if args.classes:
         classes = [c for item in args.classes for c in item.split(",") if c]
@@ -532,13 +918,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     for item in args.vocabulary:
         sites, sep, vocab = item.partition("=")
         if not sep:
-            raise SystemExit(f"--vocabulary expects SITES=VOCAB, got {item!r}")
+            raise UsageError(f"--vocabulary expects SITES=VOCAB, got {item!r}")
         for site in sites.split(","):
             vocabularies[site.strip()] = _parse_value(vocab)
-    prepare(args.source, args.root, args.out, args.sites, args.protocol, seed=args.seed, val_frac=args.val_frac,
-            test_frac=args.test_frac, site_sizes=site_sizes, classes=classes, source_args=source_args or None,
-            top_k_classes=args.top_k_classes, overwrite=args.overwrite, vocabularies=vocabularies or None,
-            centralise=args.centralise, **params)
+    common = dict(seed=args.seed, val_frac=args.val_frac, test_frac=args.test_frac, site_sizes=site_sizes,
+                  classes=classes, overwrite=args.overwrite, vocabularies=vocabularies or None,
+                  centralise=args.centralise, partition=args.partition, alpha=args.alpha, exclude=args.exclude,
+                  drop_unreadable=args.drop_unreadable, decode_images=not args.no_decode,
+                  figure=not args.no_figure, **params)
+    if len(names) == 1:
+        if len(args.root) > 1 or len(args.sites) > 1:
+            raise UsageError("one --source takes one --root and one --sites")
+        sites = args.sites[0] if args.sites else None
+        if sites is None and args.partition != "centre":
+            raise UsageError("--sites is required (except with --partition centre)")
+        args_one = {**per_source.get(None, {}), **per_source.get(names[0], {})}
+        return prepare(names[0], args.root[0] if args.root else None, args.out, sites, args.protocol,
+                       source_args=args_one or None, top_k_classes=args.top_k_classes, **common)
+    if len(args.root) != len(names) or len(args.sites) not in (0, len(names)):
+        raise UsageError(f"{len(names)} --source need {len(names)} --root and as many --sites (one per source)")
+    if args.top_k_classes:
+        raise UsageError("--top-k-classes works on one source; give the federation's classes with --classes")
+    sources = [{"source": n, "root": r, "num_sites": args.sites[i] if args.sites else 1,
+                "source_args": {**per_source.get(None, {}), **per_source.get(n, {})}}
+               for i, (n, r) in enumerate(zip(names, args.root))]
+    return prepare(None, None, args.out, None, args.protocol, sources=sources, **common)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point (``fedpartial-prepare``): a user error is one line on stderr (with a hint) and exit 2,
+    without a traceback (``FEDPARTIAL_DEBUG=1`` shows it)."""
+    args = build_parser().parse_args(argv)
+    try:
+        _run(args)
+    except USER_ERRORS as e:
+        if os.environ.get("FEDPARTIAL_DEBUG"):
+            raise
+        text = " ".join(str(e).split())
+        print(f"fedpartial-prepare: error: {text}", file=sys.stderr)
+        return 2
     return 0
 
 

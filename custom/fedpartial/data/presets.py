@@ -17,6 +17,13 @@ NIH_CLASSES = ["Atelectasis", "Cardiomegaly", "Effusion", "Infiltration", "Mass"
 # FedMLP: "the eight categories with the highest incidence" (NIH's published frequencies)
 NIH_TOP8 = ["Atelectasis", "Cardiomegaly", "Effusion", "Infiltration", "Mass", "Nodule", "Pneumothorax",
             "Consolidation"]
+ISIC2019_CLASSES = ["MEL", "NV", "BCC", "AK", "BKL", "DF", "VASC", "SCC"]  # UNK has no training image
+CHEXPERT_FINDINGS = ["Enlarged Cardiomediastinum", "Cardiomegaly", "Lung Opacity", "Lung Lesion", "Edema",
+                     "Consolidation", "Pneumonia", "Atelectasis", "Pneumothorax", "Pleural Effusion", "Pleural Other",
+                     "Fracture", "Support Devices"]
+MIMIC_FINDINGS = ["Atelectasis", "Cardiomegaly", "Consolidation", "Edema", "Enlarged Cardiomediastinum", "Fracture",
+                  "Lung Lesion", "Lung Opacity", "Pleural Effusion", "Pleural Other", "Pneumonia", "Pneumothorax",
+                  "Support Devices"]
 CT_WINDOWS = [[40, 80], [80, 200], [600, 2800]]  # brain, subdural, bone (center, width) in HU
 IMAGENET_MEAN, IMAGENET_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
@@ -46,6 +53,26 @@ PRESETS: dict[str, dict] = {
         "prepare": {"source": "nih_cxr14", "root": "../shared/data/nih_cxr14_1000", "num_sites": 4,
                     "protocol": "missing_k", "k": 6, "seed": 0, "val_frac": 0.1, "test_frac": 0.2,
                     "classes": NIH_TOP8},
+    },
+    # the published releases below have no root here: a job (or fedpartial_data.json) names where they live
+    "isic2019": {
+        "name": "isic2019", "task": "multiclass", "classes": ISIC2019_CLASSES, "channels": 3, "image_size": 64,
+        "ct_windows": None, "mean": None, "std": None,
+        "prepare": {"source": "isic2019", "root": None, "partition": "centre", "protocol": "full", "seed": 0,
+                    "val_frac": 0.1, "test_frac": 0.2},
+    },
+    "chexpert": {
+        "name": "chexpert", "task": "multilabel", "classes": CHEXPERT_FINDINGS, "channels": 1, "image_size": 64,
+        "ct_windows": None, "mean": None, "std": None,
+        "prepare": {"source": "chexpert", "root": None, "num_sites": 4, "protocol": "full", "seed": 0,
+                    "val_frac": 0.1, "test_frac": 0.2, "source_args": {"uncertain": "ignore", "view": "frontal"}},
+    },
+    "mimic_cxr": {
+        "name": "mimic_cxr", "task": "multilabel", "classes": MIMIC_FINDINGS, "channels": 1, "image_size": 64,
+        "ct_windows": None, "mean": None, "std": None,
+        "prepare": {"source": "mimic_cxr", "root": None, "num_sites": 4, "protocol": "full", "seed": 0,
+                    "val_frac": 0.1, "test_frac": 0.2,
+                    "source_args": {"uncertain": "ignore", "view": "frontal", "official_split": True}},
     },
 }
 

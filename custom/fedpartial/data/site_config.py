@@ -86,7 +86,7 @@ def _from_site_config(site: str, name: str, file: Path, classes=None) -> SiteDat
     if not file.is_file():
         raise SiteDataError(f"site '{site}': data config file {file} (from ${SITE_CONFIG_ENV}) does not exist")
     try:
-        cfg = json.loads(file.read_text())
+        cfg = json.loads(file.read_text(encoding="utf-8-sig"))  # a BOM (Windows editors) is fine
     except json.JSONDecodeError as e:
         raise SiteDataError(f"site '{site}': {file} is not valid JSON ({e})") from e
     entry = (cfg.get("datasets") or {}).get(name)
@@ -123,10 +123,15 @@ def simulated_spec(dataset: dict) -> dict:
 
 
 def _from_simulated(site: str, dataset: dict) -> SiteData:
-    from .prepare import ensure_prepared, load_prepared
+    from .prepare import check_job_classes, ensure_prepared, load_prepared
+    from .sources.base import SourceError
 
     folder = ensure_prepared(simulated_spec(dataset), cache_dir())
     prepared = load_prepared(folder)
+    try:
+        check_job_classes(prepared, dataset.get("classes"), f"site '{site}', dataset '{dataset['name']}': ")
+    except SourceError as e:
+        raise SiteDataError(str(e)) from None
     if site not in prepared.sites:
         raise SiteDataError(
             f"site '{site}' is not one of the simulated sites {sorted(prepared.sites)} of dataset "

@@ -30,7 +30,14 @@ ICH_ABBREVIATIONS = {"epidural": "EDH", "intraparenchymal": "IPH", "intraventric
                      "subarachnoid": "SAH", "subdural": "SDH"}
 """RSNA ICH subtype names -> the clinical abbreviations."""
 
-VOCABULARIES: dict[str, dict[str, str]] = {"chexpert": CHEXPERT_NAMES, "ich_abbreviations": ICH_ABBREVIATIONS}
+CHEXPERT_SYNONYMS = {"Effusion": "Pleural Effusion"}
+"""The one NIH finding CheXpert (and MIMIC-CXR, labelled by the CheXpert labeler) spells differently for the same
+observation; the other shared findings (Atelectasis, Cardiomegaly, Consolidation, Edema, Pneumonia,
+Pneumothorax) are spelled alike. Used when NIH and CheXpert / MIMIC-CXR sites are federated from their published
+files: each CheXpert-style site keeps its own column names and maps ``Pleural Effusion`` onto ``Effusion``."""
+
+VOCABULARIES: dict[str, dict[str, str]] = {"chexpert": CHEXPERT_NAMES, "chexpert_synonyms": CHEXPERT_SYNONYMS,
+                                           "ich_abbreviations": ICH_ABBREVIATIONS}
 
 
 class VocabularyError(ValueError):

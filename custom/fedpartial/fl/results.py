@@ -235,6 +235,9 @@ class ResultsRecorder(Widget):
         self.setting = self._setting(fl_ctx)
         self.data = data_record(self._summary_sites(fl_ctx))
         out = self.summary()
+        used = dataset_used(fl_ctx.get_prop(FLContextKey.APP_ROOT), self.dataset, self._summary_sites(fl_ctx))
+        if used != self.dataset:  # e.g. a job keeping a preset's name for data prepared from another source
+            out["dataset"], out["job_dataset"] = used, self.dataset
         selector = fl_ctx.get_engine().get_component(self.selector_id)
         if getattr(selector, "best_round", None) is not None:  # the selector's choice (its metric, e.g. site_bce)
             out["best"] = {"trained_rounds": selector.best_round, "metric": selector.key_metric,
@@ -274,6 +277,27 @@ def model_thresholds(results: dict) -> dict:
     why = ("single-label task: the prediction is the argmax, no threshold applies" if "multiclass" in tasks
            else "no validation result of a final model")
     return {"models": {}, "note": why}
+
+
+def dataset_used(app_root: str | None, job_dataset: str, sites: dict) -> str:
+    """The source a run's data came from when every site used the job's simulated split (the job may keep a
+    preset's name, e.g. ``ich_phantom``, for data prepared from ``rsna_ich``), else the job's dataset name."""
+    if not app_root or {s.get("origin") for s in sites.values()} != {"simulated"}:
+        return job_dataset
+    try:
+        from ..data.presets import resolve_dataset
+
+        cfg = json.loads((Path(app_root) / "config" / "config_fed_client.json").read_text())
+        for ex in cfg.get("executors", []):
+            ds = (ex.get("executor", {}).get("args") or {}).get("dataset")
+            if ds:
+                prep = resolve_dataset(ds).get("prepare") or {}
+                if prep.get("sources"):
+                    return "+".join(str(x.get("source")) for x in prep["sources"])
+                return str(prep.get("source") or job_dataset)
+    except (OSError, ValueError, TypeError, AttributeError):
+        pass
+    return job_dataset
 
 
 def data_record(sites: dict) -> dict:

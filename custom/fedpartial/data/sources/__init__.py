@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from .base import SourceTable
+from .base import SourceError, SourceTable
 
 
 def _ham10000(root: str | os.PathLike, **kwargs) -> SourceTable:
@@ -22,6 +22,24 @@ def _isic2018(root: str | os.PathLike, **kwargs) -> SourceTable:
     """ISIC 2018 Task 3 (one-hot ground-truth CSV)."""
     from .ham10000 import load_isic2018
     return load_isic2018(root, **kwargs)
+
+
+def _isic2019(root: str | os.PathLike, **kwargs) -> SourceTable:
+    """ISIC 2019 training set (FLamby's Fed-ISIC2019 centres)."""
+    from .isic2019 import load_isic2019
+    return load_isic2019(root, **kwargs)
+
+
+def _chexpert(root: str | os.PathLike, **kwargs) -> SourceTable:
+    """CheXpert-v1.0 / CheXpert-v1.0-small (``train.csv``, ``Path``, uncertainty labels)."""
+    from .chexpert import load_chexpert
+    return load_chexpert(root, **kwargs)
+
+
+def _mimic_cxr(root: str | os.PathLike, **kwargs) -> SourceTable:
+    """MIMIC-CXR-JPG 2.0.0 (``mimic-cxr-2.0.0-chexpert/-metadata/-split.csv(.gz)``, ``files/p1x/...``)."""
+    from .mimic_cxr import load_mimic_cxr
+    return load_mimic_cxr(root, **kwargs)
 
 
 def _nih_cxr14(root: str | os.PathLike, **kwargs) -> SourceTable:
@@ -45,6 +63,9 @@ def _ich_phantom(root: str | os.PathLike, **kwargs) -> SourceTable:
 SOURCES: dict[str, Callable[..., SourceTable]] = {
     "ham10000": _ham10000,
     "isic2018": _isic2018,
+    "isic2019": _isic2019,
+    "chexpert": _chexpert,
+    "mimic_cxr": _mimic_cxr,
     "nih_cxr14": _nih_cxr14,
     "rsna_ich": _rsna_ich,
     "ich_phantom": _ich_phantom,
@@ -55,13 +76,36 @@ def load_source(name: str, root: str | os.PathLike, **kwargs) -> SourceTable:
     """Load source ``name`` from ``root``; ``kwargs`` go to the loader.
 
     Raises:
-        ValueError: unknown source name.
+        SourceError: unknown source name, or an option the loader does not take.
     """
+    import inspect
+
     try:
         loader = SOURCES[name]
     except KeyError:
-        raise ValueError(f"unknown source {name!r}; known: {sorted(SOURCES)}") from None
+        raise SourceError(f"unknown source {name!r}; known: {sorted(SOURCES)}") from None
+    target = _LOADERS.get(name)
+    if target is not None:
+        params = inspect.signature(target()).parameters
+        unknown = sorted(k for k in kwargs if k not in params)
+        if unknown:
+            options = [p for p in params if p not in ("root", "name")]
+            raise SourceError(f"source {name!r} takes no option(s) {unknown}; its options are {options}")
     return loader(root, **kwargs)
 
 
-__all__ = ["SOURCES", "SourceTable", "load_source"]
+def _loader(module: str, func: str) -> Callable[[], Callable]:
+    def get():
+        import importlib
+        return getattr(importlib.import_module(f".{module}", __name__), func)
+    return get
+
+
+_LOADERS: dict[str, Callable[[], Callable]] = {
+    "ham10000": _loader("ham10000", "load_ham10000"), "isic2018": _loader("ham10000", "load_isic2018"),
+    "isic2019": _loader("isic2019", "load_isic2019"), "chexpert": _loader("chexpert", "load_chexpert"),
+    "mimic_cxr": _loader("mimic_cxr", "load_mimic_cxr"), "nih_cxr14": _loader("nih_cxr14", "load_nih_cxr14"),
+}
+
+
+__all__ = ["SOURCES", "SourceError", "SourceTable", "load_source"]

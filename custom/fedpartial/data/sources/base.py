@@ -1,25 +1,75 @@
-"""What every source loader returns: the whole labelled dataset as one table (method- and protocol-agnostic)."""
+"""What every source loader returns: the whole labelled dataset as one table (method- and protocol-agnostic),
+plus the small helpers the loaders share (label policies, view filters, row reports)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
+import numpy as np
 import pandas as pd
+
+UNCERTAIN_POLICIES = ("ignore", "zeros", "ones")
+"""What a CheXpert-style ``-1`` (uncertain) cell becomes: ``ignore`` = not annotated (the row does not train or
+score that class; CheXpert paper's U-Ignore), ``zeros`` = negative (U-Zeros), ``ones`` = positive (U-Ones)."""
+
+BLANK_POLICIES = ("zeros", "ignore")
+"""What a blank cell (finding not mentioned in the report) becomes: ``zeros`` = negative, ``ignore`` = not
+annotated."""
+
+NOT_ANNOTATED = -1
+"""Value of a class cell of ``SourceTable.frame`` that carries no label (written as an empty manifest cell)."""
+
+
+class SourceError(ValueError):
+    """A problem with a source's published files: the message names the file and, where it is one row, its line
+    (the header is line 1)."""
+
+    def __init__(self, message: str, file: str | os.PathLike | None = None, line: int | None = None,
+                 hint: str | None = None):
+        self.file, self.line, self.hint, self.reason = None if file is None else str(file), line, hint, message
+        where = ""
+        if file is not None:
+            where = f"{file}" + (f" line {line}" if line is not None else "") + ": "
+        super().__init__(where + message + (f" (hint: {hint})" if hint else ""))
+
+
+@dataclass
+class Dropped:
+    """Rows a loader left out, with why (reported by prepare, never silent)."""
+
+    file: str
+    reason: str
+    names: list[str] = field(default_factory=list)
+    lines: list[int] = field(default_factory=list)
+
+    def summary(self, first: int = 5) -> str:
+        shown = ", ".join(f"{n} (line {l})" if l else n for n, l in zip(self.names[:first], self.lines[:first]))
+        more = f", ... {len(self.names) - first} more" if len(self.names) > first else ""
+        return f"{len(self.names)} row(s) of {self.file} {self.reason}: {shown}{more}"
 
 
 @dataclass
 class SourceTable:
-    """A source dataset, fully labelled.
+    """A source dataset.
 
     Attributes:
-        name: source name (e.g. 'ham10000', 'nih_cxr14', 'rsna_ich', 'ich_phantom').
+        name: source name (e.g. 'ham10000', 'nih_cxr14', 'chexpert').
         task: 'multilabel' or 'multiclass' (single-label, one-hot rows).
         classes: class names, in column order.
         root: data root; ``frame['image']`` paths are relative to it.
         frame: one row per image with columns ``image`` (str, relative to root), ``patient_id`` (str; the image
-            id itself where the source has no patient id) and one int 0/1 column per class.
+            id itself where the source has no patient id) and one int column per class: 1 / 0, or
+            ``NOT_ANNOTATED`` (-1) where the release gives no usable label for that image (CheXpert's uncertain
+            cells under the ``ignore`` policy). Optional columns: ``official_split`` ('train' / 'val' / 'test',
+            the publisher's split), ``centre`` (the image's acquiring centre), ``line`` (its source CSV line).
         synthetic: True for generated data (logged loudly by users of the table).
+        dropped: rows left out by the loader, with the reason (missing image, view filter, ...).
+        files: the published label files read (prepare's cache notices when one of them changes); the first is
+            the one error messages name.
+        lines: the CSV line of each frame row, for a loader whose frame has no ``line`` column.
     """
 
     name: str
@@ -28,9 +78,111 @@ class SourceTable:
     root: Path
     frame: pd.DataFrame
     synthetic: bool = False
+    dropped: list[Dropped] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+    lines: list[int] | None = None
+
+    def row_lines(self) -> list[int | None]:
+        """Source CSV line of every frame row (None where unknown)."""
+        if "line" in self.frame.columns:
+            return [int(v) for v in self.frame["line"]]
+        if self.lines is not None and len(self.lines) == len(self.frame):
+            return [int(v) for v in self.lines]
+        return [None] * len(self.frame)
+
+    def row_files(self) -> list[str]:
+        """Source label file of every frame row ('' where unknown)."""
+        if "label_file" in self.frame.columns and self.files:
+            folder = Path(self.files[0]).parent
+            return [str(folder / f) for f in self.frame["label_file"]]
+        return [self.files[0] if self.files else ""] * len(self.frame)
 
     def __post_init__(self):
         self.root = Path(self.root)
         missing = [c for c in ["image", "patient_id", *self.classes] if c not in self.frame.columns]
         if missing:
             raise ValueError(f"source {self.name}: frame lacks columns {missing}")
+
+
+def read_csv(path: Path, what: str) -> pd.DataFrame:
+    """A published CSV (``.csv`` or ``.csv.gz``) as strings, BOM-tolerant, with stripped column names.
+
+    Raises:
+        SourceError: the file is absent (names it and what it is) or not a readable CSV.
+    """
+    if not path.is_file():
+        raise SourceError(f"{what} not found", path, hint="check --root and the release's folder layout")
+    try:
+        df = pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8-sig")
+    except Exception as e:  # noqa: BLE001 - pandas raises many types
+        raise SourceError(f"not a readable CSV ({type(e).__name__}: {e})", path) from None
+    df.columns = [str(c).strip() for c in df.columns]
+    return df
+
+
+def require_columns(df: pd.DataFrame, columns: Sequence[str], path: Path) -> None:
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise SourceError(f"lacks column(s) {missing}; it has {list(df.columns)}", path, 1)
+
+
+def find_file(root: Path, names: Sequence[str], what: str) -> Path:
+    """The first of ``names`` (relative to root) that exists."""
+    for n in names:
+        if (root / n).is_file():
+            return root / n
+    raise SourceError(f"{what}: none of {list(names)} found in {root}", hint="check --root")
+
+
+def chexpert_values(df: pd.DataFrame, classes: Sequence[str], path: Path, uncertain: str, blank: str,
+                    line_offset: int = 2) -> np.ndarray:
+    """CheXpert-labeler cells (``1.0`` positive, ``0.0`` negative, ``-1.0`` uncertain, blank = not mentioned)
+    -> ``(N, C)`` int matrix of 1 / 0 / ``NOT_ANNOTATED`` under the two policies.
+
+    Raises:
+        SourceError: a cell that is none of these, naming the file, the line and the column.
+    """
+    if uncertain not in UNCERTAIN_POLICIES:
+        raise SourceError(f"uncertain must be one of {UNCERTAIN_POLICIES}, got {uncertain!r}")
+    if blank not in BLANK_POLICIES:
+        raise SourceError(f"blank must be one of {BLANK_POLICIES}, got {blank!r}")
+    code = {"1": 1, "1.0": 1, "0": 0, "0.0": 0, "-1": -2, "-1.0": -2, "": -3}
+    out = np.empty((len(df), len(classes)), np.int64)
+    for j, c in enumerate(classes):
+        cells = df[c].str.strip()
+        mapped = cells.map(code)
+        bad = mapped.isna().to_numpy()
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise SourceError(f"column {c!r} has value {cells.iloc[i]!r}; the CheXpert labeler writes 1.0, 0.0, "
+                              "-1.0 or blank", path, i + line_offset)
+        out[:, j] = mapped.to_numpy(np.int64)
+    unc = {"ignore": NOT_ANNOTATED, "zeros": 0, "ones": 1}[uncertain]
+    out[out == -2] = unc
+    out[out == -3] = {"zeros": 0, "ignore": NOT_ANNOTATED}[blank]
+    return out
+
+
+def pick_classes(classes: Sequence[str] | None, available: Sequence[str], source: str) -> list[str]:
+    """Validate a class choice; returned in the source's order."""
+    if classes is None:
+        return list(available)
+    if isinstance(classes, str):
+        classes = [c for c in classes.split(",") if c]
+    unknown = [c for c in classes if c not in available]
+    if unknown:
+        raise SourceError(f"{source}: unknown class(es) {unknown}; the release has {list(available)}")
+    if not classes:
+        raise SourceError(f"{source}: empty class list")
+    return [c for c in available if c in set(classes)]
+
+
+def drop_missing(frame: pd.DataFrame, file: Path, dropped: list[Dropped], name_col: str = "image_id") -> pd.DataFrame:
+    """Rows whose ``image`` is '' are removed and recorded (count, names, CSV lines) in ``dropped``."""
+    miss = frame["image"] == ""
+    if miss.any():
+        rows = frame[miss]
+        dropped.append(Dropped(str(file), "have no image file under the root",
+                               rows[name_col].astype(str).tolist(),
+                               rows["line"].astype(int).tolist() if "line" in rows else []))
+    return frame[~miss]

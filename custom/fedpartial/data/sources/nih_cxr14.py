@@ -8,7 +8,12 @@ Two label layouts are read:
   1,000-image sample in ``shared/data/nih_cxr14_1000``).
 
 The official release spreads the images over ``images_001/images/...`` ... ``images_012/images/...``: the
-images are found recursively once (file name -> relative path). Rows without an image are dropped.
+images are found recursively once (file name -> relative path). Rows without an image are left out and reported
+(``SourceTable.dropped``).
+
+The release's official split is two lists of image file names, one per line, ``train_val_list.txt`` and
+``test_list.txt`` (NIH's ChestX-ray14 folder; e.g. the README of lulucikyo/CheXNet): ``official_split=True`` reads
+them into column ``official_split`` (``train`` / ``test``; prepare cuts val out of train by patient).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from .base import SourceTable
+from .base import Dropped, SourceError, SourceTable, read_csv
 from .ham10000 import index_images
 
 NIH_CLASSES: list[str] = [
@@ -39,12 +44,13 @@ def _find_labels_csv(root: Path, labels_csv: str | None) -> Path:
     if labels_csv is not None:
         path = root / labels_csv
         if not path.is_file():
-            raise FileNotFoundError(f"nih_cxr14: label CSV not found: {path}")
+            raise SourceError("nih_cxr14: label CSV not found", path, hint="check --root and labels_csv")
         return path
     for name in LABEL_FILES:
         if (root / name).is_file():
             return root / name
-    raise FileNotFoundError(f"nih_cxr14: none of {list(LABEL_FILES)} found in {root}")
+    raise SourceError(f"nih_cxr14: none of {list(LABEL_FILES)} found in {root}",
+                      hint="--root must be the ChestX-ray14 folder holding Data_Entry_2017.csv")
 
 
 def _labels_from_findings(findings: pd.Series, csv: Path) -> np.ndarray:
@@ -56,7 +62,8 @@ def _labels_from_findings(findings: pd.Series, csv: Path) -> np.ndarray:
             if name in ("", NO_FINDING):
                 continue
             if name not in pos:
-                raise ValueError(f"nih_cxr14: {csv} line {i + 2}: unknown finding {name!r}")
+                raise SourceError(f"unknown finding {name!r}; the findings are {NIH_CLASSES} or {NO_FINDING!r}",
+                                  csv, i + 2)
             out[i, pos[name]] = 1
     return out
 
@@ -65,12 +72,12 @@ def _labels_from_columns(df: pd.DataFrame, csv: Path) -> np.ndarray:
     """``(N, 14)`` int matrix from 0/1 class columns."""
     missing = [c for c in NIH_CLASSES if c not in df.columns]
     if missing:
-        raise ValueError(f"nih_cxr14: {csv} has neither 'Finding Labels' nor the class columns {missing}")
+        raise SourceError(f"has neither 'Finding Labels' nor the class columns {missing}", csv, 1)
     values = df[NIH_CLASSES].apply(pd.to_numeric, errors="coerce").to_numpy(float)
     bad = ~np.isin(values, (0.0, 1.0))
     if bad.any():
         i, j = (int(v) for v in np.argwhere(bad)[0])
-        raise ValueError(f"nih_cxr14: {csv} line {i + 2}: column {NIH_CLASSES[j]!r} is not 0/1")
+        raise SourceError(f"column {NIH_CLASSES[j]!r} is not 0/1", csv, i + 2)
     return values.astype(np.int64)
 
 
@@ -80,14 +87,15 @@ def _check_classes(classes: Sequence[str] | None, available: Sequence[str]) -> l
         return list(available)
     unknown = [c for c in classes if c not in available]
     if unknown:
-        raise ValueError(f"unknown class(es) {unknown}; available: {list(available)}")
+        raise SourceError(f"unknown class(es) {unknown}; available: {list(available)}")
     if not classes:
-        raise ValueError("empty class subset")
+        raise SourceError("empty class subset")
     return [c for c in available if c in set(classes)]
 
 
 def load_nih_cxr14(root: str | os.PathLike, labels_csv: str | None = None, image_dir: str = "images",
-                   classes: Sequence[str] | None = None, view: str = "all") -> SourceTable:
+                   classes: Sequence[str] | None = None, view: str = "all",
+                   official_split: bool = False) -> SourceTable:
     """Load ChestX-ray14 as a multi-label source table.
 
     Args:
@@ -98,20 +106,20 @@ def load_nih_cxr14(root: str | os.PathLike, labels_csv: str | None = None, image
             (the official ``images_001/images/...`` layout).
         classes: optional subset of ``NIH_CLASSES`` (kept in NIH order); the other columns are dropped.
         view: ``"all"``, ``"PA"`` or ``"AP"``; filtering needs a ``View Position`` column.
+        official_split: read ``train_val_list.txt`` / ``test_list.txt`` into column ``official_split``.
 
     Returns:
         A ``multilabel`` :class:`SourceTable` (``patient_id`` = ``Patient ID``; extra column ``view`` when
         known).
     """
     if view not in VIEWS:
-        raise ValueError(f"nih_cxr14: view must be one of {VIEWS}, got {view!r}")
+        raise SourceError(f"nih_cxr14: view must be one of {VIEWS}, got {view!r}")
     root = Path(root)
     csv = _find_labels_csv(root, labels_csv)
-    df = pd.read_csv(csv, dtype=str, keep_default_na=False)
-    df.columns = [str(c).strip() for c in df.columns]
+    df = read_csv(csv, "nih_cxr14: label CSV")
     for col in ("Image Index", "Patient ID"):
         if col not in df.columns:
-            raise ValueError(f"nih_cxr14: {csv} lacks column {col!r}")
+            raise SourceError(f"lacks column {col!r}; it has {list(df.columns)}", csv, 1)
     if "Finding Labels" in df.columns:
         labels = _labels_from_findings(df["Finding Labels"], csv)
     else:
@@ -120,14 +128,27 @@ def load_nih_cxr14(root: str | os.PathLike, labels_csv: str | None = None, image
     has_view = "View Position" in df.columns
     if view != "all":
         if not has_view:
-            raise ValueError(f"nih_cxr14: view={view!r} needs a 'View Position' column, which {csv} lacks")
+            raise SourceError(f"view={view!r} needs a 'View Position' column, which this file lacks", csv, 1)
         keep &= (df["View Position"].str.strip().str.upper() == view).to_numpy()
-    index = index_images(root, image_dir, suffixes=(".png",))
+    dropped: list[Dropped] = []
     names = df["Image Index"].str.strip()
+    lines = np.arange(len(df)) + 2
+    if not keep.all():
+        dropped.append(Dropped(str(csv), f"are not {view} views (view filter)", names[~keep].tolist(),
+                               lines[~keep].tolist()))
+    index = index_images(root, image_dir, suffixes=(".png",))
     images = names.map(lambda n: index.get(n, ""))
-    keep &= (images != "").to_numpy()
+    missing = keep & (images == "").to_numpy()
+    if missing.any():
+        dropped.append(Dropped(str(csv), "have no image file under the root", names[missing].tolist(),
+                               lines[missing].tolist()))
+    keep &= ~missing
     chosen = _check_classes(classes, NIH_CLASSES)
-    frame = pd.DataFrame({"image": images, "patient_id": df["Patient ID"].str.strip()})
+    frame = pd.DataFrame({"image": images, "patient_id": df["Patient ID"].str.strip(), "line": lines})
+    files = [str(csv)]
+    if official_split:
+        frame["official_split"] = _official_split(root, names, csv)
+        files += [str(root / "train_val_list.txt"), str(root / "test_list.txt")]
     if has_view:
         frame["view"] = df["View Position"].str.strip()
     for j, c in enumerate(NIH_CLASSES):
@@ -135,8 +156,32 @@ def load_nih_cxr14(root: str | os.PathLike, labels_csv: str | None = None, image
             frame[c] = labels[:, j]
     frame = frame[keep].drop_duplicates("image").reset_index(drop=True)
     if frame.empty:
-        raise FileNotFoundError(f"nih_cxr14: no image of {csv} (view {view}) was found under {root}")
-    return SourceTable(name="nih_cxr14", task="multilabel", classes=chosen, root=root, frame=frame)
+        raise SourceError(f"nih_cxr14: no image of {csv} (view {view}) was found under {root}",
+                          hint="--root must be the folder holding the label CSV and the images_*/ folders")
+    return SourceTable(name="nih_cxr14", task="multilabel", classes=chosen, root=root, frame=frame,
+                       dropped=dropped, files=files)
+
+
+def _official_split(root: Path, names: pd.Series, csv: Path) -> pd.Series:
+    """'train' / 'test' per row from ``train_val_list.txt`` / ``test_list.txt``."""
+    of: dict[str, str] = {}
+    for file, split in (("train_val_list.txt", "train"), ("test_list.txt", "test")):
+        path = root / file
+        if not path.is_file():
+            raise SourceError(f"official_split needs {file}, not found in {root}",
+                              hint="copy the release's train_val_list.txt and test_list.txt next to the label CSV")
+        for n, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1):
+            name = line.strip()
+            if name:
+                if name in of and of[name] != split:
+                    raise SourceError(f"{name} is in both train_val_list.txt and test_list.txt", path, n)
+                of[name] = split
+    out = names.map(lambda n: of.get(n, ""))
+    absent = (out == "").to_numpy()
+    if absent.any():
+        i = int(np.flatnonzero(absent)[0])
+        raise SourceError(f"image {names.iloc[i]} is in neither train_val_list.txt nor test_list.txt", csv, i + 2)
+    return out
 
 
 def most_frequent_classes(table: SourceTable, k: int) -> list[str]:
@@ -147,7 +192,7 @@ def most_frequent_classes(table: SourceTable, k: int) -> list[str]:
     """
     if not 1 <= k <= len(table.classes):
         raise ValueError(f"k must be in 1..{len(table.classes)}, got {k}")
-    counts = table.frame[table.classes].sum(axis=0).to_numpy()
+    counts = table.frame[table.classes].clip(lower=0).sum(axis=0).to_numpy()
     order = sorted(range(len(table.classes)), key=lambda j: (-counts[j], j))
     chosen = set(order[:k])
     return [c for j, c in enumerate(table.classes) if j in chosen]

@@ -138,6 +138,8 @@ def parse_rsna_csv(csv_path: str | os.PathLike) -> pd.DataFrame:
         logger.warning("%s: %d images whose 'any' label differs from the union of the subtypes", csv_path, n_bad)
     out = pd.DataFrame(wide[:, : len(ICH_CLASSES)].astype(int), columns=ICH_CLASSES)
     out.insert(0, "image_id", np.asarray(order, dtype=object))
+    _, first_row = np.unique(img_code, return_index=True)  # each image's first CSV row (codes are 0..n-1)
+    out["line"] = lines[first_row]
     return out
 
 
@@ -219,4 +221,5 @@ def load_rsna_ich(root: str | os.PathLike, csv_name: str = "stage_2_train.csv", 
     frame = pd.DataFrame({"image": rel, "patient_id": [p if p is not None else i for p, i in zip(pids, ids)]})
     for c in ICH_CLASSES:
         frame[c] = labels[c].to_numpy(dtype=int)
-    return SourceTable(name="rsna_ich", task="multilabel", classes=list(ICH_CLASSES), root=root, frame=frame)
+    return SourceTable(name="rsna_ich", task="multilabel", classes=list(ICH_CLASSES), root=root, frame=frame,
+                       files=[str(root / csv_name)], lines=labels["line"].tolist())

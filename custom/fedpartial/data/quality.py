@@ -1,0 +1,180 @@
+"""The data-quality pass of ``fedpartial-prepare``: every image of a source is found and fully decoded once, an
+``--exclude`` list is applied, and what is left out is reported (count and the first names), never silent.
+
+Decoding results are cached in a small SQLite file keyed by (absolute path, size, mtime), so a rerun over
+unchanged files decodes nothing; a file that changes is decoded again.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from .sources.base import Dropped, SourceError, SourceTable
+
+DECODE_CACHE = "decoded.sqlite"
+
+
+def decode_error(path: Path) -> str | None:
+    """Fully decode one image (every pixel); None when it decodes, else why not."""
+    from .transforms import read_image
+
+    try:
+        read_image(path, channels=1)  # PIL raises on a truncated JPEG / PNG (it does not pad by default)
+    except Exception as e:  # noqa: BLE001 - decoders raise many types
+        return f"{type(e).__name__}: {e}".replace(str(path), path.name)
+    return None
+
+
+class DecodeCache:
+    """``(path, size, mtime_ns) -> error or None`` in SQLite (safe with several processes)."""
+
+    def __init__(self, file: str | os.PathLike | None):
+        self.file = None if file is None else Path(file)
+        self._db = None
+        if self.file is not None:
+            self.file.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(str(self.file), timeout=60)
+            self._db.execute("CREATE TABLE IF NOT EXISTS decoded (path TEXT, size INTEGER, mtime INTEGER, "
+                             "error TEXT, PRIMARY KEY (path, size, mtime))")
+
+    def get(self, keys: Sequence[tuple[str, int, int]]) -> dict[tuple[str, int, int], str | None]:
+        if self._db is None or not keys:
+            return {}
+        out = {}
+        cur = self._db.cursor()
+        for k in keys:
+            row = cur.execute("SELECT error FROM decoded WHERE path=? AND size=? AND mtime=?", k).fetchone()
+            if row is not None:
+                out[k] = row[0]
+        return out
+
+    def put(self, items: Iterable[tuple[tuple[str, int, int], str | None]]) -> None:
+        if self._db is None:
+            return
+        with self._db:
+            self._db.executemany("INSERT OR REPLACE INTO decoded VALUES (?, ?, ?, ?)",
+                                 [(*k, e) for k, e in items])
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+
+
+@dataclass
+class Unreadable:
+    image: str
+    file: str
+    line: int | None
+    error: str
+
+
+def decode_all(paths: Sequence[Path], cache: DecodeCache, workers: int | None = None) -> list[str | None]:
+    """The decode error (or None) of every path, decoding only those the cache does not know."""
+    keys = []
+    for p in paths:
+        st = p.stat()
+        keys.append((str(p.resolve()), int(st.st_size), int(st.st_mtime_ns)))
+    known = cache.get(keys)
+    todo = [i for i, k in enumerate(keys) if k not in known]
+    if todo:
+        with ThreadPoolExecutor(max_workers=workers or min(4, os.cpu_count() or 1)) as pool:
+            errors = list(pool.map(decode_error, (paths[i] for i in todo), chunksize=16))
+        new = {keys[i]: e for i, e in zip(todo, errors)}
+        cache.put(new.items())
+        known.update(new)
+    return [known[k] for k in keys]
+
+
+def read_exclude(exclude: str | os.PathLike | Sequence[str] | None) -> set[str]:
+    """An exclude list: a file (one image name or relative path per line, '#' comments) or names."""
+    if exclude is None:
+        return set()
+    items: list[str]
+    if isinstance(exclude, (str, os.PathLike)) and Path(exclude).is_file():
+        items = Path(exclude).read_text(encoding="utf-8-sig").splitlines()
+    elif isinstance(exclude, (str, os.PathLike)):
+        items = [s for s in str(exclude).split(",")]
+    else:
+        items = list(exclude)
+    return {s.split("#", 1)[0].strip() for s in items} - {""}
+
+
+def quality_pass(table: SourceTable, decode: bool = True, drop_unreadable: bool = False,
+                 exclude: set[str] | None = None, cache_file: str | os.PathLike | None = None,
+                 matched_out: set[str] | None = None) -> SourceTable:
+    """Apply ``exclude``, check that every image exists and (``decode``) fully decodes.
+
+    Returns:
+        The table without the excluded rows (and, with ``drop_unreadable``, without unreadable ones), each
+        leaving recorded in ``table.dropped``.
+
+    Raises:
+        SourceError: an unreadable or missing image (without ``drop_unreadable``), naming the source file, its
+            line and the image; an ``exclude`` entry that matches no row.
+    """
+    frame = table.frame
+    lines = table.row_lines()
+    files = table.row_files()
+    names = frame["image"].astype(str)
+    if exclude:
+        base = names.map(lambda p: Path(p).name)
+        stem = names.map(lambda p: Path(p).stem)
+        hit = (names.isin(exclude) | base.isin(exclude) | stem.isin(exclude)).to_numpy().copy()
+        if "image_id" in frame.columns:
+            hit |= frame["image_id"].astype(str).isin(exclude).to_numpy()
+        matched = set(names[hit]) | set(base[hit]) | set(stem[hit])
+        if "image_id" in frame.columns:
+            matched |= set(frame["image_id"].astype(str)[hit])
+        unused = sorted(exclude - matched)
+        if matched_out is not None:
+            matched_out |= exclude & matched
+        elif unused:
+            raise SourceError(f"--exclude names {len(unused)} image(s) the source does not have: {unused[:5]}",
+                              hint="give file names, ids or paths relative to --root as the release writes them")
+        if hit.any():
+            table.dropped.append(Dropped("--exclude", "were excluded", names[hit].tolist(),
+                                         [lines[i] for i in np.flatnonzero(hit)]))
+        keep = ~hit
+        keep = keep.copy()
+    else:
+        keep = np.ones(len(frame), bool)
+    root = table.root
+    paths = [root / p for p in names]
+    bad: list[Unreadable] = []
+    exists = np.array([keep[i] and paths[i].is_file() for i in range(len(paths))])
+    for i in np.flatnonzero(keep & ~exists):
+        bad.append(Unreadable(names.iloc[i], files[i], lines[i], "image file not found"))
+    if decode:
+        idx = np.flatnonzero(keep & exists)
+        cache = DecodeCache(cache_file)
+        try:
+            errors = decode_all([paths[i] for i in idx], cache)
+        finally:
+            cache.close()
+        for i, e in zip(idx, errors):
+            if e is not None:
+                bad.append(Unreadable(names.iloc[i], files[i], lines[i], e))
+    if bad and not drop_unreadable:
+        b = bad[0]
+        more = f" ({len(bad) - 1} more unreadable image(s): {[x.image for x in bad[1:4]]})" if len(bad) > 1 else ""
+        raise SourceError(f"image {b.image} cannot be used: {b.error}{more}", b.file or None, b.line,
+                          hint="replace the file, list it in --exclude, or pass --drop-unreadable")
+    if bad:
+        table.dropped.append(Dropped(bad[0].file, "have an unreadable or missing image (--drop-unreadable)",
+                                     [b.image for b in bad], [b.line or 0 for b in bad]))
+        unreadable = {b.image for b in bad}
+        keep &= ~names.isin(unreadable).to_numpy()
+    if not keep.all():
+        table = SourceTable(table.name, table.task, table.classes, table.root, frame[keep].reset_index(drop=True),
+                            table.synthetic, table.dropped, table.files,
+                            None if table.lines is None else [l for l, k in zip(table.lines, keep) if k])
+    if table.frame.empty:
+        raise SourceError(f"{table.name}: no usable image is left", hint="check --exclude and the image folders")
+    return table

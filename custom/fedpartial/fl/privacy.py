@@ -30,8 +30,8 @@ import math
 from pathlib import Path
 
 import numpy as np
-from nvflare.apis.dxo import DXO
-from nvflare.apis.dxo_filter import DXOFilter
+from nvflare.apis.dxo import DXO, from_shareable
+from nvflare.apis.filter import Filter
 from nvflare.apis.fl_constant import FLContextKey
 from nvflare.apis.fl_context import FLContext
 from nvflare.apis.shareable import Shareable
@@ -89,7 +89,7 @@ def check_method_under_policy(stats, props: dict, method: str, site: str, scope:
                          f"'{method}' needs for its per-class means")
 
 
-class SitePrivacyFilter(DXOFilter):
+class SitePrivacyFilter(Filter):
     """The site's task-result filter (put it in every scope of ``local/privacy.json``): applies the scope's
     properties to everything the site sends.
 
@@ -104,9 +104,17 @@ class SitePrivacyFilter(DXOFilter):
     """
 
     def __init__(self, seed: int | None = None):
-        super().__init__(supported_data_kinds=None, data_kinds_to_filter=None)
+        super().__init__()
         self.seed = seed
         self._z: dict[tuple, float] = {}
+
+    def process(self, shareable: Shareable, fl_ctx: FLContext) -> Shareable:
+        """Every task result of the site (a reply without a DXO, e.g. an error, passes as it is)."""
+        try:
+            dxo = from_shareable(shareable)
+        except Exception:  # noqa: BLE001 - not a DXO: nothing of ours in it
+            return shareable
+        return self.process_dxo(dxo, shareable, fl_ctx).update_shareable(shareable)
 
     def process_dxo(self, dxo: DXO, shareable: Shareable, fl_ctx: FLContext) -> DXO | None:
         scope, props = scope_of(fl_ctx)

@@ -311,3 +311,53 @@ def test_sample_policy_and_the_strict_site_policy():
     strict = site_policy(strict=True)
     assert [s["name"] for s in strict["scopes"]] == ["standard", "strict"]
     assert all(s["properties"] == scopes["strict"]["properties"] for s in strict["scopes"])
+
+
+# ------------------------------------------------------------------------------------------ the executor's side
+def test_a_manifest_outside_the_data_root_leaves_by_file_name_only(tmp_path):
+    from fedpartial.data.site_config import SiteData
+    from fedpartial.fl.executor import PartialLabelExecutor
+
+    ex = PartialLabelExecutor(dataset="ich_phantom")
+    root, kit = tmp_path / "data", tmp_path / "kits" / "hospital-2"
+    ex.site_data = SiteData("hospital-2", "ich_phantom", root, tmp_path / "elsewhere" / "train.csv", None, None,
+                            origin="site-config:" + str(kit / "local" / "fedpartial_data.json"))
+    ex._ws_root = str(kit)
+    msg = ex._relative(f"bad row 4 of {tmp_path}/elsewhere/train.csv (image {root}/scans/1.png); "
+                       f"see {kit}/local/fedpartial_data.json")
+    assert str(tmp_path) not in msg
+    assert msg == "bad row 4 of train.csv (image scans/1.png); see fedpartial_data.json"
+    ex.site_data = None  # before the site's data configuration is found: paths relative to the kits' folder
+    assert ex._relative(f"no data configured: put it in {kit}/local/fedpartial_data.json") == \
+        "no data configured: put it in hospital-2/local/fedpartial_data.json"
+
+
+def test_without_histograms_each_site_chooses_thresholds_on_its_own_validation_data():
+    from types import SimpleNamespace
+
+    from fedpartial.fl.executor import PartialLabelExecutor
+    from fedpartial.metrics import multilabel_metrics, thresholds_from_histogram
+
+    rng = np.random.default_rng(0)
+    y = (rng.random((60, 2)) < 0.4).astype(int)
+    p = np.clip(0.3 * y + 0.7 * rng.random((60, 2)), 0, 1)
+    val, test = multilabel_metrics(y[:40], p[:40], ["a", "b"]), multilabel_metrics(y[40:], p[40:], ["a", "b"])
+    ex = PartialLabelExecutor(dataset="ich_phantom")
+    ex.ctx = SimpleNamespace(site="h3")
+    ex.privacy = {"score_histograms": True}
+    assert "score_hist" in ex._site_thresholds({"val": val, "test": test})["val"]  # standard: the server chooses
+    ex.privacy = {"score_histograms": False}
+    out = ex._site_thresholds({"val": val, "test": test})
+    assert "score_hist" not in out["val"] and "score_hist" not in out["test"]
+    thr = thresholds_from_histogram(val["score_hist"])  # the site's own validation histogram
+    expected = multilabel_metrics(y[40:], p[40:], ["a", "b"], threshold=thr)
+    assert out["test"]["per_class"]["a"]["bacc_val_thr"] == pytest.approx(expected["per_class"]["a"]["bacc"])
+
+
+def test_the_servers_table_shows_small_counts_as_below_the_minimum():
+    from fedpartial.fl.data_check import summary_table
+
+    table = summary_table({"classes": ["a", "b", "c"], "sites": {
+        "h1": {"n_train": 50, "positives": [0, 30, 0], "annotated": [True, True, False], "min_count": 5}}})
+    row = table.splitlines()[1].split()
+    assert row == ["h1", "50", "<5", "30", "-"]

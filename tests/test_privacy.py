@@ -344,9 +344,9 @@ def test_without_histograms_each_site_chooses_thresholds_on_its_own_validation_d
     val, test = multilabel_metrics(y[:40], p[:40], ["a", "b"]), multilabel_metrics(y[40:], p[40:], ["a", "b"])
     ex = PartialLabelExecutor(dataset="ich_phantom")
     ex.ctx = SimpleNamespace(site="h3")
-    ex.privacy = {"score_histograms": True}
+    ex.site_privacy = {"score_histograms": True}
     assert "score_hist" in ex._site_thresholds({"val": val, "test": test})["val"]  # standard: the server chooses
-    ex.privacy = {"score_histograms": False}
+    ex.site_privacy = {"score_histograms": False}
     out = ex._site_thresholds({"val": val, "test": test})
     assert "score_hist" not in out["val"] and "score_hist" not in out["test"]
     thr = thresholds_from_histogram(val["score_hist"])  # the site's own validation histogram

@@ -56,7 +56,7 @@ from ..models import build_model, default_inference_batch_size, numpy_state
 from ..privacy import DEFAULT_MIN_COUNT, as_dicts, strip_paths, suppress_metrics, suppress_small
 from ..seeding import round_seed, seed_everything, site_seed
 from .checkpoint import read_file, run_folder, site_state_file, write_private
-from .privacy import check_method_under_policy, effective_min_count, scope_of, suppress_summary
+from .privacy import apply_policy, check_method_under_policy, effective_min_count, job_or_site_policy, suppress_summary
 from .keys import (META_ANNOTATED, META_GROUPS, META_N_TRAIN, META_PRIVACY, META_RESULTS, META_SPEC, META_SUMMARY, META_TEST,
                    META_WEIGHT, STATE_FILE)
 from .results import method_stats
@@ -94,7 +94,8 @@ class PartialLabelExecutor(Executor):
     def __init__(self, dataset: dict | str, model: dict | None = None, method: str = "fedavg",
                  method_args: dict | None = None, train: dict | None = None, evaluation: dict | None = None,
                  seed: int = 0, device: str = "auto", stream_metrics: bool = True, checkpoint: bool = True,
-                 checkpoint_dir: str = "", run_name: str = "", resume: bool = False, min_count: int = DEFAULT_MIN_COUNT):
+                 checkpoint_dir: str = "", run_name: str = "", resume: bool = False, min_count: int = DEFAULT_MIN_COUNT,
+                 privacy: dict | None = None):
         super().__init__()
         # constructor args kept as attributes (NVFlare job export reads them back)
         self.dataset, self.model, self.method, self.method_args = dataset, model or {}, method, method_args or {}
@@ -102,6 +103,7 @@ class PartialLabelExecutor(Executor):
         self.stream_metrics = stream_metrics
         self.checkpoint, self.checkpoint_dir, self.run_name, self.resume = checkpoint, checkpoint_dir, run_name, resume
         self.min_count = int(min_count)  # the job's minimum count; a site's privacy scope may raise it
+        self.privacy = privacy or {}  # the job's privacy properties, used where the site has no policy (simulator)
         self._ready = False
 
     # ------------------------------------------------------------------------------------------ setup
@@ -114,8 +116,10 @@ class PartialLabelExecutor(Executor):
         site = self._site_name(fl_ctx)
         where = f"job '{self._job_name(fl_ctx)}', site '{site}', executor"
         self._check_options(where)
-        self.scope, self.privacy = scope_of(fl_ctx)  # the site's privacy policy for this job (NVFlare scope)
-        self.min_count_eff = effective_min_count(self.min_count, self.privacy)
+        # the site's privacy policy for this job (NVFlare scope), or the job's own properties where it has none
+        self.scope, self.site_privacy, self._apply_policy = job_or_site_policy(fl_ctx, self.privacy)
+        self.min_count_eff = effective_min_count(self.min_count, self.site_privacy)
+        self._z_cache: dict = {}
         self._resolve_data(fl_ctx, site)
         self._read_manifests(site)
         self._build_model()
@@ -194,7 +198,7 @@ class PartialLabelExecutor(Executor):
                                annotated=self.manifests["train"].annotated, model=self.net, data=self.data,
                                device=self.torch_device, state_dir=self.state_dir, train=self.train_opts,
                                seed=site_seed(self.seed, site), log=log,
-                               privacy={k: v for k, v in self.privacy.items() if k == "feature_clip"})
+                               privacy={k: v for k, v in self.site_privacy.items() if k == "feature_clip"})
         self.trainer = self.method_spec.make_trainer(self.ctx, self.method_args, where)
         self._fingerprints: dict[str, str] = {}
 
@@ -308,7 +312,7 @@ class PartialLabelExecutor(Executor):
             if why:
                 raise ValueError(f"this site's job configuration differs from the server's: {why}. Both come from "
                                  "the same job folder; rebuild or resubmit the job instead of editing one side")
-        check_method_under_policy(self.trainer.per_class_metadata, self.privacy, self.method, self.ctx.site, self.scope)
+        check_method_under_policy(self.trainer.per_class_metadata, self.site_privacy, self.method, self.ctx.site, self.scope)
         tr = self.manifests["train"]
         info = {"n_train": len(tr), "annotated": tr.annotated.tolist(), "positives": tr.positives().tolist(),
                 "negatives": tr.negatives().tolist(), "n_val": len(self.manifests.get("val", ())),
@@ -318,6 +322,12 @@ class PartialLabelExecutor(Executor):
                 "vocabulary": self.site_data.vocabulary}
         info = suppress_summary(info, self.min_count_eff)  # small counts stay here (also in the server's table)
         return DXO(data_kind=DataKind.COLLECTION, data={"summary": info}, meta={META_SUMMARY: info}).to_shareable()
+
+    def _job_policy(self, meta: dict, fl_ctx: FLContext) -> dict:
+        """The job's own privacy properties applied here, where the site has no policy (the simulator)."""
+        if not self._apply_policy:
+            return meta
+        return apply_policy(meta, self.site_privacy, self.scope, self.ctx.site, self._z_cache)[0]
 
     def scores(self, split: str) -> bool:
         """Whether this site scores ``split`` (see the module docstring: evaluation once per image)."""
@@ -350,7 +360,7 @@ class PartialLabelExecutor(Executor):
         """Without score histograms (``score_histograms: false`` in the site's privacy scope): the site chooses
         its per-class thresholds on its own validation result and scores its sets at them
         (``*_val_thr`` metrics); the histograms stay here."""
-        if self.privacy.get("score_histograms", True) or not results:
+        if self.site_privacy.get("score_histograms", True) or not results:
             return results
         return apply_validation_thresholds({self.ctx.site: results})[0][self.ctx.site]
 
@@ -361,7 +371,7 @@ class PartialLabelExecutor(Executor):
         if not stats:
             return meta, None
         mc = self.min_count_eff
-        if "epsilon" not in self.privacy:
+        if "epsilon" not in self.site_privacy:
             meta, _ = suppress_small(meta, stats, mc, support=self.manifests["train"].positives())
         released = [{"name": s.key, "shape": list(np.shape(meta[s.key])), "min_count": mc, "noise_std": 0.0,
                      "noise_multiplier": 0.0, "sensitivity": None} for s in stats if s.key in meta]
@@ -417,7 +427,7 @@ class PartialLabelExecutor(Executor):
                               + (f", val auc (received model) {val['macro'].get('auc')}" if val else "")
                               + "".join(f", {k} {v}" for k, v in counters.items()))
         self._stream(fl_ctx, {}, rnd, {"train/loss": out.loss, **{f"train/{k}": v for k, v in counters.items()}})
-        return DXO(data_kind=DataKind.WEIGHTS, data=self.trainer.export(), meta=meta).to_shareable()
+        return DXO(data_kind=DataKind.WEIGHTS, data=self.trainer.export(), meta=self._job_policy(meta, fl_ctx)).to_shareable()
 
     def _validate(self, shareable: Shareable, fl_ctx: FLContext) -> Shareable:
         dxo = from_shareable(shareable)
@@ -434,7 +444,7 @@ class PartialLabelExecutor(Executor):
                 flat.update(flatten_metrics(res, prefix=f"{split}_"))
                 self.log_info(fl_ctx, "\n" + format_table(res, title=f"{self._site_name(fl_ctx)}: {model_name} on {split}"))
         results = self._site_thresholds(results)
-        return DXO(data_kind=DataKind.METRICS, data=flat, meta={META_RESULTS: results}).to_shareable()
+        return DXO(data_kind=DataKind.METRICS, data=flat, meta=self._job_policy({META_RESULTS: results}, fl_ctx)).to_shareable()
 
     def _submit(self) -> Shareable:
         path = self.state_dir / LOCAL_MODEL_FILE

@@ -51,6 +51,16 @@ def scope_of(fl_ctx: FLContext) -> tuple[str, dict]:
     return str(name), check_properties(dict(props), name)
 
 
+def job_or_site_policy(fl_ctx: FLContext, job_props: dict | None) -> tuple[str, dict, bool]:
+    """``(scope name, properties, applied by the executor)``: the site's policy when it has one (NVFlare applies
+    its filters), else the job's own ``privacy`` properties under the name ``"job"`` (the simulator, which loads
+    no site policy: the executor applies them itself), else nothing."""
+    scope, props = scope_of(fl_ctx)
+    if scope or props or not job_props:
+        return scope, props, False
+    return "job", check_properties(dict(job_props), "job"), True
+
+
 def check_properties(props: dict, scope: str = "") -> dict:
     """The privacy properties of a scope, checked (a bad value names the scope and the key)."""
     where = f"privacy scope '{scope}'" if scope else "privacy properties"
@@ -101,6 +111,9 @@ class SitePrivacyFilter(Filter):
 
     Args:
         seed: seed of the noise (tests only; by default fresh entropy from the operating system).
+
+    The same rules run in the executor when a job brings its own privacy properties and the site has no
+    policy (the simulator: :func:`job_or_site_policy`).
     """
 
     def __init__(self, seed: int | None = None):
@@ -119,46 +132,55 @@ class SitePrivacyFilter(Filter):
     def process_dxo(self, dxo: DXO, shareable: Shareable, fl_ctx: FLContext) -> DXO | None:
         scope, props = scope_of(fl_ctx)
         meta = dict(dxo.meta or {})
-        min_count = int(props.get("min_count", DEFAULT_MIN_COUNT))
-        if META_SUMMARY in meta:
-            dxo.set_meta_prop(META_SUMMARY, suppress_summary(meta[META_SUMMARY], min_count))
-        if META_RESULTS in meta and not props.get("score_histograms", True):
-            dxo.set_meta_prop(META_RESULTS, without_histograms(meta[META_RESULTS]))
-        entry = meta.get(META_PRIVACY)
-        if not entry:
-            return dxo
-        stats = from_dicts(entry.get("declared"))
-        # without noise the rows are thresholded on their counts; with noise only after it (on the noised counts),
-        # so that the decision itself is covered by the mechanism
-        new, dropped = suppress_small(meta, stats, min_count) if "epsilon" not in props else (meta, [])
-        entry = copy.deepcopy(entry)
-        entry["scope"], entry["min_count"] = scope, max(int(entry.get("min_count", 1)), min_count)
-        if "epsilon" in props:
-            site = fl_ctx.get_identity_name()
-            rounds = int(entry.get("num_rounds") or 1)
-            dp_stats = [s for s in stats if s.dp]
-            key = (float(props["epsilon"]), float(props["delta"]), rounds, len(dp_stats))
-            if key not in self._z:
-                self._z[key] = noise_multiplier(*key)
-            rng = np.random.default_rng(self.seed if self.seed is None else [self.seed, int(entry.get("round", 0))])
-            try:
-                new, released = release(new, stats, self._z[key], int(meta.get(META_N_TRAIN, 0)), entry["min_count"],
-                                        props.get("feature_clip"), rng)
-            except ValueError as e:
-                raise RuntimeError(f"site '{site}', privacy scope '{scope}': {e}") from None
-            entry["released"] = released
-            entry["budget"] = {"epsilon": float(props["epsilon"]), "delta": float(props["delta"]),
-                               "planned_rounds": rounds}
-        else:
-            for item in entry.get("released", []):
-                item["min_count"] = entry["min_count"]
+        new, dropped = apply_policy(meta, props, scope, fl_ctx.get_identity_name(), self._z, self.seed)
         for k, v in new.items():
-            if k in meta and v is not meta[k]:
+            if k not in meta or v is not meta[k]:
                 dxo.set_meta_prop(k, v)
-        dxo.set_meta_prop(META_PRIVACY, entry)
         if dropped:
-            self.log_info(fl_ctx, f"privacy scope '{scope}': min_count {min_count}: not sent: {', '.join(dropped)}")
+            self.log_info(fl_ctx, f"privacy scope '{scope}': min_count {props.get('min_count', DEFAULT_MIN_COUNT)}: "
+                                  f"not sent: {', '.join(dropped)}")
         return dxo
+
+
+def apply_policy(meta: dict, props: dict, scope: str, site: str, z_cache: dict | None = None,
+                 seed: int | None = None) -> tuple[dict, list[str]]:
+    """What the privacy ``props`` let leave the site of one task result's metadata (see
+    :class:`SitePrivacyFilter`). Returns ``(new meta, rows dropped for the minimum count)``; ``meta`` is not
+    modified. ``z_cache`` keeps the calibrated noise multipliers; ``seed`` seeds the noise (tests only)."""
+    z_cache = {} if z_cache is None else z_cache
+    out = dict(meta)
+    min_count = int(props.get("min_count", DEFAULT_MIN_COUNT))
+    if META_SUMMARY in meta:
+        out[META_SUMMARY] = suppress_summary(meta[META_SUMMARY], min_count)
+    if META_RESULTS in meta and not props.get("score_histograms", True):
+        out[META_RESULTS] = without_histograms(meta[META_RESULTS])
+    entry = meta.get(META_PRIVACY)
+    if not entry or entry.get("budget"):  # nothing declared, or released under this policy already
+        return out, []
+    stats = from_dicts(entry.get("declared"))
+    # without noise the rows are thresholded on their counts; with noise only after it (on the noised counts),
+    # so that the decision itself is covered by the mechanism
+    new, dropped = suppress_small(out, stats, min_count) if "epsilon" not in props else (out, [])
+    entry = copy.deepcopy(entry)
+    entry["scope"], entry["min_count"] = scope, max(int(entry.get("min_count", 1)), min_count)
+    if "epsilon" in props:
+        rounds = int(entry.get("num_rounds") or 1)
+        key = (float(props["epsilon"]), float(props["delta"]), rounds, len([s for s in stats if s.dp]))
+        if key not in z_cache:
+            z_cache[key] = noise_multiplier(*key)
+        rng = np.random.default_rng(None if seed is None else [seed, int(entry.get("round", 0))])
+        try:
+            new, released = release(new, stats, z_cache[key], int(meta.get(META_N_TRAIN, 0)), entry["min_count"],
+                                    props.get("feature_clip"), rng)
+        except ValueError as e:
+            raise RuntimeError(f"site '{site}', privacy scope '{scope}': {e}") from None
+        entry["released"] = released
+        entry["budget"] = {"epsilon": float(props["epsilon"]), "delta": float(props["delta"]),
+                           "planned_rounds": rounds}
+    else:
+        entry["released"] = [{**item, "min_count": entry["min_count"]} for item in entry.get("released", [])]
+    new[META_PRIVACY] = entry
+    return new, dropped
 
 
 def suppress_summary(info: dict, min_count: int) -> dict:

@@ -281,6 +281,13 @@ def test_ledger_totals_compose_what_was_released():
     t = ledger_totals(rounds)
     assert t["h1"]["releases"] == 2 and t["h1"]["epsilon"] == pytest.approx(epsilon_spent([z, z], 1e-5))
     assert t["h2"]["releases"] == 3 and t["h2"]["epsilon"] is None  # no noise: no formal guarantee
+    from fedpartial.fl.privacy import add_cumulative_epsilon
+
+    rounds = json.loads(json.dumps(rounds))
+    add_cumulative_epsilon(rounds)
+    assert [r["privacy"]["h1"]["cumulative_epsilon"] for r in rounds[:2]] == \
+        pytest.approx([epsilon_spent([z], 1e-5), epsilon_spent([z, z], 1e-5)])
+    assert rounds[2]["privacy"]["h2"]["cumulative_epsilon"] is None
     table = privacy_table({"privacy": t})
     assert f"{t['h1']['epsilon']:.3g}" in table and "inf" in table.splitlines()[-1]
 

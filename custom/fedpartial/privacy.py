@@ -184,9 +184,13 @@ def _accountant():
 
 
 def _gaussian_events(multipliers: Sequence[float]):
+    """The composition of Gaussian mechanisms, equal multipliers grouped (one self-composed event each)."""
+    from collections import Counter
+
     import dp_accounting
 
-    return dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(float(z)) for z in multipliers])
+    return dp_accounting.ComposedDpEvent([dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z), n)
+                                          for z, n in sorted(Counter(float(z) for z in multipliers).items())])
 
 
 def noise_multiplier(epsilon: float, delta: float, rounds: int, releases_per_round: int) -> float:

@@ -224,12 +224,17 @@ def ledger_totals(rounds: list[dict]) -> dict:
     return out
 
 
-def cumulative_epsilon(rounds: list[dict], site: str) -> list[float | None]:
-    """The epsilon ``site`` has spent after each of ``rounds`` (None: something left without noise)."""
-    out = []
-    for i in range(len(rounds)):
-        out.append(ledger_totals(rounds[: i + 1]).get(site, {}).get("epsilon"))
-    return out
+def add_cumulative_epsilon(rounds: list[dict]) -> None:
+    """Set ``cumulative_epsilon`` in every ledger entry of ``rounds`` (in place): the epsilon the site has spent
+    after that round (None: a statistic left without noise)."""
+    released: dict[str, list[float]] = {}
+    for r in rounds:
+        for site, entry in (r.get("privacy") or {}).items():
+            zs = released.setdefault(site, [])
+            zs += [float(x.get("noise_multiplier", 0.0)) for x in entry.get("released") or []]
+            delta = (entry.get("budget") or {}).get("delta")
+            eps = epsilon_spent(zs, delta) if delta else (0.0 if not zs else math.inf)
+            entry["cumulative_epsilon"] = None if math.isinf(eps) else eps
 
 
 # ------------------------------------------------------------------------------------------ jobs and kits

@@ -43,7 +43,7 @@ from ..tables import paper_table, setting_label
 from .spec import global_model_note, local_parts, resolved_options
 from .keys import (BEST_MODEL, LAST_MODEL, META_ANNOTATED, META_GROUPS, META_N_TRAIN, META_RESULTS, META_RULE_ERROR,
                    META_SKIPPED, META_TEST, META_WEIGHT, META_MISSING, META_REJECTED, META_CLIPPED, META_PRIVACY)
-from .privacy import ledger_totals
+from .privacy import add_cumulative_epsilon, ledger_totals
 
 RESULTS_FILE = "results.json"
 TABLE_FILE = "results.md"
@@ -214,9 +214,7 @@ class ResultsRecorder(Widget):
                            "sites": sorted(scored), "per_site": scored if len(scored) > 1 else {},
                            "thresholds": thresholds}
         ledger = ledger_totals(rounds)
-        for i, r in enumerate(rounds):  # the epsilon each site has spent after this round
-            for site, entry in (r.get("privacy") or {}).items():
-                entry["cumulative_epsilon"] = ledger_totals(rounds[: i + 1])[site]["epsilon"]
+        add_cumulative_epsilon(rounds)
         secs = [r["seconds"] for r in rounds if r.get("seconds")]
         return {"method": self.method, "dataset": self.dataset, "key_metric": self.key_metric,
                 "setting": self.setting, "data": self.data, "num_rounds": len(rounds),

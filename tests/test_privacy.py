@@ -368,3 +368,26 @@ def test_the_servers_table_shows_small_counts_as_below_the_minimum():
         "h1": {"n_train": 50, "positives": [0, 30, 0], "annotated": [True, True, False], "min_count": 5}}})
     row = table.splitlines()[1].split()
     assert row == ["h1", "50", "<5", "30", "-"]
+
+
+def test_fedmlp_prototypes_are_means_of_features_clipped_to_the_sites_bound(tmp_path):
+    import torch
+
+    from fedpartial.methods import fedmlp as M
+    from fedpartial.methods.fedmlp.maths import class_prototypes
+    from test_fedmlp import _site
+
+    ctx = _site("x", [True, True, False], tmp=tmp_path)
+    tr = M.FedMLPTrainer(ctx, warmup_rounds=1)
+    labels, mask = tr._label_table()
+    n = labels.shape[0]
+    feats, _ = tr._features(ctx.model, n)
+    bound = 0.5 * float(feats.norm(dim=1).min())  # every feature is longer: every one is clipped
+    plain = tr._local_statistics(ctx.model, labels, mask, n)
+    ctx.privacy = {"feature_clip": bound}
+    clipped = tr._local_statistics(ctx.model, labels, mask, n)
+    p0, p1, counts = class_prototypes(clip_rows(feats, bound), labels, mask & torch.as_tensor(ctx.annotated)[None])
+    assert np.allclose(clipped[M.META_P1], p1.numpy(), atol=1e-6) and np.allclose(clipped[M.META_P0], p0.numpy(), atol=1e-6)
+    assert (np.linalg.norm(clipped[M.META_P1], axis=1) <= bound + 1e-6).all()
+    assert not np.allclose(plain[M.META_P1], clipped[M.META_P1])
+    assert np.array_equal(plain[M.META_COUNTS], clipped[M.META_COUNTS])

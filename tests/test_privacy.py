@@ -48,9 +48,13 @@ def test_support_rows_are_dropped_with_their_valid_flag():
     stats = (ClassStat("rel", "mean", "support", valid="valid", dp=False),)
     meta = {"rel": np.ones((3, 3)), "valid": [1, 1, 1]}
     out, dropped = suppress_small(meta, stats, 5, support=np.array([2, 9, 0]))
+    # row 2 is filled although the site annotates no positive of class 2 (pseudo labels): not sent either
     assert out["rel"][0].tolist() == [0, 0, 0] and out["rel"][1].tolist() == [1, 1, 1]
-    assert out["valid"] == [0, 1, 1] and dropped == ["rel[0]"]
+    assert out["rel"][2].tolist() == [0, 0, 0]
+    assert out["valid"] == [0, 1, 0] and dropped == ["rel[0]", "rel[2]"]
     assert meta["valid"] == [1, 1, 1]
+    out, dropped = suppress_small({"rel": np.ones((3, 3)), "valid": [1, 1, 0]}, stats, 5, support=np.array([9, 9, 0]))
+    assert dropped == [] and out["valid"] == [1, 1, 0]
 
 
 def test_per_class_metrics_from_fewer_than_min_count_are_suppressed():

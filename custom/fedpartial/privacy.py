@@ -53,7 +53,8 @@ class ClassStat:
             per-image vectors of norm at most ``feature_clip`` over the images counted by ``counts``).
         counts: for ``mean``: the metadata key of the counts behind each row (``column`` picks a column of a
             ``(C, 2)`` count), or ``"support"``: the site's annotated training positives of each class (when the
-            method sends no counts). None for ``count`` (its own values).
+            method sends no counts; a filled row, per ``valid``, of a class with fewer annotated positives than
+            the minimum, e.g. one from pseudo labels, is not sent). None for ``count`` (its own values).
         column: column of ``counts`` (None: ``counts`` is ``(C,)``).
         valid: optional metadata key of a ``(C,)`` 0/1 list marking the rows the site filled (set to 0 for a
             suppressed row).
@@ -116,6 +117,8 @@ def suppress_small(meta: dict, stats: Sequence[ClassStat], min_count: int,
         if n is None:
             continue
         small = (n > 0) & (n < min_count)
+        if s.counts == "support" and s.valid and s.valid in meta:  # a filled row the site holds too few labels
+            small = (n < min_count) & (np.asarray(meta[s.valid]) > 0)  # of (e.g. from pseudo labels): not sent
         if small.any():
             raw = meta[s.key]
             v = np.array(raw, dtype=np.float64 if np.isnan(s.fill) else np.asarray(raw).dtype, copy=True)

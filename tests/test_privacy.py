@@ -395,3 +395,45 @@ def test_fedmlp_prototypes_are_means_of_features_clipped_to_the_sites_bound(tmp_
     assert (np.linalg.norm(clipped[M.META_P1], axis=1) <= bound + 1e-6).all()
     assert not np.allclose(plain[M.META_P1], clipped[M.META_P1])
     assert np.array_equal(plain[M.META_COUNTS], clipped[M.META_COUNTS])
+
+
+def test_the_executor_keeps_per_class_metrics_of_small_classes(monkeypatch):
+    from types import SimpleNamespace
+
+    import fedpartial.fl.executor as E
+    from fedpartial.metrics import multilabel_metrics
+
+    y = np.array([[1, 1], [0, 1], [0, 1], [0, 1], [0, 1], [0, 0], [0, 0], [0, 0], [0, 0], [0, 0], [0, 0]])
+    res = multilabel_metrics(y, np.linspace(0.1, 0.9, 22).reshape(11, 2), ["a", "b"])
+    monkeypatch.setattr(E, "evaluate", lambda *a, **k: res)
+    ex = E.PartialLabelExecutor(dataset="ich_phantom")
+    ex.manifests = {"val": SimpleNamespace(positives=lambda: y.sum(0), negatives=lambda: (1 - y).sum(0))}
+    ex.scores = lambda split: True
+    ex.eval_opts, ex.data = SimpleNamespace(batch_size=4), SimpleNamespace(eval_loader=lambda split, batch_size: None)
+    ex.net, ex.task_type, ex.classes, ex.torch_device, ex.min_count_eff = None, "multilabel", ["a", "b"], None, 5
+    out = ex._evaluate_split("val")
+    assert out["per_class"]["a"]["auc"] is None and out["per_class"]["b"]["auc"] == res["per_class"]["b"]["auc"]
+    ex.min_count_eff = 1
+    assert ex._evaluate_split("val")["per_class"]["a"]["auc"] == res["per_class"]["a"]["auc"]
+
+
+def test_the_executor_ledger_entry_names_what_leaves():
+    from types import SimpleNamespace
+
+    from fedpartial.fl.executor import PartialLabelExecutor
+
+    ex = PartialLabelExecutor(dataset="ich_phantom")
+    ex.trainer = SimpleNamespace(per_class_metadata=PROTO)
+    ex.manifests = {"train": SimpleNamespace(positives=lambda: np.array([9, 9]))}
+    ex.site_privacy, ex.min_count_eff, ex.scope = {}, 5, "standard"
+    meta = {"counts": np.array([[40, 3], [9, 20]]), "p0": np.ones((2, 4)), "p1": np.ones((2, 4)), "x": 1}
+    out, entry = ex._privacy_entry(meta, rnd=3, num_rounds=10)
+    assert out["counts"].tolist() == [[40, 0], [9, 20]] and out["p1"][0].tolist() == [0] * 4
+    assert entry["round"] == 3 and entry["num_rounds"] == 10 and entry["scope"] == "standard"
+    assert [(r["name"], r["shape"], r["min_count"], r["noise_std"]) for r in entry["released"]] == \
+        [("counts", [2, 2], 5, 0.0), ("p0", [2, 4], 5, 0.0), ("p1", [2, 4], 5, 0.0)]
+    ex.site_privacy = dict(STRICT)  # under noise: thresholded after the noise, by the site's filter
+    out, _ = ex._privacy_entry(meta, rnd=3, num_rounds=10)
+    assert out["counts"].tolist() == [[40, 3], [9, 20]]
+    ex.trainer = SimpleNamespace(per_class_metadata=())
+    assert ex._privacy_entry(meta, 0, 1) == (meta, None)

@@ -437,3 +437,32 @@ def test_the_executor_ledger_entry_names_what_leaves():
     assert out["counts"].tolist() == [[40, 3], [9, 20]]
     ex.trainer = SimpleNamespace(per_class_metadata=())
     assert ex._privacy_entry(meta, 0, 1) == (meta, None)
+
+
+def test_the_summary_goes_to_each_site_once_per_job():
+    from unittest import mock
+
+    from fedpartial.fl.data_check import SummaryFilter
+
+    summary = {"classes": ["a"], "sites": {"h1": {"n_train": 3, "positives": [1], "negatives": [2], "annotated": [True]},
+                                           "h2": {"n_train": 4, "positives": [0], "negatives": [4], "annotated": [True]}}}
+    comp = mock.Mock(summary=summary)
+
+    def ctx(site):
+        c = mock.Mock()
+        c.get_engine.return_value.get_component.return_value = comp
+        c.get_peer_context.return_value.get_identity_name.return_value = site
+        return c
+
+    def sent(f, site):
+        dxo = DXO(data_kind=DataKind.WEIGHTS, data={"w": np.zeros(1)})
+        return f.process_dxo(dxo, None, ctx(site)).get_meta_prop("fedpartial_data_summary")
+
+    f = SummaryFilter()
+    first = sent(f, "h1")
+    assert first["sites"]["federation"]["positives"] == [1] and first["sites"]["federation"]["n_train"] == 7
+    assert sent(f, "h1") is None and sent(f, "h2") is not None and sent(f, "h2") is None  # once per site
+    comp.summary = {**summary}  # a new data check (a resumed job): sent again
+    assert sent(f, "h1") is not None
+    every = SummaryFilter(every_round=True)
+    assert sent(every, "h1") is not None and sent(every, "h1") is not None

@@ -4,11 +4,13 @@
   the server's job spec (method, resolved options, model architecture) to every site, stops the job with the
   site's own error (site, file, line) when a manifest is bad or the site's job configuration differs from the
   server's, refuses a class list that differs from the server's, checks that every class is annotated by some
-  site and that the federation suits the method (the rule's ``check_federation``, e.g. FedIRM needs labelled
+  site and that the federation suits the method (the rule's ``check_federation``, e.g. a method that needs labelled
   and unlabelled sites), and logs the per-site table of annotated positives.
-- :class:`SummaryFilter` (a server task-data filter) attaches that summary to every ``train`` task, so methods
-  that need global label statistics (FedLSM's class weights, FedMLP's global positive rates) have them from
-  round 0 on.
+- :class:`SummaryFilter` (a server task-data filter) sends each site, once per job, what it needs of that
+  summary (:func:`site_summary`: the federation's per-class totals for methods that need global label
+  statistics, and which of its evaluation sets it scores), never another site's counts.
+- :class:`MinCountFilter` (a client task-result filter): per-class statistics from fewer than ``min_count``
+  images never leave the site, from the statistics each method declares.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from nvflare.apis.shareable import Shareable
 from nvflare.app_common.abstract.response_processor import ResponseProcessor
 
 from ..data.manifest import ManifestError, check_coverage
-from .keys import META_SPEC, META_SUMMARY
+from ..privacy import DEFAULT_MIN_COUNT, ClassStat, from_dicts, suppress_small
+from .keys import META_PRIVACY, META_SPEC, META_SUMMARY
 from .spec import job_spec
 from ..models import ARCH_OPTIONS
 
@@ -34,7 +37,8 @@ def summary_table(summary: dict) -> str:
     width = max(8, *(len(c) for c in classes))
     lines = ["site".ljust(10) + "n".rjust(7) + "".join(c[:width].rjust(width + 1) for c in classes)]
     for site, s in sorted(summary["sites"].items()):
-        cells = [str(p) if a else "-" for p, a in zip(s["positives"], s["annotated"])]
+        m = int(s.get("min_count", 1))  # a site reports fewer than its minimum count as 0: shown as "<m"
+        cells = [("-" if not a else f"<{m}" if p == 0 and m > 1 else str(p)) for p, a in zip(s["positives"], s["annotated"])]
         lines.append(site[:10].ljust(10) + str(s["n_train"]).rjust(7) + "".join(c.rjust(width + 1) for c in cells))
     return "\n".join(lines)
 
@@ -134,89 +138,101 @@ def shared_summary(summary: dict) -> dict:
                       for s, info in (summary.get("sites") or {}).items()}}
 
 
-class SummaryFilter(DXOFilter):
-    """Adds the data summary (component ``summary_id``, reduced to :func:`shared_summary`) to the meta of
-    outgoing task data."""
+def site_summary(summary: dict, site: str) -> dict:
+    """The data summary as ``site`` receives it: only what a site uses. The federation's totals per class
+    (annotated positives and negatives, summed over the sites, each site's counts below its minimum count
+    already reported as 0; training images) under the single entry ``sites["federation"]`` (so
+    :func:`fedpartial.methods.base.summary_counts` reads it as before), and ``scores``: which of its own
+    evaluation sets this site scores (a set several sites share is scored by the first of them by name). No
+    other site's counts, sizes, fingerprints or configuration."""
+    from .executor import scorer_of
 
-    def __init__(self, summary_id: str = "data_summary"):
+    sites = summary.get("sites") or {}
+    C = len(summary["classes"])
+    total = {"positives": np.zeros(C, np.int64), "negatives": np.zeros(C, np.int64), "annotated": np.zeros(C, bool)}
+    n_train = 0
+    for info in sites.values():
+        for k in total:
+            total[k] = total[k] + np.asarray(info.get(k, np.zeros(C)), total[k].dtype) if k != "annotated" \
+                else total[k] | np.asarray(info.get(k, np.zeros(C)), bool)
+        n_train += int(info.get("n_train", 0))
+    mine = (sites.get(site) or {}).get("eval_sets") or {}
+    scores = {split: scorer_of(split, fp, sites) in (None, site) for split, fp in mine.items()}
+    return {"classes": list(summary["classes"]),
+            "sites": {"federation": {"positives": total["positives"].tolist(), "negatives": total["negatives"].tolist(),
+                                     "annotated": total["annotated"].tolist(), "n_train": n_train,
+                                     "n_sites": len(sites)}},
+            "scores": scores}
+
+
+class SummaryFilter(DXOFilter):
+    """Server task-data filter: adds to a site's first ``train`` task of the job the data summary as that site
+    needs it (:func:`site_summary`: federation totals, which of its sets it scores); the site keeps it for the
+    rest of the job. ``every_round``: send it with every task (a method whose sites need it each round)."""
+
+    def __init__(self, summary_id: str = "data_summary", every_round: bool = False):
         super().__init__(supported_data_kinds=None, data_kinds_to_filter=None)
-        self.summary_id = summary_id
+        self.summary_id, self.every_round = summary_id, every_round
+        self._sent: dict[str, int] = {}  # site -> id of the summary it has
 
     def process_dxo(self, dxo: DXO, shareable: Shareable, fl_ctx: FLContext) -> DXO | None:
         comp = fl_ctx.get_engine().get_component(self.summary_id)
         summary = getattr(comp, "summary", None)
-        if summary is not None:
-            dxo.set_meta_prop(META_SUMMARY, shared_summary(summary))
+        peer = fl_ctx.get_peer_context()
+        site = peer.get_identity_name() if peer else None
+        if summary is None or site is None:
+            return dxo
+        if self.every_round or self._sent.get(site) != id(summary):
+            dxo.set_meta_prop(META_SUMMARY, site_summary(summary, site))
+            self._sent[site] = id(summary)
         return dxo
 
 
 # ------------------------------------------------------------------------------------------ what leaves a site
-# per-class statistics a method sends, with the per-class image counts behind them: FedMLP's prototypes P0 / P1
-# are backed by counts[:, 0] / counts[:, 1]; FedLSM's estimated class counts q are their own counts; FedNoRo's
-# per-class losses by fednoro_class_count.
-from ..methods.fedlsm.maths import META_Q as FEDLSM_Q  # noqa: E402
-from ..methods.fedmlp.maths import META_COUNTS as FEDMLP_COUNTS, META_P0 as FEDMLP_P0, META_P1 as FEDMLP_P1  # noqa: E402
-from ..methods.fednoro.maths import META_CLASS_COUNT as FEDNORO_COUNT, META_CLASS_LOSS as FEDNORO_LOSS  # noqa: E402
+def declared_statistics() -> list[ClassStat]:
+    """Every registered method's per-class statistics (``LocalTrainer.per_class_metadata``), one per key."""
+    from ..methods import available_methods, get_method
+
+    out: dict[str, ClassStat] = {}
+    for name in available_methods():
+        for st in get_method(name).trainer.per_class_metadata:
+            out.setdefault(st.key, st)
+    return list(out.values())
 
 
-def suppress_small_counts(meta: dict, min_count: int) -> tuple[dict, list[str]]:
-    """Drop every per-class statistic computed from fewer than ``min_count`` images (but at least one).
-
-    - FedMLP: prototype row ``P_n[c]`` with ``0 < counts[c, n] < min_count`` becomes a zero row and its count 0
-      (the server leaves a prototype with count 0 out of the average, as one the site does not hold).
-    - FedLSM: ``q[c]`` with ``0 < q[c] < min_count`` becomes 0 (AWPA then gives the site no weight for class c;
-      a class no site reports falls back to sample-count weights).
-    - FedNoRo: the per-class loss ``fednoro_class_loss[c]`` from ``0 < fednoro_class_count[c] < min_count`` images
-      becomes NaN and its count 0 (the server fills a missing class as the paper fills an absent one).
-
-    Returns ``(new meta, ["key[c]", ...] of what was dropped)``; ``meta`` itself is not modified.
-    """
-    out, dropped = dict(meta), []
-    if min_count <= 1:
-        return out, dropped
-    if FEDMLP_COUNTS in meta:
-        counts = np.array(meta[FEDMLP_COUNTS], dtype=np.int64, copy=True)  # (C, 2)
-        for n, key in enumerate((FEDMLP_P0, FEDMLP_P1)):
-            small = (counts[:, n] > 0) & (counts[:, n] < min_count)
-            if not small.any():
-                continue
-            if key in meta:
-                p = np.array(meta[key], copy=True)
-                p[small] = 0
-                out[key] = p
-            counts[small, n] = 0
-            dropped += [f"{key}[{c}]" for c in np.flatnonzero(small)]
-        out[FEDMLP_COUNTS] = counts
-    if FEDLSM_Q in meta:
-        q = np.array(meta[FEDLSM_Q], dtype=np.float64, copy=True)
-        small = (q > 0) & (q < min_count)
-        q[small] = 0.0
-        out[FEDLSM_Q] = q
-        dropped += [f"{FEDLSM_Q}[{c}]" for c in np.flatnonzero(small)]
-    if FEDNORO_COUNT in meta and FEDNORO_LOSS in meta:
-        count = np.array(meta[FEDNORO_COUNT], dtype=np.float64, copy=True)
-        loss = np.array(meta[FEDNORO_LOSS], dtype=np.float64, copy=True)
-        small = (count > 0) & (count < min_count)
-        loss[small], count[small] = np.nan, 0.0
-        out[FEDNORO_LOSS], out[FEDNORO_COUNT] = loss, count
-        dropped += [f"{FEDNORO_LOSS}[{c}]" for c in np.flatnonzero(small)]
-    return out, dropped
+def suppress_small_counts(meta: dict, min_count: int, stats: list[ClassStat] | None = None) -> tuple[dict, list[str]]:
+    """:func:`fedpartial.privacy.suppress_small` with the declarations ``stats`` (default: every registered
+    method's, :func:`declared_statistics`): every declared per-class statistic computed from fewer than
+    ``min_count`` images (but at least one) is dropped. Returns ``(new meta, ["key[c]", ...] dropped)``;
+    ``meta`` itself is not modified."""
+    return suppress_small(meta, declared_statistics() if stats is None else stats, min_count)
 
 
 class MinCountFilter(DXOFilter):
     """Client-side task result filter (``task_result_filters`` of ``config_fed_client.json``, tasks ``train``):
-    per-class statistics computed from fewer than ``min_count`` images never leave the site
-    (:func:`suppress_small_counts`). A site can enforce it whatever the job says by listing it in its own NVFlare
-    privacy policy (``local/privacy.json``)."""
+    per-class statistics computed from fewer than ``min_count`` images never leave the site. It works from the
+    statistics the method declares (the round's privacy ledger entry; :func:`suppress_small_counts` for an update
+    without one) and records its minimum count in the ledger entry. A site enforces its own minimum whatever
+    the job says with its NVFlare privacy policy (``local/privacy.json``, :mod:`fedpartial.fl.privacy`)."""
 
-    def __init__(self, min_count: int = 5):
+    def __init__(self, min_count: int = DEFAULT_MIN_COUNT):
         super().__init__(supported_data_kinds=None, data_kinds_to_filter=None)
         self.min_count = int(min_count)
 
     def process_dxo(self, dxo: DXO, shareable: Shareable, fl_ctx: FLContext) -> DXO | None:
-        meta, dropped = suppress_small_counts(dict(dxo.meta or {}), self.min_count)
-        if dropped:
-            for k, v in meta.items():
+        meta = dict(dxo.meta or {})
+        entry = meta.get(META_PRIVACY)
+        stats = from_dicts(entry["declared"]) if entry else None
+        if entry and entry.get("released") and any(r.get("noise_multiplier") for r in entry["released"]):
+            return dxo  # noised by the site's policy, thresholded on the noised counts already
+        new, dropped = suppress_small_counts(meta, self.min_count, stats)
+        for k, v in new.items():
+            if v is not meta[k]:
                 dxo.set_meta_prop(k, v)
+        if entry and self.min_count > int(entry.get("min_count", 1)):
+            entry = {**entry, "min_count": self.min_count,
+                     "released": [{**r, "min_count": self.min_count} for r in entry.get("released", [])]}
+            dxo.set_meta_prop(META_PRIVACY, entry)
+        if dropped:
             self.log_info(fl_ctx, f"min_count {self.min_count}: not sent: {', '.join(dropped)}")
         return dxo

@@ -24,6 +24,7 @@ continues where the last one stopped.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -50,17 +51,20 @@ from ..data.sitedata import SiteDatasets
 from ..evaluation import evaluate
 from ..methods import SiteContext, TrainOptions, get_method
 from ..methods.options import build, opt
-from ..metrics import flatten_metrics, format_table
+from ..metrics import apply_validation_thresholds, flatten_metrics, format_table
 from ..models import build_model, default_inference_batch_size, numpy_state
+from ..privacy import DEFAULT_MIN_COUNT, as_dicts, strip_paths, suppress_metrics, suppress_small
 from ..seeding import round_seed, seed_everything, site_seed
 from .checkpoint import read_file, run_folder, site_state_file, write_private
-from .keys import (META_ANNOTATED, META_GROUPS, META_N_TRAIN, META_RESULTS, META_SPEC, META_SUMMARY, META_TEST,
+from .privacy import apply_policy, check_method_under_policy, effective_min_count, job_or_site_policy, suppress_summary
+from .keys import (META_ANNOTATED, META_GROUPS, META_N_TRAIN, META_PRIVACY, META_RESULTS, META_SPEC, META_SUMMARY, META_TEST,
                    META_WEIGHT, STATE_FILE)
 from .results import method_stats
 from .spec import job_spec, spec_mismatch
 
 log = logging.getLogger("fedpartial")
 LOCAL_MODEL_FILE = "last_local_model.pt"
+SUMMARY_FILE = "data_summary.json"  # the summary the server sent this site (it comes once per site and job)
 
 
 @dataclass
@@ -90,13 +94,16 @@ class PartialLabelExecutor(Executor):
     def __init__(self, dataset: dict | str, model: dict | None = None, method: str = "fedavg",
                  method_args: dict | None = None, train: dict | None = None, evaluation: dict | None = None,
                  seed: int = 0, device: str = "auto", stream_metrics: bool = True, checkpoint: bool = True,
-                 checkpoint_dir: str = "", run_name: str = "", resume: bool = False):
+                 checkpoint_dir: str = "", run_name: str = "", resume: bool = False, min_count: int = DEFAULT_MIN_COUNT,
+                 privacy: dict | None = None):
         super().__init__()
         # constructor args kept as attributes (NVFlare job export reads them back)
         self.dataset, self.model, self.method, self.method_args = dataset, model or {}, method, method_args or {}
         self.train, self.evaluation, self.seed, self.device = train or {}, evaluation or {}, seed, device
         self.stream_metrics = stream_metrics
         self.checkpoint, self.checkpoint_dir, self.run_name, self.resume = checkpoint, checkpoint_dir, run_name, resume
+        self.min_count = int(min_count)  # the job's minimum count; a site's privacy scope may raise it
+        self.privacy = privacy or {}  # the job's privacy properties, used where the site has no policy (simulator)
         self._ready = False
 
     # ------------------------------------------------------------------------------------------ setup
@@ -109,11 +116,17 @@ class PartialLabelExecutor(Executor):
         site = self._site_name(fl_ctx)
         where = f"job '{self._job_name(fl_ctx)}', site '{site}', executor"
         self._check_options(where)
+        # the site's privacy policy for this job (NVFlare scope), or the job's own properties where it has none
+        self.scope, self.site_privacy, self._apply_policy = job_or_site_policy(fl_ctx, self.privacy)
+        self.min_count_eff = effective_min_count(self.min_count, self.site_privacy)
+        self._z_cache: dict = {}
         self._resolve_data(fl_ctx, site)
         self._read_manifests(site)
         self._build_model()
         self._build_trainer(fl_ctx, site, where)
         self._restore_state(fl_ctx)
+        if (self.state_dir / SUMMARY_FILE).is_file():
+            self.ctx.summary = json.loads((self.state_dir / SUMMARY_FILE).read_text())
         self._ready = True
 
     @staticmethod
@@ -184,7 +197,8 @@ class PartialLabelExecutor(Executor):
         self.ctx = SiteContext(site=site, task=self.task_type, classes=self.classes,
                                annotated=self.manifests["train"].annotated, model=self.net, data=self.data,
                                device=self.torch_device, state_dir=self.state_dir, train=self.train_opts,
-                               seed=site_seed(self.seed, site), log=log)
+                               seed=site_seed(self.seed, site), log=log,
+                               privacy={k: v for k, v in self.site_privacy.items() if k == "feature_clip"})
         self.trainer = self.method_spec.make_trainer(self.ctx, self.method_args, where)
         self._fingerprints: dict[str, str] = {}
 
@@ -244,6 +258,10 @@ class PartialLabelExecutor(Executor):
     # ------------------------------------------------------------------------------------------ tasks
     def execute(self, task_name: str, shareable: Shareable, fl_ctx: FLContext, abort_signal: Signal) -> Shareable:
         try:
+            self._ws_root = fl_ctx.get_engine().get_workspace().get_root_dir()
+        except Exception:  # noqa: BLE001
+            self._ws_root = None
+        try:
             self._setup(fl_ctx)
             if task_name == "data_summary":
                 return self._summary(shareable, fl_ctx)
@@ -263,18 +281,19 @@ class PartialLabelExecutor(Executor):
             return reply
 
     def _relative(self, text: str) -> str:
-        """``text`` with the site's data root and site-config folder cut off paths (what leaves the site names
-        files relative to the data root, never where they live)."""
+        """``text`` with paths under the site's data root, its site-config folder and its kit made relative to
+        them (``<site>/local/...``), and any other absolute path cut to its file name: what leaves the site
+        names files, never where they live (:func:`fedpartial.privacy.strip_paths`)."""
+        roots: set[str] = set()
         sd = getattr(self, "site_data", None)
-        if sd is None:
-            return text
-        roots = {str(sd.data_root), str(Path(sd.data_root).resolve())}
-        cfg = str(sd.origin).split(":", 1)[-1]
-        roots |= {str(Path(cfg).parent), str(Path(cfg).resolve().parent)} if cfg else set()
-        for r in sorted(roots, key=len, reverse=True):
-            if r and r != os.sep:
-                text = text.replace(r.rstrip(os.sep) + os.sep, "")
-        return text
+        if sd is not None:
+            roots |= {str(sd.data_root), str(Path(sd.data_root).resolve())}
+            cfg = str(sd.origin).split(":", 1)[-1]
+            roots |= {str(Path(cfg).parent), str(Path(cfg).resolve().parent)} if cfg else set()
+        ws = getattr(self, "_ws_root", None)
+        if ws:  # the folder holding the site's kit: "hospital-2/local/fedpartial_data.json"
+            roots |= {str(Path(ws).parent), str(Path(ws).resolve().parent)}
+        return strip_paths(text, sorted(roots))
 
     @staticmethod
     def _check_received(weights) -> None:
@@ -293,6 +312,7 @@ class PartialLabelExecutor(Executor):
             if why:
                 raise ValueError(f"this site's job configuration differs from the server's: {why}. Both come from "
                                  "the same job folder; rebuild or resubmit the job instead of editing one side")
+        check_method_under_policy(self.trainer.per_class_metadata, self.site_privacy, self.method, self.ctx.site, self.scope)
         tr = self.manifests["train"]
         info = {"n_train": len(tr), "annotated": tr.annotated.tolist(), "positives": tr.positives().tolist(),
                 "negatives": tr.negatives().tolist(), "n_val": len(self.manifests.get("val", ())),
@@ -300,15 +320,27 @@ class PartialLabelExecutor(Executor):
                 "synthetic": self.site_data.synthetic, "classes": self.classes,
                 "eval_sets": {s: m.fingerprint() for s, m in self.manifests.items() if s != "train"},
                 "vocabulary": self.site_data.vocabulary}
+        info = suppress_summary(info, self.min_count_eff)  # small counts stay here (also in the server's table)
         return DXO(data_kind=DataKind.COLLECTION, data={"summary": info}, meta={META_SUMMARY: info}).to_shareable()
+
+    def _job_policy(self, meta: dict, fl_ctx: FLContext) -> dict:
+        """The job's own privacy properties applied here, where the site has no policy (the simulator)."""
+        if not self._apply_policy:
+            return meta
+        return apply_policy(meta, self.site_privacy, self.scope, self.ctx.site, self._z_cache)[0]
 
     def scores(self, split: str) -> bool:
         """Whether this site scores ``split`` (see the module docstring: evaluation once per image)."""
         m = self.manifests.get(split)
         if m is None or not m.annotated.any():  # nothing to score on an unlabelled split
             return False
-        sites = (self.ctx.summary or {}).get("sites") or {}
-        if self.trainer.local_keys or not sites:  # each site's own model, or no summary (yet): score it here
+        summary = self.ctx.summary or {}
+        if self.trainer.local_keys or not summary:  # each site's own model, or no summary (yet): score it here
+            return True
+        if "scores" in summary:  # the server tells each site which of its sets it scores (fl/data_check.py)
+            return bool(summary["scores"].get(split, True))
+        sites = summary.get("sites") or {}
+        if not sites:
             return True
         if split not in self._fingerprints:
             self._fingerprints[split] = m.fingerprint()
@@ -319,7 +351,32 @@ class PartialLabelExecutor(Executor):
             return None
         bs = self.eval_opts.batch_size or default_inference_batch_size(self.train_opts.batch_size, self.torch_device)
         loader = self.data.eval_loader(split, batch_size=bs)
-        return evaluate(self.net, loader, self.task_type, self.classes, self.torch_device)
+        res = evaluate(self.net, loader, self.task_type, self.classes, self.torch_device)
+        m = self.manifests[split]  # per-class metrics from fewer than min_count positives / negatives stay here
+        res, _ = suppress_metrics(res, m.positives(), m.negatives(), self.min_count_eff)
+        return res
+
+    def _site_thresholds(self, results: dict) -> dict:
+        """Without score histograms (``score_histograms: false`` in the site's privacy scope): the site chooses
+        its per-class thresholds on its own validation result and scores its sets at them
+        (``*_val_thr`` metrics); the histograms stay here."""
+        if self.site_privacy.get("score_histograms", True) or not results:
+            return results
+        return apply_validation_thresholds({self.ctx.site: results})[0][self.ctx.site]
+
+    def _privacy_entry(self, meta: dict, rnd: int, num_rounds: int) -> tuple[dict, dict | None]:
+        """The method's declared per-class statistics with the minimum count applied (before any noise: the
+        site's privacy filter adds it, and thresholds after it), and the round's privacy ledger entry."""
+        stats = self.trainer.per_class_metadata
+        if not stats:
+            return meta, None
+        mc = self.min_count_eff
+        if "epsilon" not in self.site_privacy:
+            meta, _ = suppress_small(meta, stats, mc, support=self.manifests["train"].positives())
+        released = [{"name": s.key, "shape": list(np.shape(meta[s.key])), "min_count": mc, "noise_std": 0.0,
+                     "noise_multiplier": 0.0, "sensitivity": None} for s in stats if s.key in meta]
+        return meta, {"round": rnd, "num_rounds": num_rounds, "scope": self.scope, "min_count": mc,
+                      "declared": as_dicts(stats), "released": released}
 
     def _train(self, shareable: Shareable, fl_ctx: FLContext, abort_signal: Signal) -> Shareable:
         dxo = from_shareable(shareable)
@@ -331,6 +388,7 @@ class PartialLabelExecutor(Executor):
         global_meta = dict(dxo.meta or {})
         if META_SUMMARY in global_meta:
             self.ctx.summary = global_meta[META_SUMMARY]
+            (self.state_dir / SUMMARY_FILE).write_text(json.dumps(self.ctx.summary))
         num_rounds = int(shareable.get_header(AppConstants.NUM_ROUNDS, 1))
         t0 = time.time()
         results, meta = {}, {}
@@ -345,6 +403,7 @@ class PartialLabelExecutor(Executor):
                 results["test"] = test
                 meta[META_TEST] = flatten_metrics(test)
         self._stream(fl_ctx, results, rnd)
+        results = self._site_thresholds(results)
         t_eval = time.time() - t0
         if abort_signal.triggered:
             return make_reply(ReturnCode.TASK_ABORTED)
@@ -352,7 +411,10 @@ class PartialLabelExecutor(Executor):
         out = self._train_round(rnd, num_rounds, global_meta)
         self.trainer.has_local_state = True
         self._save_state(rnd)
-        meta.update(out.meta)
+        out_meta, entry = self._privacy_entry(dict(out.meta), rnd, num_rounds)
+        meta.update(out_meta)
+        if entry is not None:
+            meta[META_PRIVACY] = entry
         meta.update({
             MetaKey.NUM_STEPS_CURRENT_ROUND: out.steps, META_N_TRAIN: len(self.manifests["train"]),
             META_ANNOTATED: self.ctx.annotated.tolist(), META_GROUPS: self.net.parameter_groups(),
@@ -365,7 +427,7 @@ class PartialLabelExecutor(Executor):
                               + (f", val auc (received model) {val['macro'].get('auc')}" if val else "")
                               + "".join(f", {k} {v}" for k, v in counters.items()))
         self._stream(fl_ctx, {}, rnd, {"train/loss": out.loss, **{f"train/{k}": v for k, v in counters.items()}})
-        return DXO(data_kind=DataKind.WEIGHTS, data=self.trainer.export(), meta=meta).to_shareable()
+        return DXO(data_kind=DataKind.WEIGHTS, data=self.trainer.export(), meta=self._job_policy(meta, fl_ctx)).to_shareable()
 
     def _validate(self, shareable: Shareable, fl_ctx: FLContext) -> Shareable:
         dxo = from_shareable(shareable)
@@ -381,7 +443,8 @@ class PartialLabelExecutor(Executor):
                 results[split] = res
                 flat.update(flatten_metrics(res, prefix=f"{split}_"))
                 self.log_info(fl_ctx, "\n" + format_table(res, title=f"{self._site_name(fl_ctx)}: {model_name} on {split}"))
-        return DXO(data_kind=DataKind.METRICS, data=flat, meta={META_RESULTS: results}).to_shareable()
+        results = self._site_thresholds(results)
+        return DXO(data_kind=DataKind.METRICS, data=flat, meta=self._job_policy({META_RESULTS: results}, fl_ctx)).to_shareable()
 
     def _submit(self) -> Shareable:
         path = self.state_dir / LOCAL_MODEL_FILE

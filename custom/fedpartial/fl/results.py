@@ -42,14 +42,15 @@ from ..stats import add_run_statistics
 from ..tables import paper_table, setting_label
 from .spec import global_model_note, local_parts, resolved_options
 from .keys import (BEST_MODEL, LAST_MODEL, META_ANNOTATED, META_GROUPS, META_N_TRAIN, META_RESULTS, META_RULE_ERROR,
-                   META_SKIPPED, META_TEST, META_WEIGHT, META_MISSING, META_REJECTED, META_CLIPPED)
+                   META_SKIPPED, META_TEST, META_WEIGHT, META_MISSING, META_REJECTED, META_CLIPPED, META_PRIVACY)
+from .privacy import add_cumulative_epsilon, ledger_totals
 
 RESULTS_FILE = "results.json"
 TABLE_FILE = "results.md"
 THRESHOLDS_FILE = "thresholds.json"  # next to the global models: per-class thresholds chosen on validation
 # meta every site sends each round; the rest (prototypes, degrees, counts, ...) is the method's own exchange
 _STANDARD_META = {META_RESULTS, META_TEST, META_N_TRAIN, META_ANNOTATED, META_GROUPS, META_WEIGHT, META_RULE_ERROR,
-                  META_SKIPPED, META_MISSING, META_REJECTED, META_CLIPPED, "train_loss",
+                  META_SKIPPED, META_MISSING, META_REJECTED, META_CLIPPED, META_PRIVACY, "train_loss",
                   "train_seconds", "eval_seconds", MetaKey.INITIAL_METRICS, MetaKey.NUM_STEPS_CURRENT_ROUND}
 
 
@@ -140,6 +141,7 @@ class ResultsRecorder(Widget):
             "steps": meta.get(MetaKey.NUM_STEPS_CURRENT_ROUND), "train_seconds": meta.get("train_seconds"),
             "eval_seconds": meta.get("eval_seconds"), "method_meta": _method_meta_keys(meta),
             "method_stats": method_stats(meta), "participation": meta.get(META_WEIGHT, 1.0),
+            "privacy": _ledger_entry(meta.get(META_PRIVACY)),
         }
 
     def _record_aggregation(self, fl_ctx: FLContext):
@@ -195,6 +197,8 @@ class ResultsRecorder(Widget):
                 "sat_out": e.get("sat_out", []), "rule_error": e.get("rule_error"),
                 "missing": e.get("missing", []), "rejected": e.get("rejected", {}), "clipped": e.get("clipped", []),
                 "thresholds": thresholds,
+                **({"privacy": privacy} if (privacy := {s: v["privacy"] for s, v in e["sites"].items()
+                                                        if v.get("privacy")}) else {}),
             })
         best = None
         for r in rounds:
@@ -209,11 +213,14 @@ class ResultsRecorder(Widget):
             final[name] = {"test": self._site_average(scored, "test"), "val": self._site_average(scored, "val"),
                            "sites": sorted(scored), "per_site": scored if len(scored) > 1 else {},
                            "thresholds": thresholds}
+        ledger = ledger_totals(rounds)
+        add_cumulative_epsilon(rounds)
         secs = [r["seconds"] for r in rounds if r.get("seconds")]
         return {"method": self.method, "dataset": self.dataset, "key_metric": self.key_metric,
                 "setting": self.setting, "data": self.data, "num_rounds": len(rounds),
                 "seconds_per_round": (sum(secs) / len(secs)) if secs else None,
-                "wall_seconds": time.time() - self._t0, "best": best, "final": final, "rounds": rounds}
+                "wall_seconds": time.time() - self._t0, "best": best, "final": final, "rounds": rounds,
+                **({"privacy": ledger} if ledger else {})}
 
     def checkpoint_state(self) -> dict:
         """The rounds recorded so far and the seconds they took (a resumed job appends to them)."""
@@ -298,6 +305,13 @@ def dataset_used(app_root: str | None, job_dataset: str, sites: dict) -> str:
     except (OSError, ValueError, TypeError, AttributeError):
         pass
     return job_dataset
+
+
+def _ledger_entry(entry: dict | None) -> dict | None:
+    """A site's privacy ledger entry of the round as results.json keeps it (without the declarations)."""
+    if not entry:
+        return None
+    return {k: v for k, v in entry.items() if k != "declared"}
 
 
 def data_record(sites: dict) -> dict:

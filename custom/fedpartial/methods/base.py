@@ -27,6 +27,7 @@ import torch
 
 from ..aggregation import State, aggregate_states, clip_change_norms, robust_states, trim_count
 from ..models import NORM_TYPES, default_inference_batch_size, numpy_state
+from ..privacy import ClassStat
 from .options import build, check_known, opt, option_names
 
 Norm = Literal["average", "local", "frozen"]
@@ -73,7 +74,9 @@ class SiteContext:
         state_dir: folder for state that must survive rounds (``-t < -n`` restarts processes).
         train: :class:`TrainOptions` (a dict is checked and converted).
         seed: the site's seed (:func:`fedpartial.seeding.site_seed`).
-        summary: the global data summary broadcast by the server (per-site counts), or None.
+        summary: the data summary the server sends this site (federation totals per class), or None.
+        privacy: the site's privacy properties (its NVFlare privacy scope, :mod:`fedpartial.fl.privacy`), e.g.
+            ``feature_clip``: the L2 norm a method clips per-image vectors to before a per-class mean it sends.
     """
 
     site: str
@@ -87,6 +90,7 @@ class SiteContext:
     train: TrainOptions | dict = field(default_factory=TrainOptions)
     seed: int = 0
     summary: dict | None = None
+    privacy: dict = field(default_factory=dict)
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("fedpartial"))
 
     def __setattr__(self, name, value):
@@ -149,6 +153,9 @@ class LocalTrainer:
             val and test manifests may be unlabelled).
         keeps_all_local: the site keeps its whole model (nothing received is loaded once it has trained).
         keep_optimizer_state: the default of ``train.keep_optimizer_state``.
+        per_class_metadata: the per-class statistics the trainer sends in its round metadata
+            (:class:`fedpartial.privacy.ClassStat`: key, ``count`` / ``mean``, the counts behind each row, whether
+            it is clipped per image); the site's minimum count, noise and privacy ledger work from it.
 
     Per-site state (:meth:`state_dict` / :meth:`load_state_dict`) is saved by the executor under the site's run
     folder after every round and restored when a new process takes over the site.
@@ -159,6 +166,7 @@ class LocalTrainer:
     accepts_unlabelled: bool = False
     keep_optimizer_state: bool = False
     keeps_all_local: bool = False  # every tensor stays at the site (individually trained models)
+    per_class_metadata: tuple[ClassStat, ...] = ()
 
     def __init__(self, ctx: SiteContext, **options):
         if ctx.task not in self.tasks:

@@ -59,7 +59,7 @@ import torch
 import torch.nn.functional as F
 
 from ..losses import labelled_rows, masked_bce
-from .base import Contribution, LocalTrainer, RoundOutput, RuleOptions, ServerRule, SiteContext, TrainerOptions
+from .base import ClassStat, Contribution, LocalTrainer, RoundOutput, RuleOptions, ServerRule, SiteContext, TrainerOptions
 from .common import label_table, whole_set_pass
 from .options import opt
 
@@ -161,6 +161,7 @@ class CBAFedTrainer(LocalTrainer):
     """CBAFed at one site (module docstring). Options: :class:`CBAFedOptions`."""
 
     Options = CBAFedOptions
+    per_class_metadata = (ClassStat(META_COUNTS, "count"), ClassStat(META_PSEUDO_POSITIVES, "count"))
     accepts_unlabelled = True
 
     def __init__(self, ctx: SiteContext, **options):

@@ -4,7 +4,9 @@
 
 ``WS`` is a workspace, run folder or ``results.json``. Besides printing the tables, the per-round validation
 (solid) and test (dashed) macro metrics of the run are drawn to ``results_curves.png`` next to ``results.json``
-(or to ``--plot PATH``); the best-on-validation round is the dotted vertical line.
+(or to ``--plot PATH``); the best-on-validation round is the dotted vertical line. A run whose method sends
+per-class statistics ends with its privacy ledger per site (statistics released, minimum count, privacy scope,
+epsilon spent; see docs/privacy.md).
 """
 
 from __future__ import annotations
@@ -36,6 +38,22 @@ def write_curves(results: dict, path: str | Path, metrics: list[str] | None = No
     return save_figure(run_figure(results, metrics), path)
 
 
+def privacy_table(results: dict) -> str:
+    """Per site: the privacy scope, the minimum count, the per-class statistics released (and in how many
+    rounds) and the epsilon spent (``inf``: statistics left without noise, no formal guarantee)."""
+    ledger = results.get("privacy") or {}
+    if not ledger:
+        return ""
+    lines = ["Privacy ledger (per-class statistics that left each site):",
+             f"{'site':<14}{'scope':<10}{'min count':>10}{'released':>10}{'rounds':>8}{'epsilon':>10}{'delta':>9}"]
+    for site, t in sorted(ledger.items()):
+        eps = "inf" if t.get("epsilon") is None else f"{t['epsilon']:.3g}"
+        delta = f"{t['delta']:.0e}" if t.get("delta") else "-"
+        lines.append(f"{site:<14}{(t.get('scope') or '-'):<10}{str(t.get('min_count')):>10}{t['releases']:>10}"
+                     f"{t['rounds']:>8}{eps:>10}{delta:>9}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
@@ -53,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     results = json.loads(path.read_text())
     print(f"{path}\n")
     print(render_tables(results))
+    ledger = privacy_table(results)
+    if ledger:
+        print(ledger + "\n")
     if not a.no_plot:
         try:
             print(f"curves: {write_curves(results, a.plot or path.parent / CURVES_FILE, a.metrics)}")

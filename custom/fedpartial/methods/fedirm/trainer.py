@@ -11,7 +11,7 @@ import torch
 
 from ...evaluation import probabilities
 from ...losses import labelled_rows
-from ..base import LocalTrainer, RoundOutput, SiteContext, TrainerOptions
+from ..base import ClassStat, LocalTrainer, RoundOutput, SiteContext, TrainerOptions
 from ..common import MeanTeacher, WithMeanTeacher, frozen_copy, mc_dropout_probs
 from ..options import opt
 from .maths import (LN2, META_CONSISTENCY, META_DISTANCE, META_GLOBAL_RELATION, META_GLOBAL_VALID, META_IRM,
@@ -119,6 +119,7 @@ class FedIRMTrainer(WithMeanTeacher, LocalTrainer):
     """
 
     Options = FedIRMOptions
+    per_class_metadata = (ClassStat(META_RELATION, "mean", "support", valid=META_RELATION_VALID, dp=False),)
     accepts_unlabelled = True
 
     def __init__(self, ctx: SiteContext, **options):

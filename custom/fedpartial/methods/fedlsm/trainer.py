@@ -11,7 +11,7 @@ import torch
 
 from ...losses import ce_labelled, labelled_rows
 from ...evaluation import probabilities
-from ..base import LocalTrainer, RoundOutput, SiteContext, TrainerOptions, summary_counts
+from ..base import ClassStat, LocalTrainer, RoundOutput, SiteContext, TrainerOptions, summary_counts
 from ..common import ema_update, frozen_copy, label_table, whole_set_pass
 from ..options import opt
 from .maths import (META_POOLS, META_PSEUDO, META_Q, META_UDE_PAIRS, mixup, multiclass_targets, multilabel_entropy,
@@ -72,6 +72,7 @@ class FedLSMTrainer(LocalTrainer):
     """
 
     Options = FedLSMOptions
+    per_class_metadata = (ClassStat(META_Q, "count"),)
     keep_optimizer_state = True
 
     def __init__(self, ctx: SiteContext, **options):

@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from ...losses import masked_bce
-from ..base import LocalTrainer, RoundOutput, SiteContext, TrainerOptions
+from ..base import ClassStat, LocalTrainer, RoundOutput, SiteContext, TrainerOptions
+from ...privacy import clip_rows
 from ..common import frozen_copy, label_table, whole_set_pass
 from ..options import opt
 from .maths import (META_COUNTS, META_DEGREE, META_GLOBAL_DEGREE, META_GLOBAL_P0, META_GLOBAL_P1, META_GLOBAL_VALID,
@@ -74,6 +75,8 @@ class FedMLPTrainer(LocalTrainer):
     """
 
     Options = FedMLPOptions
+    per_class_metadata = (ClassStat(META_COUNTS, "count"), ClassStat(META_P0, "mean", META_COUNTS, 0),
+                          ClassStat(META_P1, "mean", META_COUNTS, 1))
     tasks = ("multilabel",)
 
     def __init__(self, ctx: SiteContext, **options):
@@ -256,6 +259,7 @@ class FedMLPTrainer(LocalTrainer):
     def _local_statistics(self, model: torch.nn.Module, labels: torch.Tensor, mask: torch.Tensor, n: int) -> dict:
         """Local prototypes of the active classes (Eq. 5) and learning degrees (Eq. 10) with the trained model."""
         feats, probs = self._features(model, n)
+        feats = clip_rows(feats, self.ctx.privacy.get("feature_clip"))  # the site's DP bound (none by default)
         active_mask = mask & self.annotated[None, :]
         p0, p1, counts = class_prototypes(feats, labels, active_mask)
         degree = learning_degree(probs, self.opts.L, self.opts.R)

@@ -9,6 +9,7 @@ from typing import Literal
 import torch
 
 from ...losses import masked_bce
+from ..base import ClassStat
 from ..baselines import SupervisedOptions, SupervisedTrainer
 from ..common import frozen_copy, label_table, whole_set_pass
 from ..options import opt
@@ -67,6 +68,8 @@ class FedNoRoTrainer(SupervisedTrainer):
     """
 
     Options = FedNoRoOptions
+    per_class_metadata = (ClassStat(META_CLASS_COUNT, "count"),
+                          ClassStat(META_CLASS_LOSS, "mean", META_CLASS_COUNT, dp=False, fill=float("nan")))
 
     def __init__(self, ctx, **options):
         super().__init__(ctx, **options)

@@ -275,7 +275,7 @@ def test_prepared_folder_gives_each_site_its_own_data(tmp_path, data_cache):
     from fedpartial.data.prepare import prepare
 
     out = tmp_path / "prepared"
-    prepare("ich_phantom", None, out, 3, "missing_k", k=2, seed=0, site_sizes=[30, 45, 60],
+    prepare("ich_phantom", None, out, 3, "missing_k", k=1, seed=0, site_sizes=[30, 45, 60],
             source_args={"n_images": 240, "size": 64, "seed": 0})
     rows = {f"site-{i}": len(pd.read_csv(out / f"site-{i}.csv")) for i in (1, 2, 3)}
     assert len(set(rows.values())) == 3
@@ -293,4 +293,5 @@ def test_prepared_folder_gives_each_site_its_own_data(tmp_path, data_cache):
                                                         "dataset": {"preset": "ich_phantom", "image_size": 32},
                                                         **FAST}, sites=3, env={"FEDPARTIAL_CACHE": str(data_cache)})
     log = server_log(tmp_path / "ws2" / "fedavg_ich")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + log[-3000:]
     assert "sites ['site-1', 'site-2'] train on identical manifests" in log, proc.stdout[-2000:] + log[-3000:]

@@ -105,6 +105,9 @@ class DataSummaryProcessor(ResponseProcessor):
                                       "may be missing)")
         if silent:
             self.log_warning(fl_ctx, f"site(s) {silent} did not answer the data check; the job goes on without them")
+        for sites in same_training_rows(self._sites):
+            self.log_warning(fl_ctx, f"sites {sites} train on identical manifests (the same rows and labels): is "
+                                     "each site configured with its own data?")
         classes = self.classes or next(iter(self._sites.values()))["classes"]
         summary = {"classes": list(classes), "sites": self._sites}
         agg = fl_ctx.get_engine().get_component(self.aggregator_id)
@@ -115,9 +118,6 @@ class DataSummaryProcessor(ResponseProcessor):
         except (ManifestError, ValueError) as e:
             return self._fail(fl_ctx, str(e))
         self.summary = summary
-        for sites in same_training_rows(self._sites):
-            self.log_warning(fl_ctx, f"sites {sites} train on identical manifests (the same rows and labels): is "
-                                     "each site configured with its own data?")
         if any(i.get("synthetic") for i in self._sites.values()):
             self.log_warning(fl_ctx, "*** SYNTHETIC DATA: the sites train on a generated phantom, not real scans ***")
         self.log_info(fl_ctx, "annotated positives per site and class:\n" + summary_table(self.summary))

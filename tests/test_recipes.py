@@ -275,7 +275,7 @@ def test_prepared_folder_gives_each_site_its_own_data(tmp_path, data_cache):
     from fedpartial.data.prepare import prepare
 
     out = tmp_path / "prepared"
-    prepare("ich_phantom", None, out, 3, "missing_k", k=1, seed=0, site_sizes=[30, 45, 60],
+    prepare("ich_phantom", None, out, 3, "missing_k", k=1, seed=0, site_sizes=[30, 45, 55],
             source_args={"n_images": 240, "size": 64, "seed": 0})
     rows = {f"site-{i}": len(pd.read_csv(out / f"site-{i}.csv")) for i in (1, 2, 3)}
     assert len(set(rows.values())) == 3

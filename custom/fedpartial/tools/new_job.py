@@ -106,11 +106,16 @@ def harden_job(folder: str | Path, max_missing: int | None = None) -> Path:
         cfg = json.loads(path.read_text())
         k = max_missing if max_missing is not None else cfg.get("max_missing_sites",
                                                                   default_max_missing(int(cfg.get("min_clients", 0))))
-        path.write_text(json.dumps(set_run_name(harden(cfg, int(k)), folder.name), indent=2) + "\n")
+        _rewrite(path, set_run_name(harden(cfg, int(k)), folder.name))
     for path in sorted(folder.glob("*/config/config_fed_client.json")):
-        cfg = set_run_name(harden_client(json.loads(path.read_text())), folder.name)
-        path.write_text(json.dumps(cfg, indent=2) + "\n")
+        _rewrite(path, set_run_name(harden_client(json.loads(path.read_text())), folder.name))
     return folder
+
+
+def _rewrite(path: Path, cfg: dict) -> None:
+    """Write ``cfg`` to ``path`` unless the file already holds it (a hardened folder stays untouched)."""
+    if json.loads(path.read_text()) != cfg:
+        path.write_text(json.dumps(cfg, indent=2) + "\n")
 
 
 def server_config(method: str, dataset: dict, model: dict, num_rounds: int, min_clients: int,

@@ -116,7 +116,8 @@ class _ConfigWriter(FedJobConfig):
 
     def _get_client_app(self, config_dir, custom_dir, fed_app):
         super()._get_client_app(config_dir, custom_dir, fed_app)
-        copy_package(custom_dir)
+        if not (Path(custom_dir) / PACKAGE_DIR.name).is_dir():  # an app for both sides has it already
+            copy_package(custom_dir)
 
 
 class _BundleJob(FedJob):

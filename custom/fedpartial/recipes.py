@@ -316,7 +316,8 @@ def _parser(name: str) -> argparse.ArgumentParser:
                     f"[--export-dir DIR] writes the job folder DIR/{name} instead of running it.")
     ap.add_argument("--rounds", type=int, default=None, help="training rounds (default: the job's)")
     ap.add_argument("--sites", type=int, default=None,
-                    help="simulated sites (default: the job's; also the simulated split's number of sites)")
+                    help="simulated sites (default: the job's); the simulated split is dealt over as many, so its "
+                         "protocol must allow it (e.g. missing_k: every class still annotated somewhere)")
     ap.add_argument("--threads", type=int, default=None, help="sites training at once (default: all)")
     ap.add_argument("--seed", type=int, default=None, help="seed of the sites and of the initial global model")
     ap.add_argument("--data", default=None, metavar="PREPARED_DIR",

@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from conftest import REPO, SHARED_DATA, real_data, results_of, run_recipe, run_simulator, server_log
+from conftest import REPO, real_data, results_of, run_recipe, run_simulator, server_log
 from fedpartial.tools.build_jobs import check_job, export_job, job_recipe, job_sources
 
 JOBS = [j.name for j in job_sources(REPO / "jobs")]
@@ -84,7 +84,7 @@ def _reload_and_export(folder, dest):
     return dest / folder.name, objects
 
 
-@pytest.mark.parametrize("job", ["fedmlp_ich", "surgical_cxr14", "fedirm_isic"])
+@pytest.mark.parametrize("job", JOBS)
 def test_export_load_export_gives_the_same_job(job, tmp_path):
     """Export a job.py, load the folder, export again through NVFlare's exporter: the same components with the same
     arguments; the training workflow keeps the job's number of sites (``min_clients``), and only the loaded
@@ -180,7 +180,6 @@ def test_experiment_tracking_composes(tmp_path):
 
 # ------------------------------------------------------------------------------------------ simulator runs
 
-pytestmark_integration = pytest.mark.integration
 TINY_ICH = {"image_size": 32, "prepare": {"source_args": {"n_images": 240, "size": 64, "seed": 0}}}
 FAST = {"evaluation": {"test_every": 1}, "train": {"optimizer": "adam", "lr": 0.001, "batch_size": 16,
                                                     "local_epochs": 1}}

@@ -38,7 +38,6 @@ import importlib
 import os
 import re
 import shutil
-import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -293,17 +292,20 @@ class FedMLPRecipe(_MethodRecipe):
 
 
 class FedLSMRecipe(_MethodRecipe):
-    """FedLSM (label-smoothing / confidence calibration for partial labels); its options as keywords."""
+    """FedLSM (Deng, Luo, Chen: federated learning for label set mismatch); its options (``n_uncertain``,
+    ``n_confident``, ``awpa``, ...) as keywords (``fedpartial.methods.fedlsm``)."""
     METHOD = "fedlsm"
 
 
 class FedIRMRecipe(_MethodRecipe):
-    """FedIRM (inter-client relation matching); its options as keywords."""
+    """FedIRM (Liu, Yang, Dou, Heng: federated semi-supervised classification via inter-client relation
+    matching); its options as keywords (``fedpartial.methods.fedirm``)."""
     METHOD = "fedirm"
 
 
 class SurgicalRecipe(_MethodRecipe):
-    """Surgical aggregation (each class averaged over the sites that annotate it); its options as keywords."""
+    """Surgical aggregation (Kulkarni, Kanhere, Yi, Parekh: federated class-heterogeneous learning); its options
+    (``warmup_epochs``, ``norm``, ...) as keywords (``fedpartial.methods.surgical``)."""
     METHOD = "surgical"
 
 

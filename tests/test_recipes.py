@@ -4,6 +4,7 @@ the data anchor and per-site prepared data."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import json
 import shutil
@@ -278,13 +279,21 @@ def test_prepared_folder_gives_each_site_its_own_data(tmp_path, data_cache):
             source_args={"n_images": 240, "size": 64, "seed": 0})
     rows = {f"site-{i}": len(pd.read_csv(out / f"site-{i}.csv")) for i in (1, 2, 3)}
     assert len(set(rows.values())) == 3
+    # this run also tracks to a local MLflow store where MLflow is installed (requirements.txt)
+    mlruns = tmp_path / "mlruns"
+    tracking = {"tracking": "mlflow", "tracking_config": {"tracking_uri": mlruns.as_uri()}} \
+        if importlib.util.find_spec("mlflow") else {}
     proc = run_recipe("fedavg_ich", tmp_path / "ws", {"num_rounds": 1, "prepared": str(out),
                                                        "dataset": {"preset": "ich_phantom", "image_size": 32},
-                                                       **FAST}, sites=3, env={"FEDPARTIAL_CACHE": str(data_cache)})
+                                                       **FAST, **tracking}, sites=3,
+                      env={"FEDPARTIAL_CACHE": str(data_cache), "MLFLOW_ALLOW_FILE_STORE": "true"})
     ws = tmp_path / "ws" / "fedavg_ich"
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(ws)[-3000:]
     res = results_of(ws)
     assert {s: i["n_train"] for s, i in res["data"]["sites"].items()} == rows
+    if tracking:  # every site's training loss reached the server's MLflow store (one run per site)
+        losses = [p for p in mlruns.rglob("metrics/train/loss") if p.is_file()]
+        assert len(losses) == 3, sorted(str(p.relative_to(mlruns)) for p in mlruns.rglob("*"))[:20]
     assert "train on identical manifests" not in server_log(ws)
     # the same folder with site-2's manifest replaced by site-1's: the data check says so
     shutil.copy(out / "site-1.csv", out / "site-2.csv")

@@ -199,7 +199,7 @@ class PartialLabelRecipe(Recipe):
         max_missing: sites that may be missing from the data check and any round (default 1 with >= 3 sites).
         key_metric: the model selector's metric (``auc``, ``site_bce``, ...).
         tracking: ``"tensorboard"`` (default), ``"mlflow"``, ``"wandb"`` (NVFlare's ``add_experiment_tracking``)
-            or None.
+            or None; ``tracking_config``: the receiver's arguments (e.g. MLflow's ``tracking_uri``).
         prepared: a ``fedpartial-prepare`` output folder: simulated site ``site-<i>`` trains on ``site-<i>.csv``.
         data_dir: the folder relative dataset roots resolve against, passed to simulated sites as
             ``$FEDPARTIAL_DATA_DIR`` (default: that variable, else the checkout).
@@ -209,7 +209,7 @@ class PartialLabelRecipe(Recipe):
                  model: dict | None = None, train: dict | None = None, evaluation: dict | None = None,
                  method_args: dict | None = None, seed: int = 0, max_missing: int | None = None,
                  key_metric: str = "auc", tracking: str | None = TRACKING_DEFAULT,
-                 prepared: str | os.PathLike | None = None, data_dir: str | os.PathLike | None = None):
+                 tracking_config: dict | None = None, prepared: str | os.PathLike | None = None, data_dir: str | os.PathLike | None = None):
         from .tools.new_job import (client_config, default_max_missing, server_config, set_run_name)
 
         if not isinstance(num_rounds, int) or num_rounds < 1:
@@ -240,7 +240,7 @@ class PartialLabelRecipe(Recipe):
         if tracking:
             from nvflare.recipe.utils import add_experiment_tracking
 
-            add_experiment_tracking(self, tracking, {"events": list(TRACKED_EVENTS)})
+            add_experiment_tracking(self, tracking, {"events": list(TRACKED_EVENTS), **(tracking_config or {})})
 
     def process_env(self, env: ExecEnv) -> None:
         """In the simulator, the sites resolve relative data roots against ``data_dir`` (``$FEDPARTIAL_DATA_DIR``,
@@ -277,7 +277,7 @@ class _MethodRecipe(PartialLabelRecipe):
 
     METHOD = ""
     COMMON = ("name", "dataset", "num_sites", "num_rounds", "model", "train", "evaluation", "seed", "max_missing",
-              "key_metric", "tracking", "prepared", "data_dir")
+              "key_metric", "tracking", "tracking_config", "prepared", "data_dir")
 
     def __init__(self, *, name: str, dataset: dict | str, num_sites: int, **kwargs):
         common = {k: kwargs.pop(k) for k in self.COMMON if k in kwargs}

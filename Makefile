@@ -1,15 +1,15 @@
 # Two commands for a newcomer:
 #   make demo   -> sets everything up (venv, package, job folders) and runs a federated job on the ICH phantom
+#                  (python jobs/$(DEMO_JOB)/job.py: the job's NVFlare recipe in the simulator, SimEnv)
 #   make test   -> sets everything up and runs the test suite (what CI runs)
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 WS ?= workspaces
 DEMO_JOB ?= fedmlp_ich
-DEMO_SITES ?= 5
 TEST_WORKERS ?= 2
 
-.PHONY: setup jobs demo test bench clean
+.PHONY: setup jobs check-jobs demo test bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -22,15 +22,19 @@ $(VENV)/.installed: requirements.txt pyproject.toml | $(BIN)/python
 
 setup: $(VENV)/.installed jobs
 
+# export every jobs/<name>/job.py into its NVFlare job folder (meta.json, app/config, app/custom; git-ignored)
 jobs: $(VENV)/.installed
 	$(BIN)/fedpartial-build-jobs
 
+check-jobs: $(VENV)/.installed
+	$(BIN)/fedpartial-build-jobs --check
+
 demo: setup
-	PATH=$(abspath $(BIN)):$$PATH $(BIN)/nvflare simulator jobs/$(DEMO_JOB) -w $(WS)/$(DEMO_JOB) -n $(DEMO_SITES) -t $(DEMO_SITES)
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python jobs/$(DEMO_JOB)/job.py --workspace $(WS)
 	$(BIN)/python -m fedpartial.tools.show_results $(WS)/$(DEMO_JOB)
 
 test: setup
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=30 tests
 
 clean:
-	rm -rf $(WS) jobs/*/app/custom
+	rm -rf $(WS) jobs/*/app jobs/*/meta.json

@@ -6,7 +6,8 @@
 Each run copies ``jobs/<job>`` into a scratch folder with the package built into it, sets the number of rounds
 and the seed (the initial global model, the sites' shuffling, augmentation and dropout; the data split stays the
 preset's; same seed, same numbers),
-runs ``nvflare simulator -n <sites> -t <sites>`` and reads ``results.json``. The table reports, per job, the
+runs it in NVFlare's simulator with ``<sites>`` sites training at once (the simulator module ``SimEnv`` runs,
+``python -m nvflare.private.fed.app.simulator.simulator JOB -w WS -n N -t N``) and reads ``results.json``. The table reports, per job, the
 mean and standard deviation over seeds of the test metrics of the final global model (and of the model that
 was best on validation), plus the wall time per round, and the same numbers in the papers' table layout
 (``--out X.json`` also writes ``X.md``).
@@ -86,6 +87,7 @@ def parse_variant(text: str) -> tuple[str, str, dict]:
 
 
 # ------------------------------------------------------------------------------------- override removal
+SIMULATOR = "nvflare.private.fed.app.simulator.simulator"  # what SimEnv runs (the `nvflare simulator` CLI is deprecated)
 UNSET = "__fedpartial_unset__"  # marks a key --unset removes, carried through customise_job's merge
 
 
@@ -277,10 +279,9 @@ def run_one(job: str, seed: int, rounds: int, sites: int, scratch: Path, overrid
     customise_job(REPO / "jobs" / job, dest / "job", rounds, overrides, seed=seed, rule_args=method_args or None,
                   min_clients=sites)  # the simulator's -n: a job run with fewer or more sites than it names
     apply_unset_to_job(dest / "job")  # --unset: keys removed after the merge
-    nvflare = Path(sys.executable).parent / "nvflare"
     t0 = time.time()
-    proc = subprocess.run([str(nvflare), "simulator", str(dest / "job"), "-w", str(dest / "ws"), "-n", str(sites),
-                           "-t", str(sites)], env=env, capture_output=True, text=True, cwd=str(REPO))
+    proc = subprocess.run([sys.executable, "-m", SIMULATOR, str(dest / "job"), "-w", str(dest / "ws"), "-n",
+                           str(sites), "-t", str(sites)], env=env, capture_output=True, text=True, cwd=str(REPO))
     wall = time.time() - t0
     res_file = dest / "ws/server/simulate_job/results.json"
     if proc.returncode != 0 or not res_file.is_file():

@@ -57,6 +57,32 @@ def run_simulator(job_dir: Path, workspace: Path, n: int, env: dict | None = Non
     return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout, cwd=str(REPO))
 
 
+RECIPE_RUNNER = """
+import json, sys
+from pathlib import Path
+from nvflare.recipe import SimEnv
+from fedpartial.tools.build_jobs import job_recipe
+job, root, overrides = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+recipe = job_recipe(Path("jobs") / job, **overrides)
+recipe.execute(SimEnv(num_clients=recipe.num_sites, num_threads=recipe.num_sites, workspace_root=root))
+"""
+
+
+def run_recipe(job: str, workspace_root: Path, overrides: dict | None = None, sites: int | None = None,
+               env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``jobs/<job>/job.py``'s recipe (with ``overrides``) run in NVFlare's SimEnv from the checkout, as
+    ``python jobs/<job>/job.py`` does, WITHOUT ``FEDPARTIAL_DATA_DIR`` (the sites find data from the checkout);
+    results in ``workspace_root/<job>``."""
+    overrides = dict(overrides or {})
+    if sites is not None:
+        overrides["num_sites"] = sites
+    full_env = {k: v for k, v in os.environ.items() if k != "FEDPARTIAL_DATA_DIR"}
+    full_env.update(env or {})
+    full_env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{full_env.get('PATH', '')}"
+    cmd = [sys.executable, "-c", RECIPE_RUNNER, job, str(workspace_root), json.dumps(overrides)]
+    return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout, cwd=str(REPO))
+
+
 def results_of(workspace: Path) -> dict:
     path = workspace / "server" / "simulate_job" / "results.json"
     assert path.is_file(), f"no results.json in {workspace}"

@@ -85,4 +85,6 @@ def test_paper_configuration_has_the_papers_settings(job):
     ds = resolve_dataset(args["dataset"])
     sites = 5 if "ich" in job else 8
     assert ds["image_size"] == 224 and ds["prepare"]["num_sites"] == sites == len(ds["classes"])
-    assert ds["prepare"]["k"] == sites - 1 and json.loads((folder / "meta.json").read_text())["min_clients"] == sites
+    assert ds["prepare"]["k"] == sites - 1 and server["min_clients"] == sites
+    # meta.json: the sites that must stay connected (one may be missing)
+    assert json.loads((folder / "meta.json").read_text())["min_clients"] == sites - server["max_missing_sites"]

@@ -245,3 +245,23 @@ def test_installed_package_site_without_data_config_fails_naming_the_site(deploy
     assert "UnsafeComponentError" not in log
     downloaded = next((dep.root / "results_bad").iterdir())
     assert not list(downloaded.rglob("custom/fedpartial"))  # the job really came without code
+
+
+def test_recipe_runs_on_the_federation(deployment):
+    """A job's recipe (jobs/fedavg_ich/job.py) submitted to the provisioned federation with NVFlare's ProdEnv (the
+    FLARE API, the project admin's kit): it finishes, every hospital trains on its own configured data."""
+    from nvflare.recipe import ProdEnv
+
+    from fedpartial.tools.build_jobs import job_recipe
+
+    dep = deployment
+    recipe = job_recipe(REPO / "jobs" / "fedavg_ich", num_rounds=1, num_sites=3,
+                        dataset={"preset": "ich_phantom", "image_size": 32}, evaluation={"test_every": 1})
+    run = recipe.execute(ProdEnv(startup_kit_location=str(dep.kits / PROJECT_ADMIN), username=PROJECT_ADMIN,
+                                 login_timeout=30))
+    result = run.get_result(timeout=240)
+    assert result is not None and "FINISHED" in str(run.get_status()), run.get_status()
+    results = json.loads(next(Path(result).rglob("results.json")).read_text())
+    assert results["method"] == "fedavg" and sorted(results["rounds"][0]["sites"]) == HOSPITALS
+    assert {s: i["n_train"] for s, i in results["data"]["sites"].items()} == {
+        h: len(pd.read_csv(dep.root / "data" / f"site-{i}.csv")) for i, h in enumerate(HOSPITALS, start=1)}

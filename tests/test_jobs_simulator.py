@@ -85,7 +85,7 @@ def test_job_runs_two_rounds(job, tmp_path, data_cache):
     if needs:
         real_data(needs)
     job_dir = copy_job(job, tmp_path / job, num_rounds=2, executor_args=TINY[kind])
-    n = json.loads((job_dir / "meta.json").read_text())["min_clients"]
+    n = json.loads((job_dir / "app/config/config_fed_server.json").read_text())["min_clients"]  # the sites
     ws = tmp_path / "ws"
     proc = run_simulator(job_dir, ws, n=n, env={"FEDPARTIAL_CACHE": str(data_cache)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(ws)[-3000:]
@@ -214,7 +214,7 @@ def test_paper_job_runs_with_its_settings(job, tmp_path, data_cache):
     args = {**PAPER_DATA[job], "evaluation": {"test_every": 1},
             "train": {"local_steps": 2, "num_workers": 0}, "method_args": {"warmup_rounds": 1}}
     job_dir = copy_job(job, tmp_path / job, num_rounds=2, executor_args=args)
-    n = json.loads((job_dir / "meta.json").read_text())["min_clients"]
+    n = json.loads((job_dir / "app/config/config_fed_server.json").read_text())["min_clients"]  # the sites
     ws = tmp_path / "ws"
     proc = run_simulator(job_dir, ws, n=n, env={"FEDPARTIAL_CACHE": str(data_cache)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(ws)[-3000:]

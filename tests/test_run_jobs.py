@@ -92,7 +92,7 @@ def test_run_one_reports_the_site_error_and_the_workspace(tmp_path, monkeypatch)
     def fake_simulator(cmd, **kw):  # the simulator fails the way the protocol-override run did: rc 2, no stderr
         ws = Path(cmd[cmd.index("-w") + 1])
         _fake_workspace(ws)
-        job = Path(cmd[2])
+        job = Path(cmd[cmd.index("-w") - 1])  # the job folder precedes -w
         args = json.loads((job / "app/config/config_fed_client.json").read_text())["executors"][0]["executor"]["args"]
         (ws / "args.json").write_text(json.dumps(args))
         return subprocess.CompletedProcess(cmd, 2, stdout="lots of console output", stderr="")

@@ -12,13 +12,20 @@ in this order:
    (relative paths are relative to the JSON file's folder; ``val`` / ``test`` are optional; ``columns`` maps
    the site's own column names to the job's classes and ``ignore_columns`` lists columns to skip, see
    :mod:`fedpartial.data.vocabulary`);
-3. in the simulator only, a simulated split prepared on first use from the job's ``dataset.prepare`` spec
-   (sites ``site-1 .. site-N`` take ``site-<i>.csv``). Real (provisioned / POC) sites need 1. or 2.; the
+3. in the simulator only, a prepared folder (``fedpartial-prepare`` output) named by ``dataset.prepared``, else a
+   simulated split prepared on first use from the job's ``dataset.prepare`` spec (sites ``site-1 .. site-N``
+   take ``site-<i>.csv``: each site its own manifest). Real (provisioned / POC) sites need 1. or 2.; the
    environment can force either way: ``FEDPARTIAL_REQUIRE_SITE_CONFIG=1`` (or ``dataset.require_site_config:
    true``) also in the simulator, ``FEDPARTIAL_REQUIRE_SITE_CONFIG=0`` lets a POC demo fall back to the
    simulated split.
 
 Anything else is a :class:`SiteDataError` naming the site.
+
+Relative paths in a job's dataset config (``prepare.root``, ``prepared``) resolve against the data anchor
+(:func:`data_anchor`): ``$FEDPARTIAL_DATA_DIR`` when set (a recipe's ``data_dir`` / a ``job.py``'s
+``--data-dir`` sets it for its simulated sites), else the checkout this package runs from (the folder holding
+``jobs/`` and ``custom/fedpartial``), else the working folder. Never the simulated site's workspace: a job run
+from anywhere finds ``../shared/data/...`` next to the checkout.
 """
 
 from __future__ import annotations
@@ -62,15 +69,34 @@ def cache_dir() -> Path:
     return Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "fedpartial")).expanduser()
 
 
+def data_anchor() -> tuple[Path, str]:
+    """``(folder, what it is)``: where relative data roots of a job resolve (see the module docstring)."""
+    env = os.environ.get(DATA_DIR_ENV)
+    if env:
+        return Path(env).expanduser().resolve(), f"${DATA_DIR_ENV}"
+    checkout = Path(__file__).resolve().parents[3]
+    if (checkout / "jobs").is_dir() and (checkout / "custom" / "fedpartial").is_dir():
+        return checkout, "the checkout"
+    return Path.cwd(), "the working folder"
+
+
 def resolve_path(p: str | os.PathLike | None, base: Path | None = None) -> Path | None:
-    """Absolute paths as they are; relative ones against ``base``, else ``$FEDPARTIAL_DATA_DIR``, else the cwd."""
+    """Absolute paths as they are; relative ones against ``base``, else the data anchor (:func:`data_anchor`)."""
     if p is None:
         return None
     p = Path(p).expanduser()
     if p.is_absolute():
         return p
-    root = base or Path(os.environ.get(DATA_DIR_ENV, os.getcwd()))
+    root = base or data_anchor()[0]
     return (root / p).resolve()
+
+
+def _missing_root(site: str, dataset: str, key: str, value: str, path: Path) -> SiteDataError:
+    anchor, what = data_anchor()
+    how = f"relative to {anchor} ({what})" if not Path(value).expanduser().is_absolute() else "absolute"
+    return SiteDataError(
+        f"site '{site}': dataset '{dataset}': {key} {value!r} -> {path} does not exist ({how}); set "
+        f"${DATA_DIR_ENV} (job.py: --data-dir) to the folder it is relative to, or give an absolute path")
 
 
 def _site_config_file(local_dir: str | os.PathLike | None) -> Path | None:
@@ -123,11 +149,23 @@ def simulated_spec(dataset: dict) -> dict:
 
 
 def _from_simulated(site: str, dataset: dict) -> SiteData:
-    from .prepare import check_job_classes, ensure_prepared, load_prepared
+    from .prepare import DATASET_JSON, check_job_classes, ensure_prepared, load_prepared
     from .sources.base import SourceError
 
-    folder = ensure_prepared(simulated_spec(dataset), cache_dir())
+    if dataset.get("prepared"):  # a fedpartial-prepare folder, run as it is: each site its own manifest
+        folder = resolve_path(dataset["prepared"])
+        if not (folder / DATASET_JSON).is_file():
+            raise _missing_root(site, dataset["name"], "prepared", dataset["prepared"], folder / DATASET_JSON)
+    else:
+        spec = simulated_spec(dataset)
+        root = dataset["prepare"].get("root")
+        if root is not None and not Path(spec["root"]).is_dir():
+            raise _missing_root(site, dataset["name"], "prepare.root", root, Path(spec["root"]))
+        folder = ensure_prepared(spec, cache_dir())
     prepared = load_prepared(folder)
+    if dataset.get("prepared") and list(prepared.classes) != list(dataset["classes"]):
+        raise SiteDataError(f"site '{site}': prepared folder {folder} has classes {prepared.classes}, the job's "
+                            f"dataset '{dataset['name']}' {list(dataset['classes'])}")
     try:
         check_job_classes(prepared, dataset.get("classes"), f"site '{site}', dataset '{dataset['name']}': ")
     except SourceError as e:
@@ -161,7 +199,7 @@ def resolve_site_data(site: str, dataset: dict, local_dir: str | os.PathLike | N
     file = _site_config_file(local_dir)
     if file is not None:
         return _from_site_config(site, name, file, dataset.get("classes"))
-    if dataset.get("prepare") and not site_config_required(dataset, simulated):
+    if (dataset.get("prepare") or dataset.get("prepared")) and not site_config_required(dataset, simulated):
         return _from_simulated(site, dataset)
     where = f"{Path(local_dir) / SITE_CONFIG_FILE}" if local_dir else f"local/{SITE_CONFIG_FILE}"
     raise SiteDataError(

@@ -109,6 +109,9 @@ class DataSummaryProcessor(ResponseProcessor):
                                       "may be missing)")
         if silent:
             self.log_warning(fl_ctx, f"site(s) {silent} did not answer the data check; the job goes on without them")
+        for sites in same_training_rows(self._sites):
+            self.log_warning(fl_ctx, f"sites {sites} train on identical manifests (the same rows and labels): is "
+                                     "each site configured with its own data?")
         classes = self.classes or next(iter(self._sites.values()))["classes"]
         summary = {"classes": list(classes), "sites": self._sites}
         agg = fl_ctx.get_engine().get_component(self.aggregator_id)
@@ -123,6 +126,15 @@ class DataSummaryProcessor(ResponseProcessor):
             self.log_warning(fl_ctx, "*** SYNTHETIC DATA: the sites train on a generated phantom, not real scans ***")
         self.log_info(fl_ctx, "annotated positives per site and class:\n" + summary_table(self.summary))
         return True
+
+
+def same_training_rows(sites: dict[str, dict]) -> list[list[str]]:
+    """Groups of two or more sites whose data-check answers report the same training-set fingerprint."""
+    by_fp: dict[str, list[str]] = {}
+    for site, info in sorted(sites.items()):
+        if info.get("train_set") and info.get("n_train"):
+            by_fp.setdefault(info["train_set"], []).append(site)
+    return [group for group in by_fp.values() if len(group) > 1]
 
 
 # what of each site's data-check answer travels to the other sites (no configuration paths, no vocabulary)

@@ -319,6 +319,7 @@ class PartialLabelExecutor(Executor):
                 "n_test": len(self.manifests.get("test", ())), "origin": self.site_data.origin.split(":", 1)[0],  # the kind only, no path
                 "synthetic": self.site_data.synthetic, "classes": self.classes,
                 "eval_sets": {s: m.fingerprint() for s, m in self.manifests.items() if s != "train"},
+                "train_set": tr.fingerprint(),  # the server warns when two sites train on the same rows
                 "vocabulary": self.site_data.vocabulary}
         info = suppress_summary(info, self.min_count_eff)  # small counts stay here (also in the server's table)
         return DXO(data_kind=DataKind.COLLECTION, data={"summary": info}, meta={META_SUMMARY: info}).to_shareable()

@@ -170,12 +170,17 @@ class ScatterAndGather(_ScatterAndGather):
         max_missing = int(max_missing)
         if max_missing < 0:
             raise ValueError(f"max_missing must be >= 0, got {max_missing}")
-        if "min_clients" in kwargs:
-            if max_missing >= int(kwargs["min_clients"]):
+        sites = kwargs.get("min_clients")
+        if sites is not None:
+            if max_missing >= int(sites):
                 raise ValueError(f"max_missing ({max_missing}) must be smaller than min_clients "
-                                 f"({kwargs['min_clients']}, the job's number of sites)")
-            kwargs["min_clients"] = int(kwargs["min_clients"]) - max_missing
+                                 f"({sites}, the job's number of sites)")
+            kwargs["min_clients"] = int(sites) - max_missing
         super().__init__(*args, **kwargs)
+        # the argument as given (the job's number of sites): NVFlare's job export reads ``min_clients`` before
+        # ``_min_clients`` (the answers a round waits for), so an exported and reloaded workflow is the same one
+        if sites is not None:
+            self.min_clients = int(sites)
         self.selector_id, self.max_missing = selector_id, max_missing
         self.checkpoint, self.checkpoint_dir, self.run_name = bool(checkpoint), checkpoint_dir, run_name
         self.resume, self.results_id = bool(resume), results_id

@@ -1,17 +1,22 @@
-"""Build every job's ``<app>/custom/`` from the single source ``custom/fedpartial``.
+"""Export every job folder from its ``jobs/<name>/job.py`` (the job's one source: an NVFlare recipe).
 
-NVFlare only loads code shipped inside each app's ``custom/`` folder (no symlinks: they are dropped when a
-job is zipped for submission), so the package is copied there. The copies are build outputs (git-ignored);
-never edit them. ``fedpartial-build-jobs --check`` exits non-zero when a copy is missing or differs.
+``fedpartial-build-jobs`` (``make jobs``) writes, for each ``jobs/<name>/job.py``, the NVFlare job folder next to
+it: ``meta.json``, ``app/config/config_fed_{server,client}.json`` and ``app/custom/fedpartial`` (NVFlare only
+loads code shipped inside each app's ``custom/`` folder; no symlinks: they are dropped when a job is zipped for
+submission). These are build outputs (git-ignored); never edit them: edit ``job.py`` and run ``make jobs``.
+``fedpartial-build-jobs --check`` exits non-zero when an exported folder is missing or differs from what its
+``job.py`` exports now (configuration or package copy).
 """
 
 from __future__ import annotations
 
 import argparse
 import filecmp
+import importlib.util
 import json
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 PACKAGE = "fedpartial"
@@ -19,8 +24,62 @@ REPO = Path(__file__).resolve().parents[3]
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo")
 
 
+JOB_FILES = ("meta.json", "app/config/config_fed_server.json", "app/config/config_fed_client.json")
+
+
 def job_dirs(jobs_root: Path) -> list[Path]:
+    """The exported job folders (those with a ``meta.json``)."""
     return sorted(p.parent for p in jobs_root.glob("*/meta.json"))
+
+
+def job_sources(jobs_root: Path) -> list[Path]:
+    """The job folders with a ``job.py``."""
+    return sorted(p.parent for p in jobs_root.glob("*/job.py"))
+
+
+def load_job_module(job: Path):
+    """Import ``<job>/job.py`` (without running it) as a module."""
+    spec = importlib.util.spec_from_file_location(f"fedpartial_job_{job.name}", job / "job.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def job_recipe(job: Path, **overrides):
+    """The recipe of ``<job>/job.py`` (its ``recipe(**overrides)``); its name must be the folder's."""
+    recipe = load_job_module(job).recipe(**overrides)
+    if recipe.name != job.name:
+        raise ValueError(f"{job / 'job.py'}: the recipe is named {recipe.name!r}, its folder {job.name!r}")
+    return recipe
+
+
+def export_job(job: Path, dest_root: Path | None = None, **overrides) -> Path:
+    """Export ``<job>/job.py`` into ``<dest_root or job's parent>/<name>/`` (only ``meta.json`` and the apps are
+    replaced there)."""
+    return job_recipe(job, **overrides).export(str(dest_root or job.parent))
+
+
+def config_differences(job: Path, fresh: Path) -> list[str]:
+    """How the exported folder ``job`` differs from a fresh export ``fresh`` of its ``job.py``."""
+    out = []
+    for f in JOB_FILES:
+        a, b = job / f, fresh / f
+        if not a.is_file():
+            out.append(f"{a} missing")
+        elif json.loads(a.read_text()) != json.loads(b.read_text()):
+            out.append(f"{a} differs from what {job / 'job.py'} exports")
+    extra = {p.name for p in job.glob("app*")} - {p.name for p in fresh.glob("app*")}
+    return out + [f"{job / e} extra (not exported by job.py)" for e in sorted(extra)]
+
+
+def check_job(job: Path, src: Path) -> list[str]:
+    """Problems of one exported job folder: configuration or package copy out of date with ``job.py``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        fresh = export_job(job, Path(tmp))
+        problems = config_differences(job, fresh)
+    if (job / "meta.json").is_file():
+        problems += build_job(job, src, check=True)
+    return problems
 
 
 def app_dirs(job: Path) -> list[Path]:
@@ -68,7 +127,7 @@ def customise_job(job: Path, dest: Path, num_rounds: int | None = None, executor
     go to the server's aggregator too, and ``model`` options to the server's model component."""
     from ..data.presets import deep_merge
 
-    shutil.copytree(job, dest, ignore=shutil.ignore_patterns("custom"))
+    shutil.copytree(job, dest, ignore=shutil.ignore_patterns("custom", "job.py", "README.md", "__pycache__"))
     build_job(dest, src or REPO / "custom" / PACKAGE)
     server = dest / "app/config/config_fed_server.json"
     cfg = json.loads(server.read_text())
@@ -88,10 +147,12 @@ def customise_job(job: Path, dest: Path, num_rounds: int | None = None, executor
         cfg["method"] = comps["aggregator"]["args"]["method"] = executor_args["method"]
     if "model" in executor_args:
         comps["model"]["args"] = deep_merge(comps["model"]["args"], executor_args["model"])
-    if min_clients is not None:
+    if min_clients is not None:  # meta.json: the sites that must stay connected
         cfg["min_clients"] = min_clients
+        cfg["max_missing_sites"] = min(int(cfg.get("max_missing_sites", 0)), min_clients - 1)
         meta = json.loads((dest / "meta.json").read_text())
-        (dest / "meta.json").write_text(json.dumps({**meta, "min_clients": min_clients}, indent=1))
+        meta["min_clients"] = min_clients - cfg["max_missing_sites"]
+        (dest / "meta.json").write_text(json.dumps(meta, indent=1))
     server.write_text(json.dumps(cfg, indent=1))
     client = dest / "app/config/config_fed_client.json"
     ccfg = json.loads(client.read_text())
@@ -101,22 +162,30 @@ def customise_job(job: Path, dest: Path, num_rounds: int | None = None, executor
     return dest
 
 
-def build(repo: Path = REPO, check: bool = False) -> list[str]:
+def build(repo: Path = REPO, check: bool = False, names: list[str] | None = None) -> list[str]:
+    """Export (or, with ``check``, compare) every job of ``repo/jobs`` that has a ``job.py``; the problems found."""
     src = repo / "custom" / PACKAGE
-    return [p for job in job_dirs(repo / "jobs") for p in build_job(job, src, check)]
+    jobs = [j for j in job_sources(repo / "jobs") if not names or j.name in names]
+    if check:
+        return [p for job in jobs for p in check_job(job, src)]
+    for job in jobs:
+        export_job(job)
+    return []
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repo", type=Path, default=REPO, help="project root (default: this checkout)")
-    ap.add_argument("--check", action="store_true", help="only verify the copies match custom/")
+    ap.add_argument("--check", action="store_true",
+                    help="only verify that every exported folder matches its job.py (configuration and package)")
+    ap.add_argument("jobs", nargs="*", help="job names (default: every jobs/*/job.py)")
     args = ap.parse_args(argv)
-    problems = build(args.repo, check=args.check)
+    problems = build(args.repo, check=args.check, names=args.jobs)
     if problems:
-        print("job copies out of date (run `make jobs`):\n  " + "\n  ".join(problems[:20]), file=sys.stderr)
+        print("exported job folders out of date (run `make jobs`):\n  " + "\n  ".join(problems[:20]), file=sys.stderr)
         return 1
-    jobs = job_dirs(args.repo / "jobs")
-    print(f"{'checked' if args.check else 'built'} custom/ for {len(jobs)} job(s): {', '.join(j.name for j in jobs)}")
+    jobs = [j for j in job_sources(args.repo / "jobs") if not args.jobs or j.name in args.jobs]
+    print(f"{'checked' if args.check else 'exported'} {len(jobs)} job(s): {', '.join(j.name for j in jobs)}")
     return 0
 
 

@@ -1,10 +1,11 @@
-"""Write an NVFlare job folder for a method and a dataset preset (the job folders in ``jobs/`` were made with
-this; edit their JSON freely afterwards)::
+"""Start a new job: write ``<folder>/job.py`` (the job's recipe, :mod:`fedpartial.recipes`) for a method and a
+dataset preset, and export it next to it::
 
     python -m fedpartial.tools.new_job jobs/fedavg_pl_ich --method fedavg_pl --dataset ich_phantom --sites 5
 
-The folder gets ``meta.json`` and ``app/config/config_fed_{server,client}.json``; ``app/custom`` is produced by
-``fedpartial-build-jobs``.
+``job.py`` is the job's one source: edit it, then ``make jobs`` re-exports ``meta.json``,
+``app/config/config_fed_{server,client}.json`` and ``app/custom`` (build outputs). This module also holds the
+configuration layout the recipes build (:func:`server_config`, :func:`client_config`).
 
 Every job tolerates a dead, slow or failing site (:func:`harden`): ``max_missing_sites`` (``--max-missing``;
 default 1 with 3 or more sites) may be absent from the data check and from any round (the workflow aggregates
@@ -105,11 +106,16 @@ def harden_job(folder: str | Path, max_missing: int | None = None) -> Path:
         cfg = json.loads(path.read_text())
         k = max_missing if max_missing is not None else cfg.get("max_missing_sites",
                                                                   default_max_missing(int(cfg.get("min_clients", 0))))
-        path.write_text(json.dumps(set_run_name(harden(cfg, int(k)), folder.name), indent=2) + "\n")
+        _rewrite(path, set_run_name(harden(cfg, int(k)), folder.name))
     for path in sorted(folder.glob("*/config/config_fed_client.json")):
-        cfg = set_run_name(harden_client(json.loads(path.read_text())), folder.name)
-        path.write_text(json.dumps(cfg, indent=2) + "\n")
+        _rewrite(path, set_run_name(harden_client(json.loads(path.read_text())), folder.name))
     return folder
+
+
+def _rewrite(path: Path, cfg: dict) -> None:
+    """Write ``cfg`` to ``path`` unless the file already holds it (a hardened folder stays untouched)."""
+    if json.loads(path.read_text()) != cfg:
+        path.write_text(json.dumps(cfg, indent=2) + "\n")
 
 
 def server_config(method: str, dataset: dict, model: dict, num_rounds: int, min_clients: int,
@@ -170,39 +176,79 @@ def client_config(method: str, dataset: dict, model: dict, train: dict, evaluati
     }
 
 
+NAMED_RECIPES = {"fedmlp": "FedMLPRecipe", "fedlsm": "FedLSMRecipe", "fedirm": "FedIRMRecipe",
+                 "surgical": "SurgicalRecipe"}
+
+
+def _literal(v) -> str:
+    """A Python literal of a JSON-like value (double-quoted strings)."""
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_literal(k)}: {_literal(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, list):
+        return "[" + ", ".join(_literal(x) for x in v) + "]"
+    return json.dumps(v) if isinstance(v, str) else repr(v)
+
+
+def _wrapped(v, indent: int) -> str:
+    """:func:`_literal`, a long dict one key per line and a long list packed into lines of at most 112 chars."""
+    one = _literal(v)
+    if len(one) + indent <= 100 or not isinstance(v, (dict, list)):
+        return one
+    pad = " " * (indent + 4)
+    if isinstance(v, dict):
+        return "{\n" + "".join(f"{pad}{_literal(k)}: {_wrapped(x, indent + 4)},\n" for k, x in v.items()) \
+            + " " * indent + "}"
+    rows, cur = [], ""
+    for x in v:
+        item = _literal(x) + ","
+        if cur and len(pad) + len(cur) + len(item) + 1 > 112:
+            rows, cur = rows + [cur], item
+        else:
+            cur = f"{cur} {item}" if cur else item
+    return "[\n" + "".join(f"{pad}{r}\n" for r in rows + [cur]) + " " * indent + "]"
+
+
+def job_py_text(name: str, method: str, title: str, **kwargs) -> str:
+    """The text of a ``jobs/<name>/job.py``: its ``JOB`` keyword arguments and the recipe (a named recipe for the
+    four papers' methods, whose options are keywords; else :class:`PartialLabelRecipe` with ``method_args``)."""
+    import textwrap
+
+    cls = NAMED_RECIPES.get(method, "PartialLabelRecipe")
+    kw = {"name": name} if cls != "PartialLabelRecipe" else {"name": name, "method": method}
+    method_args = kwargs.pop("method_args", None) or {}
+    kw.update(kwargs)
+    if cls != "PartialLabelRecipe":
+        kw.update(method_args)
+    elif method_args:
+        kw["method_args"] = method_args
+    head = textwrap.fill(f"{title} (README.md).", 113)
+    lines = ['"""' + head, "", f"Run: ``python jobs/{name}/job.py`` (``--help``: rounds, sites, data, export).",
+             '"""', "", f"from fedpartial.recipes import {cls}, job_main", "", "JOB = dict("]
+    lines += [f"    {k}={_wrapped(v, 4)}," for k, v in kw.items()]
+    lines += [")", "", "", f"def recipe(**overrides) -> {cls}:",
+              f'    """The job\'s recipe (``overrides``: any {cls} keyword, e.g. ``num_rounds=2``)."""',
+              f"    return {cls}(**{{**JOB, **overrides}})", "", "", 'if __name__ == "__main__":', "    job_main(recipe)", ""]
+    return "\n".join(lines)
+
+
 def write_job(folder: str | Path, method: str, dataset: dict, num_sites: int, num_rounds: int = 20,
               model: dict | None = None, train: dict | None = None, evaluation: dict | None = None,
-              method_args: dict | None = None, seed: int = 0, max_missing: int | None = None) -> Path:
-    folder = Path(folder)
-    if int(num_rounds) < 1:
-        raise ValueError(f"num_rounds must be >= 1, got {num_rounds}")
-    model = model or {"arch": "small_cnn", "in_channels": int(resolve_dataset(dataset)["channels"])}
-    model = {**model, "init_seed": model.get("init_seed", seed)}  # the server's initial global model
-    train = train or {"optimizer": "adam", "lr": 0.001, "batch_size": 32, "local_epochs": 1}
-    evaluation = evaluation or {"test_every": 5}
-    method_args = method_args or {}
-    # one spec for both sides, checked before anything is written (unknown keys name the closest valid one)
-    from ..methods import TrainOptions, get_method
-    from ..methods.options import build
-    from ..models import build_model
-    from ..fl.executor import EvalOptions
+              method_args: dict | None = None, seed: int = 0, max_missing: int | None = None,
+              job_py: bool = False) -> Path:
+    """Export the job of these arguments (:class:`fedpartial.recipes.PartialLabelRecipe`) into ``folder``
+    (checked first: nothing is written for a bad option); with ``job_py`` also write its ``job.py``."""
+    from ..recipes import PartialLabelRecipe
 
-    where = f"job '{folder.name}'"
-    get_method(method).split_options(method_args, where)
-    build(TrainOptions, train, f"{where} 'train'")
-    build(EvalOptions, evaluation, f"{where} 'evaluation'")
-    build_model(model, 2, where=f"{where} 'model'")
-    (folder / "app" / "config").mkdir(parents=True, exist_ok=True)
-    meta = {"name": folder.name, "resource_spec": {}, "min_clients": num_sites, "deploy_map": {"app": ["@ALL"]}}
-    files = {
-        folder / "meta.json": meta,
-        folder / "app/config/config_fed_server.json": server_config(method, dataset, model, num_rounds, num_sites,
-                                                                    method_args, max_missing=max_missing),
-        folder / "app/config/config_fed_client.json": client_config(method, dataset, model, train, evaluation,
-                                                                    method_args, seed),
-    }
-    for path, content in files.items():
-        path.write_text(json.dumps(set_run_name(content, folder.name), indent=2) + "\n")
+    folder = Path(folder)
+    kwargs = {k: v for k, v in dict(num_rounds=num_rounds, model=model, train=train, evaluation=evaluation,
+                                    method_args=method_args, seed=seed or None,
+                                    max_missing=max_missing).items() if v is not None}
+    dataset = dataset["preset"] if isinstance(dataset, dict) and list(dataset) == ["preset"] else dataset
+    recipe = PartialLabelRecipe(name=folder.name, method=method, dataset=dataset, num_sites=num_sites, **kwargs)
+    recipe.export(str(folder.parent))
+    if job_py:
+        (folder / "job.py").write_text(job_py_text(folder.name, method, f"{method} on {folder.name}",
+                                                   dataset=dataset, num_sites=num_sites, **kwargs))
     return folder
 
 
@@ -231,8 +277,9 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     dataset = json.loads(a.dataset) if a.dataset.strip().startswith("{") else {"preset": a.dataset}
     write_job(a.folder, a.method, dataset, a.sites, a.rounds, json.loads(a.model) if a.model else None,
-              json.loads(a.train) if a.train else None, None, json.loads(a.method_args), max_missing=a.max_missing)
-    print(f"wrote {a.folder}")
+              json.loads(a.train) if a.train else None, None, json.loads(a.method_args), max_missing=a.max_missing,
+              job_py=True)
+    print(f"wrote {a.folder}/job.py and exported it there (edit job.py, then `make jobs`)")
     return 0
 
 

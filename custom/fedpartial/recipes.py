@@ -1,0 +1,377 @@
+"""NVFlare 2.9 recipes: the bundle's jobs in Python, run with ``SimEnv`` / ``PocEnv`` / ``ProdEnv``.
+
+:class:`PartialLabelRecipe` builds an NVFlare ``FedJob`` (the Job API) for any registered method out of the bundle's
+own components: the data check (``BroadcastAndProcess`` + ``DataSummaryProcessor``), the bundle's
+``ScatterAndGather`` (missing-site tolerance, early stopping, checkpoints), ``CrossSiteModelEval``, the task
+filters, the PyTorch persistor, the model selector, the results recorder, and TensorBoard tracking (NVFlare's
+``add_experiment_tracking``; ``tracking=None`` leaves the choice to the caller). :class:`FedMLPRecipe`,
+:class:`FedLSMRecipe`, :class:`FedIRMRecipe` and :class:`SurgicalRecipe` take the method's options as keyword
+arguments, checked against the method's option classes (an unknown or mistyped option is an ``OptionError``)::
+
+    from nvflare.recipe import SimEnv
+    from fedpartial.recipes import FedMLPRecipe
+
+    recipe = FedMLPRecipe(name="fedmlp_ich", dataset="ich_phantom", num_sites=5, num_rounds=20, warmup_rounds=5)
+    recipe.execute(SimEnv(num_clients=5, workspace_root="workspaces"))
+
+Every shipped job is such a recipe in ``jobs/<name>/job.py``; ``fedpartial-build-jobs`` exports each into its
+folder (``meta.json``, ``app/config``, ``app/custom``) for ``nvflare job submit`` and ``nvflare simulator``.
+
+The exported configuration is the bundle's usual layout (:func:`fedpartial.tools.new_job.server_config` /
+``client_config``): every component's arguments are written as the recipe gave them, with the job-level values
+(``num_rounds``, ``min_clients``, ``method``, ``max_missing_sites``) as top-level variables the components refer
+to (``"{num_rounds}"``), so an exported folder can be re-run with another number of rounds by editing one value.
+``meta.json``'s ``min_clients`` is the number of sites that must stay connected (sites - ``max_missing``); the
+training workflow's ``min_clients`` stays the job's number of sites.
+
+Data: a relative dataset root (``"root": "../shared/data/ham10000"``) resolves against ``$FEDPARTIAL_DATA_DIR``
+(``data_dir=`` here, ``--data-dir`` of a ``job.py``), by default the checkout the package runs from
+(:func:`fedpartial.data.site_config.data_anchor`). ``prepared=`` runs a ``fedpartial-prepare`` output folder as
+it is: each simulated site ``site-<i>`` trains on its own manifest ``site-<i>.csv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+from nvflare.job_config.api import FedJob
+from nvflare.job_config.defs import FilterType
+from nvflare.job_config.fed_job_config import FedJobConfig
+from nvflare.recipe.spec import ExecEnv, Recipe
+
+from .data.presets import deep_merge, resolve_dataset
+from .data.site_config import DATA_DIR_ENV
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+_VAR = re.compile(r"^\{(\w+)\}$")
+TRACKING_DEFAULT = "tensorboard"
+TRACKED_EVENTS = ["fed.analytix_log_stats"]  # the sites' metrics, sent as federated events (ConvertToFedEvent)
+
+
+def _resolve(value: Any, variables: dict) -> Any:
+    """A config value with ``"{name}"`` references to top-level variables replaced by their values."""
+    if isinstance(value, str):
+        m = _VAR.match(value)
+        return variables[m.group(1)] if m and m.group(1) in variables else value
+    if isinstance(value, dict):
+        return {k: _resolve(v, variables) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_resolve(v, variables) for v in value]
+    return value
+
+
+def instantiate(entry: dict, variables: dict) -> Any:
+    """The object of one config entry (``{"path": "pkg.mod.Class", "args": {...}}``), its ``"{var}"`` arguments
+    resolved against the config's top-level ``variables`` (as NVFlare's config loader does)."""
+    module, _, cls = entry["path"].rpartition(".")
+    return getattr(importlib.import_module(module), cls)(**_resolve(copy.deepcopy(entry.get("args", {})), variables))
+
+
+def copy_package(custom_dir: str | os.PathLike) -> Path:
+    """Copy the running ``fedpartial`` package into an app's ``custom/`` folder (NVFlare loads a job's own code
+    only from there; no ``__pycache__``)."""
+    dst = Path(custom_dir) / PACKAGE_DIR.name
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(PACKAGE_DIR, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo"))
+    return dst
+
+
+class _ConfigWriter(FedJobConfig):
+    """NVFlare's job exporter, writing the bundle's components with the arguments they were configured with
+    (``"{var}"`` references included; NVFlare's exporter would write the attribute values and drop defaults),
+    filter task lists sorted (stable exports) and the whole package in every app's ``custom/``."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.given_args: dict[int, dict] = {}  # id(component) -> its arguments as configured
+        self._keep: list = []  # the configured objects (their ids stay valid)
+
+    def record(self, obj: Any, args: dict) -> Any:
+        self.given_args[id(obj)] = copy.deepcopy(args)
+        self._keep.append(obj)
+        return obj
+
+    def _get_args(self, component, custom_dir):
+        given = self.given_args.get(id(component))
+        return copy.deepcopy(given) if given is not None else super()._get_args(component, custom_dir)
+
+    def _process_filters(self, taskset_filters: list, custom_dir):
+        out = super()._process_filters(taskset_filters, custom_dir)
+        for entry in out:
+            entry["tasks"] = sorted(entry["tasks"])
+        return out
+
+    def _get_server_app(self, config_dir, custom_dir, fed_app):
+        super()._get_server_app(config_dir, custom_dir, fed_app)
+        copy_package(custom_dir)
+
+    def _get_client_app(self, config_dir, custom_dir, fed_app):
+        super()._get_client_app(config_dir, custom_dir, fed_app)
+        if not (Path(custom_dir) / PACKAGE_DIR.name).is_dir():  # an app for both sides has it already
+            copy_package(custom_dir)
+
+
+class _BundleJob(FedJob):
+    """A ``FedJob`` whose exporter is :class:`_ConfigWriter` (the package ships as a whole in ``custom/``)."""
+
+    def __init__(self, name: str, min_clients: int):
+        super().__init__(name=name, min_clients=min_clients)
+        self.job = _ConfigWriter(job_name=name, min_clients=min_clients)
+        self.job.set_app_packages([PACKAGE_DIR.name])
+
+
+def _server_params(cfg: dict) -> dict:
+    return {k: v for k, v in cfg.items() if k not in ("components", "workflows", "task_data_filters",
+                                                       "task_result_filters", "format_version")}
+
+
+def build_fed_job(name: str, server: dict, client: dict, min_sites: int) -> FedJob:
+    """A ``FedJob`` holding the objects of a server and a client config in the bundle's layout (top-level
+    variables, ``components``, ``workflows``, ``executors``, task filters); ``min_sites``: ``meta.json``'s
+    ``min_clients``."""
+    job = _BundleJob(name, min_sites)
+    writer: _ConfigWriter = job.job
+    sv, cv = _server_params(server), _server_params(client)
+    job.to_server(sv)
+    for entry in server.get("components", []):
+        job.to_server(writer.record(instantiate(entry, sv), entry.get("args", {})), id=entry["id"])
+    for entry in server.get("workflows", []):
+        job.to_server(writer.record(instantiate(entry, sv), entry.get("args", {})), id=entry["id"])
+    for key, ftype in (("task_data_filters", FilterType.TASK_DATA), ("task_result_filters", FilterType.TASK_RESULT)):
+        for group in server.get(key, []):
+            for f in group["filters"]:
+                job.to_server(writer.record(instantiate(f, sv), f.get("args", {})), filter_type=ftype,
+                              tasks=list(group["tasks"]))
+    job.to_clients(cv)
+    for e in client.get("executors", []):
+        ex = e["executor"]
+        job.to_clients(writer.record(instantiate(ex, cv), ex.get("args", {})), tasks=list(e["tasks"]))
+    for entry in client.get("components", []):
+        job.to_clients(writer.record(instantiate(entry, cv), entry.get("args", {})), id=entry["id"])
+    for key, ftype in (("task_data_filters", FilterType.TASK_DATA), ("task_result_filters", FilterType.TASK_RESULT)):
+        for group in client.get(key, []):
+            for f in group["filters"]:
+                job.to_clients(writer.record(instantiate(f, cv), f.get("args", {})), filter_type=ftype,
+                               tasks=list(group["tasks"]))
+    return job
+
+
+def check_job_options(name: str, method: str, model: dict, train: dict, evaluation: dict,
+                      method_args: dict) -> None:
+    """The checks a site and the server make before training, made when the job is built: the method, its
+    options (keys and types, against the method's option classes), ``train``, ``evaluation`` and ``model``."""
+    from .fl.executor import EvalOptions
+    from .methods import TrainOptions, get_method
+    from .methods.options import build
+    from .models import build_model
+
+    where = f"job '{name}'"
+    spec = get_method(method)
+    trainer_opts, rule_opts = spec.split_options(method_args, where)
+    build(spec.trainer.Options, trainer_opts, f"{where}: method '{method}' method_args")
+    build(spec.rule.Options, rule_opts, f"{where}: method '{method}' method_args")
+    build(TrainOptions, train, f"{where} 'train'")
+    build(EvalOptions, evaluation, f"{where} 'evaluation'")
+    build_model(model, 2, where=f"{where} 'model'")
+
+
+class PartialLabelRecipe(Recipe):
+    """A federated partial-label job for any registered method (see the module docstring).
+
+    Args:
+        name: the job's name (its folder, checkpoint folder and ``meta.json`` name).
+        method: a registered method (``fedpartial.methods.available_methods()``).
+        dataset: a preset name or a dataset config (``{"preset": ..., "prepare": {...}, ...}``).
+        num_sites: the job's number of sites (the training workflow's ``min_clients``).
+        num_rounds: training rounds.
+        model / train / evaluation: model, training and evaluation options (defaults: small CNN, Adam 1e-3,
+            batch 32, one local epoch, test every 5 rounds).
+        method_args: the method's options (both sides).
+        seed: the sites' seed and the initial global model's ``init_seed`` (unless ``model`` sets one).
+        max_missing: sites that may be missing from the data check and any round (default 1 with >= 3 sites).
+        key_metric: the model selector's metric (``auc``, ``site_bce``, ...).
+        tracking: ``"tensorboard"`` (default), ``"mlflow"``, ``"wandb"`` (NVFlare's ``add_experiment_tracking``)
+            or None; ``tracking_config``: the receiver's arguments (e.g. MLflow's ``tracking_uri``).
+        prepared: a ``fedpartial-prepare`` output folder: simulated site ``site-<i>`` trains on ``site-<i>.csv``.
+        data_dir: the folder relative dataset roots resolve against, passed to simulated sites as
+            ``$FEDPARTIAL_DATA_DIR`` (default: that variable, else the checkout).
+    """
+
+    def __init__(self, *, name: str, method: str, dataset: dict | str, num_sites: int, num_rounds: int = 20,
+                 model: dict | None = None, train: dict | None = None, evaluation: dict | None = None,
+                 method_args: dict | None = None, seed: int = 0, max_missing: int | None = None,
+                 key_metric: str = "auc", tracking: str | None = TRACKING_DEFAULT,
+                 tracking_config: dict | None = None, prepared: str | os.PathLike | None = None, data_dir: str | os.PathLike | None = None):
+        from .tools.new_job import (client_config, default_max_missing, server_config, set_run_name)
+
+        if not isinstance(num_rounds, int) or num_rounds < 1:
+            raise ValueError(f"job '{name}': num_rounds must be an integer >= 1, got {num_rounds!r}")
+        dataset = {"preset": dataset} if isinstance(dataset, str) else copy.deepcopy(dataset)
+        if prepared is not None:
+            dataset["prepared"] = str(Path(prepared).expanduser().resolve())
+        ds = resolve_dataset(dataset)
+        model = copy.deepcopy(model) if model else {"arch": "small_cnn", "in_channels": int(ds["channels"])}
+        model = {**model, "init_seed": model.get("init_seed", seed)}  # the server's initial global model
+        train = copy.deepcopy(train) if train else {"optimizer": "adam", "lr": 0.001, "batch_size": 32,
+                                                     "local_epochs": 1}
+        evaluation = copy.deepcopy(evaluation) if evaluation else {"test_every": 5}
+        method_args = copy.deepcopy(method_args or {})
+        check_job_options(name, method, model, train, evaluation, method_args)
+        self.method, self.dataset, self.num_sites, self.num_rounds = method, dataset, int(num_sites), num_rounds
+        self.model, self.train, self.evaluation, self.method_args = model, train, evaluation, method_args
+        self.seed, self.key_metric = seed, key_metric
+        self.max_missing = default_max_missing(self.num_sites) if max_missing is None else int(max_missing)
+        self.data_dir = None if data_dir is None else str(Path(data_dir).expanduser().resolve())
+        self.server_config = set_run_name(server_config(method, dataset, model, num_rounds, self.num_sites,
+                                                        method_args, key_metric, self.max_missing), name)
+        self.client_config = set_run_name(client_config(method, dataset, model, train, evaluation, method_args,
+                                                        seed), name)
+        self.server_config["components"] = [c for c in self.server_config["components"] if c["id"] != "tb_receiver"]
+        job = build_fed_job(name, self.server_config, self.client_config, self.num_sites - self.max_missing)
+        super().__init__(job)
+        if tracking:
+            from nvflare.recipe.utils import add_experiment_tracking
+
+            add_experiment_tracking(self, tracking, {"events": list(TRACKED_EVENTS), **(tracking_config or {})})
+
+    def process_env(self, env: ExecEnv) -> None:
+        """In the simulator, the sites resolve relative data roots against ``data_dir`` (``$FEDPARTIAL_DATA_DIR``,
+        which the simulator's site processes inherit)."""
+        from nvflare.recipe.sim_env import SimEnv
+
+        if isinstance(env, SimEnv) and self.data_dir:
+            os.environ[DATA_DIR_ENV] = self.data_dir
+
+    def export(self, job_dir: str, server_exec_params: dict | None = None, client_exec_params: dict | None = None,
+               env: ExecEnv | None = None):
+        """Export into ``<job_dir>/<name>/`` as NVFlare does, replacing only ``meta.json`` and the app folders:
+        the folder's own files (``job.py``, ``README.md``) stay."""
+        import tempfile
+
+        dest = Path(job_dir) / self.name
+        with tempfile.TemporaryDirectory() as tmp:
+            super().export(tmp, server_exec_params, client_exec_params, env)
+            out = Path(tmp) / self.name
+            dest.mkdir(parents=True, exist_ok=True)
+            for old in [p for p in dest.glob("app*") if p.is_dir()]:
+                shutil.rmtree(old)
+            for item in out.iterdir():
+                target = dest / item.name
+                if item.is_dir():
+                    shutil.copytree(item, target)
+                else:
+                    shutil.copy2(item, target)
+        return dest
+
+
+class _MethodRecipe(PartialLabelRecipe):
+    """A recipe of one method whose options are keyword arguments (checked against the method's options)."""
+
+    METHOD = ""
+    COMMON = ("name", "dataset", "num_sites", "num_rounds", "model", "train", "evaluation", "seed", "max_missing",
+              "key_metric", "tracking", "tracking_config", "prepared", "data_dir")
+
+    def __init__(self, *, name: str, dataset: dict | str, num_sites: int, **kwargs):
+        common = {k: kwargs.pop(k) for k in self.COMMON if k in kwargs}
+        super().__init__(name=name, method=self.METHOD, dataset=dataset, num_sites=num_sites, method_args=kwargs,
+                         **common)
+
+
+class FedMLPRecipe(_MethodRecipe):
+    """FedMLP (Sun et al., MICCAI 2024); method options as keywords: ``warmup_rounds``, ``L``, ``R``, ``T0``,
+    ``T1``, ``cr_warmup``, ``parity``, ... (``fedpartial.methods.fedmlp``)."""
+    METHOD = "fedmlp"
+
+
+class FedLSMRecipe(_MethodRecipe):
+    """FedLSM (Deng, Luo, Chen: federated learning for label set mismatch); its options (``n_uncertain``,
+    ``n_confident``, ``awpa``, ...) as keywords (``fedpartial.methods.fedlsm``)."""
+    METHOD = "fedlsm"
+
+
+class FedIRMRecipe(_MethodRecipe):
+    """FedIRM (Liu, Yang, Dou, Heng: federated semi-supervised classification via inter-client relation
+    matching); its options as keywords (``fedpartial.methods.fedirm``)."""
+    METHOD = "fedirm"
+
+
+class SurgicalRecipe(_MethodRecipe):
+    """Surgical aggregation (Kulkarni, Kanhere, Yi, Parekh: federated class-heterogeneous learning); its options
+    (``warmup_epochs``, ``norm``, ...) as keywords (``fedpartial.methods.surgical``)."""
+    METHOD = "surgical"
+
+
+# ------------------------------------------------------------------------------------------ job.py entry point
+
+def _parser(name: str) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog=f"python jobs/{name}/job.py",
+        description=f"Run the job '{name}' in NVFlare's simulator (SimEnv). NVFlare's own flags: --export "
+                    f"[--export-dir DIR] writes the job folder DIR/{name} instead of running it.")
+    ap.add_argument("--rounds", type=int, default=None, help="training rounds (default: the job's)")
+    ap.add_argument("--sites", type=int, default=None,
+                    help="simulated sites (default: the job's); the simulated split is dealt over as many, so its "
+                         "protocol must allow it (e.g. missing_k: every class still annotated somewhere)")
+    ap.add_argument("--threads", type=int, default=None, help="sites training at once (default: all)")
+    ap.add_argument("--seed", type=int, default=None, help="seed of the sites and of the initial global model")
+    ap.add_argument("--data", default=None, metavar="PREPARED_DIR",
+                    help="a fedpartial-prepare output folder: site-<i> trains on its own site-<i>.csv")
+    ap.add_argument("--data-dir", default=None,
+                    help=f"folder relative data roots resolve against (default: ${DATA_DIR_ENV}, else the checkout)")
+    ap.add_argument("--workspace", default="workspaces",
+                    help=f"results go to WORKSPACE/{name} (default: workspaces/{name})")
+    return ap
+
+
+def recipe_overrides(args: argparse.Namespace) -> dict:
+    """The recipe keyword arguments that a ``job.py``'s command line sets."""
+    out: dict = {}
+    if args.rounds is not None:
+        out["num_rounds"] = args.rounds
+    if args.seed is not None:
+        out["seed"] = args.seed
+    if args.data is not None:
+        out["prepared"] = args.data
+    if args.data_dir is not None:
+        out["data_dir"] = args.data_dir
+    return out
+
+
+def prepared_sites(folder: str | os.PathLike) -> int:
+    """The number of sites of a ``fedpartial-prepare`` output folder."""
+    from .data.prepare import load_prepared
+
+    return len(load_prepared(folder).sites)
+
+
+def job_main(make_recipe: Callable[..., PartialLabelRecipe], argv: list[str] | None = None):
+    """The command line of a ``jobs/<name>/job.py`` (``make_recipe(**overrides)`` builds its recipe): run it in
+    ``SimEnv`` (or export it with NVFlare's ``--export [--export-dir DIR]``). Returns NVFlare's ``Run``."""
+    from nvflare.recipe import SimEnv
+
+    base = make_recipe()
+    args = _parser(base.name).parse_args(argv)
+    kwargs = recipe_overrides(args)
+    sites = args.sites or (prepared_sites(args.data) if args.data else None)
+    if sites is not None and sites != base.num_sites:
+        kwargs.update(num_sites=sites, dataset=with_sites(base.dataset, sites))
+    recipe = make_recipe(**kwargs) if kwargs else base
+    n = recipe.num_sites
+    env = SimEnv(num_clients=n, num_threads=args.threads or n, workspace_root=str(Path(args.workspace).resolve()))
+    run = recipe.execute(env)
+    print(f"results: {Path(args.workspace) / recipe.name / 'server/simulate_job/results.md'}")
+    return run
+
+
+def with_sites(dataset: dict | str, num_sites: int) -> dict:
+    """A dataset config whose simulated split has ``num_sites`` sites."""
+    dataset = {"preset": dataset} if isinstance(dataset, str) else dataset
+    return deep_merge(dataset, {"prepare": {"num_sites": int(num_sites)}})

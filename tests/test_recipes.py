@@ -1,0 +1,308 @@
+"""The NVFlare 2.9 front door: recipes (``fedpartial.recipes``), ``jobs/<name>/job.py``, the exported job folders,
+the data anchor and per-site prepared data."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import json
+import shutil
+
+import pytest
+
+from conftest import REPO, real_data, results_of, run_recipe, run_simulator, server_log
+from fedpartial.tools.build_jobs import check_job, export_job, job_recipe, job_sources
+
+JOBS = [j.name for j in job_sources(REPO / "jobs")]
+load = lambda folder, f: json.loads((folder / f).read_text())
+
+
+def _defaults(path: str) -> dict:
+    """Constructor defaults of a component class, over its whole MRO (a subclass passing ``**kwargs`` on)."""
+    module, _, name = path.rpartition(".")
+    out: dict = {}
+    for cls in reversed(getattr(importlib.import_module(module), name).__mro__):
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            continue
+        for k, p in inspect.signature(init).parameters.items():
+            if p.default is not inspect.Parameter.empty and k not in ("self", "args", "kwargs"):
+                out[k] = p.default
+    return out
+
+
+def _entries(cfg: dict) -> dict:
+    """``{id: (path, arguments with defaults filled and "{var}" references resolved)}`` of a config."""
+    from fedpartial.recipes import _resolve, _server_params
+
+    variables = _server_params(cfg)
+    out = {}
+    for key in ("components", "workflows"):
+        for e in cfg.get(key, []):
+            out[e["id"]] = (e["path"], {**_defaults(e["path"]), **_resolve(e.get("args", {}), variables)})
+    for i, e in enumerate(cfg.get("executors", [])):
+        ex = e["executor"]
+        out[f"executor-{i}"] = (ex["path"], {**_defaults(ex["path"]), **_resolve(ex.get("args", {}), variables)},
+                                sorted(e["tasks"]))
+    for key in ("task_data_filters", "task_result_filters"):
+        for g in cfg.get(key, []):
+            for f in g["filters"]:
+                out[f"{key}:{f['path']}"] = (f["path"], {**_defaults(f["path"]), **f.get("args", {})},
+                                             sorted(g["tasks"]))
+    return out
+
+
+def _reload_and_export(folder, dest):
+    """Load an exported job folder (each entry's object from its path and arguments, as NVFlare's config loader
+    does) into a plain ``FedJob`` and export it again with NVFlare's own exporter (attribute values, defaults
+    left out)."""
+    from nvflare.job_config.api import FedJob
+    from nvflare.job_config.defs import FilterType
+
+    from fedpartial.recipes import _server_params, instantiate
+
+    server, client = load(folder, "app/config/config_fed_server.json"), load(folder, "app/config/config_fed_client.json")
+    job = FedJob(name=folder.name, min_clients=load(folder, "meta.json")["min_clients"])
+    job.set_app_packages(["fedpartial"])
+    sv, cv = _server_params(server), _server_params(client)
+    job.to_server(sv)
+    objects = {}
+    for e in server["components"] + server["workflows"]:
+        objects[e["id"]] = instantiate(e, sv)
+        job.to_server(objects[e["id"]], id=e["id"])
+    job.to_clients(cv)
+    for e in client["executors"]:
+        job.to_clients(instantiate(e["executor"], cv), tasks=e["tasks"])
+    for e in client["components"]:
+        job.to_clients(instantiate(e, cv), id=e["id"])
+    for cfg, to in ((server, job.to_server), (client, job.to_clients)):
+        for key, ftype in (("task_data_filters", FilterType.TASK_DATA), ("task_result_filters", FilterType.TASK_RESULT)):
+            for g in cfg[key]:
+                for f in g["filters"]:
+                    to(instantiate(f, sv if cfg is server else cv), filter_type=ftype, tasks=g["tasks"])
+    job.export_job(str(dest))
+    return dest / folder.name, objects
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_export_load_export_gives_the_same_job(job, tmp_path):
+    """Export a job.py, load the folder, export again through NVFlare's exporter: the same components with the same
+    arguments; the training workflow keeps the job's number of sites (``min_clients``), and only the loaded
+    object waits for ``min_clients - max_missing`` answers (once, not twice)."""
+    first = export_job(REPO / "jobs" / job, tmp_path / "a")
+    again, objects = _reload_and_export(first, tmp_path / "b")
+    for f in ("app/config/config_fed_server.json", "app/config/config_fed_client.json"):
+        a, b = _entries(load(first, f)), _entries(load(again, f))
+        assert a.keys() == b.keys(), f
+        for k in a:
+            assert a[k] == b[k], (f, k)
+    server = load(first, "app/config/config_fed_server.json")
+    sites, missing = server["min_clients"], server["max_missing_sites"]
+    sag = objects["scatter_and_gather"]
+    assert sag._min_clients == sites - missing and sag.max_missing == missing
+    again_sag = next(w for w in load(again, "app/config/config_fed_server.json")["workflows"]
+                     if w["id"] == "scatter_and_gather")
+    assert again_sag["args"]["min_clients"] == sites  # the job's sites, not sites - max_missing
+    # meta.json: the sites that must stay connected (NVFlare's deployment policy tolerates max_missing dead ones)
+    assert load(first, "meta.json")["min_clients"] == load(again, "meta.json")["min_clients"] == sites - missing
+
+
+def test_every_exported_folder_matches_its_job_py(tmp_path):
+    """``fedpartial-build-jobs --check`` (make check-jobs): each jobs/<name> folder equals what its job.py exports
+    now; an edited exported config, a changed job.py or a stale package copy is reported."""
+    src = REPO / "custom" / "fedpartial"
+    assert len(JOBS) == 36
+    for job in JOBS:
+        assert check_job(REPO / "jobs" / job, src) == [], f"{job}: run `make jobs`"
+    jobs = tmp_path / "jobs"
+    shutil.copytree(REPO / "jobs" / "fedavg_ich", jobs / "fedavg_ich", ignore=shutil.ignore_patterns("custom"))
+    folder = jobs / "fedavg_ich"
+    assert any("custom" in p for p in check_job(folder, src))  # no package copy yet
+    export_job(folder)
+    assert check_job(folder, src) == [] and (folder / "job.py").is_file() and (folder / "README.md").is_file()
+    cfg = load(folder, "app/config/config_fed_server.json")
+    cfg["num_rounds"] = 3
+    (folder / "app/config/config_fed_server.json").write_text(json.dumps(cfg))
+    assert any("config_fed_server.json differs" in p for p in check_job(folder, src))
+    export_job(folder)
+    text = (folder / "job.py").read_text()
+    (folder / "job.py").write_text(text.replace("num_rounds=20", "num_rounds=21"))
+    assert any("config_fed_server.json differs" in p for p in check_job(folder, src))
+
+
+def test_recipe_options_are_the_methods_checked_options():
+    from fedpartial.methods.options import OptionError
+    from fedpartial.recipes import FedIRMRecipe, FedLSMRecipe, FedMLPRecipe, PartialLabelRecipe, SurgicalRecipe
+
+    r = FedMLPRecipe(name="m", dataset="ich_phantom", num_sites=5, num_rounds=3, warmup_rounds=1, L=0.4)
+    assert r.method == "fedmlp" and r.method_args == {"warmup_rounds": 1, "L": 0.4}
+    ex = r.client_config["executors"][0]["executor"]["args"]
+    agg = next(c for c in r.server_config["components"] if c["id"] == "aggregator")["args"]
+    assert ex["method_args"] == agg["method_args"] == {"warmup_rounds": 1, "L": 0.4}
+    with pytest.raises(OptionError, match="job 'm'.*'warmup_round'.*did you mean 'warmup_rounds'"):
+        FedMLPRecipe(name="m", dataset="ich_phantom", num_sites=5, warmup_round=1)
+    with pytest.raises(OptionError, match="job 'm'.*'L' must be"):
+        FedMLPRecipe(name="m", dataset="ich_phantom", num_sites=5, L="high")
+    with pytest.raises(OptionError, match="job 'm' 'train'.*'lr' must be"):
+        FedMLPRecipe(name="m", dataset="ich_phantom", num_sites=5, train={"lr": "fast"})
+    with pytest.raises(ValueError, match="num_rounds"):
+        PartialLabelRecipe(name="m", method="fedavg", dataset="ich_phantom", num_sites=5, num_rounds=0)
+    with pytest.raises(ValueError, match="unknown method 'fedavgg'"):
+        PartialLabelRecipe(name="m", method="fedavgg", dataset="ich_phantom", num_sites=5)
+    assert FedLSMRecipe(name="l", dataset="ham10000", num_sites=5).method == "fedlsm"
+    assert FedIRMRecipe(name="i", dataset="ham10000", num_sites=10).method == "fedirm"
+    assert SurgicalRecipe(name="s", dataset="ich_phantom", num_sites=5).method == "surgical"
+
+
+def test_experiment_tracking_composes(tmp_path):
+    """TensorBoard by default; ``tracking=None`` + NVFlare's ``add_experiment_tracking`` picks another tracker."""
+    from nvflare.recipe.utils import add_experiment_tracking
+
+    from fedpartial.recipes import PartialLabelRecipe
+
+    kw = dict(name="t", method="fedavg", dataset="ich_phantom", num_sites=3, num_rounds=1)
+    folder = PartialLabelRecipe(**kw).export(str(tmp_path / "tb"))
+    receivers = [c for c in load(folder, "app/config/config_fed_server.json")["components"] if c["id"] == "receiver"]
+    assert [c["path"].rsplit(".", 1)[-1] for c in receivers] == ["TBAnalyticsReceiver"]
+    bare = PartialLabelRecipe(**kw, tracking=None)
+    folder = bare.export(str(tmp_path / "none"))
+    assert not [c for c in load(folder, "app/config/config_fed_server.json")["components"] if c["id"] == "receiver"]
+    try:
+        importlib.import_module("mlflow")
+    except ImportError:
+        pytest.skip("mlflow is not installed (pip install mlflow-skinny)")
+    add_experiment_tracking(bare, "mlflow", {"tracking_uri": f"file://{tmp_path}/mlruns"})
+    folder = bare.export(str(tmp_path / "mlflow"))
+    comps = {c["id"]: c for c in load(folder, "app/config/config_fed_server.json")["components"]}
+    assert comps["receiver"]["path"].endswith("MLflowReceiver")
+    assert comps["receiver"]["args"]["tracking_uri"] == f"file://{tmp_path}/mlruns"
+
+
+# ------------------------------------------------------------------------------------------ simulator runs
+
+TINY_ICH = {"image_size": 32, "prepare": {"source_args": {"n_images": 240, "size": 64, "seed": 0}}}
+FAST = {"evaluation": {"test_every": 1}, "train": {"optimizer": "adam", "lr": 0.001, "batch_size": 16,
+                                                    "local_epochs": 1}}
+
+
+def _round_metrics(res: dict) -> list:
+    return [(r["round"], sorted(r["sites"]), r["val"]["macro"], r["test"]["macro"] if r["test"] else None)
+            for r in res["rounds"]] + [res["final"]["FL_global_model.pt"]["test"]["macro"]]
+
+
+@pytest.mark.integration
+def test_recipe_and_exported_folder_give_the_same_results(tmp_path, data_cache):
+    """jobs/fedavg_ich through its recipe (``python job.py``'s SimEnv, from the checkout, no data variable) and
+    the folder it exports through ``nvflare simulator``: the same results for the same seed."""
+    overrides = {"num_rounds": 1, "num_sites": 3, "dataset": {"preset": "ich_phantom", **TINY_ICH,
+                                                              "prepare": {**TINY_ICH["prepare"], "num_sites": 3,
+                                                                          "k": 2}}, **FAST}
+    env = {"FEDPARTIAL_CACHE": str(data_cache)}
+    proc = run_recipe("fedavg_ich", tmp_path / "ws_recipe", overrides, env=env)
+    ws = tmp_path / "ws_recipe" / "fedavg_ich"
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(ws)[-3000:]
+    assert "is deprecated" not in proc.stdout + proc.stderr
+    folder = export_job(REPO / "jobs" / "fedavg_ich", tmp_path / "exported", **overrides)
+    sim = tmp_path / "ws_sim"
+    proc = run_simulator(folder, sim, n=3, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(sim)[-3000:]
+    a, b = results_of(ws), results_of(sim)
+    assert a["method"] == b["method"] == "fedavg" and len(a["rounds"]) == 1
+    assert _round_metrics(a) == _round_metrics(b)
+    assert {s: i["n_train"] for s, i in a["data"]["sites"].items()} == \
+        {s: i["n_train"] for s, i in b["data"]["sites"].items()}
+
+
+REAL_JOBS = {"fedavg_ham10000": "ham10000", "fedavg_cxr14": "nih_cxr14_1000"}
+
+
+@pytest.mark.integration
+@pytest.mark.realdata
+@pytest.mark.parametrize("job", sorted(REAL_JOBS))
+def test_real_data_job_finds_its_data_from_the_checkout(job, tmp_path, data_cache):
+    """A HAM10000 / CXR14 job's recipe, run from the checkout as its README says (no ``FEDPARTIAL_DATA_DIR``): its
+    relative root ``../shared/data/...`` resolves against the checkout, not the simulated site's workspace; one
+    round on a small share of the images."""
+    real_data(REAL_JOBS[job])
+    recipe = job_recipe(REPO / "jobs" / job)
+    prepare = {"site_sizes": 40} if "ham" in job else {"site_sizes": 30}
+    dataset = {**recipe.dataset, "image_size": 32, "prepare": {**recipe.dataset.get("prepare", {}), **prepare}}
+    proc = run_recipe(job, tmp_path / "ws", {"num_rounds": 1, "dataset": dataset, **FAST},
+                      env={"FEDPARTIAL_CACHE": str(data_cache)})
+    ws = tmp_path / "ws" / job
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(ws)[-3000:]
+    res = results_of(ws)
+    assert len(res["rounds"]) == 1 and all(i["n_train"] > 0 for i in res["data"]["sites"].values())
+
+
+def test_a_missing_data_root_names_what_to_set(tmp_path, monkeypatch):
+    from fedpartial.data.presets import resolve_dataset
+    from fedpartial.data.site_config import DATA_DIR_ENV, SiteDataError, data_anchor, resolve_site_data
+
+    monkeypatch.delenv(DATA_DIR_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)  # the working folder plays no part
+    assert data_anchor() == (REPO, "the checkout")
+    ds = resolve_dataset({"preset": "ham10000", "prepare": {"root": "no/such/folder"}})
+    with pytest.raises(SiteDataError, match=rf"site 'site-2'.*'no/such/folder' -> {REPO}/no/such/folder does not "
+                                            rf"exist \(relative to {REPO} \(the checkout\)\); set \${DATA_DIR_ENV}"):
+        resolve_site_data("site-2", ds, tmp_path / "local")
+    monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path))
+    with pytest.raises(SiteDataError, match=rf"-> {tmp_path}/no/such/folder .*\${DATA_DIR_ENV}\)"):
+        resolve_site_data("site-2", ds, tmp_path / "local")
+    ds = resolve_dataset({"preset": "ich_phantom", "prepared": "nowhere"})
+    with pytest.raises(SiteDataError, match="prepared 'nowhere'"):
+        resolve_site_data("site-1", ds, tmp_path / "local")
+
+
+def test_identical_training_manifests_are_found():
+    from fedpartial.fl.data_check import same_training_rows
+
+    sites = {"site-1": {"train_set": "a", "n_train": 5}, "site-2": {"train_set": "b", "n_train": 4},
+             "site-3": {"train_set": "a", "n_train": 5}, "site-4": {"train_set": "c", "n_train": 0},
+             "site-5": {"train_set": "c", "n_train": 0}}
+    assert same_training_rows(sites) == [["site-1", "site-3"]]
+    assert same_training_rows({k: v for k, v in sites.items() if k != "site-3"}) == []
+
+
+@pytest.mark.integration
+def test_prepared_folder_gives_each_site_its_own_data(tmp_path, data_cache):
+    """``job.py --data PREPARED_DIR``: each simulated site trains on its own ``site-<i>.csv`` (per-site sizes in
+    the results are the manifests' sizes, which differ), and the data check warns when two sites' manifests are
+    the same rows."""
+    import pandas as pd
+
+    from fedpartial.data.prepare import prepare
+
+    out = tmp_path / "prepared"
+    prepare("ich_phantom", None, out, 3, "missing_k", k=1, seed=0, site_sizes=[30, 45, 55],
+            source_args={"n_images": 240, "size": 64, "seed": 0})
+    rows = {f"site-{i}": len(pd.read_csv(out / f"site-{i}.csv")) for i in (1, 2, 3)}
+    assert len(set(rows.values())) == 3
+    # this run also tracks to a local MLflow store where MLflow is installed (requirements.txt)
+    mlruns = tmp_path / "mlruns"
+    tracking = {"tracking": "mlflow", "tracking_config": {"tracking_uri": mlruns.as_uri()}} \
+        if importlib.util.find_spec("mlflow") else {}
+    proc = run_recipe("fedavg_ich", tmp_path / "ws", {"num_rounds": 1, "prepared": str(out),
+                                                       "dataset": {"preset": "ich_phantom", "image_size": 32},
+                                                       **FAST, **tracking}, sites=3,
+                      env={"FEDPARTIAL_CACHE": str(data_cache), "MLFLOW_ALLOW_FILE_STORE": "true"})
+    ws = tmp_path / "ws" / "fedavg_ich"
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(ws)[-3000:]
+    res = results_of(ws)
+    assert {s: i["n_train"] for s, i in res["data"]["sites"].items()} == rows
+    if tracking:  # the sites' metrics reached the server's MLflow store: one run per site, metrics written (a file
+        # store cannot hold both "val/auc" and "val/auc/<class>", so some of a site's values may be refused)
+        runs = {m.read_text().split("run_name: ")[1].split("-")[:2][1]: m.parent for m in mlruns.glob("*/*/meta.yaml")
+                if "run_name: site-" in m.read_text()}
+        assert sorted(runs) == ["1", "2", "3"], sorted(str(p.relative_to(mlruns)) for p in mlruns.rglob("*"))[:20]
+        assert any(p.is_file() for run in runs.values() for p in (run / "metrics").rglob("*"))
+    assert "train on identical manifests" not in server_log(ws)
+    # the same folder with site-2's manifest replaced by site-1's: the data check says so
+    shutil.copy(out / "site-1.csv", out / "site-2.csv")
+    proc = run_recipe("fedavg_ich", tmp_path / "ws2", {"num_rounds": 1, "prepared": str(out),
+                                                        "dataset": {"preset": "ich_phantom", "image_size": 32},
+                                                        **FAST}, sites=3, env={"FEDPARTIAL_CACHE": str(data_cache)})
+    log = server_log(tmp_path / "ws2" / "fedavg_ich")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + log[-3000:]
+    assert "sites ['site-1', 'site-2'] train on identical manifests" in log, proc.stdout[-2000:] + log[-3000:]

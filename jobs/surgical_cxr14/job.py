@@ -24,6 +24,7 @@ JOB = dict(
         },
     },
     num_sites=4,
+    key_metric="site_bce",  # the paper selects the model with the lowest mean local validation BCE
     num_rounds=20,
     model={"arch": "small_cnn", "in_channels": 1, "head_hidden": 256, "head_dropout": 0.3},
     warmup_epochs=15,

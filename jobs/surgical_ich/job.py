@@ -10,6 +10,7 @@ JOB = dict(
     name="surgical_ich",
     dataset={"preset": "ich_phantom", "prepare": {"protocol": "missing_k", "k": 3}},
     num_sites=5,
+    key_metric="site_bce",  # the paper selects the model with the lowest mean local validation BCE
     num_rounds=20,
     model={"arch": "small_cnn", "in_channels": 3, "head_hidden": 256, "head_dropout": 0.3},
     warmup_epochs=15,

@@ -59,4 +59,4 @@ __all__ = [*_maths_all, "FedMLPRule", "FedMLPRuleOptions", "FedMLPOptions", "Fed
 
 
 def register_all(register) -> None:
-    register("fedmlp", FedMLPTrainer, FedMLPRule, doc="FedMLP (Sun et al., MICCAI 2024)")
+    register("fedmlp", FedMLPTrainer, FedMLPRule, doc="FedMLP (Sun et al., MICCAI 2024)", job="fedmlp_ich")

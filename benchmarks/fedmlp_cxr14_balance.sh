@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 16, item 2: FedMLP's two loss balances on ../shared/data/nih_cxr14_1000 (8 sites, "missing 7 classes"),
+# FedMLP's two loss balances on ../shared/data/nih_cxr14_1000 (8 sites, "missing 7 classes"),
 # against FedAvg-PL and the all-labels bound (FedAvg-PL on the `full` protocol), same rounds and seeds.
 #   fedmlp_eq4       the paper's Eq. 4 (WPC sum / C) + CR mean over missing entries (loss_balance: eq4)
 #   fedmlp_per_term  each term averaged over its own entries, as the released code (loss_balance: per_term)

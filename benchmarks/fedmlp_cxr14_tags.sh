@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 16: FedMLP on real chest X-rays (../shared/data/nih_cxr14_1000, 8 sites "missing 7 classes", 30 rounds, 3 seeds)
+# FedMLP on real chest X-rays (../shared/data/nih_cxr14_1000, 8 sites "missing 7 classes", 30 rounds, 3 seeds)
 # against FedAvg, FedAvg-PL and the all-labels bound, with FedMLP's pseudo-label counts under three readings of Eq. 8-9:
 #   fedmlp_floor  tau * #candidates rounded down every round (the released code; no tag on 88-image sites), with the
 #                 released code's loss balance (per_term, the default when this row was measured)

@@ -1,4 +1,4 @@
-"""FedIRM (issue 14): every equation against values computed by hand on tiny tensors, the server's average over
+"""FedIRM: every equation against values computed by hand on tiny tensors, the server's average over
 labelled sites only, the MC-dropout filter, the persistent mean teacher, the baselines, the federation check,
 the job configurations, and two short simulator runs."""
 

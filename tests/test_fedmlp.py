@@ -469,7 +469,7 @@ def test_training_loader_drops_a_trailing_single_image_batch():
     assert [len(b["index"]) for b in SupervisedTrainer(ctx).loader({"image": "weak"})] == [8, 8, 8, 8, 2]
 
 
-# ------------------------------------------------------------------------------------------------ behaviour (issue 16)
+# ------------------------------------------------------------------------------------------------ behaviour
 
 def _tags_from(state: dict, ctx, p0, p1, degree, T0, T1, tags=None, adaptive=True) -> torch.Tensor:
     """The tags Eq. 7-9 give with the features of the model whose weights are ``state`` (eval view = the cached

@@ -1,4 +1,4 @@
-"""FedPU (issue 18, item 7): the PU risk by hand on a tiny batch (paper form, the non-negative correction, the
+"""FedPU: the PU risk by hand on a tiny batch (paper form, the non-negative correction, the
 released code's MPULoss_V2), the class priors (site counts, data summary, none), the trainer's loss and
 counters, the single-label-only guard, and the job."""
 

@@ -221,7 +221,7 @@ def test_paper_job_runs_with_its_settings(job, tmp_path, data_cache):
     assert all("fedmlp_received_prototypes" in k for k in res["rounds"][1]["site_meta"].values())
 
 
-# The papers' comparison methods (issue 18): each job 2 rounds through the real simulator with 2 sites and a
+# The papers' comparison methods: each job 2 rounds through the real simulator with 2 sites and a
 # 1-round first stage, so round 2 runs the method's second stage (pseudo labels, detection, distillation) on what
 # the server rule sent after round 1: both rounds must take both sites' updates without a rule error. Kept small
 # for the CI budget: 2 site processes.

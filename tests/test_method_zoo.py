@@ -259,3 +259,16 @@ def test_old_names_are_refused_with_a_pointer():
     assert build(Renamed, {"new_name": 2.0}, "test").new_name == 2.0
     with pytest.raises(TypeError, match="'supervised' is now called 'label_loss"):
         type("OldHook", (SupervisedTrainer,), {"supervised": lambda self, logits, batch: logits.sum()})
+
+
+def test_readme_methods_table_lists_exactly_the_registered_methods():
+    """The README's methods table is checked against the registry: a new method must add its row, a removed one
+    must go."""
+    import re
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("\n## Methods\n", 1)[1].split("\n## ", 1)[0]
+    listed = {name for row in section.splitlines() if row.startswith("| `")
+              for name in re.findall(r"`([a-z0-9_]+)`", row.split("|")[1])}
+    assert listed == set(available_methods()), (sorted(set(available_methods()) - listed),
+                                                 sorted(listed - set(available_methods())))

@@ -20,7 +20,7 @@ classified as i (the multi-class form of uPU, du Plessis et al. 2015). An empty 
 ``non_negative: true`` clamps each class's term at 0 (the nnPU estimator of Kiryo et al. 2017; not in the
 released code): the estimate can go negative when the prior overstates the positives hidden in U.
 
-Readings (the paper's method section could not be read in this session, only its abstract; the risk above is
+Readings (the paper's method section was not available, only its abstract; the risk above is
 the decomposition the abstract describes written with the released code's per-class terms):
 
 - the labelled term is the mean cross-entropy over the labelled rows (softmax over all C classes), as the

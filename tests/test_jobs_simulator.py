@@ -179,7 +179,7 @@ def test_fedmlp_prototypes_travel_pseudo_labels_persist_and_the_job_resumes(tmp_
     tagged = 0
     for i in range(1, 6):
         state = torch.load(ws / f"site-{i}/simulate_job/fedpartial_state/trainer_state.pt", weights_only=False)
-        tags = torch.as_tensor(state["fedmlp_tags"])
+        tags = torch.as_tensor(state["fedmlp_pseudo_labels"])
         assert tags.shape[1] == 5
         tagged += int((tags >= 0).sum())
     assert tagged > 0, "no pseudo label was created in stage 2"

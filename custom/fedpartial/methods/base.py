@@ -341,9 +341,10 @@ def saved_form(value: Any) -> Any:
 
 
 def _state_in_saved_form(cls: type) -> None:
-    """Wrap ``cls``'s own ``state_dict`` / ``load_state_dict`` so that both give and take :func:`saved_form`."""
+    """Wrap ``cls``'s ``state_dict`` / ``load_state_dict`` (its own or a mixin's) so that both give and take
+    :func:`saved_form`."""
     for name in ("state_dict", "load_state_dict"):
-        fn = cls.__dict__.get(name)
+        fn = getattr(cls, name, None)
         if fn is None or getattr(fn, "_saved_form", False):
             continue
         if name == "state_dict":

@@ -761,3 +761,41 @@ def test_renamed_fedmlp_options_are_refused_with_a_pointer():
         with pytest.raises(OptionError, match=f"'{old}' was renamed '{new}'"):
             method.split_options({old: 1.0 if old == "tau" else "floor"}, "job fedmlp_ich")
     assert method.split_options({"la_tau": 0.5})[0] == {"la_tau": 0.5}
+
+
+def test_rule_prototypes_survive_a_checkpoint_through_the_sent_meta(tmp_path):
+    """The rule's prototypes are stored once (the meta sent with the model): a fresh rule given that meta keeps a
+    class's prototype in a round where no contributing site annotates it, as the rule that never stopped does."""
+    from fedpartial.fl.aggregator import to_builtin
+    from fedpartial.fl.checkpoint import from_safe, read_file, write_private
+    from fedpartial.methods import Contribution
+
+    C, D = 3, 2
+
+    def site(name: str, annotated: list[bool], value: float) -> Contribution:
+        a = np.asarray(annotated)
+        return Contribution(site=name, weights={"w": np.zeros(1, np.float32)}, n=10, meta={
+            "annotated": a.tolist(), M.META_P0: np.full((C, D), value, np.float32) * a[:, None],
+            M.META_P1: np.full((C, D), value + 1, np.float32) * a[:, None],
+            M.META_COUNTS: np.repeat(a[:, None].astype(np.int64) * 5, 2, 1), M.META_DEGREE: np.full(C, 0.5)})
+
+    prev, groups = {"w": np.zeros(1, np.float32)}, {"classifier": []}
+    round0 = [site("a", [True, True, False], 1.0), site("b", [False, True, True], 3.0)]
+    round1 = [site("a", [True, False, False], 5.0), site("b", [False, False, False], 0.0)]
+    straight = M.FedMLPRule()
+    _, sent = straight.aggregate(prev, round0, groups, 0)
+    _, expected = straight.aggregate(prev, round1, groups, 1)
+    assert straight.state_dict() == {}  # nothing stored beside the meta
+    write_private({"rule": straight.state_dict(), "meta": to_builtin(sent)}, tmp_path / "ckpt.pt")
+    fresh = M.FedMLPRule()
+    fresh.load_state_dict(read_file(tmp_path / "ckpt.pt")["rule"])
+    fresh.load_sent_meta(from_safe(read_file(tmp_path / "ckpt.pt")["meta"]))
+    _, got = fresh.aggregate(prev, round1, groups, 1)
+    # class 0 from round 1 (5 / 6), classes 1 and 2 kept from round 0 (mean 2 / 3 and 3 / 4)
+    assert np.asarray(got[M.META_GLOBAL_P0])[:, 0].tolist() == [5.0, 2.0, 3.0]
+    assert np.asarray(got[M.META_GLOBAL_P1])[:, 0].tolist() == [6.0, 3.0, 4.0]
+    for key in (M.META_GLOBAL_P0, M.META_GLOBAL_P1, M.META_GLOBAL_VALID, M.META_GLOBAL_DEGREE):
+        assert np.array_equal(np.asarray(got[key]), np.asarray(expected[key])), key
+    lost = M.FedMLPRule()  # without the sent meta the kept classes are gone
+    _, without = lost.aggregate(prev, round1, groups, 1)
+    assert not np.array_equal(np.asarray(without[M.META_GLOBAL_VALID]), np.asarray(expected[M.META_GLOBAL_VALID]))

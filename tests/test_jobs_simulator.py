@@ -138,7 +138,8 @@ def test_fedmlp_prototypes_travel_pseudo_labels_persist_and_the_job_resumes(tmp_
     proc = run_simulator(job_dir, first, n=5, env={"FEDPARTIAL_CACHE": str(data_cache)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(first)[-3000:]
     saved = torch.load(ckpt / "fedmlp_ich" / "server" / CHECKPOINT_FILE, weights_only=True)
-    assert saved["round"] == 1 and saved["method"] == "fedmlp" and saved["components"]["aggregator"]["rule"]["p0"] is not None
+    assert saved["round"] == 1 and saved["method"] == "fedmlp" and saved["meta"]["fedmlp_global_p0"] is not None
+    assert saved["components"]["aggregator"] == {"rule": {}, "failures": 0}  # the prototypes are stored once: with the model
     assert (ckpt / "fedmlp_ich" / "server" / CHECKPOINT_FILE).stat().st_mode & 0o077 == 0  # private
     for i in range(1, 6):
         kept = sorted(f.name for f in (ckpt / "fedmlp_ich" / f"site-{i}").iterdir())

@@ -10,8 +10,9 @@ The server side's contract (docs/adding-a-method.md) is checked on every rule: `
 sites received as ``previous`` and the groups the first contribution sent, and returns every key of ``previous``
 with its shape and dtype (:func:`check_update`, the aggregator's own check); and its state survives a checkpoint:
 the two rounds run straight through and the same two rounds split by a checkpoint file (``write_private`` /
-``read_file``, the server checkpoint's own functions, ``weights_only`` reload) and a fresh rule give the same
-global model and metadata. A rule that carries state across rounds without returning it from ``state_dict``
+``read_file``, the server checkpoint's own functions, ``weights_only`` reload; the rule's ``state_dict`` and the
+metadata it sent, which the checkpoint stores once with the model) and a fresh rule give the same global model
+and metadata. A rule that carries state across rounds without returning it from ``state_dict``
 fails here.
 
 The simulator tests (test_jobs_simulator.py and the method test files) run the NVFlare glue, which is the same
@@ -40,7 +41,7 @@ from fedpartial.data.presets import resolve_dataset
 from fedpartial.data.sitedata import SiteDatasets
 from fedpartial.aggregation import check_update
 from fedpartial.fl.aggregator import to_builtin
-from fedpartial.fl.checkpoint import read_file, write_private
+from fedpartial.fl.checkpoint import from_safe, read_file, write_private
 from fedpartial.fl.keys import META_ANNOTATED, META_GROUPS, META_N_TRAIN, META_SUMMARY
 from fedpartial.methods import Contribution, SiteContext, available_methods, get_method, load_all
 from fedpartial.models import PartialLabelNet
@@ -202,10 +203,13 @@ def _check_rule_state_survives_a_checkpoint(method, options: dict, rounds: list[
     (inputs0, _), (inputs1, straight1) = rounds
     first = method.make_rule(dict(options), f"zoo {method.name}")
     first.check_federation(inputs0[4])
-    first.aggregate(*copy.deepcopy(inputs0))
-    write_private({"rule": first.state_dict()}, folder / "checkpoint.pt")
+    _, sent = first.aggregate(*copy.deepcopy(inputs0))
+    # as the server checkpoint: the rule's state, and the metadata it sent stored once, with the model
+    write_private({"rule": first.state_dict(), "meta": to_builtin(sent)}, folder / "checkpoint.pt")
+    ckpt = read_file(folder / "checkpoint.pt")
     restored = method.make_rule(dict(options), f"zoo {method.name}")
-    restored.load_state_dict(read_file(folder / "checkpoint.pt")["rule"])
+    restored.load_state_dict(ckpt["rule"])
+    restored.load_sent_meta(from_safe(ckpt["meta"]))
     weights, meta = restored.aggregate(*copy.deepcopy(inputs1))
     _same(straight1[0], copy.deepcopy(weights), f"{method.name}: round-1 weights after a checkpoint")
     _same(straight1[1], to_builtin(meta), f"{method.name}: round-1 meta after a checkpoint (a rule state lost?)")

@@ -443,6 +443,12 @@ class ServerRule:
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict`'s output, received in its :func:`saved_form` (numpy arrays as tensors)."""
 
+    def load_sent_meta(self, meta: dict) -> None:
+        """On resume, after :meth:`load_state_dict`: the metadata this rule returned last (what the sites received
+        with the checkpointed model, numbers and nested lists). It is stored once in the server checkpoint, with the
+        global model, so a rule whose state IS what it sends (FedMLP's global prototypes and degrees) rebuilds its
+        state from here and returns nothing from :meth:`state_dict`."""
+
 
 @dataclass(frozen=True)
 class Method:

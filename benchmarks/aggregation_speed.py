@@ -15,7 +15,7 @@ median of ``--repeats``:
   rounds of a row, as in a job (its difference buffers are allocated in the warm-up round, not timed).
 
 Also reported: the same aggregator with the change bound off (``max_change_ratio: 0``), which isolates the cost
-of that robustness check. Target (issue 13): the aggregator within 2x of the plain mean.
+of that robustness check. Target: the aggregator within 2x of the plain mean.
 """
 
 from __future__ import annotations

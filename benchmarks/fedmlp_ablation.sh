@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 16: FedMLP's component ablation in the layout of the paper's Table 3 (rows add MLD, WPC, CR, ST in turn),
+# FedMLP's component ablation in the layout of the paper's Table 3 (rows add MLD, WPC, CR, ST in turn),
 # on the ICH phantom ("missing 4 classes", 5 sites, the fedmlp_ich job's budget), ROUNDS rounds (default 30), with
 # the baselines of the README's FedMLP table (FedAvg-PL, FedAvg-PL + masked rows, all labels) on the same budget:
 #   FedAvg           fedavg_ich (missing labels as negatives)
@@ -21,7 +21,7 @@ PY="${PY:-python}"
   --variant '+MLD+WPC+CR=fedmlp_ich:{"st": false}' \
   --variant 'FedMLP=fedmlp_ich:{}' \
   --variant 'FedMLP+T450=fedmlp_ich:{"T_rounds": 450}' \
-  --variant 'FedMLP-floor=fedmlp_ich:{"tag_rounding": "floor"}' \
+  --variant 'FedMLP-floor=fedmlp_ich:{"pseudo_label_rounding": "floor"}' \
   --variant 'FedAvg-PL=fedavg_pl_ich:{}' \
   --variant 'FedAvg-PL+masked=fedavg_masked_ich:{}' \
   --variant 'all labels=fedavg_full_ich:{}' \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 16, item 2: FedMLP's two loss balances on ../shared/data/nih_cxr14_1000 (8 sites, "missing 7 classes"),
+# FedMLP's two loss balances on ../shared/data/nih_cxr14_1000 (8 sites, "missing 7 classes"),
 # against FedAvg-PL and the all-labels bound (FedAvg-PL on the `full` protocol), same rounds and seeds.
 #   fedmlp_eq4       the paper's Eq. 4 (WPC sum / C) + CR mean over missing entries (loss_balance: eq4)
 #   fedmlp_per_term  each term averaged over its own entries, as the released code (loss_balance: per_term)
@@ -16,7 +16,7 @@ for only in fedmlp_eq4 fedmlp_per_term fedavg_pl_cxr14 fedmlp_before; do
   "$PY" benchmarks/run_jobs.py --jobs fedavg_pl_cxr14 \
     --variant 'fedmlp_eq4=fedmlp_cxr14:{"loss_balance": "eq4"}' \
     --variant 'fedmlp_per_term=fedmlp_cxr14:{"loss_balance": "per_term"}' \
-    --variant 'fedmlp_before=fedmlp_cxr14:{"loss_balance": "eq4", "missing_rates": "tags", "cr_warmup": true}' \
+    --variant 'fedmlp_before=fedmlp_cxr14:{"loss_balance": "eq4", "missing_rates": "pseudo_labels", "cr_warmup": true}' \
     --only "$only" --seeds $SEEDS --rounds "$ROUNDS" --sites 8 --compact --resume --out "$OUT"
 done
 # the all-labels bound: the dataset override applies to every job of a call, so it has its own file

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Issue 16: FedMLP on real chest X-rays (../shared/data/nih_cxr14_1000, 8 sites "missing 7 classes", 30 rounds, 3 seeds)
+# FedMLP on real chest X-rays (../shared/data/nih_cxr14_1000, 8 sites "missing 7 classes", 30 rounds, 3 seeds)
 # against FedAvg, FedAvg-PL and the all-labels bound, with FedMLP's pseudo-label counts under three readings of Eq. 8-9:
 #   fedmlp_floor  tau * #candidates rounded down every round (the released code; no tag on 88-image sites), with the
 #                 released code's loss balance (per_term, the default when this row was measured)
-#   fedmlp_carry  the fractional part carried to the next round (tag_rounding: carry, the default until 2026-11-24)
+#   fedmlp_carry  the fractional part carried to the next round (pseudo_label_rounding: carry, the default until 2026-11-24)
 #   fedmlp_T450   carry + T0 / T1 rescaled from the paper's 450 stage-2 rounds to the job's 25 (T_rounds: 450)
 #   fedmlp_defaults  the job as shipped on 2026-11-24 (floor + the paper's Eq. 4 balance, stage 1 L_WPC alone as the
 #                    paper: cr_warmup false)
@@ -15,10 +15,10 @@ set -euo pipefail
 SEEDS="${SEEDS:-0 1 2}"
 PY="${PY:-python}"
 "$PY" benchmarks/run_jobs.py \
-  --variant 'fedmlp_carry=fedmlp_cxr14:{"tag_rounding": "carry", "loss_balance": "per_term"}' \
-  --variant 'fedmlp_T450=fedmlp_cxr14:{"tag_rounding": "carry", "T_rounds": 450, "loss_balance": "per_term"}' \
+  --variant 'fedmlp_carry=fedmlp_cxr14:{"pseudo_label_rounding": "carry", "loss_balance": "per_term"}' \
+  --variant 'fedmlp_T450=fedmlp_cxr14:{"pseudo_label_rounding": "carry", "T_rounds": 450, "loss_balance": "per_term"}' \
   --variant 'fedavg_pl_cxr14=fedavg_pl_cxr14:{}' \
-  --variant 'fedmlp_floor=fedmlp_cxr14:{"tag_rounding": "floor", "loss_balance": "per_term"}' \
+  --variant 'fedmlp_floor=fedmlp_cxr14:{"pseudo_label_rounding": "floor", "loss_balance": "per_term"}' \
   --variant 'fedmlp_defaults=fedmlp_cxr14:{"cr_warmup": false}' \
   --variant 'fedmlp_crwarm=fedmlp_cxr14:{"cr_warmup": true}' \
   --variant 'fedavg_all_labels=fedavg_pl_cxr14:{"dataset": {"prepare": {"protocol": "full", "k": null}}}' \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 13's job-level speed check: the same simulated fedavg_ich job (5 sites, 20 rounds, seed 0) with the code of
+# The job-level speed check: the same simulated fedavg_ich job (5 sites, 20 rounds, seed 0) with the code of
 # commit BEFORE (default e80eb23, the last commit before the speed work) and with this checkout, one after the
 # other on the same machine. Run from the project root with the venv active; the old code runs from a temporary
 # git worktree (its own custom/ first on PYTHONPATH), so nothing here is touched.

@@ -13,7 +13,7 @@
 #
 # Run from the project root with the venv active. Budget: ROUNDS rounds (default 20 / 15) of STEPS local steps (5;
 # STEPS=epoch: one local epoch, the jobs' own budget) of batch 32 at SIZE px (32); extra arguments go to
-# run_jobs.py (--resume continues across sittings, --seeds 0 to try one seed). FedIRM (FedMLP's table) needs fully labelled and unlabelled sites, not this protocol: left out.
+# run_jobs.py (--resume continues an interrupted table, --seeds 0 to try one seed). FedIRM (FedMLP's table) needs fully labelled and unlabelled sites, not this protocol: left out.
 # FPSL (FedLSM's table) trains on a single-label task exactly as FedAvg* (restricted CE + masked rows): its row is
 # FedAvg*'s (jobs/fpsl_ham10000/README.md).
 set -euo pipefail

@@ -543,7 +543,7 @@ def write_plots(out: Path, runs: dict[str, list[dict]], metric: str = "auc") -> 
 
 
 def previous_runs(a: argparse.Namespace) -> dict[str, list[dict]]:
-    """The runs of an earlier sitting of the same benchmark (``--resume``); each run carries its seed (older
+    """The runs of an earlier invocation of the same benchmark (``--resume``); each run carries its seed (older
     files: the seeds in the order they ran)."""
     if not a.out or not a.out.is_file():
         return {}
@@ -580,7 +580,7 @@ def main(argv=None) -> int:
                     help="run only these configurations (job or variant names) of the benchmark's list")
     ap.add_argument("--resume", action="store_true",
                     help="keep the runs already in --out (same rounds, sites and overrides) and run only the missing "
-                         "(configuration, seed) pairs: a long benchmark can be run in several sittings")
+                         "(configuration, seed) pairs: a long benchmark can be run in several parts")
     ap.add_argument("--compact", action="store_true",
                     help="store per run only the final / best results and the per-round validation macro metrics")
     ap.add_argument("--variant", action="append", default=[], type=parse_variant, metavar="NAME=JOB:JSON",

@@ -91,7 +91,7 @@ def test_resume_runs_only_the_missing_pairs(tmp_path, monkeypatch):
     assert calls == [("a", 0), ("b", 0)]
     calls.clear()
     assert mod.main(args + ["--seeds", "0", "1", "--resume"]) == 0
-    assert calls == [("a", 1), ("b", 1)]  # seed 0 kept from the first sitting
+    assert calls == [("a", 1), ("b", 1)]  # seed 0 kept from the first run
     runs = json.loads(out.read_text())["runs"]
     assert [r["seed"] for r in runs["a"]] == [0, 1]
     # a gap whose bounds have not run yet waits instead of stopping the benchmark

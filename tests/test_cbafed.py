@@ -1,6 +1,6 @@
-"""CBAFed (issue 18, item 7): the class-balanced adaptive thresholds, the class share, the fixed pseudo labels
+"""CBAFed: the class-balanced adaptive thresholds, the class share, the fixed pseudo labels
 (single- and multi-label) and the residual weight connection by hand; the trainer's counts from the received
-model, the warm-up, an unlabelled site sitting out, the local residual connection; the rule's trained-sample
+model, the warm-up, an unlabelled site left out of the round, the local residual connection; the rule's trained-sample
 weights, global residual connection and its state; the job."""
 
 from __future__ import annotations

@@ -398,7 +398,7 @@ def test_fresh_sample_order_every_round_not_a_replay():
     assert orders[0] != orders[1]
 
 
-# ------------------------------------------------------------------------------------------ behaviour (issue 16)
+# ------------------------------------------------------------------------------------------ behaviour
 
 def test_uncertain_samples_get_pseudo_labels_with_the_lower_thresholds():
     """UDE (Eq. 6): confident samples are labelled with tau_p / tau_n (0.85 / 0.005), uncertain ones with the

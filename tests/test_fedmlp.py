@@ -170,7 +170,7 @@ def test_select_pseudo_labels_residual_pool_and_accumulation():
     neg, pos = M.select_pseudo_labels(z[:, None], tags >= 0, 0.4, 0.5)
     assert torch.nonzero(neg[:, 0]).flatten().tolist() == [1, 2]
     assert torch.nonzero(pos[:, 0]).flatten().tolist() == [7, 8]
-    tags = M.accumulate_tags(tags, neg, pos)
+    tags = M.accumulate_pseudo_labels(tags, neg, pos)
     assert tags[:, 0].tolist() == [0, 0, 0, -1, -1, -1, -1, 1, 1, -1]
     # round 2 (same scores): residual negatives {3, 4, 9} -> floor(0.4*3) = 1 -> 3
     #                        residual positives {5, 6}    -> floor(0.5*2) = 1 -> 6 (Z = -0.2 < -0.1)
@@ -178,7 +178,7 @@ def test_select_pseudo_labels_residual_pool_and_accumulation():
     neg, pos = M.select_pseudo_labels(z[:, None], tags >= 0, 0.4, 0.5)
     assert torch.nonzero(neg[:, 0]).flatten().tolist() == [3]
     assert torch.nonzero(pos[:, 0]).flatten().tolist() == [6]
-    tags = M.accumulate_tags(tags, neg, pos)
+    tags = M.accumulate_pseudo_labels(tags, neg, pos)
     assert tags[:, 0].tolist() == [0, 0, 0, 0, -1, -1, 1, 1, 1, -1]
     # 1-D scores and per-class shares; a zero share selects nothing; accumulate never overwrites
     # 1-D scores: 6 candidates with Z >= 0 = {0,1,2,3,4,9} -> floor(0.2*6) = floor(1.2) = 1 -> index 0;
@@ -198,7 +198,7 @@ def test_select_pseudo_labels_floor_and_per_class_shares():
     assert pos.tolist() == [[False, True], [False, True], [False, False], [False, False], [False, False], [False, True]]
     tags = torch.full((6, 2), -1, dtype=torch.int8)
     tags[0, 1] = 0
-    out = M.accumulate_tags(tags, neg, pos)
+    out = M.accumulate_pseudo_labels(tags, neg, pos)
     assert out[0, 1].item() == 0  # the earlier tag stays even though pos selects it
 
 
@@ -418,7 +418,7 @@ def test_end_to_end_three_rounds(tmp_path):
             ctxs[0] = _site("site-1", [True, True, False], seed=1, tmp=tmp_path)
             trainers[0] = M.FedMLPTrainer(ctxs[0], **opts)
             trainers[0].load_state_dict(torch.load(path, map_location="cpu", weights_only=False))
-            assert torch.equal(trainers[0].tags, tags_after[1])
+            assert torch.equal(trainers[0].pseudo_labels, tags_after[1])
         cons = []
         for ctx, tr in zip(ctxs, trainers):
             ctx.model.load_state_dict(global_w)
@@ -431,7 +431,7 @@ def test_end_to_end_three_rounds(tmp_path):
                 assert out.meta[M.META_COUNTS].shape == (3, 2) and out.meta[M.META_DEGREE].shape == (3,)
                 missing = ~ctx.annotated
                 assert (out.meta[M.META_COUNTS][missing] == 0).all()  # no prototype of a missing class
-                assert out.meta["fedmlp_stage"] == 1 and int((tr.tags >= 0).sum()) == 0
+                assert out.meta["fedmlp_stage"] == 1 and int((tr.pseudo_labels >= 0).sum()) == 0
             else:
                 assert out.meta["fedmlp_stage"] == 2
         weights, meta = rule.aggregate(None, cons, {}, rnd)
@@ -441,9 +441,9 @@ def test_end_to_end_three_rounds(tmp_path):
             # class 0 only from site-1, class 2 only from site-2
             assert np.allclose(meta[M.META_GLOBAL_P0][0], cons[0].meta[M.META_P0][0])
             assert np.allclose(meta[M.META_GLOBAL_P1][2], cons[1].meta[M.META_P1][2])
-        tags_after[rnd] = trainers[0].tags.clone()
+        tags_after[rnd] = trainers[0].pseudo_labels.clone()
     for tr, ctx in zip(trainers, ctxs):
-        tags = tr.tags
+        tags = tr.pseudo_labels
         # pseudo labels only on the missing class, some were made in stage 2
         assert int((tags[:, torch.as_tensor(ctx.annotated)] >= 0).sum()) == 0
         assert int((tags >= 0).sum()) > 0
@@ -469,7 +469,7 @@ def test_training_loader_drops_a_trailing_single_image_batch():
     assert [len(b["index"]) for b in SupervisedTrainer(ctx).loader({"image": "weak"})] == [8, 8, 8, 8, 2]
 
 
-# ------------------------------------------------------------------------------------------------ behaviour (issue 16)
+# ------------------------------------------------------------------------------------------------ behaviour
 
 def _tags_from(state: dict, ctx, p0, p1, degree, T0, T1, tags=None, adaptive=True) -> torch.Tensor:
     """The tags Eq. 7-9 give with the features of the model whose weights are ``state`` (eval view = the cached
@@ -484,7 +484,7 @@ def _tags_from(state: dict, ctx, p0, p1, degree, T0, T1, tags=None, adaptive=Tru
     missing = ~torch.as_tensor(ctx.annotated)
     tau0, tau1 = M.selection_ratios(torch.as_tensor(degree, dtype=torch.float64), T0, T1, adaptive=adaptive)
     neg, pos = M.select_pseudo_labels(M.prototype_scores(feats, p0, p1), tags >= 0, tau0 * missing, tau1 * missing)
-    return M.accumulate_tags(tags, neg & missing, pos & missing)
+    return M.accumulate_pseudo_labels(tags, neg & missing, pos & missing)
 
 
 def _global_meta(p0, p1, degree):
@@ -506,7 +506,7 @@ def test_stage2_tags_use_the_received_global_models_features():
     out = tr.train_round(0, 1, _global_meta(p0, p1, [1.0, 1.0, 1.0]))
     expected = _tags_from(received, ctx, p0, p1, [1.0] * 3, 0.5, 0.5)
     assert int((expected >= 0).sum()) > 10 and out.meta["fedmlp_new_pseudo"] == int((expected >= 0).sum())
-    assert torch.equal(tr.tags, expected)
+    assert torch.equal(tr.pseudo_labels, expected)
     trained = _tags_from(ctx.model.state_dict(), ctx, p0, p1, [1.0] * 3, 0.5, 0.5)
     assert not torch.equal(trained, expected)  # the locally trained model would tag other samples
 
@@ -521,9 +521,9 @@ def test_consistency_target_is_the_frozen_received_model_on_untagged_missing_ent
     ctx = _site("s", [True, False, False], n=16, seed=4)
     ctx.train = {"lr": 0.05, "batch_size": 8, "local_epochs": 1}
     tr = M.FedMLPTrainer(ctx, warmup_rounds=0, mld=False)  # stage 2 (CR on in the paper), no new tags
-    tr._ensure_tags(16)
-    tr.tags[:6, 1] = 1  # pseudo labels of earlier rounds
-    tr.tags[3:10, 2] = 0
+    tr._ensure_pseudo_labels(16)
+    tr.pseudo_labels[:6, 1] = 1  # pseudo labels of earlier rounds
+    tr.pseudo_labels[3:10, 2] = 0
     received = frozen_copy(ctx.model)
     calls, batches = [], []
     real = mlp_trainer.consistency_loss
@@ -544,7 +544,7 @@ def test_consistency_target_is_the_frozen_received_model_on_untagged_missing_ent
         b, key = batches[i // 2], ("image", "image_2")[i % 2]
         with torch.no_grad():
             assert torch.allclose(target, torch.sigmoid(received(b[key])), atol=1e-5)
-        tagged = tr.tags[b["index"].long()] >= 0
+        tagged = tr.pseudo_labels[b["index"].long()] >= 0
         assert torch.equal(mask, ~(b["mask"].bool() | tagged))
         assert not mask[:, 0].any()  # the annotated class never
         seen_tagged += int(tagged.sum())
@@ -574,7 +574,7 @@ def test_learning_degree_scales_the_selection_end_to_end():
                 fixed = _tags_from(global_w, ctx, p0, p1, d, 0.9, 0.9, adaptive=False)
             out = tr.train_round(rnd, 2, meta)
             if rnd == 1:
-                assert torch.equal(tr.tags, expected)
+                assert torch.equal(tr.pseudo_labels, expected)
                 assert out.meta["fedmlp_tau0"] == pytest.approx([0.9 * v * m for v, m in zip(d, ~ctx.annotated)])
                 totals[0] += int((fixed >= 0).sum())
                 totals[1] += int((expected >= 0).sum())
@@ -611,7 +611,7 @@ def test_missing_class_rates_follow_prevalence_not_the_tag_ratio():
     pi1, _ = tr.rates(labels, mask)
     assert torch.allclose(pi1, torch.tensor([0.3, 0.2]), atol=1e-6)
     # the earlier reading (missing_rates: tags): 0 positives of 4 tags -> clamped to 1e-4
-    old, _ = M.FedMLPTrainer(ctx, missing_rates="tags").rates(labels, mask)
+    old, _ = M.FedMLPTrainer(ctx, missing_rates="pseudo_labels").rates(labels, mask)
     assert old[1].item() == pytest.approx(1e-4)
     # the gradient of Eq. 4 on one negative pseudo entry at logit 0 is sigmoid(ln(pi1/pi0)) / C = pi1 / C
     for rate, grad in ((pi1, 0.2 / 2), (old, 1e-4 / 2)):
@@ -721,18 +721,18 @@ def test_fedmlp_small_site_tags_with_carry_not_with_floor_and_T_rounds_compresse
     g = torch.Generator().manual_seed(0)
     p0, p1 = torch.randn(3, 32, generator=g), torch.randn(3, 32, generator=g)
     tagged = {}
-    for name, opts in (("floor", {}), ("carry", {"tag_rounding": "carry"}),
-                       ("schedule", {"tag_rounding": "carry", "T_rounds": 100})):
+    for name, opts in (("floor", {}), ("carry", {"pseudo_label_rounding": "carry"}),
+                       ("schedule", {"pseudo_label_rounding": "carry", "T_rounds": 100})):
         torch.manual_seed(0)
         ctx = _site("s", [True, False, False], n=24, seed=3)
         tr = M.FedMLPTrainer(ctx, warmup_rounds=0, T0=0.02, T1=0.02, st=False, cr=False, **opts)
         for rnd in range(6):
             tr.train_round(rnd, 6, _global_meta(p0, p1, [1.0] * 3))
-        tagged[name] = int((tr.tags >= 0).sum())
+        tagged[name] = int((tr.pseudo_labels >= 0).sum())
         if name == "carry":
             again = M.FedMLPTrainer(_site("s", [True, False, False], n=24, seed=3), warmup_rounds=0)
             again.load_state_dict(tr.state_dict())
-            assert torch.equal(again.tag_carry, tr.tag_carry) and float(tr.tag_carry.sum()) > 0
+            assert torch.equal(again.pseudo_label_carry, tr.pseudo_label_carry) and float(tr.pseudo_label_carry.sum()) > 0
     assert tagged["floor"] == 0 and tagged["carry"] > 0 and tagged["schedule"] > 2 * tagged["carry"], tagged
 
 
@@ -749,3 +749,53 @@ def test_a_channels_last_model_exports_contiguous_arrays_of_the_state_dicts_shap
     for k, v in out.items():
         assert v.shape == tuple(state[k].shape) and v.flags.c_contiguous, k
         assert np.array_equal(v, state[k].numpy()), k
+
+
+def test_renamed_fedmlp_options_are_refused_with_a_pointer():
+    """``tau`` is ``la_tau`` (the logit-adjustment temperature, beside the selection ratios tau0 / tau1) and
+    ``tag_rounding`` is ``pseudo_label_rounding``: the old names stop the job naming the new ones."""
+    from fedpartial.methods import OptionError, get_method
+
+    method = get_method("fedmlp")
+    for old, new in (("tau", "la_tau"), ("tag_rounding", "pseudo_label_rounding")):
+        with pytest.raises(OptionError, match=f"'{old}' was renamed '{new}'"):
+            method.split_options({old: 1.0 if old == "tau" else "floor"}, "job fedmlp_ich")
+    assert method.split_options({"la_tau": 0.5})[0] == {"la_tau": 0.5}
+
+
+def test_rule_prototypes_survive_a_checkpoint_through_the_sent_meta(tmp_path):
+    """The rule's prototypes are stored once (the meta sent with the model): a fresh rule given that meta keeps a
+    class's prototype in a round where no contributing site annotates it, as the rule that never stopped does."""
+    from fedpartial.fl.aggregator import to_builtin
+    from fedpartial.fl.checkpoint import from_safe, read_file, write_private
+    from fedpartial.methods import Contribution
+
+    C, D = 3, 2
+
+    def site(name: str, annotated: list[bool], value: float) -> Contribution:
+        a = np.asarray(annotated)
+        return Contribution(site=name, weights={"w": np.zeros(1, np.float32)}, n=10, meta={
+            "annotated": a.tolist(), M.META_P0: np.full((C, D), value, np.float32) * a[:, None],
+            M.META_P1: np.full((C, D), value + 1, np.float32) * a[:, None],
+            M.META_COUNTS: np.repeat(a[:, None].astype(np.int64) * 5, 2, 1), M.META_DEGREE: np.full(C, 0.5)})
+
+    prev, groups = {"w": np.zeros(1, np.float32)}, {"classifier": []}
+    round0 = [site("a", [True, True, False], 1.0), site("b", [False, True, True], 3.0)]
+    round1 = [site("a", [True, False, False], 5.0), site("b", [False, False, False], 0.0)]
+    straight = M.FedMLPRule()
+    _, sent = straight.aggregate(prev, round0, groups, 0)
+    _, expected = straight.aggregate(prev, round1, groups, 1)
+    assert straight.state_dict() == {}  # nothing stored beside the meta
+    write_private({"rule": straight.state_dict(), "meta": to_builtin(sent)}, tmp_path / "ckpt.pt")
+    fresh = M.FedMLPRule()
+    fresh.load_state_dict(read_file(tmp_path / "ckpt.pt")["rule"])
+    fresh.load_sent_meta(from_safe(read_file(tmp_path / "ckpt.pt")["meta"]))
+    _, got = fresh.aggregate(prev, round1, groups, 1)
+    # class 0 from round 1 (5 / 6), classes 1 and 2 kept from round 0 (mean 2 / 3 and 3 / 4)
+    assert np.asarray(got[M.META_GLOBAL_P0])[:, 0].tolist() == [5.0, 2.0, 3.0]
+    assert np.asarray(got[M.META_GLOBAL_P1])[:, 0].tolist() == [6.0, 3.0, 4.0]
+    for key in (M.META_GLOBAL_P0, M.META_GLOBAL_P1, M.META_GLOBAL_VALID, M.META_GLOBAL_DEGREE):
+        assert np.array_equal(np.asarray(got[key]), np.asarray(expected[key])), key
+    lost = M.FedMLPRule()  # without the sent meta the kept classes are gone
+    _, without = lost.aggregate(prev, round1, groups, 1)
+    assert not np.array_equal(np.asarray(without[M.META_GLOBAL_VALID]), np.asarray(expected[M.META_GLOBAL_VALID]))

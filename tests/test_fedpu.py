@@ -1,4 +1,4 @@
-"""FedPU (issue 18, item 7): the PU risk by hand on a tiny batch (paper form, the non-negative correction, the
+"""FedPU: the PU risk by hand on a tiny batch (paper form, the non-negative correction, the
 released code's MPULoss_V2), the class priors (site counts, data summary, none), the trainer's loss and
 counters, the single-label-only guard, and the job."""
 
@@ -125,14 +125,14 @@ def test_class_priors_unlabelled_site_summary():
 def test_trainer_loss_is_ce_plus_weighted_pu_risk():
     tr = get_method("fedpu").make_trainer(_mc_site("s", [True, True, False]), {"pu_weight": 2.0})
     tr.prior = PRIOR.clone()
-    loss = tr.supervised(_logits(), {"label": LABELS, "mask": MASK})
+    loss = tr.label_loss(_logits(), {"label": LABELS, "mask": MASK})
     ce = -(math.log(0.5) + math.log(0.6)) / 2  # softmax over all classes on the labelled rows A, B
     risk = (nl(0.1) + nl(0.5)) / 2 - 0.3 * nl(0.5) + (nl(0.3) + nl(0.1)) / 2 - 0.2 * nl(0.6)
     assert float(loss.detach()) == pytest.approx(ce + 2.0 * risk, abs=1e-6)
     code = get_method("fedpu").make_trainer(_mc_site("s", [True, True, False]), {"form": "code"})
     code.prior = PRIOR.clone()
     y = P.row_classes(LABELS, MASK)
-    assert float(code.supervised(_logits(), {"label": LABELS, "mask": MASK}).detach()) == pytest.approx(
+    assert float(code.label_loss(_logits(), {"label": LABELS, "mask": MASK}).detach()) == pytest.approx(
         ce + float(P.pu_risk_code(_logits(), y, POSITIVE, PRIOR).detach()), abs=1e-6)
 
 

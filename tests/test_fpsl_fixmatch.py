@@ -55,7 +55,7 @@ def test_fpsl_class_weights_global_site_none_and_single_label_loss():
     tr.start_round(0, {})
     batch = {"label": labels[:4], "mask": mask[:4]}
     logits = torch.randn(4, 3)
-    assert float(tr.supervised(logits, batch)) == pytest.approx(
+    assert float(tr.label_loss(logits, batch)) == pytest.approx(
         float(fpsl_loss(logits, labels[:4], mask[:4], torch.tensor([2.0, 1.0, 3.0]))))
     own = fpsl_class_weights(labels, mask)
     assert torch.equal(FPSLTrainer(ctx, class_weights="site").class_weights(), own)
@@ -73,7 +73,7 @@ def test_fpsl_class_weights_global_site_none_and_single_label_loss():
     lb = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])  # row 2 is not labelled here
     mk = torch.tensor([[True, True, False], [True, True, False]])
     # row 1: -log(e^1 / (e^1 + e^0)), class 2's logit 5 is outside the restricted softmax
-    assert float(mc.supervised(lg, {"label": lb, "mask": mk})) == pytest.approx(softplus(-1.0), rel=1e-6)
+    assert float(mc.label_loss(lg, {"label": lb, "mask": mk})) == pytest.approx(softplus(-1.0), rel=1e-6)
 
 
 @pytest.mark.parametrize("task,args", [("multiclass", {}), ("multilabel", {"class_weights": "none"})])

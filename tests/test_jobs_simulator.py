@@ -140,7 +140,8 @@ def test_fedmlp_prototypes_travel_pseudo_labels_persist_and_the_job_resumes(tmp_
     proc = run_simulator(job_dir, first, n=5, env={"FEDPARTIAL_CACHE": str(data_cache)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(first)[-3000:]
     saved = torch.load(ckpt / "fedmlp_ich" / "server" / CHECKPOINT_FILE, weights_only=True)
-    assert saved["round"] == 1 and saved["method"] == "fedmlp" and saved["components"]["aggregator"]["rule"]["p0"] is not None
+    assert saved["round"] == 1 and saved["method"] == "fedmlp" and saved["meta"]["fedmlp_global_p0"] is not None
+    assert saved["components"]["aggregator"] == {"rule": {}, "failures": 0}  # the prototypes are stored once: with the model
     assert (ckpt / "fedmlp_ich" / "server" / CHECKPOINT_FILE).stat().st_mode & 0o077 == 0  # private
     for i in range(1, 6):
         kept = sorted(f.name for f in (ckpt / "fedmlp_ich" / f"site-{i}").iterdir())
@@ -181,7 +182,7 @@ def test_fedmlp_prototypes_travel_pseudo_labels_persist_and_the_job_resumes(tmp_
     tagged = 0
     for i in range(1, 6):
         state = torch.load(ws / f"site-{i}/simulate_job/fedpartial_state/trainer_state.pt", weights_only=False)
-        tags = torch.as_tensor(state["fedmlp_tags"])
+        tags = torch.as_tensor(state["fedmlp_pseudo_labels"])
         assert tags.shape[1] == 5
         tagged += int((tags >= 0).sum())
     assert tagged > 0, "no pseudo label was created in stage 2"
@@ -223,7 +224,7 @@ def test_paper_job_runs_with_its_settings(job, tmp_path, data_cache):
     assert all("fedmlp_received_prototypes" in k for k in res["rounds"][1]["site_meta"].values())
 
 
-# The papers' comparison methods (issue 18): each job 2 rounds through the real simulator with 2 sites and a
+# The papers' comparison methods: each job 2 rounds through the real simulator with 2 sites and a
 # 1-round first stage, so round 2 runs the method's second stage (pseudo labels, detection, distillation) on what
 # the server rule sent after round 1: both rounds must take both sites' updates without a rule error. Kept small
 # for the CI budget: 2 site processes.

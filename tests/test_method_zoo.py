@@ -4,7 +4,16 @@ different classes (the third annotates nothing where the trainer accepts unlabel
 receive -> train_round -> export, then the method's server rule over the contributions with the model's real
 parameter groups. What travels between them (site metadata, the rule's metadata) goes through NVFlare's FOBS
 serialisation as a deployed job sends it; each site's state is saved and reloaded with ``weights_only=True`` into
-a fresh trainer, and so is the rule's state. The global model must change and stay finite.
+a fresh trainer. The global model must change and stay finite.
+
+The server side's contract (docs/adding-a-method.md) is checked on every rule: ``aggregate`` gets the model the
+sites received as ``previous`` and the groups the first contribution sent, and returns every key of ``previous``
+with its shape and dtype (:func:`check_update`, the aggregator's own check); and its state survives a checkpoint:
+the two rounds run straight through and the same two rounds split by a checkpoint file (``write_private`` /
+``read_file``, the server checkpoint's own functions, ``weights_only`` reload; the rule's ``state_dict`` and the
+metadata it sent, which the checkpoint stores once with the model) and a fresh rule give the same global model
+and metadata. A rule that carries state across rounds without returning it from ``state_dict``
+fails here.
 
 The simulator tests (test_jobs_simulator.py and the method test files) run the NVFlare glue, which is the same
 for every method; this test is where a method's own round trip is checked for all methods at once, in seconds.
@@ -12,8 +21,10 @@ for every method; this test is where a method's own round trip is checked for al
 
 from __future__ import annotations
 
+import copy
 import io
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -28,7 +39,9 @@ from conftest import one_round_first_stage
 from fedpartial.data.manifest import read_manifest, write_manifest
 from fedpartial.data.presets import resolve_dataset
 from fedpartial.data.sitedata import SiteDatasets
+from fedpartial.aggregation import check_update
 from fedpartial.fl.aggregator import to_builtin
+from fedpartial.fl.checkpoint import from_safe, read_file, write_private
 from fedpartial.fl.keys import META_ANNOTATED, META_GROUPS, META_N_TRAIN, META_SUMMARY
 from fedpartial.methods import Contribution, SiteContext, available_methods, get_method, load_all
 from fedpartial.models import PartialLabelNet
@@ -131,6 +144,7 @@ def test_every_method_runs_two_federated_rounds(name, task, images, tmp_path):
     rule.check_federation(summary)
     meta_out: dict = {META_SUMMARY: summary}
     steps = 0
+    rounds: list[tuple] = []  # each round's rule inputs and outputs, for the checkpoint comparison
     for rnd in range(2):
         contributions = []
         for k, (ctx, tr) in enumerate(zip(ctxs, trainers)):
@@ -146,12 +160,119 @@ def test_every_method_runs_two_federated_rounds(name, task, images, tmp_path):
             fresh.load_state_dict(_reload(tr.state_dict()))
         used = [c for c in contributions if c.weight > 0]
         assert used, f"{name}: every site sat round {rnd} out"
-        weights, meta = rule.aggregate(global_w, used, groups, rnd, summary)
+        inputs = copy.deepcopy((global_w, used, used[0].meta[META_GROUPS], rnd, summary))
+        weights, meta = rule.aggregate(global_w, used, used[0].meta[META_GROUPS], rnd, summary)
+        _check_output_contract(name, global_w, weights, meta)
+        rounds.append((inputs, (copy.deepcopy(weights), to_builtin(meta))))
         back = _wire(DXO(DataKind.WEIGHTS, data=weights, meta=to_builtin(meta)))
-        assert set(back.data) == set(global_w)
-        assert all(np.all(np.isfinite(np.asarray(v, dtype=np.float64))) for v in back.data.values()), name
-        rule.load_state_dict(_reload(rule.state_dict()))
         global_w, meta_out = {k: np.asarray(v) for k, v in back.data.items()}, {**back.meta, META_SUMMARY: summary}
     assert steps > 0
+    _check_rule_state_survives_a_checkpoint(method, options, rounds, tmp_path / "server")
     changed = [k for k, v in init.state_dict().items() if v.is_floating_point() and not np.allclose(global_w[k], v.numpy())]
     assert changed, f"{name}: the global model did not change in two rounds"
+
+
+def _check_output_contract(name: str, previous: dict, weights: dict, meta: dict) -> None:
+    """``aggregate``'s output: every key of ``previous`` with its shape and dtype, finite values (the aggregator's
+    own check), and metadata that NVFlare can send."""
+    why = check_update({k: np.asarray(v) for k, v in weights.items()}, previous)
+    assert why is None, f"{name}: aggregate broke the output contract: {why}"
+    assert isinstance(meta, dict), f"{name}: aggregate's meta is a {type(meta).__name__}"
+
+
+def _same(a, b, where: str) -> None:
+    """Recursive equality of rule outputs (arrays and floats to 1e-6 relative)."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), f"{where}: keys {sorted(a)} vs {sorted(b) if isinstance(b, dict) else b}"
+        for k in a:
+            _same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)) and any(isinstance(v, (str, dict, type(None))) for v in a):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), f"{where}: {a!r} vs {b!r}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{where}[{i}]")
+    elif isinstance(a, (list, tuple, np.ndarray, float, int)) and not isinstance(a, bool):
+        x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+        assert x.shape == y.shape and np.allclose(x, y, rtol=1e-6, atol=1e-7, equal_nan=True), f"{where} differs"
+    else:
+        assert a == b, f"{where}: {a!r} vs {b!r}"
+
+
+def _check_rule_state_survives_a_checkpoint(method, options: dict, rounds: list[tuple], folder: Path) -> None:
+    """Round 0 with one rule, its ``state_dict`` through a checkpoint file into a FRESH rule, round 1 with that one:
+    the round-1 output must equal the straight run's (same inputs)."""
+    (inputs0, _), (inputs1, straight1) = rounds
+    first = method.make_rule(dict(options), f"zoo {method.name}")
+    first.check_federation(inputs0[4])
+    _, sent = first.aggregate(*copy.deepcopy(inputs0))
+    # as the server checkpoint: the rule's state, and the metadata it sent stored once, with the model
+    write_private({"rule": first.state_dict(), "meta": to_builtin(sent)}, folder / "checkpoint.pt")
+    ckpt = read_file(folder / "checkpoint.pt")
+    restored = method.make_rule(dict(options), f"zoo {method.name}")
+    restored.load_state_dict(ckpt["rule"])
+    restored.load_sent_meta(from_safe(ckpt["meta"]))
+    weights, meta = restored.aggregate(*copy.deepcopy(inputs1))
+    _same(straight1[0], copy.deepcopy(weights), f"{method.name}: round-1 weights after a checkpoint")
+    _same(straight1[1], to_builtin(meta), f"{method.name}: round-1 meta after a checkpoint (a rule state lost?)")
+
+
+def test_one_state_format_through_a_checkpoint(tmp_path):
+    """A rule's state with numpy arrays AND tensors survives a ``weights_only`` checkpoint, and ``load_state_dict``
+    receives the same types in process and from the file (numpy arrays as tensors, tuples as lists)."""
+    from fedpartial.methods import ServerRule, saved_form
+
+    class Stateful(ServerRule):
+        def __init__(self, **options):
+            super().__init__(**options)
+            self.state = {"np": np.arange(3, dtype=np.float32), "t": torch.ones(2, dtype=torch.int64),
+                          "x": np.float64(0.5), "pair": (1, "a")}
+            self.received: list[dict] = []
+
+        def state_dict(self) -> dict:
+            return self.state
+
+        def load_state_dict(self, state: dict) -> None:
+            self.received.append(state)
+
+    rule = Stateful()
+    write_private({"rule": rule.state_dict()}, tmp_path / "checkpoint.pt")
+    rule.load_state_dict(read_file(tmp_path / "checkpoint.pt")["rule"])
+    rule.load_state_dict(rule.state)  # in process, unconverted
+    from_file, in_process = rule.received
+    for got in (from_file, in_process):
+        assert torch.is_tensor(got["np"]) and got["np"].dtype == torch.float32 and got["np"].tolist() == [0, 1, 2]
+        assert torch.is_tensor(got["t"]) and got["t"].dtype == torch.int64
+        assert got["x"] == 0.5 and type(got["x"]) is float and got["pair"] == [1, "a"]
+    assert saved_form({"a": np.zeros(2)})["a"].dtype == torch.float64
+
+
+def test_old_names_are_refused_with_a_pointer():
+    """A renamed option is refused naming the new one; the old trainer hook name is refused when declared."""
+    from dataclasses import dataclass
+
+    from fedpartial.methods import OptionError, TrainerOptions
+    from fedpartial.methods.baselines import SupervisedTrainer
+    from fedpartial.methods.options import build, opt
+
+    @dataclass
+    class Renamed(TrainerOptions):
+        RENAMED: ClassVar[dict[str, str]] = {"old_name": "new_name"}
+        new_name: float = opt(1.0, "the new name")
+
+    with pytest.raises(OptionError, match="'old_name' was renamed 'new_name'"):
+        build(Renamed, {"old_name": 2.0}, "test")
+    assert build(Renamed, {"new_name": 2.0}, "test").new_name == 2.0
+    with pytest.raises(TypeError, match="'supervised' is now called 'label_loss"):
+        type("OldHook", (SupervisedTrainer,), {"supervised": lambda self, logits, batch: logits.sum()})
+
+
+def test_readme_methods_table_lists_exactly_the_registered_methods():
+    """The README's methods table is checked against the registry: a new method must add its row, a removed one
+    must go."""
+    import re
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("\n## Methods\n", 1)[1].split("\n## ", 1)[0]
+    listed = {name for row in section.splitlines() if row.startswith("| `")
+              for name in re.findall(r"`([a-z0-9_]+)`", row.split("|")[1])}
+    assert listed == set(available_methods()), (sorted(set(available_methods()) - listed),
+                                                 sorted(listed - set(available_methods())))

@@ -1,4 +1,4 @@
-"""Reliability and security (issue 17), unit level: robust aggregation maths by hand, update checks at the
+"""Reliability and security, unit level: robust aggregation maths by hand, update checks at the
 server, what a site refuses and what leaves it, hostile manifests, and the jobs' fault-tolerance settings."""
 
 from __future__ import annotations

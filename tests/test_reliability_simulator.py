@@ -1,4 +1,4 @@
-"""Fault injection in the simulator (issue 17): one site poisons its updates, another fails every round.
+"""Fault injection in the simulator: one site poisons its updates, another fails every round.
 
 The faults come from a test-only executor written into the COPIED job's ``app/custom`` (nothing of it ships in
 the package): ``site-2`` sends a 1e30 update in round 0, a 100x-scaled change in round 1 and sign-flipped

@@ -1,4 +1,4 @@
-"""RSCFed (issue 18, item 7): distance-reweighted aggregation by hand, the model distance, the sub-set sampling
+"""RSCFed: distance-reweighted aggregation by hand, the model distance, the sub-set sampling
 (reproducible with a seed), the rule's mean of sub-consensus models and its counters, the mean-teacher pieces
 (sharpening, consistency, EMA decay) by hand, the persistent teacher, both task types, and the job."""
 

@@ -92,15 +92,20 @@ class PartialLabelAggregator(Aggregator):
         self._contributions, self.rejected, self._norms = [], [], {}
 
     def checkpoint_state(self) -> dict:
-        """The rule's state (e.g. FedIRM's global relation matrix) and the metadata the sites received last, for
-        a resumed job (:mod:`.checkpoint`)."""
-        return {"rule": self.rule.state_dict() if self.rule is not None else {}, "last_meta": self._last_meta,
-                "failures": self._failures}
+        """The rule's state (e.g. FedIRM's global relation matrix), for a resumed job (:mod:`.checkpoint`). The
+        metadata the sites received last is not repeated here: the checkpoint stores it once, with the model."""
+        return {"rule": self.rule.state_dict() if self.rule is not None else {}, "failures": self._failures}
 
-    def restore_checkpoint(self, state: dict) -> None:
+    def restore_checkpoint(self, state: dict, sent_meta: dict | None = None) -> None:
+        """``state`` from :meth:`checkpoint_state`; ``sent_meta``: the checkpointed model's metadata (the rule's
+        last meta plus this aggregator's per-round records, which are dropped)."""
+        own = (META_SKIPPED, META_MISSING, META_REJECTED, META_CLIPPED, META_RULE_ERROR)
+        sent = state.get("last_meta")  # checkpoints that stored it separately
+        sent = dict(sent if sent is not None else {k: v for k, v in (sent_meta or {}).items() if k not in own})
         if self.rule is not None:
             self.rule.load_state_dict(state.get("rule") or {})
-        self._last_meta, self._failures = dict(state.get("last_meta") or {}), int(state.get("failures", 0))
+            self.rule.load_sent_meta(sent)
+        self._last_meta, self._failures = sent, int(state.get("failures", 0))
 
     def _previous(self, fl_ctx: FLContext) -> dict[str, np.ndarray] | None:
         model = fl_ctx.get_prop(AppConstants.GLOBAL_MODEL)

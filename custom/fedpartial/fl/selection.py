@@ -218,11 +218,15 @@ class ScatterAndGather(_ScatterAndGather):
             self.system_panic(why, fl_ctx)
             return
         to_np = lambda w: {k: v.numpy() for k, v in w.items()}
-        self._global_weights = make_model_learnable(to_np(ckpt["weights"]), from_safe(ckpt.get("meta") or {}))
+        sent_meta = from_safe(ckpt.get("meta") or {})  # the method metadata, stored once: with the model
+        self._global_weights = make_model_learnable(to_np(ckpt["weights"]), sent_meta)
         fl_ctx.set_prop(AppConstants.GLOBAL_MODEL, self._global_weights, private=True, sticky=True)
         for cid, comp in self._stateful().items():
             if cid in ckpt["components"]:
-                comp.restore_checkpoint(ckpt["components"][cid])
+                if cid == self.aggregator_id:
+                    comp.restore_checkpoint(ckpt["components"][cid], sent_meta=dict(sent_meta))
+                else:
+                    comp.restore_checkpoint(ckpt["components"][cid])
         self._best, self._best_round = ckpt.get("best"), ckpt.get("best_round")
         if self._best is not None:  # the persistor writes the best model file of this run
             fl_ctx.set_prop(AppConstants.GLOBAL_MODEL, make_model_learnable(to_np(self._best), {}), private=True,

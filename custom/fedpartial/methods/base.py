@@ -12,11 +12,14 @@
 - Options are typed dataclasses (``Options`` of each class, :mod:`.options`); a :class:`Method` checks a job's
   ``method_args`` against the union of its trainer's and rule's options and gives each side its own.
 
-Both classes are NVFlare-free; ``fedpartial.fl`` wires them into an Executor and an Aggregator.
+Both classes are NVFlare-free; ``fedpartial.fl`` wires them into an Executor and an Aggregator. The contract a
+new method follows (hooks, state, the output of ``aggregate``) is written out in ``docs/adding-a-method.md`` and
+checked for every registered method by ``tests/test_method_zoo.py``.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +31,7 @@ import torch
 from ..aggregation import State, aggregate_states, clip_change_norms, robust_states, trim_count
 from ..models import NORM_TYPES, default_inference_batch_size, numpy_state
 from ..privacy import ClassStat
-from .options import build, check_known, opt, option_names
+from .options import build, check_known, opt, option_names, renamed_options
 
 Norm = Literal["average", "local", "frozen"]
 
@@ -182,6 +185,12 @@ class LocalTrainer:
             self.local_keys = set(ctx.model.state_dict())
         self.has_local_state = False  # set once the model holds this site's own local parts
 
+    def __init_subclass__(cls, **kwargs):
+        """As for rules: a subclass's state is given and taken in its :func:`saved_form` (numpy arrays as tensors),
+        so that the executor's ``torch.load(weights_only=True)`` of the site state file gives back the same types."""
+        super().__init_subclass__(**kwargs)
+        _state_in_saved_form(cls)
+
     # -- the method -------------------------------------------------------------------------------------
     def train_round(self, round_num: int, num_rounds: int, global_meta: dict) -> RoundOutput:
         raise NotImplementedError
@@ -277,8 +286,8 @@ class LocalTrainer:
 
     # -- persistence --------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """Per-site state to persist (tensors, numbers, strings, lists and dicts only: it is loaded with
-        ``torch.load(weights_only=True)``)."""
+        """Per-site state to persist after every round: tensors, numpy arrays, numbers, strings, lists and dicts
+        (given back by :meth:`load_state_dict` in :func:`saved_form`: numpy arrays as tensors)."""
         state: dict = {}
         if self.keeps_optimizer_state and self.optimizer is not None:
             state["optimizer"] = self.optimizer.state_dict()
@@ -323,6 +332,40 @@ class RuleOptions:
                                 "round's median change norm before averaging (0: off)")
 
 
+def saved_form(value: Any) -> Any:
+    """The one format of saved method state: ``value`` with numpy arrays as tensors, numpy scalars as python numbers
+    and tuples as lists (tensors, numbers, strings, None, lists and dicts stay). It is what a checkpoint written by
+    ``fedpartial.fl.checkpoint.write_private`` gives back under ``torch.load(weights_only=True)``, so a rule's
+    :meth:`ServerRule.load_state_dict` receives the same types in process and after a restart."""
+    if isinstance(value, dict):
+        return {k: saved_form(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [saved_form(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(value))
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _state_in_saved_form(cls: type) -> None:
+    """Wrap ``cls``'s ``state_dict`` / ``load_state_dict`` (its own or a mixin's) so that both give and take
+    :func:`saved_form`."""
+    for name in ("state_dict", "load_state_dict"):
+        fn = getattr(cls, name, None)
+        if fn is None or getattr(fn, "_saved_form", False):
+            continue
+        if name == "state_dict":
+            def wrapped(self, _fn=fn) -> dict:
+                return saved_form(_fn(self))
+        else:
+            def wrapped(self, state: dict, _fn=fn) -> None:
+                _fn(self, saved_form(dict(state or {})))
+        wrapped = functools.wraps(fn)(wrapped)
+        wrapped._saved_form = True  # type: ignore[attr-defined]
+        setattr(cls, name, wrapped)
+
+
 class ServerRule:
     """Base server rule: every tensor averaged with the site weights ``a_k`` (``site_weighting``: FedAvg's
     ``n_k`` by default, McMahan et al.) times each site's participation weight.
@@ -337,6 +380,12 @@ class ServerRule:
     """
 
     Options: type = RuleOptions
+
+    def __init_subclass__(cls, **kwargs):
+        """A subclass's :meth:`state_dict` returns, and its :meth:`load_state_dict` receives, the :func:`saved_form`
+        of its state (numpy arrays as tensors): the same types in process and after a checkpoint."""
+        super().__init_subclass__(**kwargs)
+        _state_in_saved_form(cls)
 
     def __init__(self, **options):
         self.opts = build(self.Options, options, f"{type(self).__name__} options")
@@ -372,27 +421,61 @@ class ServerRule:
 
     def aggregate(self, previous: State | None, contributions: list[Contribution], groups: dict[str, list[str]],
                   round_num: int, summary: dict | None = None) -> tuple[dict[str, np.ndarray], dict]:
-        """Return (new global weights, meta sent to the sites with them). ``contributions`` hold only sites with
-        a positive participation weight."""
+        """One round of the server: ``(new global weights, meta sent to the sites with them)``.
+
+        Args:
+            previous: the global model the sites received this round (``{name: np.ndarray}``, the model's
+                ``state_dict`` order and dtypes); None only when the workflow holds no global model.
+            contributions: the round's accepted updates, only those with a positive participation weight (at
+                least one; each one's ``weights`` has exactly ``previous``'s keys, shapes and dtypes).
+            groups: the model's parameter groups (``encoder`` / ``norm`` / ``head`` / ``classifier`` -> tensor
+                names, :func:`fedpartial.models.parameter_groups`), as the first contribution's site sent them.
+            round_num: 0-based round; summary: the federation's data summary (per-site counts) or None.
+
+        Output contract (checked by the aggregator, :func:`fedpartial.aggregation.check_update`; a rule that breaks
+        it fails the round and the previous model is kept): the weights hold every key of ``previous`` with its
+        shape and dtype (integer buffers such as ``num_batches_tracked`` included) and finite values. The meta holds
+        numpy arrays, numbers, strings and lists; it reaches every site with the next round's model (it is stored
+        once in the server checkpoint, so a rule's state need not repeat it)."""
         return self.average(previous, contributions, groups), {}
 
     # -- state that must survive a restart of the rule ------------------------------------------------------
     def state_dict(self) -> dict:
+        """Everything :meth:`aggregate` carries from one round to the next (FedAvgM's momentum, FedIRM's relation
+        matrix, ...): a dict of tensors, numpy arrays, numbers, strings, lists and dicts. The server checkpoint
+        writes it after every round; a resumed job builds a fresh rule and calls :meth:`load_state_dict` with it.
+        A rule with state across rounds MUST return it here: the method-zoo test runs two rounds straight through
+        and the same two split by a checkpoint, and fails when they differ."""
         return {}
 
     def load_state_dict(self, state: dict) -> None:
-        pass
+        """Restore :meth:`state_dict`'s output, received in its :func:`saved_form` (numpy arrays as tensors)."""
+
+    def load_sent_meta(self, meta: dict) -> None:
+        """On resume, after :meth:`load_state_dict`: the metadata this rule returned last (what the sites received
+        with the checkpointed model, numbers and nested lists). It is stored once in the server checkpoint, with the
+        global model, so a rule whose state IS what it sends (FedMLP's global prototypes and degrees) rebuilds its
+        state from here and returns nothing from :meth:`state_dict`."""
 
 
 @dataclass(frozen=True)
 class Method:
-    """A registered method: its local trainer, its server rule and default options."""
+    """A registered method: its local trainer, its server rule and default options.
+
+    Attributes:
+        job: the job (folder under ``jobs/``) that runs it; a method without a job of its own names a job of a
+            sibling method (``fedprox_masked`` runs ``fedavg_masked_ham10000`` with its method swapped).
+        comparison: a comparison method: tested by running ``job`` for two rounds in the simulator
+            (:func:`comparison_jobs`) and listed in the README's comparison table.
+    """
 
     name: str
     trainer: type[LocalTrainer]
     rule: type[ServerRule]
     defaults: dict = field(default_factory=dict)
     doc: str = ""
+    job: str = ""
+    comparison: bool = False
 
     def option_names(self) -> set[str]:
         return option_names(self.trainer.Options, self.rule.Options)
@@ -401,7 +484,8 @@ class Method:
         """``(trainer options, rule options)`` from a job's ``method_args`` merged over the defaults; an unknown
         key is an :class:`~.options.OptionError` naming ``where``, the method, the key and the closest name."""
         args = {**self.defaults, **(args or {})}
-        check_known(args, self.option_names(), f"{where + ': ' if where else ''}method '{self.name}' method_args")
+        check_known(args, self.option_names(), f"{where + ': ' if where else ''}method '{self.name}' method_args",
+                    renamed_options(self.trainer.Options, self.rule.Options))
         t, r = option_names(self.trainer.Options), option_names(self.rule.Options)
         return {k: v for k, v in args.items() if k in t}, {k: v for k, v in args.items() if k in r}
 
@@ -415,9 +499,11 @@ class Method:
 _REGISTRY: dict[str, Method] = {}
 
 
-def register(name: str, trainer: type[LocalTrainer], rule: type[ServerRule], doc: str = "", **defaults) -> None:
-    """Register a method: its local trainer, its server rule and default options (checked when used)."""
-    _REGISTRY[name] = Method(name, trainer, rule, defaults, doc)
+def register(name: str, trainer: type[LocalTrainer], rule: type[ServerRule], doc: str = "", *, job: str = "",
+             comparison: bool = False, **defaults) -> None:
+    """Register a method: its local trainer, its server rule, a one-line ``doc``, the ``job`` that runs it,
+    whether it is a ``comparison`` method, and default options (``method_args``, checked when used)."""
+    _REGISTRY[name] = Method(name, trainer, rule, defaults, doc, job, comparison)
 
 
 def get_method(name: str) -> Method:
@@ -439,3 +525,17 @@ def available_methods() -> list[str]:
 
     load_all()
     return sorted(_REGISTRY)
+
+
+def registered() -> list[Method]:
+    """Every registered method, sorted by name."""
+    from . import load_all
+
+    load_all()
+    return [_REGISTRY[n] for n in sorted(_REGISTRY)]
+
+
+def comparison_jobs() -> list[str]:
+    """``"job:method"`` for every comparison method (its declared job run with that method), sorted: the
+    simulator test's list, derived from the registry (a new comparison method adds itself)."""
+    return [f"{m.job}:{m.name}" for m in registered() if m.comparison]

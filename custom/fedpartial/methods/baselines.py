@@ -33,23 +33,40 @@ class SupervisedOptions(TrainerOptions):
 
 
 class SupervisedTrainer(LocalTrainer):
-    """Plain supervised local training on the annotated labels; subclasses add a term with :meth:`extra_loss`
-    (FedProx: a proximal term; see ``fedprox``), may prepare it in :meth:`start_round`, or replace the loss
-    itself with :meth:`supervised` (FedRS: see ``fedrs``)."""
+    """Plain supervised local training on the annotated labels, with three hooks a small method overrides instead
+    of writing its own :meth:`train_round` (each step: ``features = model.features(x)``, ``logits =
+    model.head(features)``, ``loss = label_loss(logits, batch) + extra_loss(batch, logits, features)``):
+
+    - :meth:`start_round`: once per round, the received global model already loaded (FedProx / MOON copy it,
+      FedRS reads the site's class counts);
+    - :meth:`label_loss`: the loss on the batch's labels (default: ``missing``, unannotated entries as negatives
+      or left out); FedRS, FPSL, FedPU, FedNoRo and FedLC replace it;
+    - :meth:`extra_loss`: a term added to each step's loss (FedProx's proximal term, MOON's contrastive term).
+
+    The hook was called ``supervised`` before; a subclass that still defines that name is refused when it is
+    declared, with a pointer to :meth:`label_loss`."""
 
     Options = SupervisedOptions
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "supervised" in cls.__dict__:
+            raise TypeError(f"{cls.__name__}: the hook 'supervised' is now called 'label_loss(logits, batch)' "
+                            "(docs/adding-a-method.md)")
+
     def start_round(self, round_num: int, global_meta: dict) -> None:
-        """Called with the received global model loaded, before the first step of the round."""
+        """Called once per round with the received global model loaded, before the first step; ``global_meta`` is
+        the metadata the server's rule sent with the model."""
 
     def extra_loss(self, batch: dict, logits: torch.Tensor, features: torch.Tensor) -> torch.Tensor | None:
-        """A term added to the supervised loss of each step (None: nothing); ``features`` ``(B, D)`` are the
-        pooled representation the logits ``(B, C)`` were computed from."""
+        """A term added to the loss of each step (None: nothing); ``features`` ``(B, D)`` are the pooled
+        representation the logits ``(B, C)`` were computed from, ``batch`` holds ``image``, ``label`` and ``mask``
+        ``(B, C)`` and ``index`` ``(B,)`` (the rows' positions in the site's training manifest)."""
         return None
 
-    def supervised(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
-        """The supervised loss of a batch (``missing``: unannotated entries as negatives or left out); FedRS
-        replaces it by its restricted softmax."""
+    def label_loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
+        """The loss on a batch's labels: ``logits`` ``(B, C)``, ``batch["label"]`` / ``batch["mask"]`` ``(B, C)``
+        -> scalar (``missing``: unannotated entries as negatives or left out, :func:`fedpartial.losses.supervised_loss`)."""
         return supervised_loss(self.ctx.task, self.opts.missing)(logits, batch["label"], batch["mask"])
 
     def train_round(self, round_num: int, num_rounds: int, global_meta: dict) -> RoundOutput:
@@ -60,7 +77,7 @@ class SupervisedTrainer(LocalTrainer):
         for batch in self.batches({"image": self.opts.view}, round_num):
             features = model.features(batch["image"])
             logits = model.head(features)
-            loss = self.supervised(logits, batch)
+            loss = self.label_loss(logits, batch)
             extra = self.extra_loss(batch, logits, features)
             if extra is not None:
                 loss = loss + extra

@@ -331,4 +331,5 @@ class CBAFedRule(ServerRule):
 
 def register_all(register) -> None:
     register("cbafed", CBAFedTrainer, CBAFedRule,
-             doc="CBAFed (Li et al., CVPR 2023): fixed pseudo labels, class-balanced thresholds, residual weights")
+             doc="CBAFed (Li et al., CVPR 2023): fixed pseudo labels, class-balanced thresholds, residual weights",
+             job="cbafed_ich", comparison=True)

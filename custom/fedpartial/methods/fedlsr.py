@@ -263,4 +263,5 @@ class FedLSRTrainer(LocalTrainer):
 
 
 def register_all(register) -> None:
-    register("fedlsr", FedLSRTrainer, ServerRule, doc="FedLSR (Jiang et al., CIKM 2022): local self-regularisation, FedAvg")
+    register("fedlsr", FedLSRTrainer, ServerRule, doc="FedLSR (Jiang et al., CIKM 2022): local self-regularisation, FedAvg",
+             job="fedlsr_ich", comparison=True)

@@ -32,5 +32,7 @@ class FedProxTrainer(SupervisedTrainer):
 
 
 def register_all(register) -> None:
-    register("fedprox", FedProxTrainer, ServerRule, doc="FedProx, partial loss", missing="partial")
-    register("fedprox_masked", FedProxTrainer, MaskedRule, doc="FedProx* (class-masked rows)", missing="partial")
+    register("fedprox", FedProxTrainer, ServerRule, doc="FedProx, partial loss", job="fedprox_ich", comparison=True,
+             missing="partial")
+    register("fedprox_masked", FedProxTrainer, MaskedRule, doc="FedProx* (class-masked rows)", job="fedavg_masked_ham10000",
+             comparison=True, missing="partial")

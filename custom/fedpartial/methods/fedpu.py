@@ -20,7 +20,7 @@ classified as i (the multi-class form of uPU, du Plessis et al. 2015). An empty 
 ``non_negative: true`` clamps each class's term at 0 (the nnPU estimator of Kiryo et al. 2017; not in the
 released code): the estimate can go negative when the prior overstates the positives hidden in U.
 
-Readings (the paper's method section could not be read in this session, only its abstract; the risk above is
+Readings (the paper's method section was not available, only its abstract; the risk above is
 the decomposition the abstract describes written with the released code's per-class terms):
 
 - the labelled term is the mean cross-entropy over the labelled rows (softmax over all C classes), as the
@@ -185,7 +185,7 @@ class FedPUOptions(SupervisedOptions):
 
 
 class FedPUTrainer(SupervisedTrainer):
-    """FedPU at one site: CE on the labelled rows + ``pu_weight * R_PU`` (replaces the supervised loss).
+    """FedPU at one site: CE on the labelled rows + ``pu_weight * R_PU`` (its ``label_loss``).
 
     Options: :class:`FedPUOptions`.
     """
@@ -225,7 +225,7 @@ class FedPUTrainer(SupervisedTrainer):
         self.prior = self.priors()
         self._reset_counters()
 
-    def supervised(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
+    def label_loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
         y = row_classes(batch["label"], batch["mask"])
         lab = y >= 0
         ce = F.cross_entropy(logits[lab], y[lab]) if bool(lab.any()) else logits.sum() * 0.0
@@ -252,4 +252,5 @@ class FedPUTrainer(SupervisedTrainer):
 
 
 def register_all(register) -> None:
-    register("fedpu", FedPUTrainer, ServerRule, doc="FedPU (Lin et al., ICML 2022): CE + multi-class PU risk, FedAvg")
+    register("fedpu", FedPUTrainer, ServerRule, doc="FedPU (Lin et al., ICML 2022): CE + multi-class PU risk, FedAvg",
+             job="fedpu_ham10000", comparison=True)

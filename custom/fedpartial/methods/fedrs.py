@@ -52,7 +52,7 @@ class FedRSOptions(SupervisedOptions):
 
 
 class FedRSTrainer(SupervisedTrainer):
-    """The restricted softmax replaces the supervised loss (so ``missing`` does not apply)."""
+    """The restricted softmax is the label loss (``label_loss``; so ``missing`` does not apply)."""
 
     Options = FedRSOptions
     tasks = ("multiclass",)
@@ -61,10 +61,11 @@ class FedRSTrainer(SupervisedTrainer):
         labels, mask = label_table(self.ctx.data)
         self.scales = logit_scales((labels * mask.float()).sum(0), self.opts.alpha, self.opts.scaling)
 
-    def supervised(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
+    def label_loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
         return restricted_softmax_ce(logits, batch["label"], batch["mask"], self.scales)
 
 
 def register_all(register) -> None:
-    register("fedrs", FedRSTrainer, ServerRule, doc="FedRS (restricted softmax), FedAvg")
-    register("fedrs_masked", FedRSTrainer, MaskedRule, doc="FedRS with class-masked rows")
+    register("fedrs", FedRSTrainer, ServerRule, doc="FedRS (restricted softmax), FedAvg", job="fedrs_ham10000",
+             comparison=True)
+    register("fedrs_masked", FedRSTrainer, MaskedRule, doc="FedRS with class-masked rows", job="fedrs_ham10000")

@@ -123,7 +123,7 @@ class FixMatchTrainer(LocalTrainer):
         if ctx.task == "multilabel" and self.opts.tau < 0.5:
             raise ValueError(f"fixmatch: multi-label tau must be >= 0.5 (p >= tau -> 1, p <= 1 - tau -> 0), "
                              f"got {self.opts.tau}")
-        self.supervised = supervised_loss(ctx.task, "partial")
+        self.partial_loss = supervised_loss(ctx.task, "partial")
 
     def step_loss(self, logits_w: torch.Tensor, logits_s: torch.Tensor, labels: torch.Tensor,
                   mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -131,7 +131,7 @@ class FixMatchTrainer(LocalTrainer):
         task = self.ctx.task
         targets, pseudo, candidates = pseudo_labels(probabilities(logits_w.detach(), task).float(), labels, mask,
                                                     task, self.opts.tau, self.opts.pseudo_classes == "unannotated")
-        loss = self.supervised(logits_w, labels, mask)
+        loss = self.partial_loss(logits_w, labels, mask)
         if self.opts.lambda_u > 0:
             loss = loss + self.opts.lambda_u * unsupervised_loss(logits_s, targets, pseudo, candidates, task)
         return loss, targets, pseudo, candidates
@@ -165,6 +165,8 @@ class FixMatchTrainer(LocalTrainer):
 
 
 def register_all(register) -> None:
-    register("fixmatch", FixMatchTrainer, ServerRule, doc="FedAvg + FixMatch (FedMLP's FedFixMatch)")
+    register("fixmatch", FixMatchTrainer, ServerRule, doc="FedAvg + FixMatch (FedMLP's FedFixMatch)",
+             job="fixmatch_ich", comparison=True)
     register("fixmatch_masked", FixMatchTrainer, MaskedRule,
-             doc="FedAvg* + FixMatch (FedLSM's: class-masked classifier rows)")
+             doc="FedAvg* + FixMatch (FedLSM's: class-masked classifier rows)",
+             job="fixmatch_masked_ham10000", comparison=True)

@@ -71,7 +71,7 @@ class FPSLOptions(TrainerOptions):
 
 
 class FPSLTrainer(SupervisedTrainer):
-    """The FPSL loss replaces the supervised loss (so there is no ``missing`` option: it is a partial loss)."""
+    """The FPSL loss replaces the label loss (``label_loss``) (so there is no ``missing`` option: it is a partial loss)."""
 
     Options = FPSLOptions
 
@@ -98,7 +98,7 @@ class FPSLTrainer(SupervisedTrainer):
         if self.pos_weight is not None:
             self.pos_weight = self.pos_weight.to(self.ctx.device)
 
-    def supervised(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
+    def label_loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
         if self.ctx.task == "multiclass":
             return ce_restricted(logits, batch["label"], batch["mask"])
         return fpsl_loss(logits, batch["label"], batch["mask"], self.pos_weight)
@@ -111,4 +111,5 @@ class FPSLTrainer(SupervisedTrainer):
 
 
 def register_all(register) -> None:
-    register("fpsl", FPSLTrainer, MaskedRule, doc="FPSL: class-weighted partial BCE + task-dependent aggregation")
+    register("fpsl", FPSLTrainer, MaskedRule, doc="FPSL: class-weighted partial BCE + task-dependent aggregation",
+             job="fpsl_ham10000", comparison=True)

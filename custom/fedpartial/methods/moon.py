@@ -76,5 +76,7 @@ class MOONTrainer(SupervisedTrainer):
 
 
 def register_all(register) -> None:
-    register("moon", MOONTrainer, ServerRule, doc="MOON (model-contrastive), partial loss", missing="partial")
-    register("moon_masked", MOONTrainer, MaskedRule, doc="MOON* (class-masked rows)", missing="partial")
+    register("moon", MOONTrainer, ServerRule, doc="MOON (model-contrastive), partial loss", job="moon_ich",
+             comparison=True, missing="partial")
+    register("moon_masked", MOONTrainer, MaskedRule, doc="MOON* (class-masked rows)", job="fedavg_masked_ham10000",
+             comparison=True, missing="partial")

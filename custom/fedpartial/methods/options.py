@@ -3,7 +3,8 @@
 
 An unknown key is an :class:`OptionError` naming where it was found (job, component), the key and the closest
 valid name (``warmup_round`` -> "did you mean 'warmup_rounds'?"); a value of the wrong type or outside a
-``Literal`` is one too. Nothing is silently ignored.
+``Literal`` is one too. Nothing is silently ignored. An option that was renamed is listed in its class's
+``RENAMED`` (``{old: new}``, a ``ClassVar``, inherited); the old name is refused with a pointer to the new one.
 """
 
 from __future__ import annotations
@@ -24,6 +25,15 @@ def option_names(*classes: type) -> set[str]:
     return {f.name for cls in classes for f in dataclasses.fields(cls)}
 
 
+def renamed_options(*classes: type) -> dict[str, str]:
+    """``{old name: new name}`` of the renamed options of one or more option dataclasses (their ``RENAMED``)."""
+    out: dict[str, str] = {}
+    for cls in classes:
+        for klass in reversed(cls.__mro__):
+            out.update(getattr(klass, "__dict__", {}).get("RENAMED", {}))
+    return out
+
+
 def unknown_key_message(key: str, valid: Iterable[str], where: str) -> str:
     valid = sorted(valid)
     close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
@@ -31,10 +41,13 @@ def unknown_key_message(key: str, valid: Iterable[str], where: str) -> str:
     return f"{where}: unknown option {key!r}{hint} (valid options: {', '.join(valid) or 'none'})"
 
 
-def check_known(values: dict, valid: Iterable[str], where: str) -> None:
-    """Raise :class:`OptionError` for the first key of ``values`` not in ``valid``."""
-    valid = set(valid)
+def check_known(values: dict, valid: Iterable[str], where: str, renamed: dict[str, str] | None = None) -> None:
+    """Raise :class:`OptionError` for the first key of ``values`` not in ``valid`` (an old name in ``renamed``:
+    the message names the new one)."""
+    valid, renamed = set(valid), renamed or {}
     for key in values:
+        if key in renamed and key not in valid:
+            raise OptionError(f"{where}: option {key!r} was renamed {renamed[key]!r}; use {renamed[key]!r}")
         if key not in valid:
             raise OptionError(unknown_key_message(key, valid, where))
 
@@ -76,7 +89,7 @@ def _describe(hint: Any) -> str:
 def build(cls: type, values: dict | None, where: str):
     """``cls(**values)`` after checking every key and value type (see the module docstring)."""
     values = dict(values or {})
-    check_known(values, option_names(cls), where)
+    check_known(values, option_names(cls), where, renamed_options(cls))
     hints = get_type_hints(cls)
     for key, value in values.items():
         if not _matches(value, hints[key]):

@@ -4,7 +4,7 @@ with the source's full labels:
     python -m fedpartial.tools.tag_audit WS [WS ...] [--json OUT]
 
 ``WS`` is a finished simulator workspace (``nvflare simulator ... -w WS``, or a run kept by
-``benchmarks/run_jobs.py --keep``). For every site the tool reads the tags the site kept (``fedmlp_tags`` in
+``benchmarks/run_jobs.py --keep``). For every site the tool reads the tags the site kept (``fedmlp_pseudo_labels`` in
 ``fedpartial_state/trainer_state.pt``: ``(N, C)``, -1 untagged, 0 / 1 pseudo labels, in training-row order), the
 site's training manifest of the simulated split, and the true label of every missing entry from the source
 dataset the split was prepared from (matched by image file). It prints, per class, over the sites where the
@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from ..fl.keys import STATE_FILE
-from ..methods.fedmlp.trainer import STATE_TAGS as TAGS_KEY
+from ..methods.fedmlp.trainer import STATE_PSEUDO_LABELS as TAGS_KEY
 
 
 def tag_quality(tags: np.ndarray, truth: np.ndarray, missing: np.ndarray) -> dict[str, np.ndarray]:

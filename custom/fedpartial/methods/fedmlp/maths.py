@@ -15,7 +15,7 @@ from ..common import cosine
 __all__ = [
     "class_rates", "summary_rates", "prevalence_rates", "logit_adjust", "wpc_loss", "consistency_loss", "class_prototypes",
     "aggregate_prototypes", "prototype_scores", "candidate_counts", "selection_counts", "select_top",
-    "select_pseudo_labels", "schedule_share", "accumulate_tags", "learning_degree",
+    "select_pseudo_labels", "schedule_share", "accumulate_pseudo_labels", "learning_degree",
     "aggregate_learning_degree", "selection_ratios", "META_P0", "META_P1", "META_COUNTS", "META_DEGREE",
     "META_GLOBAL_P0", "META_GLOBAL_P1", "META_GLOBAL_VALID", "META_GLOBAL_DEGREE", "PARITIES", "REDUCTIONS",
 ]
@@ -68,12 +68,12 @@ def summary_rates(summary: dict, num_classes: int, eps: float = _RATE_EPS) -> tu
 def prevalence_rates(positives: torch.Tensor, n: int, eps: float = _RATE_EPS) -> tuple[torch.Tensor, torch.Tensor]:
     """A site's own prevalence estimate for classes it does not annotate: ``pi_{c,1} = (t_c + 1) / (N + 2)``.
 
-    ``t_c`` = the positive pseudo labels (tags) of class c among the site's ``N`` samples; add-one smoothing keeps
-    a class without positive tags away from 0 (``1 / (N + 2)``, not ``eps``). Used for Eq. 3 on missing classes
+    ``t_c`` = the positive pseudo labels of class c among the site's ``N`` samples; add-one smoothing keeps
+    a class without positive pseudo labels away from 0 (``1 / (N + 2)``, not ``eps``). Used for Eq. 3 on missing classes
     when no data summary reached the site (the summary's global rate is the better estimate).
 
     Args:
-        positives: ``(C,)`` positive tags per class; n: the site's sample count N.
+        positives: ``(C,)`` positive pseudo labels per class; n: the site's sample count N.
 
     Returns:
         ``(pi1 (C,), pi0 (C,))`` float32, clamped to ``[eps, 1 - eps]``.
@@ -203,22 +203,22 @@ def prototype_scores(features: torch.Tensor, p0: torch.Tensor, p1: torch.Tensor)
     return cosine(features, p0) - cosine(features, p1)
 
 
-def candidate_counts(scores: torch.Tensor, already_tagged: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(negative candidates (C,), positive candidates (C,))`` of the residual pool: untagged samples with
+def candidate_counts(scores: torch.Tensor, has_pseudo: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(negative candidates (C,), positive candidates (C,))`` of the residual pool: samples without a pseudo label with
     ``Z >= 0`` / ``Z < 0`` (NaN scores are neither). Shapes as :func:`select_pseudo_labels`."""
     z = scores if scores.dim() == 2 else scores[:, None]
-    free = ~(already_tagged if already_tagged.dim() == 2 else already_tagged[:, None]).bool()
+    free = ~(has_pseudo if has_pseudo.dim() == 2 else has_pseudo[:, None]).bool()
     return (free & (z >= 0)).sum(0), (free & (z < 0)).sum(0)
 
 
 def selection_counts(n_neg: torch.Tensor, n_pos: torch.Tensor, tau0: float | torch.Tensor, tau1: float | torch.Tensor,
                      carry: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """How many candidates Eq. 8-9 tag this round: ``tau * #candidates`` rounded down.
+    """How many candidates Eq. 8-9 pseudo-label this round: ``tau * #candidates`` rounded down.
 
     ``carry`` (``(2, C)``, the fractional parts left by earlier rounds, rows negative / positive) is added
-    before rounding and the new remainder returned, so that over the rounds a site tags ``tau`` of its
+    before rounding and the new remainder returned, so that over the rounds a site pseudo-labels ``tau`` of its
     candidates on average even where ``tau * #candidates < 1`` every round (a site of 100 images with
-    ``T1 = 1 %``: plain rounding down never tags anything). ``carry=None``: plain rounding down.
+    ``T1 = 1 %``: plain rounding down never pseudo-labels anything). ``carry=None``: plain rounding down.
 
     Returns: ``(k0 (C,) int64, k1 (C,) int64, carry (2, C) float64)``.
     """
@@ -230,18 +230,18 @@ def selection_counts(n_neg: torch.Tensor, n_pos: torch.Tensor, tau0: float | tor
     return k[0].long(), k[1].long(), (exact - k).clamp_min(0.0)
 
 
-def select_top(scores: torch.Tensor, already_tagged: torch.Tensor, k0: torch.Tensor,
+def select_top(scores: torch.Tensor, has_pseudo: torch.Tensor, k0: torch.Tensor,
                k1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per class c: the ``k0_c`` negative candidates (untagged, ``Z >= 0``) with the largest Z and the ``k1_c``
+    """Per class c: the ``k0_c`` negative candidates (without a pseudo label, ``Z >= 0``) with the largest Z and the ``k1_c``
     positive candidates (``Z < 0``) with the smallest Z. Ties keep the lower index. Shapes as
     :func:`select_pseudo_labels`."""
     z = scores if scores.dim() == 2 else scores[:, None]
-    tagged = (already_tagged if already_tagged.dim() == 2 else already_tagged[:, None]).bool()
-    neg = torch.zeros_like(tagged)
-    pos = torch.zeros_like(tagged)
+    taken = (has_pseudo if has_pseudo.dim() == 2 else has_pseudo[:, None]).bool()
+    neg = torch.zeros_like(taken)
+    pos = torch.zeros_like(taken)
     k0, k1 = torch.as_tensor(k0).expand(z.shape[1]), torch.as_tensor(k1).expand(z.shape[1])
     for c in range(z.shape[1]):
-        zc, free = z[:, c], ~tagged[:, c]
+        zc, free = z[:, c], ~taken[:, c]
         for sel, cand, k, descending in ((neg, free & (zc >= 0), int(k0[c]), True),
                                          (pos, free & (zc < 0), int(k1[c]), False)):
             if k <= 0:
@@ -254,42 +254,43 @@ def select_top(scores: torch.Tensor, already_tagged: torch.Tensor, k0: torch.Ten
     return neg, pos
 
 
-def select_pseudo_labels(scores: torch.Tensor, already_tagged: torch.Tensor, tau0: float | torch.Tensor,
+def select_pseudo_labels(scores: torch.Tensor, has_pseudo: torch.Tensor, tau0: float | torch.Tensor,
                          tau1: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Missing-label detection (Eq. 8-9) on the residual pool of each class.
 
-    For column c, among the samples not yet tagged: the negative candidates (``Z >= 0``) and the positive
+    For column c, among the samples without a pseudo label: the negative candidates (``Z >= 0``) and the positive
     candidates (``Z < 0``); ``floor(tau0_c * #negative candidates)`` of the largest Z become negatives and
     ``floor(tau1_c * #positive candidates)`` of the smallest Z become positives. Ties keep the lower index.
-    (The trainer's default carries the fractional parts across rounds: :func:`selection_counts`.)
+    (The trainer's default, ``pseudo_label_rounding: floor``, rounds down the same way; ``carry`` carries the
+    fractional parts across rounds: :func:`selection_counts`.)
 
     Args:
         scores: ``(N,)`` or ``(N, C)`` Z scores (NaN = never selected).
-        already_tagged: same shape, bool: samples tagged in earlier rounds (excluded, "residual samples").
+        has_pseudo: same shape, bool: samples pseudo-labelled in earlier rounds (excluded, "residual samples").
         tau0, tau1: shares in [0, 1], scalars or ``(C,)`` (a 0 share selects nothing for that class).
 
     Returns:
         ``(new_negatives, new_positives)``: bool masks of the shape of ``scores``.
     """
-    k0, k1, _ = selection_counts(*candidate_counts(scores, already_tagged), tau0, tau1)
-    return select_top(scores, already_tagged, k0, k1)
+    k0, k1, _ = selection_counts(*candidate_counts(scores, has_pseudo), tau0, tau1)
+    return select_top(scores, has_pseudo, k0, k1)
 
 
 def schedule_share(T: float, reference_rounds: int | None, rounds: int) -> float:
     """A per-round share ``T`` meant for ``reference_rounds`` stage-2 rounds, for a job with ``rounds`` of them:
-    ``1 - (1 - T) ** (reference_rounds / rounds)``, so that a pool tagged at that share every round is tagged to
-    the same total share by the last round (the paper: T1 = 1 % over 450 rounds tags 99 % of the positive
-    candidates; over 25 rounds 1 % tags 22 %). ``reference_rounds`` None or ``rounds <= 0``: ``T`` unchanged."""
+    ``1 - (1 - T) ** (reference_rounds / rounds)``, so that a pool pseudo-labelled at that share every round is pseudo-labelled to
+    the same total share by the last round (the paper: T1 = 1 % over 450 rounds pseudo-labels 99 % of the positive
+    candidates; over 25 rounds 1 % pseudo-labels 22 %). ``reference_rounds`` None or ``rounds <= 0``: ``T`` unchanged."""
     if not reference_rounds or rounds <= 0:
         return T
     return 1.0 - (1.0 - T) ** (reference_rounds / rounds)
 
 
-def accumulate_tags(tags: torch.Tensor, new_negatives: torch.Tensor, new_positives: torch.Tensor) -> torch.Tensor:
-    """Permanent tags (Sec. 2.3.2): ``tags`` is ``(N, C)`` int8 with -1 = untagged, 0 / 1 = pseudo label; new
-    selections are written only where the entry is still untagged (earlier tags are never revised)."""
-    free = tags < 0
-    out = tags.clone()
+def accumulate_pseudo_labels(pseudo: torch.Tensor, new_negatives: torch.Tensor, new_positives: torch.Tensor) -> torch.Tensor:
+    """Permanent pseudo labels (Sec. 2.3.2): ``pseudo`` is ``(N, C)`` int8 with -1 = none, 0 / 1 = pseudo label;
+    new selections are written only where the entry has none yet (earlier pseudo labels are never revised)."""
+    free = pseudo < 0
+    out = pseudo.clone()
     out[free & new_negatives.bool()] = 0
     out[free & new_positives.bool()] = 1
     return out

@@ -76,8 +76,23 @@ class FedMLPRule(ServerRule):
         self.degree = d
 
     def state_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("p0", "p1", "valid", "degree") if getattr(self, k) is not None}
+        """Nothing: the rule's state is exactly the metadata it sends (global prototypes, which classes have them,
+        degrees), stored once in the server checkpoint with the global model and given back by
+        :meth:`load_sent_meta`."""
+        return {}
 
     def load_state_dict(self, state: dict) -> None:
-        for k in ("p0", "p1", "valid", "degree"):
-            setattr(self, k, state.get(k))
+        for k in ("p0", "p1", "valid", "degree"):  # a checkpoint written when the state was saved separately
+            if state.get(k) is not None:
+                setattr(self, k, state[k])
+
+    def load_sent_meta(self, meta: dict) -> None:
+        """Rebuild ``p0``, ``p1`` ``(C, D)`` float32, ``valid`` ``(C, 2)`` bool and ``degree`` ``(C,)`` float64 from
+        the metadata sent last (as :meth:`aggregate` returned it, after NVFlare's and the checkpoint's conversion to
+        lists); nothing when it holds no prototypes (stage 1)."""
+        if META_GLOBAL_P0 not in meta:
+            return
+        self.p0 = torch.as_tensor(np.asarray(meta[META_GLOBAL_P0], dtype=np.float32))
+        self.p1 = torch.as_tensor(np.asarray(meta[META_GLOBAL_P1], dtype=np.float32))
+        self.valid = torch.as_tensor(np.asarray(meta[META_GLOBAL_VALID], dtype=bool))
+        self.degree = torch.as_tensor(np.asarray(meta[META_GLOBAL_DEGREE], dtype=np.float64))

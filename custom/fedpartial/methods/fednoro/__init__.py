@@ -43,4 +43,5 @@ __all__ = [*_maths_all, "FedNoRoRule", "FedNoRoRuleOptions", "FedNoRoOptions", "
 
 
 def register_all(register) -> None:
-    register("fednoro", FedNoRoTrainer, FedNoRoRule, doc="FedNoRo (Wu et al., IJCAI 2023): LA + KD, GMM noisy sites, DaAgg")
+    register("fednoro", FedNoRoTrainer, FedNoRoRule, doc="FedNoRo (Wu et al., IJCAI 2023): LA + KD, GMM noisy sites, DaAgg",
+             job="fednoro_ich", comparison=True)

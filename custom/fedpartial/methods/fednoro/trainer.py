@@ -111,7 +111,7 @@ class FedNoRoTrainer(SupervisedTrainer):
         _, probs = whole_set_pass(self.ctx.model, loader, n, self.ctx.task, self.ctx.device)
         return class_mean_losses(probs, labels, mask, self.ctx.task, self.opts.missing)
 
-    def supervised(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
+    def label_loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
         """``(1 - lambda) L_LA`` (``lambda`` = 0 unless the site distils this round)."""
         if self.code_ml:
             la = masked_bce(logits, batch["label"], batch["mask"])

@@ -47,4 +47,5 @@ __all__ = [*_maths_all, "RSCFedRule", "RSCFedRuleOptions", "RSCFedOptions", "RSC
 
 def register_all(register) -> None:
     register("rscfed", RSCFedTrainer, RSCFedRule,
-             doc="RSCFed (Liang et al., CVPR 2022): sub-consensus models + mean teacher")
+             doc="RSCFed (Liang et al., CVPR 2022): sub-consensus models + mean teacher",
+             job="rscfed_ich", comparison=True)

@@ -71,7 +71,7 @@ class RSCFedTrainer(WithMeanTeacher, LocalTrainer):
         """The unlabelled part of a batch: ``(B,)`` rows (single-label) or ``(B, C)`` entries (multi-label)."""
         return ~labelled_rows(labels, mask) if self.kind == "softmax" else ~mask.bool()
 
-    def supervised(self, logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def label_loss(self, logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return ce_labelled(logits, labels, mask) if self.kind == "softmax" else masked_bce(logits, labels, mask)
 
     def teacher_probs(self, x: torch.Tensor) -> torch.Tensor:
@@ -97,7 +97,7 @@ class RSCFedTrainer(WithMeanTeacher, LocalTrainer):
         total, sup_sum, cons_sum, steps, n_unknown, n_confident = 0.0, 0.0, 0.0, 0, 0, 0
         for b in self.batches({"image": self.opts.view, "image_2": self.opts.view}, round_num):
             out = model(b["image"])
-            sup = self.supervised(out, b["label"], b["mask"])
+            sup = self.label_loss(out, b["label"], b["mask"])
             p, t = self.teacher_probs(b["image_2"])
             unknown = self.unknown(b["label"], b["mask"])
             cons = consistency_loss(out, t, unknown, self.kind)

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..evaluation import probabilities
+from ..models import full_precision
 
 _EPS = 1e-12
 
@@ -140,10 +141,17 @@ def mc_dropout_probs(model: torch.nn.Module, x: torch.Tensor, passes: int, task:
         if isinstance(m, torch.nn.modules.dropout._DropoutNd):
             m.train()
     try:
-        return torch.stack([probabilities(model(x), task) for _ in range(int(passes))])
+        return torch.stack([_probs32(model(x), task) for _ in range(int(passes))])
     finally:
         for m, mode in modes.items():
             m.train(mode)
+
+
+def _probs32(logits: torch.Tensor, task: str) -> torch.Tensor:
+    """:func:`~fedpartial.evaluation.probabilities` in float32 with autocast off (under ``train.amp`` a bfloat16
+    sigmoid turns every p >= 0.998 into 1.0 and leaves a few dozen distinct values per class)."""
+    with full_precision():
+        return probabilities(logits.float(), task)
 
 
 # ------------------------------------------------------------------------------------------ the site's data
@@ -178,7 +186,7 @@ def whole_set_pass(model: torch.nn.Module, loader, n: int, task: str, device: to
                 logits = model.head(f)
             else:
                 logits = model(x)
-            p = probabilities(logits, task).float().cpu()
+            p = _probs32(logits, task).cpu()
             idx = b["index"].cpu().long()
             if probs is None:
                 probs = torch.zeros(n, p.shape[1])
@@ -196,6 +204,7 @@ def whole_set_pass(model: torch.nn.Module, loader, n: int, task: str, device: to
     return feats, probs
 
 
+@full_precision()
 def cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``(N, D)`` x ``(M, D)`` -> ``(N, M)`` cosine similarities."""
+    """``(N, D)`` x ``(M, D)`` -> ``(N, M)`` cosine similarities, float32 (autocast off)."""
     return F.normalize(a.float(), dim=1, eps=_EPS) @ F.normalize(b.float(), dim=1, eps=_EPS).t()

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from ..losses import labelled_rows
 from .base import LocalTrainer, RoundOutput, ServerRule, TrainerOptions
-from .common import label_table, plogp
+from .common import full_precision, label_table, plogp
 from .options import opt
 
 __all__ = ["log_mixed", "sharpened_log_probs", "distill_probs", "ce_term", "js_term", "entropy_term", "sd_weight",
@@ -119,8 +119,9 @@ def ce_term(s: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, task: str
 
 
 def _kl_terms(q: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """Element-wise ``q log(q / m)``."""
-    return plogp(q) - q * torch.log(m)
+    """Element-wise ``q log(q / m)`` with ``0 log(0 / m) = 0`` (``m >= q / 2`` in the JS terms, so ``q > 0`` gives
+    ``m > 0``; no ``0 * -inf``)."""
+    return plogp(q) - torch.where(q > 0, q * torch.log(m.clamp_min(torch.finfo(m.dtype).tiny)), torch.zeros_like(q))
 
 
 def js_term(q1: torch.Tensor, q2: torch.Tensor, task: str, parity: str = "paper") -> torch.Tensor:
@@ -167,6 +168,7 @@ def inverse_frequency(labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(pos > 0, n / pos.clamp_min(1.0), torch.ones_like(pos))
 
 
+@full_precision()
 def fedlsr_loss(z1: torch.Tensor, z2: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, lam: float, beta: float,
                 task: str, sharpen_t: float = 0.5, distill_t: float = 1 / 3, lambda_e: float = 0.6,
                 missing: str = "negatives", pos_weight: torch.Tensor | None = None,
@@ -180,6 +182,7 @@ def fedlsr_loss(z1: torch.Tensor, z2: torch.Tensor, labels: torch.Tensor, mask: 
     Returns:
         ``(loss, {"ce", "sd", "entropy"})``.
     """
+    z1, z2 = z1.float(), z2.float()  # float32: in bfloat16 the clamp 1 - 1e-6 is 1.0 and (1 - q) log(1 - m) NaN
     s = sharpened_log_probs(z1, z2, lam, sharpen_t, task)
     ce = ce_term(s, labels, mask, task, missing, pos_weight, parity)
     q1, q2 = distill_probs(z1, distill_t, task), distill_probs(z2, distill_t, task)

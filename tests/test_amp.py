@@ -94,3 +94,43 @@ def test_relation_matrix_and_prototypes_are_float32_under_autocast():
         p = class_prototypes(feats, targets, torch.ones_like(targets, dtype=torch.bool))
     assert m.dtype == torch.float32 and torch.equal(m, ref_m) and torch.equal(c, ref_c)
     assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(p, ref_p))
+
+
+def test_device_sums_equal_python_float_sums_and_integer_counts():
+    """The per-round totals kept on the device (read once) are exactly the former per-step ``float(loss)`` sums."""
+    from fedpartial.methods.common import DeviceSums
+
+    g = torch.Generator().manual_seed(0)
+    losses = [torch.rand((), generator=g) * 10 ** float(torch.randint(-3, 3, (1,), generator=g)) for _ in range(500)]
+    flags = [torch.rand(7, generator=g) < 0.3 for _ in range(500)]
+    sums = DeviceSums()
+    total, count = 0.0, 0
+    for loss, f in zip(losses, flags):
+        sums.add(loss=loss.requires_grad_(), pseudo=f)
+        total += float(loss.detach())
+        count += int(f.sum())
+    read = sums.read()
+    assert read["loss"] == total and read["pseudo"] == count and isinstance(read["pseudo"], int)
+    assert "other" not in read
+
+
+def test_mc_dropout_on_cached_features_equals_whole_network_passes():
+    """Dropout only after the pooled feature: the encoder once and the head T times gives the numbers of T passes of
+    the whole network for the same seed; dropout inside the encoder keeps the whole-network passes."""
+    from fedpartial.methods import common
+
+    net = PartialLabelNet("small_cnn", 5, 3, width=4, dropout=0.3, head_hidden=16, head_dropout=0.2)
+    x = torch.rand(8, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    assert common.dropout_only_in_head(net)
+    torch.manual_seed(7)
+    cached = mc_dropout_probs(net, x, 6, "multilabel")
+    net.eval()
+    for m in net.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.train()
+    torch.manual_seed(7)
+    with torch.no_grad():
+        full = torch.stack([torch.sigmoid(net(x)) for _ in range(6)])
+    assert torch.equal(cached, full) and not torch.equal(cached[0], cached[1])
+    net.encoder.body.insert(1, torch.nn.Dropout(0.1))
+    assert not common.dropout_only_in_head(net)

@@ -45,14 +45,42 @@ CHECKS = ("zoo", "paper", "eval", "step", "round", "job")
 TARGET_AMP, TARGET_ROUND = 0.6, 1.2
 
 
+DEPS_ZIP = REPO / ".venv" / "gpu_deps.zip"  # --pack-deps writes it; a GPU machine without network reads it
+DEPS_DIR = REPO / ".venv" / "gpu_deps"
+PACKED = ("monai",)  # pure-Python packages a CUDA machine's own Python may lack (torch, numpy, scipy, PIL it has)
+
+
+def pack_deps() -> None:
+    """Zip the pure-Python packages of :data:`PACKED` from this Python into :data:`DEPS_ZIP` (a few MB: what to
+    bring to a GPU machine that has a CUDA torch but no network; ``gpu_check.sh`` unpacks it there)."""
+    import importlib
+    import zipfile
+
+    DEPS_ZIP.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(DEPS_ZIP, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name in PACKED:
+            root = Path(importlib.import_module(name).__file__).parent
+            for f in sorted(root.rglob("*")):
+                if f.is_file() and "__pycache__" not in f.parts and f.suffix not in (".pyc", ".so"):
+                    zf.write(f, f.relative_to(root.parent))
+    print(f"wrote {DEPS_ZIP} ({DEPS_ZIP.stat().st_size / 1e6:.1f} MB: {', '.join(PACKED)})")
+
+
 def setup_path() -> list[str]:
-    """``custom/`` first on ``sys.path``; the checkout's ``.venv`` site-packages LAST, so a Python that brings its
-    own (CUDA) torch borrows only what it lacks (MONAI, NVFlare) from the copied venv. Returns the borrowed
-    folders."""
+    """``custom/`` first on ``sys.path``; then, LAST (after this Python's own packages, so its CUDA torch and numpy
+    win): the packages unpacked from :data:`DEPS_ZIP` and the checkout's ``.venv`` site-packages, for what this
+    Python lacks (MONAI, NVFlare). Returns the borrowed folders."""
     sys.path.insert(0, str(REPO / "custom"))
+    if DEPS_ZIP.is_file() and not DEPS_DIR.is_dir():
+        import zipfile
+
+        with zipfile.ZipFile(DEPS_ZIP) as zf:
+            zf.extractall(DEPS_DIR)
     borrowed = []
-    for site in sorted((REPO / ".venv" / "lib").glob("python3*/site-packages")):
-        if str(site) not in sys.path and not str(Path(sys.prefix)) in str(site):
+    folders = [DEPS_DIR] if DEPS_DIR.is_dir() else []
+    folders += sorted((REPO / ".venv" / "lib").glob("python3*/site-packages"))
+    for site in folders:
+        if str(site) not in sys.path and str(Path(sys.prefix)) not in str(site):
             sys.path.append(str(site))
             borrowed.append(str(site))
     return borrowed
@@ -201,7 +229,8 @@ def check_zoo(args, work: Path, out: list) -> None:
     _images(root, 3 * 16, 16)
     cases = [(m, t) for m in available_methods() for t in get_method(m).trainer.tasks]
     if args.quick:
-        cases = [c for c in cases if c[0] in ("fedavg", "fixmatch", "fedlsr", "fedirm", "fedlsm", "fedmlp")]
+        cases = [c for c in cases if c in (("fedavg", "multilabel"), ("fixmatch", "multiclass"),
+                                           ("fedlsr", "multilabel"), ("fedirm", "multilabel"))]
     model = {"arch": "small_cnn", "width": 4, "dropout": 0.2}
     train = {"lr": 1e-2, "batch_size": 4, "local_steps": 2, "inference_batch_size": 8, "pin_memory": True}
     for amp in (False, True):
@@ -492,7 +521,10 @@ def main() -> None:
     ap.add_argument("--only", choices=CHECKS, help="run one check in this process (what the driver does)")
     ap.add_argument("--checks", default=",".join(CHECKS), help="comma-separated checks to run")
     ap.add_argument("--timeout", type=int, default=420, help="seconds per check")
+    ap.add_argument("--pack-deps", action="store_true", help=f"write {DEPS_ZIP.relative_to(REPO)} (MONAI) and stop")
     args = ap.parse_args()
+    if args.pack_deps:
+        return pack_deps()
     if args.only:
         return run_one(args)
     t_start = time.perf_counter()

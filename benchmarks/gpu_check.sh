@@ -7,8 +7,11 @@
 #   bash benchmarks/gpu_check.sh --device cpu --quick    # a dry run on a CPU
 #
 # No network is needed. The Python is the first of these whose torch sees CUDA (with --device cpu: whose torch
-# imports): $GPU_CHECK_PYTHON, python3 on the PATH, the checkout's .venv. A Python that lacks MONAI / NVFlare
-# borrows them from the checkout's .venv site-packages (appended after its own: its CUDA torch and numpy win).
+# imports): $GPU_CHECK_PYTHON, python3 on the PATH, the checkout's .venv. A Python that lacks MONAI borrows it
+# (appended after its own packages: its CUDA torch and numpy win) from .venv/gpu_deps.zip, written on a machine
+# that has the project's venv by `python benchmarks/gpu_check.py --pack-deps` (1.6 MB, pure Python), or from a
+# copied .venv's site-packages. Without NVFlare (its gRPC is compiled per Python version) the simulator job and
+# FedProx (NVFlare's loss) report SKIP with the reason.
 set -u
 cd "$(dirname "$0")/.."
 

@@ -128,3 +128,66 @@ def test_flip_view_is_monais_horizontal_flip_with_probability_one_half():
     m_flipped = sum(bool(torch.equal(o, ref[0])) for o in outs)
     assert all(torch.equal(o, x[0]) or torch.equal(o, ref[0]) for o in outs)
     assert stats.binomtest(m_flipped, 200, 0.5).pvalue > 1e-3
+
+
+def test_strong_view_noise_is_drawn_on_the_device_with_the_old_distribution():
+    """The Gaussian noise of the strong view comes from a generator of the training device seeded from the view's
+    generator (no full-batch host draw and copy). The RNG order changed, so the numbers differ from the former
+    host draw (``torch.randn`` of the whole batch on the CPU, x 0.03); their distribution does not: two-sample KS
+    against the former draw, std 0.03, and the same seed gives the same noise."""
+    from fedpartial.data.batch_views import NOISE_STD, gaussian_noise
+
+    shape = (8, 3, 32, 32)
+    new = gaussian_noise(shape, 123, "cpu", torch.float32) * NOISE_STD
+    assert torch.equal(new, gaussian_noise(shape, 123, "cpu", torch.float32) * NOISE_STD)
+    assert not torch.equal(new, gaussian_noise(shape, 124, "cpu", torch.float32) * NOISE_STD)
+    old = torch.randn(shape, generator=torch.Generator().manual_seed(5)) * NOISE_STD  # the former host-side draw
+    assert stats.ks_2samp(new.flatten().numpy(), old.flatten().numpy()).pvalue > 1e-3
+    assert abs(float(new.std()) - NOISE_STD) < 1e-3 and abs(float(new.mean())) < 1e-3
+    # inside the strong view: the samples given noise differ from the image by that noise only (x in (0.2, 0.8):
+    # the clip to [0, 1] never acts), and the others by no noise
+    x = 0.2 + 0.6 * torch.rand(64, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    out = BatchAugment._filter(x, torch.Generator().manual_seed(3))
+    diff = (out - x).flatten(1)
+    noisy = [d for d in diff if d.abs().max() > 0 and stats.kstest(d.numpy(), "norm", (0, NOISE_STD)).pvalue > 1e-3]
+    assert 5 <= len(noisy) <= 30  # p = 0.7 / 3 of 64 samples, about 15
+
+
+def test_prefetching_view_loader_gives_the_same_batches_and_stops_when_left_early():
+    """``ViewLoader(prefetch=2)`` collates ahead in a background thread: the same batches, in the same order, with
+    the same views (bit for bit) as without; leaving the loop early ends the thread; a loader error reaches the
+    consumer."""
+    import threading
+
+    from fedpartial.data.batch_views import ViewLoader
+
+    data = [{"source": torch.rand(3, 16, 16, generator=torch.Generator().manual_seed(i)), "index": torch.tensor(i)}
+            for i in range(40)]
+    loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(1))
+    views = {"image": "strong", "image_2": "weak"}
+
+    def run(prefetch):
+        loader.generator.manual_seed(1)
+        return list(ViewLoader(loader, views, BatchAugment(), seed=5, prefetch=prefetch))
+
+    plain, ahead = run(0), run(2)
+    assert len(plain) == len(ahead) == 5
+    for a, b in zip(plain, ahead):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    before = threading.active_count()
+    it = iter(ViewLoader(loader, views, BatchAugment(), seed=5, prefetch=2))
+    next(it)
+    it.close()  # what leaving a for loop early does
+    assert threading.active_count() == before
+
+    class Broken:
+        dataset = data
+
+        def __len__(self):
+            return 1
+
+        def __iter__(self):
+            raise OSError("unreadable batch")
+
+    with pytest.raises(OSError, match="unreadable batch"):
+        list(ViewLoader(Broken(), views, BatchAugment(), seed=5, prefetch=2))

@@ -276,3 +276,53 @@ def test_readme_methods_table_lists_exactly_the_registered_methods():
               for name in re.findall(r"`([a-z0-9_]+)`", row.split("|")[1])}
     assert listed == set(available_methods()), (sorted(set(available_methods()) - listed),
                                                  sorted(listed - set(available_methods())))
+
+
+# ------------------------------------------------------------------------------------------ mixed precision
+
+STRONG_VIEW_OPTIONS = {"view": "strong", "feature_view": "strong"}  # every augmented view strong where optional
+
+
+@pytest.mark.parametrize("name, task", _cases())
+def test_every_method_trains_two_rounds_under_bfloat16_autocast(name, task, images, tmp_path):
+    """``train.amp``: the same two federated rounds with every site's round under bfloat16 autocast, as the executor
+    runs it (``torch.autocast`` of the training device, here the CPU), with strong views wherever the method lets
+    the view be chosen. Every round's loss and the global model stay finite, and the model changes."""
+    method = get_method(name)
+    ds = resolve_dataset({"preset": PRESET[task], "image_size": SIZE})
+    C = len(ds["classes"])
+    options = {**one_round_first_stage(method),
+               **{k: v for k, v in STRONG_VIEW_OPTIONS.items() if k in method.option_names()}}
+    annotated = _annotations(name, task, C, method.trainer.accepts_unlabelled)
+    ctxs = [_site(images, k, task, a, ds, tmp_path / f"s{k}") for k, a in enumerate(annotated)]
+    summary = _summary(ctxs)
+    torch.manual_seed(0)
+    init = PartialLabelNet("small_cnn", C, 3, width=4, dropout=0.2)
+    with torch.no_grad():  # confident outputs (|logit| 9): probabilities within bfloat16's spacing of 0 and 1
+        init.classifier.bias.copy_(9.0 * (1 - 2 * (torch.arange(C) % 2)))
+    global_w = {k: v.numpy().copy() for k, v in init.state_dict().items()}
+    groups = init.parameter_groups()
+    trainers = []
+    for ctx in ctxs:
+        ctx.summary, ctx.train = summary, {**vars(ctx.train), "amp": True}
+        trainers.append(method.make_trainer(ctx, dict(options), f"amp {name}"))
+    rule = method.make_rule(dict(options), f"amp {name}")
+    meta_out: dict = {META_SUMMARY: summary}
+    for rnd in range(2):
+        contributions = []
+        for ctx, tr in zip(ctxs, trainers):
+            tr.receive(global_w)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=ctx.train.amp):
+                out = tr.train_round(rnd, 2, dict(meta_out))
+            assert np.isfinite(out.loss), f"{name} {ctx.site} round {rnd}: loss {out.loss}"
+            tr.has_local_state = True
+            sent = _wire(DXO(DataKind.WEIGHTS, data=tr.export(), meta={
+                **out.meta, META_N_TRAIN: 12, META_ANNOTATED: ctx.annotated.tolist(), META_GROUPS: groups}))
+            contributions.append(Contribution(site=ctx.site, weights={k: np.asarray(v) for k, v in sent.data.items()},
+                                              n=12, meta=dict(sent.meta), weight=float(out.weight)))
+        weights, meta = rule.aggregate(global_w, [c for c in contributions if c.weight > 0], groups, rnd, summary)
+        back = _wire(DXO(DataKind.WEIGHTS, data=weights, meta=to_builtin(meta)))
+        assert all(np.all(np.isfinite(np.asarray(v, dtype=np.float64))) for v in back.data.values()), name
+        global_w, meta_out = {k: np.asarray(v) for k, v in back.data.items()}, {**back.meta, META_SUMMARY: summary}
+    changed = [k for k, v in init.state_dict().items() if v.is_floating_point() and not np.allclose(global_w[k], v.numpy())]
+    assert changed, f"{name}: the global model did not change in two rounds under amp"

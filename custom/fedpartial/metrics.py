@@ -45,17 +45,46 @@ import math
 from typing import Any, Mapping, Sequence
 
 import numpy as np
-from sklearn.metrics import (
-    accuracy_score,
-    average_precision_score,
-    confusion_matrix,
-    f1_score,
-    precision_score,
-    recall_score,
-    roc_auc_score,
-    roc_curve,
-)
 
+
+def _sklearn_metrics():
+    """``sklearn.metrics``, imported on first use (a site process imports this module at start-up; scikit-learn
+    and the SciPy it loads cost more than a second and ~60 MB there: benchmarks/import_cost.py)."""
+    import sklearn.metrics
+
+    return sklearn.metrics
+
+
+def accuracy_score(*args, **kwargs):
+    return _sklearn_metrics().accuracy_score(*args, **kwargs)
+
+
+def average_precision_score(*args, **kwargs):
+    return _sklearn_metrics().average_precision_score(*args, **kwargs)
+
+
+def confusion_matrix(*args, **kwargs):
+    return _sklearn_metrics().confusion_matrix(*args, **kwargs)
+
+
+def f1_score(*args, **kwargs):
+    return _sklearn_metrics().f1_score(*args, **kwargs)
+
+
+def precision_score(*args, **kwargs):
+    return _sklearn_metrics().precision_score(*args, **kwargs)
+
+
+def recall_score(*args, **kwargs):
+    return _sklearn_metrics().recall_score(*args, **kwargs)
+
+
+def roc_auc_score(*args, **kwargs):
+    return _sklearn_metrics().roc_auc_score(*args, **kwargs)
+
+
+def roc_curve(*args, **kwargs):
+    return _sklearn_metrics().roc_curve(*args, **kwargs)
 __all__ = ["multilabel_metrics", "multiclass_metrics", "compute_metrics", "flatten_metrics", "format_table",
            "best_threshold", "select_thresholds", "score_histogram", "thresholds_from_histogram",
            "histogram_metrics", "apply_validation_thresholds", "format_thresholds", "SCORE_GRID"]

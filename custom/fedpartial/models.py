@@ -20,8 +20,10 @@ the file or URL given in the config (``pretrained``); nothing is downloaded unle
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -30,6 +32,38 @@ from torch import nn
 logger = logging.getLogger(__name__)
 
 ARCHS = ("small_cnn", "resnet18", "densenet121")
+AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+@contextlib.contextmanager
+def full_precision() -> Iterator[None]:
+    """Autocast off on every device type for the enclosed code (also usable as a decorator): the float32 islands
+    of a round under ``train.amp`` (the classifier, probabilities, statistics, relation matrices)."""
+    with contextlib.ExitStack() as stack:
+        for device in AUTOCAST_DEVICES:
+            stack.enter_context(torch.autocast(device, enabled=False))
+        yield
+
+
+class GlobalAvgPool(nn.Module):
+    """``(B, C, H, W)`` -> ``(B, C, 1, 1)`` mean over the spatial positions: ``AdaptiveAvgPool2d(1)``'s values, with a
+    gradient that has a deterministic CUDA kernel (``AdaptiveAvgPool2d``'s backward has none, so it raises under
+    ``torch.use_deterministic_algorithms``: the executor's ``deterministic: true``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(dim=(-2, -1), keepdim=True)
+
+
+def use_global_avg_pool(module: nn.Module) -> nn.Module:
+    """Replace every ``AdaptiveAvgPool2d(1)`` inside ``module`` (MONAI's ResNet / DenseNet heads) by
+    :class:`GlobalAvgPool`, in place; no parameters change. Returns ``module``."""
+    for name, child in list(module.named_children()):
+        size = getattr(child, "output_size", None)
+        if isinstance(child, nn.AdaptiveAvgPool2d) and size in (1, (1, 1), [1, 1]):
+            setattr(module, name, GlobalAvgPool())
+        else:
+            use_global_avg_pool(child)
+    return module
 
 
 class SmallCNN(nn.Module):
@@ -43,7 +77,7 @@ class SmallCNN(nn.Module):
             layers += [nn.Conv2d(a, b, 3, padding=1, bias=False), nn.BatchNorm2d(b), nn.ReLU(inplace=True),
                        nn.MaxPool2d(2)]
         self.body = nn.Sequential(*layers)
-        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.pool = GlobalAvgPool()
         self.out_dim = chans[-1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -125,6 +159,7 @@ class PartialLabelNet(nn.Module):
             self.encoder, dim = _monai_densenet121(in_channels)
         else:
             raise ValueError(f"unknown arch {arch!r}; choose one of {ARCHS}")
+        use_global_avg_pool(self.encoder)
         self.feature_dim = dim
         self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         if self.head_hidden > 0:
@@ -136,12 +171,16 @@ class PartialLabelNet(nn.Module):
         self.classifier = nn.Linear(dim, num_classes)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        """``(B, C_in, H, W)`` -> ``(B, D)`` pooled features (before dropout)."""
-        return self.encoder(x)
+        """``(B, C_in, H, W)`` -> ``(B, D)`` pooled features (before dropout), float32 also when the encoder runs
+        under autocast (``train.amp``: the convolutions compute in bfloat16, what the methods read is float32)."""
+        return self.encoder(x).float()
 
     def head(self, feats: torch.Tensor) -> torch.Tensor:
-        """``(B, D)`` features -> ``(B, C)`` logits."""
-        return self.classifier(self.hidden(self.drop(feats)))
+        """``(B, D)`` features -> ``(B, C)`` float32 logits. The head always runs in float32 (autocast off): a
+        bfloat16 logit has 8 significant bits, too coarse for the methods' probabilities, entropies and
+        selection statistics; the head is a few small matrix products, so this costs nothing measurable."""
+        with full_precision():
+            return self.classifier(self.hidden(self.drop(feats.float())))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x))

@@ -19,10 +19,16 @@ import math
 from typing import Mapping, Sequence
 
 import numpy as np
-from scipy import stats as _st
 
 N_RESAMPLES = 100
 LEVEL = 0.95
+
+
+def _st():
+    """``scipy.stats``, imported on first use (not at a site's start-up)."""
+    from scipy import stats
+
+    return stats
 
 
 def weighted_auc(scores: np.ndarray, labels: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -141,13 +147,13 @@ def paired_comparison(a: Mapping[str, float], b: Mapping[str, float], alpha: flo
            "t": None, "p": None, "shapiro_w": None, "shapiro_p": None, "normal": None, "wilcoxon_p": None,
            "significant": None}
     if len(d) >= 2 and np.ptp(d) > 0:
-        t = _st.ttest_rel(x, y)
+        t = _st().ttest_rel(x, y)
         out.update(t=_f(t.statistic), p=_f(t.pvalue), significant=bool(t.pvalue < alpha))
     if len(d) >= 3 and np.ptp(d) > 0:
-        s = _st.shapiro(d)
+        s = _st().shapiro(d)
         out.update(shapiro_w=_f(s.statistic), shapiro_p=_f(s.pvalue), normal=bool(s.pvalue >= alpha))
     if len(d) >= 1 and np.any(d != 0):
-        out["wilcoxon_p"] = _f(_st.wilcoxon(x, y).pvalue)
+        out["wilcoxon_p"] = _f(_st().wilcoxon(x, y).pvalue)
     return out
 
 

@@ -23,6 +23,8 @@ reproduces the views; they are not the numbers MONAI's pipelines draw (``train.v
 from __future__ import annotations
 
 import math
+import queue
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -125,6 +127,14 @@ def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
     return out.view(b, c, h, w)
 
 
+def gaussian_noise(shape: Sequence[int], seed: int, device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
+    """Standard normal noise of ``shape`` drawn on ``device`` itself (a generator of that device seeded with
+    ``seed``): no host-side draw and copy of a full batch (32 x 3 x 224^2 floats) on a GPU."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(int(seed))
+    return torch.randn(tuple(shape), generator=gen, device=device, dtype=dtype)
+
+
 def adjust_contrast(x: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
     """Per-sample gamma on the image's own min-max range (MONAI ``AdjustContrast``): ``(B, C, H, W)``."""
     flat = x.flatten(1)
@@ -156,9 +166,15 @@ class BatchAugment:
         return (x - m.view(1, -1, 1, 1)) / s.view(1, -1, 1, 1)
 
     def __call__(self, x: torch.Tensor, kind: str, gen: torch.Generator) -> torch.Tensor:
-        """``(B, C, S, S)`` float in [0, 1] -> one view per sample, same shape, normalised."""
+        """``(B, C, S, S)`` float in [0, 1] -> one view per sample, same shape, normalised, in ``x``'s dtype.
+
+        Drawn with autocast off (a round under ``train.amp`` draws the same float32 views as one without)."""
         if kind not in KINDS:
             raise ValueError(f"augmentation kind must be one of {KINDS}, got {kind!r}")
+        with torch.autocast(x.device.type, enabled=False):
+            return self._view(x, kind, gen)
+
+    def _view(self, x: torch.Tensor, kind: str, gen: torch.Generator) -> torch.Tensor:
         n = x.shape[0]
         if kind == "flip":
             x = flip(x, torch.rand(n, generator=gen) < 0.5, 3)
@@ -181,7 +197,7 @@ class BatchAugment:
         choice = torch.multinomial(torch.tensor([P_FILTER / 3] * 3 + [1 - P_FILTER]), n, replacement=True,
                                    generator=gen)
         sigma = torch.stack([_uniform(n, 0.1, 1.0, gen) for _ in range(2)], 1)
-        noise = torch.randn(x.shape, generator=gen).to(x.device, x.dtype) * NOISE_STD
+        noise_seed = int(torch.randint(0, 2**62, (1,), generator=gen))
         out = x.clone()
         median, blur, noisy = (choice == k for k in range(3))
         if median.any():
@@ -189,7 +205,8 @@ class BatchAugment:
         if blur.any():
             out[blur.to(x.device)] = gaussian_blur(x[blur.to(x.device)], sigma[blur])
         if noisy.any():
-            out[noisy.to(x.device)] = x[noisy.to(x.device)] + noise[noisy.to(x.device)]
+            sel = noisy.to(x.device)
+            out[sel] = x[sel] + gaussian_noise(x[sel].shape, noise_seed, x.device, x.dtype) * NOISE_STD
         return out
 
     @staticmethod
@@ -222,15 +239,64 @@ def draw_views(batch: dict, views: Mapping[str, str], augment: BatchAugment, gen
     return out
 
 
+def prefetched(loader, depth: int, pin_memory: bool):
+    """Iterate ``loader`` in a background thread, ``depth`` batches ahead (collated and, with ``pin_memory``, pinned
+    there), so the next batch is ready while the device trains on this one. Same batches, same order; an error
+    in the thread is raised here; leaving the loop early stops the thread."""
+    q: queue.Queue = queue.Queue(maxsize=max(1, int(depth)))
+    stop = threading.Event()
+    done = object()
+
+    def work():
+        try:
+            for batch in loader:
+                if pin_memory:
+                    batch = {k: v.pin_memory() if torch.is_tensor(v) else v for k, v in batch.items()}
+                while not stop.is_set():
+                    try:
+                        q.put(batch, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(done)
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            q.put(e)
+
+    thread = threading.Thread(target=work, name="fedpartial-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while thread.is_alive():  # unblock a producer waiting on a full queue
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                thread.join(0.05)
+
+
 class ViewLoader:
     """A loader whose batches carry the cached images under ``"source"``, turned into the requested views by
     :func:`draw_views`; the generator is seeded once per loader from ``seed``, so the same seed gives the same
-    views (and the wrapped loader the same order)."""
+    views (and the wrapped loader the same order).
+
+    ``prefetch``: batches collated (and pinned, ``pin_memory``) ahead in a background thread (:func:`prefetched`);
+    the host-to-device copy is then asynchronous and the views are drawn on the device. None: 2 on a GPU, 0 (off)
+    on a CPU, where there is nothing to overlap with. The batches and views are the same either way."""
 
     def __init__(self, loader, views: Mapping[str, str], augment: BatchAugment, seed: int,
-                 device: torch.device | str = "cpu", pin_memory: bool = False):
+                 device: torch.device | str = "cpu", pin_memory: bool = False, prefetch: int | None = None):
         self.loader, self.views, self.augment, self.seed = loader, dict(views), augment, int(seed)
         self.device, self.pin_memory = torch.device(device), pin_memory
+        self.prefetch = (2 if self.device.type == "cuda" else 0) if prefetch is None else int(prefetch)
         self.dataset = loader.dataset
 
     def __len__(self) -> int:
@@ -239,5 +305,7 @@ class ViewLoader:
     def __iter__(self):
         gen = torch.Generator()
         gen.manual_seed(self.seed)
-        for batch in self.loader:
-            yield draw_views(batch, self.views, self.augment, gen, self.device, self.pin_memory)
+        pin = self.pin_memory and self.device.type == "cuda"
+        batches = prefetched(self.loader, self.prefetch, pin) if self.prefetch > 0 else self.loader
+        for batch in batches:
+            yield draw_views(batch, self.views, self.augment, gen, self.device, pin and self.prefetch <= 0)

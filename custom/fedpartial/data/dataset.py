@@ -22,8 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
-from monai.data import CacheDataset, DataLoader, PersistentDataset
-from monai.data import Dataset as MonaiDataset
+from torch.utils.data import DataLoader as TorchDataLoader
 
 from .manifest import Manifest
 from .transforms import ImageLoadError, Window, plain_tensors, preprocess_transforms, view_transforms
@@ -133,6 +132,9 @@ def make_dataset(manifest: Manifest, image_size: int, channels: int, mean: Seque
     """
     if cache not in CACHE_MODES:
         raise ValueError(f"cache must be one of {CACHE_MODES}, got {cache!r}")
+    from monai.data import CacheDataset, PersistentDataset  # imported where used (see fedpartial.data.transforms)
+    from monai.data import Dataset as MonaiDataset
+
     pre = preprocess_transforms(image_size, channels, ct_windows, resize_mode=resize_mode)
     data = [{"image": p} for p in manifest.paths]
     try:
@@ -155,11 +157,13 @@ def make_dataset(manifest: Manifest, image_size: int, channels: int, mean: Seque
 
 
 def make_loader(dataset: torch.utils.data.Dataset, batch_size: int, shuffle: bool, seed: int,
-                drop_last: bool = False, num_workers: int = 0) -> DataLoader:
+                drop_last: bool = False, num_workers: int = 0) -> TorchDataLoader:
     """A MONAI DataLoader with a seeded generator: the same ``seed`` gives the same order and, through MONAI's
     seeding of the dataset's random transforms (also in worker processes), the same augmentations.
     Use a different seed per round / epoch series to get fresh draws."""
     g = torch.Generator()
     g.manual_seed(int(seed))
+    from monai.data import DataLoader  # imported where used (see fedpartial.data.transforms)
+
     return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
                       num_workers=num_workers, generator=g, persistent_workers=False)

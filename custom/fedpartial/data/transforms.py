@@ -21,29 +21,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from monai.data import get_track_meta, set_track_meta
-from monai.transforms import (
-    Compose,
-    CopyItemsd,
-    DeleteItemsd,
-    EnsureTyped,
-    Identityd,
-    Lambdad,
-    MapTransform,
-    MedianSmoothd,
-    NormalizeIntensityd,
-    OneOf,
-    RandAdjustContrastd,
-    RandAffined,
-    RandFlipd,
-    RandGaussianNoised,
-    RandGaussianSmoothd,
-    RandScaleIntensityd,
-    Resized,
-)
 from PIL import Image
 
 from .sources.rsna_ich import apply_windows, read_dicom_hu  # DICOM -> HU (H, W); HU -> (n_windows, H, W) in [0, 1]
+
+# MONAI is imported where a pipeline is built, not with this module: importing MONAI imports all of it (and the
+# optional packages it finds: scikit-learn, matplotlib, tensorboard, mlflow), which a site process that only
+# reads its manifests or the server does not need (benchmarks/import_cost.py)
 
 KINDS = ("eval", "flip", "weak", "strong")  # the view kinds of both pipelines (this one and batch_views)
 Window = tuple[float, float]  # (center, width) in HU
@@ -155,27 +139,53 @@ def read_image(path: str | os.PathLike, channels: int, ct_windows: Sequence[Wind
     return _match_channels(x, channels, path)
 
 
-class LoadImageAnyd(MapTransform):
-    """Path -> ``(channels, H, W)`` float32 tensor in [0, 1] (PNG/JPG gray or RGB, DICOM with optional CT windows).
+_LOADER_CLASS = None
 
-    Args:
-        keys: keys whose values are file paths.
-        channels: output channels (1 = gray, 3 = RGB; CT: usually ``len(ct_windows)``).
-        ct_windows: DICOM only: ``[(center, width), ...]`` in HU, one output channel each (then matched to
-            ``channels`` like a gray/RGB image); None = min-max scaled HU.
-    """
 
-    def __init__(self, keys, channels: int, ct_windows: Sequence[Window] | None = None,
-                 allow_missing_keys: bool = False) -> None:
-        super().__init__(keys, allow_missing_keys)
-        self.channels = int(channels)
-        self.ct_windows = [tuple(map(float, w)) for w in ct_windows] if ct_windows else None
+def _load_image_anyd_class():
+    """The MONAI ``MapTransform`` of :func:`LoadImageAnyd`, defined on first use (MONAI imported then)."""
+    global _LOADER_CLASS
+    if _LOADER_CLASS is not None:
+        return _LOADER_CLASS
+    from monai.transforms import MapTransform
 
-    def __call__(self, data: Mapping[Hashable, object]) -> dict:
-        d = dict(data)
-        for key in self.key_iterator(d):
-            d[key] = torch.from_numpy(read_image(d[key], self.channels, self.ct_windows))
-        return d
+    class LoadImageAnydTransform(MapTransform):
+        """Path -> ``(channels, H, W)`` float32 tensor in [0, 1] (PNG/JPG gray or RGB, DICOM with optional CT windows).
+
+        Args:
+            keys: keys whose values are file paths.
+            channels: output channels (1 = gray, 3 = RGB; CT: usually ``len(ct_windows)``).
+            ct_windows: DICOM only: ``[(center, width), ...]`` in HU, one output channel each (then matched to
+                ``channels`` like a gray/RGB image); None = min-max scaled HU.
+        """
+
+        def __init__(self, keys, channels: int, ct_windows: Sequence[Window] | None = None,
+                     allow_missing_keys: bool = False) -> None:
+            super().__init__(keys, allow_missing_keys)
+            self.channels = int(channels)
+            self.ct_windows = [tuple(map(float, w)) for w in ct_windows] if ct_windows else None
+
+        def __call__(self, data: Mapping[Hashable, object]) -> dict:
+            d = dict(data)
+            for key in self.key_iterator(d):
+                d[key] = torch.from_numpy(read_image(d[key], self.channels, self.ct_windows))
+            return d
+
+    LoadImageAnydTransform.__qualname__ = "LoadImageAnydTransform"  # picklable (DataLoader worker processes):
+    _LOADER_CLASS = LoadImageAnydTransform                          # found again through the module __getattr__
+    return _LOADER_CLASS
+
+
+def __getattr__(name: str):
+    if name == "LoadImageAnydTransform":
+        return _load_image_anyd_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def LoadImageAnyd(keys, channels: int, ct_windows: Sequence[Window] | None = None, allow_missing_keys: bool = False):
+    """Path -> ``(channels, H, W)`` float32 tensor in [0, 1] (a MONAI dictionary transform; see
+    :func:`read_image`)."""
+    return _load_image_anyd_class()(keys, channels, ct_windows, allow_missing_keys)
 
 
 # --------------------------------------------------------------------------------------------------------- pipelines
@@ -188,6 +198,8 @@ def plain_tensors() -> Iterator[None]:
     an idle core and 2 ms instead of 11 ms on a busy machine (``benchmarks/local_round_speed.py``). MONAI's flag
     is process-global: restored on exit.
     """
+    from monai.data import get_track_meta, set_track_meta
+
     previous = get_track_meta()
     set_track_meta(False)
     try:
@@ -204,6 +216,8 @@ def _normalise(keys, channels: int | None, mean: Sequence[float] | None, std: Se
     """NormalizeIntensityd with per-channel ``(x - mean[c]) / std[c]``; ``[]`` when both are None."""
     if mean is None and std is None:
         return []
+    from monai.transforms import NormalizeIntensityd
+
     n = len(mean if mean is not None else std)
     mean = [0.0] * n if mean is None else [float(m) for m in mean]
     std = [1.0] * n if std is None else [float(s) for s in std]
@@ -215,6 +229,8 @@ def _normalise(keys, channels: int | None, mean: Sequence[float] | None, std: Se
 def preprocess_transforms(image_size: int, channels: int, ct_windows: Sequence[Window] | None = None,
                           keys: Sequence[str] = ("image",), resize_mode: str = "area") -> Compose:
     """Deterministic, cacheable part: path -> ``(channels, image_size, image_size)`` float32 tensor in [0, 1]."""
+    from monai.transforms import Compose, EnsureTyped, Resized
+
     return Compose([
         LoadImageAnyd(keys, channels, ct_windows),
         Resized(keys, spatial_size=(image_size, image_size), mode=resize_mode),
@@ -235,6 +251,10 @@ def augment_transforms(kind: str, image_size: int, mean: Sequence[float] | None 
     """
     if kind not in KINDS:
         raise ValueError(f"augmentation kind must be one of {KINDS}, got {kind!r}")
+    from monai.transforms import (Compose, EnsureTyped, Identityd, Lambdad, MedianSmoothd, OneOf,
+                                  RandAdjustContrastd, RandAffined, RandFlipd, RandGaussianNoised,
+                                  RandGaussianSmoothd, RandScaleIntensityd)
+
     keys = list(keys)
     norm = [*_normalise(keys, channels, mean, std),
             EnsureTyped(keys, data_type="tensor", dtype=torch.float32, track_meta=False)]  # plain tensors out
@@ -278,6 +298,8 @@ def build_transforms(kind: str, image_size: int, channels: int, mean: Sequence[f
 
     ``cached_only=True`` returns only the deterministic (cacheable) preprocessing part.
     """
+    from monai.transforms import Compose
+
     pre = preprocess_transforms(image_size, channels, ct_windows, keys)
     if cached_only:
         return pre
@@ -295,6 +317,8 @@ def view_transforms(views: Mapping[str, str], image_size: int, mean: Sequence[fl
     """
     if not views:
         raise ValueError("views must name at least one output key")
+    from monai.transforms import Compose, CopyItemsd, DeleteItemsd
+
     extra = [k for k in views if k != source_key]
     steps: list = [CopyItemsd(source_key, times=len(extra), names=extra)] if extra else []
     if source_key not in views:

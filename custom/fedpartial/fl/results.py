@@ -51,7 +51,7 @@ THRESHOLDS_FILE = "thresholds.json"  # next to the global models: per-class thre
 # meta every site sends each round; the rest (prototypes, degrees, counts, ...) is the method's own exchange
 _STANDARD_META = {META_RESULTS, META_TEST, META_N_TRAIN, META_ANNOTATED, META_GROUPS, META_WEIGHT, META_RULE_ERROR,
                   META_SKIPPED, META_MISSING, META_REJECTED, META_CLIPPED, META_PRIVACY, "train_loss",
-                  "train_seconds", "eval_seconds", MetaKey.INITIAL_METRICS, MetaKey.NUM_STEPS_CURRENT_ROUND}
+                  "train_seconds", "eval_seconds", "device", MetaKey.INITIAL_METRICS, MetaKey.NUM_STEPS_CURRENT_ROUND}
 
 
 def average_results(results: list[tuple[dict, float]]) -> dict | None:
@@ -142,6 +142,7 @@ class ResultsRecorder(Widget):
             "eval_seconds": meta.get("eval_seconds"), "method_meta": _method_meta_keys(meta),
             "method_stats": method_stats(meta), "participation": meta.get(META_WEIGHT, 1.0),
             "privacy": _ledger_entry(meta.get(META_PRIVACY)),
+            "device": meta.get("device"),  # the site's training device (fedpartial.device.device_record)
         }
 
     def _record_aggregation(self, fl_ctx: FLContext):
@@ -189,6 +190,7 @@ class ResultsRecorder(Widget):
                 "train_loss": {s: v["train_loss"] for s, v in e["sites"].items()},
                 "site_seconds": {s: {"train": v.get("train_seconds"), "eval": v.get("eval_seconds")}
                                  for s, v in e["sites"].items()},
+                "site_devices": {s: v.get("device") for s, v in e["sites"].items()},
                 "sites": sorted(e["sites"]), "seconds": e.get("seconds"),
                 "site_meta": {s: v.get("method_meta", []) for s, v in e["sites"].items()},
                 "server_meta": e.get("server_meta", []),

@@ -21,6 +21,7 @@ import torch
 from ..aggregation import masked_class_weights
 from ..losses import supervised_loss
 from .base import Contribution, LocalTrainer, RoundOutput, RuleOptions, ServerRule, TrainerOptions
+from .common import DeviceSums
 from .options import opt
 
 
@@ -73,7 +74,7 @@ class SupervisedTrainer(LocalTrainer):
         self.start_round(round_num, global_meta)
         model = self.train_mode()
         self.make_optimizer()
-        total, steps = 0.0, 0
+        sums, steps = DeviceSums(), 0  # the losses stay on the device; read once, after the round
         for batch in self.batches({"image": self.opts.view}, round_num):
             features = model.features(batch["image"])
             logits = model.head(features)
@@ -82,9 +83,9 @@ class SupervisedTrainer(LocalTrainer):
             if extra is not None:
                 loss = loss + extra
             self.step(loss)
-            total += float(loss.detach())
+            sums.add(loss=loss)
             steps += 1
-        return RoundOutput(steps=steps, loss=total / max(steps, 1))
+        return RoundOutput(steps=steps, loss=sums.read().get("loss", 0.0) / max(steps, 1))
 
 
 @dataclass

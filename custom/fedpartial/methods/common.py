@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..evaluation import probabilities
+from ..models import full_precision
 
 _EPS = 1e-12
 
@@ -106,6 +107,33 @@ class WithMeanTeacher:
         self.mean_teacher.load_state_dict(state)
 
 
+# ------------------------------------------------------------------------------------------ round totals
+
+class DeviceSums:
+    """Per-round sums of per-step values kept on the training device and read once, at the end of the round (one
+    host synchronisation per round instead of one per step and term, so a GPU is never waited on mid-round).
+
+    Floating-point values are summed in float64: a float32 loss added in float64 in the same order gives exactly
+    what ``total += float(loss)`` gave. Integer values (counts) stay integers."""
+
+    def __init__(self):
+        self._sums: dict[str, torch.Tensor] = {}
+
+    def add(self, **values: torch.Tensor) -> None:
+        """``name=tensor`` (a 0-d tensor, or any tensor: its sum) added to the running sum of ``name``."""
+        for name, value in values.items():
+            v = value.detach().sum()
+            v = v.double() if v.is_floating_point() else v.long()
+            self._sums[name] = v if name not in self._sums else self._sums[name] + v
+
+    def read(self) -> dict[str, float | int]:
+        """``{name: sum}`` as Python numbers (the one host read of the round); names never added are absent."""
+        out: dict[str, float | int] = {}
+        for name, v in self._sums.items():
+            out[name] = v.item()
+        return out
+
+
 # ------------------------------------------------------------------------------------------ entropies
 
 def plogp(p: torch.Tensor) -> torch.Tensor:
@@ -130,20 +158,44 @@ def predictive_entropy(mean_probs: torch.Tensor, task: str) -> torch.Tensor:
     return softmax_entropy(mean_probs) if task == "multiclass" else binary_entropy(mean_probs)
 
 
+def dropout_only_in_head(model: torch.nn.Module) -> bool:
+    """Whether every dropout layer of ``model`` sits after its pooled feature (a ``features`` / ``head`` model whose
+    encoder has no dropout: :class:`~fedpartial.models.PartialLabelNet`'s ``dropout`` and ``head_dropout``); then
+    the stochastic passes of MC dropout differ only in the head and the features can be computed once."""
+    encoder = getattr(model, "encoder", None)
+    if encoder is None or not hasattr(model, "features") or not hasattr(model, "head"):
+        return False
+    return not any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in encoder.modules())
+
+
 @torch.no_grad()
 def mc_dropout_probs(model: torch.nn.Module, x: torch.Tensor, passes: int, task: str) -> torch.Tensor:
     """``(T, B, C)`` probabilities of ``passes`` stochastic forward passes with dropout active and every other
-    layer (BatchNorm) in eval mode (Monte-Carlo dropout, Gal & Ghahramani). The model's modes are restored."""
+    layer (BatchNorm) in eval mode (Monte-Carlo dropout, Gal & Ghahramani). The model's modes are restored.
+
+    When the dropout sits only after the pooled feature (:func:`dropout_only_in_head`, FedIRM's model) the encoder
+    runs once and the head ``passes`` times on its features: the same numbers for the same seed (the dropout masks
+    are drawn in the same order), ``passes`` - 1 encoder passes fewer."""
     modes = {m: m.training for m in model.modules()}
     model.eval()
     for m in model.modules():
         if isinstance(m, torch.nn.modules.dropout._DropoutNd):
             m.train()
     try:
-        return torch.stack([probabilities(model(x), task) for _ in range(int(passes))])
+        if dropout_only_in_head(model):  # the encoder is deterministic here: run it once, the head T times
+            feats = model.features(x)
+            return torch.stack([_probs32(model.head(feats), task) for _ in range(int(passes))])
+        return torch.stack([_probs32(model(x), task) for _ in range(int(passes))])
     finally:
         for m, mode in modes.items():
             m.train(mode)
+
+
+def _probs32(logits: torch.Tensor, task: str) -> torch.Tensor:
+    """:func:`~fedpartial.evaluation.probabilities` in float32 with autocast off (under ``train.amp`` a bfloat16
+    sigmoid turns every p >= 0.998 into 1.0 and leaves a few dozen distinct values per class)."""
+    with full_precision():
+        return probabilities(logits.float(), task)
 
 
 # ------------------------------------------------------------------------------------------ the site's data
@@ -178,7 +230,7 @@ def whole_set_pass(model: torch.nn.Module, loader, n: int, task: str, device: to
                 logits = model.head(f)
             else:
                 logits = model(x)
-            p = probabilities(logits, task).float().cpu()
+            p = _probs32(logits, task).cpu()
             idx = b["index"].cpu().long()
             if probs is None:
                 probs = torch.zeros(n, p.shape[1])
@@ -196,6 +248,7 @@ def whole_set_pass(model: torch.nn.Module, loader, n: int, task: str, device: to
     return feats, probs
 
 
+@full_precision()
 def cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``(N, D)`` x ``(M, D)`` -> ``(N, M)`` cosine similarities."""
+    """``(N, D)`` x ``(M, D)`` -> ``(N, M)`` cosine similarities, float32 (autocast off)."""
     return F.normalize(a.float(), dim=1, eps=_EPS) @ F.normalize(b.float(), dim=1, eps=_EPS).t()

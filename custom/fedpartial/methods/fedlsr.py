@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from ..losses import labelled_rows
 from .base import LocalTrainer, RoundOutput, ServerRule, TrainerOptions
-from .common import label_table, plogp
+from .common import DeviceSums, full_precision, label_table, plogp
 from .options import opt
 
 __all__ = ["log_mixed", "sharpened_log_probs", "distill_probs", "ce_term", "js_term", "entropy_term", "sd_weight",
@@ -119,8 +119,9 @@ def ce_term(s: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, task: str
 
 
 def _kl_terms(q: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """Element-wise ``q log(q / m)``."""
-    return plogp(q) - q * torch.log(m)
+    """Element-wise ``q log(q / m)`` with ``0 log(0 / m) = 0`` (``m >= q / 2`` in the JS terms, so ``q > 0`` gives
+    ``m > 0``; no ``0 * -inf``)."""
+    return plogp(q) - torch.where(q > 0, q * torch.log(m.clamp_min(torch.finfo(m.dtype).tiny)), torch.zeros_like(q))
 
 
 def js_term(q1: torch.Tensor, q2: torch.Tensor, task: str, parity: str = "paper") -> torch.Tensor:
@@ -167,10 +168,11 @@ def inverse_frequency(labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(pos > 0, n / pos.clamp_min(1.0), torch.ones_like(pos))
 
 
+@full_precision()
 def fedlsr_loss(z1: torch.Tensor, z2: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, lam: float, beta: float,
                 task: str, sharpen_t: float = 0.5, distill_t: float = 1 / 3, lambda_e: float = 0.6,
                 missing: str = "negatives", pos_weight: torch.Tensor | None = None,
-                parity: str = "paper") -> tuple[torch.Tensor, dict[str, float]]:
+                parity: str = "paper", as_tensors: bool = False) -> tuple[torch.Tensor, dict]:
     """``L = L_ce + beta L_sd + lambda_e L_e`` for one batch (see the module docstring).
 
     Args:
@@ -178,8 +180,10 @@ def fedlsr_loss(z1: torch.Tensor, z2: torch.Tensor, labels: torch.Tensor, mask: 
         beta: the round's self-distillation weight (:func:`sd_weight`).
 
     Returns:
-        ``(loss, {"ce", "sd", "entropy"})``.
+        ``(loss, {"ce", "sd", "entropy"})``: the terms as Python floats, or as detached 0-d tensors with
+        ``as_tensors`` (no host synchronisation: what the trainer sums on the device).
     """
+    z1, z2 = z1.float(), z2.float()  # float32: in bfloat16 the clamp 1 - 1e-6 is 1.0 and (1 - q) log(1 - m) NaN
     s = sharpened_log_probs(z1, z2, lam, sharpen_t, task)
     ce = ce_term(s, labels, mask, task, missing, pos_weight, parity)
     q1, q2 = distill_probs(z1, distill_t, task), distill_probs(z2, distill_t, task)
@@ -188,8 +192,8 @@ def fedlsr_loss(z1: torch.Tensor, z2: torch.Tensor, labels: torch.Tensor, mask: 
     ent = entropy_term(q1, q2, task, parity) if lambda_e else None
     if ent is not None:
         loss = loss + lambda_e * ent
-    return loss, {"ce": float(ce.detach()), "sd": float(sd.detach()),
-                  "entropy": float(ent.detach()) if ent is not None else 0.0}
+    parts = {"ce": ce.detach(), "sd": sd.detach(), "entropy": ent.detach() if ent is not None else torch.zeros_like(ce)}
+    return loss, parts if as_tensors else {k: float(v) for k, v in parts.items()}
 
 
 # ------------------------------------------------------------------------------------------ the site
@@ -243,20 +247,18 @@ class FedLSRTrainer(LocalTrainer):
         beta_dist = torch.distributions.Beta(float(o.mix_alpha), float(o.mix_alpha))
         model = self.train_mode()
         self.make_optimizer()
-        total, steps = 0.0, 0
-        sums = {"ce": 0.0, "sd": 0.0, "entropy": 0.0, "mix": 0.0}
+        steps, mix, device_sums = 0, 0.0, DeviceSums()  # the losses stay on the device, read once after the round
         for batch in self.batches({"image": o.views[0], "image_2": o.views[1]}, round_num):
             z1, z2 = model(batch["image"]), model(batch["image_2"])
             lam = float(beta_dist.sample())
             loss, parts = fedlsr_loss(z1, z2, batch["label"], batch["mask"], lam, beta, ctx.task, o.sharpen_t,
-                                      o.distill_t, o.lambda_e, o.missing, pos_weight, o.parity)
+                                      o.distill_t, o.lambda_e, o.missing, pos_weight, o.parity, as_tensors=True)
             self.step(loss)
-            total += float(loss.detach())
+            device_sums.add(loss=loss, **parts)
             steps += 1
-            for k, v in parts.items():
-                sums[k] += v
-            sums["mix"] += lam
-        s = max(steps, 1)
+            mix += lam
+        sums = {"loss": 0.0, "ce": 0.0, "sd": 0.0, "entropy": 0.0, **device_sums.read(), "mix": mix}
+        total, s = sums["loss"], max(steps, 1)
         meta = {"fedlsr_sd_weight": beta, "fedlsr_ce": sums["ce"] / s, "fedlsr_sd": sums["sd"] / s,
                 "fedlsr_entropy": sums["entropy"] / s, "fedlsr_mix": sums["mix"] / s}
         return RoundOutput(steps=steps, loss=total / s, meta=meta)

@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from nvflare.app_opt.pt.fedproxloss import PTFedProxLoss
 
 from .baselines import MaskedRule, SupervisedOptions, SupervisedTrainer
 from .base import ServerRule
@@ -24,6 +23,8 @@ class FedProxTrainer(SupervisedTrainer):
     Options = FedProxOptions
 
     def start_round(self, round_num: int, global_meta: dict) -> None:
+        from nvflare.app_opt.pt.fedproxloss import PTFedProxLoss  # imported where used: importing the methods
+        #                                                              does not import NVFlare's runtime
         self.global_model = frozen_copy(self.ctx.model)  # the weights received this round
         self.prox = PTFedProxLoss(mu=self.opts.mu)
 

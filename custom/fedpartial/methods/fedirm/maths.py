@@ -56,6 +56,7 @@ def uniform_rows(num_classes: int, kind: Kind, dtype=torch.float32) -> torch.Ten
     return torch.full((num_classes, num_classes), value, dtype=dtype)
 
 
+@common.full_precision()  # float32 under train.amp: both sites' matrices from float32 outputs
 def relation_matrix(outputs: torch.Tensor, targets: torch.Tensor, tau: float = 2.0,
                     kind: Kind = "softmax") -> tuple[torch.Tensor, torch.Tensor]:
     """The disease relation matrix of one batch (Eq. 2-3 at labelled sites, Eq. 5 at unlabelled ones).

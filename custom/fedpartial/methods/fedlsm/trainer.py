@@ -12,7 +12,7 @@ import torch
 from ...losses import ce_labelled, labelled_rows
 from ...evaluation import probabilities
 from ..base import ClassStat, LocalTrainer, RoundOutput, SiteContext, TrainerOptions, summary_counts
-from ..common import ema_update, frozen_copy, label_table, whole_set_pass
+from ..common import DeviceSums, ema_update, frozen_copy, label_table, whole_set_pass
 from ..options import opt
 from .maths import (META_POOLS, META_PSEUDO, META_Q, META_UDE_PAIRS, mixup, multiclass_targets, multilabel_entropy,
                     multilabel_targets, negative_positive_ratio, pool_sizes, pseudo_ce, soft_ce, softmax_entropy,
@@ -219,7 +219,8 @@ class FedLSMTrainer(LocalTrainer):
         self.train_mode()
         self.make_optimizer()
         order, pos = pseudo_pool[torch.randperm(len(pseudo_pool), generator=gen)], 0
-        total, steps, n_pseudo, n_pairs = 0.0, 0, 0, 0
+        sums, steps = DeviceSums(), 0  # loss, counts and q on the device, read once after the round
+        q_seen = None
         for _ in range(self._num_steps(len(pseudo_pool), per_step) if len(pseudo_pool) else 0):
             if pos >= len(order):  # a fresh permutation of the pool (never the same replay every round)
                 order, pos = pseudo_pool[torch.randperm(len(pseudo_pool), generator=gen)], 0
@@ -241,19 +242,22 @@ class FedLSMTrainer(LocalTrainer):
                 lam = float(torch.distributions.Beta(self.opts.alpha, self.opts.alpha).sample()) if m else 0.0
                 x_mix, y_mix, k_mix = self.ude_batch(bl, bh, tp[B:B + len(bl["weak"])], tp[B + len(bl["weak"]):], lam)
                 inputs.append(x_mix)
-                n_pairs += int(k_mix.any(1).sum()) if k_mix.dim() == 2 else int(k_mix.sum())
+                sums.add(pairs=k_mix.any(1) if k_mix.dim() == 2 else k_mix)
             out = model(torch.cat(inputs))
             loss = self.supervised_loss(out[:B], b["label"], b["mask"], y, known, pseudo, weights)
             if n_mix:
                 loss = loss + self.opts.lam_ude * self.ude_loss(out[B:], y_mix, k_mix, weights)
             self.step(loss)
             ema_update(teacher, model, self.opts.ema)
-            total += float(loss.detach())
+            sums.add(loss=loss)
             steps += 1
-            n_pseudo += int(pseudo.sum())
+            sums.add(pseudo=pseudo)
             if self.opts.q_counts == "seen":
-                q += self.estimated_counts(b["label"], b["mask"], y, known).cpu()
+                q_seen = self.estimated_counts(b["label"], b["mask"], y, known) + (0 if q_seen is None else q_seen)
         del teacher
+        if q_seen is not None:
+            q = q + q_seen.cpu()
+        read = sums.read()
         meta = {META_Q: q.numpy().astype(np.float64), META_POOLS: [len(confident), len(medium), len(uncertain)],
-                META_PSEUDO: n_pseudo, META_UDE_PAIRS: n_pairs}
-        return RoundOutput(steps=steps, loss=total / max(steps, 1), meta=meta)
+                META_PSEUDO: int(read.get("pseudo", 0)), META_UDE_PAIRS: int(read.get("pairs", 0))}
+        return RoundOutput(steps=steps, loss=read.get("loss", 0.0) / max(steps, 1), meta=meta)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from ...aggregation import class_average
 from ..base import summary_counts
-from ..common import cosine
+from ..common import cosine, full_precision
 
 __all__ = [
     "class_rates", "summary_rates", "prevalence_rates", "logit_adjust", "wpc_loss", "consistency_loss", "class_prototypes",
@@ -141,6 +141,7 @@ def consistency_loss(p_local: torch.Tensor, p_global: torch.Tensor, mask: torch.
     return ((p_local - p_global.detach()) ** 2 * m).sum() / m.sum().clamp_min(1.0)
 
 
+@full_precision()  # float32 under train.amp
 def class_prototypes(features: torch.Tensor, labels: torch.Tensor,
                      label_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Local dual prototypes (Eq. 5): ``P_n^c = mean of F_i over the samples with y_ic = n`` (n in {0, 1}).

@@ -11,7 +11,7 @@ import torch
 from ...losses import masked_bce
 from ..base import ClassStat
 from ..baselines import SupervisedOptions, SupervisedTrainer
-from ..common import frozen_copy, label_table, whole_set_pass
+from ..common import DeviceSums, frozen_copy, label_table, whole_set_pass
 from ..options import opt
 from .maths import (META_CLASS_COUNT, META_CLASS_LOSS, META_CLEAN_SITES, META_KD_WEIGHT, META_LOSS_KD, META_LOSS_LA,
                     META_NOISY, META_NOISY_SITES, META_STAGE, class_mean_losses, class_sample_counts, kd_loss,
@@ -117,7 +117,7 @@ class FedNoRoTrainer(SupervisedTrainer):
             la = masked_bce(logits, batch["label"], batch["mask"])
         else:
             la = la_loss(logits, batch["label"], batch["mask"], self.adjustment, self.ctx.task, self.opts.missing)
-        self._sum_la += float(la.detach())
+        self._sums.add(la=la)
         return (1.0 - self.lam) * la
 
     def extra_loss(self, batch: dict, logits: torch.Tensor, features: torch.Tensor) -> torch.Tensor | None:
@@ -132,7 +132,7 @@ class FedNoRoTrainer(SupervisedTrainer):
         else:
             entries = unannotated if (self.ctx.task == "multilabel" and self.opts.kd_entries == "missing") else None
             kd = kd_loss(logits, t, self.adjustment, self.ctx.task, self.opts.kd_temperature, entries)
-        self._sum_kd += float(kd.detach())
+        self._sums.add(kd=kd)
         return self.lam * kd
 
     # -- the round ------------------------------------------------------------------------------------
@@ -154,13 +154,13 @@ class FedNoRoTrainer(SupervisedTrainer):
         tau = 0.0 if self.code_ml else self.opts.tau
         self.adjustment = la_adjustment(labels, mask, self.ctx.task, tau).to(self.ctx.device)
         self.teacher = frozen_copy(self.ctx.model) if self.lam > 0 else None
-        self._sum_la = self._sum_kd = 0.0
+        self._sums = DeviceSums()  # L_LA and L_KD per step, on the device, read once after the round
         try:
             out = super().train_round(round_num, num_rounds, global_meta)
         finally:
             self.teacher = None
-        steps = max(out.steps, 1)
+        steps, sums = max(out.steps, 1), self._sums.read()
         meta.update({META_STAGE: stage, META_NOISY: int(noisy), META_KD_WEIGHT: self.lam,
-                     META_LOSS_LA: self._sum_la / steps, META_LOSS_KD: self._sum_kd / steps})
+                     META_LOSS_LA: sums.get("la", 0.0) / steps, META_LOSS_KD: sums.get("kd", 0.0) / steps})
         out.meta.update(meta)
         return out

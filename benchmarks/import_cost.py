@@ -1,0 +1,76 @@
+"""Start-up cost of a site process: wall time and peak memory (RSS) of the imports, each in a fresh Python, as
+ratios against ``import torch`` alone measured in the same run (median of ``--repeats``).
+
+    python benchmarks/import_cost.py --out benchmarks/results/import_cost
+
+Rows: ``import torch``; ``import fedpartial.fl.executor`` (what NVFlare imports to start a site; target within
+1.5x of torch); the executor plus ``monai.data`` (what a site has loaded once it builds its datasets: MONAI, and
+with it every optional package MONAI finds installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+ROWS = {"import torch": "import torch",
+        "import fedpartial.fl.executor": "import fedpartial.fl.executor",
+        "executor + monai.data (a training site)": "import fedpartial.fl.executor, monai.data"}
+PROBE = """
+import resource, sys, time
+t0 = time.perf_counter()
+{stmt}
+dt = time.perf_counter() - t0
+heavy = sorted({{m.split('.')[0] for m in sys.modules}} & {{'monai', 'sklearn', 'scipy', 'pandas', 'matplotlib',
+                                                         'tensorboard', 'mlflow', 'nvflare'}})
+print(dt, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, ",".join(heavy))
+"""
+
+
+def measure(stmt: str) -> tuple[float, float, str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "custom")}
+    out = subprocess.run([sys.executable, "-c", PROBE.format(stmt=stmt)], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    return float(out[0]), float(out[1]), out[2] if len(out) > 2 else ""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "import_cost"))
+    args = ap.parse_args()
+    runs: dict[str, list] = {k: [] for k in ROWS}
+    for _ in range(args.repeats):  # interleaved, so a busy moment hits every row alike
+        for name, stmt in ROWS.items():
+            runs[name].append(measure(stmt))
+    base_t = statistics.median(r[0] for r in runs["import torch"])
+    base_m = statistics.median(r[1] for r in runs["import torch"])
+    rows = []
+    for name, rs in runs.items():
+        t, m = statistics.median(r[0] for r in rs), statistics.median(r[1] for r in rs)
+        rows.append({"import": name, "seconds": t, "rss_mb": m, "time_ratio": t / base_t, "rss_ratio": m / base_m,
+                     "heavy_modules": rs[-1][2]})
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = {"command": "python benchmarks/import_cost.py", "repeats": args.repeats, "python": sys.version.split()[0],
+              "cpus": os.cpu_count(), "rows": rows}
+    out.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    md = ["# Import cost of a site process", "",
+          f"`python benchmarks/import_cost.py` (median of {args.repeats} fresh processes each, interleaved; Python "
+          f"{result['python']}, {os.cpu_count()} CPUs; ratios against `import torch` in the same run).", "",
+          "| import | seconds | peak RSS (MB) | time / torch | RSS / torch | heavy packages loaded |",
+          "|---|---|---|---|---|---|"]
+    md += [f"| `{r['import']}` | {r['seconds']:.2f} | {r['rss_mb']:.0f} | {r['time_ratio']:.2f}x | "
+           f"{r['rss_ratio']:.2f}x | {r['heavy_modules'] or '-'} |" for r in rows]
+    out.with_suffix(".md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()

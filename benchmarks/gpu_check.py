@@ -444,7 +444,7 @@ def check_job(args, work: Path, out: list) -> None:
                          "train": {"optimizer": "adam", "lr": 0.001, "batch_size": 32, "local_epochs": 1, "amp": True,
                                    "pin_memory": True},
                          "dataset": {"preset": "ich_phantom", "image_size": 32,
-                                     "prepare": {"source_args": {"n_images": 300}}}}, min_clients=3)
+                                     "prepare": {"num_sites": 3, "k": 1, "source_args": {"n_images": 300}}}}, min_clients=3)
     ws = work / "job" / "ws"
     env = {**os.environ, "FEDPARTIAL_DATA_DIR": str(work / "job"), "FEDPARTIAL_CACHE": str(work / "job" / "cache"),
            "PYTHONPATH": os.pathsep.join([str(REPO / "custom")] + [p for p in sys.path if p.endswith("site-packages")])}

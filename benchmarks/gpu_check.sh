@@ -4,7 +4,7 @@
 # lines, written to benchmarks/results/gpu_check_<device>.{md,json} (--out DIR to change).
 #
 #   bash benchmarks/gpu_check.sh                         # from the checkout root, on a GPU machine
-#   bash benchmarks/gpu_check.sh --device cpu --quick    # a dry run on a CPU
+#   bash benchmarks/gpu_check.sh --device cpu --quick --budget 1500   # a dry run on a CPU
 #
 # No network is needed. The Python is the first of these whose torch sees CUDA (with --device cpu: whose torch
 # imports): $GPU_CHECK_PYTHON, python3 on the PATH, the checkout's .venv. A Python that lacks MONAI borrows it

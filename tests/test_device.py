@@ -12,10 +12,11 @@ import textwrap
 
 import pytest
 import torch
-from nvflare.apis.dxo import DXO, DataKind
+from nvflare.apis.dxo import DXO, DataKind, from_shareable
 from nvflare.apis.fl_constant import FLContextKey, ReservedKey
 from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.app_constant import AppConstants
+from nvflare.fuel.utils import fobs
 
 from conftest import REPO
 from fedpartial.device import describe, device_record, resolve_device
@@ -69,6 +70,9 @@ def test_results_record_each_sites_device():
         ctx.set_peer_context(peer)
         ctx.set_prop(AppConstants.CURRENT_ROUND, 0, private=False)
         recorder._record_contribution(ctx)
+    assert all(v is None or type(v) in (str, bool) for v in record.values())
+    sent = fobs.loads(fobs.dumps(DXO(DataKind.WEIGHTS, data={}, meta={"device": record}).to_shareable()))
+    assert from_shareable(sent).meta["device"] == record  # what a site sends NVFlare can serialise
     out = json.loads(json.dumps(recorder.summary(), default=float))
     assert out["rounds"][0]["site_devices"] == {"h1": record, "h2": record}
     assert "device" not in out["rounds"][0]["site_meta"]["h1"]  # not listed as the method's own metadata

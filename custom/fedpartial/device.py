@@ -50,8 +50,10 @@ def device_record(device: torch.device, amp: bool = False, deterministic: bool =
         dev = torch.device("cuda", index)
     else:
         name = "cpu"
-    return {"device": str(dev), "name": name, "torch": torch.__version__, "cuda": torch.version.cuda,
-            "amp": bool(amp), "deterministic": bool(deterministic)}
+    cuda = torch.version.cuda
+    # plain str: torch.__version__ is a TorchVersion, which NVFlare's FOBS cannot serialise in a site's meta
+    return {"device": str(dev), "name": str(name), "torch": str(torch.__version__),
+            "cuda": None if cuda is None else str(cuda), "amp": bool(amp), "deterministic": bool(deterministic)}
 
 
 def describe(record: dict) -> str:

@@ -45,10 +45,10 @@ from nvflare.apis.utils.analytix_utils import create_analytic_dxo, send_analytic
 from nvflare.app_common.app_constant import AppConstants
 
 from ..data.manifest import Manifest, read_manifest
-from ..device import describe, device_record, resolve_device
 from ..data.presets import resolve_dataset
 from ..data.site_config import SiteData, resolve_site_data
 from ..data.sitedata import SiteDatasets
+from ..device import describe, device_record, resolve_device
 from ..evaluation import evaluate
 from ..methods import SiteContext, TrainOptions, get_method
 from ..methods.options import build, opt

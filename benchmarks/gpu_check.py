@@ -323,8 +323,10 @@ def check_eval(args, work: Path, out: list) -> None:
              "detail": f"max |p_cpu - p_{args.device}| = {diff:.2e}, macro AUROC {auc_cpu:.6f} vs {auc_dev:.6f}"}]
 
 
-def _step_time(device: str, amp: bool, steps: int, bs: int, size: int, tf32: bool | None = None) -> float:
-    """ms per training step of ResNet-18 (channels-last, Adam, BCE) on random data already on ``device``."""
+def _step_time(device: str, amp: bool, steps: int, bs: int, size: int, tf32: bool | None = None,
+               optimizer: bool = True) -> float:
+    """ms per training step of ResNet-18 (channels-last, Adam, BCE) on random data already on ``device``
+    (``optimizer=False``: forward and backward only, to separate the optimiser's fixed cost)."""
     import torch
 
     from fedpartial.models import build_model
@@ -342,7 +344,8 @@ def _step_time(device: str, amp: bool, steps: int, bs: int, size: int, tf32: boo
             loss = torch.nn.functional.binary_cross_entropy_with_logits(net(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        opt.step()
+        if optimizer:
+            opt.step()
 
     for _ in range(5):
         step()
@@ -355,20 +358,29 @@ def _step_time(device: str, amp: bool, steps: int, bs: int, size: int, tf32: boo
 
 
 def check_step(args, work: Path, out: list) -> None:
+    """amp vs float32 step time at the jobs' batch (32) and at a larger batch (128), where the GPU is busier; plus
+    forward + backward alone at batch 32 (what the optimiser's fixed per-step cost hides)."""
     import torch
 
     torch.backends.cudnn.benchmark = True  # the fastest kernels for a fixed shape (not a deterministic run)
-    steps, bs, size = (3, 4, 64) if args.quick else (30, 32, 224)
-    fp32 = _step_time(args.device, False, steps, bs, size)
-    amp = _step_time(args.device, True, steps, bs, size)
-    strict = _step_time(args.device, False, steps, bs, size, tf32=False)
-    ratio = amp / fp32
     gpu = torch.device(args.device).type == "cuda"  # the speed targets are a GPU's (None: SKIP on a CPU)
-    out += [{"check": "step", "case": f"ResNet-18 {size}px batch {bs}: amp / fp32",
-             "ok": (ratio <= TARGET_AMP) if gpu else None,
-             "detail": f"fp32 (TF32 convs, torch default) {fp32:.1f} ms, amp {amp:.1f} ms: {ratio:.2f}x "
-                       f"(target <= {TARGET_AMP}); fp32 without TF32 {strict:.1f} ms (amp {amp / strict:.2f}x of it)",
-             "ms": {"fp32": fp32, "amp": amp, "fp32_no_tf32": strict}}]
+    steps, size = (3, 64) if args.quick else (30, 224)
+    for bs in ((4,) if args.quick else (32, 128)):
+        fp32 = _step_time(args.device, False, steps, bs, size)
+        amp = _step_time(args.device, True, steps, bs, size)
+        fb32 = _step_time(args.device, False, steps, bs, size, optimizer=False)
+        fbamp = _step_time(args.device, True, steps, bs, size, optimizer=False)
+        ratio = amp / fp32
+        out += [{"check": "step", "case": f"ResNet-18 {size}px batch {bs}: amp / fp32",
+                 "ok": (ratio <= TARGET_AMP) if gpu else None,
+                 "detail": f"fp32 (TF32 convs, torch default) {fp32:.1f} ms, amp {amp:.1f} ms: {ratio:.2f}x "
+                           f"(target <= {TARGET_AMP}); forward+backward alone {fb32:.1f} vs {fbamp:.1f} ms "
+                           f"({fbamp / fb32:.2f}x)",
+                 "ms": {"fp32": fp32, "amp": amp, "fwd_bwd_fp32": fb32, "fwd_bwd_amp": fbamp}}]
+    strict = _step_time(args.device, False, steps, 4 if args.quick else 32, size, tf32=False)
+    torch.backends.cudnn.allow_tf32 = True
+    out += [{"check": "step", "case": "ResNet-18 batch 32, float32 without TF32 (reference)", "ok": None,
+             "detail": f"INFO: {strict:.1f} ms per step", "ms": {"fp32_no_tf32": strict}}]
 
 
 def check_round(args, work: Path, out: list) -> None:
@@ -451,7 +463,7 @@ def check_job(args, work: Path, out: list) -> None:
     ws = work / "job" / "ws"
     env = {**os.environ, "FEDPARTIAL_DATA_DIR": str(work / "job"), "FEDPARTIAL_CACHE": str(work / "job" / "cache"),
            "PYTHONPATH": os.pathsep.join([str(REPO / "custom")] + [p for p in sys.path if p.endswith("site-packages")])}
-    cmd = [sys.executable, "-m", "nvflare.cli", "simulator", str(job), "-w", str(ws), "-n", "3", "-t", "3"]
+    cmd = [sys.executable, "-m", "nvflare.private.fed.app.simulator.simulator", str(job), "-w", str(ws), "-n", "3", "-t", "3"]  # what SimEnv runs
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     results = ws / "server" / "simulate_job" / "results.json"

@@ -10,7 +10,7 @@ Every job tolerates a dead, slow or failing site (:func:`harden`): ``max_missing
 default 1 with 3 or more sites) may be absent from the data check and from any round (the workflow aggregates
 once ``min_clients - max_missing_sites`` sites answered), training tasks time out (``train_timeout``), the data
 check and the cross-site evaluation have real timeouts, and the aggregator bounds each update's change relative
-to the round's median. Existing job folders are brought to the same settings with::
+to the model's last global step (and refuses a reversed one). Existing job folders are brought to the same settings with::
 
     python -m fedpartial.tools.new_job --harden jobs/*
 """

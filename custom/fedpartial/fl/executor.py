@@ -53,7 +53,7 @@ from ..methods.options import build, opt
 from ..metrics import flatten_metrics, format_table
 from ..models import build_model, default_inference_batch_size, numpy_state
 from ..seeding import round_seed, seed_everything, site_seed
-from .checkpoint import read_file, run_folder, site_state_file, write_private
+from .checkpoint import read_file, resume_source, run_folder, site_state_file, write_private
 from .keys import (META_ANNOTATED, META_GROUPS, META_N_TRAIN, META_RESULTS, META_SPEC, META_SUMMARY, META_TEST,
                    META_WEIGHT, STATE_FILE)
 from .results import method_stats
@@ -90,13 +90,14 @@ class PartialLabelExecutor(Executor):
     def __init__(self, dataset: dict | str, model: dict | None = None, method: str = "fedavg",
                  method_args: dict | None = None, train: dict | None = None, evaluation: dict | None = None,
                  seed: int = 0, device: str = "auto", stream_metrics: bool = True, checkpoint: bool = True,
-                 checkpoint_dir: str = "", run_name: str = "", resume: bool = False):
+                 checkpoint_dir: str = "", run_name: str = "", resume: bool | str = False):
         super().__init__()
         # constructor args kept as attributes (NVFlare job export reads them back)
         self.dataset, self.model, self.method, self.method_args = dataset, model or {}, method, method_args or {}
         self.train, self.evaluation, self.seed, self.device = train or {}, evaluation or {}, seed, device
         self.stream_metrics = stream_metrics
         self.checkpoint, self.checkpoint_dir, self.run_name, self.resume = checkpoint, checkpoint_dir, run_name, resume
+        self.resume_folder: Path | None = None
         self._ready = False
 
     # ------------------------------------------------------------------------------------------ setup
@@ -140,8 +141,10 @@ class PartialLabelExecutor(Executor):
                                      f"{self.site_data.dataset} phantom ({self.site_data.origin}), not on real scans")
         self.state_dir = Path(workspace.get_run_dir(fl_ctx.get_job_id())) / "fedpartial_state"
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.checkpoint_folder = run_folder(self.checkpoint_dir, workspace.get_root_dir(), self.run_name or self.method,
-                                            site)
+        run = (self.checkpoint_dir, workspace.get_root_dir(), self.run_name or self.method)
+        self.checkpoint_folder = run_folder(*run, fl_ctx.get_job_id(), site)  # this job's states (fl/checkpoint.py)
+        source = resume_source(self.resume, fl_ctx.get_job_id())
+        self.resume_folder = run_folder(*run, source, site) if source else None  # the states of the run it continues
 
     def _read_manifests(self, site: str) -> None:
         """Train / val / test manifests; a site without any annotation only where the method accepts it."""
@@ -225,13 +228,13 @@ class PartialLabelExecutor(Executor):
             return
         name = site_state_file(rnd - 1)
         try:
-            saved = read_file(self.checkpoint_folder / name)
+            saved = read_file(self.resume_folder / name)
         except ValueError as e:
             self.log_warning(fl_ctx, f"resume: {self._relative(str(e))}; this site starts with a fresh state")
             return
         if saved is None or saved.get("round") != rnd - 1 or saved.get("method") != self.method:
             found = "no such file" if saved is None else f"round {saved.get('round')}, method {saved.get('method')!r}"
-            have = sorted(f.name for f in self.checkpoint_folder.glob(site_state_file("*")))
+            have = sorted(f.name for f in self.resume_folder.glob(site_state_file("*")))
             self.log_warning(fl_ctx, f"resume: the job continues at round {rnd} and needs this site's {name} "
                                      f"({found}; the folder holds {have or 'nothing'}); this site starts with a "
                                      "fresh state")
@@ -325,7 +328,7 @@ class PartialLabelExecutor(Executor):
         dxo = from_shareable(shareable)
         self._check_received(dxo.data)
         rnd = int(shareable.get_header(AppConstants.CURRENT_ROUND, 0))
-        if self.resume:
+        if self.resume_folder is not None:
             self._adopt_checkpoint(fl_ctx, rnd)
         self.trainer.receive(dxo.data)
         global_meta = dict(dxo.meta or {})

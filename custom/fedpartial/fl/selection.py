@@ -28,7 +28,8 @@ from nvflare.app_common.app_event_type import AppEventType
 from nvflare.app_common.widgets.intime_model_selector import IntimeModelSelector
 from nvflare.app_common.workflows.scatter_and_gather import ScatterAndGather as _ScatterAndGather
 
-from .checkpoint import CHECKPOINT_FILE, check_resume, from_safe, read_file, run_folder, server_checkpoint, write_private
+from .checkpoint import (CHECKPOINT_FILE, check_resume, config_fingerprint, from_safe, read_file, resume_source,
+                         run_folder, server_checkpoint, write_private)
 from .executor import scorer_of
 from .keys import META_RESULTS
 
@@ -139,12 +140,14 @@ class ScatterAndGather(_ScatterAndGather):
 
     Checkpoints (:mod:`.checkpoint`): after every round the global model, the round, the best model and the
     state of the components with ``checkpoint_state()`` (aggregator, model selector, results) are written to
-    ``<checkpoint_dir>/<run_name>/server/checkpoint.pt`` (``checkpoint: false`` turns this off); with
-    ``resume: true`` the job continues from that file at the next round (``num_rounds`` counts all rounds).
+    ``<checkpoint_dir>/<run_name>/<job id>/server/checkpoint.pt`` (``checkpoint: false`` turns this off); with
+    ``resume: "<job id>"`` the job continues that job's run from its file at the next round (``num_rounds``
+    counts all rounds), if the file names that job and this job's configuration; ``resume: true`` continues the
+    run of this job's own id (the simulator).
     """
 
     def __init__(self, *args, selector_id: str = "model_selector", max_missing: int = 0, checkpoint: bool = True,
-                 checkpoint_dir: str = "", run_name: str = "", resume: bool = False, results_id: str = "results",
+                 checkpoint_dir: str = "", run_name: str = "", resume: bool | str = False, results_id: str = "results",
                  **kwargs):
         rounds = kwargs.get("num_rounds", 5)
         if not isinstance(rounds, int) or rounds < 1:
@@ -160,17 +163,22 @@ class ScatterAndGather(_ScatterAndGather):
         super().__init__(*args, **kwargs)
         self.selector_id, self.max_missing = selector_id, max_missing
         self.checkpoint, self.checkpoint_dir, self.run_name = bool(checkpoint), checkpoint_dir, run_name
-        self.resume, self.results_id = bool(resume), results_id
+        self.resume, self.results_id = resume, results_id
         self.stopped_early_at: int | None = None
         self.resumed_from: int | None = None
         self._sent = None  # the global model sent this round (the one the selector scores)
         self._best: dict | None = None
         self._best_round: int | None = None
 
-    def _folder(self, fl_ctx: FLContext):
+    def _folder(self, fl_ctx: FLContext, job_id: str | None = None):
+        """The server's checkpoint folder of job ``job_id`` (default: this job)."""
         method = getattr(self.aggregator, "method", "") or "job"
         root = fl_ctx.get_engine().get_workspace().get_root_dir()
-        return run_folder(self.checkpoint_dir, root, self.run_name or method, "server")
+        return run_folder(self.checkpoint_dir, root, self.run_name or method, job_id or fl_ctx.get_job_id(), "server")
+
+    def _fingerprint(self, fl_ctx: FLContext) -> str:
+        workspace = fl_ctx.get_engine().get_workspace()
+        return config_fingerprint(workspace.get_app_config_dir(fl_ctx.get_job_id()))
 
     def _stateful(self) -> dict:
         ids = (self.aggregator_id, self.selector_id, self.results_id)
@@ -179,16 +187,17 @@ class ScatterAndGather(_ScatterAndGather):
 
     def start_controller(self, fl_ctx: FLContext) -> None:
         super().start_controller(fl_ctx)
-        if self.resume:
-            self._resume(fl_ctx)
+        source = resume_source(self.resume, fl_ctx.get_job_id())
+        if source:
+            self._resume(fl_ctx, source)
 
-    def _resume(self, fl_ctx: FLContext) -> None:
-        folder = self._folder(fl_ctx)
+    def _resume(self, fl_ctx: FLContext, source: str) -> None:
         weights = self._global_weights[ModelLearnableKey.WEIGHTS]
         try:
+            folder = self._folder(fl_ctx, source)
             ckpt = read_file(folder / CHECKPOINT_FILE)
             why = check_resume(ckpt, folder, getattr(self.aggregator, "method", ""),
-                               self._start_round + self._num_rounds, weights)
+                               self._start_round + self._num_rounds, weights, source, self._fingerprint(fl_ctx))
         except ValueError as e:
             why = str(e)
         if why:
@@ -208,8 +217,9 @@ class ScatterAndGather(_ScatterAndGather):
             fl_ctx.set_prop(AppConstants.GLOBAL_MODEL, self._global_weights, private=True, sticky=True)
         self.resumed_from = int(ckpt["round"])
         self._current_round = self.resumed_from + 1
-        self.log_info(fl_ctx, f"resuming from the checkpoint of round {self.resumed_from} in {folder}: training "
-                              f"continues at round {self._current_round} of {self._start_round + self._num_rounds}")
+        self.log_info(fl_ctx, f"resuming from the checkpoint of round {self.resumed_from} of job {source} in {folder}: "
+                              f"training continues at round {self._current_round} of "
+                              f"{self._start_round + self._num_rounds}")
 
     def _write_checkpoint(self, fl_ctx: FLContext) -> None:
         rnd = int(self._current_round)
@@ -220,7 +230,7 @@ class ScatterAndGather(_ScatterAndGather):
                                  self._global_weights[ModelLearnableKey.WEIGHTS],
                                  self._global_weights.get(ModelLearnableKey.META) or {},
                                  {i: c.checkpoint_state() for i, c in self._stateful().items()},
-                                 self._best, self._best_round)
+                                 self._best, self._best_round, fl_ctx.get_job_id(), self._fingerprint(fl_ctx))
         folder = self._folder(fl_ctx)
         write_private(ckpt, folder / CHECKPOINT_FILE)
         self.log_info(fl_ctx, f"round {rnd}: checkpoint written to {folder / CHECKPOINT_FILE}")

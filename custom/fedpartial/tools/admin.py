@@ -10,13 +10,15 @@
     fedpartial-admin --kit ADMIN_KIT download JOB_ID -o results/       # the job's server workspace
     fedpartial-admin --kit ADMIN_KIT list                              # the server's jobs
     fedpartial-admin results results/JOB_ID                            # the results table (no server needed)
-    fedpartial-admin --kit ADMIN_KIT resume jobs/fedmlp_ich -o results/  # after a server restart: continue the job
-    fedpartial-admin resume-folder jobs/fedmlp_ich /tmp/fedmlp_ich_resume  # the same job folder with resume on
+    fedpartial-admin --kit ADMIN_KIT resume JOB_ID jobs/fedmlp_ich -o results/  # continue job JOB_ID's run
+    fedpartial-admin resume-folder jobs/fedmlp_ich /tmp/fedmlp_ich_resume  # resume on (simulator: same job id)
 
 A server restart loses a running NVFlare 2.9 job. Every round the server and each site checkpoint what the job
-needs (``fedpartial.fl.checkpoint``); ``resume`` submits the same job with ``resume: true`` on both sides, so it
-continues at the round after the last checkpoint, with the method's server and site state, and its results
-hold the earlier rounds too. The stuck old job can be left alone (or removed from the job store by the
+needs under the job's id (``fedpartial.fl.checkpoint``); ``resume JOB_ID FOLDER`` submits the job folder again
+with ``resume: "JOB_ID"`` on both sides, so it continues that run at the round after its last checkpoint, with
+the method's server and site state, and its results hold the earlier rounds too. The server refuses (the job
+stops before training, and ``resume`` prints why) a job id without checkpoints, or a folder whose configuration
+is not the one that job ran. The stuck old job can be left alone (or removed from the job store by the
 operator: ``nvflare`` cannot abort it after a restart).
 
 ``ADMIN_KIT`` is the admin user's provisioned folder (the one holding ``startup/fed_admin.json``); the user
@@ -73,9 +75,10 @@ def submit(sess, job_dir: str | Path, without_custom: bool = False) -> str:
         return sess.submit_job(str(copy))
 
 
-def resume_folder(job_dir: str | Path, dest: str | Path) -> Path:
-    """A copy of the job folder ``job_dir`` at ``dest`` with ``resume: true`` on the server's training workflow
-    and every site's executor (the rest unchanged, so the job spec both sides check stays the same)."""
+def resume_folder(job_dir: str | Path, dest: str | Path, job_id: str | bool = True) -> Path:
+    """A copy of the job folder ``job_dir`` at ``dest`` with ``resume: job_id`` on the server's training workflow
+    and every site's executor (the rest unchanged, so the job spec both sides check stays the same): the job id
+    whose run to continue, or ``true`` for the run of the same job id (the simulator's ``simulate_job``)."""
     job_dir, dest = Path(job_dir).resolve(), Path(dest)
     if not (job_dir / "meta.json").is_file():
         raise FileNotFoundError(f"{job_dir} is not an NVFlare job folder (no meta.json)")
@@ -86,7 +89,7 @@ def resume_folder(job_dir: str | Path, dest: str | Path) -> Path:
     for path in sorted(dest.glob("*/config/config_fed_*.json")):
         cfg = json.loads(path.read_text())
         for entry in training_entries(cfg):
-            entry.setdefault("args", {})["resume"] = True
+            entry.setdefault("args", {})["resume"] = job_id
             changed += 1
         path.write_text(json.dumps(cfg, indent=2) + "\n")
     if changed < 2:
@@ -171,7 +174,7 @@ def download(sess, job_id: str, dest: str | Path) -> Path:
 def failure_lines(path: str | Path, limit: int = 5) -> list[str]:
     """Why a downloaded job failed: the distinct error lines of its server log (a site's data-check error names
     the site, file and line; a site's task failure names the site and task)."""
-    keys = ("DATA CHECK FAILED", "failed task", "system_panic", "panic")
+    keys = ("DATA CHECK FAILED", "failed task", "system_panic", "panic", "resume: ")
     seen: list[str] = []
     for log in sorted(Path(path).rglob("log.txt")):
         for line in log.read_text(errors="replace").splitlines():
@@ -214,8 +217,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("results", help="print the results table of a downloaded job (offline)")
     p.add_argument("path")
     for name, text in (("run", "submit, follow, download and print the results table"),
-                       ("resume", "submit the job again continuing from its last checkpoint, follow, download")):
+                       ("resume", "submit the job folder again continuing job JOB_ID's run from its last checkpoint, "
+                                  "follow, download")):
         p = sub.add_parser(name, help=text)
+        if name == "resume":
+            p.add_argument("job_id", help="the job whose run to continue (its checkpoints are kept under its id)")
         p.add_argument("job")
         p.add_argument("--without-custom", action="store_true", help="leave the apps' custom/ code out (non-BYOC)")
         p.add_argument("-o", "--out", default="results", help="destination folder (default: results)")
@@ -224,6 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("resume-folder", help="write the job folder with resume on (offline, e.g. for the simulator)")
     p.add_argument("job")
     p.add_argument("dest")
+    p.add_argument("--job-id", default=True, help="the job whose run to continue (default: the same job id, as in "
+                                                  "the simulator)")
     return ap
 
 
@@ -252,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             print(results_text(args.path))
             return 0
         if args.cmd == "resume-folder":
-            print(resume_folder(args.job, args.dest))
+            print(resume_folder(args.job, args.dest, args.job_id))
             return 0
         return _run_command(args)
     except Exception as e:  # noqa: BLE001 - FLARE API errors (refused, not authorized, no server) end here
@@ -279,9 +287,11 @@ def _run_command(args) -> int:
             print(download(sess, args.job_id, args.out))
         elif args.cmd in ("run", "resume"):
             with tempfile.TemporaryDirectory() as tmp:
-                job = resume_folder(args.job, Path(tmp) / Path(args.job).name) if args.cmd == "resume" else args.job
+                resuming = args.cmd == "resume"
+                job = resume_folder(args.job, Path(tmp) / Path(args.job).name, args.job_id) if resuming else args.job
                 job_id = submit(sess, job, args.without_custom)
-            print(f"submitted {args.job}{' (resume)' if args.cmd == 'resume' else ''} as job {job_id}", flush=True)
+            print(f"submitted {args.job}{f' (resuming job {args.job_id})' if resuming else ''} as job {job_id}",
+                  flush=True)
             return _finish(sess, job_id, wait(sess, job_id, args.timeout, args.poll), args.out)
         return 0
     finally:

@@ -553,3 +553,50 @@ def test_compact_results_keep_the_refused_updates():
                                            "rejected": {"site-2": "round 0: too large"}}, {"round": 1}]}
     curves = mod.compact(res)["curves"]
     assert curves[0]["rejected"] == {"site-2": "round 0: too large"} and curves[1]["rejected"] == {}
+
+
+@pytest.mark.parametrize("policy", ["stop", "train_without"])
+def test_a_class_annotated_only_at_an_absent_site_follows_the_policy(policy):
+    """site-3 (the only annotator of class b) does not answer the data check; max_missing 1 lets the job go on
+    without it: ``stop`` fails the check naming the class and the absent site, ``train_without`` warns and goes on,
+    recording the class. A class no site annotates at all (nothing absent) always stops."""
+    from fedpartial.fl.data_check import DataSummaryProcessor
+
+    proc = DataSummaryProcessor(classes=CLASSES, max_missing=1, class_without_annotator=policy)
+    engine = _Engine({"aggregator": None}, ("site-1", "site-2", "site-3"))
+    proc.system_panic = lambda reason, ctx: setattr(proc, "panicked", reason)
+    for site in ("site-1", "site-2"):
+        proc._sites[site] = {"classes": CLASSES, "annotated": [True, False], "n_train": 10, "positives": [3, 0]}
+    ok = proc.final_process(_ctx(engine))
+    if policy == "stop":
+        assert not ok and "class(es) ['b'] are annotated by none of the sites present (site-1, site-2), only by the " \
+                          "absent site(s) ['site-3'] (class_without_annotator: stop" in proc.error
+    else:
+        assert ok and proc.summary["unannotated_classes"] == ["b"] and proc.error is None
+    strict = DataSummaryProcessor(classes=CLASSES, max_missing=0, class_without_annotator="train_without")
+    strict.system_panic = lambda reason, ctx: None
+    strict._sites = {s: {"classes": CLASSES, "annotated": [True, False]} for s in ("site-1", "site-2")}
+    assert not strict.final_process(_ctx(_Engine({"aggregator": None}, ("site-1", "site-2"))))
+    assert "annotated by no site" in strict.error
+    with pytest.raises(ValueError, match="class_without_annotator"):
+        DataSummaryProcessor(class_without_annotator="ignore")
+
+
+def test_degradation_names_lost_sites_refused_updates_and_lost_classes():
+    from fedpartial.fl.selection import degradation
+
+    per_class = {"val": {"per_class": {"a": {}, "b": {}}}}
+    res = {"data": {"sites": {"h1": {"annotated": [0]}, "h2": {"annotated": [0]}, "h3": {"annotated": [1]}}},
+           "rounds": [{"round": 0, "missing": [], "rejected": {}, **per_class},
+                      {"round": 1, "missing": ["h3"], "rejected": {"h2": "too large"}},
+                      {"round": 2, "missing": ["h3"], "rejected": {}}]}
+    d = degradation(res)
+    assert d["missing_sites"] == {"h3": [1, 2]} and d["rejected_sites"] == {"h2": [1]}
+    assert d["final_without"] == ["h3"] and d["classes_without_annotator"] == ["b"]
+    assert d["reasons"] == ["site h3 sent no update in round(s) 1-2 of 3 (dead, slow or failed)",
+                            "site h2's update was refused in round(s) 1",
+                            "the final evaluation ran without h3",
+                            "class(es) ['b'] had no annotating site at the end (not learnt from then on)"]
+    for r in res["rounds"]:
+        r["missing"], r["rejected"] = [], {}
+    assert degradation(res) is None

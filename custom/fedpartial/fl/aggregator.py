@@ -97,6 +97,7 @@ class PartialLabelAggregator(Aggregator):
         self._last_meta: dict = {}
         self._failures = 0
         self._step: dict[str, np.ndarray] | None = None  # the last global step (new - previous global model)
+        self.last_missing: list[str] = []  # the sites that sent nothing in the last round (the final evaluation skips them)
 
     def handle_event(self, event_type: str, fl_ctx: FLContext):
         if event_type == EventType.START_RUN:
@@ -249,6 +250,7 @@ class PartialLabelAggregator(Aggregator):
                    META_MISSING: [s for s in self._expected_sites(fl_ctx) if s not in answered],
                    META_REJECTED: {s: why for s, why in self.rejected}, META_CLIPPED: list(self._clipped)}
         self.rejected = []
+        self.last_missing = list(sat_out[META_MISSING])
         if sat_out[META_SKIPPED]:
             self.log_info(fl_ctx, f"round {rnd}: site(s) {sat_out[META_SKIPPED]} sat this round out (weight 0)")
         if sat_out[META_MISSING]:

@@ -26,6 +26,7 @@ from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.abstract.model import ModelLearnableKey, make_model_learnable
 from nvflare.app_common.app_event_type import AppEventType
 from nvflare.app_common.widgets.intime_model_selector import IntimeModelSelector
+from nvflare.app_common.workflows.cross_site_model_eval import CrossSiteModelEval
 from nvflare.app_common.workflows.scatter_and_gather import ScatterAndGather as _ScatterAndGather
 
 from .checkpoint import (CHECKPOINT_FILE, check_resume, config_fingerprint, from_safe, read_file, resume_source,
@@ -261,3 +262,75 @@ class ScatterAndGather(_ScatterAndGather):
             self.log_info(fl_ctx, f"early stopping after round {self._current_round}: no better validation "
                                   f"{selector.key_metric} since round {selector.best_round} "
                                   f"(patience {selector.patience})")
+
+
+class CrossSiteEval(CrossSiteModelEval):
+    """NVFlare's ``CrossSiteModelEval`` (same arguments) that does not wait on a site the training already lost:
+    unless ``participating_clients`` is given, the sites that sent nothing in the last training round (dead, slow
+    or failed: the aggregator's ``last_missing``) are left out of the final evaluation, with a warning, instead of
+    holding it until ``validation_timeout`` (and NVFlare's heartbeat timeout)."""
+
+    def __init__(self, *args, aggregator_id: str = "aggregator", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.aggregator_id = aggregator_id
+        self.left_out: list[str] = []
+
+    def start_controller(self, fl_ctx: FLContext):
+        given = bool(self._participating_clients)
+        super().start_controller(fl_ctx)
+        agg = self._engine.get_component(self.aggregator_id)
+        lost = set(getattr(agg, "last_missing", None) or [])
+        if given or not lost:
+            return
+        self.left_out = sorted(c for c in self._participating_clients if c in lost)
+        self._participating_clients = [c for c in self._participating_clients if c not in lost]
+        if self.left_out:
+            self.log_warning(fl_ctx, f"final evaluation WITHOUT site(s) {self.left_out}: no update from them in the "
+                                     "last training round (dead, slow or failed)")
+
+
+def _spans(rounds: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    out, start = [], None
+    for i, r in enumerate(rounds):
+        if start is None:
+            start = r
+        if i + 1 == len(rounds) or rounds[i + 1] != r + 1:
+            out.append(f"{start}" if start == r else f"{start}-{r}")
+            start = None
+    return ", ".join(out)
+
+
+def degradation(results: dict) -> dict | None:
+    """Why a finished run is degraded, from its ``results.json`` record: the sites missing from rounds (dead,
+    slow or failed), the sites whose updates were refused, the final evaluation without the sites missing from
+    the last round, the classes no present site annotated. None when nothing of this happened.
+
+    Returns ``{"missing_sites": {site: [rounds]}, "rejected_sites": {site: [rounds]}, "final_without": [sites],
+    "classes_without_annotator": [classes], "reasons": [one line each]}``.
+    """
+    rounds = results.get("rounds") or []
+    missing: dict[str, list[int]] = {}
+    rejected: dict[str, list[int]] = {}
+    for r in rounds:
+        for s in r.get("missing") or []:
+            missing.setdefault(s, []).append(int(r["round"]))
+        for s in r.get("rejected") or {}:
+            rejected.setdefault(s, []).append(int(r["round"]))
+    last = list((rounds[-1].get("missing") or [])) if rounds else []
+    first_val = (rounds[0].get("val") or {}) if rounds else {}
+    classes = list(first_val.get("per_class") or [])  # the class names in the model's column order
+    present = [info for s, info in ((results.get("data") or {}).get("sites") or {}).items() if s not in last]
+    covered = {int(j) for info in present for j in (info.get("annotated") or [])}
+    lost_classes = [c for j, c in enumerate(classes) if j not in covered] if last else []
+    reasons = [f"site {s} sent no update in round(s) {_spans(r)} of {len(rounds)} (dead, slow or failed)"
+               for s, r in sorted(missing.items())]
+    reasons += [f"site {s}'s update was refused in round(s) {_spans(r)}" for s, r in sorted(rejected.items())]
+    if last:
+        reasons.append(f"the final evaluation ran without {', '.join(sorted(last))}")
+    if lost_classes:
+        reasons.append(f"class(es) {lost_classes} had no annotating site at the end (not learnt from then on)")
+    if not reasons:
+        return None
+    return {"missing_sites": missing, "rejected_sites": rejected, "final_without": sorted(last),
+            "classes_without_annotator": lost_classes, "reasons": reasons}

@@ -3,7 +3,7 @@
 ::
 
     fedpartial-admin --kit ADMIN_KIT run jobs/fedmlp_ich -o results/   # submit, follow, download, print results
-    fedpartial-admin --kit ADMIN_KIT submit jobs/fedmlp_ich            # prints the job id
+    fedpartial-admin --kit ADMIN_KIT submit jobs/fedmlp_ich            # prints the job id (and missing sites)
     fedpartial-admin --kit ADMIN_KIT submit --without-custom JOB       # for sites that allow-list the package
     fedpartial-admin --kit ADMIN_KIT status JOB_ID                     # job status, round, per-site task
     fedpartial-admin --kit ADMIN_KIT wait JOB_ID [--timeout S]         # follow until the job ends
@@ -186,10 +186,76 @@ def failure_lines(path: str | Path, limit: int = 5) -> list[str]:
     return seen[:limit]
 
 
+def degraded_lines(results: dict) -> list[str]:
+    """``DEGRADED: <reason>`` lines of a run that lost or refused sites (``results.json`` ``degraded``, else
+    computed from its rounds)."""
+    from ..fl.selection import degradation
+
+    info = results.get("degraded", None) if "degraded" in results else degradation(results)
+    return [f"DEGRADED: {r}" for r in (info or {}).get("reasons", [])]
+
+
 def results_text(path: str | Path) -> str:
-    """The results table of a downloaded job (or any folder / file holding ``results.json``)."""
+    """The results table of a downloaded job (or any folder / file holding ``results.json``), after the reasons
+    the run is degraded, if it is."""
     file = find_results(Path(path))
-    return f"{file}\n\n" + render_tables(json.loads(file.read_text()))
+    results = json.loads(file.read_text())
+    head = "".join(line + "\n" for line in degraded_lines(results))
+    return f"{file}\n{head}\n" + render_tables(results)
+
+
+def job_sites(job_dir: str | Path) -> tuple[int | None, int, list[str]]:
+    """``(number of sites, max_missing_sites, named sites)`` of a job folder: the server configuration's
+    ``min_clients`` (the job's site count) and ``max_missing_sites``, and the sites ``meta.json``'s ``deploy_map``
+    names (empty with ``@ALL``)."""
+    job_dir = Path(job_dir)
+    meta = json.loads((job_dir / "meta.json").read_text())
+    named = sorted({s for targets in (meta.get("deploy_map") or {}).values() for s in targets
+                    if isinstance(s, str) and not s.startswith("@") and s != "server"})
+    n, missing = None, 0
+    for path in sorted(job_dir.glob("*/config/config_fed_server.json")):
+        cfg = json.loads(path.read_text())
+        n = cfg.get("min_clients") if isinstance(cfg.get("min_clients"), int) else n
+        missing = int(cfg.get("max_missing_sites", missing) or 0)
+    return (n if n is not None else meta.get("min_clients")), missing, named
+
+
+STALE_AFTER = 75.0  # seconds without a heartbeat (NVFlare clients send one every 30 s) before a site counts as down
+
+
+def connected_sites(sess, stale_after: float = STALE_AFTER) -> list[str]:
+    """The names of the sites connected to the server now: registered, and heard from within ``stale_after``
+    seconds (the server itself lists a dead site until its 600 s heartbeat timeout)."""
+    out = []
+    now = time.time()
+    for c in sess.get_connected_client_list() or []:
+        name = getattr(c, "name", None) or (c.get("name") if isinstance(c, dict) else None)
+        seen = getattr(c, "last_connect_time", None)
+        if name and (seen is None or now - float(seen) <= stale_after):
+            out.append(name)
+    return sorted(out)
+
+
+def site_check(job_dir: str | Path, connected: list[str], expected: list[str] | None = None) -> list[str]:
+    """What the admin must know before a job goes out: ``warning:`` lines when fewer sites are connected than the
+    job has (naming the missing ones when the job or ``expected`` names its sites), and whether NVFlare will
+    start it (fewer than ``sites - max_missing_sites`` connected: it waits SUBMITTED, silently)."""
+    n, max_missing, named = job_sites(job_dir)
+    names = sorted(expected or named)
+    lines = []
+    absent = [s for s in names if s not in connected]
+    count = n if n is not None else len(names)
+    if absent or (count and len(connected) < count):
+        which = f"; not connected: {', '.join(absent)}" if absent else ""
+        lines.append(f"warning: {len(connected)} of the job's {count} site(s) are connected "
+                     f"({', '.join(connected) or 'none'}){which}")
+        if count and len(connected) < count - max_missing:
+            lines.append(f"warning: the job needs at least {count - max_missing} site(s) (max_missing_sites "
+                         f"{max_missing}): NVFlare keeps it SUBMITTED until enough sites connect")
+        else:
+            lines.append(f"warning: the job starts without them (max_missing_sites {max_missing}); its results "
+                         "will be marked DEGRADED")
+    return lines
 
 
 # ------------------------------------------------------------------------------------------------------------ CLI
@@ -201,8 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--user", help="admin user name (default: the kit folder's name)")
     ap.add_argument("--connect-timeout", type=float, default=30.0, help="seconds to wait for the server")
     sub = ap.add_subparsers(dest="cmd", required=True)
+    sites_help = "comma-separated names of the job's sites, to name those not connected (default: meta.json's)"
     p = sub.add_parser("submit", help="submit a job folder, print its id")
     p.add_argument("job")
+    p.add_argument("--sites", help=sites_help)
     p.add_argument("--without-custom", action="store_true", help="leave the apps' custom/ code out (non-BYOC)")
     p = sub.add_parser("status", help="job status, round and per-site task")
     p.add_argument("job_id")
@@ -223,6 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "resume":
             p.add_argument("job_id", help="the job whose run to continue (its checkpoints are kept under its id)")
         p.add_argument("job")
+        p.add_argument("--sites", help=sites_help)
         p.add_argument("--without-custom", action="store_true", help="leave the apps' custom/ code out (non-BYOC)")
         p.add_argument("-o", "--out", default="results", help="destination folder (default: results)")
         p.add_argument("--timeout", type=float, default=0.0, help="seconds (0 = no limit)")
@@ -271,6 +340,9 @@ def main(argv: list[str] | None = None) -> int:
 def _run_command(args) -> int:
     sess = open_session(args.kit, args.user, args.connect_timeout)
     try:
+        if args.cmd in ("submit", "run", "resume"):
+            for line in site_check(args.job, connected_sites(sess), args.sites.split(",") if args.sites else None):
+                print(line, file=sys.stderr, flush=True)
         if args.cmd == "submit":
             print(submit(sess, args.job, args.without_custom))
         elif args.cmd == "status":

@@ -32,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "custom"), str(REPO / "tests")]
 
@@ -55,10 +57,23 @@ def kill(dep: Deployment, who: str, roles=("watchdog", "parent", "worker")) -> d
     return pids
 
 
+def _alive(pid: int) -> bool:
+    """A running process (a killed one whose parent does not reap it stays a zombie)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def restart(dep: Deployment, sess, who: str, old: dict) -> dict:
-    """Start the participant from its kit again; returns its new PIDs (asserted new) and the seconds until it is
-    registered (hospitals) or its parent runs (server)."""
+    """Start the participant from its kit again (after removing the pid files its killed watchdog left: NVFlare's
+    ``start.sh`` refuses to start while they exist); returns its new PIDs (asserted new) and the seconds until it
+    is registered (hospitals) or its parent runs (server)."""
     t0 = time.time()
+    for stale in ("daemon_pid.fl", "pid.fl"):  # start.sh refuses to start while these name a (killed) process
+        path = dep.kits / who / stale
+        if path.is_file() and not any(_alive(int(p)) for p in path.read_text().split() if p.isdigit()):
+            path.unlink()
     dep.start(who)
     while time.time() - t0 < 120 and not participant_processes(dep.kits / who)["parent"]:
         time.sleep(0.5)

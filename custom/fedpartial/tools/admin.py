@@ -341,7 +341,11 @@ def _run_command(args) -> int:
     sess = open_session(args.kit, args.user, args.connect_timeout)
     try:
         if args.cmd in ("submit", "run", "resume"):
-            for line in site_check(args.job, connected_sites(sess), args.sites.split(",") if args.sites else None):
+            try:
+                lines = site_check(args.job, connected_sites(sess), args.sites.split(",") if args.sites else None)
+            except Exception as e:  # noqa: BLE001 - e.g. a user who may not list the sites: the submit decides
+                lines = [f"warning: could not check the connected sites ({type(e).__name__}: {e})"]
+            for line in lines:
                 print(line, file=sys.stderr, flush=True)
         if args.cmd == "submit":
             print(submit(sess, args.job, args.without_custom))

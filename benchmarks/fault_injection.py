@@ -2,17 +2,23 @@
 
     python benchmarks/fault_injection.py --out benchmarks/results/fault_injection.json
 
-1. ``dead site``: a 6-round ``fedmlp_ich`` job; once round 2 trains, every process of hospital-3 is killed
-   (its client and its job process, as a crash or power cut would). NVFlare 2.9's server fails the whole job
-   when a site reports its job process dead (``FedServer.process_job_failure``: FINISHED:EXECUTION_EXCEPTION);
-   what is recorded is how far it got.
-2. ``site restart``: hospital-3 is started again from its kit, must register with the server again, and
-   ``fedpartial-admin resume`` continues the failed job from its last checkpoint with every site adopting its own
-   state of that round (hospital-3 included) and ``results.json`` holding every round once.
-3. ``server restart``: a second 6-round job; once round 3 trains, every server process is killed and the server
-   started again. NVFlare 2.9 loses the job (it stays RUNNING in the job store); ``fedpartial-admin resume`` must
-   continue it from the last checkpoint: the server's log says from which round, every site adopts its own state
-   of that round, and ``results.json`` holds every round exactly once.
+Processes are found with psutil by their startup kit and NVFlare module (``participant_processes``: the
+``sub_start.sh`` watchdog, the parent ``-m nvflare.private.fed.app.{client.client_train,server.server_train}``
+and the job worker ``-m nvflare.private.fed.app.{client.worker_process,server.runner_process}``), killed with
+SIGKILL by PID, checked gone, and started again from the kit: every row records the PIDs before and after.
+
+1. ``dead before submit``: hospital-3 is killed; ``fedpartial-admin``'s check names it as not connected; the job
+   (``meta.json`` ``min_clients`` = sites - max_missing_sites) starts with the two others and the class only
+   hospital-3 annotates stops its data check (``class_without_annotator: stop``); hospital-3 comes back.
+2. ``dead mid-round``: a ``rounds``-round job with the shipped round wait (30 s); hospital-3 (watchdog, parent,
+   worker) is killed while round 2 trains: the job completes without it, results DEGRADED; the time from the
+   kill to FINISHED:COMPLETED is recorded; hospital-3 comes back.
+3. ``worker killed``: only hospital-3's job worker is killed while round 2 trains (its parent lives on):
+   NVFlare 2.9 fails the whole job when a parent reports its worker dead; ``fedpartial-admin resume JOB_ID``
+   continues it from the checkpoint with a new worker process at every hospital.
+4. ``server killed``: the server's watchdog, parent and job process are killed while round 3 trains; the server
+   is started again (new PIDs), the hospitals reconnect, and ``resume JOB_ID`` completes the job: the rounds
+   redone (trained before the kill and again after) are counted, each round is recorded once.
 
 Every process started is killed at the end. Prints and writes (``--out``) what happened with timings.
 """
@@ -21,156 +27,187 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "custom"), str(REPO / "tests")]
 
-from test_deploy_poc import HOSPITALS, PROJECT_ADMIN, Deployment, _our_processes, _tiny_job  # noqa: E402
+from test_deploy_poc import (HOSPITALS, PROJECT_ADMIN, Deployment, kill_pids, participant_processes,  # noqa: E402
+                             tolerant_job, wait_clients, wait_round)
 
-from fedpartial.tools.admin import download, open_session, progress, resume_folder, submit, wait  # noqa: E402
-
-
-def fast_job(dep: Deployment, name: str, rounds: int) -> Path:
-    """``_tiny_job`` with short waits: a round closes 3 s after 2 of the 3 sites answered, the final evaluation
-    gives up on a silent site after 60 s."""
-    job = _tiny_job(dep.root / "jobs", name, rounds)
-    path = job / "app" / "config" / "config_fed_server.json"
-    cfg = json.loads(path.read_text())
-    for wf in cfg["workflows"]:
-        if wf["path"].endswith("ScatterAndGather"):
-            wf["args"].update(wait_time_after_min_received=3, train_timeout=120)
-        elif wf["path"].endswith("CrossSiteModelEval"):
-            wf["args"].update(submit_model_timeout=30, validation_timeout=60)
-    path.write_text(json.dumps(cfg, indent=2))
-    return job
+from fedpartial.tools.admin import (connected_sites, download, failure_lines, open_session, resume_folder,  # noqa: E402
+                                    site_check, submit, wait)
+from fedpartial.fl.selection import degradation  # noqa: E402
 
 
-def kill(dep: Deployment, participant: str) -> list[int]:
-    """SIGKILL every process whose command line mentions the participant's kit (client / server and job)."""
-    pids = _our_processes(str(dep.kits / participant) + os.sep)
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+def kill(dep: Deployment, who: str, roles=("watchdog", "parent", "worker")) -> dict:
+    """SIGKILL the participant's processes of ``roles`` by PID; returns the PIDs and asserts they are gone."""
+    procs = participant_processes(dep.kits / who)
+    pids = {r: procs[r] for r in roles}
+    assert pids["parent" if "parent" in roles else "worker"], f"{who}: nothing to kill ({procs})"
+    left = kill_pids([p for r in roles for p in procs[r]])
+    assert not left, f"{who}: still alive after SIGKILL: {left}"
+    now = participant_processes(dep.kits / who)
+    assert not any(set(now[r]) & set(pids[r]) for r in roles), now
     return pids
 
 
-def wait_round(sess, job_id: str, rnd: int, timeout: float = 300) -> float:
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        p = progress(sess, job_id)
-        if p["round"] is not None and p["round"] >= rnd:
-            return time.time() - t0
-        if str(p["status"]).startswith("FINISHED"):
-            raise RuntimeError(f"job {job_id} ended before round {rnd}: {p['status']}")
-        time.sleep(1)
-    raise TimeoutError(f"job {job_id} did not reach round {rnd} in {timeout} s")
+def _alive(pid: int) -> bool:
+    """A running process (a killed one whose parent does not reap it stays a zombie)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
-def wait_clients(sess, names: list[str], timeout: float = 120) -> bool:
-    """Whether all ``names`` are connected to the server within ``timeout`` seconds."""
+def restart(dep: Deployment, sess, who: str, old: dict) -> dict:
+    """Start the participant from its kit again (after removing the pid files its killed watchdog left: NVFlare's
+    ``start.sh`` refuses to start while they exist); returns its new PIDs (asserted new) and the seconds until it
+    is registered (hospitals) or its parent runs (server)."""
     t0 = time.time()
-    while time.time() - t0 < timeout:
-        connected = {getattr(c, "name", None) or (c.get("name") if isinstance(c, dict) else None)
-                     for c in (sess.get_connected_client_list() or [])}
-        if set(names) <= connected:
-            return True
-        time.sleep(2)
-    return False
+    for stale in ("daemon_pid.fl", "pid.fl"):  # start.sh refuses to start while these name a (killed) process
+        path = dep.kits / who / stale
+        if path.is_file() and not any(_alive(int(p)) for p in path.read_text().split() if p.isdigit()):
+            path.unlink()
+    dep.start(who)
+    while time.time() - t0 < 120 and not participant_processes(dep.kits / who)["parent"]:
+        time.sleep(0.5)
+    new = participant_processes(dep.kits / who)
+    assert new["parent"] and not set(new["parent"]) & set(old.get("parent", [])), (old, new)
+    if sess is not None:
+        wait_clients(sess, [who], timeout=120)
+    return {"new_pids": new, "seconds": round(time.time() - t0, 1)}
+
+
+def job_result(sess, job_id: str, dest: Path) -> tuple[dict, str]:
+    folder = download(sess, job_id, dest)
+    res_file = next(folder.rglob("results.json"), None)
+    log = next(folder.rglob("log.txt"), None)
+    return (json.loads(res_file.read_text()) if res_file else {}), (log.read_text(errors="replace") if log else "")
 
 
 def _resume_line(log: str) -> str:
-    line = next((ln for ln in log.splitlines() if "resuming from the checkpoint" in ln), "")
-    return line.split(" - ")[-1]
+    return next((ln.split(" - ")[-1] for ln in log.splitlines() if "resuming from the checkpoint" in ln), "")
 
 
-def results_of(folder: Path) -> tuple[dict, str]:
-    res = json.loads(next(folder.rglob("results.json")).read_text())
-    log = next((p for p in folder.rglob("log.txt")), None)
-    return res, (log.read_text(errors="replace") if log else "")
+def dead_before_submit(dep: Deployment, sess, rounds: int) -> dict:
+    pids = kill(dep, "hospital-3")
+    t0 = time.time()
+    wait_clients(sess, ["hospital-3"], present=False, timeout=120)
+    seen_down = round(time.time() - t0, 1)
+    job = tolerant_job(dep.root / "jobs", "fedmlp_dead_before_submit", rounds, wait_after_min=30)
+    warning = site_check(job, connected_sites(sess), HOSPITALS)
+    jid = submit(sess, job)
+    meta = wait(sess, jid, timeout=300, echo=None)
+    folder = download(sess, jid, dep.root / "res_before_submit")
+    row = {"killed_pids": pids, "seconds_until_admin_sees_it_down": seen_down, "admin_told": warning,
+           "status": meta.get("status"), "why": failure_lines(folder, limit=2)}
+    row["restart"] = restart(dep, sess, "hospital-3", pids)
+    return row
+
+
+def dead_mid_round(dep: Deployment, sess, rounds: int) -> dict:
+    job = tolerant_job(dep.root / "jobs", "fedmlp_dead_mid_round", rounds, wait_after_min=30)
+    jid = submit(sess, job)
+    wait_round(sess, jid, 2)
+    t_kill = time.time()
+    pids = kill(dep, "hospital-3")
+    meta = wait(sess, jid, timeout=900, echo=None)
+    after = round(time.time() - t_kill, 1)
+    res, log = job_result(sess, jid, dep.root / "res_mid_round")
+    row = {"killed_pids": pids, "status": meta.get("status"), "seconds_kill_to_finished": after,
+           "missing_per_round": {r["round"]: r.get("missing", []) for r in res.get("rounds", [])},
+           "round_seconds": {r["round"]: round(r.get("seconds") or 0, 1) for r in res.get("rounds", [])},
+           "degraded": (res.get("degraded") or degradation(res) or {}).get("reasons"),
+           "final_evaluation_without": "final evaluation WITHOUT site(s) ['hospital-3']" in log}
+    row["restart"] = restart(dep, sess, "hospital-3", pids)
+    return row
+
+
+def worker_killed(dep: Deployment, sess, rounds: int) -> dict:
+    job = tolerant_job(dep.root / "jobs", "fedmlp_worker_killed", rounds, wait_after_min=30)
+    jid = submit(sess, job)
+    wait_round(sess, jid, 2)
+    parent_before = participant_processes(dep.kits / "hospital-3")["parent"]
+    pids = kill(dep, "hospital-3", roles=("worker",))
+    meta = wait(sess, jid, timeout=900, echo=None)
+    parent_after = participant_processes(dep.kits / "hospital-3")["parent"]
+    t0 = time.time()
+    jid_r = submit(sess, resume_folder(job, dep.root / "jobs" / "resume_worker", jid))
+    workers = []
+    while time.time() - t0 < 120 and not workers:
+        workers = participant_processes(dep.kits / "hospital-3")["worker"]
+        time.sleep(0.5)
+    meta_r = wait(sess, jid_r, timeout=900, echo=None)
+    res, log = job_result(sess, jid_r, dep.root / "res_worker_resumed")
+    return {"killed_pids": pids, "status": meta.get("status"), "parent_pid_kept": parent_before == parent_after,
+            "resumed_status": meta_r.get("status"), "new_worker_pids": workers,
+            "new_worker_pid_differs": bool(workers) and not set(workers) & set(pids["worker"]),
+            "resume_line": _resume_line(log), "rounds": [r["round"] for r in res.get("rounds", [])],
+            "seconds_resubmit_to_finished": round(time.time() - t0, 1)}
+
+
+def server_killed(dep: Deployment, sess, rounds: int) -> tuple[dict, object]:
+    job = tolerant_job(dep.root / "jobs", "fedmlp_server_killed", rounds, wait_after_min=30)
+    jid = submit(sess, job)
+    wait_round(sess, jid, 3)
+    sess.close()
+    killed_in = 3 - 1  # the 0-based round training when the server died
+    pids = kill(dep, "localhost")
+    t0 = time.time()
+    back = restart(dep, None, "localhost", pids)
+    sess = open_session(dep.kits / PROJECT_ADMIN, timeout=120)
+    wait_clients(sess, HOSPITALS, timeout=180)
+    reconnected = round(time.time() - t0, 1)
+    jid_r = submit(sess, resume_folder(job, dep.root / "jobs" / "resume_server", jid))
+    meta_r = wait(sess, jid_r, timeout=900, echo=None)
+    res, log = job_result(sess, jid_r, dep.root / "res_server_resumed")
+    line = _resume_line(log)
+    resumed_from = int(line.split("round ")[1].split()[0]) if "round " in line else None
+    return {"killed_pids": pids, "new_pids": back["new_pids"], "hospitals_reconnected_after_s": reconnected,
+            "killed_while_training_round": killed_in, "resume_line": line, "resumed_status": meta_r.get("status"),
+            "rounds": [r["round"] for r in res.get("rounds", [])],
+            "rounds_redone": None if resumed_from is None else killed_in - (resumed_from + 1),
+            "seconds_restart_to_finished": round(time.time() - t0, 1)}, sess
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--only", nargs="*", default=None, help="scenarios to run (default: all)")
     a = ap.parse_args(argv)
-    report: dict = {"rounds": a.rounds}
+    report: dict = {"rounds": a.rounds, "round_wait_after_min_s": 30,
+                    "client_outcome_wait_timeout_s": 30}
     dep = Deployment(Path(tempfile.mkdtemp(prefix="fedpartial-faults-")))
-    kit = lambda: dep.kits / PROJECT_ADMIN
+    scenarios = {"dead_before_submit": dead_before_submit, "dead_mid_round": dead_mid_round,
+                 "worker_killed": worker_killed}
+    sess = None
     try:
         dep.provision()
         dep.prepare_hospital_data()
         for participant in ["localhost", *HOSPITALS]:
             dep.start(participant)
-        sess = open_session(kit(), timeout=90)
-
-        # 1. a dead site
-        job = fast_job(dep, "fedmlp_dead_site", a.rounds)
-        t0 = time.time()
-        jid = submit(sess, job)
-        wait_round(sess, jid, 2)
-        killed = kill(dep, "hospital-3")
-        meta = wait(sess, jid, timeout=900, echo=None)
-        res, _ = results_of(download(sess, jid, dep.root / "results_dead_site"))
-        missing = {r["round"]: r.get("missing", []) for r in res["rounds"]}
-        report["dead_site"] = {"status": meta.get("status"), "killed_pids": len(killed),
-                               "rounds": len(res["rounds"]), "missing_per_round": missing,
-                               "sites_last_round": res["rounds"][-1]["sites"], "seconds": round(time.time() - t0, 1)}
-        print(json.dumps({"dead_site": report["dead_site"]}), flush=True)
-
-        # 2. the site comes back, and the job goes on from its checkpoint with it
-        t0 = time.time()
-        dep.start("hospital-3")
-        back = wait_clients(sess, HOSPITALS, timeout=120)
-        report["site_restart"] = {"registered_again": back, "seconds": round(time.time() - t0, 1)}
-        jid_r = submit(sess, resume_folder(job, dep.root / "jobs" / "resume_dead_site"))
-        meta = wait(sess, jid_r, timeout=900, echo=None)
-        res, log = results_of(download(sess, jid_r, dep.root / "results_dead_site_resumed"))
-        adopted = [h for h in HOSPITALS if "resume: adopted this site's state" in
-                   "".join(p.read_text(errors="replace") for p in (dep.kits / h).glob(f"{jid_r}/log.txt"))]
-        report["site_restart"].update(resumed_status=meta.get("status"), rounds=[r["round"] for r in res["rounds"]],
-                                      sites_adopting_state=adopted, resume_line=_resume_line(log))
-        print(json.dumps({"site_restart": report["site_restart"]}), flush=True)
-
-        # 3. the server dies mid-job; the job is resumed from its checkpoint
-        job2 = fast_job(dep, "fedmlp_server_restart", a.rounds)
-        jid2 = submit(sess, job2)
-        wait_round(sess, jid2, 3)
-        sess.close()
-        killed = kill(dep, "localhost")
-        time.sleep(2)
-        t0 = time.time()
-        dep.start("localhost")
-        sess = open_session(kit(), timeout=120)
-        wait_clients(sess, HOSPITALS, timeout=120)  # the hospitals reconnect on their own
-        reconnected = round(time.time() - t0, 1)
-        old = sess.get_job_meta(jid2).get("status")
-        resumed_dir = dep.root / "jobs" / "resume"
-        jid3 = submit(sess, resume_folder(job2, resumed_dir))
-        meta = wait(sess, jid3, timeout=900, echo=None)
-        folder = download(sess, jid3, dep.root / "results_resumed")
-        res, log = results_of(folder)
-        site_logs = [p.read_text(errors="replace") for p in dep.kits.glob("hospital-*/" + jid3 + "/log.txt")]
-        adopted = sum("resume: adopted this site's state" in t for t in site_logs)
-        report["server_restart"] = {"killed_pids": len(killed), "old_job_status": old, "resumed_status": meta.get("status"),
-                                    "resume_line": _resume_line(log), "rounds": [r["round"] for r in res["rounds"]],
-                                    "sites_adopting_state": adopted, "sites_reconnected_after_s": reconnected,
-                                    "seconds_after_restart": round(time.time() - t0, 1)}
-        print(json.dumps({"server_restart": report["server_restart"]}), flush=True)
-        shutil.rmtree(resumed_dir, ignore_errors=True)
-        sess.close()
+        sess = open_session(dep.kits / PROJECT_ADMIN, timeout=90)
+        wait_clients(sess, HOSPITALS, timeout=180)
+        for name, fn in scenarios.items():
+            if a.only is None or name in a.only:
+                t0 = time.time()
+                report[name] = fn(dep, sess, a.rounds)
+                report[name]["scenario_seconds"] = round(time.time() - t0, 1)
+                print(json.dumps({name: report[name]}), flush=True)
+        if a.only is None or "server_killed" in a.only:
+            report["server_killed"], sess = server_killed(dep, sess, a.rounds)
+            print(json.dumps({"server_killed": report["server_killed"]}), flush=True)
     finally:
-        left = dep.stop()
-        report["processes_left"] = left
+        if sess is not None:
+            sess.close()
+        report["processes_left"] = dep.stop()
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps(report, indent=1) + "\n")

@@ -342,11 +342,12 @@ def summarise(runs: dict[str, list[dict]], tail: int = 0) -> list[dict]:
 
 
 def compact(res: dict) -> dict:
-    """A run without the per-site detail of every round (macro validation / test curves and the method's
-    per-site counters, ``site_stats``, kept)."""
+    """A run without the per-site detail of every round (macro validation / test curves, the method's per-site
+    counters, ``site_stats``, and the updates the server refused, ``rejected``, kept)."""
     out = {k: v for k, v in res.items() if k != "rounds"}
     out["curves"] = [{"round": r["round"], "val": (r.get("val") or {}).get("macro"),
-                      "test": (r.get("test") or {}).get("macro"), "site_stats": r.get("site_stats") or {}}
+                      "test": (r.get("test") or {}).get("macro"), "site_stats": r.get("site_stats") or {},
+                      "rejected": r.get("rejected") or {}}
                      for r in res.get("rounds", [])]
     return out
 

@@ -4,6 +4,7 @@ FLARE API session), the real-site data policy, the project.yml and the job custo
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import yaml
@@ -142,3 +143,27 @@ def test_allow_list_admits_the_jobs_classes(tmp_path):
     assert "fedpartial." in added and refused() == []
     assert json.loads((kit / "local" / "resources.json").read_text())["components"] == []  # rest kept
     assert allow_jobs(kit, [job]) == []  # idempotent
+
+
+def test_site_check_names_the_hospitals_that_are_not_connected(tmp_path):
+    """Before a job goes out the admin is told which of its sites are down and whether NVFlare will start it."""
+    from conftest import copy_job
+    from fedpartial.tools.admin import connected_sites, site_check
+
+    job = copy_job("fedavg_ich", tmp_path / "job", min_clients=3)  # 3 sites, max_missing_sites 1
+    names = ["h1", "h2", "h3"]
+    assert site_check(job, names, names) == []
+    lines = site_check(job, ["h1", "h2"], names)
+    assert lines[0] == "warning: 2 of the job's 3 site(s) are connected (h1, h2); not connected: h3"
+    assert "starts without them (max_missing_sites 1)" in lines[1]
+    lines = site_check(job, ["h1"], None)  # names unknown (deploy_map @ALL): the count only
+    assert lines[0] == "warning: 1 of the job's 3 site(s) are connected (h1)"
+    assert "needs at least 2 site(s)" in lines[1] and "SUBMITTED" in lines[1]
+
+    class Info:
+        def __init__(self, name, t):
+            self.name, self.last_connect_time = name, t
+
+    sess = type("S", (), {"get_connected_client_list": lambda self: [Info("h1", time.time()),
+                                                                       Info("h3", time.time() - 600)]})()
+    assert connected_sites(sess) == ["h1"]  # h3: no heartbeat for 10 minutes, still listed by the server

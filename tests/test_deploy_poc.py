@@ -7,8 +7,10 @@ split); server and sites started with their kits' ``startup/start.sh`` in a temp
 ``fedmlp_ich`` submitted with its custom code (BYOC) by the project admin through admin/fedpartial_admin.py,
 followed, downloaded, its results.json checked and ``fedpartial-predict`` run on the downloaded global model.
 Then: an org admin may not submit custom code; the non-BYOC way (allow-listed installed package) deploys, and a
-site without data configuration stops it with a message naming the site. Every process started here is killed
-at the end, also when a test fails, and the teardown checks that none is left.
+site without data configuration stops it with a message naming the site; a hospital killed mid-job (its
+watchdog, client parent and job worker, by PID) does not end a job with ``max_missing_sites`` 1, and a hospital
+down at submission is named to the admin; a resumed job continues its own run only. Every process started here
+is killed at the end, also when a test fails, and the teardown checks that none is left.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import psutil
 import pytest
 import yaml
 
@@ -77,6 +80,60 @@ def _our_processes(marker: str) -> list[int]:
     return pids
 
 
+# NVFlare 2.9's processes of a participant, as their command lines show them (checked with ps on this deployment):
+#   watchdog  bash <kit>/startup/sub_start.sh
+#   parent    python3 -u -m nvflare.private.fed.app.client.client_train -m <kit> -s fed_client.json ...
+#             python3 -u -m nvflare.private.fed.app.server.server_train -m <kit> -s fed_server.json ...
+#   worker    python3 -m nvflare.private.fed.app.client.worker_process -m <kit> -w <kit>/startup -n <job id> ...
+#             python3 -m nvflare.private.fed.app.server.runner_process -m <kit> -s fed_server.json ... -n <job id>
+ROLE_MODULES = {"nvflare.private.fed.app.client.client_train": "parent",
+                "nvflare.private.fed.app.server.server_train": "parent",
+                "nvflare.private.fed.app.client.worker_process": "worker",
+                "nvflare.private.fed.app.server.runner_process": "worker"}
+
+
+def participant_processes(kit: Path) -> dict[str, list[int]]:
+    """``{"watchdog": [pid], "parent": [pid], "worker": [pid, ...]}`` of the participant whose startup kit is
+    ``kit``: NVFlare processes by their ``-m <module>`` and ``-m <kit>`` arguments, the watchdog by its script."""
+    kit = str(Path(kit))
+    out: dict[str, list[int]] = {"watchdog": [], "parent": [], "worker": []}
+    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
+        cmd = proc.info["cmdline"] or []
+        if proc.info["status"] == psutil.STATUS_ZOMBIE or not cmd:
+            continue
+        if cmd[0].endswith("bash") and f"{kit}/startup/sub_start.sh" in cmd[1:]:
+            out["watchdog"].append(proc.info["pid"])
+            continue
+        if "-m" not in cmd:
+            continue
+        i = cmd.index("-m")
+        role = ROLE_MODULES.get(cmd[i + 1] if i + 1 < len(cmd) else "")
+        rest = cmd[i + 2:]
+        if role and "-m" in rest and rest.index("-m") + 1 < len(rest) and rest[rest.index("-m") + 1] == kit:
+            out[role].append(proc.info["pid"])
+    return out
+
+
+def kill_pids(pids: list[int], timeout: float = 15.0) -> list[int]:
+    """SIGKILL each pid; returns those still alive (not zombies) after ``timeout`` seconds (must be none)."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def alive(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.time() + timeout
+    while time.time() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.2)
+    return [p for p in pids if alive(p)]
+
+
 class Deployment:
     """A provisioned federation on localhost, run from a temporary root."""
 
@@ -95,6 +152,9 @@ class Deployment:
         # an editable install of another checkout) would shadow the job's copy. Put this checkout first so the
         # sites run the code under test (in CI both are the same checkout).
         self.env["PYTHONPATH"] = str(REPO / "custom")
+        # a job whose site died waits this long for that site's end-of-job report before it is finalised from the
+        # server's outcome (NVFlare's client_outcome_wait_timeout, default 900 s; provisioning/README.md)
+        self.env["NVFLARE_CLIENT_OUTCOME_WAIT_TIMEOUT"] = "30"
 
     def provision(self) -> Path:
         yml = _project_yml(self.root)
@@ -265,3 +325,158 @@ def test_recipe_runs_on_the_federation(deployment):
     assert results["method"] == "fedavg" and sorted(results["rounds"][0]["sites"]) == HOSPITALS
     assert {s: i["n_train"] for s, i in results["data"]["sites"].items()} == {
         h: len(pd.read_csv(dep.root / "data" / f"site-{i}.csv")) for i, h in enumerate(HOSPITALS, start=1)}
+
+
+# ------------------------------------------------------------------------------------------ faults
+def wait_round(sess, job_id: str, rnd: int, timeout: float = 300) -> float:
+    """Seconds until job ``job_id`` trains round ``rnd`` (1-based, as the admin shows it) or later."""
+    from fedpartial.tools.admin import progress
+
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        p = progress(sess, job_id)
+        if p["round"] is not None and p["round"] >= rnd:
+            return time.time() - t0
+        if str(p["status"]).startswith("FINISHED"):
+            raise RuntimeError(f"job {job_id} ended before round {rnd}: {p['status']}")
+        time.sleep(1)
+    raise TimeoutError(f"job {job_id} did not reach round {rnd} in {timeout} s")
+
+
+def wait_clients(sess, names: list[str], present: bool = True, timeout: float = 120) -> float:
+    """Seconds until all ``names`` are connected to the server (``present``) or none of them is."""
+    from fedpartial.tools.admin import connected_sites
+
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        connected = set(connected_sites(sess))
+        if (set(names) <= connected) if present else not (set(names) & connected):
+            return time.time() - t0
+        time.sleep(1)
+    raise TimeoutError(f"sites {names} not {'connected' if present else 'gone'} within {timeout} s")
+
+
+def tolerant_job(dest: Path, name: str, rounds: int, wait_after_min: int = 5) -> Path:
+    """``_tiny_job`` as a job that may lose ``max_missing_sites`` (1) hospitals: ``meta.json`` ``min_clients`` =
+    sites - max_missing_sites (NVFlare's deployment policy: otherwise it aborts the job once a site's heartbeat
+    times out), the final evaluation by :class:`fedpartial.fl.selection.CrossSiteEval` (without the sites the last
+    round lost), a round closing ``wait_after_min`` s after all but one hospital answered (shipped: 30 s)."""
+    job = _tiny_job(dest, name, rounds)
+    path = job / "app" / "config" / "config_fed_server.json"
+    cfg = json.loads(path.read_text())
+    for wf in cfg["workflows"]:
+        if wf["path"].endswith("ScatterAndGather"):
+            wf["args"]["wait_time_after_min_received"] = wait_after_min
+        elif wf["path"].endswith("CrossSiteModelEval"):
+            wf["path"] = "fedpartial.fl.selection.CrossSiteEval"
+    path.write_text(json.dumps(cfg, indent=2))
+    meta = json.loads((job / "meta.json").read_text())
+    meta["min_clients"] = cfg["min_clients"] - cfg["max_missing_sites"]
+    (job / "meta.json").write_text(json.dumps(meta, indent=2))
+    return job
+
+
+def test_a_hospital_killed_mid_job_does_not_end_it(deployment):
+    """hospital-3's watchdog, client parent and job worker are killed (SIGKILL, by PID) while round 2 trains: the
+    job (max_missing_sites 1) completes with the other two, the rounds after the kill record hospital-3 missing,
+    the final evaluation runs without it, and fedpartial-admin shows the result DEGRADED with the reasons. A job
+    submitted while hospital-3 is down: the admin is told which hospital is not connected, and the class only
+    hospital-3 annotates stops the data check under the default policy (class_without_annotator: stop)."""
+    from fedpartial.tools.admin import download, open_session, submit, wait
+
+    dep = deployment
+    job = tolerant_job(dep.root / "jobs", "fedmlp_dead_hospital", rounds=3)
+    sess = open_session(dep.kits / PROJECT_ADMIN, timeout=90)
+    try:
+        wait_clients(sess, HOSPITALS)  # meta.json min_clients 2: a job submitted earlier would start without one
+        jid = submit(sess, job)
+        wait_round(sess, jid, 2)
+        procs = participant_processes(dep.kits / "hospital-3")
+        assert len(procs["watchdog"]) == 1 and len(procs["parent"]) == 1 and len(procs["worker"]) == 1, procs
+        t_kill = time.time()
+        assert kill_pids([p for pids in procs.values() for p in pids]) == []
+        assert participant_processes(dep.kits / "hospital-3") == {"watchdog": [], "parent": [], "worker": []}
+        meta = wait(sess, jid, timeout=300, echo=None)
+        print(f"hospital-3 killed -> job {meta['status']} {time.time() - t_kill:.1f} s later")
+        assert meta["status"] == FINISHED_OK, meta
+        path = download(sess, jid, dep.root / "results_dead")
+        res = json.loads(next(path.rglob("results.json")).read_text())
+        assert res["rounds"][0]["sites"] == HOSPITALS and res["rounds"][0]["missing"] == []
+        assert res["rounds"][-1]["missing"] == ["hospital-3"] and "hospital-3" not in res["rounds"][-1]["sites"]
+        assert res["degraded"]["final_without"] == ["hospital-3"], res["degraded"]
+        log = next(path.rglob("log.txt")).read_text(errors="replace")
+        assert "final evaluation WITHOUT site(s) ['hospital-3']" in log
+        shown = dep.admin("results", str(path))
+        assert shown.returncode == 0 and "DEGRADED: site hospital-3 sent no update in round(s)" in shown.stdout
+        assert "DEGRADED: the final evaluation ran without hospital-3" in shown.stdout, shown.stdout
+
+        # submitted while hospital-3 is down
+        wait_clients(sess, ["hospital-3"], present=False, timeout=90)  # no heartbeat for 75 s
+        proc = dep.admin("run", str(job), "--sites", ",".join(HOSPITALS), "-o", str(dep.root / "results_down"),
+                         "--timeout", "150", "--poll", "1")
+        out = proc.stdout + proc.stderr
+        print(out)
+        assert "warning: 2 of the job's 3 site(s) are connected (hospital-1, hospital-2); not connected: hospital-3" in out
+        assert proc.returncode == 1, out
+        assert ("are annotated by none of the sites present (hospital-1, hospital-2), only by sites absent from this "
+                "job (class_without_annotator: stop;") in out, out
+    finally:
+        dep.start("hospital-3")  # back for the other tests
+        try:
+            wait_clients(sess, HOSPITALS, timeout=120)
+        finally:
+            sess.close()
+
+
+def test_resume_continues_its_own_run_only(deployment):
+    """Job A is aborted in round 3; run B of the same job folder (another seed, 2 rounds) completes; `resume A`
+    continues A's run from A's checkpoint (its rounds carry A's validation scores, not B's), and resuming A with
+    B's configuration is refused with a message naming the difference."""
+    from fedpartial.tools.admin import download, open_session, submit, wait
+
+    dep = deployment
+    folder = _tiny_job(dep.root / "jobs", "fedmlp_resume", rounds=4)
+    client = folder / "app" / "config" / "config_fed_client.json"
+    cfg_a = json.loads(client.read_text())
+    sess = open_session(dep.kits / PROJECT_ADMIN, timeout=90)
+    try:
+        wait_clients(sess, HOSPITALS)
+        a = submit(sess, folder)
+        wait_round(sess, a, 3)
+        sess.abort_job(a)
+        wait(sess, a, timeout=120, echo=None)
+        res_a = json.loads(next(download(sess, a, dep.root / "res_a").rglob("results.json")).read_text())
+        cfg_b = json.loads(json.dumps(cfg_a))
+        cfg_b["executors"][0]["executor"]["args"]["seed"] = 1
+        client.write_text(json.dumps(cfg_b))
+        server = folder / "app" / "config" / "config_fed_server.json"
+        server_cfg = server.read_text()
+        server.write_text(server_cfg.replace('"num_rounds": 4', '"num_rounds": 2'))
+        b = submit(sess, folder)  # B: the same folder, 2 rounds, another seed
+        server.write_text(server_cfg)
+        assert wait(sess, b, timeout=200, echo=None)["status"] == FINISHED_OK
+        res_b = json.loads(next(download(sess, b, dep.root / "res_b").rglob("results.json")).read_text())
+    finally:
+        sess.close()
+    ckpts = dep.kits / "localhost" / "fedpartial_checkpoints" / "fedmlp_ich"
+    assert (ckpts / a / "server" / "checkpoint.pt").is_file() and (ckpts / b / "server" / "checkpoint.pt").is_file()
+
+    refused = dep.admin("resume", a, str(folder), "-o", str(dep.root / "res_refused"), "--timeout", "120")
+    out = refused.stdout + refused.stderr
+    assert refused.returncode == 1 and f"job {a} ran another configuration" in out, out
+
+    client.write_text(json.dumps(cfg_a))
+    resumed = dep.admin("resume", a, str(folder), "-o", str(dep.root / "res_resumed"), "--timeout", "200",
+                        "--poll", "1")
+    out = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, out
+    res = json.loads(next((dep.root / "res_resumed").rglob("results.json")).read_text())
+    log = next((dep.root / "res_resumed").rglob("log.txt")).read_text(errors="replace")
+    done = re.search(r"resuming from the checkpoint of round (\d+) of job (\S+)", log)
+    assert done and done.group(2) == a, log[-3000:]
+    assert [r["round"] for r in res["rounds"]] == [0, 1, 2, 3]
+    auc = lambda r: r["val"]["macro"]["auc"]  # noqa: E731
+    assert int(done.group(1)) >= 1
+    for k in range(int(done.group(1)) + 1):  # the rounds of A's run: A's own scores
+        assert auc(res["rounds"][k]) == auc(res_a["rounds"][k]), k
+    assert auc(res["rounds"][1]) != auc(res_b["rounds"][1])  # ... not B's (trained with another seed)

@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedpartial.aggregation import (bound_changes, change_norms, check_update, clip_change_norms, lower_median,
-                                    robust_combine, robust_rows, robust_states, trim_count)
+from fedpartial.aggregation import (bound_changes, change_cosine, change_norms, change_scale, check_update,
+                                    clip_change_norms, lower_median, robust_combine, robust_rows, robust_states,
+                                    step_of, trim_count)
 from fedpartial.data.manifest import ManifestError, read_manifest
 from fedpartial.methods import Contribution, get_method
 
@@ -43,21 +44,58 @@ def test_change_norms_skip_integer_buffers():
     np.testing.assert_allclose(norms["b"], [0.1, 0.1, 0.1], rtol=1e-6)
 
 
+def test_change_scale_by_hand():
+    # first round: the tensor's own norm, at least 0.2 per value (a tensor starting at 0)
+    assert change_scale(5.0, 4, None) == 5.0
+    assert change_scale(0.0, 4, None) == pytest.approx(0.2 * 2)
+    # later rounds: the last global step, at least 4 % of the norm and 0.01 per value
+    assert change_scale(5.0, 4, 1.0) == 1.0
+    assert change_scale(5.0, 4, 0.1) == pytest.approx(0.04 * 5)
+    assert change_scale(0.0, 4, 0.0) == pytest.approx(0.01 * 2)
+
+
 def test_bound_changes_reject_and_clip_by_hand():
-    ref, states = _three()
-    # w: changes 5, 1, 2; lower median 2; ratio 2 -> bound 4: site 0 (5 > 4) is too large; b: 0.1 each, fine
-    kept, why = bound_changes(states, ref, max_ratio=2, mode="reject")
-    assert list(why) == [0] and "tensor 'w' changed by 5" in why[0] and len(kept) == 2
-    assert kept[0] is not states[1] and np.array_equal(kept[0]["w"], states[1]["w"])
-    clipped, why = bound_changes(states, ref, max_ratio=2, mode="clip")
+    ref, states = _three()  # w: changes 5, 1, 2 from (0, 0); b: 0.1 each
+    steps = {"w": 1.0, "b": 0.1}
+    # ratio 3 x the last step 1 -> bound 3: site 0 (5 > 3) is too large, whatever the other sites sent
+    kept, why = bound_changes(states, ref, max_ratio=3, mode="reject", steps=steps)
+    assert list(why) == [0] and "tensor 'w' changed by 5, more than 3 x its last global step (1)" in why[0]
+    assert len(kept) == 2 and kept[0] is not states[1] and np.array_equal(kept[0]["w"], states[1]["w"])
+    clipped, why = bound_changes(states, ref, max_ratio=3, mode="clip", steps=steps)
     assert list(why) == [0] and len(clipped) == 3
-    np.testing.assert_allclose(clipped[0]["w"], [2.4, 3.2], rtol=1e-6)  # (3, 4) * 4 / 5
+    np.testing.assert_allclose(clipped[0]["w"], [1.8, 2.4], rtol=1e-6)  # (3, 4) * 3 / 5
     assert clipped[0]["w"].dtype == np.float32 and np.array_equal(clipped[1]["w"], states[1]["w"])
+    # the same updates with two contributors: each one is judged alone, so nothing changes for site 0 / 1
+    assert list(bound_changes(states[:2], ref, 3, steps=steps)[1]) == [0]
+    assert bound_changes(states[1:], ref, 3, steps=steps)[1] == {}
+    # first round (no step): against the tensor's own norm; ref (0, 0) -> 0.2 x sqrt(2) = 0.283, x 3 = 0.849
+    assert sorted(bound_changes(states, ref, 3)[1]) == [0, 1, 2]
+    assert bound_changes(states, {**ref, "w": np.array([6, 8], np.float32)}, 3)[1] == {}  # ||ref|| 10 -> 30
     # a loose bound keeps everything; 0 switches it off
-    assert bound_changes(states, ref, max_ratio=3)[1] == {}
+    assert bound_changes(states, ref, max_ratio=5, steps=steps)[1] == {}
     assert bound_changes(states, ref, max_ratio=0)[1] == {}
     with pytest.raises(ValueError):
         bound_changes(states, ref, 2, mode="ignore")
+
+
+def test_two_honest_updates_of_very_different_size_are_both_kept():
+    """A median of two is the smaller change: a site training 25 x more steps than the other was refused by a
+    median bound; against the last global step neither is."""
+    ref = {"w": np.ones(100, np.float32)}
+    small, large = ({"w": np.ones(100, np.float32) + 0.001}, {"w": np.ones(100, np.float32) + 0.1})
+    step = {"w": 0.5}  # last global step 0.05 per value
+    assert bound_changes([small, large], ref, 25, steps=step)[1] == {}
+    assert list(bound_changes([small, {"w": large["w"] * 100}], ref, 25, steps=step)[1]) == [1]
+
+
+def test_change_cosine_and_step_by_hand():
+    ref = {"w": np.zeros(2, np.float32), "n": np.array(3, np.int64)}
+    step = step_of({"w": np.array([1.0, 0.0], np.float32), "n": np.array(5)}, ref)
+    assert list(step) == ["w"] and step["w"].tolist() == [1.0, 0.0]  # integer buffers are no direction
+    assert change_cosine({"w": np.array([2.0, 2.0], np.float32)}, ref, step) == pytest.approx(1 / np.sqrt(2))
+    # the reversed update 2 * ref - w: the same size, the opposite cosine
+    assert change_cosine({"w": np.array([-2.0, -2.0], np.float32)}, ref, step) == pytest.approx(-1 / np.sqrt(2))
+    assert change_cosine({"w": np.zeros(2, np.float32)}, ref, step) is None
 
 
 def test_change_norm_block_by_block_by_hand(monkeypatch):
@@ -89,16 +127,17 @@ def test_check_update_collects_the_change_norms_bound_changes_uses():
     assert check_update(huge, {**ref, "w": np.array([-3e38, 3e38], np.float32)}, norms) is None
     assert norms["w"] == np.inf
     given = {"w": np.array([1.0, 50.0, 1.0]), "b": np.array([0.1, 0.1, 0.1])}
-    assert list(bound_changes(states, ref, 2, norms=given)[1]) == [1]  # the true norms would refuse site 0
+    steps = {"w": 1.0, "b": 0.1}
+    assert list(bound_changes(states, ref, 3, steps=steps, norms=given)[1]) == [1]  # the true ones: site 0
 
 
 def test_bound_changes_floor_on_unchanged_tensors():
-    """A tensor no honest site changes (median 0) still refuses a huge change, but not a tiny one."""
-    ref = {"g": np.ones(4, np.float32)}  # ||ref|| = 2 -> floor 1e-4 * 3
-    states = [{"g": np.ones(4, np.float32)}, {"g": np.ones(4, np.float32)}, {"g": np.full(4, 1e30, np.float32)}]
-    assert list(bound_changes(states, ref, 25)[1]) == [2]
-    states[2] = {"g": np.array([1, 1, 1, 1.001], np.float32)}  # change 0.001 <= 25 * 3e-4
-    assert bound_changes(states, ref, 25)[1] == {}
+    """A tensor the last round did not move (step 0) still refuses a huge change, but not a small one."""
+    ref = {"g": np.ones(4, np.float32)}  # ||ref|| = 2 -> floor max(0.04 x 2, 0.01 x 2) = 0.08, x 25 = 2
+    states = [{"g": np.ones(4, np.float32)}, {"g": np.full(4, 1e30, np.float32)}]
+    assert list(bound_changes(states, ref, 25, steps={"g": 0.0})[1]) == [1]
+    states[1] = {"g": np.array([1, 1, 1, 2.9], np.float32)}  # change 1.9 <= 2
+    assert bound_changes(states, ref, 25, steps={"g": 0.0})[1] == {}
 
 
 def test_clip_change_norms_by_hand():
@@ -253,35 +292,71 @@ def test_site_absent_from_the_data_check_is_refused():
     assert "did not pass the data check" in agg.rejected[0][1]
 
 
-def test_aggregate_refuses_outliers_and_records_missing_sites():
+def _round(agg, engine, updates: dict, prev: dict, rnd: int):
     from nvflare.apis.dxo import from_shareable
 
+    for site, w in updates.items():
+        assert agg.accept(_update({"x": np.asarray(w, np.float32)}, 20), _ctx(engine, site, rnd, prev=prev))
+    return from_shareable(agg.aggregate(_ctx(engine, rnd=rnd, prev=prev)))
+
+
+def test_aggregate_refuses_outliers_and_records_missing_sites():
     from fedpartial.fl.keys import META_CLIPPED, META_MISSING, META_REJECTED
 
     agg, engine = _aggregator()
-    prev = {"x": np.zeros(2, np.float32)}
-    updates = {"site-1": np.array([0.1, 0.0]), "site-2": np.array([0.0, 0.2]), "site-3": np.array([10.0, 0.0])}
-    for site, w in updates.items():  # site-3: 100 x the others' change; site-4 never answers
-        assert agg.accept(_update({"x": w.astype(np.float32)}, 20), _ctx(engine, site, prev=prev))
-    out = from_shareable(agg.aggregate(_ctx(engine, prev=prev)))
-    np.testing.assert_allclose(out.data["x"], [0.05, 0.1], rtol=1e-6)  # the two honest sites only
+    prev = {"x": np.ones(2, np.float32)}  # ||x|| = 1.41: the first round bounds changes by 25 x 1.41 = 35.4
+    updates = {"site-1": [1.1, 1.0], "site-2": [1.0, 1.2], "site-3": [41.0, 1.0]}  # site-4 never answers
+    out = _round(agg, engine, updates, prev, rnd=0)
+    np.testing.assert_allclose(out.data["x"], [1.05, 1.1], rtol=1e-6)  # the two honest sites only
     assert out.meta[META_MISSING] == ["site-4"] and list(out.meta[META_REJECTED]) == ["site-3"]
-    assert "more than 25 x the round's median" in out.meta[META_REJECTED]["site-3"] and out.meta[META_CLIPPED] == []
+    assert "changed by 40, more than 25 x its own norm in the global model" in out.meta[META_REJECTED]["site-3"]
+    assert out.meta[META_CLIPPED] == []
+    # round 1: the last step (0.05, 0.1), norm 0.112, is the scale: 25 x 0.112 = 2.8 (the 4 % floor is 0.06)
+    prev = {"x": np.array([1.05, 1.1], np.float32)}
+    out = _round(agg, engine, {"site-1": [1.1, 1.2], "site-2": [1.05, 4.0]}, prev, rnd=1)
+    assert list(out.meta[META_REJECTED]) == ["site-2"] and "its last global step (0.1118)" in out.meta[META_REJECTED]["site-2"]
 
     clip, engine = _aggregator()
     clip.on_large_change = "clip"
-    for site, w in updates.items():
-        clip.accept(_update({"x": w.astype(np.float32)}, 20), _ctx(engine, site, prev=prev))
-    out = from_shareable(clip.aggregate(_ctx(engine, prev=prev)))
-    # lower median of (0.1, 0.2, 10) = 0.2 -> site-3 clipped to 25 x 0.2 = 5: (0.1 + 0 + 5) / 3, 0.2 / 3
-    np.testing.assert_allclose(out.data["x"], [5.1 / 3, 0.2 / 3], rtol=1e-5)
+    out = _round(clip, engine, updates, {"x": np.ones(2, np.float32)}, rnd=0)
+    # site-3 clipped to 25 x sqrt(2): x = 1 + 40 * 35.36 / 40 -> (2.1 + 36.36) / 3, 3.2 / 3
+    np.testing.assert_allclose(out.data["x"], [(1.1 + 1.0 + 1 + 25 * np.sqrt(2)) / 3, 3.2 / 3], rtol=1e-5)
     assert out.meta[META_CLIPPED] == ["site-3"] and out.meta[META_REJECTED] == {}
+
+
+def test_two_site_rounds_judge_each_update_alone():
+    """With two contributors nothing is compared with the other update: two honest updates 100 x apart are both
+    averaged; a reversed update (2 x global - local) is refused by the direction check, a 1e30 one by size."""
+    from fedpartial.fl.keys import META_REJECTED
+
+    agg, engine = _aggregator(sites=("site-1", "site-2"))
+    prev = {"x": np.ones(4, np.float32)}
+    out = _round(agg, engine, {"site-1": [1.001] * 4, "site-2": [1.1] * 4}, prev, rnd=0)
+    assert out.meta[META_REJECTED] == {}
+    np.testing.assert_allclose(out.data["x"], [1.0505] * 4, rtol=1e-6)
+    prev = {"x": out.data["x"]}  # last step +0.0505 per value
+    honest = prev["x"] + np.array([0.05, 0.04, 0.06, 0.05], np.float32)
+    out = _round(agg, engine, {"site-1": honest, "site-2": 2 * prev["x"] - honest}, prev, rnd=1)
+    assert list(out.meta[META_REJECTED]) == ["site-2"], out.meta[META_REJECTED]
+    assert "points against the model's last step (cosine -0.99" in out.meta[META_REJECTED]["site-2"]
+    prev = {"x": out.data["x"]}
+    out = _round(agg, engine, {"site-1": prev["x"] + 0.01, "site-2": np.full(4, 1e30)}, prev, rnd=2)
+    assert list(out.meta[META_REJECTED]) == ["site-2"] and "changed by" in out.meta[META_REJECTED]["site-2"]
+    # the direction check can be switched off; the step survives a checkpoint
+    state = agg.checkpoint_state()
+    again, engine = _aggregator(sites=("site-1", "site-2"))
+    again.min_cosine = None
+    again.restore_checkpoint(state)
+    np.testing.assert_allclose(again._step["x"], agg._step["x"])
+    out = _round(again, engine, {"site-1": prev["x"] + 0.01, "site-2": prev["x"] - 0.01}, prev, rnd=3)
+    assert out.meta[META_REJECTED] == {}
 
 
 def test_bad_bound_settings_are_config_errors():
     from fedpartial.fl.aggregator import PartialLabelAggregator
 
     assert "on_large_change" in PartialLabelAggregator(on_large_change="ignore").config_error
+    assert "min_cosine" in PartialLabelAggregator(min_cosine=2).config_error
     assert PartialLabelAggregator().config_error is None
 
 
@@ -463,3 +538,65 @@ def test_every_shipped_job_is_hardened():
         assert wf["BroadcastAndProcess"]["timeout"] == DATA_CHECK_TIMEOUT, server
         client = json.loads((server.parent / "config_fed_client.json").read_text())
         assert any(f["path"].endswith("MinCountFilter") for e in client["task_result_filters"] for f in e["filters"])
+
+
+def test_compact_results_keep_the_refused_updates():
+    """``run_jobs.py --compact`` (the tables' input) keeps each round's ``rejected``."""
+    import importlib.util
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("run_jobs_compact", REPO / "benchmarks" / "run_jobs.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    res = {"method": "fedavg", "rounds": [{"round": 0, "val": {"macro": {"auc": 0.5}}, "test": None,
+                                           "rejected": {"site-2": "round 0: too large"}}, {"round": 1}]}
+    curves = mod.compact(res)["curves"]
+    assert curves[0]["rejected"] == {"site-2": "round 0: too large"} and curves[1]["rejected"] == {}
+
+
+@pytest.mark.parametrize("policy", ["stop", "train_without"])
+def test_a_class_annotated_only_at_an_absent_site_follows_the_policy(policy):
+    """site-3 (the only annotator of class b) does not answer the data check; max_missing 1 lets the job go on
+    without it: ``stop`` fails the check naming the class and the absent site, ``train_without`` warns and goes on,
+    recording the class. A class no site annotates at all (nothing absent) always stops."""
+    from fedpartial.fl.data_check import DataSummaryProcessor
+
+    proc = DataSummaryProcessor(classes=CLASSES, max_missing=1, class_without_annotator=policy)
+    engine = _Engine({"aggregator": None}, ("site-1", "site-2", "site-3"))
+    proc.system_panic = lambda reason, ctx: setattr(proc, "panicked", reason)
+    for site in ("site-1", "site-2"):
+        proc._sites[site] = {"classes": CLASSES, "annotated": [True, False], "n_train": 10, "positives": [3, 0]}
+    ok = proc.final_process(_ctx(engine))
+    if policy == "stop":
+        assert not ok and "class(es) ['b'] are annotated by none of the sites present (site-1, site-2), only by the " \
+                          "absent site(s) ['site-3'] (class_without_annotator: stop" in proc.error
+    else:
+        assert ok and proc.summary["unannotated_classes"] == ["b"] and proc.error is None
+    strict = DataSummaryProcessor(classes=CLASSES, max_missing=0, class_without_annotator="train_without")
+    strict.system_panic = lambda reason, ctx: None
+    strict._sites = {s: {"classes": CLASSES, "annotated": [True, False]} for s in ("site-1", "site-2")}
+    assert not strict.final_process(_ctx(_Engine({"aggregator": None}, ("site-1", "site-2"))))
+    assert "annotated by no site" in strict.error
+    with pytest.raises(ValueError, match="class_without_annotator"):
+        DataSummaryProcessor(class_without_annotator="ignore")
+
+
+def test_degradation_names_lost_sites_refused_updates_and_lost_classes():
+    from fedpartial.fl.selection import degradation
+
+    per_class = {"val": {"per_class": {"a": {}, "b": {}}}}
+    res = {"data": {"sites": {"h1": {"annotated": [0]}, "h2": {"annotated": [0]}, "h3": {"annotated": [1]}}},
+           "rounds": [{"round": 0, "missing": [], "rejected": {}, **per_class},
+                      {"round": 1, "missing": ["h3"], "rejected": {"h2": "too large"}},
+                      {"round": 2, "missing": ["h3"], "rejected": {}}]}
+    d = degradation(res)
+    assert d["missing_sites"] == {"h3": [1, 2]} and d["rejected_sites"] == {"h2": [1]}
+    assert d["final_without"] == ["h3"] and d["classes_without_annotator"] == ["b"]
+    assert d["reasons"] == ["site h3 sent no update in round(s) 1-2 of 3 (dead, slow or failed)",
+                            "site h2's update was refused in round(s) 1",
+                            "the final evaluation ran without h3",
+                            "class(es) ['b'] had no annotating site at the end (not learnt from then on)"]
+    for r in res["rounds"]:
+        r["missing"], r["rejected"] = [], {}
+    assert degradation(res) is None

@@ -2,7 +2,7 @@
 
 :class:`PartialLabelRecipe` builds an NVFlare ``FedJob`` (the Job API) for any registered method out of the bundle's
 own components: the data check (``BroadcastAndProcess`` + ``DataSummaryProcessor``), the bundle's
-``ScatterAndGather`` (missing-site tolerance, early stopping, checkpoints), ``CrossSiteModelEval``, the task
+``ScatterAndGather`` (missing-site tolerance, early stopping, checkpoints), ``CrossSiteEval`` (NVFlare's ``CrossSiteModelEval`` without the sites the last round lost), the task
 filters, the PyTorch persistor, the model selector, the results recorder, and TensorBoard tracking (NVFlare's
 ``add_experiment_tracking``; ``tracking=None`` leaves the choice to the caller). :class:`FedMLPRecipe`,
 :class:`FedLSMRecipe`, :class:`FedIRMRecipe` and :class:`SurgicalRecipe` take the method's options as keyword

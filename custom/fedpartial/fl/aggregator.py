@@ -4,10 +4,19 @@ ones, and hand the rest to the method's :class:`~fedpartial.methods.ServerRule`.
 An update is refused (and the round goes on without it) when it is from another round, is not full weights,
 or has missing / extra tensors, wrong shapes or dtypes or non-finite values, or when its sample count is not a
 positive integer no larger than the training-set size the site reported in the data check (a site absent from
-the data check is refused too). Before the rule sees them, the round's updates are compared with each other:
-a site whose change of some tensor exceeds ``max_change_ratio`` times the round's (lower) median change of that
-tensor is refused (``on_large_change: reject``) or has that change scaled down to the bound (``clip``); see
-:func:`fedpartial.aggregation.bound_changes`. Sites that sent nothing usable this round (dead, slow, failed or
+the data check is refused too). Before the rule sees them, each update is checked against the global model, never against
+the other updates of the round (so the checks mean the same with 2, 3 or 50 contributors):
+
+- size: a site whose change of some tensor exceeds ``max_change_ratio`` times that tensor's last global step
+  (in the first round of a run: its own norm in the global model; with floors for tensors that barely move, see
+  :func:`fedpartial.aggregation.change_scale`) is refused (``on_large_change: reject``) or has that change
+  scaled down to the bound (``clip``);
+- direction: from the second round of a run on, a site whose whole change points against the model's last
+  global step (cosine below ``min_cosine``, default -0.5; :func:`fedpartial.aggregation.change_cosine`) is
+  refused: this catches a reversed update ``2 * global - local`` of the same size as an honest one. The first
+  round of a run (and of a resumed run whose checkpoint predates this check) has no step to compare with.
+
+Sites that sent nothing usable this round (dead, slow, failed or
 refused) are recorded per round (``missing`` / ``rejected`` in ``results.json``). An update with participation
 weight 0 is accepted but not averaged (the site sat the round out). When nothing usable arrives, or the rule raises, the
 previous global model and the previous method metadata are kept, the round and the error are logged and
@@ -30,7 +39,7 @@ from nvflare.app_common.abstract.aggregator import Aggregator
 from nvflare.app_common.abstract.model import ModelLearnableKey
 from nvflare.app_common.app_constant import AppConstants
 
-from ..aggregation import BOUND_MODES, bound_changes, check_update
+from ..aggregation import BOUND_MODES, bound_changes, change_cosine, check_update, step_of
 from ..methods import Contribution, ServerRule, get_method
 from .keys import (META_CLIPPED, META_GROUPS, META_MISSING, META_N_TRAIN, META_REJECTED, META_RULE_ERROR, META_SKIPPED,
                    META_WEIGHT)
@@ -56,20 +65,27 @@ class PartialLabelAggregator(Aggregator):
         method_args: the method's options (the rule takes its own; every key must belong to the method).
         summary_id: id of the :class:`~fedpartial.fl.data_check.DataSummaryProcessor` component (optional).
         max_rule_failures: consecutive rounds in which the rule may raise before the job is stopped.
-        max_change_ratio: bound on each tensor's change relative to the round's median change (0: no bound).
+        max_change_ratio: bound on each tensor's change relative to its last global step (first round: its own
+            norm) (0: no bound).
         on_large_change: ``reject`` the site's update or ``clip`` the offending tensors' changes to the bound.
+        min_cosine: an update whose change has a cosine below this with the last global step is refused
+            (None: no direction check).
     """
 
     def __init__(self, method: str = "fedavg", method_args: dict | None = None, summary_id: str = "data_summary",
-                 max_rule_failures: int = 3, max_change_ratio: float = 25.0, on_large_change: str = "reject"):
+                 max_rule_failures: int = 3, max_change_ratio: float = 25.0, on_large_change: str = "reject",
+                 min_cosine: float | None = -0.5):
         super().__init__()
         self.method, self.method_args, self.summary_id = method, method_args or {}, summary_id
         self.max_rule_failures = int(max_rule_failures)
         self.max_change_ratio, self.on_large_change = float(max_change_ratio), on_large_change
+        self.min_cosine = None if min_cosine is None else float(min_cosine)
         self.config_error: str | None = None
         if on_large_change not in BOUND_MODES or not self.max_change_ratio >= 0:
             self.config_error = (f"aggregator: on_large_change must be one of {BOUND_MODES} and max_change_ratio >= 0, "
                                  f"got {on_large_change!r} and {max_change_ratio!r}")
+        if self.min_cosine is not None and not -1.0 <= self.min_cosine <= 1.0:
+            self.config_error = f"aggregator: min_cosine must be in [-1, 1] or null, got {min_cosine!r}"
         try:
             self.rule: ServerRule | None = get_method(method).make_rule(self.method_args, "server aggregator")
         except ValueError as e:  # reported with the job's name when the job starts (no context here)
@@ -80,10 +96,12 @@ class PartialLabelAggregator(Aggregator):
         self._clipped: list[str] = []
         self._last_meta: dict = {}
         self._failures = 0
+        self._step: dict[str, np.ndarray] | None = None  # the last global step (new - previous global model)
+        self.last_missing: list[str] = []  # the sites that sent nothing in the last round (the final evaluation skips them)
 
     def handle_event(self, event_type: str, fl_ctx: FLContext):
         if event_type == EventType.START_RUN:
-            self._last_meta, self._failures = {}, 0
+            self._last_meta, self._failures, self._step = {}, 0, None
             if self.config_error:
                 job = (fl_ctx.get_prop(FLContextKey.JOB_META) or {}).get("name") or fl_ctx.get_job_id()
                 self.system_panic(f"job '{job}': {self.config_error}", fl_ctx)
@@ -94,7 +112,7 @@ class PartialLabelAggregator(Aggregator):
     def checkpoint_state(self) -> dict:
         """The rule's state (e.g. FedIRM's global relation matrix), for a resumed job (:mod:`.checkpoint`). The
         metadata the sites received last is not repeated here: the checkpoint stores it once, with the model."""
-        return {"rule": self.rule.state_dict() if self.rule is not None else {}, "failures": self._failures}
+        return {"rule": self.rule.state_dict() if self.rule is not None else {}, "failures": self._failures, "step": self._step}
 
     def restore_checkpoint(self, state: dict, sent_meta: dict | None = None) -> None:
         """``state`` from :meth:`checkpoint_state`; ``sent_meta``: the checkpointed model's metadata (the rule's
@@ -106,6 +124,9 @@ class PartialLabelAggregator(Aggregator):
             self.rule.load_state_dict(state.get("rule") or {})
             self.rule.load_sent_meta(sent)
         self._last_meta, self._failures = sent, int(state.get("failures", 0))
+        step = state.get("step")
+        self._step = None if not step else {k: np.asarray(v.numpy() if hasattr(v, "numpy") else v, np.float32)
+                                            for k, v in step.items()}
 
     def _previous(self, fl_ctx: FLContext) -> dict[str, np.ndarray] | None:
         model = fl_ctx.get_prop(AppConstants.GLOBAL_MODEL)
@@ -177,15 +198,20 @@ class PartialLabelAggregator(Aggregator):
             return []
 
     def _bound(self, fl_ctx: FLContext, rnd: int, previous, contributions: list[Contribution]) -> list[Contribution]:
-        """Apply :func:`bound_changes` to the round's updates (participation weight > 0)."""
-        if previous is None or self.max_change_ratio <= 0 or len(contributions) < 2:
+        """The size bound (:func:`bound_changes`) and the direction check (:func:`change_cosine`) on the round's
+        updates (participation weight > 0), each update against the global model and its last step only."""
+        if previous is None or not contributions:
+            return contributions
+        contributions = self._check_direction(fl_ctx, rnd, previous, contributions)
+        if self.max_change_ratio <= 0 or not contributions:
             return contributions
         norms = None
         if all(c.site in self._norms for c in contributions):
             norms = {key: np.array([self._norms[c.site][key] for c in contributions])
                      for key in self._norms[contributions[0].site]}
+        steps = None if self._step is None else {k: float(np.linalg.norm(v)) for k, v in self._step.items()}
         states, why = bound_changes([c.weights for c in contributions], previous, self.max_change_ratio,
-                                    self.on_large_change, norms=norms)
+                                    self.on_large_change, steps=steps, norms=norms)
         if self.on_large_change == "reject":
             for k, reason in sorted(why.items()):
                 self._reject(fl_ctx, contributions[k].site, f"round {rnd}: {reason}")
@@ -195,6 +221,22 @@ class PartialLabelAggregator(Aggregator):
             self.log_warning(fl_ctx, f"round {rnd}: update from site '{contributions[k].site}' CLIPPED: {reason}")
         return [Contribution(site=c.site, weights=s, n=c.n, meta=c.meta, weight=c.weight)
                 for c, s in zip(contributions, states)]
+
+    def _check_direction(self, fl_ctx: FLContext, rnd: int, previous, contributions: list[Contribution]):
+        """Refuse the updates whose change points against the last global step (cosine < ``min_cosine``)."""
+        if self.min_cosine is None or self._step is None:
+            return contributions
+        kept, cosines = [], {}
+        for c in contributions:
+            cos = cosines[c.site] = change_cosine(c.weights, previous, self._step)
+            if cos is not None and cos < self.min_cosine:
+                self._reject(fl_ctx, c.site, f"round {rnd}: the update points against the model's last step (cosine "
+                                             f"{cos:.3f} < min_cosine {self.min_cosine:g}; a reversed update?)")
+            else:
+                kept.append(c)
+        self.log_info(fl_ctx, f"round {rnd}: cosine of each change with the last global step "
+                              + ", ".join(f"{s} {'-' if v is None else f'{v:.3f}'}" for s, v in cosines.items()))
+        return kept
 
     def _keep_previous(self, previous, extra: dict | None = None) -> Shareable:
         """The previous global model with the previous method metadata (sites keep e.g. their prototypes)."""
@@ -213,6 +255,7 @@ class PartialLabelAggregator(Aggregator):
                    META_MISSING: [s for s in self._expected_sites(fl_ctx) if s not in answered],
                    META_REJECTED: {s: why for s, why in self.rejected}, META_CLIPPED: list(self._clipped)}
         self.rejected = []
+        self.last_missing = list(sat_out[META_MISSING])
         if sat_out[META_SKIPPED]:
             self.log_info(fl_ctx, f"round {rnd}: site(s) {sat_out[META_SKIPPED]} sat this round out (weight 0)")
         if sat_out[META_MISSING]:
@@ -240,6 +283,10 @@ class PartialLabelAggregator(Aggregator):
             return self._keep_previous(previous, {META_RULE_ERROR: msg, **sat_out})
         self._failures = 0
         self._last_meta = meta
+        if previous is not None:
+            step = step_of(weights, previous)
+            if any(np.any(v) for v in step.values()):  # a round that kept the model keeps the last real step
+                self._step = step
         self.log_info(fl_ctx, f"round {rnd}: aggregated {len(contributions)} site(s) "
                               f"{[c.site for c in contributions]} with rule {type(self.rule).__name__}")
         return DXO(data_kind=DataKind.WEIGHTS, data=weights, meta={**meta, **sat_out}).to_shareable()

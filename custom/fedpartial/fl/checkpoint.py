@@ -7,21 +7,30 @@ and last metadata, e.g. FedMLP's learning degrees or FedIRM's global relation ma
 round and metric; the results recorded so far) plus the best global model. Each site writes its own state
 (trainer state, local model) into its own checkpoint folder after every round, with the round it belongs to.
 
-A job submitted again with ``resume: true`` (``fedpartial-admin resume JOB``, which sets it on both sides)
-starts from the checkpoint: the server continues at the next round with the checkpointed model and component
+Checkpoints belong to one run: they are kept per NVFlare job id, and the server's file carries the job id and a
+fingerprint of the job's configuration (:func:`config_fingerprint`). A job submitted again with ``resume:
+"<job id>"`` (``fedpartial-admin resume JOB_ID JOB_FOLDER``, which sets it on both sides) continues THAT run: its
+checkpoint must exist, name that job id and have the fingerprint of the submitted configuration, or the job stops
+before training with a message saying which of them differs (another run of the same folder, e.g. a later
+shorter one, never lends its state). The resumed job writes its own checkpoints under its own job id, so two runs
+of one folder, concurrent or not, never share state. ``resume: true`` continues the run of the same job id: the
+simulator's (every simulated job is ``simulate_job``; its checkpoints sit in its own workspace unless
+``checkpoint_dir`` is set). The resumed job starts from the checkpoint: the server continues at the next round with the checkpointed model and component
 state, each site adopts its saved state of the round before the first resumed round (a site keeps its last two
 states, as the server may have died after the sites trained a round it never aggregated; no such state gives a
 warning and a fresh site state), the schedule (warm-up stages, ramps, EMA) continues
 because the round counter does, and ``results.json`` holds the earlier rounds too.
 
 Where: ``checkpoint_dir`` (both sides, the same in the simulator) else ``<workspace root>/fedpartial_checkpoints``;
-inside it ``<run_name>/server/`` and ``<run_name>/<site>/``; ``run_name`` defaults to the method's name
-(jobs set it to their folder's name). Files are written with private permissions and read with
+inside it ``<run_name>/<job id>/server/`` and ``<run_name>/<job id>/<site>/``; ``run_name`` defaults to the
+method's name (jobs set it to their folder's name). Files are written with private permissions and read with
 ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import uuid
 from pathlib import Path
@@ -36,13 +45,47 @@ def site_state_file(round_num: int | str) -> str:
 ROOT_FOLDER = "fedpartial_checkpoints"
 
 
-def run_folder(checkpoint_dir: str, workspace_root: str | Path, run_name: str, who: str) -> Path:
-    """``<checkpoint_dir or <workspace_root>/fedpartial_checkpoints>/<run_name>/<who>`` (who: 'server' or a site)."""
-    for part in (run_name, who):
+def run_folder(checkpoint_dir: str, workspace_root: str | Path, run_name: str, job_id: str, who: str) -> Path:
+    """``<checkpoint_dir or <workspace_root>/fedpartial_checkpoints>/<run_name>/<job_id>/<who>`` (who: 'server' or
+    a site)."""
+    for part in (run_name, job_id, who):
         if not part or "/" in part or "\\" in part or part in (".", ".."):
-            raise ValueError(f"checkpoint: invalid run or participant name {part!r}")
+            raise ValueError(f"checkpoint: invalid run, job or participant name {part!r}")
     base = Path(checkpoint_dir).expanduser() if checkpoint_dir else Path(workspace_root) / ROOT_FOLDER
-    return base / run_name / who
+    return base / run_name / job_id / who
+
+
+def resume_source(resume: bool | str, job_id: str) -> str | None:
+    """The job id whose checkpoints a job continues: ``resume`` itself when it is a job id, this job's own id for
+    ``true`` (the simulator), None when the job does not resume."""
+    if isinstance(resume, str) and resume.strip().lower() not in ("", "false", "true"):
+        return resume.strip()
+    if resume is True or (isinstance(resume, str) and resume.strip().lower() == "true"):
+        return job_id
+    return None
+
+
+FINGERPRINT_IGNORES = ("resume", "num_rounds")  # continuing a run, possibly for more rounds, is the same run
+
+
+def _without(value, keys: tuple[str, ...]):
+    if isinstance(value, dict):
+        return {k: _without(v, keys) for k, v in value.items() if k not in keys}
+    if isinstance(value, list):
+        return [_without(v, keys) for v in value]
+    return value
+
+
+def config_fingerprint(config_dir: str | Path) -> str:
+    """SHA-256 (first 16 hex digits) of the app's ``config_fed_*.json`` files with every ``resume`` and
+    ``num_rounds`` entry left out: the same for a job folder, its resume copy and the same folder run for more
+    rounds, different as soon as anything else differs (data, method options, seed, ...). ``"none"`` when the
+    folder holds no configuration."""
+    files = sorted(Path(config_dir).glob("config_fed_*.json"))
+    if not files:
+        return "none"
+    blob = json.dumps({f.name: _without(json.loads(f.read_text()), FINGERPRINT_IGNORES) for f in files}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def to_safe(value):
@@ -100,10 +143,11 @@ def read_file(path: Path) -> dict | None:
 
 
 def server_checkpoint(round_num: int, total_rounds: int, method: str, weights: dict, meta: dict, components: dict,
-                      best: dict | None, best_round: int | None) -> dict:
+                      best: dict | None, best_round: int | None, job_id: str = "", fingerprint: str = "") -> dict:
     """The server's checkpoint after ``round_num`` (0-based) of ``total_rounds``: the global model ``weights`` and
-    the method metadata ``meta`` that goes to the sites with it."""
+    the method metadata ``meta`` that goes to the sites with it; ``job_id`` / ``fingerprint`` name the run."""
     return {"format": 1, "round": int(round_num), "total_rounds": int(total_rounds), "method": method,
+            "job_id": job_id, "fingerprint": fingerprint,
             "weights": as_tensors(weights), "meta": meta,
             "components": components, "best": None if best is None else as_tensors(best), "best_round": best_round}
 
@@ -113,12 +157,21 @@ def as_tensors(weights: dict) -> dict[str, torch.Tensor]:
     return {k: v if torch.is_tensor(v) else torch.as_tensor(np.asarray(v)) for k, v in weights.items()}
 
 
-def check_resume(ckpt: dict | None, where: Path, method: str, total_rounds: int, weights: dict) -> str | None:
-    """Why the checkpoint cannot continue this job (None: it can). ``weights``: the job's initial global model."""
+def check_resume(ckpt: dict | None, where: Path, method: str, total_rounds: int, weights: dict,
+                 job_id: str | None = None, fingerprint: str | None = None) -> str | None:
+    """Why the checkpoint cannot continue this job (None: it can). ``weights``: the job's initial global model;
+    ``job_id`` / ``fingerprint``: the run to continue and this job's configuration fingerprint (None: unchecked)."""
     if ckpt is None:
-        return f"resume: no checkpoint in {where} (run the job without resume first, or set checkpoint_dir)"
+        return (f"resume: no checkpoint of job {job_id} in {where} (a job id that never ran this job folder here, or "
+                "a run without checkpoints)")
     if ckpt.get("format") != 1 or "round" not in ckpt or "weights" not in ckpt:
         return f"resume: {where / CHECKPOINT_FILE} is not a checkpoint of this version"
+    if job_id is not None and ckpt.get("job_id") != job_id:
+        return (f"resume: the checkpoint in {where} belongs to job {ckpt.get('job_id')!r}, not to job {job_id!r}: "
+                "refusing to continue a run from another run's state")
+    if fingerprint is not None and ckpt.get("fingerprint") != fingerprint:
+        return (f"resume: job {job_id} ran another configuration (fingerprint {ckpt.get('fingerprint')}, the "
+                f"submitted job folder's is {fingerprint}): resume it with the job folder it was submitted with")
     if ckpt.get("method") != method:
         return f"resume: the checkpoint is of method {ckpt.get('method')!r}, the job runs {method!r}"
     if int(ckpt["round"]) + 1 > total_rounds:

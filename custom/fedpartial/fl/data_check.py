@@ -54,10 +54,17 @@ class DataSummaryProcessor(ResponseProcessor):
     """
 
     def __init__(self, classes: list[str] | None = None, aggregator_id: str = "aggregator", model_id: str = "model",
-                 max_missing: int = 0):
+                 max_missing: int = 0, class_without_annotator: str = "stop"):
+        """``class_without_annotator``: what the data check does when up to ``max_missing`` sites are absent and
+        some class is annotated only at absent sites: ``stop`` the job (naming the classes and absent sites), or
+        ``train_without`` them (a warning naming the classes and sites, recorded as ``unannotated_classes`` in the
+        summary; those classes are not learnt in this run). A class no site annotates at all always stops."""
         super().__init__()
         self.classes, self.aggregator_id, self.model_id = classes, aggregator_id, model_id
         self.max_missing = int(max_missing)
+        if class_without_annotator not in CLASS_POLICIES:
+            raise ValueError(f"class_without_annotator must be one of {CLASS_POLICIES}, got {class_without_annotator!r}")
+        self.class_without_annotator = class_without_annotator
         self.summary: dict | None = None
         self._sites: dict[str, dict] = {}
         self.error: str | None = None
@@ -115,8 +122,20 @@ class DataSummaryProcessor(ResponseProcessor):
         classes = self.classes or next(iter(self._sites.values()))["classes"]
         summary = {"classes": list(classes), "sites": self._sites}
         agg = fl_ctx.get_engine().get_component(self.aggregator_id)
+        annotated = {s: np.asarray(i["annotated"], bool) for s, i in self._sites.items()}
+        uncovered = [c for j, c in enumerate(classes) if not any(a[j] for a in annotated.values())]
+        if uncovered and (silent or self.max_missing):  # their annotators may be the absent (or undeployed) sites
+            absent = f"the absent site(s) {silent}" if silent else "sites absent from this job"
+            where = f"annotated by none of the sites present ({', '.join(sorted(self._sites))}), only by {absent}"
+            if self.class_without_annotator == "stop":
+                return self._fail(fl_ctx, f"class(es) {uncovered} are {where} (class_without_annotator: stop; set "
+                                          "it to train_without to train the other classes without them)")
+            self.log_warning(fl_ctx, f"class(es) {uncovered} are {where}: training WITHOUT them "
+                                     "(class_without_annotator: train_without)")
+            summary["unannotated_classes"] = uncovered
+            annotated = {s: a | np.isin(np.asarray(classes), uncovered) for s, a in annotated.items()}  # checked above
         try:
-            check_coverage({s: np.asarray(i["annotated"], bool) for s, i in self._sites.items()}, classes)
+            check_coverage(annotated, classes)
             if getattr(agg, "rule", None) is not None:
                 agg.rule.check_federation(summary)
         except (ManifestError, ValueError) as e:
@@ -136,6 +155,8 @@ def same_training_rows(sites: dict[str, dict]) -> list[list[str]]:
             by_fp.setdefault(info["train_set"], []).append(site)
     return [group for group in by_fp.values() if len(group) > 1]
 
+
+CLASS_POLICIES = ("stop", "train_without")
 
 # what of each site's data-check answer travels to the other sites (no configuration paths, no vocabulary)
 SHARED_SITE_FIELDS = ("n_train", "n_val", "n_test", "annotated", "positives", "negatives", "classes", "synthetic",

@@ -56,7 +56,7 @@ from ..metrics import apply_validation_thresholds, flatten_metrics, format_table
 from ..models import build_model, default_inference_batch_size, numpy_state
 from ..privacy import DEFAULT_MIN_COUNT, as_dicts, strip_paths, suppress_metrics, suppress_small
 from ..seeding import round_seed, seed_everything, set_deterministic, site_seed
-from .checkpoint import read_file, run_folder, site_state_file, write_private
+from .checkpoint import read_file, resume_source, run_folder, site_state_file, write_private
 from .privacy import apply_policy, check_method_under_policy, effective_min_count, job_or_site_policy, suppress_summary
 from .keys import (META_ANNOTATED, META_GROUPS, META_N_TRAIN, META_PRIVACY, META_RESULTS, META_SPEC, META_SUMMARY, META_TEST,
                    META_WEIGHT, STATE_FILE)
@@ -95,7 +95,7 @@ class PartialLabelExecutor(Executor):
     def __init__(self, dataset: dict | str, model: dict | None = None, method: str = "fedavg",
                  method_args: dict | None = None, train: dict | None = None, evaluation: dict | None = None,
                  seed: int = 0, device: str = "auto", stream_metrics: bool = True, checkpoint: bool = True,
-                 checkpoint_dir: str = "", run_name: str = "", resume: bool = False, min_count: int = DEFAULT_MIN_COUNT,
+                 checkpoint_dir: str = "", run_name: str = "", resume: bool | str = False, min_count: int = DEFAULT_MIN_COUNT,
                  privacy: dict | None = None, deterministic: bool = False):
         super().__init__()
         # constructor args kept as attributes (NVFlare job export reads them back)
@@ -106,6 +106,7 @@ class PartialLabelExecutor(Executor):
         self.min_count = int(min_count)  # the job's minimum count; a site's privacy scope may raise it
         self.privacy = privacy or {}  # the job's privacy properties, used where the site has no policy (simulator)
         self.deterministic = deterministic  # reproducible CUDA kernels (fedpartial.seeding.set_deterministic)
+        self.resume_folder: Path | None = None
         self._ready = False
 
     # ------------------------------------------------------------------------------------------ setup
@@ -156,8 +157,10 @@ class PartialLabelExecutor(Executor):
                                      f"{self.site_data.dataset} phantom ({self.site_data.origin}), not on real scans")
         self.state_dir = Path(workspace.get_run_dir(fl_ctx.get_job_id())) / "fedpartial_state"
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.checkpoint_folder = run_folder(self.checkpoint_dir, workspace.get_root_dir(), self.run_name or self.method,
-                                            site)
+        run = (self.checkpoint_dir, workspace.get_root_dir(), self.run_name or self.method)
+        self.checkpoint_folder = run_folder(*run, fl_ctx.get_job_id(), site)  # this job's states (fl/checkpoint.py)
+        source = resume_source(self.resume, fl_ctx.get_job_id())
+        self.resume_folder = run_folder(*run, source, site) if source else None  # the states of the run it continues
 
     def _read_manifests(self, site: str) -> None:
         """Train / val / test manifests; a site without any annotation only where the method accepts it."""
@@ -250,13 +253,13 @@ class PartialLabelExecutor(Executor):
             return
         name = site_state_file(rnd - 1)
         try:
-            saved = read_file(self.checkpoint_folder / name)
+            saved = read_file(self.resume_folder / name)
         except ValueError as e:
             self.log_warning(fl_ctx, f"resume: {self._relative(str(e))}; this site starts with a fresh state")
             return
         if saved is None or saved.get("round") != rnd - 1 or saved.get("method") != self.method:
             found = "no such file" if saved is None else f"round {saved.get('round')}, method {saved.get('method')!r}"
-            have = sorted(f.name for f in self.checkpoint_folder.glob(site_state_file("*")))
+            have = sorted(f.name for f in self.resume_folder.glob(site_state_file("*")))
             self.log_warning(fl_ctx, f"resume: the job continues at round {rnd} and needs this site's {name} "
                                      f"({found}; the folder holds {have or 'nothing'}); this site starts with a "
                                      "fresh state")
@@ -394,7 +397,7 @@ class PartialLabelExecutor(Executor):
         dxo = from_shareable(shareable)
         self._check_received(dxo.data)
         rnd = int(shareable.get_header(AppConstants.CURRENT_ROUND, 0))
-        if self.resume:
+        if self.resume_folder is not None:
             self._adopt_checkpoint(fl_ctx, rnd)
         self.trainer.receive(dxo.data)
         global_meta = dict(dxo.meta or {})

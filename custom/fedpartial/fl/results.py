@@ -260,6 +260,9 @@ class ResultsRecorder(Widget):
             out["local_parts"] = local_parts(agg.method, agg.method_args)
             out["global_model_note"] = global_model_note(out["local_parts"])
         add_run_statistics(out, self._summary_sites(fl_ctx))  # AUROC intervals, own-class scores (fedpartial.stats)
+        from .selection import degradation  # sites lost or refused, classes left without annotator
+
+        out["degraded"] = degradation(out)
         run_dir = Path(fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id()))
         out["thresholds"] = model_thresholds(out)
         text = render_tables(out)

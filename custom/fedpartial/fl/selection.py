@@ -29,9 +29,11 @@ from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.abstract.model import ModelLearnableKey, make_model_learnable
 from nvflare.app_common.app_event_type import AppEventType
 from nvflare.app_common.widgets.intime_model_selector import IntimeModelSelector
+from nvflare.app_common.workflows.cross_site_model_eval import CrossSiteModelEval
 from nvflare.app_common.workflows.scatter_and_gather import ScatterAndGather as _ScatterAndGather
 
-from .checkpoint import CHECKPOINT_FILE, check_resume, from_safe, read_file, run_folder, server_checkpoint, write_private
+from .checkpoint import (CHECKPOINT_FILE, check_resume, config_fingerprint, from_safe, read_file, resume_source,
+                         run_folder, server_checkpoint, write_private)
 from .executor import scorer_of
 from .keys import META_RESULTS
 
@@ -157,12 +159,14 @@ class ScatterAndGather(_ScatterAndGather):
 
     Checkpoints (:mod:`.checkpoint`): after every round the global model, the round, the best model and the
     state of the components with ``checkpoint_state()`` (aggregator, model selector, results) are written to
-    ``<checkpoint_dir>/<run_name>/server/checkpoint.pt`` (``checkpoint: false`` turns this off); with
-    ``resume: true`` the job continues from that file at the next round (``num_rounds`` counts all rounds).
+    ``<checkpoint_dir>/<run_name>/<job id>/server/checkpoint.pt`` (``checkpoint: false`` turns this off); with
+    ``resume: "<job id>"`` the job continues that job's run from its file at the next round (``num_rounds``
+    counts all rounds), if the file names that job and this job's configuration; ``resume: true`` continues the
+    run of this job's own id (the simulator).
     """
 
     def __init__(self, *args, selector_id: str = "model_selector", max_missing: int = 0, checkpoint: bool = True,
-                 checkpoint_dir: str = "", run_name: str = "", resume: bool = False, results_id: str = "results",
+                 checkpoint_dir: str = "", run_name: str = "", resume: bool | str = False, results_id: str = "results",
                  **kwargs):
         rounds = kwargs.get("num_rounds", 5)
         if not isinstance(rounds, int) or rounds < 1:
@@ -183,17 +187,22 @@ class ScatterAndGather(_ScatterAndGather):
             self.min_clients = int(sites)
         self.selector_id, self.max_missing = selector_id, max_missing
         self.checkpoint, self.checkpoint_dir, self.run_name = bool(checkpoint), checkpoint_dir, run_name
-        self.resume, self.results_id = bool(resume), results_id
+        self.resume, self.results_id = resume, results_id
         self.stopped_early_at: int | None = None
         self.resumed_from: int | None = None
         self._sent = None  # the global model sent this round (the one the selector scores)
         self._best: dict | None = None
         self._best_round: int | None = None
 
-    def _folder(self, fl_ctx: FLContext):
+    def _folder(self, fl_ctx: FLContext, job_id: str | None = None):
+        """The server's checkpoint folder of job ``job_id`` (default: this job)."""
         method = getattr(self.aggregator, "method", "") or "job"
         root = fl_ctx.get_engine().get_workspace().get_root_dir()
-        return run_folder(self.checkpoint_dir, root, self.run_name or method, "server")
+        return run_folder(self.checkpoint_dir, root, self.run_name or method, job_id or fl_ctx.get_job_id(), "server")
+
+    def _fingerprint(self, fl_ctx: FLContext) -> str:
+        workspace = fl_ctx.get_engine().get_workspace()
+        return config_fingerprint(workspace.get_app_config_dir(fl_ctx.get_job_id()))
 
     def _stateful(self) -> dict:
         ids = (self.aggregator_id, self.selector_id, self.results_id)
@@ -202,16 +211,17 @@ class ScatterAndGather(_ScatterAndGather):
 
     def start_controller(self, fl_ctx: FLContext) -> None:
         super().start_controller(fl_ctx)
-        if self.resume:
-            self._resume(fl_ctx)
+        source = resume_source(self.resume, fl_ctx.get_job_id())
+        if source:
+            self._resume(fl_ctx, source)
 
-    def _resume(self, fl_ctx: FLContext) -> None:
-        folder = self._folder(fl_ctx)
+    def _resume(self, fl_ctx: FLContext, source: str) -> None:
         weights = self._global_weights[ModelLearnableKey.WEIGHTS]
         try:
+            folder = self._folder(fl_ctx, source)
             ckpt = read_file(folder / CHECKPOINT_FILE)
             why = check_resume(ckpt, folder, getattr(self.aggregator, "method", ""),
-                               self._start_round + self._num_rounds, weights)
+                               self._start_round + self._num_rounds, weights, source, self._fingerprint(fl_ctx))
         except ValueError as e:
             why = str(e)
         if why:
@@ -235,8 +245,9 @@ class ScatterAndGather(_ScatterAndGather):
             fl_ctx.set_prop(AppConstants.GLOBAL_MODEL, self._global_weights, private=True, sticky=True)
         self.resumed_from = int(ckpt["round"])
         self._current_round = self.resumed_from + 1
-        self.log_info(fl_ctx, f"resuming from the checkpoint of round {self.resumed_from} in {folder}: training "
-                              f"continues at round {self._current_round} of {self._start_round + self._num_rounds}")
+        self.log_info(fl_ctx, f"resuming from the checkpoint of round {self.resumed_from} of job {source} in {folder}: "
+                              f"training continues at round {self._current_round} of "
+                              f"{self._start_round + self._num_rounds}")
 
     def _write_checkpoint(self, fl_ctx: FLContext) -> None:
         rnd = int(self._current_round)
@@ -247,7 +258,7 @@ class ScatterAndGather(_ScatterAndGather):
                                  self._global_weights[ModelLearnableKey.WEIGHTS],
                                  self._global_weights.get(ModelLearnableKey.META) or {},
                                  {i: c.checkpoint_state() for i, c in self._stateful().items()},
-                                 self._best, self._best_round)
+                                 self._best, self._best_round, fl_ctx.get_job_id(), self._fingerprint(fl_ctx))
         folder = self._folder(fl_ctx)
         write_private(ckpt, folder / CHECKPOINT_FILE)
         self.log_info(fl_ctx, f"round {rnd}: checkpoint written to {folder / CHECKPOINT_FILE}")
@@ -279,3 +290,75 @@ class ScatterAndGather(_ScatterAndGather):
                                   f"{selector.key_metric} better by more than {getattr(selector, 'min_delta', 0.0)} "
                                   f"since round {getattr(selector, 'patience_round', selector.best_round)} "
                                   f"(patience {selector.patience})")
+
+
+class CrossSiteEval(CrossSiteModelEval):
+    """NVFlare's ``CrossSiteModelEval`` (same arguments) that does not wait on a site the training already lost:
+    unless ``participating_clients`` is given, the sites that sent nothing in the last training round (dead, slow
+    or failed: the aggregator's ``last_missing``) are left out of the final evaluation, with a warning, instead of
+    holding it until ``validation_timeout`` (and NVFlare's heartbeat timeout)."""
+
+    def __init__(self, *args, aggregator_id: str = "aggregator", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.aggregator_id = aggregator_id
+        self.left_out: list[str] = []
+
+    def start_controller(self, fl_ctx: FLContext):
+        given = bool(self._participating_clients)
+        super().start_controller(fl_ctx)
+        agg = self._engine.get_component(self.aggregator_id)
+        lost = set(getattr(agg, "last_missing", None) or [])
+        if given or not lost:
+            return
+        self.left_out = sorted(c for c in self._participating_clients if c in lost)
+        self._participating_clients = [c for c in self._participating_clients if c not in lost]
+        if self.left_out:
+            self.log_warning(fl_ctx, f"final evaluation WITHOUT site(s) {self.left_out}: no update from them in the "
+                                     "last training round (dead, slow or failed)")
+
+
+def _spans(rounds: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    out, start = [], None
+    for i, r in enumerate(rounds):
+        if start is None:
+            start = r
+        if i + 1 == len(rounds) or rounds[i + 1] != r + 1:
+            out.append(f"{start}" if start == r else f"{start}-{r}")
+            start = None
+    return ", ".join(out)
+
+
+def degradation(results: dict) -> dict | None:
+    """Why a finished run is degraded, from its ``results.json`` record: the sites missing from rounds (dead,
+    slow or failed), the sites whose updates were refused, the final evaluation without the sites missing from
+    the last round, the classes no present site annotated. None when nothing of this happened.
+
+    Returns ``{"missing_sites": {site: [rounds]}, "rejected_sites": {site: [rounds]}, "final_without": [sites],
+    "classes_without_annotator": [classes], "reasons": [one line each]}``.
+    """
+    rounds = results.get("rounds") or []
+    missing: dict[str, list[int]] = {}
+    rejected: dict[str, list[int]] = {}
+    for r in rounds:
+        for s in r.get("missing") or []:
+            missing.setdefault(s, []).append(int(r["round"]))
+        for s in r.get("rejected") or {}:
+            rejected.setdefault(s, []).append(int(r["round"]))
+    last = list((rounds[-1].get("missing") or [])) if rounds else []
+    first_val = (rounds[0].get("val") or {}) if rounds else {}
+    classes = list(first_val.get("per_class") or [])  # the class names in the model's column order
+    present = [info for s, info in ((results.get("data") or {}).get("sites") or {}).items() if s not in last]
+    covered = {int(j) for info in present for j in (info.get("annotated") or [])}
+    lost_classes = [c for j, c in enumerate(classes) if j not in covered] if last else []
+    reasons = [f"site {s} sent no update in round(s) {_spans(r)} of {len(rounds)} (dead, slow or failed)"
+               for s, r in sorted(missing.items())]
+    reasons += [f"site {s}'s update was refused in round(s) {_spans(r)}" for s, r in sorted(rejected.items())]
+    if last:
+        reasons.append(f"the final evaluation ran without {', '.join(sorted(last))}")
+    if lost_classes:
+        reasons.append(f"class(es) {lost_classes} had no annotating site at the end (not learnt from then on)")
+    if not reasons:
+        return None
+    return {"missing_sites": missing, "rejected_sites": rejected, "final_without": sorted(last),
+            "classes_without_annotator": lost_classes, "reasons": reasons}

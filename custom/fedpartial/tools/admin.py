@@ -3,20 +3,22 @@
 ::
 
     fedpartial-admin --kit ADMIN_KIT run jobs/fedmlp_ich -o results/   # submit, follow, download, print results
-    fedpartial-admin --kit ADMIN_KIT submit jobs/fedmlp_ich            # prints the job id
+    fedpartial-admin --kit ADMIN_KIT submit jobs/fedmlp_ich            # prints the job id (and missing sites)
     fedpartial-admin --kit ADMIN_KIT submit --without-custom JOB       # for sites that allow-list the package
     fedpartial-admin --kit ADMIN_KIT status JOB_ID                     # job status, round, per-site task
     fedpartial-admin --kit ADMIN_KIT wait JOB_ID [--timeout S]         # follow until the job ends
     fedpartial-admin --kit ADMIN_KIT download JOB_ID -o results/       # the job's server workspace
     fedpartial-admin --kit ADMIN_KIT list                              # the server's jobs
     fedpartial-admin results results/JOB_ID                            # the results table (no server needed)
-    fedpartial-admin --kit ADMIN_KIT resume jobs/fedmlp_ich -o results/  # after a server restart: continue the job
-    fedpartial-admin resume-folder jobs/fedmlp_ich /tmp/fedmlp_ich_resume  # the same job folder with resume on
+    fedpartial-admin --kit ADMIN_KIT resume JOB_ID jobs/fedmlp_ich -o results/  # continue job JOB_ID's run
+    fedpartial-admin resume-folder jobs/fedmlp_ich /tmp/fedmlp_ich_resume  # resume on (simulator: same job id)
 
 A server restart loses a running NVFlare 2.9 job. Every round the server and each site checkpoint what the job
-needs (``fedpartial.fl.checkpoint``); ``resume`` submits the same job with ``resume: true`` on both sides, so it
-continues at the round after the last checkpoint, with the method's server and site state, and its results
-hold the earlier rounds too. The stuck old job can be left alone (or removed from the job store by the
+needs under the job's id (``fedpartial.fl.checkpoint``); ``resume JOB_ID FOLDER`` submits the job folder again
+with ``resume: "JOB_ID"`` on both sides, so it continues that run at the round after its last checkpoint, with
+the method's server and site state, and its results hold the earlier rounds too. The server refuses (the job
+stops before training, and ``resume`` prints why) a job id without checkpoints, or a folder whose configuration
+is not the one that job ran. The stuck old job can be left alone (or removed from the job store by the
 operator: ``nvflare`` cannot abort it after a restart).
 
 ``ADMIN_KIT`` is the admin user's provisioned folder (the one holding ``startup/fed_admin.json``); the user
@@ -73,9 +75,10 @@ def submit(sess, job_dir: str | Path, without_custom: bool = False) -> str:
         return sess.submit_job(str(copy))
 
 
-def resume_folder(job_dir: str | Path, dest: str | Path) -> Path:
-    """A copy of the job folder ``job_dir`` at ``dest`` with ``resume: true`` on the server's training workflow
-    and every site's executor (the rest unchanged, so the job spec both sides check stays the same)."""
+def resume_folder(job_dir: str | Path, dest: str | Path, job_id: str | bool = True) -> Path:
+    """A copy of the job folder ``job_dir`` at ``dest`` with ``resume: job_id`` on the server's training workflow
+    and every site's executor (the rest unchanged, so the job spec both sides check stays the same): the job id
+    whose run to continue, or ``true`` for the run of the same job id (the simulator's ``simulate_job``)."""
     job_dir, dest = Path(job_dir).resolve(), Path(dest)
     if not (job_dir / "meta.json").is_file():
         raise FileNotFoundError(f"{job_dir} is not an NVFlare job folder (no meta.json)")
@@ -86,7 +89,7 @@ def resume_folder(job_dir: str | Path, dest: str | Path) -> Path:
     for path in sorted(dest.glob("*/config/config_fed_*.json")):
         cfg = json.loads(path.read_text())
         for entry in training_entries(cfg):
-            entry.setdefault("args", {})["resume"] = True
+            entry.setdefault("args", {})["resume"] = job_id
             changed += 1
         path.write_text(json.dumps(cfg, indent=2) + "\n")
     if changed < 2:
@@ -171,7 +174,7 @@ def download(sess, job_id: str, dest: str | Path) -> Path:
 def failure_lines(path: str | Path, limit: int = 5) -> list[str]:
     """Why a downloaded job failed: the distinct error lines of its server log (a site's data-check error names
     the site, file and line; a site's task failure names the site and task)."""
-    keys = ("DATA CHECK FAILED", "failed task", "system_panic", "panic")
+    keys = ("DATA CHECK FAILED", "failed task", "system_panic", "panic", "resume: ")
     seen: list[str] = []
     for log in sorted(Path(path).rglob("log.txt")):
         for line in log.read_text(errors="replace").splitlines():
@@ -183,10 +186,76 @@ def failure_lines(path: str | Path, limit: int = 5) -> list[str]:
     return seen[:limit]
 
 
+def degraded_lines(results: dict) -> list[str]:
+    """``DEGRADED: <reason>`` lines of a run that lost or refused sites (``results.json`` ``degraded``, else
+    computed from its rounds)."""
+    from ..fl.selection import degradation
+
+    info = results.get("degraded", None) if "degraded" in results else degradation(results)
+    return [f"DEGRADED: {r}" for r in (info or {}).get("reasons", [])]
+
+
 def results_text(path: str | Path) -> str:
-    """The results table of a downloaded job (or any folder / file holding ``results.json``)."""
+    """The results table of a downloaded job (or any folder / file holding ``results.json``), after the reasons
+    the run is degraded, if it is."""
     file = find_results(Path(path))
-    return f"{file}\n\n" + render_tables(json.loads(file.read_text()))
+    results = json.loads(file.read_text())
+    head = "".join(line + "\n" for line in degraded_lines(results))
+    return f"{file}\n{head}\n" + render_tables(results)
+
+
+def job_sites(job_dir: str | Path) -> tuple[int | None, int, list[str]]:
+    """``(number of sites, max_missing_sites, named sites)`` of a job folder: the server configuration's
+    ``min_clients`` (the job's site count) and ``max_missing_sites``, and the sites ``meta.json``'s ``deploy_map``
+    names (empty with ``@ALL``)."""
+    job_dir = Path(job_dir)
+    meta = json.loads((job_dir / "meta.json").read_text())
+    named = sorted({s for targets in (meta.get("deploy_map") or {}).values() for s in targets
+                    if isinstance(s, str) and not s.startswith("@") and s != "server"})
+    n, missing = None, 0
+    for path in sorted(job_dir.glob("*/config/config_fed_server.json")):
+        cfg = json.loads(path.read_text())
+        n = cfg.get("min_clients") if isinstance(cfg.get("min_clients"), int) else n
+        missing = int(cfg.get("max_missing_sites", missing) or 0)
+    return (n if n is not None else meta.get("min_clients")), missing, named
+
+
+STALE_AFTER = 75.0  # seconds without a heartbeat (NVFlare clients send one every 30 s) before a site counts as down
+
+
+def connected_sites(sess, stale_after: float = STALE_AFTER) -> list[str]:
+    """The names of the sites connected to the server now: registered, and heard from within ``stale_after``
+    seconds (the server itself lists a dead site until its 600 s heartbeat timeout)."""
+    out = []
+    now = time.time()
+    for c in sess.get_connected_client_list() or []:
+        name = getattr(c, "name", None) or (c.get("name") if isinstance(c, dict) else None)
+        seen = getattr(c, "last_connect_time", None)
+        if name and (seen is None or now - float(seen) <= stale_after):
+            out.append(name)
+    return sorted(out)
+
+
+def site_check(job_dir: str | Path, connected: list[str], expected: list[str] | None = None) -> list[str]:
+    """What the admin must know before a job goes out: ``warning:`` lines when fewer sites are connected than the
+    job has (naming the missing ones when the job or ``expected`` names its sites), and whether NVFlare will
+    start it (fewer than ``sites - max_missing_sites`` connected: it waits SUBMITTED, silently)."""
+    n, max_missing, named = job_sites(job_dir)
+    names = sorted(expected or named)
+    lines = []
+    absent = [s for s in names if s not in connected]
+    count = n if n is not None else len(names)
+    if absent or (count and len(connected) < count):
+        which = f"; not connected: {', '.join(absent)}" if absent else ""
+        lines.append(f"warning: {len(connected)} of the job's {count} site(s) are connected "
+                     f"({', '.join(connected) or 'none'}){which}")
+        if count and len(connected) < count - max_missing:
+            lines.append(f"warning: the job needs at least {count - max_missing} site(s) (max_missing_sites "
+                         f"{max_missing}): NVFlare keeps it SUBMITTED until enough sites connect")
+        else:
+            lines.append(f"warning: the job starts without them (max_missing_sites {max_missing}); its results "
+                         "will be marked DEGRADED")
+    return lines
 
 
 # ------------------------------------------------------------------------------------------------------------ CLI
@@ -198,8 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--user", help="admin user name (default: the kit folder's name)")
     ap.add_argument("--connect-timeout", type=float, default=30.0, help="seconds to wait for the server")
     sub = ap.add_subparsers(dest="cmd", required=True)
+    sites_help = "comma-separated names of the job's sites, to name those not connected (default: meta.json's)"
     p = sub.add_parser("submit", help="submit a job folder, print its id")
     p.add_argument("job")
+    p.add_argument("--sites", help=sites_help)
     p.add_argument("--without-custom", action="store_true", help="leave the apps' custom/ code out (non-BYOC)")
     p = sub.add_parser("status", help="job status, round and per-site task")
     p.add_argument("job_id")
@@ -214,9 +285,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("results", help="print the results table of a downloaded job (offline)")
     p.add_argument("path")
     for name, text in (("run", "submit, follow, download and print the results table"),
-                       ("resume", "submit the job again continuing from its last checkpoint, follow, download")):
+                       ("resume", "submit the job folder again continuing job JOB_ID's run from its last checkpoint, "
+                                  "follow, download")):
         p = sub.add_parser(name, help=text)
+        if name == "resume":
+            p.add_argument("job_id", help="the job whose run to continue (its checkpoints are kept under its id)")
         p.add_argument("job")
+        p.add_argument("--sites", help=sites_help)
         p.add_argument("--without-custom", action="store_true", help="leave the apps' custom/ code out (non-BYOC)")
         p.add_argument("-o", "--out", default="results", help="destination folder (default: results)")
         p.add_argument("--timeout", type=float, default=0.0, help="seconds (0 = no limit)")
@@ -224,6 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("resume-folder", help="write the job folder with resume on (offline, e.g. for the simulator)")
     p.add_argument("job")
     p.add_argument("dest")
+    p.add_argument("--job-id", default=True, help="the job whose run to continue (default: the same job id, as in "
+                                                  "the simulator)")
     return ap
 
 
@@ -252,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
             print(results_text(args.path))
             return 0
         if args.cmd == "resume-folder":
-            print(resume_folder(args.job, args.dest))
+            print(resume_folder(args.job, args.dest, args.job_id))
             return 0
         return _run_command(args)
     except Exception as e:  # noqa: BLE001 - FLARE API errors (refused, not authorized, no server) end here
@@ -263,6 +340,13 @@ def main(argv: list[str] | None = None) -> int:
 def _run_command(args) -> int:
     sess = open_session(args.kit, args.user, args.connect_timeout)
     try:
+        if args.cmd in ("submit", "run", "resume"):
+            try:
+                lines = site_check(args.job, connected_sites(sess), args.sites.split(",") if args.sites else None)
+            except Exception as e:  # noqa: BLE001 - e.g. a user who may not list the sites: the submit decides
+                lines = [f"warning: could not check the connected sites ({type(e).__name__}: {e})"]
+            for line in lines:
+                print(line, file=sys.stderr, flush=True)
         if args.cmd == "submit":
             print(submit(sess, args.job, args.without_custom))
         elif args.cmd == "status":
@@ -279,9 +363,11 @@ def _run_command(args) -> int:
             print(download(sess, args.job_id, args.out))
         elif args.cmd in ("run", "resume"):
             with tempfile.TemporaryDirectory() as tmp:
-                job = resume_folder(args.job, Path(tmp) / Path(args.job).name) if args.cmd == "resume" else args.job
+                resuming = args.cmd == "resume"
+                job = resume_folder(args.job, Path(tmp) / Path(args.job).name, args.job_id) if resuming else args.job
                 job_id = submit(sess, job, args.without_custom)
-            print(f"submitted {args.job}{' (resume)' if args.cmd == 'resume' else ''} as job {job_id}", flush=True)
+            print(f"submitted {args.job}{f' (resuming job {args.job_id})' if resuming else ''} as job {job_id}",
+                  flush=True)
             return _finish(sess, job_id, wait(sess, job_id, args.timeout, args.poll), args.out)
         return 0
     finally:

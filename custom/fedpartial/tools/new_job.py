@@ -11,7 +11,7 @@ Every job tolerates a dead, slow or failing site (:func:`harden`): ``max_missing
 default 1 with 3 or more sites) may be absent from the data check and from any round (the workflow aggregates
 once ``min_clients - max_missing_sites`` sites answered), training tasks time out (``train_timeout``), the data
 check and the cross-site evaluation have real timeouts, and the aggregator bounds each update's change relative
-to the round's median. Existing job folders are brought to the same settings with::
+to the model's last global step (and refuses a reversed one). Existing job folders are brought to the same settings with::
 
     python -m fedpartial.tools.new_job --harden jobs/*
 """
@@ -65,7 +65,7 @@ def harden(cfg: dict, max_missing: int) -> dict:
         elif path.endswith("ScatterAndGather"):
             args.update({"max_missing": "{max_missing_sites}", "train_timeout": TRAIN_TIMEOUT,
                          "wait_time_after_min_received": WAIT_AFTER_MIN})
-        elif path.endswith("CrossSiteModelEval"):
+        elif path.endswith(("CrossSiteModelEval", "CrossSiteEval")):
             args.update({"submit_model_timeout": SUBMIT_MODEL_TIMEOUT, "validation_timeout": VALIDATION_TIMEOUT})
     return cfg
 
@@ -156,7 +156,7 @@ def server_config(method: str, dataset: dict, model: dict, num_rounds: int, min_
                       "aggregator_id": "aggregator", "persistor_id": "persistor",
                       "shareable_generator_id": "shareable_generator", "train_task_name": "train",
                       "train_timeout": 0}},
-            {"id": "cross_site_validate", "path": f"{WF}.cross_site_model_eval.CrossSiteModelEval",
+            {"id": "cross_site_validate", "path": "fedpartial.fl.selection.CrossSiteEval",
              "args": {"model_locator_id": "model_locator", "submit_model_task_name": ""}},
         ],
     }, max_missing)

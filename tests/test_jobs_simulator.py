@@ -228,10 +228,15 @@ def test_paper_job_runs_with_its_settings(job, tmp_path, data_cache):
 # 1-round first stage, so round 2 runs the method's second stage (pseudo labels, detection, distillation) on what
 # the server rule sent after round 1: both rounds must take both sites' updates without a rule error. Kept small
 # for the CI budget: 2 site processes.
-COMPARISON_JOBS = ["cbafed_ich", "fednoro_ich", "fedlsr_ich", "fedprox_ich", "fixmatch_ich", "moon_ich",
-                   "rscfed_ich", "fedpu_ham10000", "fedrs_ham10000", "fixmatch_masked_ham10000", "fpsl_ham10000",
-                   # FedLSM's FedProx* and MOON*: the masked-rows variants, run as FedLSM's table runs them
-                   "fedavg_masked_ham10000:fedprox_masked", "fedavg_masked_ham10000:moon_masked"]
+def _comparison_jobs() -> list[str]:
+    """``"job:method"`` of every registered comparison method (the registry's list: a new method adds itself)."""
+    from fedpartial.methods import comparison_jobs, load_all
+
+    load_all()
+    return comparison_jobs()
+
+
+COMPARISON_JOBS = _comparison_jobs()
 TWO_SITES = {"ich": {"dataset": {"prepare": {"num_sites": 2, "k": 2,
                                              "source_args": {"n_images": 120, "size": 32, "seed": 0}}}},
              "ham10000": {"dataset": {"prepare": {"num_sites": 2, "protocol": "missing_k", "k": 3, "table": None,

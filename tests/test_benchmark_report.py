@@ -131,8 +131,9 @@ def test_compact_keeps_curves_and_method_counters():
         {"round": 1, "val": None, "test": {"macro": {"f1": 0.2}}}]}
     out = _run_jobs().compact(res)
     assert "rounds" not in out and out["final"] == {"x": 1}
-    assert out["curves"] == [{"round": 0, "val": {"f1": 0.1}, "test": None, "site_stats": {"site-1": {"fedlsm_pseudo": 3}}},
-                             {"round": 1, "val": None, "test": {"f1": 0.2}, "site_stats": {}}]
+    assert out["curves"] == [{"round": 0, "val": {"f1": 0.1}, "test": None, "site_stats": {"site-1": {"fedlsm_pseudo": 3}},
+                              "rejected": {}},
+                             {"round": 1, "val": None, "test": {"f1": 0.2}, "site_stats": {}, "rejected": {}}]
 
 
 def test_levels_of_one_method_share_a_row_and_the_upper_bound_comes_last():

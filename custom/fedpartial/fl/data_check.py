@@ -125,8 +125,9 @@ class DataSummaryProcessor(ResponseProcessor):
         annotated = {s: np.asarray(i["annotated"], bool) for s, i in self._sites.items()}
         uncovered = [c for j, c in enumerate(classes) if not any(a[j] for a in annotated.values())]
         if uncovered and (silent or self.max_missing):  # their annotators may be the absent (or undeployed) sites
-            absent = f"the absent site(s) {silent}" if silent else "sites absent from this job"
-            where = f"annotated by none of the sites present ({', '.join(sorted(self._sites))}), only by {absent}"
+            present = ", ".join(sorted(self._sites))
+            where = (f"annotated by none of the sites present ({present}), only by the absent site(s) {silent}" if silent
+                     else f"annotated by no site present ({present}; sites absent from this job may annotate them)")
             if self.class_without_annotator == "stop":
                 return self._fail(fl_ctx, f"class(es) {uncovered} are {where} (class_without_annotator: stop; set "
                                           "it to train_without to train the other classes without them)")

@@ -236,3 +236,18 @@ def test_missing_dicom_names_the_rsna_csv_line_not_a_temporary_manifest(tmp_path
     assert f"{csv} line {line}: image stage_2_train/{image}.dcm cannot be used: image file not found" in last
     assert ".tmp-" not in proc.stderr
     _nothing_written(tmp_path)
+
+
+def test_a_generated_source_is_prepared_once_and_then_reused(tmp_path):
+    """The ICH phantom is generated inside the folder being prepared: the cache must not record that temporary path
+    as a source file, or every later use looks stale and prepares again (simulated sites starting together then
+    read a folder another site is rewriting)."""
+    from fedpartial.data.prepare import DATASET_JSON, ensure_prepared, stale_sources
+
+    spec = {"source": "ich_phantom", "num_sites": 2, "protocol": "missing_k", "k": 2,
+            "source_args": {"n_images": 40, "size": 32, "seed": 0}}
+    out = ensure_prepared(spec, tmp_path, verbose=False)
+    stamp = (out / DATASET_JSON).stat().st_mtime_ns
+    assert stale_sources(out) == []
+    assert ensure_prepared(spec, tmp_path, verbose=False) == out
+    assert (out / DATASET_JSON).stat().st_mtime_ns == stamp  # reused, not prepared again

@@ -583,8 +583,11 @@ def prepare(source: str | None, source_root: str | os.PathLike | None, out_dir: 
         info["sources"] = [{"source": s["source"], "root": str(Path(s["root"]).expanduser().resolve()),
                             "num_sites": int(s.get("num_sites", 1)), "source_args": s.get("source_args") or {}}
                            for s in (sources or [])]
-        info["source_files"] = _stamps(table.files + ([str(exclude)] if isinstance(exclude, (str, os.PathLike))
-                                                      and Path(exclude).is_file() else []))
+        # the release's own label files; a generated source's files live in the folder being written (they move
+        # with it, and recording their temporary path would make every later use look stale and prepare again)
+        info["source_files"] = _stamps([f for f in table.files if not Path(f).resolve().is_relative_to(tmp.resolve())]
+                                       + ([str(exclude)] if isinstance(exclude, (str, os.PathLike))
+                                          and Path(exclude).is_file() else []))
         info["dropped"] = [{"file": d.file, "reason": d.reason, "count": len(d.names), "first": d.names[:10],
                             "lines": d.lines[:10]} for d in table.dropped]
         _validate(tmp, info, base if local else table.root.resolve())

@@ -23,6 +23,8 @@ this order, within ``--budget`` seconds, the zoo last with the time left):
 - ``round``: one fedavg local round (``LocalTrainer.train_round`` with its loader, weak views drawn on the GPU,
   pinned and prefetched batches) against a bare loop (the same model and optimiser, the same images already on
   the GPU, the same number of steps). PASS: round <= 1.2 x bare.
+- ``syncs``: host synchronisations per training step, every method (``torch.cuda.set_sync_debug_mode``): the
+  syncs 4 more local steps add to a round. PASS: none; the detail names the lines that wait on the GPU.
 - ``job``: when NVFlare imports, a real simulator job (``fedavg_ich``, 3 sites, 2 rounds, ``device`` = the
   checked device, amp and ``deterministic`` on): PASS when it finishes and ``results.json`` records that device
   for every site. SKIP (with the reason) otherwise.
@@ -42,7 +44,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-CHECKS = ("step", "round", "eval", "paper", "job", "zoo")  # the zoo last: it takes the time left (--budget)
+CHECKS = ("step", "round", "syncs", "eval", "paper", "job", "zoo")  # the zoo last: it takes the time left (--budget)
 TARGET_AMP, TARGET_ROUND = 0.6, 1.2
 
 
@@ -142,9 +144,11 @@ def _summary(ctxs) -> dict:
 
 
 def federate(name: str, task: str, root: Path, work: Path, device: str, amp: bool, model_cfg: dict, size: int,
-             n: int, train: dict, method_args: dict | None = None, seed: int = 0) -> dict:
+             n: int, train: dict, method_args: dict | None = None, seed: int = 0, count_syncs: bool = False) -> dict:
     """Two federated rounds of method ``name`` in process with three sites on ``device``; returns ``{"ok",
-    "why", "weights" (the final global state as numpy), "seconds"}``."""
+    "why", "weights" (the final global state as numpy), "seconds"}``; with ``count_syncs`` also ``"syncs"``: per
+    round, the host synchronisations CUDA reported during the sites' ``train_round`` calls (``(file, line)`` of
+    each), and ``"steps"`` per round."""
     import numpy as np
     import torch
 
@@ -178,13 +182,18 @@ def federate(name: str, task: str, root: Path, work: Path, device: str, amp: boo
     rule = method.make_rule(dict(options), f"gpu check {name}")
     rule.check_federation(summary)
     meta_out: dict = {META_SUMMARY: summary}
+    syncs: list[list] = [[], []]
+    steps = [0, 0]
     for rnd in range(2):
         contributions = []
         for ctx, tr in zip(ctxs, trainers):
             tr.receive(global_w)
             seed_everything(round_seed(ctx.seed, rnd))
-            with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=amp):
+            with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=amp), \
+                    _SyncCounter(count_syncs) as counter:
                 out = tr.train_round(rnd, 2, dict(meta_out))
+            syncs[rnd] += counter.where
+            steps[rnd] += int(out.steps)
             if not np.isfinite(out.loss):
                 return {"ok": False, "why": f"{ctx.site} round {rnd}: loss {out.loss}", "seconds": time.perf_counter() - t0}
             tr.has_local_state = True
@@ -202,7 +211,49 @@ def federate(name: str, task: str, root: Path, work: Path, device: str, amp: boo
             return {"ok": False, "why": f"round {rnd}: non-finite global {bad[:2]}", "seconds": time.perf_counter() - t0}
     changed = any(v.is_floating_point() and not np.allclose(global_w[k], v.numpy()) for k, v in init.state_dict().items())
     return {"ok": changed, "why": "" if changed else "the global model did not change", "weights": global_w,
-            "seconds": time.perf_counter() - t0}
+            "seconds": time.perf_counter() - t0, "syncs": syncs, "steps": steps}
+
+
+class _SyncCounter:
+    """Within the block, every operation that makes the host wait for the GPU (``torch.cuda.set_sync_debug_mode``:
+    ``.item()``, a blocking copy, a device mask's row count, ...) is recorded in ``where`` as ``file:line`` of the
+    innermost project frame that asked for it. Off (``on`` False) or without CUDA: records nothing."""
+
+    def __init__(self, on: bool):
+        import torch
+
+        self.on = bool(on) and torch.cuda.is_available()
+        self.where: list[str] = []
+
+    def _seen(self, message, category, filename, lineno, file=None, line=None):
+        import traceback
+
+        if "synchroniz" not in str(message):
+            return
+        frames = [f for f in traceback.extract_stack()[:-1] if "fedpartial" in f.filename]
+        f = frames[-1] if frames else None
+        self.where.append(f"{Path(f.filename).name}:{f.lineno}" if f else f"{Path(filename).name}:{lineno}")
+
+    def __enter__(self):
+        if self.on:
+            import warnings
+
+            import torch
+
+            self._catch = warnings.catch_warnings()
+            self._catch.__enter__()
+            warnings.simplefilter("always")
+            warnings.showwarning = self._seen
+            torch.cuda.set_sync_debug_mode("warn")
+        return self
+
+    def __exit__(self, *exc):
+        if self.on:
+            import torch
+
+            torch.cuda.set_sync_debug_mode("default")
+            self._catch.__exit__(*exc)
+        return False
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -253,6 +304,55 @@ def check_zoo(args, work: Path, out: list) -> None:
                 same = _same(runs[0]["weights"], runs[1]["weights"])
                 out.append({"check": "repeat", "case": f"{name}/{task}/amp={'on' if amp else 'off'}", "ok": same,
                               "detail": "bit-identical global weights" if same else "the two runs differ"})
+
+
+def check_syncs(args, work: Path, out: list) -> None:
+    """Host synchronisations per training step: every method's local rounds (first task it declares, amp off,
+    small CNN at 16 px, three sites) with 2 and with 6 local steps; the syncs the 4 extra steps add, per step.
+    PASS: none (what a round reads back, it reads once). Detail: the syncs per round and where the per-step ones
+    come from."""
+    from collections import Counter
+
+    from fedpartial.methods import available_methods, get_method
+
+    root = work / "img16s"
+    root.mkdir()
+    _images(root, 3 * 24, 16)
+    names = available_methods()
+    if args.quick:
+        names = [m for m in names if m in ("fedavg", "fixmatch", "fedirm", "fedmlp", "fedlsm")]
+    model = {"arch": "small_cnn", "width": 4, "dropout": 0.2}
+    for name in names:
+        task = get_method(name).trainer.tasks[0]
+        try:
+            runs = [federate(name, task, root, work / f"s{k}", args.device, False, model, 16, 24,
+                             {"lr": 1e-2, "batch_size": 2, "local_steps": k, "inference_batch_size": 8,
+                              "pin_memory": True}, count_syncs=True) for k in (2, 6)]
+        except ImportError as e:
+            out.append({"check": "syncs", "case": f"{name}/{task}", "ok": None, "detail": f"SKIP: {e}"})
+            continue
+        except Exception as e:  # noqa: BLE001
+            out.append({"check": "syncs", "case": f"{name}/{task}", "ok": False, "detail": f"{type(e).__name__}: {e}"[:300]})
+            continue
+        # round 1 (round 0 may differ: warm-up rounds, first-round set-ups)
+        few, many = Counter(runs[0]["syncs"][1]), Counter(runs[1]["syncs"][1])
+        extra_steps = runs[1]["steps"][1] - runs[0]["steps"][1]
+        grown = many - few
+        per_step = sum(grown.values()) / max(extra_steps, 1)
+        gpu = torch_is_cuda(args.device)
+        top = ", ".join(f"{w} x{c}" for w, c in grown.most_common(4))
+        out.append({"check": "syncs", "case": f"{name}/{task}", "ok": (per_step == 0) if gpu else None,
+                    "detail": f"{per_step:.2f} per step; per round of 3 sites: {sum(few.values())} with "
+                              f"{runs[0]['steps'][1]} steps, {sum(many.values())} with {runs[1]['steps'][1]}"
+                              + (f"; per step: {top}" if top else "")
+                              + ("" if gpu else " (SKIP: counted on CUDA only)"),
+                    "syncs": {"few": dict(few), "many": dict(many)}})
+
+
+def torch_is_cuda(device: str) -> bool:
+    import torch
+
+    return torch.device(device).type == "cuda" and torch.cuda.is_available()
 
 
 def _paper_job() -> dict:
@@ -324,7 +424,7 @@ def check_eval(args, work: Path, out: list) -> None:
 
 
 def _step_time(device: str, amp: bool, steps: int, bs: int, size: int, tf32: bool | None = None,
-               optimizer: bool = True) -> float:
+               optimizer: bool = True, compile_mode: str | None = None) -> float:
     """ms per training step of ResNet-18 (channels-last, Adam, BCE) on random data already on ``device``
     (``optimizer=False``: forward and backward only, to separate the optimiser's fixed cost)."""
     import torch
@@ -336,6 +436,8 @@ def _step_time(device: str, amp: bool, steps: int, bs: int, size: int, tf32: boo
         torch.backends.cuda.matmul.allow_tf32 = tf32
     net = build_model({"arch": "resnet18", "init_seed": 0}, 5).to(device).to(memory_format=torch.channels_last)
     opt = torch.optim.Adam(net.parameters(), lr=1e-4)
+    if compile_mode:
+        net = torch.compile(net, mode=compile_mode)
     x = torch.rand(bs, 3, size, size, device=device).contiguous(memory_format=torch.channels_last)
     y = (torch.rand(bs, 5, device=device) < 0.5).float()
 
@@ -381,16 +483,29 @@ def check_step(args, work: Path, out: list) -> None:
     torch.backends.cudnn.allow_tf32 = True
     out += [{"check": "step", "case": "ResNet-18 batch 32, float32 without TF32 (reference)", "ok": None,
              "detail": f"INFO: {strict:.1f} ms per step", "ms": {"fp32_no_tf32": strict}}]
+    if gpu:  # how much of a batch-32 step is the host launching kernels: the same step replayed as a CUDA graph
+        try:
+            cg = {amp: _step_time(args.device, amp, steps, 32, size, compile_mode="reduce-overhead")
+                  for amp in (False, True)}
+            out += [{"check": "step", "case": "ResNet-18 batch 32 under torch.compile(mode='reduce-overhead')",
+                     "ok": None, "detail": f"INFO: fp32 {cg[False]:.1f} ms, amp {cg[True]:.1f} ms "
+                                           f"({cg[True] / cg[False]:.2f}x)",
+                     "ms": {"fp32_compiled": cg[False], "amp_compiled": cg[True]}}]
+        except Exception as e:  # noqa: BLE001 - an INFO line only
+            out += [{"check": "step", "case": "ResNet-18 batch 32 under torch.compile", "ok": None,
+                     "detail": f"SKIP: {type(e).__name__}: {str(e)[:200]}"}]
 
 
 def check_round(args, work: Path, out: list) -> None:
     import torch
 
+    from fedpartial.data import batch_views
     from fedpartial.data.presets import resolve_dataset
     from fedpartial.methods import get_method
     from fedpartial.models import build_model
 
     torch.backends.cudnn.benchmark = True
+    prefetch_default = batch_views.PREFETCH_ON_GPU
     size, bs, steps = (64, 8, 4) if args.quick else (224, 32, 20)
     n = bs * steps + 4
     root = work / "round"
@@ -427,21 +542,29 @@ def check_round(args, work: Path, out: list) -> None:
                 loss.backward()
                 opt.step()
 
-        times = {"round": [], "bare": []}
+        def round_unprefetched():
+            batch_views.PREFETCH_ON_GPU = 0
+            try:
+                local_round()
+            finally:
+                batch_views.PREFETCH_ON_GPU = prefetch_default
+
+        times = {"round": [], "bare": [], "round_unprefetched": []}
         for rep in range(3):  # the first of each is a warm-up
-            for key, fn in (("bare", bare), ("round", local_round)):
+            for key, fn in (("bare", bare), ("round", local_round), ("round_unprefetched", round_unprefetched)):
                 _sync(args.device)
                 t0 = time.perf_counter()
                 fn()
                 _sync(args.device)
                 if rep:
                     times[key].append(time.perf_counter() - t0)
-        r, b = min(times["round"]), min(times["bare"])
+        r, b, u = min(times["round"]), min(times["bare"]), min(times["round_unprefetched"])
         out.append({"check": "round", "case": f"fedavg local round vs bare loop, ResNet-18 {size}px, {steps} steps of "
                                               f"{bs}, amp={'on' if amp else 'off'}",
                     "ok": (r / b <= TARGET_ROUND) if torch.device(args.device).type == "cuda" else None,
-                    "detail": f"round {1000 * r:.0f} ms, bare {1000 * b:.0f} ms: {r / b:.2f}x (target <= {TARGET_ROUND})",
-                    "seconds": {"round": r, "bare": b}})
+                    "detail": f"round {1000 * r:.0f} ms, bare {1000 * b:.0f} ms: {r / b:.2f}x (target <= {TARGET_ROUND}); "
+                              f"without the prefetching thread {1000 * u:.0f} ms ({u / b:.2f}x)",
+                    "seconds": {"round": r, "bare": b, "round_unprefetched": u}})
 
 
 def check_job(args, work: Path, out: list) -> None:
@@ -491,7 +614,7 @@ def run_one(args) -> None:
         raise SystemExit(f"--device {args.device}: this torch ({torch.__version__}) sees no GPU")
     torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
     fn = {"zoo": check_zoo, "paper": check_paper, "eval": check_eval, "step": check_step, "round": check_round,
-          "job": check_job}[args.only]
+          "syncs": check_syncs, "job": check_job}[args.only]
     print("BORROWED " + json.dumps(borrowed), flush=True)
     with tempfile.TemporaryDirectory(prefix=f"gpu_check_{args.only}_") as tmp:
         os.environ.setdefault("FEDPARTIAL_CACHE", str(Path(tmp) / "cache"))

@@ -78,13 +78,13 @@ def affine_theta(angle: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) 
 
 def warp(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
     """``(B, C, S, S)`` -> same shape, bilinear, zeros outside the image."""
-    grid = F.affine_grid(theta.to(x.dtype), list(x.shape), align_corners=False)
+    grid = F.affine_grid(theta.to(x.device, x.dtype, non_blocking=True), list(x.shape), align_corners=False)
     return F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
 
 
 def flip(x: torch.Tensor, which: torch.Tensor, dim: int) -> torch.Tensor:
     """Flip the samples where ``which`` ``(B,)`` is True along ``dim`` (3 = horizontal, 2 = vertical)."""
-    return torch.where(which.view(-1, 1, 1, 1).to(x.device), x.flip(dim), x)
+    return torch.where(which.view(-1, 1, 1, 1).to(x.device, non_blocking=True), x.flip(dim), x)
 
 
 # Compare-exchange pairs of a 19-step sorting network whose slot 4 ends up holding the median of 9 values (the
@@ -111,9 +111,10 @@ def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
     ``GaussianSmooth``: kernels from differences of ``erf`` over each pixel, truncated at 4 sigma, not
     renormalised, zero padding. ``(B, C, H, W)`` -> same shape."""
     b, c, h, w = x.shape
-    sigma = sigma.to(x.device, torch.float32).clamp_min(1e-3)
+    sigma = sigma.to(torch.float32).clamp_min(1e-3)
     tails = (torch.clamp(4.0 * sigma, min=0.5) + 0.5).floor()  # (B, 2) per-sample kernel half-widths
-    radius = int(tails.max()) if b else 0
+    radius = int(tails.max()) if b else 0  # read where sigma lives (the host): no wait on the device
+    sigma, tails = sigma.to(x.device, non_blocking=True), tails.to(x.device, non_blocking=True)
     pos = torch.arange(-radius, radius + 1, dtype=torch.float32, device=x.device)
     out = x.reshape(1, b * c, h, w)
     for axis in (0, 1):  # x (width) then y (height)
@@ -140,7 +141,7 @@ def adjust_contrast(x: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
     flat = x.flatten(1)
     lo, hi = flat.min(1).values.view(-1, 1, 1, 1), flat.max(1).values.view(-1, 1, 1, 1)
     rng = hi - lo
-    g = gamma.to(x.device, x.dtype).view(-1, 1, 1, 1)
+    g = gamma.to(x.device, x.dtype, non_blocking=True).view(-1, 1, 1, 1)
     return ((x - lo) / (rng + 1e-7)).clamp_min(0) ** g * rng + lo
 
 
@@ -162,7 +163,7 @@ class BatchAugment:
     def normalise(self, x: torch.Tensor) -> torch.Tensor:
         if self.mean is None:
             return x
-        m, s = self.mean.to(x.device, x.dtype), self.std.to(x.device, x.dtype)
+        m, s = self.mean.to(x.device, x.dtype, non_blocking=True), self.std.to(x.device, x.dtype, non_blocking=True)
         return (x - m.view(1, -1, 1, 1)) / s.view(1, -1, 1, 1)
 
     def __call__(self, x: torch.Tensor, kind: str, gen: torch.Generator) -> torch.Tensor:
@@ -180,11 +181,11 @@ class BatchAugment:
             x = flip(x, torch.rand(n, generator=gen) < 0.5, 3)
         elif kind == "weak":
             x = flip(x, torch.rand(n, generator=gen) < 0.5, 3)
-            x = warp(x, affine_theta(**sample_affine(n, WEAK_AFFINE, gen)).to(x.device))
+            x = warp(x, affine_theta(**sample_affine(n, WEAK_AFFINE, gen)))
         elif kind == "strong":
             x = flip(x, torch.rand(n, generator=gen) < 0.5, 2)
             x = flip(x, torch.rand(n, generator=gen) < 0.5, 3)
-            x = warp(x, affine_theta(**sample_affine(n, STRONG_AFFINE, gen)).to(x.device))
+            x = warp(x, affine_theta(**sample_affine(n, STRONG_AFFINE, gen)))
             x = self._filter(x, gen)
             x = self._intensity(x, gen)
             x = x.clamp(0.0, 1.0)
@@ -199,14 +200,17 @@ class BatchAugment:
         sigma = torch.stack([_uniform(n, 0.1, 1.0, gen) for _ in range(2)], 1)
         noise_seed = int(torch.randint(0, 2**62, (1,), generator=gen))
         out = x.clone()
-        median, blur, noisy = (choice == k for k in range(3))
+        median, blur, noisy = (choice == k for k in range(3))  # host masks: indices, not device masks (no wait)
         if median.any():
-            out[median.to(x.device)] = median3(x[median.to(x.device)])
+            rows = _rows(median, x.device)
+            out[rows] = median3(x[rows])
         if blur.any():
-            out[blur.to(x.device)] = gaussian_blur(x[blur.to(x.device)], sigma[blur])
+            rows = _rows(blur, x.device)
+            out[rows] = gaussian_blur(x[rows], sigma[blur])
         if noisy.any():
-            sel = noisy.to(x.device)
-            out[sel] = x[sel] + gaussian_noise(x[sel].shape, noise_seed, x.device, x.dtype) * NOISE_STD
+            rows = _rows(noisy, x.device)
+            picked = x[rows]
+            out[rows] = picked + gaussian_noise(picked.shape, noise_seed, x.device, x.dtype) * NOISE_STD
         return out
 
     @staticmethod
@@ -217,11 +221,17 @@ class BatchAugment:
         gamma = _uniform(n, 0.8, 1.25, gen)
         if not on.any():
             return x
-        sel = on.to(x.device)
+        rows = _rows(on, x.device)
         out = x.clone()
-        y = x[sel] * factor[on].to(x.device, x.dtype).view(-1, 1, 1, 1)
-        out[sel] = adjust_contrast(y, gamma[on])
+        y = x[rows] * factor[on].to(x.device, x.dtype, non_blocking=True).view(-1, 1, 1, 1)
+        out[rows] = adjust_contrast(y, gamma[on])
         return out
+
+
+def _rows(mask: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The positions where a host ``(B,)`` bool mask is True, as an index tensor on ``device`` (indexing a device
+    tensor with a device mask would make the host wait for the device to count the rows)."""
+    return mask.nonzero().squeeze(1).to(device, non_blocking=True)
 
 
 def draw_views(batch: dict, views: Mapping[str, str], augment: BatchAugment, gen: torch.Generator,
@@ -233,7 +243,7 @@ def draw_views(batch: dict, views: Mapping[str, str], augment: BatchAugment, gen
     if pin_memory and device.type == "cuda":
         src = src.pin_memory()
     src = src.to(device, non_blocking=True)
-    out = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+    out = {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
     for key, kind in views.items():
         out[key] = augment(src, kind, gen)
     return out
@@ -283,6 +293,9 @@ def prefetched(loader, depth: int, pin_memory: bool):
                 thread.join(0.05)
 
 
+PREFETCH_ON_GPU = 2  # batches a ViewLoader on a GPU prepares ahead by default (0: none, in the main thread)
+
+
 class ViewLoader:
     """A loader whose batches carry the cached images under ``"source"``, turned into the requested views by
     :func:`draw_views`; the generator is seeded once per loader from ``seed``, so the same seed gives the same
@@ -296,7 +309,7 @@ class ViewLoader:
                  device: torch.device | str = "cpu", pin_memory: bool = False, prefetch: int | None = None):
         self.loader, self.views, self.augment, self.seed = loader, dict(views), augment, int(seed)
         self.device, self.pin_memory = torch.device(device), pin_memory
-        self.prefetch = (2 if self.device.type == "cuda" else 0) if prefetch is None else int(prefetch)
+        self.prefetch = int(prefetch) if prefetch is not None else (PREFETCH_ON_GPU if self.device.type == "cuda" else 0)
         self.dataset = loader.dataset
 
     def __len__(self) -> int:

@@ -122,15 +122,24 @@ class DeviceSums:
     def add(self, **values: torch.Tensor) -> None:
         """``name=tensor`` (a 0-d tensor, or any tensor: its sum) added to the running sum of ``name``."""
         for name, value in values.items():
-            v = value.detach().sum()
-            v = v.double() if v.is_floating_point() else v.long()
-            self._sums[name] = v if name not in self._sums else self._sums[name] + v
+            self._add(name, value.detach().sum())
 
-    def read(self) -> dict[str, float | int]:
-        """``{name: sum}`` as Python numbers (the one host read of the round); names never added are absent."""
-        out: dict[str, float | int] = {}
+    def add_each(self, **values: torch.Tensor) -> None:
+        """``name=tensor`` added elementwise to the running sum of ``name`` (same shape every step, e.g. ``(C,)``
+        per-class counts)."""
+        for name, value in values.items():
+            self._add(name, value.detach())
+
+    def _add(self, name: str, v: torch.Tensor) -> None:
+        v = v.double() if v.is_floating_point() else v.long()
+        self._sums[name] = v if name not in self._sums else self._sums[name] + v
+
+    def read(self) -> dict:
+        """``{name: sum}``: Python numbers for :meth:`add`, numpy arrays for :meth:`add_each` (the round's host
+        read: the first waits for the device, the others find it done); names never added are absent."""
+        out: dict = {}
         for name, v in self._sums.items():
-            out[name] = v.item()
+            out[name] = v.item() if v.dim() == 0 else v.cpu().numpy()
         return out
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -40,6 +41,7 @@ from ..evaluation import probabilities
 from ..losses import labelled_rows, supervised_loss
 from .base import LocalTrainer, RoundOutput, ServerRule, TrainerOptions
 from .baselines import MaskedRule
+from .common import DeviceSums
 from .options import opt
 
 META_CANDIDATES = "fixmatch_candidates"  # unannotated entries (multi-label) / unlabelled rows (single-label) seen
@@ -81,15 +83,14 @@ def pseudo_labels(probs: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor,
 def unsupervised_loss(logits_s: torch.Tensor, targets: torch.Tensor, pseudo: torch.Tensor, candidates: torch.Tensor,
                       task: str) -> torch.Tensor:
     """FixMatch's ``l_u`` on the strong view (module docstring): ``logits_s``, ``targets`` ``(B, C)``; ``pseudo`` /
-    ``candidates`` as returned by :func:`pseudo_labels`. 0 (with a gradient) when nothing has a pseudo label."""
-    n = int(candidates.sum())
-    if n == 0 or not bool(pseudo.any()):
-        return logits_s.sum() * 0.0
+    ``candidates`` as returned by :func:`pseudo_labels`. 0 (with a gradient) when nothing has a pseudo label.
+    Nothing is read back to the host (no wait on a GPU)."""
     if task == "multiclass":
         per = -(targets * torch.log_softmax(logits_s, dim=1)).sum(1)
     else:
         per = F.binary_cross_entropy_with_logits(logits_s, targets.to(logits_s.dtype), reduction="none")
-    return (per * pseudo.to(per.dtype)).sum() / n
+    n = candidates.sum().clamp_min(1).to(per.dtype)  # no candidates: no pseudo labels either, the sum is 0
+    return torch.where(pseudo, per, torch.zeros_like(per)).sum() / n
 
 
 @dataclass
@@ -139,29 +140,27 @@ class FixMatchTrainer(LocalTrainer):
     def train_round(self, round_num: int, num_rounds: int, global_meta: dict) -> RoundOutput:
         model = self.train_mode()
         self.make_optimizer()
-        C = self.ctx.num_classes
-        total, steps, n_cand, n_pseudo = 0.0, 0, 0, 0
-        pos_c, neg_c = torch.zeros(C, dtype=torch.float64), torch.zeros(C, dtype=torch.float64)
+        sums, steps = DeviceSums(), 0  # read once, after the round
         for batch in self.batches({"image": self.opts.weak_view, "image_s": "strong"}, round_num):
             B = batch["image"].shape[0]
             logits = model(torch.cat([batch["image"], batch["image_s"]]))
             labels, mask = batch["label"].float(), batch["mask"].bool()
             loss, targets, pseudo, candidates = self.step_loss(logits[:B], logits[B:], labels, mask)
             self.step(loss)
-            total += float(loss.detach())
             steps += 1
-            n_cand += int(candidates.sum())
-            n_pseudo += int(pseudo.sum())
+            sums.add(loss=loss, candidates=candidates, pseudo=pseudo)
             if self.ctx.task == "multiclass":
-                pos_c += (targets * pseudo[:, None]).sum(0).double().cpu()
+                sums.add_each(positives=(targets * pseudo[:, None]).sum(0))
             else:
-                pos_c += (targets * pseudo).sum(0).double().cpu()
-                neg_c += ((1 - targets) * pseudo).sum(0).double().cpu()
+                sums.add_each(positives=(targets * pseudo).sum(0), negatives=((1 - targets) * pseudo).sum(0))
+        got = sums.read()
+        C = self.ctx.num_classes
+        n_cand, n_pseudo = int(got.get("candidates", 0)), int(got.get("pseudo", 0))
         meta = {META_CANDIDATES: n_cand, META_PSEUDO: n_pseudo, META_RATE: n_pseudo / n_cand if n_cand else 0.0,
-                META_POSITIVES: pos_c.numpy()}
+                META_POSITIVES: got.get("positives", np.zeros(C))}
         if self.ctx.task == "multilabel":
-            meta[META_NEGATIVES] = neg_c.numpy()
-        return RoundOutput(steps=steps, loss=total / max(steps, 1), meta=meta)
+            meta[META_NEGATIVES] = got.get("negatives", np.zeros(C))
+        return RoundOutput(steps=steps, loss=got.get("loss", 0.0) / max(steps, 1), meta=meta)
 
 
 def register_all(register) -> None:

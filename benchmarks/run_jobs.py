@@ -322,18 +322,24 @@ def summarise(runs: dict[str, list[dict]], tail: int = 0) -> list[dict]:
     ``tail`` > 1, of the per-seed mean over the last ``tail`` test evaluations."""
     rows = []
     for job, results in runs.items():
-        row = {"job": job, "n_seeds": len(results)}
+        row, task = {"job": job, "n_seeds": len(results)}, None
         for model in (LAST_MODEL, BEST_MODEL):
-            tests = [r["final"][model]["test"] for r in results]
+            tests = [r["final"][model]["test"] for r in results if model in r.get("final", {})]
+            if len(tests) < len(results):
+                lacking = [r.get("seed") for r in results if model not in r.get("final", {})]
+                print(f"warning: {job}: seed(s) {lacking} have no test result of {model}; its rows use "
+                      f"{len(tests)} seed(s)", file=sys.stderr)
+            if not tests:
+                continue
             task = tests[0]["task"]
             for m in METRICS[task]:
                 tag = "final" if model == LAST_MODEL else "best"
                 row[f"{tag}_{m}"] = _mean_and_std([t["macro"].get(m) for t in tests])
-        if tail > 1:
+        if tail > 1 and task:
             tails = [tail_metrics(r, tail) for r in results]
             for m in METRICS[task]:
                 row[f"tail{tail}_{m}"] = _mean_and_std([t.get(m) for t in tails])
-        own = [(r["final"][LAST_MODEL].get("own_classes") or {}).get("macro") for r in results]
+        own = [((r.get("final", {}).get(LAST_MODEL) or {}).get("own_classes") or {}).get("macro") for r in results]
         if any(v is not None for v in own):
             row["final_own_auc"] = _mean_and_std(own)
         row["s_per_round"] = statistics.mean(r["seconds_per_round"] for r in results)

@@ -191,3 +191,42 @@ def test_prefetching_view_loader_gives_the_same_batches_and_stops_when_left_earl
 
     with pytest.raises(OSError, match="unreadable batch"):
         list(ViewLoader(Broken(), views, BatchAugment(), seed=5, prefetch=2))
+
+
+def test_batches_gathered_on_the_device_equal_the_loaders(tmp_path):
+    """``train.data_on_device: on`` gathers each batch from the site's images kept on the training device: the
+    same batches (images, labels, mask, indices), order and views, bit for bit, as the loader over the cache,
+    for shuffled and in-order loaders, a dropped last batch, several views; the fetcher (FedLSM's pools) too.
+    'off' keeps nothing on the device; 'auto' keeps nothing on a CPU."""
+    from PIL import Image
+
+    from fedpartial.data.manifest import read_manifest, write_manifest
+    from fedpartial.data.presets import resolve_dataset
+    from fedpartial.data.sitedata import SiteDatasets
+
+    ds = resolve_dataset({"preset": "ich_phantom", "image_size": 16})
+    classes = ds["classes"]
+    rng = np.random.default_rng(0)
+    n = 37
+    for i in range(n):
+        Image.fromarray(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8)).save(tmp_path / f"{i}.png")
+    labels = (rng.random((n, len(classes))) < 0.4).astype(float)
+    mask = np.repeat((np.arange(len(classes)) < 3)[None], n, 0)
+    write_manifest(tmp_path / "m.csv", [f"{i}.png" for i in range(n)], labels * mask, mask, classes)
+    site = SiteDatasets({"train": read_manifest(tmp_path / "m.csv", classes, data_root=tmp_path, task="multilabel")}, ds)
+    for seed, bs, shuffle, drop in ((0, 8, True, False), (3, 5, True, True), (1, 16, False, False)):
+        for views in ({"image": "weak"}, {"image": "strong", "image_2": "flip"}):
+            off = list(site.train_loader(views, bs, shuffle, seed, drop, batched=True, on_device="off"))
+            on = list(site.train_loader(views, bs, shuffle, seed, drop, batched=True, on_device="on"))
+            assert len(off) == len(on) == (n // bs if drop else math.ceil(n / bs))
+            for a, b in zip(off, on):
+                assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    rows = [4, 0, 36, 4]
+    a = site.fetcher({"image": "strong"}, 7, batched=True, on_device="off")(rows)
+    b = site.fetcher({"image": "strong"}, 7, batched=True, on_device="on")(rows)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert b["index"].tolist() == rows
+    fresh = SiteDatasets(site.manifests, ds)
+    assert fresh.resident("train", "cpu", "off") is None and fresh.resident("train", "cpu", "auto") is None
+    with pytest.raises(ValueError, match="data_on_device"):
+        fresh.resident("train", "cpu", "always")

@@ -35,6 +35,22 @@ def masked_bce(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor,
     return (per * m).sum() / m.sum().clamp_min(1.0)
 
 
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``values`` where ``mask`` (same shape, bool) is True; 0 (with a gradient) where it selects nothing.
+
+    Computed on the whole tensor (unselected values must be finite): no row count is read back to the host,
+    so a GPU is not waited on."""
+    kept = torch.where(mask, values, torch.zeros_like(values))
+    return kept.sum() / mask.sum().clamp_min(1).to(values.dtype)
+
+
+def row_ce(logits: torch.Tensor, target: torch.Tensor, rows: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+    """Cross-entropy ``(B, C)`` logits vs class indices ``(B,)``, averaged over ``rows`` ``(B,)`` bool (as
+    ``F.cross_entropy(logits[rows], target[rows])``); 0 with a gradient when no row is selected."""
+    per = F.cross_entropy(logits, target, reduction="none", label_smoothing=float(label_smoothing))
+    return masked_mean(per, rows)
+
+
 def labelled_rows(labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``(B,)`` bool: single-label rows whose class is known here (a 1 among the annotated entries)."""
     return ((labels * mask.float()).sum(dim=1) > 0)
@@ -42,19 +58,16 @@ def labelled_rows(labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def ce_labelled(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Cross-entropy over all classes on labelled rows (mean); 0 when no row is labelled."""
-    rows = labelled_rows(labels, mask)
-    if not rows.any():
-        return logits.sum() * 0.0
-    return F.cross_entropy(logits[rows], labels[rows].argmax(dim=1))
+    return row_ce(logits, labels.argmax(dim=1), labelled_rows(labels, mask))
 
 
 def ce_restricted(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Cross-entropy with the softmax over the site's annotated classes only, on labelled rows."""
     rows = labelled_rows(labels, mask)
-    if not rows.any():
-        return logits.sum() * 0.0
-    restricted = logits[rows].masked_fill(~mask[rows].bool(), float("-inf"))
-    return F.cross_entropy(restricted, labels[rows].argmax(dim=1))
+    # -inf on the classes not annotated here, in labelled rows only (an unlabelled row keeps finite logits: its
+    # term is dropped, and a row of -inf would give NaN gradients)
+    restricted = logits.masked_fill(~mask.bool() & rows[:, None], float("-inf"))
+    return row_ce(restricted, labels.argmax(dim=1), rows)
 
 
 SUPERVISED_LOSSES = {

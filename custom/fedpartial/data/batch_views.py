@@ -303,11 +303,17 @@ class ViewLoader:
 
     ``prefetch``: batches collated (and pinned, ``pin_memory``) ahead in a background thread (:func:`prefetched`);
     the host-to-device copy is then asynchronous and the views are drawn on the device. None: 2 on a GPU, 0 (off)
-    on a CPU, where there is nothing to overlap with. The batches and views are the same either way."""
+    on a CPU, where there is nothing to overlap with. The batches and views are the same either way.
+
+    ``resident`` (with ``order``, a loader of index batches in the wrapped loader's order): the site's images,
+    labels, mask and indices already on the device (:meth:`~fedpartial.data.sitedata.SiteDatasets.resident`);
+    each batch is gathered there, nothing crosses from the host but the indices."""
 
     def __init__(self, loader, views: Mapping[str, str], augment: BatchAugment, seed: int,
-                 device: torch.device | str = "cpu", pin_memory: bool = False, prefetch: int | None = None):
+                 device: torch.device | str = "cpu", pin_memory: bool = False, prefetch: int | None = None,
+                 order=None, resident: dict | None = None):
         self.loader, self.views, self.augment, self.seed = loader, dict(views), augment, int(seed)
+        self.order, self.resident = order, resident
         self.device, self.pin_memory = torch.device(device), pin_memory
         self.prefetch = int(prefetch) if prefetch is not None else (PREFETCH_ON_GPU if self.device.type == "cuda" else 0)
         self.dataset = loader.dataset
@@ -318,6 +324,12 @@ class ViewLoader:
     def __iter__(self):
         gen = torch.Generator()
         gen.manual_seed(self.seed)
+        if self.resident is not None:  # the images already on the device: gather each batch there
+            from .sitedata import gather
+
+            for indices in self.order:
+                yield draw_views(gather(self.resident, indices), self.views, self.augment, gen, self.device)
+            return
         pin = self.pin_memory and self.device.type == "cuda"
         batches = prefetched(self.loader, self.prefetch, pin) if self.prefetch > 0 else self.loader
         for batch in batches:

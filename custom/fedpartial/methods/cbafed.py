@@ -58,9 +58,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..losses import labelled_rows, masked_bce
+from ..losses import labelled_rows, masked_bce, row_ce
 from .base import ClassStat, Contribution, LocalTrainer, RoundOutput, RuleOptions, ServerRule, SiteContext, TrainerOptions
-from .common import label_table, whole_set_pass
+from .common import DeviceSums, label_table, whole_set_pass
 from .options import opt
 
 # site -> server
@@ -204,9 +204,7 @@ class CBAFedTrainer(LocalTrainer):
     def loss(self, logits: torch.Tensor, targets: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
         """CE over the known rows (single-label) / BCE over the known entries (multi-label), mean."""
         if self.ctx.task == "multiclass":
-            if not bool(known.any()):
-                return logits.sum() * 0.0
-            return F.cross_entropy(logits[known], targets[known].argmax(1))
+            return row_ce(logits, targets.argmax(1), known.bool())
         return masked_bce(logits, targets, known)
 
     # -- the round ------------------------------------------------------------------------------------
@@ -238,14 +236,14 @@ class CBAFedTrainer(LocalTrainer):
         dev = ctx.device
         targets, known = targets.to(dev), known.to(dev)
         views = {"image": self.opts.view}
-        total, steps, residuals = 0.0, 0, 0
+        sums, steps, residuals = DeviceSums(), 0, 0  # the losses read once, after the round
 
         def train_on(batch) -> None:
-            nonlocal total, steps
+            nonlocal steps
             idx = batch["index"].to(dev).long()
             loss = self.loss(model(batch["image"].to(dev)), targets[idx], known[idx])
             self.step(loss)
-            total += float(loss.detach())
+            sums.add(loss=loss)
             steps += 1
 
         if ctx.train.local_steps is not None:  # a fixed number of steps: no epochs, no local residual
@@ -265,7 +263,7 @@ class CBAFedTrainer(LocalTrainer):
                         model.load_state_dict(residual)
                         residuals += 1
         meta[META_LOCAL_RESIDUALS] = residuals
-        return RoundOutput(steps=steps, loss=total / max(steps, 1), meta=meta)
+        return RoundOutput(steps=steps, loss=sums.read().get("loss", 0.0) / max(steps, 1), meta=meta)
 
 
 # ------------------------------------------------------------------------------------------ server

@@ -15,9 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from ..losses import labelled_rows
+from ..losses import labelled_rows, row_ce
 from .base import ServerRule
 from .baselines import SupervisedOptions, SupervisedTrainer
 from .common import label_table
@@ -40,10 +39,7 @@ def calibrated_ce(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor
         logits: ``(B, C)``; labels: ``(B, C)`` one-hot where annotated; mask: ``(B, C)`` annotated entries.
         offsets: ``(C,)`` from :func:`calibration`.
     """
-    rows = labelled_rows(labels, mask)
-    if not rows.any():
-        return logits.sum() * 0.0
-    return F.cross_entropy(logits[rows] - offsets.to(logits.device, logits.dtype), labels[rows].argmax(dim=1))
+    return row_ce(logits - offsets.to(logits.device, logits.dtype), labels.argmax(dim=1), labelled_rows(labels, mask))
 
 
 @dataclass

@@ -70,10 +70,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..losses import labelled_rows
+from ..losses import labelled_rows, row_ce
 from .base import RoundOutput, ServerRule, summary_counts
 from .baselines import SupervisedOptions, SupervisedTrainer
-from .common import label_table
+from .common import DeviceSums, label_table
 from .options import opt
 
 META_PRIOR = "fedpu_prior"  # (C,) the class priors pi used this round
@@ -114,16 +114,14 @@ def pu_risk(logits: torch.Tensor, y: torch.Tensor, positive: torch.Tensor, prior
         (before the clamp: a negative entry is a clamped term under ``non_negative``), 0 elsewhere.
     """
     nl = not_class_loss(logits)
-    pos = positive.to(logits.device).bool()
+    pos = positive.to(logits.device, non_blocking=True).bool()
     lab = y >= 0
     unl = torch.ones_like(lab) if all_rows else ~lab
     zero = torch.zeros(logits.shape[1], dtype=logits.dtype, device=logits.device)
-    u_mean = nl[unl].mean(0) if bool(unl.any()) else zero
-    if bool(lab.any()):
-        onehot = F.one_hot(y[lab], logits.shape[1]).to(logits.dtype)
-        l_mean = (onehot * nl[lab]).sum(0) / onehot.sum(0).clamp_min(1.0)
-    else:
-        l_mean = zero
+    # row selections as masks over the whole batch (no row count read back to the host)
+    u_mean = torch.where(unl[:, None], nl, 0.0).sum(0) / unl.sum().clamp_min(1).to(nl.dtype)
+    onehot = F.one_hot(y.clamp_min(0), logits.shape[1]).to(logits.dtype) * lab[:, None].to(logits.dtype)
+    l_mean = (onehot * nl).sum(0) / onehot.sum(0).clamp_min(1.0)
     terms = torch.where(pos, u_mean - prior.to(logits.device, logits.dtype) * l_mean, zero)
     used = terms.clamp_min(0.0) if non_negative else terms
     return used.sum() + logits.sum() * 0.0, terms
@@ -134,16 +132,17 @@ def pu_risk_code(logits: torch.Tensor, y: torch.Tensor, positive: torch.Tensor, 
     arguments as :func:`pu_risk`."""
     p = torch.softmax(logits, dim=1)
     c = logits.shape[1]
-    pos = positive.to(logits.device).to(p.dtype)
-    prior = prior.to(logits.device, p.dtype)
-    unl, lab = y < 0, y >= 0
-    n_u, n_l, k = max(1, int(unl.sum())), max(1, int(lab.sum())), int(pos.sum())
-    risk = (-torch.log(1 - p[unl] + CODE_EPS) * pos).sum() / n_u / max(k, 1)  # pu3
+    k = int(positive.sum())  # positive and its first class read where they live (the host for a site's P_k)
+    first = int(torch.nonzero(positive > 0)[0]) if k else 0
+    pos = positive.to(logits.device, non_blocking=True).to(p.dtype)
+    prior = prior.to(logits.device, p.dtype, non_blocking=True)
+    unl, lab = (y < 0)[:, None], (y >= 0)[:, None]  # (B, 1) row selections over the whole batch
+    n_u, n_l = unl.sum().clamp_min(1).to(p.dtype), lab.sum().clamp_min(1).to(p.dtype)
+    risk = torch.where(unl, -torch.log(1 - p + CODE_EPS) * pos, 0.0).sum() / n_u / max(k, 1)  # pu3
     if c > k and k > 0:  # pu1: the prior of the first positive class
-        first = int(torch.nonzero(pos > 0)[0])
-        risk = risk + (-torch.log(1 - p[lab] + CODE_EPS) * pos).sum() * prior[first] / n_l / (c - k)
-    onehot = F.one_hot(y[lab], c).to(p.dtype)
-    risk = risk - (-torch.log(1 - p[lab] * onehot + CODE_EPS) * prior).sum() / n_l  # pu2
+        risk = risk + torch.where(lab, -torch.log(1 - p + CODE_EPS) * pos, 0.0).sum() * prior[first] / n_l / (c - k)
+    onehot = F.one_hot(y.clamp_min(0), c).to(p.dtype)
+    risk = risk - torch.where(lab, -torch.log(1 - p * onehot + CODE_EPS) * prior, 0.0).sum() / n_l  # pu2
     return risk
 
 
@@ -201,7 +200,7 @@ class FedPUTrainer(SupervisedTrainer):
         self._reset_counters()
 
     def _reset_counters(self) -> None:
-        self._ce, self._pu, self._steps, self._unlabelled, self._clamped = 0.0, 0.0, 0, 0, 0
+        self._sums, self._steps = DeviceSums(), 0  # read once, after the round
 
     def priors(self) -> torch.Tensor:
         """``(C,)`` the priors of this round (option ``prior``)."""
@@ -228,26 +227,24 @@ class FedPUTrainer(SupervisedTrainer):
     def label_loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
         y = row_classes(batch["label"], batch["mask"])
         lab = y >= 0
-        ce = F.cross_entropy(logits[lab], y[lab]) if bool(lab.any()) else logits.sum() * 0.0
+        ce = row_ce(logits, y.clamp_min(0), lab)
         if self.opts.form == "code":
             risk = pu_risk_code(logits, y, self.positive, self.prior)
-            clamped = 0
         else:
             risk, terms = pu_risk(logits, y, self.positive, self.prior, self.opts.non_negative,
                                   self.opts.unlabelled == "all")
-            clamped = int((terms.detach() < 0).sum()) if self.opts.non_negative else 0
-        self._ce += float(ce.detach())
-        self._pu += float(risk.detach())
+            if self.opts.non_negative:
+                self._sums.add(clamped=terms < 0)
+        self._sums.add(ce=ce, pu=risk, unlabelled=~lab)
         self._steps += 1
-        self._unlabelled += int((~lab).sum())
-        self._clamped += clamped
         return ce + self.opts.pu_weight * risk
 
     def train_round(self, round_num: int, num_rounds: int, global_meta: dict) -> RoundOutput:
         out = super().train_round(round_num, num_rounds, global_meta)
-        s = max(self._steps, 1)
-        out.meta.update({META_PRIOR: self.prior.double().numpy(), META_CE: self._ce / s, META_PU: self._pu / s,
-                         META_UNLABELLED: self._unlabelled, META_CLAMPED: self._clamped})
+        got, s = self._sums.read(), max(self._steps, 1)
+        out.meta.update({META_PRIOR: self.prior.double().numpy(), META_CE: got.get("ce", 0.0) / s,
+                         META_PU: got.get("pu", 0.0) / s, META_UNLABELLED: int(got.get("unlabelled", 0)),
+                         META_CLAMPED: int(got.get("clamped", 0))})
         return out
 
 

@@ -11,9 +11,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 
-from ..losses import labelled_rows
+from ..losses import labelled_rows, row_ce
 from .base import ServerRule
 from .baselines import MaskedRule, SupervisedOptions, SupervisedTrainer
 from .common import label_table
@@ -38,10 +37,7 @@ def restricted_softmax_ce(logits: torch.Tensor, labels: torch.Tensor, mask: torc
         logits: ``(B, C)``; labels: ``(B, C)`` one-hot where annotated; mask: ``(B, C)`` annotated entries.
         scales: ``(C,)`` logit scales (:func:`logit_scales`; all 1 = plain cross-entropy).
     """
-    rows = labelled_rows(labels, mask)
-    if not rows.any():
-        return logits.sum() * 0.0
-    return F.cross_entropy(logits[rows] * scales.to(logits.device, logits.dtype), labels[rows].argmax(dim=1))
+    return row_ce(logits * scales.to(logits.device, logits.dtype), labels.argmax(dim=1), labelled_rows(labels, mask))
 
 
 @dataclass

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from .. import common
 
 from ..common import ema_update, predictive_entropy  # noqa: F401 - the mean teacher's update (re-exported)
+from ...losses import masked_mean, row_ce
 
 __all__ = [
     "Kind", "LN2", "relation_matrix", "average_relations", "server_relation", "symmetric_kl", "uncertainty_filter",
@@ -239,14 +240,9 @@ def supervised_loss(logits: torch.Tensor, targets: torch.Tensor, known: torch.Te
         logits: ``(B, C)``; targets: ``(B, C)`` one-hot / multi-hot; known: ``(B,)`` rows or ``(B, C)`` entries.
     """
     if kind == "softmax":
-        if not known.any():
-            return logits.sum() * 0.0
-        return F.cross_entropy(logits[known], targets[known].argmax(1), label_smoothing=float(label_smoothing))
-    m = known.to(logits.dtype)
-    if m.sum() == 0:
-        return logits.sum() * 0.0
+        return row_ce(logits, targets.argmax(1), known, label_smoothing)
     per = F.binary_cross_entropy_with_logits(logits, targets.to(logits.dtype), reduction="none")
-    return (per * m).sum() / m.sum()
+    return masked_mean(per, known.bool())
 
 
 def self_training_targets(probs: torch.Tensor, threshold: float, kind: Kind = "softmax"

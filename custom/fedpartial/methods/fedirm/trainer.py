@@ -12,7 +12,7 @@ import torch
 from ...evaluation import probabilities
 from ...losses import labelled_rows
 from ..base import ClassStat, LocalTrainer, RoundOutput, SiteContext, TrainerOptions
-from ..common import MeanTeacher, WithMeanTeacher, frozen_copy, mc_dropout_probs
+from ..common import DeviceSums, MeanTeacher, WithMeanTeacher, frozen_copy, mc_dropout_probs
 from ..options import opt
 from .maths import (LN2, META_CONSISTENCY, META_DISTANCE, META_GLOBAL_RELATION, META_GLOBAL_VALID, META_IRM,
                     META_PSEUDO, META_RAMP, META_RECEIVED, META_RELATION, META_RELATION_VALID, META_SELECTED, Kind,
@@ -214,8 +214,8 @@ class FedIRMTrainer(WithMeanTeacher, LocalTrainer):
     def _labelled_round(self, round_num: int) -> RoundOutput:
         model = self.train_mode()
         self.round_optimizer(round_num)
-        mats, counts = [], []
-        total, steps = 0.0, 0
+        mats, counts = [], []  # per-batch matrices, kept on the device until the round ends
+        sums, steps = DeviceSums(), 0
         for b in self.batches(self._views(), round_num):
             t, known = self.targets(b["label"], b["mask"])
             o1, o2 = model(b["image"]), model(b["image_2"])
@@ -224,15 +224,16 @@ class FedIRMTrainer(WithMeanTeacher, LocalTrainer):
             self.step(loss)
             with torch.no_grad():
                 m, n = relation_matrix(o1.detach().float(), t.float(), self.opts.tau, self.kind)
-            mats.append(m.cpu())
-            counts.append(n.cpu())
-            total += float(loss.detach())
+            mats.append(m)
+            counts.append(n)
+            sums.add(loss=loss)
             steps += 1
         meta = {}
         if mats:
             m, valid = average_relations(mats, counts, self.opts.relation_average, self.kind)
-            meta = {META_RELATION: m.numpy().astype(np.float64), META_RELATION_VALID: [int(v) for v in valid]}
-        return RoundOutput(steps=steps, loss=total / max(steps, 1), meta=meta)
+            meta = {META_RELATION: m.cpu().numpy().astype(np.float64),
+                    META_RELATION_VALID: [int(v) for v in valid.cpu()]}
+        return RoundOutput(steps=steps, loss=sums.read().get("loss", 0.0) / max(steps, 1), meta=meta)
 
     def _mean_teacher_round(self, round_num: int, global_meta: dict) -> RoundOutput:
         model = self.train_mode()
@@ -240,7 +241,7 @@ class FedIRMTrainer(WithMeanTeacher, LocalTrainer):
         self.round_optimizer(round_num)
         received = self.received_relation(global_meta) if self.opts.irm else None
         w = self.loss_weight(round_num)
-        total, steps, selected, l_irm, l_c, dist = 0.0, 0, 0, 0.0, 0.0, 0.0
+        sums, steps = DeviceSums(), 0  # read once, after the round
         for b in self.batches(self._views(), round_num):
             out = model(b["image"])
             loss = out.sum() * 0.0
@@ -248,40 +249,42 @@ class FedIRMTrainer(WithMeanTeacher, LocalTrainer):
                 t_out = teacher_forward(teacher, b["image_2"])
                 c_loss = consistency_loss(out, t_out, self.kind)
                 loss = loss + c_loss
-                l_c += float(c_loss.detach())
+                sums.add(consistency=c_loss)
             if received is not None:
                 m, counts, kept = self.unlabelled_relation(b["image"], out)
                 rows = (counts > 0) & received[1]
                 i_loss = symmetric_kl(received[0], m, rows, self.kind, self.opts.kl)
                 loss = loss + i_loss
-                l_irm += float(i_loss.detach())
                 with torch.no_grad():
-                    dist += float(symmetric_kl(received[0], m.detach(), rows, self.kind))
-                selected += int(kept.sum())
+                    sums.add(irm=i_loss, distance=symmetric_kl(received[0], m.detach(), rows, self.kind),
+                             selected=kept)
             loss = w * loss
             self.step(loss)
             self.mean_teacher.update(model, self.opts.ema_max_decay)
-            total += float(loss.detach())
+            sums.add(loss=loss)
             steps += 1
-        s = max(steps, 1)
-        meta = {META_RAMP: w, META_CONSISTENCY: l_c / s, META_RECEIVED: int(received is not None)}
+        got, s = sums.read(), max(steps, 1)
+        meta = {META_RAMP: w, META_CONSISTENCY: got.get("consistency", 0.0) / s,
+                META_RECEIVED: int(received is not None)}
         if received is not None:
-            meta.update({META_SELECTED: selected, META_IRM: l_irm / s, META_DISTANCE: dist / s})
-        return RoundOutput(steps=steps, loss=total / s, meta=meta)
+            meta.update({META_SELECTED: int(got.get("selected", 0)), META_IRM: got.get("irm", 0.0) / s,
+                         META_DISTANCE: got.get("distance", 0.0) / s})
+        return RoundOutput(steps=steps, loss=got.get("loss", 0.0) / s, meta=meta)
 
     def _self_training_round(self, round_num: int) -> RoundOutput:
         model = self.train_mode()
         reference = frozen_copy(model)  # the received global model labels the data
         self.round_optimizer(round_num)
         w = self.loss_weight(round_num)
-        total, steps, used = 0.0, 0, 0
+        sums, steps = DeviceSums(), 0  # read once, after the round
         for b in self.batches(self._views(), round_num):
             with torch.no_grad():
                 p = probabilities(reference(b["image"]), self.method_task)
             t, known = self_training_targets(p, self.opts.pseudo_threshold, self.kind)
             loss = w * supervised_loss(model(b["image_2"]), t, known, self.kind)
             self.step(loss)
-            used += int(known.sum())
-            total += float(loss.detach())
+            sums.add(loss=loss, used=known)
             steps += 1
-        return RoundOutput(steps=steps, loss=total / max(steps, 1), meta={META_PSEUDO: used, META_RAMP: w})
+        got = sums.read()
+        return RoundOutput(steps=steps, loss=got.get("loss", 0.0) / max(steps, 1),
+                           meta={META_PSEUDO: int(got.get("used", 0)), META_RAMP: w})

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from ...losses import masked_bce
 from ..base import ClassStat, LocalTrainer, RoundOutput, SiteContext, TrainerOptions
 from ...privacy import clip_rows
-from ..common import frozen_copy, label_table, whole_set_pass
+from ..common import DeviceSums, frozen_copy, label_table, whole_set_pass
 from ..options import opt
 from .maths import (META_COUNTS, META_DEGREE, META_GLOBAL_DEGREE, META_GLOBAL_P0, META_GLOBAL_P1, META_GLOBAL_VALID,
                     META_P0, META_P1, accumulate_pseudo_labels, class_prototypes, class_rates, consistency_loss,
@@ -190,12 +190,13 @@ class FedMLPTrainer(LocalTrainer):
         eff_labels = torch.where(mask, labels, torch.where(has_pseudo, self.pseudo_labels.float(), torch.zeros_like(labels)))
         pi1, pi0 = self.rates(eff_labels, eff_mask)
         pi1, pi0 = pi1.to(self.ctx.device), pi0.to(self.ctx.device)
+        use_cr = use_cr and not bool(eff_mask.all())  # (host tables) some entry is neither annotated nor tagged
         one_view = stage2 and self.opts.parity == "code"
         views = {"image": "weak"} if one_view else {"image": "weak", "image_2": "weak"}
 
         self.train_mode()
         self.make_optimizer()
-        total, steps = 0.0, 0
+        sums, steps = DeviceSums(), 0  # read once, after the round
         pseudo_dev = self.pseudo_labels.to(self.ctx.device)
         for batch in self.batches(views, round_num):
             idx = batch["index"].long()
@@ -206,7 +207,8 @@ class FedMLPTrainer(LocalTrainer):
             lab = m | tg
             cr_mask = ~lab
             targets = None
-            if use_cr and cr_mask.any():  # the frozen received model (eval mode) on every view in one forward pass
+            if use_cr:  # the frozen received model (eval mode) on every view in one forward pass (an empty mask
+                # gives a 0 term: asking the device whether it is empty would make the host wait every step)
                 with torch.no_grad():
                     targets = torch.sigmoid(received_model(torch.cat([batch[k] for k in views]))).chunk(len(views))
             losses = []
@@ -218,7 +220,7 @@ class FedMLPTrainer(LocalTrainer):
                 losses.append(loss)
             loss = torch.stack(losses).mean()
             self.step(loss)
-            total += float(loss.detach())
+            sums.add(loss=loss)
             steps += 1
         del received_model
 
@@ -226,7 +228,7 @@ class FedMLPTrainer(LocalTrainer):
             meta.update(self._local_statistics(model, labels, mask, n))
         meta["fedmlp_pseudo_negatives"] = (self.pseudo_labels == 0).sum(0).tolist()
         meta["fedmlp_pseudo_positives"] = (self.pseudo_labels == 1).sum(0).tolist()
-        return RoundOutput(steps=steps, loss=total / max(steps, 1), meta=meta)
+        return RoundOutput(steps=steps, loss=sums.read().get("loss", 0.0) / max(steps, 1), meta=meta)
 
     def _pseudo_label_missing(self, received_model: torch.nn.Module, global_meta: dict, n: int, stage2_rounds: int) -> dict:
         """Stage-2 missing-label detection with the received global model's features (Eq. 7-9)."""

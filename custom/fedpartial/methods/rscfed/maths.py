@@ -27,6 +27,7 @@ import torch
 from .. import common
 
 from ...aggregation import weighted_average
+from ...losses import masked_mean
 from ..common import ema_update  # noqa: F401 - the mean teacher's update (re-exported)
 
 __all__ = [
@@ -82,13 +83,11 @@ def consistency_loss(student_logits: torch.Tensor, teacher_probs: torch.Tensor, 
     - ``sigmoid``: ``unknown`` ``(B, C)`` entries; ``mean_entries (sigmoid(s) - t)^2`` (FedMLP's multi-label
       RSCFed: ``MSELoss`` over the missing classes).
     """
-    if not bool(unknown.any()):
-        return student_logits.sum() * 0.0
     if kind == "softmax":
         diff = (torch.softmax(student_logits, 1) - teacher_probs) ** 2
-        return diff[unknown].sum(1).mean()
+        return masked_mean(diff.sum(1), unknown.bool())
     diff = (torch.sigmoid(student_logits) - teacher_probs) ** 2
-    return diff[unknown].mean()
+    return masked_mean(diff, unknown.bool())
 
 
 # ------------------------------------------------------------------------------------------ server

@@ -10,7 +10,7 @@ import torch
 from ...evaluation import probabilities
 from ...losses import ce_labelled, labelled_rows, masked_bce
 from ..base import LocalTrainer, RoundOutput, SiteContext, TrainerOptions
-from ..common import MeanTeacher, WithMeanTeacher
+from ..common import DeviceSums, MeanTeacher, WithMeanTeacher
 from ..options import opt
 from .maths import (CONFIDENT, META_CONFIDENT, META_CONSISTENCY, META_SUPERVISED, META_UNLABELLED, Kind,
                     consistency_loss, sharpen)
@@ -94,7 +94,7 @@ class RSCFedTrainer(WithMeanTeacher, LocalTrainer):
         model = self.train_mode()
         teacher = self.ensure_teacher()
         self.make_optimizer()
-        total, sup_sum, cons_sum, steps, n_unknown, n_confident = 0.0, 0.0, 0.0, 0, 0, 0
+        sums, steps = DeviceSums(), 0  # read once, after the round
         for b in self.batches({"image": self.opts.view, "image_2": self.opts.view}, round_num):
             out = model(b["image"])
             sup = self.label_loss(out, b["label"], b["mask"])
@@ -109,13 +109,11 @@ class RSCFedTrainer(WithMeanTeacher, LocalTrainer):
                     confident = p.max(1).values >= CONFIDENT
                 else:
                     confident = (p >= CONFIDENT) | (p <= 1 - CONFIDENT)
-                n_unknown += int(unknown.sum())
-                n_confident += int((confident & unknown).sum())
-            total += float(loss.detach())
-            sup_sum += float(sup.detach())
-            cons_sum += float(cons.detach())
+                sums.add(loss=loss, sup=sup, cons=cons, unknown=unknown, confident=confident & unknown)
             steps += 1
-        s = max(steps, 1)
-        meta = {META_SUPERVISED: sup_sum / s, META_CONSISTENCY: cons_sum / s, META_UNLABELLED: n_unknown,
-                META_CONFIDENT: n_confident / max(n_unknown, 1)}
+        got, s = sums.read(), max(steps, 1)
+        n_unknown = int(got.get("unknown", 0))
+        total = got.get("loss", 0.0)
+        meta = {META_SUPERVISED: got.get("sup", 0.0) / s, META_CONSISTENCY: got.get("cons", 0.0) / s,
+                META_UNLABELLED: n_unknown, META_CONFIDENT: int(got.get("confident", 0)) / max(n_unknown, 1)}
         return RoundOutput(steps=steps, loss=total / s, meta=meta)

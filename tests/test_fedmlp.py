@@ -312,7 +312,7 @@ class _FakeData:
         return torch.utils.data.DataLoader(self.dataset("train", views), batch_size=batch_size, shuffle=shuffle,
                                            generator=g, drop_last=drop_last)
 
-    def fetcher(self, views, seed, batched=False, device="cpu"):
+    def fetcher(self, views, seed, batched=False, device="cpu", on_device="off"):
         ds = self.dataset("train", views)
         return lambda idx: torch.utils.data.default_collate([ds[int(i)] for i in idx])
 

@@ -157,6 +157,7 @@ def federate(name: str, task: str, root: Path, work: Path, device: str, amp: boo
     from fedpartial.fl.keys import META_ANNOTATED, META_GROUPS, META_N_TRAIN, META_SUMMARY
     from fedpartial.methods import Contribution, get_method
     from fedpartial.models import build_model
+    from fedpartial.device import mixed_precision
     from fedpartial.seeding import round_seed, seed_everything
 
     t0 = time.perf_counter()
@@ -190,7 +191,7 @@ def federate(name: str, task: str, root: Path, work: Path, device: str, amp: boo
         for ctx, tr in zip(ctxs, trainers):
             tr.receive(global_w)
             seed_everything(round_seed(ctx.seed, rnd))
-            with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=amp), \
+            with mixed_precision(torch.device(device).type, amp), \
                     _SyncCounter(count_syncs) as counter:
                 out = tr.train_round(rnd, 2, dict(meta_out))
             syncs[rnd] += counter.where
@@ -502,6 +503,7 @@ def check_round(args, work: Path, out: list) -> None:
 
     from fedpartial.data import batch_views
     from fedpartial.data.presets import resolve_dataset
+    from fedpartial.device import mixed_precision
     from fedpartial.methods import get_method
     from fedpartial.models import build_model
 
@@ -528,7 +530,7 @@ def check_round(args, work: Path, out: list) -> None:
         dev_type = torch.device(args.device).type
 
         def local_round():
-            with torch.autocast(dev_type, dtype=torch.bfloat16, enabled=amp):
+            with mixed_precision(dev_type, amp):
                 trainer.train_round(0, 2, {})
 
         def bare():

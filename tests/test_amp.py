@@ -134,3 +134,42 @@ def test_mc_dropout_on_cached_features_equals_whole_network_passes():
     assert torch.equal(cached, full) and not torch.equal(cached[0], cached[1])
     net.encoder.body.insert(1, torch.nn.Dropout(0.1))
     assert not common.dropout_only_in_head(net)
+
+
+def test_a_round_under_amp_runs_every_step_on_the_current_weights():
+    """The executor runs a whole local round inside one ``train.amp`` block. Each step's forward pass must use the
+    weights the previous step left (autocast's weight cache would keep the round's first bfloat16 copy: every
+    forward pass of the round on the starting weights). Reference: the same steps, each in its own block."""
+    from types import SimpleNamespace
+
+    from fedpartial.fl.executor import PartialLabelExecutor
+
+    x = torch.randn(6, 8, generator=torch.Generator().manual_seed(0))
+
+    def steps(per_step_block: bool) -> list[float]:
+        lin = torch.nn.Linear(8, 1)
+        with torch.no_grad():
+            lin.weight.fill_(0.1)
+            lin.bias.zero_()
+        opt = torch.optim.SGD(lin.parameters(), lr=0.5)
+        losses = []
+        for _ in range(3):
+            if per_step_block:
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = lin(x).float().pow(2).mean()
+            else:
+                loss = lin(x).float().pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
+    executor = PartialLabelExecutor.__new__(PartialLabelExecutor)
+    executor.torch_device = torch.device("cpu")
+    executor.train_opts = SimpleNamespace(amp=True)
+    executor.trainer = SimpleNamespace(train_round=lambda *a: steps(per_step_block=False))
+    in_round = executor._train_round(0, 1, {})
+    reference = steps(per_step_block=True)
+    assert in_round == reference
+    assert len(set(reference)) == 3  # the steps changed the loss: the forward passes saw the updates

@@ -36,6 +36,7 @@ from PIL import Image
 
 from conftest import one_round_first_stage
 
+from fedpartial.device import mixed_precision
 from fedpartial.data.manifest import read_manifest, write_manifest
 from fedpartial.data.presets import resolve_dataset
 from fedpartial.data.sitedata import SiteDatasets
@@ -312,7 +313,7 @@ def test_every_method_trains_two_rounds_under_bfloat16_autocast(name, task, imag
         contributions = []
         for ctx, tr in zip(ctxs, trainers):
             tr.receive(global_w)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=ctx.train.amp):
+            with mixed_precision("cpu", ctx.train.amp):
                 out = tr.train_round(rnd, 2, dict(meta_out))
             assert np.isfinite(out.loss), f"{name} {ctx.site} round {rnd}: loss {out.loss}"
             tr.has_local_state = True

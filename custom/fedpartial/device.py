@@ -62,3 +62,14 @@ def describe(record: dict) -> str:
     return (f"training on {record['device']} ({record['name']}, torch {record['torch']}"
             + (f", CUDA {record['cuda']}" if record.get("cuda") else "") + ")"
             + (f" with {' + '.join(extra)}" if extra else ""))
+
+
+def mixed_precision(device_type: str, enabled: bool = True):
+    """``train.amp``'s context for a whole local round: bfloat16 autocast on ``device_type`` ('cuda' / 'cpu') with
+    autocast's weight cache off.
+
+    The cache keeps the first bfloat16 copy of each weight until the outermost autocast block ends; a block around
+    a round of optimiser steps would then run every forward pass of the round on the weights the round started
+    with (the steps update the float32 weights, the forward passes never see them). Without the cache each
+    forward pass casts the current weights (as a block per step does)."""
+    return torch.autocast(device_type, dtype=torch.bfloat16, enabled=bool(enabled), cache_enabled=False)

@@ -48,7 +48,7 @@ from ..data.manifest import Manifest, read_manifest
 from ..data.presets import resolve_dataset
 from ..data.site_config import SiteData, resolve_site_data
 from ..data.sitedata import SiteDatasets
-from ..device import describe, device_record, resolve_device
+from ..device import describe, device_record, mixed_precision, resolve_device
 from ..evaluation import evaluate
 from ..methods import SiteContext, TrainOptions, get_method
 from ..methods.options import build, opt
@@ -201,7 +201,7 @@ class PartialLabelExecutor(Executor):
     def _train_round(self, rnd: int, num_rounds: int, global_meta: dict):
         """The method's local round, under bfloat16 autocast with ``train.amp`` (a GPU's mixed precision; bfloat16
         needs no loss scaling, and the same call runs on a CPU)."""
-        with torch.autocast(self.torch_device.type, dtype=torch.bfloat16, enabled=self.train_opts.amp):
+        with mixed_precision(self.torch_device.type, self.train_opts.amp):
             return self.trainer.train_round(rnd, num_rounds, global_meta)
 
     def _build_trainer(self, fl_ctx: FLContext, site: str, where: str) -> None:

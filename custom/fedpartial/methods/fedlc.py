@@ -39,7 +39,7 @@ def calibrated_ce(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor
         logits: ``(B, C)``; labels: ``(B, C)`` one-hot where annotated; mask: ``(B, C)`` annotated entries.
         offsets: ``(C,)`` from :func:`calibration`.
     """
-    return row_ce(logits - offsets.to(logits.device, logits.dtype), labels.argmax(dim=1), labelled_rows(labels, mask))
+    return row_ce(logits - offsets.to(logits.device, logits.dtype, non_blocking=True), labels.argmax(dim=1), labelled_rows(labels, mask))
 
 
 @dataclass

@@ -122,7 +122,7 @@ def pu_risk(logits: torch.Tensor, y: torch.Tensor, positive: torch.Tensor, prior
     u_mean = torch.where(unl[:, None], nl, 0.0).sum(0) / unl.sum().clamp_min(1).to(nl.dtype)
     onehot = F.one_hot(y.clamp_min(0), logits.shape[1]).to(logits.dtype) * lab[:, None].to(logits.dtype)
     l_mean = (onehot * nl).sum(0) / onehot.sum(0).clamp_min(1.0)
-    terms = torch.where(pos, u_mean - prior.to(logits.device, logits.dtype) * l_mean, zero)
+    terms = torch.where(pos, u_mean - prior.to(logits.device, logits.dtype, non_blocking=True) * l_mean, zero)
     used = terms.clamp_min(0.0) if non_negative else terms
     return used.sum() + logits.sum() * 0.0, terms
 

@@ -37,7 +37,7 @@ def restricted_softmax_ce(logits: torch.Tensor, labels: torch.Tensor, mask: torc
         logits: ``(B, C)``; labels: ``(B, C)`` one-hot where annotated; mask: ``(B, C)`` annotated entries.
         scales: ``(C,)`` logit scales (:func:`logit_scales`; all 1 = plain cross-entropy).
     """
-    return row_ce(logits * scales.to(logits.device, logits.dtype), labels.argmax(dim=1), labelled_rows(labels, mask))
+    return row_ce(logits * scales.to(logits.device, logits.dtype, non_blocking=True), labels.argmax(dim=1), labelled_rows(labels, mask))
 
 
 @dataclass

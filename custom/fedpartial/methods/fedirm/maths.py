@@ -51,10 +51,10 @@ META_PSEUDO = "fedirm_pseudo"  # Fed-SelfTraining: pseudo labels (rows / entries
 META_RECEIVED = "fedirm_received_relation"  # 1 when the site had a global matrix this round
 
 
-def uniform_rows(num_classes: int, kind: Kind, dtype=torch.float32) -> torch.Tensor:
+def uniform_rows(num_classes: int, kind: Kind, dtype=torch.float32, device=None) -> torch.Tensor:
     """``(C, C)`` the rows of a class with no sample: ``softmax(0) = 1/C`` or ``sigmoid(0) = 1/2``."""
     value = 1.0 / num_classes if kind == "softmax" else 0.5
-    return torch.full((num_classes, num_classes), value, dtype=dtype)
+    return torch.full((num_classes, num_classes), value, dtype=dtype, device=device)
 
 
 @common.full_precision()  # float32 under train.amp: both sites' matrices from float32 outputs
@@ -109,7 +109,7 @@ def average_relations(matrices: Sequence[torch.Tensor] | torch.Tensor, counts: S
     if mode == "code":
         return m.mean(0), valid
     summed = (m * present[:, :, None]).sum(0) / present.sum(0).clamp_min(1.0)[:, None]
-    return torch.where(valid[:, None], summed, uniform_rows(m.shape[1], kind, m.dtype)), valid
+    return torch.where(valid[:, None], summed, uniform_rows(m.shape[1], kind, m.dtype, m.device)), valid
 
 
 def server_relation(matrices: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor | None = None

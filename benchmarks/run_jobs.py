@@ -291,6 +291,11 @@ def run_one(job: str, seed: int, rounds: int, sites: int, scratch: Path, overrid
         raise RunFailed(failure_message(label, proc.returncode, dest / "ws", proc.stdout or "", proc.stderr or ""),
                         dest / "ws")
     res = json.loads(res_file.read_text())
+    if not ((res.get("final") or {}).get(LAST_MODEL) or {}).get("test"):
+        label = f"{name or job} seed {seed}"
+        raise RunFailed(f"{label}: no site reported a test result of {LAST_MODEL} in the final cross-site evaluation "
+                        f"(evaluated by {((res.get('final') or {}).get(LAST_MODEL) or {}).get('sites')}); the "
+                        f"server log: {dest / 'ws/server/log.txt'}", dest / "ws")
     res["wall_seconds_total"] = wall
     res["seed"] = seed
     return res

@@ -20,17 +20,24 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 import numpy as np
-from scipy.linalg import blas
 
 State = Mapping[str, np.ndarray]
 
-_AXPY = {np.dtype(np.float32): blas.saxpy, np.dtype(np.float64): blas.daxpy}
+_AXPY: dict = {}  # dtype -> BLAS axpy, filled on first use (scipy imported where aggregation happens: the server)
+
+
+def _axpy(dtype: np.dtype):
+    if not _AXPY:
+        from scipy.linalg import blas
+
+        _AXPY.update({np.dtype(np.float32): blas.saxpy, np.dtype(np.float64): blas.daxpy})
+    return _AXPY.get(dtype)
 
 
 def _add_scaled(out: np.ndarray, x: np.ndarray, a: float) -> None:
     """``out += a * x`` in place: one BLAS axpy pass when both are C-contiguous arrays of out's float dtype (the
     usual case: float32 model tensors), else numpy (a temporary for ``a * x``: integers, strided views)."""
-    axpy = _AXPY.get(out.dtype)
+    axpy = _axpy(out.dtype)
     if (axpy is not None and x.dtype == out.dtype and out.flags.c_contiguous and x.flags.c_contiguous
             and out.size > 0):
         axpy(x.reshape(-1), out.reshape(-1), a=a)  # in place on out's memory (checked in tests/test_aggregation)

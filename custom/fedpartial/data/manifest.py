@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
-import pandas as pd
 
 from .vocabulary import IGNORED, VocabularyError, map_header
 
@@ -218,23 +217,22 @@ def read_manifest(
             raise ManifestError(f"has {len(r)} fields, the header has {len(header)}", site, file, number)
         body.append(r)
         line_numbers.append(number)
-    df = pd.DataFrame(body, columns=header, dtype=str)
-    if len(df) == 0:
+    if not body:
         raise ManifestError("the manifest has no rows (empty site)", site, file)
 
-    n, c = len(df), len(classes)
+    n, c = len(body), len(classes)
     labels = np.full((n, c), np.nan, dtype=np.float32)
     paths, pids, splits, lines = [], [], [], []
-    has_split = SPLIT_COL in df.columns
-    has_pid = PATIENT_COL in df.columns
-    present = [(j, name) for j, name in enumerate(classes) if name in df.columns]
-    col = {name: df.columns.get_loc(name) for name in df.columns}
+    has_split = SPLIT_COL in header
+    has_pid = PATIENT_COL in header
+    present = [(j, name) for j, name in enumerate(classes) if name in header]
+    col = {name: k for k, name in enumerate(header)}
     seen: dict[str, int] = {}  # resolved image path -> row index
     if verify_images:
         from .transforms import ImageLoadError, check_image_header
     for i in range(n):
         line = line_numbers[i]
-        rel = str(df.iat[i, col[IMAGE_COL]]).strip()
+        rel = str(body[i][col[IMAGE_COL]]).strip()
         if not rel:
             raise ManifestError("empty image path", site, file, line)
         p = Path(rel)
@@ -254,7 +252,7 @@ def read_manifest(
                 except ImageLoadError as e:
                     raise ManifestError(str(e).replace(str(p), rel), site, file, line) from None
         for j, name in present:
-            labels[i, j] = _parse_cell(df.iat[i, col[name]], site, file, line, name)
+            labels[i, j] = _parse_cell(body[i][col[name]], site, file, line, name)
         key = str(real)
         if key in seen and duplicates == "error":
             j0 = seen[key]
@@ -265,16 +263,16 @@ def read_manifest(
         seen[key] = i
         if task == "multiclass" and np.nansum(labels[i]) > 1:
             raise ManifestError("single-label task but the row has more than one positive class", site, file, line)
-        split = str(df.iat[i, col[SPLIT_COL]]).strip().lower() if has_split else "train"
+        split = str(body[i][col[SPLIT_COL]]).strip().lower() if has_split else "train"
         split = split or "train"
         if split not in SPLITS:
             raise ManifestError(f"split {split!r} is not one of {SPLITS}", site, file, line)
         paths.append(str(p))
-        pids.append(str(df.iat[i, col[PATIENT_COL]]).strip() if has_pid else "")
+        pids.append(str(body[i][col[PATIENT_COL]]).strip() if has_pid else "")
         splits.append(split)
         lines.append(line)
     if verify_images and check_images and paths:
-        _decode_fully(paths, lines, df, col, site, file)
+        _decode_fully(paths, lines, site, file)
     mask = ~np.isnan(labels)
     m = Manifest(paths=paths, labels=np.nan_to_num(labels, nan=0.0), mask=mask, classes=list(classes),
                  patient_ids=pids, splits=splits, lines=lines, file=str(file), site=site or "", task=task)
@@ -283,7 +281,7 @@ def read_manifest(
     return m
 
 
-def _decode_fully(paths: list[str], lines: list[int], df: pd.DataFrame, col: dict, site, file) -> None:
+def _decode_fully(paths: list[str], lines: list[int], site, file) -> None:
     """Decode every image (cached); the first that fails is a ManifestError at its line."""
     from .quality import DecodeCache, decode_all
     from .site_config import cache_dir
@@ -317,7 +315,10 @@ def write_manifest(file: str | os.PathLike, images: Iterable[str], labels: np.nd
     file = Path(file)
     file.parent.mkdir(parents=True, exist_ok=True)
     tmp = file.with_suffix(file.suffix + f".tmp{os.getpid()}")
-    pd.DataFrame(data).to_csv(tmp, index=False)
+    with open(tmp, "w", newline="") as f:  # as pandas' to_csv wrote it: minimal quoting, "\n" line ends
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(list(data))
+        w.writerows(zip(*data.values()))
     os.replace(tmp, file)
 
 

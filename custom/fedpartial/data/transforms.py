@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .sources.rsna_ich import apply_windows, read_dicom_hu  # DICOM -> HU (H, W); HU -> (n_windows, H, W) in [0, 1]
+from .dicom import apply_windows, read_dicom_hu  # DICOM -> HU (H, W); HU -> (n_windows, H, W) in [0, 1]
 
 # MONAI is imported where a pipeline is built, not with this module: importing MONAI imports all of it (and the
 # optional packages it finds: scikit-learn, matplotlib, tensorboard, mlflow), which a site process that only

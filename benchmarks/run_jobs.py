@@ -296,6 +296,10 @@ def run_one(job: str, seed: int, rounds: int, sites: int, scratch: Path, overrid
         raise RunFailed(f"{label}: no site reported a test result of {LAST_MODEL} in the final cross-site evaluation "
                         f"(evaluated by {((res.get('final') or {}).get(LAST_MODEL) or {}).get('sites')}); the "
                         f"server log: {dest / 'ws/server/log.txt'}", dest / "ws")
+    late = {r["round"]: r["missing"] for r in res.get("rounds", []) if r.get("missing")}
+    if late:  # simulated sites cannot die: a round closed without a site that took too long
+        print(f"warning: {name or job} seed {seed}: round(s) closed without slow site(s) {late}", file=sys.stderr,
+              flush=True)
     res["wall_seconds_total"] = wall
     res["seed"] = seed
     return res
@@ -354,11 +358,12 @@ def summarise(runs: dict[str, list[dict]], tail: int = 0) -> list[dict]:
 
 def compact(res: dict) -> dict:
     """A run without the per-site detail of every round (macro validation / test curves, the method's per-site
-    counters, ``site_stats``, and the updates the server refused, ``rejected``, kept)."""
+    counters, ``site_stats``, the updates the server refused, ``rejected``, and the sites a round closed without,
+    ``missing``, kept)."""
     out = {k: v for k, v in res.items() if k != "rounds"}
     out["curves"] = [{"round": r["round"], "val": (r.get("val") or {}).get("macro"),
                       "test": (r.get("test") or {}).get("macro"), "site_stats": r.get("site_stats") or {},
-                      "rejected": r.get("rejected") or {}}
+                      "rejected": r.get("rejected") or {}, "missing": r.get("missing") or []}
                      for r in res.get("rounds", [])]
     return out
 
@@ -373,12 +378,16 @@ def tables(runs: dict[str, list[dict]]) -> str:
     """The papers' layout (last-round and best-on-validation models on test) and per-class tables."""
     out = []
     for model, label in ((LAST_MODEL, "last-round global model"), (BEST_MODEL, "best-on-validation global model")):
-        tests = {job: [r["final"][model]["test"] for r in rs] for job, rs in runs.items()}
+        tests = {job: [r["final"][model]["test"] for r in rs if (r["final"].get(model) or {}).get("test")]
+                 for job, rs in runs.items()}
+        tests = {job: t for job, t in tests.items() if t}  # (a run without a best-on-validation model: none)
+        if not tests:
+            continue
         task = next(iter(tests.values()))[0]["task"]
         settings = {job: rs[0].get("setting", "?") for job, rs in runs.items()}
         partial = sorted({s for s in settings.values() if s != "full labels"}) or ["full labels"]
         by_setting, upper = {}, []
-        for job, rs in runs.items():  # a fully labelled reference run is the upper bound of every setting
+        for job in tests:  # a fully labelled reference run is the upper bound of every setting
             full = settings[job] == "full labels" and partial != ["full labels"]
             row = row_name(job)  # "fedavg@m2" and "fedavg@m4": one row, two settings
             name = f"{row} (all labels: upper bound)" if full else row

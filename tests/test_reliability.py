@@ -600,3 +600,27 @@ def test_degradation_names_lost_sites_refused_updates_and_lost_classes():
     for r in res["rounds"]:
         r["missing"], r["rejected"] = [], {}
     assert degradation(res) is None
+
+
+def test_final_evaluation_leaves_out_a_lost_site_only_where_sites_can_die(monkeypatch):
+    """``CrossSiteEval`` skips the sites the last training round lost in a deployment (a dead hospital would hold
+    the evaluation until its timeout), but not in the simulator, where such a site was only slow (leaving it out
+    dropped the one site holding the test set from a loaded machine's run)."""
+    from types import SimpleNamespace
+
+    from nvflare.app_common.workflows.cross_site_model_eval import CrossSiteModelEval
+
+    from fedpartial.fl.selection import SIMULATOR_JOB_ID, CrossSiteEval
+
+    def start(self, fl_ctx):
+        self._participating_clients = ["site-1", "site-2", "site-3"]
+
+    monkeypatch.setattr(CrossSiteModelEval, "start_controller", start)
+    aggregator = SimpleNamespace(last_missing=["site-1"])
+    for job_id, expected in ((SIMULATOR_JOB_ID, ["site-1", "site-2", "site-3"]), ("4f0c-job", ["site-2", "site-3"])):
+        ev = CrossSiteEval()
+        ev._engine = SimpleNamespace(get_component=lambda cid: aggregator)
+        ev.log_warning = lambda ctx, msg: None
+        ev.start_controller(SimpleNamespace(get_job_id=lambda: job_id))
+        assert ev._participating_clients == expected, job_id
+        assert ev.left_out == ([] if job_id == SIMULATOR_JOB_ID else ["site-1"])

@@ -296,7 +296,8 @@ class CrossSiteEval(CrossSiteModelEval):
     """NVFlare's ``CrossSiteModelEval`` (same arguments) that does not wait on a site the training already lost:
     unless ``participating_clients`` is given, the sites that sent nothing in the last training round (dead, slow
     or failed: the aggregator's ``last_missing``) are left out of the final evaluation, with a warning, instead of
-    holding it until ``validation_timeout`` (and NVFlare's heartbeat timeout)."""
+    holding it until ``validation_timeout`` (and NVFlare's heartbeat timeout). In the simulator, where a site
+    cannot die, such a site was slow and the evaluation waits for it."""
 
     def __init__(self, *args, aggregator_id: str = "aggregator", **kwargs):
         super().__init__(*args, **kwargs)
@@ -309,6 +310,10 @@ class CrossSiteEval(CrossSiteModelEval):
         agg = self._engine.get_component(self.aggregator_id)
         lost = set(getattr(agg, "last_missing", None) or [])
         if given or not lost:
+            return
+        if fl_ctx.get_job_id() == SIMULATOR_JOB_ID:  # simulated sites cannot die: one the last round missed was slow
+            self.log_warning(fl_ctx, f"site(s) {sorted(lost)} sent no update in the last training round (slow: the "
+                                     f"round closed after waiting {SIMULATOR_WAIT} s); the final evaluation waits for them")
             return
         self.left_out = sorted(c for c in self._participating_clients if c in lost)
         self._participating_clients = [c for c in self._participating_clients if c not in lost]

@@ -161,6 +161,10 @@ class Deployment:
         subprocess.run([sys.executable, "-m", "nvflare.cli", "provision", "-p", str(yml), "-w",
                         str(self.root / "ws")], check=True, env=self.env, cwd=self.root, capture_output=True)
         self.kits = self.root / "ws" / "fedpartial" / "prod_00"
+        # hardened as provisioning/README.md says (job store inside the server's kit, owner-only files, lead
+        # without byoc), before anything starts
+        subprocess.run([sys.executable, "-m", "fedpartial.tools.harden_kits", str(self.kits)], check=True,
+                       env=self.env, cwd=self.root, capture_output=True)
         return self.kits
 
     def prepare_hospital_data(self) -> None:

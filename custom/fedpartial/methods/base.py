@@ -60,7 +60,8 @@ class TrainOptions:
     data_on_device: Literal["auto", "on", "off"] = opt(
         "auto", "batched views: keep the site's decoded training images on the training device and gather each "
                 "batch there (same batches, same order; no per-batch host work or copy). auto: on a GPU when they "
-                "take under a quarter of its free memory (cache 'memory', no loader workers)")
+                "take under a quarter of its free memory and a tenth of all of it (cache 'memory', no loader "
+                "workers)")
     channels_last: bool = opt(True, "keep the model's 4-D weights and activations in channels-last memory layout "
                                     "(small CNN on one CPU thread: 2.9x faster inference, 1.7x faster training "
                                     "steps; the same mathematics, other float summation order)")

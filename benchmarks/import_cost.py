@@ -1,5 +1,6 @@
-"""Start-up cost of a site process: wall time and peak memory (RSS) of the imports, each in a fresh Python, as
-ratios against ``import torch`` alone measured in the same run (median of ``--repeats``).
+"""Start-up cost of a site process: wall time, CPU time (user + system: what a busy machine inflates least) and
+peak memory (RSS) of the imports, each in a fresh Python, as ratios against ``import torch`` alone measured in the
+same run (median of ``--repeats``).
 
     python benchmarks/import_cost.py --out benchmarks/results/import_cost
 
@@ -23,21 +24,21 @@ ROWS = {"import torch": "import torch",
         "import fedpartial.fl.executor": "import fedpartial.fl.executor",
         "executor + monai.data (a training site)": "import fedpartial.fl.executor, monai.data"}
 PROBE = """
-import resource, sys, time
-t0 = time.perf_counter()
+import os, resource, sys, time
+t0, c0 = time.perf_counter(), sum(os.times()[:2])
 {stmt}
-dt = time.perf_counter() - t0
+dt, cpu = time.perf_counter() - t0, sum(os.times()[:2]) - c0
 heavy = sorted({{m.split('.')[0] for m in sys.modules}} & {{'monai', 'sklearn', 'scipy', 'pandas', 'matplotlib',
                                                          'tensorboard', 'mlflow', 'nvflare'}})
-print(dt, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, ",".join(heavy))
+print(dt, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, cpu, ",".join(heavy))
 """
 
 
-def measure(stmt: str) -> tuple[float, float, str]:
+def measure(stmt: str) -> tuple[float, float, str, float]:
     env = {**os.environ, "PYTHONPATH": str(REPO / "custom")}
     out = subprocess.run([sys.executable, "-c", PROBE.format(stmt=stmt)], env=env, capture_output=True, text=True,
                          check=True).stdout.split()
-    return float(out[0]), float(out[1]), out[2] if len(out) > 2 else ""
+    return float(out[0]), float(out[1]), out[3] if len(out) > 3 else "", float(out[2])
 
 
 def main() -> None:
@@ -51,11 +52,12 @@ def main() -> None:
             runs[name].append(measure(stmt))
     base_t = statistics.median(r[0] for r in runs["import torch"])
     base_m = statistics.median(r[1] for r in runs["import torch"])
+    base_c = statistics.median(r[3] for r in runs["import torch"])
     rows = []
     for name, rs in runs.items():
-        t, m = statistics.median(r[0] for r in rs), statistics.median(r[1] for r in rs)
+        t, m, c = (statistics.median(r[k] for r in rs) for k in (0, 1, 3))
         rows.append({"import": name, "seconds": t, "rss_mb": m, "time_ratio": t / base_t, "rss_ratio": m / base_m,
-                     "heavy_modules": rs[-1][2]})
+                     "cpu_seconds": c, "cpu_ratio": c / base_c, "heavy_modules": rs[-1][2]})
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     result = {"command": "python benchmarks/import_cost.py", "repeats": args.repeats, "python": sys.version.split()[0],
@@ -64,10 +66,12 @@ def main() -> None:
     md = ["# Import cost of a site process", "",
           f"`python benchmarks/import_cost.py` (median of {args.repeats} fresh processes each, interleaved; Python "
           f"{result['python']}, {os.cpu_count()} CPUs; ratios against `import torch` in the same run).", "",
-          "| import | seconds | peak RSS (MB) | time / torch | RSS / torch | heavy packages loaded |",
-          "|---|---|---|---|---|---|"]
-    md += [f"| `{r['import']}` | {r['seconds']:.2f} | {r['rss_mb']:.0f} | {r['time_ratio']:.2f}x | "
-           f"{r['rss_ratio']:.2f}x | {r['heavy_modules'] or '-'} |" for r in rows]
+          "| import | seconds | CPU seconds | peak RSS (MB) | time / torch | CPU time / torch | RSS / torch | "
+          "heavy packages loaded |",
+          "|---|---|---|---|---|---|---|---|"]
+    md += [f"| `{r['import']}` | {r['seconds']:.2f} | {r['cpu_seconds']:.2f} | {r['rss_mb']:.0f} | "
+           f"{r['time_ratio']:.2f}x | {r['cpu_ratio']:.2f}x | {r['rss_ratio']:.2f}x | {r['heavy_modules'] or '-'} |"
+           for r in rows]
     out.with_suffix(".md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 

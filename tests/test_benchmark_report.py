@@ -128,12 +128,13 @@ def test_compact_keeps_curves_and_method_counters():
     res = {"final": {"x": 1}, "rounds": [
         {"round": 0, "val": {"macro": {"f1": 0.1}, "per_class": {}}, "test": None, "sites": ["site-1"],
          "site_stats": {"site-1": {"fedlsm_pseudo": 3}}},
-        {"round": 1, "val": None, "test": {"macro": {"f1": 0.2}}}]}
+        {"round": 1, "val": None, "test": {"macro": {"f1": 0.2}}, "missing": ["site-2"]}]}
     out = _run_jobs().compact(res)
     assert "rounds" not in out and out["final"] == {"x": 1}
     assert out["curves"] == [{"round": 0, "val": {"f1": 0.1}, "test": None, "site_stats": {"site-1": {"fedlsm_pseudo": 3}},
-                              "rejected": {}},
-                             {"round": 1, "val": None, "test": {"f1": 0.2}, "site_stats": {}, "rejected": {}}]
+                              "rejected": {}, "missing": []},
+                             {"round": 1, "val": None, "test": {"f1": 0.2}, "site_stats": {}, "rejected": {},
+                              "missing": ["site-2"]}]
 
 
 def test_levels_of_one_method_share_a_row_and_the_upper_bound_comes_last():

@@ -6,29 +6,40 @@
 # The privacy properties are the job's own (executor "privacy"), which every simulated site applies as a site
 # with that policy would (the simulator loads no site privacy policy). Weights are not noised.
 # Run from the project root with the venv active. From the environment: ROUNDS (default 20), SEEDS (default
-# "0 1 2"), EPSILONS (default "none 1 4 8"), DATASETS (default "ich cxr14"), CXR_ROOT (the NIH CXR folder,
-# default ../shared/data/nih_cxr14_1000 relative to the checkout), PY. Extra arguments go to every
-# run_jobs.py call (e.g. --keep). One run_jobs.py call per (dataset, epsilon), each resumable (--resume); the
-# table is printed at the end (and written to benchmarks/results/privacy_utility_r<ROUNDS>.md).
+# "0 1 2"), EPSILONS (default "none 1 4 8"), DATASETS (default "ich cxr14"), METHODS (default "fedmlp fedlsm"),
+# CXR_ROOT (the NIH CXR folder, default ../shared/data/nih_cxr14_1000 relative to the checkout), PY, REPORT_ONLY
+# (1: run nothing, print the table of what the result files hold). Extra arguments go to every run_jobs.py call
+# (e.g. --keep). One run_jobs.py call per (dataset, epsilon), each resumable (--resume); the table is printed at
+# the end (and written to benchmarks/results/privacy_utility_r<ROUNDS>.md).
 set -euo pipefail
 ROUNDS="${ROUNDS:-20}"
 SEEDS="${SEEDS:-0 1 2}"
 EPSILONS="${EPSILONS:-none 1 4 8}"
 DATASETS="${DATASETS:-ich cxr14}"
+METHODS="${METHODS:-fedmlp fedlsm}"
+REPORT_ONLY="${REPORT_ONLY:-0}"
 CXR_ROOT="${CXR_ROOT:-$(cd "$(dirname "$0")/.." && pwd)/../shared/data/nih_cxr14_1000}"
 PY="${PY:-python}"
 OUT="benchmarks/results/privacy_utility_r${ROUNDS}"
 mkdir -p benchmarks/results
+has() { case " $METHODS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 for eps in $EPSILONS; do
+  [ "$REPORT_ONLY" = 1 ] && break
   if [ "$eps" = none ]; then priv='"privacy": {}'
   else priv='"privacy": {"min_count": 5, "epsilon": '"$eps"', "delta": 1e-05, "feature_clip": 1.0}'; fi
   for ds in $DATASETS; do
     if [ "$ds" = ich ]; then
-      "$PY" benchmarks/run_jobs.py --jobs fedmlp_ich --variant 'fedlsm_ich=fedavg_ich:{"method": "fedlsm"}' \
+      configs=()
+      has fedmlp && configs+=(--jobs fedmlp_ich)
+      has fedlsm && configs+=(--variant 'fedlsm_ich=fedavg_ich:{"method": "fedlsm"}')
+      "$PY" benchmarks/run_jobs.py "${configs[@]}" \
         --seeds $SEEDS --rounds "$ROUNDS" --compact --resume --no-plots \
         --override "{$priv}" --out "${OUT}_ich_eps${eps}.json" "$@"
     else
-      "$PY" benchmarks/run_jobs.py --jobs fedmlp_cxr14 fedlsm_cxr14 --sites 8 \
+      jobs=()
+      has fedmlp && jobs+=(fedmlp_cxr14)
+      has fedlsm && jobs+=(fedlsm_cxr14)
+      "$PY" benchmarks/run_jobs.py --jobs "${jobs[@]}" --sites 8 \
         --seeds $SEEDS --rounds "$ROUNDS" --compact --resume --no-plots \
         --override "{$priv, \"dataset\": {\"prepare\": {\"root\": \"$CXR_ROOT\"}}}" \
         --out "${OUT}_cxr14_eps${eps}.json" "$@"

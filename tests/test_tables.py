@@ -105,3 +105,17 @@ def test_best_bold_second_underlined_upper_bound_not_ranked():
     # fewer than 3 competing rows: no marks
     two = paper_table({"a": {"s": mk(0.8)}, "b": {"s": mk(0.9)}}, "multiclass")
     assert "**" not in two and "_" not in two.split("\n", 2)[2]
+
+
+def test_per_class_table_takes_runs_whose_sites_kept_a_class():
+    """A class whose per-class metrics a run's sites kept (fewer than the minimum count) is absent from that run:
+    the table still lists it, from the runs that have it (n/a where none has)."""
+    from fedpartial.tables import per_class_table
+
+    runs = {"m": [{"per_class": {"x": {"auc": 0.5}, "y": {"auc": 0.7}}, "macro": {"auc": 0.6}},
+                  {"per_class": {"x": {"auc": 0.6}}, "macro": {"auc": 0.6}}],
+            "n": [{"per_class": {"x": {"auc": 0.4}}, "macro": {"auc": 0.4}}]}
+    lines = per_class_table(runs, task="multilabel").splitlines()
+    assert lines[0] == "| Method | x: AUC | y: AUC | mean: AUC |"
+    assert lines[2] == "| m | 55.00 ± 5.00 | 70.00 | 60.00 ± 0.00 |"
+    assert lines[3] == "| n | 40.00 | n/a | 40.00 |"

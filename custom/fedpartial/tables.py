@@ -120,13 +120,13 @@ def per_class_table(results: Mapping[str, Sequence[Mapping]], metric_keys: Seque
     """
     metric_keys = metric_keys or ((("AUC", "auc"),) if task == "multilabel" else (("F1", "f1"),))
     macro_of = {"ap": "map"}
-    first = next(iter(results.values()))[0]
-    classes = list(first["per_class"])
+    classes = list(dict.fromkeys(c for runs in results.values() for r in runs for c in r["per_class"]))  # a class
+    # whose metrics a run's sites kept (fewer than the minimum count) is absent from that run: "n/a" there
     head = ["Method"] + [f"{c}: {lab}" for c in classes for lab, _ in metric_keys] + [f"mean: {lab}" for lab, _ in metric_keys]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for method, runs in results.items():
         cells = [method]
-        cells += [cell([r["per_class"][c].get(k) for r in runs]) for c in classes for _, k in metric_keys]
+        cells += [cell([(r["per_class"].get(c) or {}).get(k) for r in runs]) for c in classes for _, k in metric_keys]
         cells += [cell([r["macro"].get(macro_of.get(k, k)) for r in runs]) for _, k in metric_keys]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

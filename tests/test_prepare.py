@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import sys
 import threading
 from pathlib import Path
 
@@ -409,3 +411,40 @@ def test_cli(tiny_nih, tmp_path, capsys):
     assert "labelled positives" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         prep.main(["--source", "nih_cxr14", "--out", str(out)])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="atomic folder exchange is Linux's renameat2")
+def test_a_folder_prepared_again_is_never_absent_to_a_reader(tmp_path):
+    """Publishing over an existing prepared folder exchanges the two in one step: another process polling the
+    folder's dataset.json all the while always finds one, whole (old or new), and no old copy is left behind."""
+    import subprocess
+
+    from fedpartial.data.prepare import _publish
+
+    final = tmp_path / "prepared"
+    final.mkdir()
+    (final / "dataset.json").write_text('{"v": 0}')
+    (tmp_path / "stop").mkdir()
+    reader = subprocess.Popen([sys.executable, "-c", """
+import json, os, sys
+f, stop, seen, bad = sys.argv[1], sys.argv[2], 0, 0
+while os.path.isdir(stop) or not seen:
+    try:
+        json.loads(open(f).read())["v"]; seen += 1
+    except (OSError, ValueError, KeyError):
+        bad += 1
+print(seen, bad)
+""", str(final / "dataset.json"), str(tmp_path / "stop")], stdout=subprocess.PIPE, text=True)
+    try:
+        for v in range(1, 1500):
+            tmp = tmp_path / f".prepared.tmp{v}"
+            tmp.mkdir()
+            (tmp / "dataset.json").write_text(json.dumps({"v": v}))
+            _publish(tmp, final, inside=False, overwrite=True)
+    finally:
+        (tmp_path / "stop").rmdir()
+        out = reader.communicate(timeout=60)[0]
+    seen, bad = map(int, out.split())
+    assert json.loads((final / "dataset.json").read_text())["v"] == 1499
+    assert bad == 0 and seen > 0, (seen, bad)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prepared"]

@@ -624,3 +624,42 @@ def test_final_evaluation_leaves_out_a_lost_site_only_where_sites_can_die(monkey
         ev.start_controller(SimpleNamespace(get_job_id=lambda: job_id))
         assert ev._participating_clients == expected, job_id
         assert ev.left_out == ([] if job_id == SIMULATOR_JOB_ID else ["site-1"])
+
+
+def test_a_deployed_round_does_not_wait_for_a_site_known_to_be_gone(monkeypatch):
+    """Once ``min_clients - max_missing`` sites answered, a deployed round closes at once when every site still out
+    is gone (never fetched the round's task, and sent nothing last round or is deemed disconnected by NVFlare);
+    it waits as before for a site that fetched the task (alive, slow, or died mid-round), for a site that only
+    has not fetched yet but was fine last round, and in the simulator (sites train in turns there)."""
+    from types import SimpleNamespace
+
+    from nvflare.apis.controller_spec import TaskCompletionStatus
+    from nvflare.app_common.workflows.scatter_and_gather import ScatterAndGather as _SAG
+
+    from fedpartial.fl.selection import SIMULATOR_JOB_ID, ScatterAndGather
+
+    monkeypatch.setattr(_SAG, "_process_train_result", lambda self, ct, ctx: None)
+
+    def round_of(answered, fetched, last_missing=(), disconnected=(), job_id="4f0c-job"):
+        sag = ScatterAndGather(min_clients=4, num_rounds=3, max_missing=1)
+        aggregator = SimpleNamespace(last_missing=list(last_missing))
+        sag._engine = SimpleNamespace(get_component=lambda cid: aggregator)
+        sag.get_client_disconnect_time = lambda name: 12.0 if name in disconnected else None
+        sag.log_warning = lambda ctx, msg: None
+        task = SimpleNamespace(targets=["h1", "h2", "h3", "h4"], completion_status=None, client_tasks=[])
+        sag.cancel_task = lambda t, completion_status, fl_ctx=None: setattr(t, "completion_status", completion_status)
+        cts = {n: SimpleNamespace(client=SimpleNamespace(name=n), task=task, result_received_time=None)
+               for n in fetched}
+        task.client_tasks = list(cts.values())
+        for n in answered:
+            sag._process_train_result(cts[n], SimpleNamespace(get_job_id=lambda: job_id))
+            cts[n].result_received_time = 1.0
+        return task.completion_status
+
+    three = ["h1", "h2", "h3"]
+    assert round_of(three, three, last_missing=["h4"]) == TaskCompletionStatus.OK
+    assert round_of(three, three, disconnected=["h4"]) == TaskCompletionStatus.OK
+    assert round_of(three[:2], three, last_missing=["h4"]) is None  # fewer than min_clients - max_missing answers
+    assert round_of(three, three + ["h4"], last_missing=["h4"]) is None  # h4 fetched the task: alive or died now
+    assert round_of(three, three) is None  # h4 not fetched yet, but nothing says it is gone: the usual wait
+    assert round_of(three, three, last_missing=["h4"], job_id=SIMULATOR_JOB_ID) is None

@@ -9,7 +9,9 @@ in each site's manifest, the class columns the protocol does not give that site.
     dataset.json                classes, task, data_root, protocol, per-site annotated classes and counts
 
 Everything is written into a temporary sibling folder, validated with :func:`read_manifest` /
-:func:`check_coverage` and renamed into place at the end, so a failed run leaves nothing behind.
+:func:`check_coverage` and renamed into place at the end, so a failed run leaves nothing behind; a folder prepared
+again (``overwrite``) is exchanged with the old one in one atomic step where Linux allows it, so a site reading it
+meanwhile sees the old folder or the new one, never neither or a mix.
 Two options model the surgical-aggregation paper's settings: ``vocabularies`` writes some sites' manifests in
 another label vocabulary (``{"site-3": "chexpert"}``: CheXpert's column names; ``dataset.json`` records each such
 site's ``{its column: global class}`` map, which the simulator applies as a site configuration's ``columns``
@@ -282,6 +284,22 @@ def _validate(folder: Path, info: dict, data_root: Path) -> None:
             raise RuntimeError(f"patient(s) {sorted(shared)[:5]} appear in '{a}' and '{b or 'train'}'")
 
 
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two folders atomically (Linux ``renameat2(RENAME_EXCHANGE)``); False where the system cannot, and the
+    caller falls back to two renames (between which ``b`` is briefly absent)."""
+    import ctypes
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
 def _publish(tmp: Path, final: Path, inside: bool, overwrite: bool) -> None:
     """Move the finished ``tmp`` folder into place (dataset.json last when merging into an existing folder)."""
     if inside:
@@ -293,6 +311,9 @@ def _publish(tmp: Path, final: Path, inside: bool, overwrite: bool) -> None:
         if final.is_dir() and not any(final.iterdir()):
             final.rmdir()
         elif overwrite:
+            if _exchange(tmp, final):  # one atomic step: a reader sees the old folder or the new one, whole
+                shutil.rmtree(tmp, ignore_errors=True)
+                return
             trash = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
             os.rename(final, trash)
             os.rename(tmp, final)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from nvflare.apis.controller_spec import ClientTask, Task, TaskCompletionStatus
 from nvflare.apis.dxo import MetaKey, from_shareable
 from nvflare.apis.fl_constant import FLContextKey
 from nvflare.apis.fl_context import FLContext
@@ -155,7 +156,10 @@ class ScatterAndGather(_ScatterAndGather):
     (dead, slow past ``train_timeout``, or failed): a round aggregates once ``min_clients - max_missing`` sites
     answered and ``wait_time_after_min_received`` seconds passed (or all answered); in the simulator (job id
     ``simulate_job``) the wait is up to ``SIMULATOR_WAIT`` (120 s) for the last sites, as they may train in turns
-    (``-t`` < ``-n``) but cannot die. ``num_rounds`` < 1 is an error when the job is loaded, before any data check or training.
+    (``-t`` < ``-n``) but cannot die. A deployed round does not wait for a site known to be gone
+    (:meth:`gone_sites`): once ``min_clients - max_missing`` sites answered and every site still out is gone, the
+    round closes at once instead of after ``wait_time_after_min_received``. ``num_rounds`` < 1 is an error when the
+    job is loaded, before any data check or training.
 
     Checkpoints (:mod:`.checkpoint`): after every round the global model, the round, the best model and the
     state of the components with ``checkpoint_state()`` (aggregator, model selector, results) are written to
@@ -262,6 +266,38 @@ class ScatterAndGather(_ScatterAndGather):
         folder = self._folder(fl_ctx)
         write_private(ckpt, folder / CHECKPOINT_FILE)
         self.log_info(fl_ctx, f"round {rnd}: checkpoint written to {folder / CHECKPOINT_FILE}")
+
+    def gone_sites(self, task: Task, answered: set[str]) -> list[str] | None:
+        """The sites ``task`` (this round's training task) still waits for, if every one of them is known to be
+        gone, else None: a site is gone when it has not even fetched the round's task and either sent no update in
+        the last round (the aggregator's ``last_missing``) or NVFlare deems it disconnected (a dead job reported
+        and its grace period passed). A live site fetches the task within its polling interval, however slow its
+        training, so a slow site is waited for as before; a site that dies mid-round (it fetched the task) costs
+        that round the full wait, the rounds after it none."""
+        rest = [t for t in (task.targets or []) if t not in answered]
+        if not rest:
+            return None
+        fetched = {ct.client.name for ct in task.client_tasks}
+        agg = self._engine.get_component(self.aggregator_id) if self._engine else None
+        missed = set(getattr(agg, "last_missing", None) or [])
+        gone = [t for t in rest if t not in fetched and (t in missed or self.get_client_disconnect_time(t))]
+        return gone if len(gone) == len(rest) else None
+
+    def _process_train_result(self, client_task: ClientTask, fl_ctx: FLContext) -> None:
+        super()._process_train_result(client_task, fl_ctx)
+        task = client_task.task
+        if not self.max_missing or fl_ctx.get_job_id() == SIMULATOR_JOB_ID or task.completion_status is not None:
+            return
+        answered = {ct.client.name for ct in task.client_tasks if ct.result_received_time is not None}
+        answered.add(client_task.client.name)
+        if len(answered) < self._min_clients:
+            return
+        gone = self.gone_sites(task, answered)
+        if gone:
+            self.log_warning(fl_ctx, f"round {self._current_round}: closing with {len(answered)} update(s), "
+                                     f"without waiting for site(s) {gone}: gone (no update last round or "
+                                     "disconnected, and this round's task never fetched)")
+            self.cancel_task(task, completion_status=TaskCompletionStatus.OK, fl_ctx=fl_ctx)
 
     def handle_event(self, event_type: str, fl_ctx: FLContext):
         super().handle_event(event_type, fl_ctx)

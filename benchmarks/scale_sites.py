@@ -11,8 +11,11 @@ in fresh processes, which bounds memory). Reported per N:
 - ``slowest site``: mean over rounds of the largest local time of a site (its evaluation + training);
 - ``FL overhead``: round time minus the slowest site's local work (task dispatch, transfers, process starts
   with T < N, aggregation);
-- ``peak RSS``: the largest resident memory of one site process and of all simulator processes together,
-  sampled every 0.2 s (``psutil``).
+- ``peak RSS``: the largest resident memory of one site process and of all simulator processes together
+  (a page shared by several processes, such as torch's code, counts once per process);
+- ``peak PSS all``: the sum of the processes' proportional set sizes (each shared page split between its
+  sharers), the memory they take from the machine together, and ``available``: the machine's available memory
+  before the run and its lowest during it; all sampled every 0.5 s (``psutil``).
 """
 
 from __future__ import annotations
@@ -35,22 +38,29 @@ from fedpartial.tools.build_jobs import customise_job  # noqa: E402
 
 
 def sample_memory(root: psutil.Process, stop: threading.Event, out: dict) -> None:
-    """Peak RSS of the simulator's site processes (one and all) until ``stop`` is set."""
+    """Peak memory of the simulator's processes until ``stop`` is set: the largest resident set (RSS) of one site
+    process and the sum over all processes, which counts the pages they share (the libraries' code) once per
+    process, and the sum of their proportional set sizes (PSS: a shared page split between its sharers), which is
+    what they take from the machine's memory together; plus the machine's lowest available memory."""
     while not stop.is_set():
         try:
             procs = [root, *root.children(recursive=True)]
-            rss = {}
+            rss, pss = {}, 0
             for p in procs:
                 try:
-                    rss[p.pid] = (p.memory_info().rss, " ".join(p.cmdline()))
+                    full = p.memory_full_info()
+                    rss[p.pid] = (full.rss, " ".join(p.cmdline()))
+                    pss += full.pss
                 except psutil.Error:
                     pass
             sites = [r for r, cmd in rss.values() if "simulator_worker" in cmd]
             out["site_peak"] = max([out.get("site_peak", 0), *sites])
             out["total_peak"] = max(out.get("total_peak", 0), sum(r for r, _ in rss.values()))
+            out["pss_peak"] = max(out.get("pss_peak", 0), pss)
+            out["available_min"] = min(out.get("available_min", 1 << 62), psutil.virtual_memory().available)
         except psutil.Error:
             pass
-        stop.wait(0.2)
+        stop.wait(0.5)
 
 
 def run(n: int, rounds: int, per_site: int, threads: int, scratch: Path) -> dict:
@@ -63,6 +73,7 @@ def run(n: int, rounds: int, per_site: int, threads: int, scratch: Path) -> dict
     t = min(n, threads)
     cmd = [str(Path(sys.executable).parent / "nvflare"), "simulator", str(job), "-w", str(ws), "-n", str(n), "-t", str(t)]
     mem: dict = {}
+    available_before = psutil.virtual_memory().available
     stop = threading.Event()
     t0 = time.time()
     proc = subprocess.Popen(cmd, cwd=str(REPO), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -82,6 +93,8 @@ def run(n: int, rounds: int, per_site: int, threads: int, scratch: Path) -> dict
     return {"sites": n, "threads": t, "rounds": len(rounds_), "s_per_round": sum(secs) / len(secs),
             "slowest_site_s": sum(local) / len(local), "overhead_s": (sum(secs) - sum(local)) / len(secs),
             "site_peak_rss_mb": mem.get("site_peak", 0) / 2**20, "total_peak_rss_mb": mem.get("total_peak", 0) / 2**20,
+            "total_peak_pss_mb": mem.get("pss_peak", 0) / 2**20, "available_before_mb": available_before / 2**20,
+            "available_min_mb": mem.get("available_min", 0) / 2**20,
             "wall_s": time.time() - t0}
 
 
@@ -100,10 +113,14 @@ def main(argv=None) -> int:
             print(json.dumps(rows[-1]), flush=True)
     lines = [f"jobs/fedavg_ich, {a.per_site} training images per site, 32 px, {a.rounds} rounds, at most "
              f"{a.threads} sites in parallel", "",
-             "| sites | -t | s / round | slowest site s | FL overhead s / round | peak RSS one site (MB) | peak RSS all (MB) |",
-             "|---|---|---|---|---|---|---|"]
+             "| sites | -t | s / round | slowest site s | round / slowest site | FL overhead s / round | overhead per "
+             "site s | peak RSS one site (MB) | peak RSS all (MB) | peak PSS all (MB) | available before / lowest (MB) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['sites']} | {r['threads']} | {r['s_per_round']:.1f} | {r['slowest_site_s']:.2f} | "
-              f"{r['overhead_s']:.1f} | {r['site_peak_rss_mb']:.0f} | {r['total_peak_rss_mb']:.0f} |" for r in rows]
+              f"{r['s_per_round'] / max(r['slowest_site_s'], 1e-9):.2f} | {r['overhead_s']:.1f} | "
+              f"{r['overhead_s'] / r['sites']:.3f} | {r['site_peak_rss_mb']:.0f} | {r['total_peak_rss_mb']:.0f} | "
+              f"{r['total_peak_pss_mb']:.0f} | {r['available_before_mb']:.0f} / {r['available_min_mb']:.0f} |"
+              for r in rows]
     print("\n".join(lines))
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)

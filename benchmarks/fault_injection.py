@@ -182,7 +182,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--only", nargs="*", default=None, help="scenarios to run (default: all)")
     a = ap.parse_args(argv)
-    report: dict = {"rounds": a.rounds, "round_wait_after_min_s": 30,
+    report: dict = {"command": " ".join(["python benchmarks/fault_injection.py", *(sys.argv[1:] if argv is None else argv)]),
+                    "rounds": a.rounds, "round_wait_after_min_s": 30,
                     "client_outcome_wait_timeout_s": 30}
     dep = Deployment(Path(tempfile.mkdtemp(prefix="fedpartial-faults-")))
     scenarios = {"dead_before_submit": dead_before_submit, "dead_mid_round": dead_mid_round,

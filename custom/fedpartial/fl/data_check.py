@@ -217,7 +217,11 @@ class SummaryFilter(DXOFilter):
         if summary is None or site is None:
             return dxo
         if self.every_round or self._sent.get(site) != id(summary):
-            dxo.set_meta_prop(META_SUMMARY, site_summary(summary, site))
+            mine = site_summary(summary, site)
+            dxo.set_meta_prop(META_SUMMARY, mine)
+            if self._sent.get(site) != id(summary):  # which of its evaluation sets each site scores, once per site
+                self.logger.info(f"data summary sent to {site}: it scores "
+                                 f"{sorted(k for k, v in mine['scores'].items() if v) or 'none of its sets'}")
             self._sent[site] = id(summary)
         return dxo
 

@@ -406,8 +406,7 @@ def test_a_hospital_killed_mid_job_does_not_end_it(deployment):
     """hospital-3's watchdog, client parent and job worker are killed (SIGKILL, by PID) while round 2 trains: the
     job (max_missing_sites 1) completes with the other two, the rounds after the kill record hospital-3 missing,
     the rounds after the one it died in close as soon as the two live hospitals answered (no wait for the dead
-    one), the final evaluation runs
-    without it, and fedpartial-admin shows the result DEGRADED with the reasons. A job
+    one), the final evaluation runs without it, and fedpartial-admin shows the result DEGRADED with the reasons. A job
     submitted while hospital-3 is down: the admin is told which hospital is not connected, and the class only
     hospital-3 annotates stops the data check under the default policy (class_without_annotator: stop)."""
     from fedpartial.tools.admin import download, open_session, submit, wait

@@ -216,10 +216,11 @@ class SummaryFilter(DXOFilter):
         site = peer.get_identity_name() if peer else None
         if summary is None or site is None:
             return dxo
-        if self.every_round or self._sent.get(site) != id(summary):
+        first = self._sent.get(site) != id(summary)
+        if self.every_round or first:
             mine = site_summary(summary, site)
             dxo.set_meta_prop(META_SUMMARY, mine)
-            if self._sent.get(site) != id(summary):  # which of its evaluation sets each site scores, once per site
+            if first:  # which of its evaluation sets each site scores, once per site
                 self.logger.info(f"data summary sent to {site}: it scores "
                                  f"{sorted(k for k, v in mine['scores'].items() if v) or 'none of its sets'}")
             self._sent[site] = id(summary)

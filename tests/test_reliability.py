@@ -505,7 +505,8 @@ def test_num_rounds_below_one_is_an_error_before_training():
 
 
 def test_new_job_tolerates_a_missing_site(tmp_path):
-    from fedpartial.tools.new_job import harden_job, main
+    from fedpartial.job_layout import harden_job
+    from fedpartial.tools.new_job import main
 
     assert main([str(tmp_path / "j"), "--method", "fedavg", "--dataset", "ich_phantom", "--sites", "4"]) == 0
     cfg = json.loads((tmp_path / "j/app/config/config_fed_server.json").read_text())
@@ -527,7 +528,7 @@ def test_new_job_tolerates_a_missing_site(tmp_path):
 
 
 def test_every_shipped_job_is_hardened():
-    from fedpartial.tools.new_job import DATA_CHECK_TIMEOUT, TRAIN_TIMEOUT
+    from fedpartial.job_layout import DATA_CHECK_TIMEOUT, TRAIN_TIMEOUT
 
     repo = Path(__file__).resolve().parents[1]
     for server in sorted(repo.glob("jobs/*/app/config/config_fed_server.json")):

@@ -17,7 +17,7 @@ arguments, checked against the method's option classes (an unknown or mistyped o
 Every shipped job is such a recipe in ``jobs/<name>/job.py``; ``fedpartial-build-jobs`` exports each into its
 folder (``meta.json``, ``app/config``, ``app/custom``) for ``nvflare job submit`` and ``nvflare simulator``.
 
-The exported configuration is the bundle's usual layout (:func:`fedpartial.tools.new_job.server_config` /
+The exported configuration is the bundle's layout (:func:`fedpartial.job_layout.server_config` /
 ``client_config``): every component's arguments are written as the recipe gave them, with the job-level values
 (``num_rounds``, ``min_clients``, ``method``, ``max_missing_sites``) as top-level variables the components refer
 to (``"{num_rounds}"``), so an exported folder can be re-run with another number of rounds by editing one value.
@@ -48,6 +48,7 @@ from nvflare.recipe.spec import ExecEnv, Recipe
 
 from .data.presets import deep_merge, resolve_dataset
 from .data.site_config import DATA_DIR_ENV
+from .job_layout import client_config, default_max_missing, server_config, set_run_name
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 _VAR = re.compile(r"^\{(\w+)\}$")
@@ -210,8 +211,6 @@ class PartialLabelRecipe(Recipe):
                  method_args: dict | None = None, seed: int = 0, max_missing: int | None = None,
                  key_metric: str = "auc", tracking: str | None = TRACKING_DEFAULT,
                  tracking_config: dict | None = None, prepared: str | os.PathLike | None = None, data_dir: str | os.PathLike | None = None):
-        from .tools.new_job import (client_config, default_max_missing, server_config, set_run_name)
-
         if not isinstance(num_rounds, int) or num_rounds < 1:
             raise ValueError(f"job '{name}': num_rounds must be an integer >= 1, got {num_rounds!r}")
         dataset = {"preset": dataset} if isinstance(dataset, str) else copy.deepcopy(dataset)

@@ -42,7 +42,7 @@ from typing import Callable
 from nvflare.apis.job_def import RunStatus
 
 from ..fl.results import render_tables
-from .new_job import training_entries
+from ..job_layout import training_entries
 from .show_results import find_results
 
 FINISHED_OK = RunStatus.FINISHED_COMPLETED.value  # "FINISHED:COMPLETED"

@@ -63,7 +63,8 @@ from .sources.isic2019 import FLAMBY_CENTRES
 from .vocabulary import CHEXPERT_SYNONYMS, VOCABULARIES, VocabularyError, invert, resolve_vocabulary
 
 DATASET_JSON = "dataset.json"
-PUBLISHED_SOURCES = ("ham10000", "isic2018", "isic2019", "nih_cxr14", "chexpert", "mimic_cxr", "rsna_ich")
+PUBLISHED_SOURCES = ("ham10000", "isic2018", "isic2019", "nih_cxr14", "chexpert", "mimic_cxr", "rsna_ich", "csv",
+                     "folder")
 """Sources read from a release's folder (--root required); the others are generated into the output folder."""
 FORMAT_VERSION = 1
 
@@ -869,9 +870,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedpartial-prepare", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--source", action="append", required=True,
-                   help="ham10000, isic2018, isic2019, nih_cxr14, chexpert, mimic_cxr, rsna_ich, ich_phantom; repeat "
+                   help="ham10000, isic2018, isic2019, nih_cxr14, chexpert, mimic_cxr, rsna_ich, ich_phantom, csv (any "
+                        "label CSV), folder (one sub-folder per class); repeat "
                         "--source / --root (and --sites) to federate several published sources")
-    p.add_argument("--root", action="append", default=[], help="source folder (omit for generated sources)")
+    p.add_argument("--root", action="append", default=[],
+                   help="source folder (the label CSV for csv; omit for generated sources)")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--sites", type=int, action="append", default=[],
                    help="number of sites (one per --source when several; omit with --partition centre)")

@@ -60,6 +60,18 @@ def _ich_phantom(root: str | os.PathLike, **kwargs) -> SourceTable:
     return load_ich_phantom(root, **kwargs)
 
 
+def _csv(root: str | os.PathLike, **kwargs) -> SourceTable:
+    """Any label CSV: an image column, one column per class or a label-name column, a patient column."""
+    from .csv_source import load_csv
+    return load_csv(root, **kwargs)
+
+
+def _folder(root: str | os.PathLike, **kwargs) -> SourceTable:
+    """One sub-folder per class (single-label)."""
+    from .folder_source import load_folder
+    return load_folder(root, **kwargs)
+
+
 SOURCES: dict[str, Callable[..., SourceTable]] = {
     "ham10000": _ham10000,
     "isic2018": _isic2018,
@@ -69,6 +81,8 @@ SOURCES: dict[str, Callable[..., SourceTable]] = {
     "nih_cxr14": _nih_cxr14,
     "rsna_ich": _rsna_ich,
     "ich_phantom": _ich_phantom,
+    "csv": _csv,
+    "folder": _folder,
 }
 
 
@@ -105,6 +119,7 @@ _LOADERS: dict[str, Callable[[], Callable]] = {
     "ham10000": _loader("ham10000", "load_ham10000"), "isic2018": _loader("ham10000", "load_isic2018"),
     "isic2019": _loader("isic2019", "load_isic2019"), "chexpert": _loader("chexpert", "load_chexpert"),
     "mimic_cxr": _loader("mimic_cxr", "load_mimic_cxr"), "nih_cxr14": _loader("nih_cxr14", "load_nih_cxr14"),
+    "csv": _loader("csv_source", "load_csv"), "folder": _loader("folder_source", "load_folder"),
 }
 
 

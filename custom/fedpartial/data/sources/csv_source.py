@@ -1,0 +1,424 @@
+"""Any label CSV (a hospital's own export, VinDr-CXR, PadChest, ...): ``fedpartial-prepare --source csv``.
+
+One row per image. The columns:
+
+- the image column (``image_column``, default ``image``): a path relative to the images root (default the CSV's
+  folder; ``images_root`` relative to the CSV's folder or absolute), or an absolute path inside it. Windows
+  separators (``\\``) are read as ``/``;
+- the labels, in one of two layouts:
+
+  - **one column per class** (the default; ``classes`` names them, else every column that is not the image,
+    patient or split column nor in ``ignore_columns``): each cell ``1`` positive, ``0`` negative, ``-1``
+    uncertain (CheXpert's code; ``uncertain`` says what it becomes) or blank (``blank``: not annotated by
+    default; ``nan`` / ``NA`` are blank too; ``1.0`` / ``0.0`` / ``-1.0`` are accepted);
+  - **one label-name column** (``label_column``): the class name(s) of the row; several names are separated by
+    ``label_separator`` (default ``|``, NIH's ``Finding Labels``), ``none_label`` (default ``No Finding``) means
+    every class negative, a blank cell follows ``blank``. The classes are ``classes`` (a name outside them is an
+    error) or the names found, sorted;
+
+- the patient column (``patient_column``; ``auto`` = ``patient_id`` when the CSV has one): images of one patient
+  never straddle train / val / test. Without one, ``patient_pattern`` (a regular expression whose first group,
+  else whole match, found in the image path is the patient) or ``patient_column=none`` (every image its own
+  patient; a warning) must say so: a CSV without either is refused;
+- an optional split column (``split_column``: ``train`` / ``val`` / ``test``; ``valid``, ``validation`` and
+  ``validate`` are ``val``): the publisher's split, as ``official_split`` of the releases.
+
+``task``: ``multilabel``, ``multiclass`` or ``auto``: one column per class is single-label when every row is
+one-hot (one ``1``, the rest ``0``, no blank or ``-1``); a label-name column is multi-label when a cell holds the
+separator or ``none_label``. A single-label row needs its class: a blank label, two positives or all-zero
+annotated cells are errors.
+
+Every problem is a :class:`SourceError` naming the CSV and the line (an editor's line number: the header is
+line 1, blank lines and quoted line breaks counted): an unknown column, a bad cell value, an unknown class name, an
+empty image cell, an image outside the images root, the same image on two rows, a blank patient, a patient in two
+splits. Images that do not exist or do not decode are found by prepare's quality pass, at the same line.
+"""
+
+from __future__ import annotations
+
+import csv as _csv
+import gzip
+import io
+import os
+import re
+import warnings
+from pathlib import Path, PurePosixPath
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from .base import BLANK_POLICIES, NOT_ANNOTATED, UNCERTAIN_POLICIES, SourceError, SourceTable
+
+TASKS = ("auto", "multilabel", "multiclass")
+SPLIT_NAMES = {"train": "train", "val": "val", "valid": "val", "validation": "val", "validate": "val",
+               "test": "test"}
+"""Split cell (case-insensitive) -> split."""
+
+_CELL = {"1": 1, "1.0": 1, "0": 0, "0.0": 0, "-1": -2, "-1.0": -2, "": -3, "nan": -3, "na": -3}
+_UNCERTAIN, _BLANK = -2, -3
+
+
+def _names(value: str | Sequence[str] | None) -> list[str] | None:
+    """A list option given as a list or as comma-separated text (``--source-arg classes=A,B``)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [s.strip() for s in value.split(",") if s.strip()]
+    return [str(s).strip() for s in value]
+
+
+def read_rows(path: Path, delimiter: str = ",") -> tuple[list[str], list[list[str]], list[int]]:
+    """A CSV (``.csv`` or ``.csv.gz``, BOM-tolerant) -> header, rows, and each row's first line in the file.
+
+    Blank lines are skipped (and counted); a quoted cell spanning lines counts them all.
+
+    Raises:
+        SourceError: the file is absent, unreadable, empty, has no rows, or a row whose field count differs from the
+            header's (at its line).
+    """
+    if not path.is_file():
+        raise SourceError("label CSV not found", path, hint="--root is the CSV file, or its folder with "
+                                                            "--source-arg csv=NAME")
+    opener = gzip.open if path.name.endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8-sig", newline="") as fh:
+            text = fh.read()
+    except (OSError, UnicodeDecodeError, EOFError) as e:
+        raise SourceError(f"cannot be read as a UTF-8 CSV ({type(e).__name__}: {e})", path) from None
+    reader = _csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+    header: list[str] | None = None
+    rows, lines = [], []
+    end = 0
+    try:
+        for record in reader:
+            start, end = end + 1, reader.line_num
+            if not any(cell.strip() for cell in record):
+                continue  # blank line
+            if header is None:
+                header = [c.strip() for c in record]
+                header_line = start
+                continue
+            if len(record) != len(header):
+                raise SourceError(f"has {len(record)} fields, the header (line {header_line}) has {len(header)}",
+                                  path, start, hint=_delimiter_hint(header, delimiter))
+            rows.append([c.strip() for c in record])
+            lines.append(start)
+    except _csv.Error as e:
+        raise SourceError(f"is not a valid CSV ({e})", path, reader.line_num) from None
+    if header is None:
+        raise SourceError("the file is empty (no header)", path)
+    dup = sorted({h for h in header if header.count(h) > 1})
+    if dup:
+        raise SourceError(f"duplicate column(s) {dup}", path, header_line)
+    if not rows:
+        raise SourceError("the CSV has a header but no rows", path)
+    return header, rows, lines
+
+
+def _delimiter_hint(header: Sequence[str], delimiter: str) -> str | None:
+    if len(header) == 1:
+        for d, name in ((";", ";"), ("\t", "tab")):
+            if d != delimiter and d in header[0]:
+                return f"the header looks {name}-separated: pass --source-arg delimiter={name}"
+    return None
+
+
+def _find_csv(root: Path, csv: str | None) -> Path:
+    """``root`` itself when it is a file, else ``root / csv``, else the one CSV in ``root``."""
+    if root.is_file():
+        if csv is not None:
+            raise SourceError(f"--root is already a file ({root}); csv={csv!r} names another",
+                              hint="give either --root FILE or --root FOLDER with --source-arg csv=NAME")
+        return root
+    if csv is not None:
+        return Path(csv) if Path(csv).is_absolute() else root / csv
+    if not root.is_dir():
+        raise SourceError(f"csv: {root} is neither a CSV file nor a folder", hint="--root is the label CSV")
+    found = sorted(p.name for p in root.iterdir() if p.is_file() and p.name.lower().endswith((".csv", ".csv.gz")))
+    if len(found) != 1:
+        raise SourceError(f"csv: {root} holds {len(found)} CSV files {found[:10]}; name the label CSV",
+                          hint="--root FOLDER/labels.csv, or --source-arg csv=NAME")
+    return root / found[0]
+
+
+def _image_paths(cells: Sequence[str], lines: Sequence[int], images_root: Path, column: str, path: Path
+                 ) -> list[str]:
+    """Image cells -> posix paths relative to ``images_root`` (checked lexically: no ``..`` out of it); duplicates
+    are errors naming both lines."""
+    root = os.path.normpath(str(images_root))
+    out, seen = [], {}
+    for cell, line in zip(cells, lines):
+        if not cell:
+            raise SourceError(f"image column {column!r} is empty", path, line)
+        text = cell.replace("\\", "/")
+        full = os.path.normpath(text if os.path.isabs(text) else os.path.join(root, text))
+        if os.path.commonpath([root, full]) != root or full == root:
+            raise SourceError(f"image path {cell!r} lies outside the images root {root}", path, line,
+                              hint="pass --source-arg images_root=FOLDER, a folder that holds every image")
+        rel = PurePosixPath(Path(full).relative_to(root).as_posix()).as_posix()
+        if rel in seen:
+            raise SourceError(f"image {cell!r} is listed twice (lines {seen[rel]} and {line}); keep one row per "
+                              "image", path, line)
+        seen[rel] = line
+        out.append(rel)
+    return out
+
+
+def _class_columns(header: list[str], rows: list[list[str]], lines: list[int], classes: list[str],
+                   uncertain: str, blank: str, path: Path, ignore_hint: str) -> tuple[np.ndarray, np.ndarray]:
+    """Class cells -> raw codes ``(N, C)`` (1, 0, ``_UNCERTAIN``, ``_BLANK``) and the policy-applied matrix."""
+    col = {h: k for k, h in enumerate(header)}
+    raw = np.empty((len(rows), len(classes)), np.int64)
+    for j, c in enumerate(classes):
+        k = col[c]
+        for i, r in enumerate(rows):
+            code = _CELL.get(r[k].lower())
+            if code is None:
+                raise SourceError(f"column {c!r} has value {r[k]!r}; a class cell is 1 (positive), 0 (negative), "
+                                  "-1 (uncertain) or blank (not annotated)", path, lines[i], hint=ignore_hint)
+            raw[i, j] = code
+    values = raw.copy()
+    values[raw == _UNCERTAIN] = {"ignore": NOT_ANNOTATED, "zeros": 0, "ones": 1}[uncertain]
+    values[raw == _BLANK] = {"ignore": NOT_ANNOTATED, "zeros": 0}[blank]
+    return raw, values
+
+
+def _label_names(cells: Sequence[str], lines: Sequence[int], classes: list[str] | None, separator: str | None,
+                 none_label: str, column: str, path: Path) -> tuple[list[list[str] | None], list[str]]:
+    """Label-name cells -> per row the names (None = blank cell, [] = ``none_label``) and the class list."""
+    names: list[list[str] | None] = []
+    for cell in cells:
+        if not cell:
+            names.append(None)
+            continue
+        parts = [s.strip() for s in (cell.split(separator) if separator else [cell])]
+        parts = [s for s in parts if s]
+        names.append([] if parts == [none_label] else parts)
+    found = sorted({n for row in names if row for n in row})
+    if none_label in found:
+        i = next(i for i, row in enumerate(names) if row and none_label in row)
+        raise SourceError(f"label {cells[i]!r} mixes {none_label!r} with findings", path, lines[i])
+    if classes is None:
+        return names, found
+    known = set(classes)
+    for i, row in enumerate(names):
+        unknown = [n for n in row or [] if n not in known]
+        if unknown:
+            raise SourceError(f"column {column!r} names unknown class {unknown[0]!r}; the classes are {classes}"
+                              + (f" or {none_label!r}" if separator else ""), path, lines[i],
+                              hint="add it to --source-arg classes=..., or correct the row")
+    return names, list(classes)
+
+
+def load_csv(root: str | os.PathLike, csv: str | None = None, image_column: str = "image",
+             label_column: str | None = None, label_separator: str = "|", none_label: str = "No Finding",
+             classes: str | Sequence[str] | None = None, ignore_columns: str | Sequence[str] | None = None,
+             patient_column: str = "auto", patient_pattern: str | None = None, split_column: str | None = None,
+             task: str = "auto", uncertain: str = "ignore", blank: str = "ignore",
+             images_root: str | os.PathLike | None = None, delimiter: str = ",", name: str = "csv") -> SourceTable:
+    """Load any label CSV as a source table (see the module docstring for the layouts).
+
+    Args:
+        root: the label CSV, or the folder holding it (then ``csv`` names it, unless it is the folder's only CSV).
+        csv: the CSV's name in ``root`` (or an absolute path).
+        image_column: the column of image paths.
+        label_column: the column of class names (one per row, or several joined by ``label_separator``); None: one
+            column per class.
+        label_separator: separator of several names in ``label_column`` (multi-label).
+        none_label: the ``label_column`` value meaning "no class positive" (multi-label).
+        classes: the class columns (one column per class) or the allowed names (``label_column``), in this order;
+            a list or comma-separated text.
+        ignore_columns: columns that are neither image, patient, split nor class (one column per class).
+        patient_column: the patient id column; ``auto``: ``patient_id`` if present; ``none``: every image is its
+            own patient.
+        patient_pattern: a regular expression searched in the image path; its first group (else the whole match)
+            is the patient (when there is no patient column).
+        split_column: a column of ``train`` / ``val`` / ``test`` (the publisher's split).
+        task: ``auto``, ``multilabel`` or ``multiclass``.
+        uncertain: what a ``-1`` cell becomes, one of ``UNCERTAIN_POLICIES`` (``ignore`` = not annotated).
+        blank: what a blank cell becomes, one of ``BLANK_POLICIES`` (``ignore`` = not annotated, the default).
+        images_root: folder the image paths are relative to (default the CSV's folder; a relative value is relative
+            to the CSV's folder).
+        delimiter: the field separator (``,``; ``;`` or ``tab`` for such exports).
+        name: the source name recorded.
+
+    Returns:
+        A :class:`SourceTable` (``root`` = the images root; column ``line`` = each row's CSV line; column
+        ``official_split`` with ``split_column``).
+
+    Raises:
+        SourceError: naming the CSV and the line of the first problem.
+    """
+    if task not in TASKS:
+        raise SourceError(f"{name}: task must be one of {TASKS}, got {task!r}")
+    if uncertain not in UNCERTAIN_POLICIES:
+        raise SourceError(f"{name}: uncertain must be one of {UNCERTAIN_POLICIES}, got {uncertain!r}")
+    if blank not in BLANK_POLICIES:
+        raise SourceError(f"{name}: blank must be one of {BLANK_POLICIES}, got {blank!r}")
+    delimiter = "\t" if delimiter in ("tab", "\\t") else delimiter
+    if len(delimiter) != 1:
+        raise SourceError(f"{name}: delimiter must be one character (or 'tab'), got {delimiter!r}")
+    path = _find_csv(Path(root).expanduser(), csv).resolve()
+    header, rows, lines = read_rows(path, delimiter)
+    hint = _delimiter_hint(header, delimiter)
+    base = path.parent
+    images = base if images_root is None else Path(images_root).expanduser()
+    images = (images if images.is_absolute() else base / images).resolve()
+    if not images.is_dir():
+        raise SourceError(f"{name}: images root {images} is not a folder",
+                          hint="--source-arg images_root=FOLDER (relative to the CSV's folder, or absolute)")
+
+    own_patient = patient_column == "none"
+    if patient_column == "auto":
+        patient_column = "patient_id" if "patient_id" in header else ""
+    if own_patient:
+        patient_column = ""
+    if patient_column and patient_pattern:
+        raise SourceError(f"{name}: give patient_column or patient_pattern, not both")
+    reserved = [c for c in (image_column, patient_column, split_column, label_column) if c]
+    missing = [c for c in reserved if c not in header]
+    if missing:
+        raise SourceError(f"lacks column(s) {missing}; it has {header}", path, 1,
+                          hint=hint or "name the columns with --source-arg image_column=..., label_column=..., "
+                                       "patient_column=..., split_column=...")
+    if not (patient_column or patient_pattern or own_patient):
+        raise SourceError(f"has no patient column ('patient_id'); without one, images of one patient can land in "
+                          f"train and test (columns: {header})", path, 1,
+                          hint="--source-arg patient_column=NAME, patient_pattern=REGEX (found in the image path), "
+                               "or patient_column=none (every image its own patient)")
+    col = {h: k for k, h in enumerate(header)}
+    wanted = _names(classes)
+    ignored = set(_names(ignore_columns) or [])
+    unknown_ignored = sorted(ignored - set(header))
+    if unknown_ignored:
+        raise SourceError(f"ignore_columns names column(s) {unknown_ignored} the CSV lacks; it has {header}", path, 1)
+
+    # ---- images
+    rel = _image_paths([r[col[image_column]] for r in rows], lines, images, image_column, path)
+
+    # ---- labels
+    if label_column is None:
+        if wanted is None:
+            cls = [h for h in header if h not in reserved and h not in ignored]
+        else:
+            absent = [c for c in wanted if c not in header]
+            if absent:
+                raise SourceError(f"lacks class column(s) {absent}; it has {header}", path, 1, hint=hint)
+            cls = list(dict.fromkeys(wanted))
+        if not cls:
+            raise SourceError(f"has no class column (columns {header})", path, 1,
+                              hint="one column per class, or --source-arg label_column=NAME for a column of names")
+        raw, values = _class_columns(header, rows, lines, cls, uncertain, blank, path,
+                                     "if it is not a class column, list the classes with --source-arg classes=A,B "
+                                     "or skip it with --source-arg ignore_columns=NAME")
+        if task == "auto":
+            task = "multiclass" if np.isin(raw, (0, 1)).all() and (raw == 1).sum(axis=1).min() == 1 and \
+                (raw == 1).sum(axis=1).max() == 1 else "multilabel"
+    else:
+        cells = [r[col[label_column]] for r in rows]
+        if task == "auto":
+            task = "multilabel" if any(label_separator in c or c == none_label for c in cells) else "multiclass"
+        separator = label_separator if task == "multilabel" else None
+        if separator is None and label_separator:
+            both = next((i for i, c in enumerate(cells) if label_separator in c), None)
+            if both is not None:
+                raise SourceError(f"column {label_column!r} holds several classes {cells[both]!r} but the task is "
+                                  "single-label", path, lines[both], hint="keep one class per row, or pass "
+                                                                          "--source-arg task=multilabel")
+        names, cls = _label_names(cells, lines, wanted, separator, none_label, label_column, path)
+        if not cls:
+            raise SourceError(f"column {label_column!r} names no class", path)
+        pos = {c: j for j, c in enumerate(cls)}
+        values = np.zeros((len(rows), len(cls)), np.int64)
+        for i, row in enumerate(names):
+            if row is None:
+                if task == "multiclass":
+                    raise SourceError(f"column {label_column!r} is blank: a single-label row needs its class", path,
+                                      lines[i], hint="fill it, or pass --source-arg task=multilabel if a blank "
+                                                     "cell means not annotated")
+                values[i] = {"ignore": NOT_ANNOTATED, "zeros": 0}[blank]
+            else:
+                values[i, [pos[n] for n in row]] = 1
+    if task == "multiclass":
+        _check_single_label(values, lines, cls, path)
+
+    # ---- patients and split
+    if patient_column:
+        patients = [r[col[patient_column]] for r in rows]
+        for p, line in zip(patients, lines):
+            if not p:
+                raise SourceError(f"patient column {patient_column!r} is blank", path, line)
+    elif patient_pattern:
+        patients = patients_from_pattern(rel, patient_pattern, [(path, line) for line in lines])
+    else:
+        warnings.warn(f"{name}: no patient column (patient_column=none): every image is its own patient, so "
+                      "images of one patient may land in train and test")
+        patients = list(rel)
+    frame = pd.DataFrame({"image": rel, "patient_id": patients, "line": lines})
+    if split_column:
+        frame["official_split"] = _splits([r[col[split_column]] for r in rows], lines, split_column, path)
+        _check_patient_splits(frame, path)
+    for j, c in enumerate(cls):
+        frame[c] = values[:, j]
+    return SourceTable(name=name, task=task, classes=cls, root=images, frame=frame, files=[str(path)])
+
+
+def _check_single_label(values: np.ndarray, lines: Sequence[int], classes: list[str], path: Path) -> None:
+    """Single-label rows: at most one positive, and a row whose every class is annotated has one."""
+    pos = (values == 1).sum(axis=1)
+    many = np.flatnonzero(pos > 1)
+    if len(many):
+        i = int(many[0])
+        hit = [c for c, v in zip(classes, values[i]) if v == 1]
+        raise SourceError(f"row has {len(hit)} positive classes {hit} but the task is single-label", path, lines[i],
+                          hint="keep one class per row, or pass --source-arg task=multilabel")
+    none = np.flatnonzero((pos == 0) & (values != NOT_ANNOTATED).all(axis=1))
+    if len(none):
+        raise SourceError("row has no positive class but the task is single-label (a row needs its class)", path,
+                          lines[int(none[0])])
+    unlabelled = np.flatnonzero((values == NOT_ANNOTATED).all(axis=1))
+    if len(unlabelled):
+        raise SourceError("row carries no label (every class cell blank) but the task is single-label", path,
+                          lines[int(unlabelled[0])])
+
+
+def patients_from_pattern(images: Sequence[str], pattern: str, where: Sequence[tuple[Path, int | None]]
+                          ) -> list[str]:
+    """The patient of each image path: the first group of ``pattern`` (else the whole match) found in it.
+
+    Raises:
+        SourceError: a bad expression, or a path it does not match (naming ``where``: file and line).
+    """
+    try:
+        rx = re.compile(pattern)
+    except re.error as e:
+        raise SourceError(f"patient_pattern {pattern!r} is not a regular expression ({e})") from None
+    out = []
+    for image, (file, line) in zip(images, where):
+        m = rx.search(image)
+        if m is None or not (m.group(1) if rx.groups else m.group(0)):
+            raise SourceError(f"patient_pattern {pattern!r} finds no patient in {image!r}", file, line,
+                              hint="adjust the expression (its first group is the patient)")
+        out.append(m.group(1) if rx.groups else m.group(0))
+    return out
+
+
+def _splits(cells: Sequence[str], lines: Sequence[int], column: str, path: Path) -> list[str]:
+    out = []
+    for cell, line in zip(cells, lines):
+        split = SPLIT_NAMES.get(cell.lower())
+        if split is None:
+            raise SourceError(f"split column {column!r} has value {cell!r}; expected train, val or test", path, line)
+        out.append(split)
+    return out
+
+
+def _check_patient_splits(frame: pd.DataFrame, path: Path) -> None:
+    """A patient's images all in one split."""
+    first: dict[str, tuple[str, int]] = {}
+    for pid, split, line in zip(frame["patient_id"], frame["official_split"], frame["line"]):
+        seen = first.setdefault(pid, (split, line))
+        if seen[0] != split:
+            raise SourceError(f"patient {pid!r} is in '{seen[0]}' (line {seen[1]}) and in '{split}'; a patient's "
+                              "images must share one split", path, int(line))

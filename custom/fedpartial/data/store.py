@@ -1,0 +1,578 @@
+"""The prepared image store: every image of a manifest decoded once, resized to the job's size, kept as uint8.
+
+One store per manifest (a site's training rows, a shared validation or test set) and preprocessing, in a folder
+under the cache root (:func:`fedpartial.data.cache.store_root`), named by a hash of the preprocessing (image size,
+channels, CT windows, resize mode, format version) and of the manifest's absolute image paths::
+
+    store.json     format, version, key, shape (N, c, S, S), chunk size, complete flag
+    images.npy     uint8 (N, c, S, S), a NumPy .npy file read through np.memmap (c: the images' own channels:
+                   a grayscale X-ray stays 1 channel, a job asking for 3 repeats it on the training device)
+    index.npz      row -> position, each row's source file (path, size, mtime_ns) and label vector + mask
+    chunks.log     one line per committed chunk of rows: "<chunk> <crc32 of its bytes>" (appended, fsynced)
+
+Format: a plain ``.npy`` memory map (``benchmarks/scale_data.py`` measured it against LMDB, ``docs/datasets.md``):
+reading a batch is one fancy index into the page cache (no per-image decode or key lookup), simulated sites
+opening the same validation / test store share its pages, and the file is readable by NumPy alone.
+
+Building (:func:`build_store`) decodes in a process pool over every core (JPEG through ``Image.draft`` when the
+target size allows), each worker writing its chunk of rows straight into the memory map; the parent appends the
+chunk to ``chunks.log`` once the worker has flushed it, so a killed build loses at most the chunks in flight
+and a restart decodes only the rest. Progress: a tqdm bar on a terminal, ``k / N`` lines otherwise.
+
+Opening (:func:`open_store`) checks the format, key, file size (a truncated store), the index's checksum and a
+sample of the chunks' checksums (a corrupt store) and refuses anything else with one line naming the store and
+what to run; :func:`ensure_store` then compares each row's source file size and mtime with the index (no image is
+decoded) and decodes again only the rows whose file changed, naming them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sys
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from .cache import store_root
+
+FORMAT = "fedpartial-image-store"
+VERSION = 1
+CHUNK_ROWS = 64  # rows per committed chunk (a killed build loses at most the chunks being decoded)
+RESIZE_FILTERS = {"area": Image.Resampling.BOX, "bilinear": Image.Resampling.BILINEAR,
+                  "bicubic": Image.Resampling.BICUBIC, "nearest": Image.Resampling.NEAREST}
+log = logging.getLogger("fedpartial.store")
+
+
+class StoreError(RuntimeError):
+    """A store that cannot be used as it is (truncated, corrupt, foreign) or not built in time; one line naming
+    the store and what to run."""
+
+
+class DecodeFailure(RuntimeError):
+    """Images that could not be decoded while building: ``failures`` = [(row, message), ...]."""
+
+    def __init__(self, failures: list[tuple[int, str]]):
+        self.failures = sorted(failures)
+        row, msg = self.failures[0]
+        more = f" ({len(self.failures) - 1} more)" if len(self.failures) > 1 else ""
+        super().__init__(f"row {row}: {msg}{more}")
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    """What a store is built for: images resized to ``image_size`` (``resize_mode``: area / bilinear / bicubic /
+    nearest), DICOM through ``ct_windows`` (one channel each), and the job's ``channels`` (1: stored grayscale;
+    more: each image's own channels, a grayscale image stays 1 channel)."""
+
+    image_size: int
+    channels: int
+    ct_windows: tuple[tuple[float, float], ...] | None = None
+    resize_mode: str = "area"
+
+    @classmethod
+    def of(cls, cfg: dict) -> "Preprocessing":
+        """From a resolved dataset config (``image_size``, ``channels``, ``ct_windows``, ``resize_mode``)."""
+        w = cfg.get("ct_windows")
+        return cls(int(cfg["image_size"]), int(cfg["channels"]),
+                   tuple((float(a), float(b)) for a, b in w) if w else None, str(cfg.get("resize_mode", "area")))
+
+    def key(self) -> dict:
+        return {"format": FORMAT, "version": VERSION, "size": self.image_size, "gray": self.channels == 1,
+                "windows": [list(w) for w in self.ct_windows] if self.ct_windows else None, "resize": self.resize_mode}
+
+
+def store_key(paths: Sequence[str], prep: Preprocessing) -> str:
+    """sha256 of the preprocessing and the ordered absolute image paths."""
+    h = hashlib.sha256(json.dumps(prep.key(), sort_keys=True).encode())
+    for p in paths:
+        h.update(str(p).encode() + b"\0")
+    return h.hexdigest()
+
+
+def store_folder(paths: Sequence[str], prep: Preprocessing, root: str | os.PathLike | None = None,
+                 name: str = "") -> Path:
+    """``<root>/<name>-<S>px-<key>``: the folder of the store of these images under this preprocessing."""
+    slug = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name)[:40] or "rows"
+    return store_root(root) / f"{slug}-{prep.image_size}px-{store_key(paths, prep)[:16]}"
+
+
+# ------------------------------------------------------------------------------------------------------- decoding
+
+def _is_dicom(path: str) -> bool:
+    from .transforms import is_dicom
+
+    return is_dicom(path)
+
+
+def native_channels(path: str, prep: Preprocessing) -> int:
+    """The channels an image has before any matching (1 gray, 3 colour, the CT windows for DICOM); reads the
+    header only."""
+    if _is_dicom(path):
+        return len(prep.ct_windows) if prep.ct_windows else 1
+    with Image.open(path) as im:
+        return 1 if im.mode in ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F") else 3
+
+
+def stored_channels(native: int, prep: Preprocessing) -> int:
+    """The store's channels: 1 for a grayscale job or grayscale images, else the job's."""
+    return 1 if prep.channels == 1 or native == 1 else prep.channels
+
+
+def _resize_float(x: np.ndarray, size: int, flt) -> np.ndarray:
+    """``(c, H, W)`` float in [0, 1] -> ``(c, S, S)`` uint8 (per channel through Pillow's float mode)."""
+    out = [np.asarray(Image.fromarray(np.ascontiguousarray(ch, np.float32), "F").resize((size, size), flt))
+           for ch in x]
+    return np.clip(np.rint(np.stack(out) * 255.0), 0, 255).astype(np.uint8)
+
+
+def decode_resized(path: str | os.PathLike, prep: Preprocessing, channels: int) -> np.ndarray:
+    """One image file -> ``(channels, S, S)`` uint8: decoded once (a JPEG at the smallest DCT scale that still
+    covers ``S``, ``Image.draft``), resized with ``prep.resize_mode`` (area = box filter), 8-bit values kept,
+    16-bit / float scaled to [0, 255], DICOM through the CT windows (else min-max). Gray -> more channels
+    repeats, colour -> 1 channel is the luma (ITU-R 601-2).
+
+    Raises:
+        OSError / ValueError: the file is missing or cannot be decoded.
+    """
+    path = str(path)
+    size, flt = prep.image_size, RESIZE_FILTERS[prep.resize_mode]
+    if _is_dicom(path):
+        from .dicom import apply_windows, read_dicom_hu
+        from .transforms import _minmax
+
+        hu = read_dicom_hu(path)
+        x = apply_windows(hu, prep.ct_windows) if prep.ct_windows else _minmax(hu)[None]
+        out = _resize_float(x, size, flt)
+    else:
+        with Image.open(path) as im:
+            if im.format == "JPEG":
+                im.draft("L" if channels == 1 else "RGB", (size, size))
+            mode = im.mode
+            if mode in ("I", "I;16", "I;16B", "I;16L", "F"):
+                arr = np.asarray(im).astype(np.float32)
+                if mode != "F" and arr.min(initial=0) >= 0 and arr.max(initial=0) <= 65535:
+                    arr = arr / 65535.0
+                else:
+                    lo, hi = float(arr.min()), float(arr.max())
+                    arr = (arr - lo) / (hi - lo) if hi > lo else np.zeros_like(arr)
+                out = _resize_float(arr[None], size, flt)
+            else:
+                im = im.convert("L") if channels == 1 or mode in ("1", "LA") else im
+                if im.mode not in ("L", "RGB"):
+                    im = im.convert("RGB")
+                a = np.asarray(im.resize((size, size), flt))
+                out = a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
+    c = out.shape[0]
+    if c == channels:
+        return np.ascontiguousarray(out)
+    if c == 1:
+        return np.repeat(out, channels, axis=0)
+    if channels == 1:  # a colour image (or several CT windows) in a gray store: luma / mean
+        return np.rint(out.astype(np.float32).mean(0, keepdims=True)).astype(np.uint8) if c != 3 else \
+            np.asarray(Image.fromarray(out.transpose(1, 2, 0)).convert("L"))[None]
+    raise ValueError(f"cannot store a {c}-channel image in a {channels}-channel store")
+
+
+def _decode_chunk(images: str, chunk: int, start: int, paths: Sequence[str], prep: Preprocessing,
+                  channels: int) -> tuple[int, int | None, list[tuple[int, str]], float]:
+    """Worker: decode rows ``start ..`` into the memory map, flush. Returns (chunk, crc32 of the chunk's bytes or
+    None when a row failed, failures, CPU seconds)."""
+    t0 = time.process_time()
+    mm = np.load(images, mmap_mode="r+")
+    failures = []
+    for i, p in enumerate(paths):
+        try:
+            mm[start + i] = decode_resized(p, prep, channels)
+        except Exception as e:  # noqa: BLE001 - decoders raise many types
+            failures.append((start + i, f"{type(e).__name__}: {e}".replace(str(p), Path(p).name)))
+    mm.flush()
+    crc = None if failures else zlib.crc32(memoryview(mm[start:start + len(paths)]).cast("B"))
+    del mm
+    return chunk, crc, failures, time.process_time() - t0
+
+
+# -------------------------------------------------------------------------------------------------- the store
+
+def _stamps(paths: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    size = np.zeros(len(paths), np.int64)
+    mtime = np.zeros(len(paths), np.int64)
+    for i, p in enumerate(paths):
+        try:
+            st = os.stat(p)
+        except OSError:
+            size[i], mtime[i] = -1, -1
+            continue
+        size[i], mtime[i] = st.st_size, st.st_mtime_ns
+    return size, mtime
+
+
+def _read_log(file: Path) -> dict[int, int]:
+    """Committed chunks ``{chunk: crc32}`` (a torn last line is ignored; a later line for a chunk wins)."""
+    out: dict[int, int] = {}
+    if not file.is_file():
+        return out
+    for line in file.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0].lstrip("-").isdigit() and parts[1].isdigit():
+            c = int(parts[0])
+            if c < 0:  # "-<chunk> 0": chunk invalidated (a source file changed)
+                out.pop(-c - 1, None)
+            else:
+                out[c] = int(parts[1])
+    return out
+
+
+def _append_log(file: Path, lines: Sequence[str]) -> None:
+    with open(file, "a") as f:
+        f.write("".join(f"{l}\n" for l in lines))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _write_json(file: Path, obj: dict) -> None:
+    tmp = file.with_name(file.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, file)
+
+
+def _index_digest(file: Path) -> str:
+    return hashlib.sha256(file.read_bytes()).hexdigest()
+
+
+class ImageStore:
+    """An opened store (:func:`open_store`): ``images`` ``(N, c, S, S)`` uint8 memory map (opened lazily, again
+    in every process: pickling sends the folder, never the pixels), the index arrays and ``meta``."""
+
+    def __init__(self, folder: Path, meta: dict, index: dict[str, np.ndarray]):
+        self.folder, self.meta, self.index = Path(folder), meta, index
+        self._images: np.ndarray | None = None
+
+    def __getstate__(self):
+        return {"folder": self.folder, "meta": self.meta, "index": self.index, "_images": None}
+
+    def __len__(self) -> int:
+        return int(self.meta["shape"][0])
+
+    @property
+    def channels(self) -> int:
+        return int(self.meta["shape"][1])
+
+    @property
+    def image_size(self) -> int:
+        return int(self.meta["shape"][2])
+
+    @property
+    def images(self) -> np.ndarray:
+        if self._images is None:
+            self._images = np.load(self.folder / "images.npy", mmap_mode="r")
+        return self._images
+
+    def batch(self, rows) -> np.ndarray:
+        """``(B, c, S, S)`` uint8 copy of ``rows`` (any order), read in ascending order (sequential pages)."""
+        rows = np.asarray(rows, np.int64).reshape(-1)
+        order = np.argsort(rows, kind="stable")
+        out = np.empty((len(rows), *self.images.shape[1:]), np.uint8)
+        out[order] = self.images[rows[order]]
+        return out
+
+    def stale_rows(self) -> np.ndarray:
+        """Rows whose source file's size or mtime differ from the index (or that are gone); stats only."""
+        size, mtime = _stamps(list(self.index["paths"]))
+        return np.flatnonzero((size != self.index["size"]) | (mtime != self.index["mtime_ns"]))
+
+
+def _refuse(folder: Path, why: str) -> StoreError:
+    return StoreError(f"image store {folder} is {why}; it is not read: remove it (rm -r '{folder}') and start "
+                      "the job again, or rebuild it first with fedpartial-store (docs/datasets.md, 'Image store')")
+
+
+def open_store(folder: str | os.PathLike, key: str | None = None, check_chunks: int = 4) -> ImageStore:
+    """Open a complete store, refusing a foreign, truncated or corrupt one (:class:`StoreError`, one line).
+
+    ``key``: the expected :func:`store_key` (a store of other images or settings is foreign); ``check_chunks``:
+    how many chunks (first, last and evenly spaced) have their crc32 checked against ``chunks.log``."""
+    folder = Path(folder)
+    try:
+        meta = json.loads((folder / "store.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise _refuse(folder, f"not a readable store (store.json: {type(e).__name__})") from None
+    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+        raise _refuse(folder, f"foreign (format {meta.get('format')!r} version {meta.get('version')!r}, expected "
+                              f"{FORMAT!r} {VERSION})")
+    if key is not None and meta.get("key") != key:
+        raise _refuse(folder, "foreign (built for other images or other preprocessing)")
+    if not meta.get("complete"):
+        raise _refuse(folder, "incomplete (its build did not finish)")
+    shape = [int(s) for s in meta["shape"]]
+    images = folder / "images.npy"
+    try:
+        mm = np.load(images, mmap_mode="r")
+    except (OSError, ValueError) as e:
+        raise _refuse(folder, f"truncated or corrupt (images.npy: {e})") from None
+    if list(mm.shape) != shape or mm.dtype != np.uint8:
+        raise _refuse(folder, f"corrupt (images.npy holds {mm.dtype} {list(mm.shape)}, store.json says uint8 {shape})")
+    need = int(mm.offset) + int(np.prod(shape))
+    if images.stat().st_size < need:
+        raise _refuse(folder, f"truncated (images.npy has {images.stat().st_size} bytes of {need})")
+    try:
+        if _index_digest(folder / "index.npz") != meta.get("index_sha256"):
+            raise _refuse(folder, "corrupt (index.npz does not match its checksum)")
+        with np.load(folder / "index.npz", allow_pickle=False) as z:
+            index = {k: z[k] for k in z.files}
+    except StoreError:
+        raise
+    except (OSError, ValueError, zlib.error) as e:
+        raise _refuse(folder, f"corrupt (index.npz: {type(e).__name__}: {e})") from None
+    crcs = _read_log(folder / "chunks.log")
+    n, rows = shape[0], int(meta["chunk_rows"])
+    n_chunks = -(-n // rows)
+    if len(crcs) != n_chunks:
+        raise _refuse(folder, f"corrupt (chunks.log lists {len(crcs)} of {n_chunks} chunks)")
+    for c in sorted({int(c) for c in np.linspace(0, n_chunks - 1, max(2, check_chunks))} if n_chunks else ()):
+        if zlib.crc32(memoryview(np.ascontiguousarray(mm[c * rows:(c + 1) * rows])).cast("B")) != crcs[c]:
+            raise _refuse(folder, f"corrupt (rows {c * rows}..{min(n, (c + 1) * rows) - 1} do not match their "
+                                  "checksum)")
+    del mm
+    return ImageStore(folder, meta, index)
+
+
+def _progress(total: int, done: int, desc: str, log_fn: Callable[[str], None] | None):
+    """A tqdm bar on a terminal, else ``k / N`` lines through ``log_fn`` (every 5 % or 30 s)."""
+    if sys.stderr.isatty() and log_fn is None:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, initial=done, desc=desc, unit="img", dynamic_ncols=True)
+        return bar.update, bar.close
+    state = {"k": done, "last": time.monotonic(), "step": max(1, total // 20), "mark": done}
+    say = log_fn or (lambda m: log.info(m))
+
+    def update(k: int) -> None:
+        state["k"] += k
+        now = time.monotonic()
+        if state["k"] - state["mark"] >= state["step"] or now - state["last"] >= 30 or state["k"] == total:
+            say(f"{desc}: {state['k']} / {total} images")
+            state["mark"], state["last"] = state["k"], now
+
+    return update, lambda: None
+
+
+def _pool(workers: int):
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+    return ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context(method))
+
+
+def default_workers() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def build_store(paths: Sequence[str], prep: Preprocessing, folder: str | os.PathLike,
+                labels: np.ndarray | None = None, mask: np.ndarray | None = None, workers: int | None = None,
+                chunk_rows: int = CHUNK_ROWS, desc: str = "image store", log_fn: Callable[[str], None] | None = None,
+                budget_s: float | None = None, redo: Sequence[int] = (), stop_after: int | None = None) -> dict:
+    """Build (or finish, or refresh) the store of ``paths`` in ``folder``; returns build statistics
+    ``{"decoded", "cpu_s", "wall_s", "workers"}``.
+
+    Resumes a build that stopped (the chunks in ``chunks.log`` are kept); ``redo``: rows decoded again (their
+    source file changed). ``budget_s``: when the rest would take longer (estimated from the first chunk), raise
+    :class:`StoreError` naming the command to build it beforehand, instead of starting work that a timeout
+    would kill. ``stop_after``: stop after that many chunks (tests and the benchmark's killed build).
+
+    Raises:
+        DecodeFailure: rows that could not be decoded (the others are committed; a rerun redoes only those).
+    """
+    folder = Path(folder)
+    paths = [str(p) for p in paths]
+    n = len(paths)
+    key = store_key(paths, prep)
+    meta_file, images = folder / "store.json", folder / "images.npy"
+    meta = None
+    if meta_file.is_file():
+        try:
+            meta = json.loads(meta_file.read_text())
+        except (OSError, json.JSONDecodeError):
+            meta = None
+        if meta is not None and (meta.get("format") != FORMAT or meta.get("version") != VERSION
+                                 or meta.get("key") != key):
+            raise _refuse(folder, "foreign (built for other images or other preprocessing)")
+    if meta is None:  # a new store: index, empty image file, no chunk
+        folder.mkdir(parents=True, exist_ok=True)
+        channels = stored_channels(native_channels(paths[0], prep), prep) if n else 1
+        shape = (n, channels, prep.image_size, prep.image_size)
+        np.lib.format.open_memmap(images, mode="w+", dtype=np.uint8, shape=shape).flush()  # sparse until written
+        (folder / "chunks.log").write_text("")
+        meta = {"format": FORMAT, "version": VERSION, "key": key, "shape": list(shape), "chunk_rows": int(chunk_rows),
+                "preprocessing": prep.key(), "complete": False, "created": time.time()}
+        _write_index(folder, meta, paths, labels, mask)
+        _write_json(meta_file, meta)
+    rows, channels = int(meta["chunk_rows"]), int(meta["shape"][1])
+    n_chunks = -(-n // rows)
+    if redo:
+        bad = sorted({int(r) // rows for r in redo})
+        _append_log(folder / "chunks.log", [f"-{c + 1} 0" for c in bad])
+        meta["complete"] = False
+        _write_json(meta_file, meta)
+        _write_index(folder, meta, paths, labels, mask)  # new sizes / mtimes of the changed files
+        _write_json(meta_file, meta)
+    done = _read_log(folder / "chunks.log")
+    todo = [c for c in range(n_chunks) if c not in done]
+    stats = {"decoded": 0, "cpu_s": 0.0, "wall_s": 0.0, "workers": 0}
+    if not todo:
+        _finish(folder, meta, meta_file)
+        return stats
+    t0 = time.perf_counter()
+    workers = max(1, min(int(workers or default_workers()), len(todo)))
+    stats["workers"] = workers
+    update, close = _progress(n, n - sum(min(rows, n - c * rows) for c in todo), desc, log_fn)
+    failures: list[tuple[int, str]] = []
+
+    def commit(result) -> None:
+        chunk, crc, fails, cpu = result
+        k = min(rows, n - chunk * rows)
+        stats["decoded"] += k
+        stats["cpu_s"] += cpu
+        if crc is not None:
+            _append_log(folder / "chunks.log", [f"{chunk} {crc}"])
+        failures.extend(fails)
+        update(k)
+
+    def args(c: int):
+        return str(images), c, c * rows, paths[c * rows:(c + 1) * rows], prep, channels
+
+    try:
+        first = todo.pop(0)  # in this process: its time tells whether the rest fits the budget
+        t_first = time.perf_counter()
+        commit(_decode_chunk(*args(first)))
+        per_image = (time.perf_counter() - t_first) / max(1, min(rows, n - first * rows))
+        rest = sum(min(rows, n - c * rows) for c in todo)
+        if budget_s is not None and todo and per_image * rest / workers > budget_s:
+            raise StoreError(
+                f"image store {folder}: {rest} images left to decode, about {per_image * rest / workers / 60:.0f} "
+                f"min on {workers} process(es), more than the {budget_s / 60:.0f} min this step may take; build it "
+                f"before the job: fedpartial-store PREPARED_FOLDER_OR_MANIFEST --image-size {prep.image_size} "
+                f"--channels {prep.channels} (docs/datasets.md, 'Image store')")
+        if stop_after is not None:
+            todo = todo[:max(0, stop_after - 1)]
+        if workers == 1 or len(todo) <= 1:
+            for c in todo:
+                commit(_decode_chunk(*args(c)))
+        else:
+            from concurrent.futures import FIRST_COMPLETED, wait
+
+            with _pool(workers) as pool:
+                pending = {pool.submit(_decode_chunk, *args(c)) for c in todo[:2 * workers]}
+                queue = todo[2 * workers:]
+                while pending:
+                    finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    for f in finished:
+                        commit(f.result())
+                        if queue:
+                            pending.add(pool.submit(_decode_chunk, *args(queue.pop(0))))
+    finally:
+        close()
+        stats["wall_s"] = time.perf_counter() - t0
+    if failures:
+        raise DecodeFailure(failures)
+    if stop_after is None:
+        _finish(folder, meta, meta_file)
+    return stats
+
+
+def _write_index(folder: Path, meta: dict, paths: list[str], labels, mask) -> None:
+    size, mtime = _stamps(paths)
+    n = len(paths)
+    labels = np.zeros((n, 0), np.float32) if labels is None else np.asarray(labels, np.float32)
+    mask = np.zeros(labels.shape, bool) if mask is None else np.asarray(mask, bool)
+    tmp = folder / f"index.tmp{os.getpid()}.npz"
+    np.savez(tmp, paths=np.asarray(paths, dtype=str), size=size, mtime_ns=mtime, labels=labels, mask=mask,
+             position=np.arange(n, dtype=np.int64))
+    os.replace(tmp, folder / "index.npz")
+    meta["index_sha256"] = _index_digest(folder / "index.npz")
+
+
+def _finish(folder: Path, meta: dict, meta_file: Path) -> None:
+    if not meta.get("complete"):
+        meta["complete"] = True
+        meta["finished"] = time.time()
+        _write_json(meta_file, meta)
+
+
+def relabel(store: ImageStore, labels: np.ndarray, mask: np.ndarray) -> bool:
+    """Record the manifest's label vectors in the store's index when they differ (a corrected label: nothing is
+    decoded again). Returns whether the index changed."""
+    labels, mask = np.asarray(labels, np.float32), np.asarray(mask, bool)
+    if store.index["labels"].shape == labels.shape and np.array_equal(store.index["labels"], labels) \
+            and np.array_equal(store.index["mask"], mask):
+        return False
+    paths = list(store.index["paths"])
+    tmp = store.folder / f"index.tmp{os.getpid()}.npz"
+    np.savez(tmp, **{**store.index, "labels": labels, "mask": mask})
+    os.replace(tmp, store.folder / "index.npz")
+    store.meta["index_sha256"] = _index_digest(store.folder / "index.npz")
+    _write_json(store.folder / "store.json", store.meta)
+    store.index = {**store.index, "labels": labels, "mask": mask}
+    del paths
+    return True
+
+
+def ensure_store(paths: Sequence[str], prep: Preprocessing, root: str | os.PathLike | None = None,
+                 name: str = "", labels: np.ndarray | None = None, mask: np.ndarray | None = None,
+                 workers: int | None = None, log_fn: Callable[[str], None] | None = None,
+                 budget_s: float | None = None) -> ImageStore:
+    """The complete, current store of ``paths``: opened when it exists (no image decoded: the index's sizes and
+    mtimes are compared with the files), its changed rows decoded again (named), built when absent or unfinished
+    (under a file lock: simulated sites opening the same validation store wait for the first).
+
+    Raises:
+        StoreError: a foreign / truncated / corrupt store, or a build that does not fit ``budget_s``.
+        DecodeFailure: images that cannot be decoded (rows).
+    """
+    from filelock import FileLock
+
+    paths = [str(p) for p in paths]
+    folder = store_folder(paths, prep, root, name)
+    key = store_key(paths, prep)
+    say = log_fn or (lambda m: log.info(m))
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder) + ".lock"):
+        meta_file = folder / "store.json"
+        complete = False
+        if meta_file.is_file():
+            try:
+                complete = bool(json.loads(meta_file.read_text()).get("complete"))
+            except (OSError, json.JSONDecodeError):
+                raise _refuse(folder, "not a readable store (store.json)") from None
+        if complete:
+            store = open_store(folder, key)
+            stale = store.stale_rows()
+            if not len(stale):
+                if labels is not None:
+                    relabel(store, labels, mask if mask is not None else np.ones_like(labels, bool))
+                return store
+            names = [Path(paths[i]).name for i in stale[:5]]
+            say(f"image store {folder.name}: {len(stale)} source file(s) changed since it was built "
+                f"({', '.join(names)}{', ...' if len(stale) > 5 else ''}): decoding them again")
+            build_store(paths, prep, folder, labels, mask, workers, desc=name or "image store", log_fn=log_fn,
+                        budget_s=budget_s, redo=stale)
+        else:
+            if meta_file.is_file():
+                say(f"image store {folder.name}: resuming an unfinished build")
+            build_store(paths, prep, folder, labels, mask, workers, desc=name or "image store", log_fn=log_fn,
+                        budget_s=budget_s)
+        store = open_store(folder, key)
+        if labels is not None:
+            relabel(store, labels, mask if mask is not None else np.ones_like(labels, bool))
+        return store

@@ -1,0 +1,152 @@
+"""The prepared image store (fedpartial.data.store): decoded once, uint8, resumable, refused when damaged."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from fedpartial.data import store as st
+from fedpartial.data.store import DecodeFailure, Preprocessing, StoreError, build_store, ensure_store, open_store
+
+
+def _images(folder, n=10, size=40, mode="L", fmt="png", seed=0):
+    rng = np.random.default_rng(seed)
+    paths = []
+    for i in range(n):
+        shape = (size, size) if mode == "L" else (size, size, 3)
+        p = folder / f"img{i}.{fmt}"
+        Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8), mode).save(p)
+        paths.append(str(p))
+    return paths
+
+
+def test_gray_image_stays_one_channel_and_matches_a_plain_box_resize(tmp_path):
+    """A grayscale PNG in a 3-channel job is stored with 1 channel, equal to Pillow's box (area) resize; an RGB
+    image in a 1-channel job is stored as its luma; a 16-bit PNG is scaled to [0, 255]."""
+    paths = _images(tmp_path, 3, 40)
+    prep = Preprocessing(16, 3)
+    s = ensure_store(paths, prep, tmp_path / "stores", "t")
+    assert s.images.shape == (3, 1, 16, 16) and s.images.dtype == np.uint8
+    want = np.asarray(Image.open(paths[1]).resize((16, 16), Image.Resampling.BOX))
+    assert np.array_equal(s.batch([1])[0, 0], want)
+    (tmp_path / "c").mkdir()
+    rgb = _images(tmp_path / "c", 2, 40, "RGB")
+    g = ensure_store(rgb, Preprocessing(16, 1), tmp_path / "stores", "g")
+    assert g.channels == 1
+    assert np.array_equal(g.batch([0])[0, 0],
+                          np.asarray(Image.open(rgb[0]).convert("L").resize((16, 16), Image.Resampling.BOX)))
+    c = ensure_store(rgb, Preprocessing(16, 3), tmp_path / "stores", "c")
+    assert c.channels == 3
+    deep = tmp_path / "deep.png"
+    Image.fromarray(np.full((20, 20), 65535, np.uint16)).save(deep)
+    d = ensure_store([str(deep)], Preprocessing(8, 1), tmp_path / "stores", "d")
+    assert d.batch([0]).min() == 255
+
+
+def test_batch_returns_rows_in_the_asked_order(tmp_path):
+    paths = _images(tmp_path, 7, 20)
+    s = ensure_store(paths, Preprocessing(8, 1), tmp_path / "s")
+    rows = [5, 0, 5, 3]
+    assert np.array_equal(s.batch(rows), np.stack([s.images[r] for r in rows]))
+
+
+def test_second_open_decodes_nothing_and_a_changed_file_is_named_and_redone(tmp_path, monkeypatch):
+    paths = _images(tmp_path, 5, 20)
+    calls = []
+    real = st.decode_resized
+    monkeypatch.setattr(st, "decode_resized", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    ensure_store(paths, Preprocessing(8, 1), tmp_path / "s", workers=1)
+    assert len(calls) == 5
+    calls.clear()
+    ensure_store(paths, Preprocessing(8, 1), tmp_path / "s", workers=1)
+    assert calls == []
+    Image.fromarray(np.zeros((20, 20), np.uint8)).save(paths[2])
+    os.utime(paths[2], ns=(1, 1))
+    said = []
+    s = ensure_store(paths, Preprocessing(8, 1), tmp_path / "s", workers=1, log_fn=said.append)
+    assert any("img2.png" in m and "changed" in m for m in said)
+    assert len(calls) == 5  # the chunk holding the changed row (all 5 rows here)
+    assert s.batch([2]).max() == 0
+
+
+def test_interrupted_build_resumes_where_it_stopped(tmp_path, monkeypatch):
+    """A build stopped after 2 of 5 chunks keeps them; the restart decodes only the other 3 chunks' rows."""
+    paths = _images(tmp_path, 10, 20)
+    prep = Preprocessing(8, 1)
+    folder = st.store_folder(paths, prep, tmp_path / "s")
+    build_store(paths, prep, folder, chunk_rows=2, workers=1, stop_after=2)
+    with pytest.raises(StoreError, match="incomplete"):
+        open_store(folder)
+    calls = []
+    real = st.decode_resized
+    monkeypatch.setattr(st, "decode_resized", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    s = ensure_store(paths, prep, tmp_path / "s", workers=1)
+    assert sorted(calls) == sorted(paths[4:])
+    fresh = np.stack([real(p, prep, 1) for p in paths])
+    assert np.array_equal(np.asarray(s.images), fresh)
+
+
+def test_process_pool_build_equals_a_single_process_build(tmp_path):
+    paths = _images(tmp_path, 9, 30)
+    prep = Preprocessing(12, 1)
+    a = build_store(paths, prep, tmp_path / "a", chunk_rows=2, workers=2)
+    b = build_store(paths, prep, tmp_path / "b", chunk_rows=2, workers=1)
+    assert a["decoded"] == b["decoded"] == 9 and a["workers"] == 2
+    assert np.array_equal(np.asarray(open_store(tmp_path / "a").images), np.asarray(open_store(tmp_path / "b").images))
+
+
+def test_truncated_corrupt_and_foreign_stores_are_refused(tmp_path):
+    paths = _images(tmp_path, 6, 20)
+    prep = Preprocessing(8, 1)
+    folder = st.store_folder(paths, prep, tmp_path / "s")
+    ensure_store(paths, prep, tmp_path / "s")
+    key = st.store_key(paths, prep)
+    with pytest.raises(StoreError, match="foreign"):
+        open_store(folder, st.store_key(paths, Preprocessing(16, 1)))
+    data = (folder / "images.npy").read_bytes()
+    (folder / "images.npy").write_bytes(data[:-10])
+    with pytest.raises(StoreError, match="truncated") as e:
+        ensure_store(paths, prep, tmp_path / "s")
+    assert str(folder) in str(e.value) and "rm -r" in str(e.value) and "\n" not in str(e.value)
+    flipped = bytearray(data)
+    flipped[-1] ^= 0xFF
+    (folder / "images.npy").write_bytes(bytes(flipped))
+    with pytest.raises(StoreError, match="corrupt"):
+        open_store(folder, key)
+    (folder / "images.npy").write_bytes(data)
+    open_store(folder, key)
+    meta = json.loads((folder / "store.json").read_text())
+    (folder / "store.json").write_text(json.dumps({**meta, "format": "something-else"}))
+    with pytest.raises(StoreError, match="foreign"):
+        open_store(folder, key)
+
+
+def test_an_undecodable_image_names_its_row_and_the_rest_is_kept(tmp_path):
+    paths = _images(tmp_path, 6, 20)
+    (tmp_path / "img3.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
+    prep = Preprocessing(8, 1)
+    with pytest.raises(DecodeFailure) as e:
+        ensure_store(paths, prep, tmp_path / "s", workers=1)
+    assert e.value.failures[0][0] == 3 and "img3.png" in e.value.failures[0][1]
+
+
+def test_a_build_that_would_overrun_its_budget_stops_with_the_command(tmp_path):
+    paths = _images(tmp_path, 12, 20)
+    with pytest.raises(StoreError, match="fedpartial-store"):
+        build_store(paths, Preprocessing(8, 1), tmp_path / "s", chunk_rows=2, workers=1, budget_s=0.0)
+
+
+def test_jpeg_uses_draft_scaling(tmp_path):
+    """A large JPEG decoded for a small target is decoded at a reduced DCT scale (same result as a full decode
+    resized, within JPEG's own error)."""
+    rng = np.random.default_rng(0)
+    big = np.repeat(np.repeat(rng.integers(0, 256, (32, 32), dtype=np.uint8), 16, 0), 16, 1)
+    p = tmp_path / "big.jpg"
+    Image.fromarray(big).save(p, quality=95)
+    out = st.decode_resized(p, Preprocessing(32, 1), 1)
+    full = np.asarray(Image.open(p).resize((32, 32), Image.Resampling.BOX)).astype(int)
+    assert out.shape == (1, 32, 32) and np.abs(out[0].astype(int) - full).mean() < 3

@@ -16,17 +16,27 @@ the other updates of the round (so the checks mean the same with 2, 3 or 50 cont
   refused: this catches a reversed update ``2 * global - local`` of the same size as an honest one. The first
   round of a run (and of a resumed run whose checkpoint predates this check) has no step to compare with.
 
+The metadata beside the weights (class counts, prototypes, per-class losses, ... and the classes the site
+annotates) is checked when it arrives against what the method declares it may be (``LocalTrainer.statistics`` and
+``per_class_metadata``, :mod:`fedpartial.stat_checks`: shape in the job's classes C and feature dimension D, finite
+values, ranges such as counts within ``[0, n_train]`` of the site's data-check answer, bounded row norms, the keys
+the rule reads from every site); the classes a site says it annotates must be those of its data-check answer. An
+update that breaks them is refused with the reason.
+
 Sites that sent nothing usable this round (dead, slow, failed or
 refused) are recorded per round (``missing`` / ``rejected`` in ``results.json``). An update with participation
-weight 0 is accepted but not averaged (the site sat the round out). When nothing usable arrives, or the rule raises, the
-previous global model and the previous method metadata are kept, the round and the error are logged and
-recorded in ``results.json``, and the job goes on; after ``max_rule_failures`` consecutive rule failures the job
-stops cleanly (its last good model kept). The rule's returned meta (prototypes, learning degrees, ...) travels to
-the sites with the next round's model.
+weight 0 is accepted but not averaged (the site sat the round out). When the rule raises, it is run again without
+each contributor in turn: when leaving out exactly one site makes it succeed, that aggregate is the round's, and
+the site is refused for this round and every later one (``rejected``, with the rule's error). Otherwise (or when
+nothing usable arrives) the previous global model and the previous method metadata are kept, the round and the
+error are logged and recorded in ``results.json``, and the job goes on; after ``max_rule_failures`` consecutive
+rule failures the job stops cleanly (its last good model kept). The rule's returned meta (prototypes, learning
+degrees, ...) travels to the sites with the next round's model.
 """
 
 from __future__ import annotations
 
+import copy
 import traceback
 
 import numpy as np
@@ -41,8 +51,9 @@ from nvflare.app_common.app_constant import AppConstants
 
 from ..aggregation import BOUND_MODES, bound_changes, change_cosine, check_update, step_of
 from ..methods import Contribution, ServerRule, get_method
-from .keys import (META_CLIPPED, META_GROUPS, META_MISSING, META_N_TRAIN, META_REJECTED, META_RULE_ERROR, META_SKIPPED,
-                   META_WEIGHT)
+from ..stat_checks import JobSize, StatSpec, check_statistics
+from .keys import (META_ANNOTATED, META_CLIPPED, META_GROUPS, META_MISSING, META_N_TRAIN, META_REJECTED, META_RULE_ERROR,
+                   META_SKIPPED, META_WEIGHT)
 
 
 def to_builtin(value):
@@ -70,13 +81,15 @@ class PartialLabelAggregator(Aggregator):
         on_large_change: ``reject`` the site's update or ``clip`` the offending tensors' changes to the bound.
         min_cosine: an update whose change has a cosine below this with the last global step is refused
             (None: no direction check).
+        model_id: the server's model component (its ``feature_dim`` is the D of the statistics' declarations).
     """
 
     def __init__(self, method: str = "fedavg", method_args: dict | None = None, summary_id: str = "data_summary",
                  max_rule_failures: int = 3, max_change_ratio: float = 25.0, on_large_change: str = "reject",
-                 min_cosine: float | None = -0.5):
+                 min_cosine: float | None = -0.5, model_id: str = "model"):
         super().__init__()
         self.method, self.method_args, self.summary_id = method, method_args or {}, summary_id
+        self.model_id = model_id
         self.max_rule_failures = int(max_rule_failures)
         self.max_change_ratio, self.on_large_change = float(max_change_ratio), on_large_change
         self.min_cosine = None if min_cosine is None else float(min_cosine)
@@ -86,10 +99,13 @@ class PartialLabelAggregator(Aggregator):
                                  f"got {on_large_change!r} and {max_change_ratio!r}")
         if self.min_cosine is not None and not -1.0 <= self.min_cosine <= 1.0:
             self.config_error = f"aggregator: min_cosine must be in [-1, 1] or null, got {min_cosine!r}"
+        self.specs: dict[str, StatSpec] = {}  # what each contribution's metadata may be (the method's declarations)
         try:
             self.rule: ServerRule | None = get_method(method).make_rule(self.method_args, "server aggregator")
+            self.specs = get_method(method).statistic_specs(self.rule)
         except ValueError as e:  # reported with the job's name when the job starts (no context here)
             self.rule, self.config_error = None, str(e)
+        self.refused: dict[str, str] = {}  # site -> why its updates are refused for the rest of the job (rule failures)
         self._contributions: list[Contribution] = []
         self._norms: dict[str, dict[str, float]] = {}  # site -> its change norm per tensor (for the change bound)
         self.rejected: list[tuple[str, str]] = []
@@ -112,7 +128,8 @@ class PartialLabelAggregator(Aggregator):
     def checkpoint_state(self) -> dict:
         """The rule's state (e.g. FedIRM's global relation matrix), for a resumed job (:mod:`.checkpoint`). The
         metadata the sites received last is not repeated here: the checkpoint stores it once, with the model."""
-        return {"rule": self.rule.state_dict() if self.rule is not None else {}, "failures": self._failures, "step": self._step}
+        return {"rule": self.rule.state_dict() if self.rule is not None else {}, "failures": self._failures, "step": self._step,
+                "refused": dict(self.refused)}
 
     def restore_checkpoint(self, state: dict, sent_meta: dict | None = None) -> None:
         """``state`` from :meth:`checkpoint_state`; ``sent_meta``: the checkpointed model's metadata (the rule's
@@ -124,6 +141,7 @@ class PartialLabelAggregator(Aggregator):
             self.rule.load_state_dict(state.get("rule") or {})
             self.rule.load_sent_meta(sent)
         self._last_meta, self._failures = sent, int(state.get("failures", 0))
+        self.refused = {str(k): str(v) for k, v in (state.get("refused") or {}).items()}
         step = state.get("step")
         self._step = None if not step else {k: np.asarray(v.numpy() if hasattr(v, "numpy") else v, np.float32)
                                             for k, v in step.items()}
@@ -153,6 +171,8 @@ class PartialLabelAggregator(Aggregator):
             return self._reject(fl_ctx, site, f"data kind {dxo.data_kind}, expected {DataKind.WEIGHTS}")
         if any(c.site == site for c in self._contributions):
             return self._reject(fl_ctx, site, "second contribution in the same round")
+        if site in self.refused:
+            return self._reject(fl_ctx, site, self.refused[site])
         weights = {k: np.asarray(v) for k, v in (dxo.data or {}).items()}
         previous = self._previous(fl_ctx)
         # the change norms for the bound come with the finiteness check (one read of the update)
@@ -168,7 +188,9 @@ class PartialLabelAggregator(Aggregator):
                                               f"{meta.get(META_WEIGHT)!r} is not a number")
         if not np.isfinite(n) or n <= 0 or n != int(n):
             return self._reject(fl_ctx, site, f"invalid sample count {meta.get(META_N_TRAIN)!r} (not a positive integer)")
-        sites = (self._summary(fl_ctx) or {}).get("sites")
+        summary = self._summary(fl_ctx) or {}
+        sites = summary.get("sites")
+        reported = None
         if sites is not None:
             if site not in sites:
                 return self._reject(fl_ctx, site, "the site did not pass the data check of this job")
@@ -178,10 +200,33 @@ class PartialLabelAggregator(Aggregator):
                                                   "site reported in the data check")
         if not np.isfinite(w) or w < 0:
             return self._reject(fl_ctx, site, f"invalid participation weight {w}")
+        why = self._check_statistics(fl_ctx, meta, summary, site, n if reported is None else float(reported))
+        if why:
+            return self._reject(fl_ctx, site, why)
         self._contributions.append(Contribution(site=site, weights=weights, n=n, meta=meta, weight=w))
         if norms is not None:
             self._norms[site] = norms
         return True
+
+    def _check_statistics(self, fl_ctx: FLContext, meta: dict, summary: dict, site: str, n_train: float) -> str | None:
+        """Why the update's metadata breaks the method's declarations (:func:`fedpartial.stat_checks.check_statistics`
+        with the job's C, D, K and the site's data-check training images), or the classes it says it annotates
+        differ from its data-check answer; None when neither."""
+        classes, sites = summary.get("classes"), summary.get("sites") or {}
+        model = fl_ctx.get_engine().get_component(self.model_id) if self.model_id else None
+        dim = getattr(model, "feature_dim", None)
+        job = JobSize(C=len(classes) if classes is not None else None, D=int(dim) if dim is not None else None,
+                      K=len(sites) if sites else None, n_train=n_train)
+        why = check_statistics(meta, self.specs, job)
+        if why:
+            return why
+        known = (sites.get(site) or {}).get("annotated")
+        if known is not None and META_ANNOTATED in meta:
+            sent = np.asarray(meta[META_ANNOTATED], dtype=bool)
+            if sent.shape != np.shape(known) or np.any(sent != np.asarray(known, dtype=bool)):
+                return (f"statistic '{META_ANNOTATED}': the classes it says it annotates {sent.astype(int).tolist()} "
+                        f"differ from its data-check answer {np.asarray(known, dtype=bool).astype(int).tolist()}")
+        return None
 
     def _summary(self, fl_ctx: FLContext) -> dict | None:
         comp = fl_ctx.get_engine().get_component(self.summary_id) if self.summary_id else None
@@ -238,6 +283,46 @@ class PartialLabelAggregator(Aggregator):
                               + ", ".join(f"{s} {'-' if v is None else f'{v:.3f}'}" for s, v in cosines.items()))
         return kept
 
+    def _run_rule(self, rule: ServerRule, previous, contributions: list[Contribution], groups: dict, rnd: int,
+                  summary: dict | None) -> tuple[dict, dict]:
+        """The rule's aggregate with its meta in builtin types; raises when the rule does or its model is unusable."""
+        weights, meta = rule.aggregate(previous, contributions, groups, rnd, summary)
+        meta = to_builtin(meta)
+        bad = check_update(weights, previous) if previous is not None else None
+        if bad:  # a rule must never produce a broken model
+            raise ValueError(f"the aggregated model is unusable ({bad})")
+        return weights, meta
+
+    def _snapshot(self) -> ServerRule | None:
+        """A copy of the rule before the round (a failing ``aggregate`` may leave its state half updated)."""
+        try:
+            return copy.deepcopy(self.rule)
+        except Exception:  # noqa: BLE001 - a rule that cannot be copied: failures are not attributed
+            return None
+
+    def _culprit(self, fl_ctx: FLContext, before: ServerRule | None, previous, contributions: list[Contribution],
+                 groups: dict, rnd: int, summary: dict | None) -> tuple[str, ServerRule, dict, dict] | None:
+        """After the rule failed on the round's contributions: run a copy of the rule as it was before the round
+        without each contributor in turn. When exactly one left-out site makes it succeed, ``(that site, the rule
+        copy that succeeded, its weights, its meta)``; None when no single site explains the failure (or there is
+        no copy of the rule, or a single contributor)."""
+        if before is None or len(contributions) < 2:
+            return None
+        found = []
+        for c in contributions:
+            rule = copy.deepcopy(before)
+            try:
+                out = self._run_rule(rule, previous, [o for o in contributions if o is not c], groups, rnd, summary)
+            except Exception:  # noqa: BLE001
+                continue
+            found.append((c.site, rule, *out))
+        if len(found) != 1:
+            self.log_warning(fl_ctx, f"round {rnd}: the rule's failure is not explained by a single site (it "
+                                     + (f"succeeds without any one of {[f[0] for f in found]})" if found
+                                        else "fails without any one site too)"))
+            return None
+        return found[0]
+
     def _keep_previous(self, previous, extra: dict | None = None) -> Shareable:
         """The previous global model with the previous method metadata (sites keep e.g. their prototypes)."""
         return DXO(data_kind=DataKind.WEIGHTS, data=previous or {}, meta={**self._last_meta, **(extra or {})}).to_shareable()
@@ -266,21 +351,28 @@ class PartialLabelAggregator(Aggregator):
             return self._keep_previous(previous, sat_out)
         groups = contributions[0].meta.get(META_GROUPS) or {}
         summary = self._summary(fl_ctx)
+        before = self._snapshot() if len(contributions) > 1 else None
         try:
-            weights, meta = self.rule.aggregate(previous, contributions, groups, rnd, summary)
-            meta = to_builtin(meta)
-            bad = check_update(weights, previous) if previous is not None else None
-            if bad:  # a rule must never produce a broken model
-                raise ValueError(f"the aggregated model is unusable ({bad})")
+            weights, meta = self._run_rule(self.rule, previous, contributions, groups, rnd, summary)
         except Exception as e:  # noqa: BLE001 - the federation outlives a failing rule
-            self._failures += 1
             msg = f"rule {type(self.rule).__name__} failed in round {rnd}: {type(e).__name__}: {e}"
-            self.log_error(fl_ctx, f"{msg}; keeping the previous global model "
-                                   f"({self._failures} consecutive failure(s))\n{traceback.format_exc()}")
-            if self._failures >= self.max_rule_failures:
-                self.system_panic(f"stopping: the server rule failed {self._failures} rounds in a row ({msg}); "
-                                  "the last good global model is kept", fl_ctx)
-            return self._keep_previous(previous, {META_RULE_ERROR: msg, **sat_out})
+            found = self._culprit(fl_ctx, before, previous, contributions, groups, rnd, summary)
+            if found is None:
+                self._failures += 1
+                self.log_error(fl_ctx, f"{msg}; keeping the previous global model "
+                                       f"({self._failures} consecutive failure(s))\n{traceback.format_exc()}")
+                if self._failures >= self.max_rule_failures:
+                    self.system_panic(f"stopping: the server rule failed {self._failures} rounds in a row ({msg}); "
+                                      "the last good global model is kept", fl_ctx)
+                return self._keep_previous(previous, {META_RULE_ERROR: msg, **sat_out})
+            site, self.rule, weights, meta = found
+            why = (f"round {rnd}: the server rule {type(self.rule).__name__} failed on this site's input "
+                   f"({type(e).__name__}: {e}); the round aggregated the others")
+            self.refused[site] = f"refused since round {rnd + 1}: in round {rnd} the server rule failed on its input ({type(e).__name__}: {e})"
+            sat_out[META_REJECTED][site] = f"{why}; refused from round {rnd + 1} on"
+            self.log_error(fl_ctx, f"update from site '{site}' REJECTED: {why}; the site is refused from round "
+                                   f"{rnd + 1} on\n{traceback.format_exc()}")
+            contributions = [c for c in contributions if c.site != site]
         self._failures = 0
         self._last_meta = meta
         if previous is not None:

@@ -31,6 +31,7 @@ import torch
 from ..aggregation import State, aggregate_states, clip_change_norms, robust_states, trim_count
 from ..models import NORM_TYPES, default_inference_batch_size, numpy_state
 from ..privacy import ClassStat
+from ..stat_checks import StatSpec, statistic_specs
 from .options import build, check_known, opt, option_names, renamed_options
 
 Norm = Literal["average", "local", "frozen"]
@@ -164,6 +165,10 @@ class LocalTrainer:
         per_class_metadata: the per-class statistics the trainer sends in its round metadata
             (:class:`fedpartial.privacy.ClassStat`: key, ``count`` / ``mean``, the counts behind each row, whether
             it is clipped per image); the site's minimum count, noise and privacy ledger work from it.
+        statistics: what the metadata the server reads may be (:class:`fedpartial.stat_checks.StatSpec`: shape
+            in C / D / K, dtype, range such as ``[0, n_train]``, row norm, required); the server refuses an update
+            whose metadata breaks it. A per-class statistic not declared here is checked by its default
+            (:func:`fedpartial.stat_checks.spec_of_class_stat`: counts in ``[0, n_train]``, finite means).
 
     Per-site state (:meth:`state_dict` / :meth:`load_state_dict`) is saved by the executor under the site's run
     folder after every round and restored when a new process takes over the site.
@@ -175,6 +180,7 @@ class LocalTrainer:
     keep_optimizer_state: bool = False
     keeps_all_local: bool = False  # every tensor stays at the site (individually trained models)
     per_class_metadata: tuple[ClassStat, ...] = ()
+    statistics: tuple[StatSpec, ...] = ()
 
     def __init__(self, ctx: SiteContext, **options):
         if ctx.task not in self.tasks:
@@ -387,6 +393,7 @@ class ServerRule:
     """
 
     Options: type = RuleOptions
+    required_metadata: tuple[str, ...] = ()  # metadata keys the rule reads from every contribution (e.g. 'annotated')
 
     def __init_subclass__(cls, **kwargs):
         """A subclass's :meth:`state_dict` returns, and its :meth:`load_state_dict` receives, the :func:`saved_form`
@@ -495,6 +502,13 @@ class Method:
                     renamed_options(self.trainer.Options, self.rule.Options))
         t, r = option_names(self.trainer.Options), option_names(self.rule.Options)
         return {k: v for k, v in args.items() if k in t}, {k: v for k, v in args.items() if k in r}
+
+    def statistic_specs(self, rule: ServerRule | None = None) -> dict[str, StatSpec]:
+        """What every contribution's metadata may be (:func:`fedpartial.stat_checks.statistic_specs`): the
+        trainer's declarations, with the keys ``rule`` (default: the rule class) reads from every contribution
+        required."""
+        required = (rule if rule is not None else self.rule).required_metadata
+        return statistic_specs(self.trainer.per_class_metadata, self.trainer.statistics, required)
 
     def make_rule(self, args: dict | None, where: str = "") -> ServerRule:
         return self.rule(**self.split_options(args, where)[1])

@@ -101,6 +101,7 @@ class MaskedRule(ServerRule):
     its previous global row."""
 
     Options = MaskedRuleOptions
+    required_metadata = ("annotated",)
 
     def aggregate(self, previous, contributions: list[Contribution], groups, round_num, summary=None):
         annotated = np.stack([c.annotated for c in contributions])

@@ -62,6 +62,7 @@ from ..losses import labelled_rows, masked_bce, row_ce
 from .base import ClassStat, Contribution, LocalTrainer, RoundOutput, RuleOptions, ServerRule, SiteContext, TrainerOptions
 from .common import DeviceSums, label_table, whole_set_pass
 from .options import opt
+from ..stat_checks import StatSpec
 
 # site -> server
 META_COUNTS = "cbafed_counts"  # (C,) labelled + pseudo-labelled rows (single-label) / entries (multi-label) per class
@@ -162,6 +163,10 @@ class CBAFedTrainer(LocalTrainer):
 
     Options = CBAFedOptions
     per_class_metadata = (ClassStat(META_COUNTS, "count"), ClassStat(META_PSEUDO_POSITIVES, "count"))
+    # the class share and the aggregation weights: rows (entries) per class within the site's images
+    statistics = (StatSpec(META_COUNTS, ("C",), "float", 0.0, "n_train", required=True),
+                  StatSpec(META_PSEUDO_POSITIVES, ("C",), "float", 0.0, "n_train"),
+                  StatSpec(META_TRAINED, (), "float", 0.0, "C * n_train", required=True))
     accepts_unlabelled = True
 
     def __init__(self, ctx: SiteContext, **options):

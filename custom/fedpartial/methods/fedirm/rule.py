@@ -36,6 +36,7 @@ class FedIRMRule(ServerRule):
     """
 
     Options = FedIRMRuleOptions
+    required_metadata = ("annotated",)
 
     def __init__(self, **options):
         super().__init__(**options)

@@ -12,6 +12,7 @@ import torch
 from ...evaluation import probabilities
 from ...losses import labelled_rows
 from ..base import ClassStat, LocalTrainer, RoundOutput, SiteContext, TrainerOptions
+from ...stat_checks import StatSpec
 from ..common import DeviceSums, MeanTeacher, WithMeanTeacher, frozen_copy, mc_dropout_probs
 from ..options import opt
 from .maths import (LN2, META_CONSISTENCY, META_DISTANCE, META_GLOBAL_RELATION, META_GLOBAL_VALID, META_IRM,
@@ -120,6 +121,8 @@ class FedIRMTrainer(WithMeanTeacher, LocalTrainer):
 
     Options = FedIRMOptions
     per_class_metadata = (ClassStat(META_RELATION, "mean", "support", valid=META_RELATION_VALID, dp=False),)
+    statistics = (StatSpec(META_RELATION, ("C", "C"), "float", 0.0, 1.0, needs=(META_RELATION_VALID,)),  # softmax / sigmoid rows
+                  StatSpec(META_RELATION_VALID, ("C",), "bool", needs=(META_RELATION,)))
     accepts_unlabelled = True
 
     def __init__(self, ctx: SiteContext, **options):

@@ -27,6 +27,7 @@ class FedLSMRule(ServerRule):
     """
 
     Options = FedLSMRuleOptions
+    required_metadata = ("annotated",)
 
     def aggregate(self, previous, contributions: list[Contribution], groups, round_num, summary=None):
         n = self.site_weights(contributions)

@@ -12,6 +12,7 @@ import torch
 from ...losses import ce_labelled, labelled_rows
 from ...evaluation import probabilities
 from ..base import ClassStat, LocalTrainer, RoundOutput, SiteContext, TrainerOptions, summary_counts
+from ...stat_checks import StatSpec
 from ..common import DeviceSums, ema_update, frozen_copy, label_table, whole_set_pass
 from ..options import opt
 from .maths import (META_POOLS, META_PSEUDO, META_Q, META_UDE_PAIRS, mixup, multiclass_targets, multilabel_entropy,
@@ -73,6 +74,7 @@ class FedLSMTrainer(LocalTrainer):
 
     Options = FedLSMOptions
     per_class_metadata = (ClassStat(META_Q, "count"),)
+    statistics = (StatSpec(META_Q, ("C",), "float", 0.0, "n_train", required=True),)  # AWPA's weights: q_c^k <= n_k
     keep_optimizer_state = True
 
     def __init__(self, ctx: SiteContext, **options):

@@ -33,6 +33,7 @@ class FedMLPRule(ServerRule):
     """
 
     Options = FedMLPRuleOptions
+    required_metadata = ("annotated",)
 
     def __init__(self, **options):
         super().__init__(**options)

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from ...losses import masked_bce
 from ..base import ClassStat, LocalTrainer, RoundOutput, SiteContext, TrainerOptions
+from ...stat_checks import StatSpec
 from ...privacy import clip_rows
 from ..common import DeviceSums, frozen_copy, label_table, whole_set_pass
 from ..options import opt
@@ -21,6 +22,7 @@ from .maths import (META_COUNTS, META_DEGREE, META_GLOBAL_DEGREE, META_GLOBAL_P0
                     summary_rates, wpc_loss)
 
 Parity = Literal["paper", "code"]
+PROTOTYPE_MAX_NORM = 1e4  # bound on the L2 norm of a prototype row the server accepts
 STATE_PSEUDO_LABELS = "fedmlp_pseudo_labels"  # site state: (N, C) int8 permanent pseudo labels (read by fedpartial.tools.tag_audit)
 STATE_PSEUDO_LABEL_CARRY = "fedmlp_pseudo_label_carry"  # site state: (2, C) float64 fractional pseudo-label counts carried (pseudo_label_rounding)
 
@@ -81,6 +83,11 @@ class FedMLPTrainer(LocalTrainer):
     Options = FedMLPOptions
     per_class_metadata = (ClassStat(META_COUNTS, "count"), ClassStat(META_P0, "mean", META_COUNTS, 0),
                           ClassStat(META_P1, "mean", META_COUNTS, 1))
+    # prototypes: means of pooled features (norm bound: far above any trained network's, below float overflow)
+    statistics = (StatSpec(META_P0, ("C", "D"), max_row_norm=PROTOTYPE_MAX_NORM, needs=(META_P1, META_COUNTS, META_DEGREE)),
+                  StatSpec(META_P1, ("C", "D"), max_row_norm=PROTOTYPE_MAX_NORM, needs=(META_P0, META_COUNTS, META_DEGREE)),
+                  StatSpec(META_COUNTS, ("C", 2), "float", 0.0, "n_train"),
+                  StatSpec(META_DEGREE, ("C",), "float", 0.0, 1.0))
     tasks = ("multilabel",)
 
     def __init__(self, ctx: SiteContext, **options):

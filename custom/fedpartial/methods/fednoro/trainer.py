@@ -10,6 +10,7 @@ import torch
 
 from ...losses import masked_bce
 from ..base import ClassStat
+from ...stat_checks import StatSpec
 from ..baselines import SupervisedOptions, SupervisedTrainer
 from ..common import DeviceSums, frozen_copy, label_table, whole_set_pass
 from ..options import opt
@@ -70,6 +71,10 @@ class FedNoRoTrainer(SupervisedTrainer):
     Options = FedNoRoOptions
     per_class_metadata = (ClassStat(META_CLASS_COUNT, "count"),
                           ClassStat(META_CLASS_LOSS, "mean", META_CLASS_COUNT, dp=False, fill=float("nan")))
+    # the detection's input: mean losses (>= 0; NaN for a class without a sample), counts within the site's images
+    statistics = (StatSpec(META_CLASS_LOSS, ("C",), "float", 0.0, 1e6, nan_where_zero=META_CLASS_COUNT,
+                           needs=(META_CLASS_COUNT,)),
+                  StatSpec(META_CLASS_COUNT, ("C",), "float", 0.0, "n_train"))
 
     def __init__(self, ctx, **options):
         super().__init__(ctx, **options)

@@ -13,6 +13,7 @@ import torch
 from ..base import RoundOutput
 from ..baselines import SupervisedOptions, SupervisedTrainer
 from ..options import opt
+from ...stat_checks import StatSpec
 from .maths import estimate_norm_statistics, freeze_for_warmup, has_norm_layers, head_modules, local_bce
 
 META_WARMUP = "surgical_warmup"  # site -> server: this update is the site's warm-up (epochs run, best epoch)
@@ -44,6 +45,8 @@ class SurgicalTrainer(SupervisedTrainer):
     """
 
     Options = SurgicalOptions
+    # the warm-up round's flag the server reads (norm statistics averaged once); [epochs run, best epoch]
+    statistics = (StatSpec(META_NORM_FROM_WARMUP, (), "bool"), StatSpec(META_WARMUP, (2,), "int", 0.0))
     tasks = ("multilabel",)
 
     def __init__(self, ctx, **options):

@@ -10,7 +10,7 @@ One row per image. The columns:
   - **one column per class** (the default; ``classes`` names them, else every column that is not the image,
     patient or split column nor in ``ignore_columns``): each cell ``1`` positive, ``0`` negative, ``-1``
     uncertain (CheXpert's code; ``uncertain`` says what it becomes) or blank (``blank``: not annotated by
-    default; ``nan`` / ``NA`` are blank too; ``1.0`` / ``0.0`` / ``-1.0`` are accepted);
+    default; ``nan`` / ``NA`` are blank too; ``1.0`` / ``0.0`` / ``-1.0`` and ``True`` / ``False`` are accepted);
   - **one label-name column** (``label_column``): the class name(s) of the row; several names are separated by
     ``label_separator`` (default ``|``, NIH's ``Finding Labels``), ``none_label`` (default ``No Finding``) means
     every class negative, a blank cell follows ``blank``. The classes are ``classes`` (a name outside them is an
@@ -42,7 +42,7 @@ import io
 import os
 import re
 import warnings
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -55,7 +55,9 @@ SPLIT_NAMES = {"train": "train", "val": "val", "valid": "val", "validation": "va
                "test": "test"}
 """Split cell (case-insensitive) -> split."""
 
-_CELL = {"1": 1, "1.0": 1, "0": 0, "0.0": 0, "-1": -2, "-1.0": -2, "": -3, "nan": -3, "na": -3}
+_CELL = {"1": 1, "1.0": 1, "true": 1, "0": 0, "0.0": 0, "false": 0, "-1": -2, "-1.0": -2, "": -3, "nan": -3,
+         "na": -3}
+"""Class cell (lower-cased) -> 1, 0, uncertain (-2) or blank (-3)."""
 _UNCERTAIN, _BLANK = -2, -3
 
 
@@ -156,7 +158,7 @@ def _image_paths(cells: Sequence[str], lines: Sequence[int], images_root: Path, 
         if os.path.commonpath([root, full]) != root or full == root:
             raise SourceError(f"image path {cell!r} lies outside the images root {root}", path, line,
                               hint="pass --source-arg images_root=FOLDER, a folder that holds every image")
-        rel = PurePosixPath(Path(full).relative_to(root).as_posix()).as_posix()
+        rel = Path(full).relative_to(root).as_posix()
         if rel in seen:
             raise SourceError(f"image {cell!r} is listed twice (lines {seen[rel]} and {line}); keep one row per "
                               "image", path, line)

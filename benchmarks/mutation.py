@@ -1,16 +1,17 @@
-"""Mutation run of FedIRM and surgical aggregation: does a test fail when a behaviour is removed?
+"""Mutation run of the four papers' methods and the comparison methods: does a test fail when a behaviour is removed?
 
     python benchmarks/mutation.py --out benchmarks/results/mutation
 
 For every mutation below, a temporary copy of ``custom/`` gets one source patch (an exact text replacement that
 must match once, so a mutation that no longer applies is an error, not a silent pass), and the method's targeted
-test file (``tests/test_fedirm.py`` or ``tests/test_surgical.py``, without the simulator tests) runs against the
-copy (``PYTHONPATH`` puts it before the installed package; the run checks that the copy is the one imported).
-A mutation is caught when at least one test fails; the table names the first failing test (pytest ``-x``, in
-file order: the hand-computed tests come first; ``--all-tests`` runs the whole file and names every failing test).
-The unmutated copy runs first and must pass every test. Left out of every run: the simulator tests and
-``DESELECT`` (a model-architecture test that no mutation touches and that costs a DenseNet-121 build). Writes
-``<out>.md`` and ``<out>.json``; ``--only NAME`` runs some mutations.
+test files (e.g. ``tests/test_objective_terms.py`` and ``tests/test_fedmlp.py``, without the simulator tests) run
+against the copy (``PYTHONPATH`` puts it before the installed package; the run checks that the copy is the one
+imported). The shared checkout is never modified. A mutation is caught when at least one test fails; the table
+names the first failing test (pytest ``-x``, in the order given: the hand-computed tests come first;
+``--all-tests`` runs every listed test and names every failing one). The unmutated copy runs first and must pass
+every test. Left out of every run: the simulator tests and ``DESELECT`` (a model-architecture test that no
+mutation touches and that costs a DenseNet-121 build). Writes ``<out>.md`` and ``<out>.json``; ``--only NAME``
+runs some mutations, ``--method NAME`` those of one method.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 FEDIRM = "custom/fedpartial/methods/fedirm"
 SURGICAL = "custom/fedpartial/methods/surgical"
+FEDMLP = "custom/fedpartial/methods/fedmlp"
+FEDLSM = "custom/fedpartial/methods/fedlsm"
+METHODS = "custom/fedpartial/methods"
 
 
 @dataclass
@@ -38,12 +42,42 @@ class Mutation:
     what: str  # the behaviour removed, in words
     path: str  # file, relative to the checkout root
     patches: list[tuple[str, str]]  # (old, new): each old must occur exactly once
-    tests: str  # the test file run
+    tests: str | tuple[str, ...]  # the test files (or test ids) run, in this order
     origin: str = "issue"  # issue: listed as uncaught; caught: listed as caught before; option: a new option
     extra: list[tuple[str, list[tuple[str, str]]]] = field(default_factory=list)  # patches of further files
+    method: str = ""  # the table's group (default: from the path)
+
+    @property
+    def test_args(self) -> tuple[str, ...]:
+        return (self.tests,) if isinstance(self.tests, str) else tuple(self.tests)
+
+    @property
+    def group(self) -> str:
+        if self.method:
+            return self.method
+        for key, name in (("fedirm", "FedIRM"), ("surgical", "surgical aggregation"), ("fedmlp", "FedMLP"),
+                          ("fedlsm", "FedLSM")):
+            if f"/{key}/" in self.path:
+                return name
+        return "comparison methods"
 
 
 T_FEDIRM, T_SURGICAL = "tests/test_fedirm.py", "tests/test_surgical.py"
+T_OBJ = "tests/test_objective_terms.py"  # one local step / one aggregation of each method, computed by hand
+T_MLP = (T_OBJ, "tests/test_fedmlp.py")
+T_LSM = (T_OBJ, "tests/test_fedlsm.py")
+_FW = "tests/test_framework.py::"
+T_CMP_SUP = (T_OBJ, _FW + "test_fedprox_term_and_gradient_by_hand", _FW + "test_fedrs_restricted_softmax_by_hand",
+             _FW + "test_moon_contrastive_term_by_hand_and_previous_model_kept_as_site_state")
+T_FPSL = (T_OBJ, "tests/test_fpsl_fixmatch.py")
+T_FEDNORO = (T_OBJ, "tests/test_fednoro.py")
+T_FEDLSR = (T_OBJ, "tests/test_fedlsr.py")
+T_RSCFED = (T_OBJ, "tests/test_rscfed.py")
+T_CBAFED = (T_OBJ, "tests/test_cbafed.py")
+T_FEDPU = (T_OBJ, "tests/test_fedpu.py")
+T_FEDLC = (T_OBJ, "tests/test_fedlc.py")
+T_FEDAVGM = (T_OBJ, "tests/test_fedavgm.py")
+T_MASKED = (T_OBJ, "tests/test_aggregation.py")
 DESELECT = ["tests/test_surgical.py::test_paper_head_for_every_backbone_and_only_the_last_dense_is_the_task_block[densenet121]"]
 
 MUTATIONS = [
@@ -127,6 +161,219 @@ MUTATIONS = [
     Mutation("min_delta_ignored", "early stopping min_delta ignored", "custom/fedpartial/fl/selection.py",
              [("if self.patience_metric is None or self.best_val_metric > self.patience_metric + self.min_delta:",
                "if True:")], T_SURGICAL, "option"),
+    # ---------------------------------------------------------------- FedMLP: the local objective (trainer)
+    Mutation("mlp_wpc_dropped", "supervised (WPC) term multiplied by 0", f"{FEDMLP}/trainer.py",
+             [("loss = self.supervised_loss(logits, y, lab, pi1, pi0)",
+               "loss = 0.0 * self.supervised_loss(logits, y, lab, pi1, pi0)")], T_MLP, "term"),
+    Mutation("mlp_cr_dropped", "consistency term multiplied by 0", f"{FEDMLP}/trainer.py",
+             [("loss = loss + self.opts.cr_weight * consistency_loss(",
+               "loss = loss + 0.0 * consistency_loss(")], T_MLP, "term"),
+    Mutation("mlp_cr_sign", "consistency term's sign flipped", f"{FEDMLP}/trainer.py",
+             [("loss = loss + self.opts.cr_weight * consistency_loss(",
+               "loss = loss - self.opts.cr_weight * consistency_loss(")], T_MLP, "term"),
+    Mutation("mlp_cr_weight_ignored", "cr_weight ignored (weight 1)", f"{FEDMLP}/trainer.py",
+             [("loss = loss + self.opts.cr_weight * consistency_loss(", "loss = loss + consistency_loss(")],
+             T_MLP, "term"),
+    Mutation("mlp_cr_target_is_student", "consistency target: the training model, not the received one",
+             f"{FEDMLP}/trainer.py",
+             [("targets = torch.sigmoid(received_model(torch.cat(", "targets = torch.sigmoid(model(torch.cat(")],
+             T_MLP, "term"),
+    Mutation("mlp_cr_views_swapped", "consistency target of the other view", f"{FEDMLP}/trainer.py",
+             [("consistency_loss(torch.sigmoid(logits), targets[i], cr_mask)",
+               "consistency_loss(torch.sigmoid(logits), targets[len(views) - 1 - i], cr_mask)")], T_MLP, "term"),
+    Mutation("mlp_cr_on_pseudo_labelled", "consistency also on pseudo-labelled entries", f"{FEDMLP}/trainer.py",
+             [("            cr_mask = ~lab\n", "            cr_mask = ~m\n")], T_MLP, "term"),
+    Mutation("mlp_pseudo_labels_unused", "pseudo labels left out of the supervised term", f"{FEDMLP}/trainer.py",
+             [("            lab = m | tg\n            cr_mask = ~lab\n", "            lab = m\n            cr_mask = ~(m | tg)\n")],
+             T_MLP, "term"),
+    Mutation("mlp_pseudo_positives_as_0", "pseudo labels written as 0 (pseudo positives lost)", f"{FEDMLP}/trainer.py",
+             [("torch.where(tg, t.float(), torch.zeros_like(batch[\"label\"].float()))",
+               "torch.where(tg, 0.0 * t.float(), torch.zeros_like(batch[\"label\"].float()))")], T_MLP, "term"),
+    Mutation("mlp_one_view", "second view dropped (loss of view 1 only)", f"{FEDMLP}/trainer.py",
+             [("loss = torch.stack(losses).mean()", "loss = losses[0]")], T_MLP, "term"),
+    Mutation("mlp_views_summed", "views summed, not averaged", f"{FEDMLP}/trainer.py",
+             [("loss = torch.stack(losses).mean()", "loss = torch.stack(losses).sum()")], T_MLP, "term"),
+    Mutation("mlp_rates_swapped", "Eq. 3 rates pi1 / pi0 swapped", f"{FEDMLP}/trainer.py",
+             [("return wpc_loss(logits, labels, label_mask, pi1, pi0, self.opts.la_tau, reduction)",
+               "return wpc_loss(logits, labels, label_mask, pi0, pi1, self.opts.la_tau, reduction)")], T_MLP, "term"),
+    Mutation("mlp_la_tau_ignored", "logit-adjustment temperature ignored (1)", f"{FEDMLP}/trainer.py",
+             [("return wpc_loss(logits, labels, label_mask, pi1, pi0, self.opts.la_tau, reduction)",
+               "return wpc_loss(logits, labels, label_mask, pi1, pi0, 1.0, reduction)")], T_MLP, "term"),
+    Mutation("mlp_eq4_as_entries", "Eq. 4's 1/C balance replaced by the mean over entries", f"{FEDMLP}/trainer.py",
+             [('reduction = "classes" if self.opts.loss_balance == "eq4" else "entries"', 'reduction = "entries"')],
+             T_MLP, "term"),
+    Mutation("mlp_missing_rates_from_site", "missing classes' rates from the site's own labels, not prevalence",
+             f"{FEDMLP}/trainer.py",
+             [("pi1 = torch.where(missing, prev1.to(pi1), pi1)", "pi1 = pi1")], T_MLP, "term"),
+    Mutation("mlp_cr_in_stage1", "consistency in stage 1 under parity paper", f"{FEDMLP}/trainer.py",
+             [('return self.opts.parity == "code" if self.opts.cr_warmup is None else bool(self.opts.cr_warmup)',
+               "return True")], T_MLP, "term"),
+    Mutation("mlp_tags_annotated_classes", "pseudo labels also for the site's annotated classes",
+             f"{FEDMLP}/trainer.py",
+             [("usable = ~self.annotated & valid.all(dim=1)", "usable = valid.all(dim=1)")], T_MLP, "term"),
+    Mutation("mlp_degree_ignored", "learning degree ignored in the selection shares (tau = T)",
+             f"{FEDMLP}/trainer.py",
+             [("tau0, tau1 = selection_ratios(degree, T0, T1, adaptive=self.adaptive)",
+               "tau0, tau1 = selection_ratios(torch.ones_like(degree), T0, T1, adaptive=self.adaptive)")],
+             T_MLP, "term"),
+    Mutation("mlp_prototypes_sent_of_all_classes", "local prototypes of missing classes too (their 0 labels)",
+             f"{FEDMLP}/trainer.py",
+             [("p0, p1, counts = class_prototypes(feats, labels, active_mask)",
+               "p0, p1, counts = class_prototypes(feats, labels, torch.ones_like(active_mask))")], T_MLP, "term"),
+    # ---------------------------------------------------------------- FedMLP: the server rule
+    Mutation("mlp_rule_prototypes_fedavg", "prototypes averaged over every site with n_k (plain FedAvg)",
+             f"{FEDMLP}/rule.py",
+             [("g0, g1, valid = aggregate_prototypes(p0, p1, counts, annotated,\n"
+               "                                             sizes if self.proto_weighting == \"samples\" else None)",
+               "g0, g1, valid = aggregate_prototypes(p0, p1, counts, torch.ones_like(annotated), sizes)")],
+             T_MLP, "rule"),
+    Mutation("mlp_rule_prototypes_over_all_sites", "prototypes averaged over every site (not S_c)", f"{FEDMLP}/rule.py",
+             [("g0, g1, valid = aggregate_prototypes(p0, p1, counts, annotated,",
+               "g0, g1, valid = aggregate_prototypes(p0, p1, counts, torch.ones_like(annotated),")], T_MLP, "rule"),
+    Mutation("mlp_rule_prototypes_by_samples", "prototypes weighted by n_k under parity paper (uniform 1/|S_c|)",
+             f"{FEDMLP}/rule.py",
+             [('sizes if self.proto_weighting == "samples" else None)', "sizes)")], T_MLP, "rule"),
+    Mutation("mlp_rule_degree_over_all_sites", "learning degree averaged over every site (not the missing ones)",
+             f"{FEDMLP}/rule.py", [("        missing = ~annotated\n", "        missing = torch.ones_like(annotated)\n")],
+             T_MLP, "rule"),
+    Mutation("mlp_rule_degree_uniform", "learning degree averaged uniformly (not |D_k|)", f"{FEDMLP}/rule.py",
+             [("d = aggregate_learning_degree(degrees, sizes, missing)",
+               "d = aggregate_learning_degree(degrees, torch.ones_like(sizes), missing)")], T_MLP, "rule"),
+    Mutation("mlp_rule_weights_uniform", "model weights averaged uniformly, not FedAvg n_k", f"{FEDMLP}/rule.py",
+             [("weights = self.average(previous, contributions, groups)",
+               "weights = self.average(previous, [Contribution(c.site, c.weights, 1.0, c.meta) for c in contributions], groups)")],
+             T_MLP, "rule"),
+    # ---------------------------------------------------------------- FedMLP: equations
+    Mutation("mlp_logit_adjust_sign", "Eq. 3: log pi1 - log pi0 with the sign flipped", f"{FEDMLP}/maths.py",
+             [("return logits + tau * (torch.log(pi1) - torch.log(pi0))",
+               "return logits - tau * (torch.log(pi1) - torch.log(pi0))")], T_MLP, "maths"),
+    Mutation("mlp_consistency_unmasked", "consistency over every entry (mask ignored)", f"{FEDMLP}/maths.py",
+             [("    m = mask.to(p_local.dtype)\n    return ((p_local", "    m = torch.ones_like(p_local)\n    return ((p_local")],
+             T_MLP, "maths"),
+    Mutation("mlp_degree_band_inverted", "Eq. 10: confident = inside (L, R) instead of outside", f"{FEDMLP}/maths.py",
+             [("confident = (probs < L) | (probs > R)", "confident = (probs >= L) & (probs <= R)")], T_MLP, "maths"),
+    # ---------------------------------------------------------------- FedLSM: the local objective (trainer)
+    Mutation("lsm_supervised_dropped", "L_I + L_U (pseudo-pool term) multiplied by 0", f"{FEDLSM}/trainer.py",
+             [("loss = self.supervised_loss(out[:B],", "loss = 0.0 * self.supervised_loss(out[:B],")], T_LSM, "term"),
+    Mutation("lsm_ude_dropped", "UDE term multiplied by 0", f"{FEDLSM}/trainer.py",
+             [("loss = loss + self.opts.lam_ude * self.ude_loss(", "loss = loss + 0.0 * self.ude_loss(")], T_LSM, "term"),
+    Mutation("lsm_ude_sign", "UDE term's sign flipped", f"{FEDLSM}/trainer.py",
+             [("loss = loss + self.opts.lam_ude * self.ude_loss(", "loss = loss - self.opts.lam_ude * self.ude_loss(")],
+             T_LSM, "term"),
+    Mutation("lsm_lam_ude_ignored", "lam_ude ignored (weight 1)", f"{FEDLSM}/trainer.py",
+             [("loss = loss + self.opts.lam_ude * self.ude_loss(", "loss = loss + self.ude_loss(")], T_LSM, "term"),
+    Mutation("lsm_l_i_dropped", "single-label L_I multiplied by 0", f"{FEDLSM}/trainer.py",
+             [("return ce_labelled(logits, labels, mask) + pseudo_ce(",
+               "return 0.0 * ce_labelled(logits, labels, mask) + pseudo_ce(")], T_LSM, "term"),
+    Mutation("lsm_l_u_dropped", "single-label L_U (pseudo labels) multiplied by 0", f"{FEDLSM}/trainer.py",
+             [("return ce_labelled(logits, labels, mask) + pseudo_ce(",
+               "return ce_labelled(logits, labels, mask) + 0.0 * pseudo_ce(")], T_LSM, "term"),
+    Mutation("lsm_class_weights_ignored", "multi-label class weights ignored in L_I + L_U", f"{FEDLSM}/trainer.py",
+             [("        return weighted_bce(logits, targets, known, weights, self.opts.class_weighting)\n\n    def ude_loss",
+               "        return weighted_bce(logits, targets, known, None, self.opts.class_weighting)\n\n    def ude_loss")],
+             T_LSM, "term"),
+    Mutation("lsm_student_on_weak", "student trained on the weak view (not the strong one)", f"{FEDLSM}/trainer.py",
+             [('inputs = [b["strong"]]', 'inputs = [b["weak"]]')], T_LSM, "term"),
+    Mutation("lsm_teacher_on_strong", "teacher's pseudo labels from the strong view", f"{FEDLSM}/trainer.py",
+             [('            weak = [b["weak"]]\n', '            weak = [b["strong"]]\n')], T_LSM, "term"),
+    Mutation("lsm_teacher_is_student", "pseudo labels from the student, not the EMA teacher", f"{FEDLSM}/trainer.py",
+             [("tp = probabilities(teacher(torch.cat(weak)), ctx.task).float()",
+               "tp = probabilities(model(torch.cat(weak)), ctx.task).float()")], T_LSM, "term"),
+    Mutation("lsm_ema_removed", "EMA teacher never updated", f"{FEDLSM}/trainer.py",
+             [("            ema_update(teacher, model, self.opts.ema)\n", "            pass\n")], T_LSM, "term"),
+    Mutation("lsm_ema_decay_inverted", "EMA decay 1 - ema (teacher follows the student)", f"{FEDLSM}/trainer.py",
+             [("ema_update(teacher, model, self.opts.ema)", "ema_update(teacher, model, 1 - self.opts.ema)")],
+             T_LSM, "term"),
+    Mutation("lsm_pools_inverted", "pools by negated uncertainty (confident and uncertain swapped)",
+             f"{FEDLSM}/trainer.py",
+             [("confident, medium, uncertain = split_pools(scores, n_h, n_l)",
+               "confident, medium, uncertain = split_pools(-scores, n_h, n_l)")], T_LSM, "term"),
+    Mutation("lsm_uncertain_in_pseudo_pool", "uncertain pool also trained with L_I + L_U", f"{FEDLSM}/trainer.py",
+             [("pseudo_pool = torch.cat([confident, medium])", "pseudo_pool = torch.cat([confident, medium, uncertain])")],
+             T_LSM, "term"),
+    Mutation("lsm_uncertain_high_thresholds", "uncertain samples labelled with the pseudo-pool thresholds",
+             f"{FEDLSM}/trainer.py",
+             [('yh, kh, _ = self.targets(uncertain["label"], uncertain["mask"], teacher_uncertain, uncertain=True)',
+               'yh, kh, _ = self.targets(uncertain["label"], uncertain["mask"], teacher_uncertain)')], T_LSM, "term"),
+    Mutation("lsm_mix_teacher_swapped", "mixed pairs labelled with each other's teacher outputs", f"{FEDLSM}/trainer.py",
+             [('self.ude_batch(bl, bh, tp[B:B + len(bl["weak"])], tp[B + len(bl["weak"]):], lam)',
+               'self.ude_batch(bl, bh, tp[B + len(bl["weak"]):], tp[B:B + len(bl["weak"])], lam)')], T_LSM, "term"),
+    Mutation("lsm_mix_joint_or", "mixed entries labelled on either side count (not both)", f"{FEDLSM}/trainer.py",
+             [("return x_mix, y_mix, kl[:m] & kh[:m]", "return x_mix, y_mix, kl[:m] | kh[:m]")], T_LSM, "term"),
+    Mutation("lsm_mix_lambda_flipped", "MixUp weight 1 - lam on the confident sample", f"{FEDLSM}/trainer.py",
+             [('mixup(confident["weak"][:m], yl[:m], uncertain["weak"][:m], yh[:m], lam)',
+               'mixup(confident["weak"][:m], yl[:m], uncertain["weak"][:m], yh[:m], 1 - lam)')], T_LSM, "term"),
+    Mutation("lsm_q_labelled_only", "q_c^k without the pseudo-label positives", f"{FEDLSM}/trainer.py",
+             [("return (pos + targets * (known & ~mask.bool())).sum(0)", "return pos.sum(0)")], T_LSM, "term"),
+    # ---------------------------------------------------------------- FedLSM: the server rule
+    Mutation("lsm_awpa_fedavg", "AWPA replaced by plain FedAvg", f"{FEDLSM}/rule.py",
+             [('return self.average(previous, contributions, groups, awpa_weights(q, n), zero_rows="samples"), {}',
+               "return self.average(previous, contributions, groups), {}")], T_LSM, "rule"),
+    Mutation("lsm_awpa_by_samples", "AWPA weights replaced by n_k", f"{FEDLSM}/maths.py",
+             [("return np.where(total > 0, q / np.where(total > 0, total, 1.0), by_n)", "return by_n")],
+             T_LSM, "rule"),
+    Mutation("lsm_masked_fedavg", "FedAvg* (masked) replaced by plain FedAvg", f"{FEDLSM}/rule.py",
+             [('return self.average(previous, contributions, groups, cw, zero_rows="previous"), {}',
+               "return self.average(previous, contributions, groups), {}")], T_LSM, "rule"),
+    # ---------------------------------------------------------------- comparison methods: the main term
+    Mutation("fedprox_term_dropped", "FedProx: proximal term multiplied by 0", f"{METHODS}/fedprox.py",
+             [("return self.prox(self.ctx.model, self.global_model)",
+               "return 0.0 * self.prox(self.ctx.model, self.global_model)")], T_CMP_SUP, "term"),
+    Mutation("extra_loss_ignored", "SupervisedTrainer: extra_loss never added (FedProx, MOON, FedNoRo KD)",
+             f"{METHODS}/baselines.py", [("                loss = loss + extra\n", "                loss = loss\n")],
+             T_CMP_SUP, "term"),
+    Mutation("moon_term_dropped", "MOON: contrastive term multiplied by 0", f"{METHODS}/moon.py",
+             [("return self.opts.mu * model_contrastive_loss(", "return 0.0 * model_contrastive_loss(")],
+             T_CMP_SUP, "term"),
+    Mutation("moon_global_previous_swapped", "MOON: global and previous representations swapped", f"{METHODS}/moon.py",
+             [("model_contrastive_loss(features, z_glob, z_prev, self.opts.tau)",
+               "model_contrastive_loss(features, z_prev, z_glob, self.opts.tau)")], T_CMP_SUP, "term"),
+    Mutation("fedrs_restriction_dropped", "FedRS: logit scales ignored (plain softmax CE)", f"{METHODS}/fedrs.py",
+             [('return restricted_softmax_ce(logits, batch["label"], batch["mask"], self.scales)',
+               'return restricted_softmax_ce(logits, batch["label"], batch["mask"], torch.ones_like(self.scales))')],
+             T_CMP_SUP, "term"),
+    Mutation("fpsl_class_weights_dropped", "FPSL: class weights ignored", f"{METHODS}/fpsl.py",
+             [('return fpsl_loss(logits, batch["label"], batch["mask"], self.pos_weight)',
+               'return fpsl_loss(logits, batch["label"], batch["mask"], None)')], T_FPSL, "term"),
+    Mutation("fixmatch_unlabelled_dropped", "FixMatch: unlabelled term multiplied by 0", f"{METHODS}/fixmatch.py",
+             [("loss = loss + self.opts.lambda_u * unsupervised_loss(", "loss = loss + 0.0 * unsupervised_loss(")],
+             T_FPSL, "term"),
+    Mutation("fednoro_kd_dropped", "FedNoRo: distillation term multiplied by 0", f"{METHODS}/fednoro/trainer.py",
+             [("        return self.lam * kd\n", "        return 0.0 * kd\n")], T_FEDNORO, "term"),
+    Mutation("fednoro_la_unblended", "FedNoRo: L_LA not scaled by 1 - lambda", f"{METHODS}/fednoro/trainer.py",
+             [("        return (1.0 - self.lam) * la\n", "        return la\n")], T_FEDNORO, "term"),
+    Mutation("fednoro_daagg_fedavg", "FedNoRo: DaAgg weights replaced by plain FedAvg", f"{METHODS}/fednoro/rule.py",
+             [("return w if self._distances is None else daagg_weights(w, self._distances)", "return w")],
+             T_FEDNORO, "rule"),
+    Mutation("fedlsr_sd_dropped", "FedLSR: self-distillation term dropped", f"{METHODS}/fedlsr.py",
+             [("    loss = ce + beta * sd\n", "    loss = ce + 0.0 * sd\n")], T_FEDLSR, "term"),
+    Mutation("fedlsr_entropy_dropped", "FedLSR: entropy regulariser dropped", f"{METHODS}/fedlsr.py",
+             [("        loss = loss + lambda_e * ent\n", "        loss = loss + 0.0 * ent\n")], T_FEDLSR, "term"),
+    Mutation("rscfed_consistency_dropped", "RSCFed: consistency term multiplied by 0", f"{METHODS}/rscfed/trainer.py",
+             [("loss = sup + self.opts.consistency_weight * cons", "loss = sup + 0.0 * cons")], T_RSCFED, "term"),
+    Mutation("rscfed_dma_fedavg", "RSCFed: sub-consensus models replaced by plain FedAvg", f"{METHODS}/rscfed/rule.py",
+             [("        out = {key: weighted_average([m[key] for m in models], np.ones(len(models))) for key in models[0]}\n",
+               "        out = {key: weighted_average([s[key] for s in states], a) for key in states[0]}\n")],
+             T_RSCFED, "rule"),
+    Mutation("cbafed_residual_dropped", "CBAFed: global residual connection never mixed", f"{METHODS}/cbafed.py",
+             [("            new = mix_states(new, self.residual, float(self.opts.residual_weight))\n",
+               "            new = new\n")], T_CBAFED, "rule"),
+    Mutation("cbafed_fedavg_weights", "CBAFed: trained-sample weights replaced by n_k (plain FedAvg)",
+             f"{METHODS}/cbafed.py",
+             [('        if self.opts.weighting == "trained":\n            trained', '        if False:\n            trained')],
+             T_CBAFED, "rule"),
+    Mutation("fedpu_risk_dropped", "FedPU: PU risk multiplied by 0", f"{METHODS}/fedpu.py",
+             [("        return ce + self.opts.pu_weight * risk\n", "        return ce + 0.0 * risk\n")], T_FEDPU, "term"),
+    Mutation("fedlc_calibration_dropped", "FedLC: logit calibration ignored (plain CE)", f"{METHODS}/fedlc.py",
+             [('return calibrated_ce(logits, batch["label"], batch["mask"], self.offsets)',
+               'return calibrated_ce(logits, batch["label"], batch["mask"], torch.zeros_like(self.offsets))')],
+             T_FEDLC, "term"),
+    Mutation("fedavgm_momentum_dropped", "FedAvgM: server momentum 0 (plain FedAvg)", f"{METHODS}/fedavgm.py",
+             [("self.opts.server_momentum, self.opts.server_lr)", "0.0, self.opts.server_lr)")], T_FEDAVGM, "rule"),
+    Mutation("fedavg_masked_rows_fedavg", "fedavg_masked: classifier rows averaged over every site (plain FedAvg)",
+             f"{METHODS}/baselines.py",
+             [('return self.average(previous, contributions, groups, cw, zero_rows="previous"), {}',
+               "return self.average(previous, contributions, groups), {}")], T_MASKED, "rule"),
 ]
 
 
@@ -141,19 +388,21 @@ def _apply(root: Path, path: str, patches: list[tuple[str, str]]) -> None:
     f.write_text(text)
 
 
-def _run_tests(copy_root: Path, test_file: str, xml: Path, first_failure: bool = False
+def _run_tests(copy_root: Path, tests: tuple[str, ...], xml: Path, first_failure: bool = False
                ) -> tuple[int, list[str], int, float]:
-    """Run one test file against ``copy_root/custom``; returns (rc, failing test ids, tests run, seconds)."""
+    """Run test files / ids against ``copy_root/custom``; returns (rc, failing test ids, tests run, seconds)."""
     env = {**os.environ, "PYTHONPATH": str(copy_root / "custom")}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not integration", test_file,
-           f"--junitxml={xml}", *(f"--deselect={d}" for d in DESELECT if d.startswith(test_file))]
+    files = {t.split("::")[0] for t in tests}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-m",
+           "not integration", *tests, f"--junitxml={xml}",
+           *(f"--deselect={d}" for d in DESELECT if d.split("::")[0] in files)]
     if first_failure:
         cmd.append("-x")
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - t0
     if not xml.exists():
-        raise SystemExit(f"pytest wrote no report ({test_file}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        raise SystemExit(f"pytest wrote no report ({' '.join(tests)}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
     failed, total = [], 0
     for case in ET.parse(xml).getroot().iter("testcase"):
         total += 1
@@ -174,12 +423,19 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="benchmarks/results/mutation", help="output prefix (.md and .json)")
     ap.add_argument("--only", nargs="*", help="run only these mutations (by name)")
-    ap.add_argument("--all-tests", action="store_true", help="run the whole test file for each mutation (default: "
+    ap.add_argument("--method", help="run only the mutations of this table group (e.g. FedMLP)")
+    ap.add_argument("--all-tests", action="store_true", help="run every listed test for each mutation (default: "
                                                                 "stop at the first failing test)")
     args = ap.parse_args(argv)
-    chosen = [m for m in MUTATIONS if not args.only or m.name in args.only]
-    if args.only and len(chosen) != len(set(args.only)):
-        raise SystemExit(f"unknown mutation(s): {sorted(set(args.only) - {m.name for m in MUTATIONS})}")
+    names = [m.name for m in MUTATIONS]
+    if len(names) != len(set(names)):
+        raise SystemExit(f"duplicate mutation names: {sorted({n for n in names if names.count(n) > 1})}")
+    chosen = [m for m in MUTATIONS if (not args.only or m.name in args.only)
+              and (not args.method or m.group.lower() == args.method.lower())]
+    if args.only and len({m.name for m in chosen}) != len(set(args.only)):
+        raise SystemExit(f"unknown mutation(s): {sorted(set(args.only) - {m.name for m in chosen})}")
+    if not chosen:
+        raise SystemExit("no mutation chosen")
     rows, started = [], time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fedpartial-mutation-") as tmp:
         tmp = Path(tmp)
@@ -187,8 +443,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copytree(REPO / "custom", pristine / "custom", ignore=shutil.ignore_patterns("__pycache__"))
         _check_import(pristine)
         baseline = {}
-        for test_file in sorted({m.tests for m in chosen}):
-            rc, failed, total, sec = _run_tests(pristine, test_file, tmp / "baseline.xml")
+        for test_file in sorted({t.split("::")[0] for m in chosen for t in m.test_args}):
+            rc, failed, total, sec = _run_tests(pristine, (test_file,), tmp / "baseline.xml")
             (tmp / "baseline.xml").unlink()
             if rc != 0 or failed:
                 raise SystemExit(f"the unmutated code fails {test_file}: {failed}")
@@ -200,14 +456,18 @@ def main(argv: list[str] | None = None) -> int:
             _apply(work, m.path, m.patches)
             for path, patches in m.extra:
                 _apply(work, path, patches)
-            rc, failed, total, sec = _run_tests(work, m.tests, tmp / f"{m.name}.xml", not args.all_tests)
-            rows.append({"name": m.name, "what": m.what, "file": m.path, "origin": m.origin, "tests": m.tests,
-                         "caught": bool(failed), "failing": failed, "run": total, "seconds": round(sec, 1)})
-            print(f"{m.name:32s} {'CAUGHT' if failed else 'MISSED'} by {len(failed)} / {total}: {', '.join(failed)}",
-                  flush=True)
+            rc, failed, total, sec = _run_tests(work, m.test_args, tmp / f"{m.name}.xml", not args.all_tests)
+            if rc not in (0, 1) and not failed:  # pytest itself failed (collection, usage): not a verdict
+                raise SystemExit(f"{m.name}: pytest exited {rc} without a failing test")
+            rows.append({"name": m.name, "method": m.group, "what": m.what, "file": m.path, "origin": m.origin,
+                         "tests": list(m.test_args), "caught": bool(failed), "failing": failed, "run": total,
+                         "seconds": round(sec, 1)})
+            print(f"{m.name:36s} {'CAUGHT' if failed else 'MISSED'} by {len(failed)} / {total}: {', '.join(failed)}"
+                  f" ({sec:.0f} s)", flush=True)
             shutil.rmtree(work)
     total_s = time.perf_counter() - started
     result = {"command": "python benchmarks/mutation.py" + (" --all-tests" if args.all_tests else "")
+              + (f" --method {args.method}" if args.method else "")
               + (f" --only {' '.join(args.only)}" if args.only else ""), "first_failure": not args.all_tests,
               "baseline": baseline, "mutations": rows, "caught": sum(r["caught"] for r in rows), "total": len(rows),
               "seconds": round(total_s, 1)}
@@ -220,26 +480,36 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _markdown(result: dict) -> str:
-    origin = {"issue": "previously not caught", "caught": "previously caught", "option": "option / schedule"}
+    origin = {"issue": "previously not caught", "caught": "previously caught", "option": "option / schedule",
+              "term": "objective term", "rule": "server rule", "maths": "equation"}
+    groups: dict[str, list[dict]] = {}
+    for r in result["mutations"]:
+        groups.setdefault(r["method"], []).append(r)
     lines = [
-        "# Mutation run: FedIRM and surgical aggregation",
+        "# Mutation run: FedMLP, FedLSM, FedIRM, surgical aggregation and the comparison methods",
         "",
-        f"Command: `{result['command']}` ({result['seconds']:.0f} s on the shared 2-core machine). Each mutation is",
-        "one source patch on a temporary copy of `custom/`; the method's test file runs against it (simulator tests",
-        "left out" + (", stopping at the first failing test: the table names that test" if result["first_failure"]
-                      else "; the table names every failing test") + "). Caught = at least one test fails. "
+        f"Command: `{result['command']}` ({result['seconds']:.0f} s wall time on the shared 2-core machine). Each",
+        "mutation is one source patch on a temporary copy of `custom/` (the checkout is never modified); the",
+        "method's targeted test files run against it (simulator tests left out"
+        + (", stopping at the first failing test: the table names that test" if result["first_failure"]
+           else "; the table names every failing test") + "). Caught = at least one test fails. "
         "The unmutated code passes: "
         + ", ".join(f"`{k}` {v['tests']} tests" for k, v in result["baseline"].items()) + ".",
         "",
         f"**{result['caught']} of {result['total']} mutations caught.**",
         "",
-        "| mutation | behaviour removed | file | kind | caught by |",
-        "|---|---|---|---|---|",
+        "| method | mutations | caught |",
+        "|---|---|---|",
+        *(f"| {g} | {len(rs)} | {sum(r['caught'] for r in rs)} |" for g, rs in groups.items()),
     ]
-    for r in result["mutations"]:
-        by = ", ".join(f"`{t}`" for t in r["failing"]) if r["failing"] else "**not caught**"
-        lines.append(f"| `{r['name']}` | {r['what']} | `{r['file'].removeprefix('custom/fedpartial/')}` | "
-                     f"{origin[r['origin']]} | {by} |")
+    for g, rs in groups.items():
+        lines += ["", f"## {g}", "", "| mutation | behaviour removed | file | kind | tests run | caught by |",
+                  "|---|---|---|---|---|---|"]
+        for r in rs:
+            by = ", ".join(f"`{t}`" for t in r["failing"]) if r["failing"] else "**not caught**"
+            run = ", ".join(f"`{t.removeprefix('tests/')}`" for t in r["tests"])
+            lines.append(f"| `{r['name']}` | {r['what']} | `{r['file'].removeprefix('custom/fedpartial/')}` | "
+                         f"{origin[r['origin']]} | {run} | {by} |")
     return "\n".join(lines) + "\n"
 
 

@@ -314,3 +314,155 @@ def test_fedlsm_steps_are_pseudo_pool_loss_plus_weighted_ude_with_an_ema_teacher
         assert any(not torch.equal(a, b) for a, b in zip(step2[0], step2[other])), other
     tr.train_round(0, 3, {})
     _assert_same_weights(ctx.model, dict(student.named_parameters()), atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------ comparison methods
+
+class _TwoLayer(_Lin):
+    """``features`` = tanh of a linear map of the pixels (so that a representation depends on the weights)."""
+
+    def __init__(self):
+        super().__init__(3, 3)
+        self.fc = torch.nn.Linear(4, 3)
+        with torch.no_grad():
+            self.fc.weight.copy_(torch.tensor([[0.5, -0.4, 0.3, 0.2], [0.1, 0.6, -0.5, 0.4], [-0.3, 0.2, 0.4, -0.6]]))
+            self.fc.bias.copy_(torch.tensor([0.05, -0.1, 0.2]))
+
+    def features(self, x):
+        return torch.tanh(self.fc(x.flatten(1)))
+
+    def parameter_groups(self):
+        return {"encoder": ["fc.weight", "fc.bias"], "norm": [], "head": [],
+                "classifier": ["classifier.weight", "classifier.bias"]}
+
+
+def _two_steps(ctx, trainer, objective, lr=0.5, round_num=0):
+    """Run the trainer's round (two steps: rows 0-2, then 3-5) and check it against two SGD steps of
+    ``objective(model, rows)`` computed here. Returns the expected per-step losses."""
+    expected = copy.deepcopy(ctx.model)
+    losses = [_sgd(expected, lambda m: objective(m, rows), lr) for rows in (slice(0, 3), slice(3, 6))]
+    out = trainer.train_round(round_num, 3, {})
+    assert out.steps == 2
+    _assert_same_weights(ctx.model, dict(expected.named_parameters()))
+    return losses, out
+
+
+def _partial_bce(z, y, m, pos_weight=None):
+    """Mean BCE over the annotated entries (positives weighted by ``pos_weight``)."""
+    w = torch.ones(z.shape[1]) if pos_weight is None else pos_weight
+    per = -(w * y * _logsig(z) + (1 - y) * _logsig(-z))
+    return (per * m).sum() / m.sum()
+
+
+def _x(rows, negate=False):
+    x = X6[rows][:, None, None, :]
+    return -x if negate else x
+
+
+def test_fedprox_step_adds_half_mu_times_the_squared_distance_to_the_received_weights_by_hand():
+    """FedProx: partial BCE + mu/2 ||w - w_received||^2 over every parameter (mu 0.5); the proximal term has no
+    gradient on the first step (w = w_received) and pulls back on the second."""
+    labels, mask = LSM_ML
+    ctx = _ctx("multilabel", (True, True, False), labels, mask)
+    received = copy.deepcopy(ctx.model)
+    tr = get_method("fedprox").make_trainer(ctx, {"mu": 0.5})
+
+    def objective(m, rows):
+        prox = sum(((p - q.detach()) ** 2).sum() for p, q in zip(m.parameters(), received.parameters()))
+        return _partial_bce(m(_x(rows)), labels[rows], mask[rows].float()) + 0.5 / 2 * prox
+
+    _two_steps(ctx, tr, objective)
+
+
+def test_moon_step_adds_mu_times_the_contrastive_term_toward_the_global_and_away_from_the_previous_model():
+    """MOON round 1 (after a round 0 that stored the site's model): partial BCE + mu l_con with
+    l_con = -log(e^{cos(z, z_glob)/tau} / (e^{cos(z, z_glob)/tau} + e^{cos(z, z_prev)/tau})), z the
+    representation of the model in training, z_glob of the model received this round, z_prev of the site's model
+    after its previous round (mu 2, tau 0.5)."""
+    labels, mask = LSM_ML
+    ctx = _ctx("multilabel", (True, True, False), labels, mask)
+    ctx.model = _TwoLayer()
+    tr = get_method("moon").make_trainer(ctx, {"mu": 2.0, "tau": 0.5})
+    tr.train_round(0, 3, {})
+    previous = copy.deepcopy(ctx.model)
+    with torch.no_grad():  # the next global model: not the site's own
+        ctx.model.fc.weight.mul_(-0.5)
+        ctx.model.classifier.bias.add_(0.3)
+    received = copy.deepcopy(ctx.model)
+
+    def objective(m, rows):
+        x = _x(rows)
+        z = m.features(x)
+        with torch.no_grad():
+            zg, zp = received.features(x), previous.features(x)
+        pos = F.cosine_similarity(z, zg, dim=1) / 0.5
+        neg = F.cosine_similarity(z, zp, dim=1) / 0.5
+        l_con = -torch.log(torch.exp(pos) / (torch.exp(pos) + torch.exp(neg))).mean()
+        return _partial_bce(m.head(z), labels[rows], mask[rows].float()) + 2.0 * l_con
+
+    _two_steps(ctx, tr, objective, round_num=1)
+
+
+def test_fedrs_step_scales_the_logits_of_classes_the_site_does_not_hold_by_hand():
+    """FedRS: CE of the restricted softmax on the labelled rows, the logit of class 2 (no labelled image here)
+    scaled by alpha 0.5; rows without a label (3-5) add nothing."""
+    labels, mask = LSM_MC
+    ctx = _ctx("multiclass", (True, True, False), labels, mask)
+    tr = get_method("fedrs").make_trainer(ctx, {"alpha": 0.5})
+    scale = torch.tensor([1.0, 1.0, 0.5])
+
+    def objective(m, rows):
+        z = m(_x(rows)) * scale
+        y, lab = labels[rows].argmax(1), labels[rows].sum(1) > 0
+        return -(torch.log_softmax(z, 1)[lab, y[lab]]).sum() / max(int(lab.sum()), 1) + 0 * z.sum()
+
+    _two_steps(ctx, tr, objective)
+
+
+def test_fpsl_step_weights_the_positives_by_negatives_over_positives_by_hand():
+    """FPSL (class weights of the site's labels): mean BCE over the annotated entries with the positives of class c
+    weighted by its negatives / positives (4/2, 3/2; 1 for the class without annotated entries)."""
+    labels, mask = LSM_ML
+    ctx = _ctx("multilabel", (True, True, False), labels, mask)
+    tr = get_method("fpsl").make_trainer(ctx, {"class_weights": "site"})
+    w = torch.tensor([2.0, 1.5, 1.0])
+    _two_steps(ctx, tr, lambda m, rows: _partial_bce(m(_x(rows)), labels[rows], mask[rows].float(), w))
+
+
+def test_fixmatch_step_adds_lambda_u_times_the_strong_view_loss_on_confident_weak_view_pseudo_labels():
+    """FixMatch (multi-label, tau 0.6, lambda_u 2): partial BCE on the weak view + lambda_u x BCE of the strong
+    view (the image negated) against the weak view's hard pseudo labels (p >= tau -> 1, p <= 1 - tau -> 0) on the
+    unannotated entries, summed over the pseudo-labelled entries / the unannotated entries."""
+    labels, mask = LSM_ML
+    ctx = _ctx("multilabel", (True, True, False), labels, mask)
+    tr = get_method("fixmatch").make_trainer(ctx, {"tau": 0.6, "lambda_u": 2.0})
+    used = []
+
+    def objective(m, rows):
+        zw, zs = m(_x(rows)), m(_x(rows, negate=True))
+        p = torch.sigmoid(zw.detach())
+        cand = ~mask[rows]
+        pos, neg = cand & (p >= 0.6), cand & (p <= 0.4)
+        t = pos.float()
+        per = -(t * _logsig(zs) + (1 - t) * _logsig(-zs))
+        used.append(int((pos | neg).sum()))
+        return _partial_bce(zw, labels[rows], mask[rows].float()) + 2.0 * (per * (pos | neg)).sum() / cand.sum()
+
+    _two_steps(ctx, tr, objective)
+    assert all(used)  # both steps have pseudo labels
+
+
+def test_fedlc_step_subtracts_tau_times_count_to_the_minus_quarter_from_each_logit_by_hand():
+    """FedLC (tau 1): CE of the logits minus tau n_c^(-1/4) on the labelled rows, n = (2, 1, 0) labelled images
+    per class here: class 2 (no image) leaves the softmax."""
+    labels, mask = LSM_MC
+    ctx = _ctx("multiclass", (True, True, False), labels, mask)
+    tr = get_method("fedlc").make_trainer(ctx, {"tau": 1.0})
+    offsets = torch.tensor([2.0 ** -0.25, 1.0, 0.0])
+
+    def objective(m, rows):
+        z = m(_x(rows))[:, :2] - offsets[:2]
+        y, lab = labels[rows].argmax(1), labels[rows].sum(1) > 0
+        return -(torch.log_softmax(z, 1)[lab, y[lab]]).sum() / max(int(lab.sum()), 1) + 0 * m(_x(rows)).sum()
+
+    _two_steps(ctx, tr, objective)

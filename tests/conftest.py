@@ -47,14 +47,79 @@ def copy_job(job: str, dest: Path, num_rounds: int | None = None, executor_args:
     return customise_job(REPO / "jobs" / job, dest, num_rounds, executor_args, min_clients=min_clients)
 
 
+# NVFlare failures that leave a simulator or a recipe run waiting forever instead of exiting: the simulator gives a
+# site's worker process a fixed 60 s to connect (``simulator_runner.py``, "Failed to create connection to the child
+# process"; no knob in NVFlare 2.9), after which that site's thread ends and the server waits for it until the
+# round's timeout. Seen under load (both cores busy).
+START_FAILURES = ("Failed to create connection to the child process", "run_client_thread error")
+START_RETRIES = 1
+
+
+def _start_failure(text: str) -> str | None:
+    return next((line for line in text.splitlines() if any(f in line for f in START_FAILURES)), None)
+
+
+def run_watched(cmd: list[str], env: dict, timeout: int, logs: list[Path] = (), cwd: Path = REPO,
+                retries: int = START_RETRIES, before_retry=None) -> subprocess.CompletedProcess:
+    """Run ``cmd`` like ``subprocess.run(capture_output=True, text=True)``, watching its output and ``logs`` (files
+    it writes, e.g. the simulator's server log) for a :data:`START_FAILURES` line: then it is killed at once (its
+    whole process group) and run again, at most ``retries`` times (``before_retry()`` first, e.g. to clear the
+    workspace); a last failed start ends with ``returncode`` -9 and the failure line plus the output's tail, never
+    after waiting for ``timeout``."""
+    import signal
+    import tempfile
+    import time
+
+    for attempt in range(retries + 1):
+        with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+            proc = subprocess.Popen(cmd, env=env, cwd=str(cwd), stdout=out, stderr=err, text=True,
+                                    start_new_session=True)
+            t0, failure = time.time(), None
+            start = {f: f.stat().st_size if f.is_file() else 0 for f in logs}  # only what this attempt writes
+
+            def written(f: Path) -> str:
+                if not f.is_file():
+                    return ""
+                with open(f, "rb") as fh:
+                    fh.seek(start[f] if f.stat().st_size >= start[f] else 0)
+                    return fh.read().decode(errors="replace")
+
+            while proc.poll() is None:
+                time.sleep(1.0)
+                out.seek(0), err.seek(0)
+                text = out.read() + err.read() + "".join(written(f) for f in logs)
+                failure = _start_failure(text)
+                if failure or time.time() - t0 > timeout:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                    break
+            out.seek(0), err.seek(0)
+            stdout, stderr = out.read(), err.read()
+        if failure is None:
+            if time.time() - t0 > timeout and proc.returncode != 0:
+                raise subprocess.TimeoutExpired(cmd, timeout, output=stdout, stderr=stderr)
+            return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+        print(f"start failure (attempt {attempt + 1} of {retries + 1}): {failure.strip()}", file=sys.stderr)
+        if attempt < retries and before_retry is not None:
+            before_retry()
+    return subprocess.CompletedProcess(cmd, -9, stdout, f"{stderr}\nSTART FAILED: {failure.strip()}")
+
+
 def run_simulator(job_dir: Path, workspace: Path, n: int, env: dict | None = None, timeout: int = 600,
                   threads: int | None = None) -> subprocess.CompletedProcess:
-    """`nvflare simulator JOB -w WS -n N -t T` as a user runs it."""
+    """`nvflare simulator JOB -w WS -n N -t T` as a user runs it (retried once on a failed start,
+    :func:`run_watched`)."""
+    import shutil
+
     nvflare = Path(sys.executable).parent / "nvflare"
     cmd = [str(nvflare), "simulator", str(job_dir), "-w", str(workspace), "-n", str(n), "-t", str(threads or n)]
     full_env = {**os.environ, "FEDPARTIAL_DATA_DIR": str(REPO), **(env or {})}
     full_env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{full_env.get('PATH', '')}"
-    return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout, cwd=str(REPO))
+
+    def fresh():  # a failed start leaves nothing worth keeping: its simulate_job run is started anew
+        shutil.rmtree(workspace / "server" / "simulate_job", ignore_errors=True)
+
+    return run_watched(cmd, full_env, timeout, logs=[workspace / "server" / "log.txt"], before_retry=fresh)
 
 
 RECIPE_RUNNER = """
@@ -72,7 +137,9 @@ def run_recipe(job: str, workspace_root: Path, overrides: dict | None = None, si
                env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
     """``jobs/<job>/job.py``'s recipe (with ``overrides``) run in NVFlare's SimEnv from the checkout, as
     ``python jobs/<job>/job.py`` does, WITHOUT ``FEDPARTIAL_DATA_DIR`` (the sites find data from the checkout);
-    results in ``workspace_root/<job>``."""
+    results in ``workspace_root/<job>`` (retried once on a failed start, :func:`run_watched`)."""
+    import shutil
+
     overrides = dict(overrides or {})
     if sites is not None:
         overrides["num_sites"] = sites
@@ -80,7 +147,9 @@ def run_recipe(job: str, workspace_root: Path, overrides: dict | None = None, si
     full_env.update(env or {})
     full_env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{full_env.get('PATH', '')}"
     cmd = [sys.executable, "-c", RECIPE_RUNNER, job, str(workspace_root), json.dumps(overrides)]
-    return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout, cwd=str(REPO))
+    name = overrides.get("name") or job
+    return run_watched(cmd, full_env, timeout, logs=[Path(workspace_root) / name / "server" / "log.txt"],
+                       before_retry=lambda: shutil.rmtree(Path(workspace_root) / name, ignore_errors=True))
 
 
 def results_of(workspace: Path) -> dict:

@@ -439,13 +439,17 @@ def test_the_executor_ledger_entry_names_what_leaves():
     assert ex._privacy_entry(meta, 0, 1) == (meta, None)
 
 
-def test_the_summary_goes_to_each_site_once_per_job():
+def test_the_summary_goes_with_every_task_a_resent_one_included():
+    """NVFlare resends a task whose delivery was lost: the resent task must carry the summary too (a site that
+    trained without it scored every shared evaluation set, counting a shared test set twice)."""
     from unittest import mock
 
     from fedpartial.fl.data_check import SummaryFilter
 
-    summary = {"classes": ["a"], "sites": {"h1": {"n_train": 3, "positives": [1], "negatives": [2], "annotated": [True]},
-                                           "h2": {"n_train": 4, "positives": [0], "negatives": [4], "annotated": [True]}}}
+    summary = {"classes": ["a"], "sites": {"h1": {"n_train": 3, "positives": [1], "negatives": [2], "annotated": [True],
+                                                  "eval_sets": {"test": "fp"}},
+                                           "h2": {"n_train": 4, "positives": [0], "negatives": [4], "annotated": [True],
+                                                  "eval_sets": {"test": "fp"}}}}
     comp = mock.Mock(summary=summary)
 
     def ctx(site):
@@ -458,11 +462,28 @@ def test_the_summary_goes_to_each_site_once_per_job():
         dxo = DXO(data_kind=DataKind.WEIGHTS, data={"w": np.zeros(1)})
         return f.process_dxo(dxo, None, ctx(site)).get_meta_prop("fedpartial_data_summary")
 
+    # as NVFlare delivers a broadcast task: one task data, a shallow copy per site, the filter on each copy
+    from nvflare.apis.dxo import from_shareable
+    from nvflare.apis.shareable import make_copy
+
+    task = DXO(data_kind=DataKind.WEIGHTS, data={"w": np.zeros(1)}, meta={"round": 0}).to_shareable()
+    copies = {site: make_copy(task) for site in ("h1", "h2")}
     f = SummaryFilter()
+    for site, c in copies.items():
+        f.process(c, ctx(site))
+    got = {site: from_shareable(c).get_meta_prop("fedpartial_data_summary")["scores"] for site, c in copies.items()}
+    assert got == {"h1": {"test": True}, "h2": {"test": False}}  # each site its own, whatever the order
+    assert "fedpartial_data_summary" not in from_shareable(task).meta and from_shareable(task).meta == {"round": 0}
+
     first = sent(f, "h1")
     assert first["sites"]["federation"]["positives"] == [1] and first["sites"]["federation"]["n_train"] == 7
-    assert sent(f, "h1") is None and sent(f, "h2") is not None and sent(f, "h2") is None  # once per site
-    comp.summary = {**summary}  # a new data check (a resumed job): sent again
-    assert sent(f, "h1") is not None
-    every = SummaryFilter(every_round=True)
-    assert sent(every, "h1") is not None and sent(every, "h1") is not None
+    assert first["scores"] == {"test": True}  # the first holder by name scores the shared set
+    again = sent(f, "h1")  # the same task resent after a lost delivery, or the next round's
+    assert again == first
+    assert sent(f, "h2")["scores"] == {"test": False} and sent(f, "h2")["scores"] == {"test": False}
+    with mock.patch.object(f, "logger") as log:  # the scoring is logged once per site and summary
+        sent(f, "h1")
+        log.info.assert_not_called()
+        comp.summary = {**summary}  # a new data check (a resumed job): logged again
+        sent(f, "h1")
+        log.info.assert_called_once()

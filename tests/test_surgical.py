@@ -354,6 +354,10 @@ def test_surgical_ich_runs_three_rounds_with_warmup_and_intervals(tmp_path, data
     proc = run_simulator(job, ws, n=5, env={"FEDPARTIAL_CACHE": str(data_cache)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(ws)[-3000:]
     res = results_of(ws)
+    # the shared val / test sets are scored by their first holder only, every round and in the final evaluation
+    # (tests/test_privacy.py::test_the_summary_goes_with_every_task_a_resent_one_included: why it could differ)
+    assert res["final"]["FL_global_model.pt"]["sites"] == ["site-1"]  # the shared test set, scored once
+    assert all(r["evaluated_by"]["val"] == ["site-1"] for r in res["rounds"])
     assert res["num_rounds"] == 3 and res["method_options"]["norm"] == "frozen"
     assert res["method_options"]["site_weighting"] == res["method_options"]["row_weighting"] == "uniform"
     r0 = res["rounds"][0]

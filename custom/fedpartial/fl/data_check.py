@@ -6,7 +6,7 @@
   server's, refuses a class list that differs from the server's, checks that every class is annotated by some
   site and that the federation suits the method (the rule's ``check_federation``, e.g. a method that needs labelled
   and unlabelled sites), and logs the per-site table of annotated positives.
-- :class:`SummaryFilter` (a server task-data filter) sends each site, once per job, what it needs of that
+- :class:`SummaryFilter` (a server task-data filter) sends each site, with every task, what it needs of that
   summary (:func:`site_summary`: the federation's per-class totals for methods that need global label
   statistics, and which of its evaluation sets it scores), never another site's counts.
 - :class:`MinCountFilter` (a client task-result filter): per-class statistics from fewer than ``min_count``
@@ -200,14 +200,21 @@ def site_summary(summary: dict, site: str) -> dict:
 
 
 class SummaryFilter(DXOFilter):
-    """Server task-data filter: adds to a site's first ``train`` task of the job the data summary as that site
-    needs it (:func:`site_summary`: federation totals, which of its sets it scores); the site keeps it for the
-    rest of the job. ``every_round``: send it with every task (a method whose sites need it each round)."""
+    """Server task-data filter: adds to every ``train`` and ``validate`` task the data summary as its site needs
+    it (:func:`site_summary`: federation totals, which of its sets it scores), in a metadata dict of that site's
+    task alone.
 
-    def __init__(self, summary_id: str = "data_summary", every_round: bool = False):
+    NVFlare gives each site a shallow copy of a round's broadcast task (``make_copy``): the DXO's metadata dict is
+    shared by every site's copy, so a summary written into it in place reached the sites whose replies left after
+    it (each site scored by another site's ``scores``: a shared test set counted twice, or scored by no site).
+    Sent with every task, not only a site's first: NVFlare resends a task whose delivery was lost and the filter
+    cannot tell a resend from a new task. The summary is a few numbers per class; the server logs, once per site
+    and summary, which sets the site scores."""
+
+    def __init__(self, summary_id: str = "data_summary"):
         super().__init__(supported_data_kinds=None, data_kinds_to_filter=None)
-        self.summary_id, self.every_round = summary_id, every_round
-        self._sent: dict[str, int] = {}  # site -> id of the summary it has
+        self.summary_id = summary_id
+        self._logged: dict[str, int] = {}  # site -> id of the summary whose scoring was logged
 
     def process_dxo(self, dxo: DXO, shareable: Shareable, fl_ctx: FLContext) -> DXO | None:
         comp = fl_ctx.get_engine().get_component(self.summary_id)
@@ -216,14 +223,14 @@ class SummaryFilter(DXOFilter):
         site = peer.get_identity_name() if peer else None
         if summary is None or site is None:
             return dxo
-        first = self._sent.get(site) != id(summary)
-        if self.every_round or first:
-            mine = site_summary(summary, site)
-            dxo.set_meta_prop(META_SUMMARY, mine)
-            if first:  # which of its evaluation sets each site scores, once per site
-                self.logger.info(f"data summary sent to {site}: it scores "
-                                 f"{sorted(k for k, v in mine['scores'].items() if v) or 'none of its sets'}")
-            self._sent[site] = id(summary)
+        mine = site_summary(summary, site)
+        dxo = DXO(data_kind=dxo.data_kind, data=dxo.data, meta={**(dxo.meta or {}), META_SUMMARY: mine})
+        if self._logged.get(site) != id(summary):  # which of its evaluation sets each site scores, once per site
+            self.logger.info(f"data summary sent to {site}: it scores "
+                             f"{sorted(k for k, v in mine['scores'].items() if v) or 'none of its sets'}"
+                             + ("" if site in (summary.get("sites") or {}) else
+                                " (the site is not in the data summary: it did not answer the data check)"))
+            self._logged[site] = id(summary)
         return dxo
 
 

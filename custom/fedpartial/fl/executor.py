@@ -65,7 +65,7 @@ from .spec import job_spec, spec_mismatch
 
 log = logging.getLogger("fedpartial")
 LOCAL_MODEL_FILE = "last_local_model.pt"
-SUMMARY_FILE = "data_summary.json"  # the summary the server sent this site (it comes once per site and job)
+SUMMARY_FILE = "data_summary.json"  # the summary the server sent this site (with every task; kept for a new process)
 
 
 @dataclass
@@ -401,7 +401,7 @@ class PartialLabelExecutor(Executor):
             self._adopt_checkpoint(fl_ctx, rnd)
         self.trainer.receive(dxo.data)
         global_meta = dict(dxo.meta or {})
-        if META_SUMMARY in global_meta:
+        if META_SUMMARY in global_meta and global_meta[META_SUMMARY] != self.ctx.summary:
             self.ctx.summary = global_meta[META_SUMMARY]
             (self.state_dir / SUMMARY_FILE).write_text(json.dumps(self.ctx.summary))
         num_rounds = int(shareable.get_header(AppConstants.NUM_ROUNDS, 1))

@@ -1,0 +1,137 @@
+"""What a MONAI bundle written by ``fedpartial-export`` runs besides MONAI itself: the image decoder, the
+folder listing, the prediction loop and the CSV writer. ``fedpartial-export`` copies this file into the bundle as
+``scripts/image_io.py``, with the decoder block below replaced by the training code's own decoding functions
+(``fedpartial.data.transforms.read_image`` and the DICOM / CT-window helpers it calls, copied verbatim), so the
+bundle runs where this package is not installed: numpy, Pillow, pydicom, torch and MONAI only.
+
+Why a decoder of our own rather than MONAI's ``LoadImaged``: training scales an 8-bit PNG / JPG by 1/255 and a
+16-bit one by 1/65535, converts palette / alpha images to RGB, turns a DICOM's stored values into Hounsfield units
+(with the RSNA 12-bit repair) and stacks CT windows as channels; MONAI's readers return the stored values, so the
+same input tensor would need per-file logic in the config. Everything after decoding (resize, normalisation,
+activation) is MONAI's transforms in ``configs/inference.json``.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import sys
+from collections.abc import Hashable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+# --- decoder (replaced at export) ---
+from fedpartial.data.transforms import read_image  # noqa: E402  (the bundle holds a copy of its source)
+# --- end decoder ---
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".dcm", ".dicom")
+PREDICTIONS_FILE = "predictions.csv"
+
+
+def list_images(folder: str | os.PathLike) -> list[str]:
+    """Every PNG / JPG / DICOM file under ``folder`` (recursive), sorted by path, as ``folder``-joined strings."""
+    folder = Path(folder)
+    paths = sorted(str(p) for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    if not paths:
+        raise FileNotFoundError(f"no PNG / JPG / DICOM image ({', '.join(IMAGE_SUFFIXES)}) under {folder}")
+    return paths
+
+
+def _map_transform():
+    from monai.transforms import MapTransform
+
+    return MapTransform
+
+
+class LoadImageAnyd(_map_transform()):
+    """Path -> ``(channels, H, W)`` float32 tensor in [0, 1], decoded as in training (see the module docstring).
+
+    Args:
+        keys: keys whose values are file paths.
+        channels: output channels (gray images are repeated, RGB averaged to match).
+        ct_windows: DICOM only: ``[[center, width], ...]`` in HU, one channel each; None = min-max scaled HU.
+    """
+
+    def __init__(self, keys, channels: int, ct_windows: Sequence[Sequence[float]] | None = None,
+                 allow_missing_keys: bool = False) -> None:
+        super().__init__(keys, allow_missing_keys)
+        self.channels = int(channels)
+        self.ct_windows = [tuple(map(float, w)) for w in ct_windows] if ct_windows else None
+
+    def __call__(self, data: Mapping[Hashable, object]) -> dict:
+        d = dict(data)
+        for key in self.key_iterator(d):
+            d[key] = torch.from_numpy(read_image(d[key], self.channels, self.ct_windows))
+        return d
+
+
+class Progress:
+    """``for batch in Progress(loader, "predict")``: a tqdm bar on a terminal (stderr), else ``label k / N`` lines
+    (about ten, and the last)."""
+
+    def __init__(self, iterable, label: str, total: int | None = None, stream=None) -> None:
+        self.iterable, self.label = iterable, label
+        self.total = len(iterable) if total is None else int(total)
+        self.stream = stream if stream is not None else sys.stderr
+
+    def __len__(self) -> int:
+        return self.total
+
+    def __iter__(self):
+        if getattr(self.stream, "isatty", lambda: False)():
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                pass
+            else:
+                yield from tqdm(self.iterable, total=self.total, desc=self.label, unit="batch", file=self.stream)
+                return
+        step = max(1, self.total // 10)
+        for k, item in enumerate(self.iterable, 1):
+            yield item
+            if k % step == 0 or k == self.total:
+                print(f"{self.label} {k} / {self.total}", file=self.stream, flush=True)
+
+
+@torch.no_grad()
+def predict(network: torch.nn.Module, dataloader, postprocessing, device: str | torch.device = "cpu",
+            key: str = "image") -> np.ndarray:
+    """``(N, C)`` float32 probabilities: each batch ``(B, channels, S, S)`` through ``network`` (logits ``(B, C)``),
+    then ``postprocessing`` (MONAI ``Activations``) on each sample's ``(C,)`` logits."""
+    out = []
+    for batch in Progress(dataloader, "predict: batch"):
+        logits = network(batch[key].to(device)).float()
+        out.append(torch.stack([torch.as_tensor(postprocessing(x)) for x in logits]).cpu())
+    return torch.cat(out).numpy().astype(np.float32) if out else np.zeros((0, 0), np.float32)
+
+
+def decisions(probs: np.ndarray, classes: Sequence[str], task: str,
+              thresholds: Sequence[float] | None) -> tuple[list[str], list[list]]:
+    """The decision columns: multi-label ``pred_<class>`` = 1 where ``prob >= threshold`` of that class;
+    single-label ``prediction`` = the class of the highest probability. Returns ``(columns, rows)``."""
+    if task == "multilabel":
+        t = np.asarray(thresholds if thresholds is not None else [0.5] * len(classes), dtype=np.float64)
+        return [f"pred_{c}" for c in classes], (probs >= t[None, :]).astype(int).tolist()
+    return ["prediction"], [[classes[int(i)]] for i in np.argmax(probs, axis=1)]
+
+
+def write_predictions(paths: Sequence[str], probs: np.ndarray, classes: Sequence[str], task: str,
+                      thresholds: Sequence[float] | None, output_dir: str | os.PathLike) -> str:
+    """``output_dir/predictions.csv``: ``image``, ``prob_<class>`` per class (6 decimals), then the decisions
+    (:func:`decisions`). Returns the file's path."""
+    probs = np.asarray(probs)
+    if len(paths) != len(probs):
+        raise ValueError(f"{len(paths)} images but {len(probs)} predictions")
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cols, dec = decisions(probs, classes, task, thresholds)
+    path = out / PREDICTIONS_FILE
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["image", *(f"prob_{c}" for c in classes), *cols])
+        for p, row, d in zip(paths, probs, dec):
+            w.writerow([p, *(f"{float(v):.6f}" for v in row), *d])
+    print(f"wrote {len(paths)} predictions to {path}", file=sys.stderr)
+    return str(path)

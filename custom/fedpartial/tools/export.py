@@ -1,0 +1,373 @@
+"""Export a run's trained global model as a MONAI bundle that a hospital runs without this package.
+
+::
+
+    fedpartial-export RUN -o BUNDLE [--model best|last] [--no-torchscript] [--onnx]
+    python -m monai.bundle run --config_file BUNDLE/configs/inference.json --dataset_dir IMAGES --output_dir OUT
+
+``RUN`` is what ``fedpartial-predict`` takes (a simulator workspace, a downloaded job result, a run folder or a
+model file). The bundle (MONAI Bundle Specification):
+
+- ``configs/metadata.json``: MONAI's metadata keys (``version``, ``monai_version``, ``pytorch_version``,
+  ``numpy_version``, ``optional_packages_version``, ``task``, ``description``, ``authors``, ``copyright``,
+  ``network_data_format`` with the input tensor and the class names as the output channels), plus
+  ``thresholds`` (per class, chosen on the run's validation set; 0.5 where none was chosen), ``preprocessing``,
+  ``eval_metrics`` (test metrics with bootstrap intervals) and ``training`` (job, method, rounds, sites with their
+  sizes and annotated classes, a data fingerprint, the privacy-ledger summary);
+- ``configs/inference.json``: a folder of PNG / JPG / DICOM images -> ``OUT/predictions.csv`` with
+  ``fedpartial-predict``'s columns (``image``, ``prob_<class>``) plus the decisions (multi-label ``pred_<class>``
+  at the thresholds, single-label ``prediction`` = the argmax class); MONAI transforms and the TorchScript model,
+  with the image decoder in ``scripts/image_io.py`` (training's own decoding code, copied; see
+  :mod:`fedpartial.tools.bundle_runtime`);
+- ``models/model.pt`` (the state dict), ``models/model.ts`` (TorchScript, traced and checked against the
+  model), ``models/model.onnx`` with ``--onnx`` (needs the ``onnx`` package: ``pip install onnx``);
+- ``docs/README.md``: the model card (data, sites, metrics with intervals, thresholds, known limits) with its
+  figures (``docs/*.png``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import hashlib
+import inspect
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import bundle_runtime
+from .predict import LoadedModel, find_thresholds, load_model
+
+BUNDLE_FILES = ("configs/metadata.json", "configs/inference.json", "models/model.pt", "models/model.ts",
+                "scripts/__init__.py", "scripts/image_io.py", "docs/README.md")
+RUNTIME_MODULE = "scripts.image_io"
+DECODER_START, DECODER_END = "# --- decoder (replaced at export) ---", "# --- end decoder ---"
+MODALITY = {"ich_phantom": "CT", "rsna_ich": "CT", "nih_cxr14": "DX", "chexpert": "DX", "mimic_cxr": "DX",
+            "ham10000": "XC", "isic2019": "XC"}  # DICOM modality codes (XC: external-camera photography)
+RESIZE_MODE = "area"  # fedpartial.data.dataset.make_dataset's default, what training's evaluation used
+BATCH_SIZE = 64
+
+
+# ------------------------------------------------------------------------------------------------ the runtime
+
+def decoder_source() -> str:
+    """Training's image decoding as standalone source: ``fedpartial.data.dicom`` (HU, CT windows) and
+    ``fedpartial.data.transforms.read_image`` with the helpers it calls, copied verbatim."""
+    from ..data import dicom, transforms
+
+    parts = ["from PIL import Image", "", "Window = tuple[float, float]",
+             f"DEFAULT_WINDOWS = {dicom.DEFAULT_WINDOWS!r}", ""]
+    for obj in (dicom._first, dicom.read_dicom_hu, dicom.apply_windows, transforms.ImageLoadError,
+                transforms.is_dicom, transforms._minmax, transforms._read_pil, transforms._match_channels,
+                transforms.read_image):
+        parts += [inspect.getsource(obj).rstrip(), "", ""]
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def runtime_source() -> str:
+    """``scripts/image_io.py``: :mod:`fedpartial.tools.bundle_runtime` with its decoder block replaced by
+    :func:`decoder_source` (the result imports nothing of this package)."""
+    text = Path(bundle_runtime.__file__).read_text()
+    head, rest = text.split(DECODER_START, 1)
+    _, tail = rest.split(DECODER_END, 1)
+    text = (head + "# --- decoder: copied from fedpartial.data.dicom / fedpartial.data.transforms at export ---\n"
+            + decoder_source() + "# --- end decoder ---" + tail)
+    if "fedpartial." in "".join(line for line in text.splitlines(True) if line.lstrip().startswith(("import", "from"))):
+        raise RuntimeError("the bundle's scripts/image_io.py would import this package")
+    return text
+
+
+# ----------------------------------------------------------------------------------------------- the contents
+
+def run_results(model: LoadedModel) -> dict:
+    """The run's ``results.json`` (in the model's folder or the one above), or {} when absent."""
+    from ..fl.results import RESULTS_FILE
+
+    for folder in (model.path.parent, model.path.parent.parent):
+        if (folder / RESULTS_FILE).is_file():
+            return json.loads((folder / RESULTS_FILE).read_text())
+    return {}
+
+
+def bundle_thresholds(model: LoadedModel) -> dict:
+    """``{"values": [C floats], "chosen": {class: threshold | None}, "criterion", "n_val"}`` for a multi-label
+    model (0.5 where no threshold was chosen on validation), ``{}`` for a single-label one (the argmax decides)."""
+    if model.task != "multilabel":
+        return {}
+    try:
+        entry = find_thresholds(model.path)
+    except (FileNotFoundError, ValueError):
+        entry = {}
+    chosen = {c: (entry.get("thresholds") or {}).get(c) for c in model.classes}
+    return {"values": [0.5 if chosen[c] is None else float(chosen[c]) for c in model.classes], "chosen": chosen,
+            "criterion": entry.get("criterion"), "n_val": entry.get("n_val") or {},
+            "note": "predict class c when prob_c >= values[c]; chosen on the run's pooled validation set, "
+                    "0.5 where none was chosen (null under 'chosen')"}
+
+
+def preprocessing_spec(model: LoadedModel) -> dict:
+    """The image pipeline of training's evaluation, as the bundle applies it."""
+    ds = model.dataset
+    windows = [list(map(float, w)) for w in ds.get("ct_windows") or []] or None
+    return {"image_size": int(ds["image_size"]), "channels": int(ds["channels"]), "ct_windows": windows,
+            "mean": ds.get("mean"), "std": ds.get("std"), "resize_mode": RESIZE_MODE,
+            "steps": ["decode: PNG / JPG 8-bit / 255, 16-bit / 65535; DICOM -> Hounsfield units"
+                      + (f" -> CT windows {windows} (center, width) as channels" if windows else " -> min-max"),
+                      f"channels: gray repeated / RGB averaged to {ds['channels']}",
+                      f"resize to {ds['image_size']} x {ds['image_size']} ({RESIZE_MODE})",
+                      "normalise (x - mean) / std per channel" if ds.get("mean") or ds.get("std")
+                      else "no normalisation (values in [0, 1])"]}
+
+
+def channel_names(pre: dict) -> dict[str, str]:
+    if pre["ct_windows"]:
+        names = {(40.0, 80.0): "brain", (80.0, 200.0): "subdural", (600.0, 2800.0): "bone"}
+        return {str(i): f"{names.get(tuple(w), 'CT')} window (center {w[0]:g}, width {w[1]:g} HU)"
+                for i, w in enumerate(pre["ct_windows"])}
+    return {"0": "gray"} if pre["channels"] == 1 else {str(i): n for i, n in enumerate("RGB"[:pre["channels"]])}
+
+
+def data_fingerprint(model: LoadedModel, results: dict) -> str:
+    """sha256 of the dataset configuration and the federation's data record (per-site sizes, annotated classes,
+    shared evaluation sets): what identifies the training data without any image leaving a site."""
+    ds = {k: v for k, v in model.dataset.items() if k != "cache"}
+    blob = json.dumps({"dataset": ds, "data": results.get("data")}, sort_keys=True, default=str)
+    return "sha256:" + hashlib.sha256(blob.encode()).hexdigest()
+
+
+def training_record(model: LoadedModel, results: dict) -> dict:
+    """Provenance: job, method and options, rounds, sites (sizes, annotated classes), data fingerprint, privacy."""
+    classes = model.classes
+    sites = {s: {"n_train": i.get("n_train"), "n_val": i.get("n_val"), "n_test": i.get("n_test"),
+                 "annotated_classes": [classes[k] for k in i.get("annotated", []) if k < len(classes)]}
+             for s, i in ((results.get("data") or {}).get("sites") or {}).items()}
+    privacy = {s: {k: t.get(k) for k in ("scope", "min_count", "releases", "rounds", "epsilon", "delta")}
+               for s, t in (results.get("privacy") or {}).items()}
+    cfg = json.loads((model.path.parent / "config" / "config_fed_client.json").read_text()) \
+        if (model.path.parent / "config" / "config_fed_client.json").is_file() else {}
+    args = ((cfg.get("executors") or [{}])[0].get("executor") or {}).get("args") or {}
+    return {"job": args.get("run_name") or model.path.parent.parent.name, "method": results.get("method"),
+            "method_options": results.get("method_options"), "dataset": results.get("dataset"),
+            "setting": results.get("setting"), "rounds": results.get("num_rounds"),
+            "best_round": (results.get("best") or {}).get("trained_rounds"), "model_file": model.path.name,
+            "architecture": model.net.arch, "sites": sites, "data_fingerprint": data_fingerprint(model, results),
+            "privacy": privacy, "degraded": results.get("degraded"), "global_model_note": model.note,
+            "exported": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+
+
+def final_result(model: LoadedModel, results: dict) -> dict:
+    """``results.json``'s final evaluation of the exported model file (``{"test", "val", "per_site", ...}``)."""
+    return ((results.get("final") or {}).get(model.path.name)) or {}
+
+
+def eval_metrics(final: dict) -> dict:
+    test = final.get("test") or {}
+    ci = (test.get("ci") or {}).get("auc") or {}
+    return {"split": "test", "n": test.get("n"), "macro": test.get("macro") or {},
+            "per_class": test.get("per_class") or {}, "auc_ci95": ci} if test else {}
+
+
+def metadata(model: LoadedModel, results: dict, thresholds: dict, pre: dict) -> dict:
+    """``configs/metadata.json``: MONAI's bundle metadata keys plus this model's thresholds and provenance."""
+    import monai
+
+    import PIL
+    import pydicom
+
+    task = "multi-label" if model.task == "multilabel" else "single-label"
+    train = training_record(model, results)
+    n_sites = len(train["sites"])
+    classes = model.classes
+    return {
+        "schema": "https://github.com/Project-MONAI/MONAI-extra-test-data/releases/download/0.8.1/"
+                  "meta_schema_20220324.json",
+        "version": "0.1.0",
+        "changelog": {"0.1.0": f"exported from job {train['job']} ({train['model_file']}, {train['rounds']} rounds)"},
+        "monai_version": monai.__version__,
+        "pytorch_version": torch.__version__.split("+")[0],
+        "numpy_version": np.__version__,
+        "required_packages_version": {"pillow": PIL.__version__, "pydicom": pydicom.__version__},
+        "optional_packages_version": {"tqdm": _version("tqdm")},
+        "name": train["job"],
+        "task": f"{task} classification of {', '.join(classes)}",
+        "description": f"{model.net.arch} trained with {train['method']} across {n_sites} sites with partial labels "
+                       f"({train['setting'] or 'see training'}); the model file is {train['model_file']}.",
+        "authors": f"the {train['job']} federation ({n_sites} sites)",
+        "copyright": "the federation's sites",
+        "intended_use": "research; not validated for clinical decisions",
+        "data_source": f"{train['dataset']} (per-site manifests; images never left the sites)",
+        "data_type": "png, jpg, dicom",
+        "image_classes": f"{pre['channels']} channel(s): {'; '.join(channel_names(pre).values())}",
+        "pred_classes": f"{len(classes)} channels, one per class: {', '.join(classes)}",
+        "network_data_format": {
+            "inputs": {"image": {
+                "type": "image", "format": "magnitude", "modality": MODALITY.get(str(model.dataset.get("name")), "n/a"),
+                "num_channels": pre["channels"], "spatial_shape": [pre["image_size"], pre["image_size"]],
+                "dtype": "float32", "value_range": [] if pre["mean"] or pre["std"] else [0, 1],
+                "is_patch_data": False, "channel_def": channel_names(pre)}},
+            "outputs": {"pred": {
+                "type": "probabilities", "format": "classes", "num_channels": len(classes), "spatial_shape": [],
+                "dtype": "float32", "value_range": [], "is_patch_data": False,
+                "channel_def": {str(i): c for i, c in enumerate(classes)},
+                "description": "logits; " + ("sigmoid per class" if model.task == "multilabel" else "softmax")
+                               + " gives the probabilities (configs/inference.json's postprocessing)"}},
+        },
+        "task_type": model.task,
+        "thresholds": thresholds,
+        "preprocessing": pre,
+        "eval_metrics": eval_metrics(final_result(model, results)),
+        "training": train,
+    }
+
+
+def _version(name: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(name)
+    except Exception:  # noqa: BLE001 - not installed
+        return None
+
+
+def inference_config(model: LoadedModel, thresholds: dict, pre: dict) -> dict:
+    """``configs/inference.json`` (MONAI config syntax)."""
+    norm = []
+    if pre["mean"] is not None or pre["std"] is not None:
+        n = len(pre["mean"] if pre["mean"] is not None else pre["std"])
+        norm = [{"_target_": "NormalizeIntensityd", "keys": "image", "channel_wise": True,
+                 "subtrahend": [float(m) for m in (pre["mean"] or [0.0] * n)],
+                 "divisor": [float(s) for s in (pre["std"] or [1.0] * n)]}]
+    typed = {"_target_": "EnsureTyped", "keys": "image", "data_type": "tensor", "dtype": "$torch.float32",
+             "track_meta": False}
+    return {
+        "imports": ["$import os"],
+        "runtime": f"$__import__('{RUNTIME_MODULE}', fromlist=['predict'])",
+        "bundle_root": "$os.path.dirname(os.path.dirname(os.path.abspath(@runtime.__file__)))",
+        "dataset_dir": "/workspace/data",
+        "output_dir": "$@bundle_root + '/eval'",
+        "device": "$torch.device('cuda:0' if torch.cuda.is_available() else 'cpu')",
+        "classes": model.classes,
+        "task": model.task,
+        "thresholds": thresholds.get("values"),
+        "image_size": pre["image_size"],
+        "channels": pre["channels"],
+        "ct_windows": pre["ct_windows"],
+        "batch_size": BATCH_SIZE,
+        "datalist": "$@runtime.list_images(@dataset_dir)",
+        "preprocessing": {"_target_": "Compose", "transforms": [
+            {"_target_": f"{RUNTIME_MODULE}.LoadImageAnyd", "keys": "image", "channels": "@channels",
+             "ct_windows": "@ct_windows"},
+            {"_target_": "Resized", "keys": "image", "spatial_size": ["@image_size", "@image_size"],
+             "mode": pre["resize_mode"]},
+            typed, *norm, typed]},
+        "dataset": {"_target_": "Dataset", "data": "$[{'image': p} for p in @datalist]",
+                    "transform": "@preprocessing"},
+        "dataloader": {"_target_": "DataLoader", "dataset": "@dataset", "batch_size": "@batch_size",
+                       "shuffle": False, "num_workers": 0},
+        "network_def": "$torch.jit.load(@bundle_root + '/models/model.ts', map_location='cpu')",
+        "network": "$@network_def.to(@device).eval()",
+        "postprocessing": {"_target_": "Activations", "sigmoid": model.task == "multilabel",
+                           "softmax": model.task != "multilabel"},
+        "probabilities": "$@runtime.predict(@network, @dataloader, @postprocessing, @device)",
+        "run": ["$@runtime.write_predictions(@datalist, @probabilities, @classes, @task, @thresholds, @output_dir)"],
+    }
+
+
+def trace(model: LoadedModel) -> torch.jit.ScriptModule:
+    """``torch.jit.trace`` of the model on CPU, checked against the model on a random batch (max abs 1e-5)."""
+    net = model.net.to("cpu").eval()
+    size = int(model.dataset["image_size"])
+    x = torch.rand(2, int(model.dataset["channels"]), size, size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ts = torch.jit.trace(net, x[:1], check_trace=False)
+        diff = float((ts(x) - net(x)).abs().max())
+    if not diff <= 1e-5:
+        raise RuntimeError(f"the traced model differs from the model by {diff:g} on a random batch")
+    return ts
+
+
+def export_onnx(model: LoadedModel, path: Path) -> None:
+    try:
+        import onnx  # noqa: F401 - torch's exporter needs it
+    except ImportError:
+        raise RuntimeError("--onnx needs the onnx package: pip install onnx (or pip install 'fedpartial[onnx]')") \
+            from None
+    size = int(model.dataset["image_size"])
+    x = torch.rand(1, int(model.dataset["channels"]), size, size)
+    torch.onnx.export(model.net.to("cpu").eval(), (x,), str(path), input_names=["image"], output_names=["logits"],
+                      dynamic_axes={"image": {0: "batch"}, "logits": {0: "batch"}}, dynamo=False)
+
+
+# ------------------------------------------------------------------------------------------------ the export
+
+def export_bundle(run: str | Path, out: str | Path, which: str = "best", torchscript: bool = True,
+                  onnx: bool = False, job_config: str | Path | None = None, overwrite: bool = False) -> Path:
+    """Write the bundle of ``run``'s global model to ``out`` (see the module docstring). Returns ``out``."""
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        if not overwrite:
+            raise FileExistsError(f"{out} exists and is not empty (pass --force to replace it)")
+        shutil.rmtree(out)
+    model = load_model(run, which, job_config)
+    results = run_results(model)
+    thresholds = bundle_thresholds(model)
+    pre = preprocessing_spec(model)
+    for d in ("configs", "models", "docs", "scripts"):
+        (out / d).mkdir(parents=True, exist_ok=True)
+    torch.save(model.net.state_dict(), out / "models" / "model.pt")
+    meta = metadata(model, results, thresholds, pre)
+    (out / "configs" / "metadata.json").write_text(json.dumps(meta, indent=2, default=_json_default))
+    if torchscript:
+        torch.jit.save(trace(model), str(out / "models" / "model.ts"))
+        (out / "scripts" / "__init__.py").write_text('"""The bundle\'s own code (MONAI bundles\' scripts/)."""\n')
+        (out / "scripts" / "image_io.py").write_text(runtime_source())
+        (out / "configs" / "inference.json").write_text(json.dumps(inference_config(model, thresholds, pre),
+                                                                   indent=2))
+    if onnx:
+        export_onnx(model, out / "models" / "model.onnx")
+    from .model_card import write_model_card
+
+    write_model_card(out, meta, final_result(model, results), results)
+    return out
+
+
+def _json_default(o):
+    if isinstance(o, (np.floating, np.integer)):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="fedpartial-export", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run", help="simulator workspace, downloaded job result, run folder or model .pt file")
+    ap.add_argument("-o", "--out", required=True, help="the bundle's folder (created)")
+    ap.add_argument("--model", default="best", choices=["best", "last"],
+                    help="best validation round (default, falls back to last) or the last global model")
+    ap.add_argument("--torchscript", action=argparse.BooleanOptionalAction, default=True,
+                    help="models/model.ts and configs/inference.json (default; --no-torchscript: weights, metadata "
+                         "and model card only)")
+    ap.add_argument("--onnx", action="store_true", help="also models/model.onnx (needs: pip install onnx)")
+    ap.add_argument("--job-config", help="folder with the job's config_fed_server/client.json (default: the run's)")
+    ap.add_argument("--force", action="store_true", help="replace an existing, non-empty output folder")
+    a = ap.parse_args(argv)
+    try:
+        out = export_bundle(a.run, a.out, a.model, a.torchscript, a.onnx, a.job_config, a.force)
+    except (OSError, ValueError, RuntimeError) as e:
+        print(f"fedpartial-export: error: {e}", file=sys.stderr)
+        return 1
+    print(f"bundle written to {out}")
+    if a.torchscript:
+        print(f"run it: python -m monai.bundle run --config_file {out}/configs/inference.json "
+              f"--dataset_dir IMAGES --output_dir OUT")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

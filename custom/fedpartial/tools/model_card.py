@@ -1,0 +1,149 @@
+"""The model card of an exported bundle (``docs/README.md``): data, sites, metrics with intervals, thresholds,
+known limits, with the final model's figures (``fedpartial.plots``) beside it in ``docs/``."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+
+def _pct(v) -> str:
+    return "n/a" if v is None or not isinstance(v, (int, float)) or not math.isfinite(v) else f"{100 * v:.1f}"
+
+
+def _ci(iv) -> str:
+    return f" [{100 * iv[0]:.1f}, {100 * iv[1]:.1f}]" if iv else ""
+
+
+def metrics_table(test: dict) -> list[str]:
+    """Per class: AUROC with its 95 % bootstrap interval, AP, and the thresholded metrics at the validation
+    thresholds where the run has them (else at 0.5), in percent."""
+    if not test:
+        return ["No test evaluation is recorded for this model file."]
+    multilabel = test.get("task", "multilabel") == "multilabel"
+    ci = ((test.get("ci") or {}).get("auc") or {})
+    at = "_val_thr" if multilabel and any("bacc_val_thr" in (m or {}) for m in test["per_class"].values()) else ""
+    if multilabel:
+        cols = [("AP", "ap"), ("BACC", "bacc" + at), ("sensitivity", "recall" + at), ("precision", "precision" + at)]
+    else:
+        cols = [("sensitivity", "sensitivity"), ("specificity", "specificity"), ("F1", "f1")]
+    lines = ["| class | AUROC [95 % CI] | " + " | ".join(c for c, _ in cols) + " |",
+             "|---|---|" + "---|" * len(cols)]
+    for c, m in test["per_class"].items():
+        m = m or {}
+        iv = (ci.get("per_class") or {}).get(c) if m.get("auc") is not None else None
+        lines.append(f"| {c} | {_pct(m.get('auc'))}{_ci(iv)} | "
+                     + " | ".join(_pct(m.get(k)) for _, k in cols) + " |")
+    macro = test.get("macro") or {}
+    mk = {"ap": "map"}
+    lines.append(f"| **macro** | {_pct(macro.get('auc'))}{_ci(ci.get('macro'))} | "
+                 + " | ".join(_pct(macro.get(mk.get(k, k))) for _, k in cols) + " |")
+    where = "the validation thresholds" if at else ("0.5" if multilabel else "the argmax")
+    lines += ["", f"Percent, on the test set (n = {test.get('n')}); thresholded columns at {where}; `n/a`: the class "
+                  "lacks an outcome there or its numbers stayed at the sites (minimum count)."]
+    return lines
+
+
+def known_limits(meta: dict, final: dict) -> list[str]:
+    train, thr = meta["training"], meta.get("thresholds") or {}
+    out = []
+    if str(train.get("dataset") or "").endswith("phantom"):
+        out.append("Trained and tested on a synthetic phantom: the numbers say nothing about real scans.")
+    test = final.get("test") or {}
+    undefined = sorted({c for cs in (test.get("undefined_classes") or {}).values() for c in cs})
+    if undefined:
+        out.append(f"No test AUROC / AP for {', '.join(undefined)} (one outcome only, or kept at the sites).")
+    if thr:
+        unset = [c for c, v in (thr.get("chosen") or {}).items() if v is None]
+        if unset:
+            out.append(f"No validation threshold for {', '.join(unset)}: the bundle decides at 0.5 there.")
+        small = [c for c, n in (thr.get("n_val") or {}).items() if n is not None and n < 50]
+        if small:
+            out.append(f"Thresholds of {', '.join(small)} rest on fewer than 50 validation images each.")
+    annotators: dict[str, int] = {}
+    for s in (train.get("sites") or {}).values():
+        for c in s.get("annotated_classes") or []:
+            annotators[c] = annotators.get(c, 0) + 1
+    rare = [c for c in meta["network_data_format"]["outputs"]["pred"]["channel_def"].values()
+            if annotators.get(c, 0) <= 1] if annotators else []
+    if rare:
+        out.append(f"Annotated at one site or none: {', '.join(rare)}; the other sites' images of these classes "
+                   "were unlabelled for them (partial labels).")
+    if train.get("global_model_note"):
+        out.append(f"Global model: {train['global_model_note']}.")
+    if train.get("degraded"):
+        out.append(f"The run was degraded: {train['degraded']}.")
+    ci = ((test.get("ci") or {}).get("auc") or {}).get("macro")
+    if ci and ci[1] - ci[0] > 0.1:
+        out.append(f"Wide intervals (macro AUROC {100 * ci[0]:.1f} to {100 * ci[1]:.1f}): a small test set.")
+    pre = meta["preprocessing"]
+    out.append(f"Input: one 2-D image at a time, resized to {pre['image_size']} px; no volume, no view or "
+               "acquisition check, no out-of-distribution detection. Not validated for clinical use.")
+    return [f"- {x}" for x in out]
+
+
+def write_model_card(bundle: Path, meta: dict, final: dict, results: dict) -> Path:
+    """``bundle/docs/README.md`` and its figures ``bundle/docs/*.png``; returns the README's path."""
+    from ..plots import write_final_figures
+
+    docs = Path(bundle) / "docs"
+    docs.mkdir(parents=True, exist_ok=True)
+    train, pre, thr = meta["training"], meta["preprocessing"], meta.get("thresholds") or {}
+    classes = list(meta["network_data_format"]["outputs"]["pred"]["channel_def"].values())
+    try:
+        figs = write_final_figures(results, train["model_file"], docs) if results else {}
+    except ImportError:  # matplotlib is in requirements.txt; a bare install may lack it
+        figs = {}
+    lines = [f"# {meta['name']}: {meta['task']}", "",
+             f"{meta['description']} Intended use: {meta['intended_use']}.", "",
+             "## Use", "", "```bash",
+             "python -m monai.bundle run --config_file configs/inference.json --dataset_dir IMAGES --output_dir OUT",
+             "```", "",
+             "`OUT/predictions.csv`: `image`, `prob_<class>` per class, then "
+             + ("`pred_<class>` (1 where the probability reaches the class's threshold)." if meta["task_type"] ==
+                "multilabel" else "`prediction` (the class of the highest probability)."),
+             "Needs torch, MONAI, numpy, Pillow and pydicom (`configs/metadata.json` lists the versions), not the "
+             "training package: `scripts/image_io.py` decodes the images as training did.", "",
+             "## Input", "",
+             *[f"- {s}" for s in pre["steps"]],
+             f"- tensor: {pre['channels']} x {pre['image_size']} x {pre['image_size']} float32 "
+             f"({'; '.join(meta['network_data_format']['inputs']['image']['channel_def'].values())})", "",
+             "## Output and thresholds", ""]
+    if thr:
+        lines += ["| class | threshold | chosen on validation | validation images |", "|---|---|---|---|"]
+        for c, v in zip(classes, thr["values"]):
+            chosen = (thr.get("chosen") or {}).get(c)
+            lines.append(f"| {c} | {v:.3f} | {'yes (' + str(thr.get('criterion')) + ')' if chosen is not None else 'no (0.5)'}"
+                         f" | {(thr.get('n_val') or {}).get(c, 'n/a')} |")
+    else:
+        lines.append(f"Single-label: softmax over {', '.join(classes)}; the prediction is the argmax (no threshold).")
+    lines += ["", "## Training", "",
+              f"- job `{train['job']}`, method `{train['method']}`, {train['rounds']} rounds, exported "
+              f"`{train['model_file']}`" + (f" (best on validation, after {train['best_round']} of them)"
+                                            if train.get("best_round") is not None and train["model_file"].startswith("best")
+                                            else ""),
+              f"- data: {train['dataset']} ({train.get('setting') or 'n/a'}); fingerprint `{train['data_fingerprint']}`",
+              f"- architecture `{train['architecture']}`; exported {train['exported']}", ""]
+    if train["sites"]:
+        lines += ["| site | train | val | test | annotated classes |", "|---|---|---|---|---|"]
+        for s, i in train["sites"].items():
+            lines.append(f"| {s} | {i['n_train']} | {i['n_val']} | {i['n_test']} | "
+                         f"{', '.join(i['annotated_classes']) or 'none'} |")
+        lines.append("")
+    if train.get("privacy"):
+        lines += ["Privacy ledger (per-class statistics that left each site): "
+                  + "; ".join(f"{s}: {t.get('releases')} releases, scope {t.get('scope') or 'none'}, minimum count "
+                              f"{t.get('min_count')}, epsilon {'inf' if t.get('epsilon') is None else t['epsilon']}"
+                              for s, t in train["privacy"].items()), ""]
+    lines += ["## Metrics", "", *metrics_table(final.get("test") or {}), ""]
+    captions = {"auc_ci": "Per-class test AUROC with its 95 % bootstrap interval",
+                "sites": "Test AUROC per site and class",
+                "roc": "ROC curves (dot: the operating threshold)",
+                "pr": "Precision-recall curves (dot: the operating threshold)"}
+    for name in ("auc_ci", "sites", "roc", "pr"):
+        if name in figs:
+            lines += [f"![{captions[name]}]({Path(figs[name]).name})", ""]
+    lines += ["## Known limits", "", *known_limits(meta, final), ""]
+    path = docs / "README.md"
+    path.write_text("\n".join(lines))
+    return path

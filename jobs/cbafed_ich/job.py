@@ -1,23 +1,14 @@
 """cbafed_ich — CBAFed on the ICH phantom (5 sites, missing 4; SYNTHETIC images) (README.md).
 
-Run: ``python jobs/cbafed_ich/job.py`` (``--help``: rounds, sites, data, export).
+Run: ``python jobs/cbafed_ich/job.py`` (``--help``: rounds, sites, GPUs, data, export).
 """
 
+from functools import partial
+
 from fedpartial.recipes import PartialLabelRecipe, job_main
+from fedpartial.table_settings import ich_phantom
 
-JOB = dict(
-    name="cbafed_ich",
-    method="cbafed",
-    dataset="ich_phantom",
-    num_sites=5,
-    num_rounds=20,
-)
-
-
-def recipe(**overrides) -> PartialLabelRecipe:
-    """The job's recipe (``overrides``: any PartialLabelRecipe keyword, e.g. ``num_rounds=2``)."""
-    return PartialLabelRecipe(**{**JOB, **overrides})
-
+recipe = partial(PartialLabelRecipe, **ich_phantom.SETTINGS, name="cbafed_ich", method="cbafed")
 
 if __name__ == "__main__":
     job_main(recipe)

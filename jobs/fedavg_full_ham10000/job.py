@@ -1,24 +1,16 @@
 """fedavg_full_ham10000 — all-labels upper bound (FedAvg-PL, every label kept) on HAM10000 (5 sites, full; real
 images) (README.md).
 
-Run: ``python jobs/fedavg_full_ham10000/job.py`` (``--help``: rounds, sites, data, export).
+Run: ``python jobs/fedavg_full_ham10000/job.py`` (``--help``: rounds, sites, GPUs, data, export).
 """
 
+from functools import partial
+
 from fedpartial.recipes import PartialLabelRecipe, job_main
+from fedpartial.table_settings import ham10000_fedlsm_split
 
-JOB = dict(
-    name="fedavg_full_ham10000",
-    method="fedavg_pl",
-    dataset={"preset": "ham10000", "prepare": {"protocol": "full", "table": None}},
-    num_sites=5,
-    num_rounds=20,
-)
-
-
-def recipe(**overrides) -> PartialLabelRecipe:
-    """The job's recipe (``overrides``: any PartialLabelRecipe keyword, e.g. ``num_rounds=2``)."""
-    return PartialLabelRecipe(**{**JOB, **overrides})
-
+recipe = partial(PartialLabelRecipe, **{**ham10000_fedlsm_split.SETTINGS, "dataset": ham10000_fedlsm_split.ALL_LABELS},
+                 name="fedavg_full_ham10000", method="fedavg_pl")
 
 if __name__ == "__main__":
     job_main(recipe)

@@ -1,24 +1,16 @@
 """fedavg_full_ich — all-labels upper bound (FedAvg-PL, every label kept) on the ICH phantom (5 sites, full;
 SYNTHETIC images) (README.md).
 
-Run: ``python jobs/fedavg_full_ich/job.py`` (``--help``: rounds, sites, data, export).
+Run: ``python jobs/fedavg_full_ich/job.py`` (``--help``: rounds, sites, GPUs, data, export).
 """
 
+from functools import partial
+
 from fedpartial.recipes import PartialLabelRecipe, job_main
+from fedpartial.table_settings import ich_phantom
 
-JOB = dict(
-    name="fedavg_full_ich",
-    method="fedavg_pl",
-    dataset={"preset": "ich_phantom", "prepare": {"protocol": "full", "k": None}},
-    num_sites=5,
-    num_rounds=20,
-)
-
-
-def recipe(**overrides) -> PartialLabelRecipe:
-    """The job's recipe (``overrides``: any PartialLabelRecipe keyword, e.g. ``num_rounds=2``)."""
-    return PartialLabelRecipe(**{**JOB, **overrides})
-
+recipe = partial(PartialLabelRecipe, **{**ich_phantom.SETTINGS, "dataset": ich_phantom.ALL_LABELS},
+                 name="fedavg_full_ich", method="fedavg_pl")
 
 if __name__ == "__main__":
     job_main(recipe)

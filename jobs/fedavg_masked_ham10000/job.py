@@ -1,24 +1,16 @@
 """fedavg_masked_ham10000 — FedAvg* (restricted CE + class-masked rows) on HAM10000 (5 sites x 3 classes; real
 images) (README.md).
 
-Run: ``python jobs/fedavg_masked_ham10000/job.py`` (``--help``: rounds, sites, data, export).
+Run: ``python jobs/fedavg_masked_ham10000/job.py`` (``--help``: rounds, sites, GPUs, data, export).
 """
 
+from functools import partial
+
 from fedpartial.recipes import PartialLabelRecipe, job_main
+from fedpartial.table_settings import ham10000_fedlsm_split
 
-JOB = dict(
-    name="fedavg_masked_ham10000",
-    method="fedavg_masked",
-    dataset="ham10000",
-    num_sites=5,
-    num_rounds=20,
-)
-
-
-def recipe(**overrides) -> PartialLabelRecipe:
-    """The job's recipe (``overrides``: any PartialLabelRecipe keyword, e.g. ``num_rounds=2``)."""
-    return PartialLabelRecipe(**{**JOB, **overrides})
-
+recipe = partial(PartialLabelRecipe, **ham10000_fedlsm_split.SETTINGS, name="fedavg_masked_ham10000",
+                 method="fedavg_masked")
 
 if __name__ == "__main__":
     job_main(recipe)

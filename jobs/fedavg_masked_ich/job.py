@@ -1,24 +1,15 @@
 """fedavg_masked_ich — partial loss + class-masked classifier rows on the ICH phantom (5 sites, missing 4; SYNTHETIC
 images) (README.md).
 
-Run: ``python jobs/fedavg_masked_ich/job.py`` (``--help``: rounds, sites, data, export).
+Run: ``python jobs/fedavg_masked_ich/job.py`` (``--help``: rounds, sites, GPUs, data, export).
 """
 
+from functools import partial
+
 from fedpartial.recipes import PartialLabelRecipe, job_main
+from fedpartial.table_settings import ich_phantom
 
-JOB = dict(
-    name="fedavg_masked_ich",
-    method="fedavg_masked",
-    dataset="ich_phantom",
-    num_sites=5,
-    num_rounds=20,
-)
-
-
-def recipe(**overrides) -> PartialLabelRecipe:
-    """The job's recipe (``overrides``: any PartialLabelRecipe keyword, e.g. ``num_rounds=2``)."""
-    return PartialLabelRecipe(**{**JOB, **overrides})
-
+recipe = partial(PartialLabelRecipe, **ich_phantom.SETTINGS, name="fedavg_masked_ich", method="fedavg_masked")
 
 if __name__ == "__main__":
     job_main(recipe)

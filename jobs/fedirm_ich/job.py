@@ -1,35 +1,14 @@
 """fedirm_ich — FedIRM on the ICH phantom (multi-label, 10 sites: 2 labelled, 8 unlabelled) (README.md).
 
-Run: ``python jobs/fedirm_ich/job.py`` (``--help``: rounds, sites, data, export).
+Run: ``python jobs/fedirm_ich/job.py`` (``--help``: rounds, sites, GPUs, data, export).
 """
 
+from functools import partial
+
 from fedpartial.recipes import FedIRMRecipe, job_main
+from fedpartial.table_settings import fedirm_isic
 
-JOB = dict(
-    name="fedirm_ich",
-    dataset={
-        "preset": "ich_phantom",
-        "prepare": {"num_sites": 10, "protocol": "labeled_unlabeled", "m": 2, "k": None},
-    },
-    num_sites=10,
-    num_rounds=30,
-    model={"arch": "small_cnn", "in_channels": 3, "dropout": 0.2},
-    train={
-        "optimizer": "adam",
-        "lr": 0.001,
-        "betas": [0.9, 0.99],
-        "weight_decay": 0.0005,
-        "batch_size": 32,
-        "local_steps": 10,
-    },
-    warm_rounds=10,
-)
-
-
-def recipe(**overrides) -> FedIRMRecipe:
-    """The job's recipe (``overrides``: any FedIRMRecipe keyword, e.g. ``num_rounds=2``)."""
-    return FedIRMRecipe(**{**JOB, **overrides})
-
+recipe = partial(FedIRMRecipe, **fedirm_isic.settings("ich_phantom"), **fedirm_isic.METHOD_ARGS, name="fedirm_ich")
 
 if __name__ == "__main__":
     job_main(recipe)

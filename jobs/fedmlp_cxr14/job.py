@@ -1,24 +1,14 @@
 """FedMLP on ChestX-ray14, 8 sites, "missing 7 classes" (README.md).
 
-Run: ``python jobs/fedmlp_cxr14/job.py`` (``--help``: rounds, sites, data, export).
+Run: ``python jobs/fedmlp_cxr14/job.py`` (``--help``: rounds, sites, GPUs, data, export).
 """
 
+from functools import partial
+
 from fedpartial.recipes import FedMLPRecipe, job_main
+from fedpartial.table_settings import nih_cxr14_missing_7
 
-JOB = dict(
-    name="fedmlp_cxr14",
-    dataset={"preset": "nih_cxr14", "prepare": {"num_sites": 8, "k": 7}},
-    num_sites=8,
-    num_rounds=20,
-    warmup_rounds=5,
-    cr_warmup=True,
-)
-
-
-def recipe(**overrides) -> FedMLPRecipe:
-    """The job's recipe (``overrides``: any FedMLPRecipe keyword, e.g. ``num_rounds=2``)."""
-    return FedMLPRecipe(**{**JOB, **overrides})
-
+recipe = partial(FedMLPRecipe, **nih_cxr14_missing_7.SETTINGS, name="fedmlp_cxr14", warmup_rounds=5, cr_warmup=True)
 
 if __name__ == "__main__":
     job_main(recipe)

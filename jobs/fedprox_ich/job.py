@@ -1,24 +1,15 @@
 """fedprox_ich — FedProx on the ICH phantom (5 sites, missing 4; SYNTHETIC images) (README.md).
 
-Run: ``python jobs/fedprox_ich/job.py`` (``--help``: rounds, sites, data, export).
+Run: ``python jobs/fedprox_ich/job.py`` (``--help``: rounds, sites, GPUs, data, export).
 """
 
+from functools import partial
+
 from fedpartial.recipes import PartialLabelRecipe, job_main
+from fedpartial.table_settings import ich_phantom
 
-JOB = dict(
-    name="fedprox_ich",
-    method="fedprox",
-    dataset="ich_phantom",
-    num_sites=5,
-    num_rounds=20,
-    method_args={"mu": 0.01},
-)
-
-
-def recipe(**overrides) -> PartialLabelRecipe:
-    """The job's recipe (``overrides``: any PartialLabelRecipe keyword, e.g. ``num_rounds=2``)."""
-    return PartialLabelRecipe(**{**JOB, **overrides})
-
+recipe = partial(PartialLabelRecipe, **ich_phantom.SETTINGS, name="fedprox_ich", method="fedprox",
+                 method_args={"mu": 0.01})
 
 if __name__ == "__main__":
     job_main(recipe)

@@ -1,23 +1,14 @@
 """fedpu_ham10000 — FedPU on HAM10000 with FedLSM's label-set mismatch split (5 sites x 3 classes) (README.md).
 
-Run: ``python jobs/fedpu_ham10000/job.py`` (``--help``: rounds, sites, data, export).
+Run: ``python jobs/fedpu_ham10000/job.py`` (``--help``: rounds, sites, GPUs, data, export).
 """
 
+from functools import partial
+
 from fedpartial.recipes import PartialLabelRecipe, job_main
+from fedpartial.table_settings import ham10000_fedlsm_split
 
-JOB = dict(
-    name="fedpu_ham10000",
-    method="fedpu",
-    dataset="ham10000",
-    num_sites=5,
-    num_rounds=20,
-)
-
-
-def recipe(**overrides) -> PartialLabelRecipe:
-    """The job's recipe (``overrides``: any PartialLabelRecipe keyword, e.g. ``num_rounds=2``)."""
-    return PartialLabelRecipe(**{**JOB, **overrides})
-
+recipe = partial(PartialLabelRecipe, **ham10000_fedlsm_split.SETTINGS, name="fedpu_ham10000", method="fedpu")
 
 if __name__ == "__main__":
     job_main(recipe)

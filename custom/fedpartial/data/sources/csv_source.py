@@ -65,9 +65,9 @@ def _names(value: str | Sequence[str] | None) -> list[str] | None:
     """A list option given as a list or as comma-separated text (``--source-arg classes=A,B``)."""
     if value is None:
         return None
-    if isinstance(value, str):
-        return [s.strip() for s in value.split(",") if s.strip()]
-    return [str(s).strip() for s in value]
+    if isinstance(value, (list, tuple)):
+        return [str(s).strip() for s in value]
+    return [s.strip() for s in str(value).split(",") if s.strip()]
 
 
 def read_rows(path: Path, delimiter: str = ",") -> tuple[list[str], list[list[str]], list[int]]:
@@ -252,6 +252,10 @@ def load_csv(root: str | os.PathLike, csv: str | None = None, image_column: str 
     Raises:
         SourceError: naming the CSV and the line of the first problem.
     """
+    # --source-arg values that parse as JSON numbers arrive as numbers: column names and markers are text
+    image_column, none_label, label_separator, patient_column = (str(v) for v in (image_column, none_label,
+                                                                                   label_separator, patient_column))
+    label_column, split_column, csv = (None if v is None else str(v) for v in (label_column, split_column, csv))
     if task not in TASKS:
         raise SourceError(f"{name}: task must be one of {TASKS}, got {task!r}")
     if uncertain not in UNCERTAIN_POLICIES:

@@ -440,6 +440,24 @@ def test_label_name_errors(tmp_path):
                                                                          label_column="diagnosis")
 
 
+def test_two_exports_with_the_same_patient_ids_federate_under_their_own_names(tmp_path):
+    a, cells = hospital_export(tmp_path / "a")
+    b, _ = hospital_export(tmp_path / "b")  # the same patient ids, other patients
+    sources = [{"source": "csv", "root": str(x.parent), "num_sites": 1,
+                "source_args": {**HOSPITAL_ARGS, "csv": x.name, "source_name": name}}
+               for x, name in ((a, "hospital_a"), (b, "hospital_b"))]
+    out = prep.prepare(None, None, tmp_path / "out", None, "full", sources=sources, val_frac=0.2, test_frac=0.2,
+                       verbose=False, figure=False)
+    info = json.loads((out / "dataset.json").read_text())
+    assert info["source"] == "hospital_a+hospital_b" and info["classes"] == CXR
+    for site, prefix in (("site-1", "hospital_a:"), ("site-2", "hospital_b:")):
+        m = _raw(out, site)
+        assert m["patient_id"].str.startswith(prefix).all()
+        assert m["image"].str.startswith(prefix[9] + "/export/").all()
+    rows = _all_rows(out)
+    assert len(rows) == 2 * len(cells) and rows.groupby("patient_id")["part"].nunique().max() == 1
+
+
 def test_root_may_be_the_folder_of_a_single_csv(tmp_path):
     csv, cells = hospital_export(tmp_path, n=8)
     assert len(load_source("csv", csv.parent, **HOSPITAL_ARGS).frame) == 8

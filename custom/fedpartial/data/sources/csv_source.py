@@ -218,7 +218,7 @@ def load_csv(root: str | os.PathLike, csv: str | None = None, image_column: str 
              classes: str | Sequence[str] | None = None, ignore_columns: str | Sequence[str] | None = None,
              patient_column: str = "auto", patient_pattern: str | None = None, split_column: str | None = None,
              task: str = "auto", uncertain: str = "ignore", blank: str = "ignore",
-             images_root: str | os.PathLike | None = None, delimiter: str = ",", name: str = "csv") -> SourceTable:
+             images_root: str | os.PathLike | None = None, delimiter: str = ",", source_name: str = "csv") -> SourceTable:
     """Load any label CSV as a source table (see the module docstring for the layouts).
 
     Args:
@@ -243,7 +243,8 @@ def load_csv(root: str | os.PathLike, csv: str | None = None, image_column: str 
         images_root: folder the image paths are relative to (default the CSV's folder; a relative value is relative
             to the CSV's folder).
         delimiter: the field separator (``,``; ``;`` or ``tab`` for such exports).
-        name: the source name recorded.
+        source_name: the source name recorded (and the prefix of its patient ids in a federation of several
+            sources: two exports federated together need two names, or their patient ids would mix).
 
     Returns:
         A :class:`SourceTable` (``root`` = the images root; column ``line`` = each row's CSV line; column
@@ -252,6 +253,7 @@ def load_csv(root: str | os.PathLike, csv: str | None = None, image_column: str 
     Raises:
         SourceError: naming the CSV and the line of the first problem.
     """
+    name = source_name
     # --source-arg values that parse as JSON numbers arrive as numbers: column names and markers are text
     image_column, none_label, label_separator, patient_column = (str(v) for v in (image_column, none_label,
                                                                                    label_separator, patient_column))

@@ -54,7 +54,7 @@ def _walk(folder: Path, suffixes: tuple[str, ...]) -> tuple[list[Path], list[Pat
 
 def load_folder(root: str | os.PathLike, classes: str | Sequence[str] | None = None,
                 patient_pattern: str | None = None, suffixes: str | Sequence[str] | None = None,
-                official_split: bool = False, name: str = "folder") -> SourceTable:
+                official_split: bool = False, source_name: str = "folder") -> SourceTable:
     """Load a folder of class sub-folders as a single-label source table.
 
     Args:
@@ -64,11 +64,13 @@ def load_folder(root: str | os.PathLike, classes: str | Sequence[str] | None = N
         patient_pattern: regular expression finding the patient in an image's path below its class folder.
         suffixes: image file endings (default ``IMAGE_SUFFIXES``; a list or comma-separated text).
         official_split: read ``train`` / ``val`` / ``test`` folders (column ``official_split``).
-        name: the source name recorded.
+        source_name: the source name recorded (and the prefix of its patient ids in a federation of several
+            sources: two exports federated together need two names, or their patient ids would mix).
 
     Returns:
         A ``multiclass`` :class:`SourceTable` (``image`` relative to ``root``; ``files`` = ``[root]``).
     """
+    name = source_name
     root = Path(root).expanduser().resolve()
     if not root.is_dir():
         raise SourceError(f"{name}: {root} is not a folder", hint="--root is the folder of class sub-folders")

@@ -34,6 +34,7 @@ import inspect
 import json
 import shutil
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -210,7 +211,8 @@ def metadata(model: LoadedModel, results: dict, thresholds: dict, pre: dict) -> 
                 "dtype": "float32", "value_range": [] if pre["mean"] or pre["std"] else [0, 1],
                 "is_patch_data": False, "channel_def": channel_names(pre)}},
             "outputs": {"pred": {
-                "type": "probabilities", "format": "classes", "num_channels": len(classes), "spatial_shape": [],
+                "type": "probabilities", "format": "classes", "modality": "n/a", "num_channels": len(classes),
+                "spatial_shape": [],
                 "dtype": "float32", "value_range": [], "is_patch_data": False,
                 "channel_def": {str(i): c for i, c in enumerate(classes)},
                 "description": "logits; " + ("sigmoid per class" if model.task == "multilabel" else "softmax")
@@ -282,7 +284,8 @@ def trace(model: LoadedModel) -> torch.jit.ScriptModule:
     net = model.net.to("cpu").eval()
     size = int(model.dataset["image_size"])
     x = torch.rand(2, int(model.dataset["channels"]), size, size, generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch 2.13 prefers torch.export; MONAI runs .ts
         ts = torch.jit.trace(net, x[:1], check_trace=False)
         diff = float((ts(x) - net(x)).abs().max())
     if not diff <= 1e-5:
@@ -322,7 +325,9 @@ def export_bundle(run: str | Path, out: str | Path, which: str = "best", torchsc
     meta = metadata(model, results, thresholds, pre)
     (out / "configs" / "metadata.json").write_text(json.dumps(meta, indent=2, default=_json_default))
     if torchscript:
-        torch.jit.save(trace(model), str(out / "models" / "model.ts"))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            torch.jit.save(trace(model), str(out / "models" / "model.ts"))
         (out / "scripts" / "__init__.py").write_text('"""The bundle\'s own code (MONAI bundles\' scripts/)."""\n')
         (out / "scripts" / "image_io.py").write_text(runtime_source())
         (out / "configs" / "inference.json").write_text(json.dumps(inference_config(model, thresholds, pre),

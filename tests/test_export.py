@@ -1,0 +1,270 @@
+"""fedpartial-export: a MONAI bundle of a run's global model. The bundle's inference (``python -m monai.bundle
+run``) runs in a process where ``import fedpartial`` fails and gives ``fedpartial-predict``'s probabilities;
+its preprocessing equals training's evaluation pipeline tensor for tensor; the metadata carries MONAI's keys, the
+thresholds and the provenance; the model card its figures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from PIL import Image
+
+from conftest import REPO, real_data, run_recipe, server_log
+from test_predict import _run_folder
+from test_transforms import write_dicom
+
+from fedpartial.data.manifest import Manifest
+from fedpartial.data.presets import ICH_CLASSES, ISIC_CLASSES
+from fedpartial.data.sitedata import SiteDatasets
+from fedpartial.tools import export as E
+from fedpartial.tools import predict as P
+
+# A process where ``import fedpartial`` fails (a meta-path finder refuses it, also through the editable install),
+# which says so and then runs MONAI's bundle command line with the given arguments.
+BLOCKED_RUNNER = """
+import importlib.abc, runpy, sys
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "fedpartial" or name.startswith("fedpartial."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Refuse())
+try:
+    import fedpartial
+except ModuleNotFoundError as e:
+    print(f"import fedpartial: {type(e).__name__}", flush=True)
+else:
+    raise SystemExit("fedpartial is importable")
+sys.argv = ["monai.bundle", *sys.argv[1:]]
+runpy.run_module("monai.bundle", run_name="__main__", alter_sys=True)
+"""
+
+
+def run_bundle(bundle: Path, images: Path, out: Path, cwd: Path) -> subprocess.CompletedProcess:
+    """``python -m monai.bundle run --config_file B/configs/inference.json --dataset_dir D --output_dir O`` in an
+    isolated interpreter (``-I``: no PYTHONPATH, no user site) where ``import fedpartial`` fails."""
+    cmd = [sys.executable, "-I", "-c", BLOCKED_RUNNER, "run", "--config_file",
+           str(bundle / "configs" / "inference.json"), "--dataset_dir", str(images), "--output_dir", str(out)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=str(cwd))
+
+
+def write_images(folder: Path) -> Path:
+    """PNG (8-bit gray, RGB, RGBA, 16-bit), JPG and a CT DICOM, nested; a text file that is no image."""
+    (folder / "sub").mkdir(parents=True)
+    rng = np.random.default_rng(1)
+    Image.fromarray(rng.integers(0, 255, (40, 40), dtype=np.uint8)).save(folder / "a.png")
+    Image.fromarray(rng.integers(0, 255, (30, 50, 3), dtype=np.uint8)).save(folder / "b.png")
+    Image.fromarray(rng.integers(0, 255, (36, 36, 4), dtype=np.uint8), "RGBA").save(folder / "c.png")
+    Image.fromarray(rng.integers(0, 65535, (24, 24), dtype=np.uint16)).save(folder / "sub" / "d.png")
+    Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(folder / "e.jpg")
+    ct = rng.normal(40, 120, (48, 48)) + 1024  # stored values; intercept -1024: brain-window HU and beyond
+    write_dicom(folder / "sub" / "f.dcm", np.clip(ct, 0, 4000).astype(np.uint16))
+    (folder / "notes.txt").write_text("not an image")
+    return folder
+
+
+def relative(paths, root: Path) -> list[str]:
+    return [str(Path(p).resolve().relative_to(root.resolve())) for p in paths]
+
+
+# ------------------------------------------------------------------------------- unit: no training needed
+
+@pytest.fixture
+def random_run(tmp_path):
+    """A run folder with the fedavg_ich job's configuration (16 px, CT windows) and two random global models."""
+    nets = _run_folder(tmp_path / "run" / "app_server", image_size=16)
+    return tmp_path / "run", nets
+
+
+def test_bundle_preprocessing_equals_training_evaluation_pipeline(random_run, tmp_path):
+    """The bundle's preprocessing (parsed from its inference.json by MONAI) gives the tensors of training's
+    evaluation pipeline for every image kind, and the TorchScript model the model's logits on them."""
+    from monai.bundle import ConfigParser
+
+    run, nets = random_run
+    bundle = E.export_bundle(run, tmp_path / "bundle")
+    images = write_images(tmp_path / "imgs")
+    sys.path.insert(0, str(bundle))  # MONAI's run does the same (the bundle root on sys.path)
+    try:
+        parser = ConfigParser()
+        parser.read_config(bundle / "configs" / "inference.json")
+        parser["dataset_dir"] = str(images)
+        datalist = parser.get_parsed_content("datalist")
+        pre = parser.get_parsed_content("preprocessing")
+        ts = parser.get_parsed_content("network")
+    finally:
+        sys.path.remove(str(bundle))
+        for name in [m for m in sys.modules if m == "scripts" or m.startswith("scripts.")]:
+            del sys.modules[name]
+    model = P.load_model(run)
+    manifest = P.image_manifest(images, model.classes, model.task)
+    assert datalist == manifest.paths and len(datalist) == 6  # the same files in the same order
+    train = SiteDatasets({"x": manifest}, {**model.dataset, "cache": "none"}).dataset("x", {"image": "eval"})
+    for i, path in enumerate(datalist):
+        ours = pre({"image": path})["image"]
+        theirs = train[i]["image"]
+        assert ours.shape == theirs.shape == (3, 16, 16)
+        torch.testing.assert_close(torch.as_tensor(ours), theirs, atol=1e-6, rtol=0)
+        with torch.no_grad():
+            torch.testing.assert_close(ts(theirs[None]), nets[P.BEST_MODEL](theirs[None]), atol=1e-5, rtol=0)
+
+
+def test_metadata_has_monai_keys_thresholds_and_the_pipeline(random_run, tmp_path):
+    from monai.bundle.properties import MetaProperties
+
+    run, _ = random_run
+    thresholds = {"models": {P.BEST_MODEL: {"criterion": "youden", "thresholds": dict(zip(
+        ICH_CLASSES, [0.3, None, 0.7, 0.5, 0.9])), "n_val": dict.fromkeys(ICH_CLASSES, 10)}}}
+    (run / "app_server" / "thresholds.json").write_text(json.dumps(thresholds))
+    bundle = E.export_bundle(run, tmp_path / "b")
+    for f in E.BUNDLE_FILES:
+        assert (bundle / f).is_file(), f
+    meta = json.loads((bundle / "configs" / "metadata.json").read_text())
+    required = [p for p, spec in MetaProperties.items() if spec.get("required")]
+    assert required and all(k in meta for k in required), [k for k in required if k not in meta]
+    for key in ("version", "monai_version", "pytorch_version", "numpy_version", "optional_packages_version", "task",
+                "description", "authors", "copyright", "network_data_format"):  # the specification's list
+        assert key in meta
+    spec_keys = {"type", "format", "modality", "num_channels", "spatial_shape", "dtype", "value_range",
+                 "is_patch_data", "channel_def"}
+    image, pred = meta["network_data_format"]["inputs"]["image"], meta["network_data_format"]["outputs"]["pred"]
+    assert spec_keys <= set(image) and spec_keys <= set(pred)
+    assert image["num_channels"] == 3 and image["spatial_shape"] == [16, 16] and image["modality"] == "CT"
+    assert list(pred["channel_def"].values()) == ICH_CLASSES
+    assert meta["thresholds"]["values"] == [0.3, 0.5, 0.7, 0.5, 0.9]  # 0.5 where none was chosen
+    assert meta["preprocessing"]["ct_windows"] == [[40.0, 80.0], [80.0, 200.0], [600.0, 2800.0]]
+    infer = json.loads((bundle / "configs" / "inference.json").read_text())
+    assert infer["thresholds"] == meta["thresholds"]["values"] and infer["classes"] == ICH_CLASSES
+    # the bundle's runtime imports nothing of this package; the state dict loads into the architecture
+    code = (bundle / "scripts" / "image_io.py").read_text()
+    imports = [line.split()[1] for line in code.splitlines() if line.lstrip().startswith(("import ", "from "))]
+    assert imports and not any(m.split(".")[0] == "fedpartial" for m in imports) and "def read_image" in code
+    state = torch.load(bundle / "models" / "model.pt", weights_only=True)
+    assert set(state) == set(P.load_model(run).net.state_dict())
+    assert "# fedavg_ich" in (bundle / "docs" / "README.md").read_text()
+
+
+def test_decisions_columns():
+    from fedpartial.tools.bundle_runtime import decisions
+
+    probs = np.array([[0.2, 0.8, 0.5], [0.6, 0.1, 0.3]])
+    cols, rows = decisions(probs, ["a", "b", "c"], "multilabel", [0.5, 0.9, 0.5])
+    assert cols == ["pred_a", "pred_b", "pred_c"] and rows == [[0, 0, 1], [1, 0, 0]]
+    cols, rows = decisions(probs, ["a", "b", "c"], "multiclass", None)
+    assert cols == ["prediction"] and rows == [["b"], ["a"]]
+
+
+def test_export_errors(random_run, tmp_path, capsys):
+    run, _ = random_run
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("keep me")
+    assert E.main([str(run), "-o", str(tmp_path / "full")]) == 1
+    assert "exists and is not empty (pass --force" in capsys.readouterr().err
+    assert (tmp_path / "full" / "x").read_text() == "keep me"
+    assert E.main([str(tmp_path / "nothing"), "-o", str(tmp_path / "b")]) == 1
+    assert "fedpartial-export: error:" in capsys.readouterr().err
+    try:
+        import onnx  # noqa: F401
+    except ImportError:
+        assert E.main([str(run), "-o", str(tmp_path / "b2"), "--onnx"]) == 1
+        assert "--onnx needs the onnx package" in capsys.readouterr().err
+    else:
+        assert E.main([str(run), "-o", str(tmp_path / "b2"), "--onnx"]) == 0
+        assert (tmp_path / "b2" / "models" / "model.onnx").stat().st_size > 0
+
+
+# ------------------------------------------------------------------- integration: a trained run, MONAI's run
+
+TINY = {"ich": {"dataset": {"preset": "ich_phantom", "image_size": 32,
+                            "prepare": {"num_sites": 3, "k": 2, "source_args": {"n_images": 240, "size": 64, "seed": 0}}},
+                "warmup_rounds": 1},
+        "ham10000": {"dataset": {"preset": "ham10000", "image_size": 32,
+                                 "prepare": {"val_frac": 0.03, "test_frac": 0.05, "site_sizes": 60}}}}  # 5 sites (FedLSM's table)
+FAST = {"num_rounds": 2, "evaluation": {"test_every": 1}, "train": {"batch_size": 16}}
+
+
+def _trained(job: str, kind: str, root: Path, cache: Path) -> Path:
+    """``python jobs/<job>/job.py --rounds 2``'s recipe (SimEnv) on tiny data; returns the workspace."""
+    proc = run_recipe(job, root, {**FAST, **TINY[kind]}, sites=3 if kind == "ich" else None,
+                      env={"FEDPARTIAL_CACHE": str(cache)})
+    ws = root / job
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(ws)[-3000:]
+    return ws
+
+
+@pytest.fixture(scope="module")
+def ich_ws(tmp_path_factory):
+    root = tmp_path_factory.mktemp("export_ich")
+    return _trained("fedmlp_ich", "ich", root, root / "cache")
+
+
+@pytest.fixture(scope="module")
+def ham_ws(tmp_path_factory):
+    real_data("ham10000")
+    root = tmp_path_factory.mktemp("export_ham")
+    return _trained("fedavg_ham10000", "ham10000", root, root / "cache")
+
+
+def _bundle_matches_predict(ws: Path, tmp_path: Path, multilabel: bool) -> tuple[dict, pd.DataFrame]:
+    assert E.main([str(ws), "-o", str(tmp_path / "B")]) == 0
+    bundle = tmp_path / "B"
+    images = write_images(tmp_path / "images")
+    run = tmp_path / "elsewhere"
+    run.mkdir()
+    proc = run_bundle(bundle, images, tmp_path / "O", cwd=run)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "import fedpartial: ModuleNotFoundError" in proc.stdout  # the bundle ran without the package
+    ours = pd.read_csv(tmp_path / "O" / "predictions.csv")
+    args = [str(ws), "--images", str(images), "-o", str(tmp_path / "p.csv")]
+    assert P.main(args + (["--thresholds", "validation"] if multilabel else [])) == 0
+    theirs = pd.read_csv(tmp_path / "p.csv")
+    meta = json.loads((bundle / "configs" / "metadata.json").read_text())
+    classes = list(meta["network_data_format"]["outputs"]["pred"]["channel_def"].values())
+    probs = [f"prob_{c}" for c in classes]
+    assert list(ours.columns[:1 + len(classes)]) == list(theirs.columns[:1 + len(classes)]) == ["image", *probs]
+    assert relative(ours["image"], images) == relative(theirs["image"], images)
+    assert any(p.endswith(".dcm") for p in ours["image"]) and any(p.endswith(".png") for p in ours["image"])
+    np.testing.assert_allclose(ours[probs].to_numpy(), theirs[probs].to_numpy(), atol=1e-5, rtol=0)
+    return meta, ours
+
+
+@pytest.mark.integration
+def test_multilabel_bundle_runs_without_the_package_and_equals_predict(ich_ws, tmp_path):
+    meta, ours = _bundle_matches_predict(ich_ws, tmp_path, multilabel=True)
+    theirs = pd.read_csv(tmp_path / "p.csv")
+    preds = [f"pred_{c}" for c in ICH_CLASSES]
+    assert list(ours.columns) == list(theirs.columns)  # predict --thresholds validation: the same decisions
+    assert (ours[preds].to_numpy() == theirs[preds].to_numpy()).all()
+    thr = json.loads(next(ich_ws.rglob("thresholds.json")).read_text())["models"][P.BEST_MODEL]["thresholds"]
+    assert meta["thresholds"]["values"] == [0.5 if thr[c] is None else thr[c] for c in ICH_CLASSES]
+    res = json.loads(next(ich_ws.rglob("results.json")).read_text())
+    train = meta["training"]
+    assert train["job"] == "fedmlp_ich" and train["method"] == "fedmlp" and train["rounds"] == 2
+    assert train["model_file"] == P.BEST_MODEL and train["data_fingerprint"].startswith("sha256:")
+    assert {s: i["annotated_classes"] for s, i in train["sites"].items()} == \
+        {s: [ICH_CLASSES[k] for k in i["annotated"]] for s, i in res["data"]["sites"].items()}
+    assert set(train["privacy"]) == set(res.get("privacy") or {})
+    card = (tmp_path / "B" / "docs" / "README.md").read_text()
+    for section in ("## Input", "## Output and thresholds", "## Training", "## Metrics", "## Known limits"):
+        assert section in card
+    macro = res["final"][P.BEST_MODEL]["test"]["macro"]["auc"]
+    assert f"| **macro** | {100 * macro:.1f}" in card
+    for png in ("auc_ci.png", "site_auc.png"):
+        assert f"]({png})" in card and (tmp_path / "B" / "docs" / png).read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.integration
+@pytest.mark.realdata
+def test_single_label_bundle_runs_without_the_package_and_equals_predict(ham_ws, tmp_path):
+    meta, ours = _bundle_matches_predict(ham_ws, tmp_path, multilabel=False)
+    probs = ours[[f"prob_{c}" for c in ISIC_CLASSES]].to_numpy()
+    assert list(ours["prediction"]) == [ISIC_CLASSES[i] for i in probs.argmax(axis=1)]
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, atol=1e-4)  # softmax
+    assert meta["thresholds"] == {} and meta["task_type"] == "multiclass"
+    assert meta["preprocessing"]["mean"] == [0.763, 0.546, 0.570]  # HAM10000's normalisation travelled

@@ -7,6 +7,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import re
 import shutil
 
 import pytest
@@ -307,3 +308,104 @@ def test_prepared_folder_gives_each_site_its_own_data(tmp_path, data_cache):
     log = server_log(tmp_path / "ws2" / "fedavg_ich")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + log[-3000:]
     assert "sites ['site-1', 'site-2'] train on identical manifests" in log, proc.stdout[-2000:] + log[-3000:]
+
+
+# ------------------------------------------------------------------------------------------ job.py options
+
+def _job_main_runs(monkeypatch, argv: list[str]) -> list[dict]:
+    """Run ``jobs/fedavg_ich/job.py``'s command line with NVFlare's simulator replaced by a recorder: the keyword
+    arguments the real ``SimEnv.deploy`` hands to ``FedJob.simulator_run``, one dict per run."""
+    from nvflare.job_config.api import FedJob
+
+    from fedpartial.recipes import job_main
+    from fedpartial.tools.build_jobs import load_job_module
+
+    calls: list[dict] = []
+
+    def simulator_run(self, workspace, **kwargs):
+        calls.append({"name": self.name, "workspace": workspace, **kwargs})
+        return 0
+
+    monkeypatch.setattr(FedJob, "simulator_run", simulator_run)
+    job_main(load_job_module(REPO / "jobs" / "fedavg_ich").recipe, argv)
+    return calls
+
+
+def test_job_py_gpu_reaches_the_simulator(monkeypatch, tmp_path, capsys):
+    """``job.py --gpu 0,1`` is NVFlare's ``SimEnv(gpu_config="0,1")`` (the simulator's ``-gpu``), and the sites'
+    GPUs are printed as the simulator deals them; without ``--gpu`` none is passed; a malformed value stops."""
+    [run] = _job_main_runs(monkeypatch, ["--gpu", "0,1", "--sites", "3", "--workspace", str(tmp_path)])
+    assert run["gpu"] == "0,1" and run["n_clients"] == 3 and run["name"] == "fedavg_ich"
+    assert run["workspace"] == str(tmp_path / "fedavg_ich")
+    out = capsys.readouterr().out
+    assert "GPU 0: site-1, site-3" in out and "GPU 1: site-2" in out
+    [run] = _job_main_runs(monkeypatch, ["--workspace", str(tmp_path)])
+    assert run["gpu"] is None and run["n_clients"] == run["threads"] == 5
+    with pytest.raises(SystemExit):
+        _job_main_runs(monkeypatch, ["--gpu", "0,1,2,3,4,5", "--workspace", str(tmp_path)])
+    assert "6 GPU groups for 5 sites" in capsys.readouterr().err
+
+
+def test_gpu_sites_deal_the_sites_as_the_simulator_does():
+    from fedpartial.recipes import gpu_sites
+
+    assert gpu_sites("0,1", 5) == {"0": ["site-1", "site-3", "site-5"], "1": ["site-2", "site-4"]}
+    assert gpu_sites("0,0", 3) == {"0": ["site-1", "site-3"], "0 (slot 2)": ["site-2"]}
+    assert gpu_sites("[0,1],[2]", 3) == {"0,1": ["site-1", "site-3"], "2": ["site-2"]}
+    assert gpu_sites("1", 2) == {"1": ["site-1", "site-2"]}
+    for bad in ("a,b", "0,,1", "[0"):
+        with pytest.raises(ValueError, match=f"--gpu '{re.escape(bad)}'"):
+            gpu_sites(bad, 3)
+
+
+def test_job_py_sites_sets_the_split_and_the_connected_minimum(monkeypatch, tmp_path):
+    """``job.py --sites 3``: three simulated sites, the split dealt over three, and (exported with
+    ``--export``, as the POC walk-through does) ``meta.json``'s ``min_clients`` is 3 - max_missing."""
+    [run] = _job_main_runs(monkeypatch, ["--sites", "3", "--workspace", str(tmp_path)])
+    assert run["n_clients"] == run["threads"] == 3
+    # NVFlare takes --export / --export-dir out of sys.argv when nvflare.recipe.spec is imported: set what it read
+    monkeypatch.setattr("nvflare.recipe.spec._RECIPE_EXPORT", True)
+    monkeypatch.setattr("nvflare.recipe.spec._RECIPE_EXPORT_DIR", str(tmp_path / "out"))
+    with pytest.raises(SystemExit) as done:
+        _job_main_runs(monkeypatch, ["--sites", "3"])
+    assert done.value.code == 0
+    folder = tmp_path / "out" / "fedavg_ich"
+    server = load(folder, "app/config/config_fed_server.json")
+    client = load(folder, "app/config/config_fed_client.json")
+    assert server["min_clients"] == 3 and server["max_missing_sites"] == 1
+    assert load(folder, "meta.json")["min_clients"] == 2
+    assert client["executors"][0]["executor"]["args"]["dataset"]["prepare"]["num_sites"] == 3
+
+
+def test_new_job_scaffolds_a_job_py_that_exports_the_same_job(tmp_path):
+    """``new_job`` writes a ``job.py`` (a ``partial`` of the recipe) and exports that; the export equals the
+    recipe's own, and the scaffold takes overrides like every shipped job."""
+    from fedpartial.tools.build_jobs import JOB_FILES
+    from fedpartial.tools.new_job import write_job
+
+    kw = dict(method="fedmlp", dataset={"preset": "nih_cxr14", "prepare": {"num_sites": 8, "k": 7}}, num_sites=8,
+              num_rounds=3, method_args={"warmup_rounds": 1}, train={"optimizer": "adam", "lr": 0.01, "batch_size": 8,
+                                                                     "local_epochs": 1})
+    plain = write_job(tmp_path / "a" / "j", **kw)
+    scaffold = write_job(tmp_path / "b" / "j", **kw, job_py=True)
+    text = (scaffold / "job.py").read_text()
+    assert "partial(FedMLPRecipe," in text and "warmup_rounds=1" in text and "method_args" not in text
+    for f in JOB_FILES:
+        assert load(plain, f) == load(scaffold, f), f
+    assert job_recipe(scaffold, num_rounds=5).num_rounds == 5
+
+
+def test_the_recipe_side_imports_nothing_from_tools():
+    """One place builds the job layout: the recipes, the layout and the tables' settings import nothing from
+    ``fedpartial.tools`` (the tools import them)."""
+    import ast
+
+    pkg = REPO / "custom" / "fedpartial"
+    files = [pkg / "recipes.py", pkg / "job_layout.py", *sorted((pkg / "table_settings").glob("*.py"))]
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                target = ("." * node.level) + (node.module or "")
+                assert "tools" not in target.split("."), f"{f.name} imports {target}"
+            elif isinstance(node, ast.Import):
+                assert not any("fedpartial.tools" in a.name for a in node.names), f.name

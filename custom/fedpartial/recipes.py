@@ -319,7 +319,14 @@ def _parser(name: str) -> argparse.ArgumentParser:
     ap.add_argument("--sites", type=int, default=None,
                     help="simulated sites (default: the job's); the simulated split is dealt over as many, so its "
                          "protocol must allow it (e.g. missing_k: every class still annotated somewhere)")
-    ap.add_argument("--threads", type=int, default=None, help="sites training at once (default: all)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="sites training at once (default: all; with two or more GPU groups NVFlare runs one site "
+                         "at a time per group)")
+    ap.add_argument("--gpu", default=None, metavar="GPUS",
+                    help="GPUs of the simulated sites (NVFlare's SimEnv gpu_config, the simulator's -gpu): '0,1' "
+                         "deals the sites over GPUs 0 and 1 in turn (site-1 on 0, site-2 on 1, site-3 on 0, ...), "
+                         "each GPU training its sites one after the other; '0,0' two such slots on GPU 0; "
+                         "'[0,1],[2]' groups. Default: every site on the default device")
     ap.add_argument("--seed", type=int, default=None, help="seed of the sites and of the initial global model")
     ap.add_argument("--data", default=None, metavar="PREPARED_DIR",
                     help="a fedpartial-prepare output folder: site-<i> trains on its own site-<i>.csv")
@@ -357,17 +364,50 @@ def job_main(make_recipe: Callable[..., PartialLabelRecipe], argv: list[str] | N
     from nvflare.recipe import SimEnv
 
     base = make_recipe()
-    args = _parser(base.name).parse_args(argv)
+    parser = _parser(base.name)
+    args = parser.parse_args(argv)
     kwargs = recipe_overrides(args)
     sites = args.sites or (prepared_sites(args.data) if args.data else None)
     if sites is not None and sites != base.num_sites:
         kwargs.update(num_sites=sites, dataset=with_sites(base.dataset, sites))
     recipe = make_recipe(**kwargs) if kwargs else base
     n = recipe.num_sites
-    env = SimEnv(num_clients=n, num_threads=args.threads or n, workspace_root=str(Path(args.workspace).resolve()))
+    if args.gpu is not None:
+        try:
+            groups = gpu_sites(args.gpu, n)
+        except ValueError as e:
+            parser.error(str(e))
+        for group, sites in groups.items():
+            print(f"GPU {group}: {', '.join(sites)}")
+    env = SimEnv(num_clients=n, num_threads=args.threads or n, gpu_config=args.gpu,
+                 workspace_root=str(Path(args.workspace).resolve()))
     run = recipe.execute(env)
     print(f"results: {Path(args.workspace) / recipe.name / 'server/simulate_job/results.md'}")
     return run
+
+
+def gpu_sites(gpu_config: str, num_sites: int) -> dict[str, list[str]]:
+    """The simulated sites each GPU group of NVFlare's ``gpu_config`` runs (as the 2.9 simulator deals them:
+    ``site-<i>`` to group ``(i - 1) % groups``; a group runs its sites one after the other when there are two or
+    more groups). ``"0,1"`` with 3 sites: ``{"0": ["site-1", "site-3"], "1": ["site-2"]}``; ``"0,0"``: two slots on
+    GPU 0 (``{"0": [...], "0 (slot 2)": [...]}``). A malformed value or more groups than sites is a
+    ``ValueError`` naming it."""
+    from nvflare.private.fed.utils.fed_utils import split_gpus
+
+    try:
+        groups = split_gpus(gpu_config)
+    except ValueError as e:
+        raise ValueError(f"--gpu {gpu_config!r}: {e}") from None
+    if not groups or not all(g.replace(",", "").isdigit() and "" not in g.split(",") for g in groups):
+        raise ValueError(f"--gpu {gpu_config!r}: GPU ids are whole numbers, e.g. 0,1 or [0,1],[2]")
+    if len(groups) > num_sites:
+        raise ValueError(f"--gpu {gpu_config!r}: {len(groups)} GPU groups for {num_sites} sites (at most one group "
+                         f"per site)")
+    out: dict[str, list[str]] = {}
+    for slot, group in enumerate(groups):
+        key = group if group not in out else f"{group} (slot {slot + 1})"
+        out[key] = [f"site-{i + 1}" for i in range(num_sites) if i % len(groups) == slot]
+    return out
 
 
 def with_sites(dataset: dict | str, num_sites: int) -> dict:

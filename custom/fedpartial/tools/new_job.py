@@ -54,8 +54,10 @@ def _wrapped(v, indent: int) -> str:
 
 
 def job_py_text(name: str, method: str, title: str, **kwargs) -> str:
-    """The text of a ``jobs/<name>/job.py``: its ``JOB`` keyword arguments and the recipe (a named recipe for the
-    four papers' methods, whose options are keywords; else :class:`PartialLabelRecipe` with ``method_args``)."""
+    """The text of a ``jobs/<name>/job.py``: ``recipe``, the recipe class with the job's keyword arguments bound
+    (``functools.partial``: ``recipe(num_rounds=2)`` overrides one); a named recipe for the four papers' methods,
+    whose options are keywords, else :class:`PartialLabelRecipe` with ``method_args``. Settings a results table's
+    jobs share go to :mod:`fedpartial.table_settings` by hand."""
     import textwrap
 
     cls = NAMED_RECIPES.get(method, "PartialLabelRecipe")
@@ -67,12 +69,11 @@ def job_py_text(name: str, method: str, title: str, **kwargs) -> str:
     elif method_args:
         kw["method_args"] = method_args
     head = textwrap.fill(f"{title} (README.md).", 113)
-    lines = ['"""' + head, "", f"Run: ``python jobs/{name}/job.py`` (``--help``: rounds, sites, data, export).",
-             '"""', "", f"from fedpartial.recipes import {cls}, job_main", "", "JOB = dict("]
-    lines += [f"    {k}={_wrapped(v, 4)}," for k, v in kw.items()]
-    lines += [")", "", "", f"def recipe(**overrides) -> {cls}:",
-              f'    """The job\'s recipe (``overrides``: any {cls} keyword, e.g. ``num_rounds=2``)."""',
-              f"    return {cls}(**{{**JOB, **overrides}})", "", "", 'if __name__ == "__main__":', "    job_main(recipe)", ""]
+    pad = " " * len("recipe = partial(")
+    args = f",\n{pad}".join(f"{k}={_wrapped(v, len(pad))}" for k, v in kw.items())
+    lines = ['"""' + head, "", f"Run: ``python jobs/{name}/job.py`` (``--help``: rounds, sites, GPUs, data, export).",
+             '"""', "", "from functools import partial", "", f"from fedpartial.recipes import {cls}, job_main", "",
+             f"recipe = partial({cls}, {args})", "", 'if __name__ == "__main__":', "    job_main(recipe)", ""]
     return "\n".join(lines)
 
 
@@ -81,8 +82,10 @@ def write_job(folder: str | Path, method: str, dataset: dict, num_sites: int, nu
               method_args: dict | None = None, seed: int = 0, max_missing: int | None = None,
               job_py: bool = False) -> Path:
     """Export the job of these arguments (:class:`fedpartial.recipes.PartialLabelRecipe`) into ``folder``
-    (checked first: nothing is written for a bad option); with ``job_py`` also write its ``job.py``."""
+    (checked first: nothing is written for a bad option); with ``job_py`` write its ``job.py`` and export that
+    (``make jobs`` does the same later)."""
     from ..recipes import PartialLabelRecipe
+    from .build_jobs import export_job
 
     folder = Path(folder)
     kwargs = {k: v for k, v in dict(num_rounds=num_rounds, model=model, train=train, evaluation=evaluation,
@@ -90,11 +93,12 @@ def write_job(folder: str | Path, method: str, dataset: dict, num_sites: int, nu
                                     max_missing=max_missing).items() if v is not None}
     dataset = dataset["preset"] if isinstance(dataset, dict) and list(dataset) == ["preset"] else dataset
     recipe = PartialLabelRecipe(name=folder.name, method=method, dataset=dataset, num_sites=num_sites, **kwargs)
-    recipe.export(str(folder.parent))
-    if job_py:
-        (folder / "job.py").write_text(job_py_text(folder.name, method, f"{method} on {folder.name}",
-                                                   dataset=dataset, num_sites=num_sites, **kwargs))
-    return folder
+    if not job_py:
+        return recipe.export(str(folder.parent))
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "job.py").write_text(job_py_text(folder.name, method, f"{method} on {folder.name}",
+                                               dataset=dataset, num_sites=num_sites, **kwargs))
+    return export_job(folder)
 
 
 def main(argv=None) -> int:

@@ -149,16 +149,17 @@ def _image_paths(cells: Sequence[str], lines: Sequence[int], images_root: Path, 
     """Image cells -> posix paths relative to ``images_root`` (checked lexically: no ``..`` out of it); duplicates
     are errors naming both lines."""
     root = os.path.normpath(str(images_root))
+    prefix = root.rstrip("/") + "/"
     out, seen = [], {}
     for cell, line in zip(cells, lines):
         if not cell:
             raise SourceError(f"image column {column!r} is empty", path, line)
         text = cell.replace("\\", "/")
-        full = os.path.normpath(text if os.path.isabs(text) else os.path.join(root, text))
-        if os.path.commonpath([root, full]) != root or full == root:
+        full = os.path.normpath(text if text.startswith("/") else prefix + text)
+        if not full.startswith(prefix):
             raise SourceError(f"image path {cell!r} lies outside the images root {root}", path, line,
                               hint="pass --source-arg images_root=FOLDER, a folder that holds every image")
-        rel = Path(full).relative_to(root).as_posix()
+        rel = full[len(prefix):]
         if rel in seen:
             raise SourceError(f"image {cell!r} is listed twice (lines {seen[rel]} and {line}); keep one row per "
                               "image", path, line)
@@ -172,14 +173,16 @@ def _class_columns(header: list[str], rows: list[list[str]], lines: list[int], c
     """Class cells -> raw codes ``(N, C)`` (1, 0, ``_UNCERTAIN``, ``_BLANK``) and the policy-applied matrix."""
     col = {h: k for k, h in enumerate(header)}
     raw = np.empty((len(rows), len(classes)), np.int64)
+    columns = list(zip(*rows))
     for j, c in enumerate(classes):
-        k = col[c]
-        for i, r in enumerate(rows):
-            code = _CELL.get(r[k].lower())
-            if code is None:
-                raise SourceError(f"column {c!r} has value {r[k]!r}; a class cell is 1 (positive), 0 (negative), "
-                                  "-1 (uncertain) or blank (not annotated)", path, lines[i], hint=ignore_hint)
-            raw[i, j] = code
+        cells = pd.Series(columns[col[c]], dtype=object)
+        codes = cells.str.lower().map(_CELL)
+        bad = codes.isna().to_numpy()
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise SourceError(f"column {c!r} has value {cells.iloc[i]!r}; a class cell is 1 (positive), 0 (negative), "
+                              "-1 (uncertain) or blank (not annotated)", path, lines[i], hint=ignore_hint)
+        raw[:, j] = codes.to_numpy(np.int64)
     values = raw.copy()
     values[raw == _UNCERTAIN] = {"ignore": NOT_ANNOTATED, "zeros": 0, "ones": 1}[uncertain]
     values[raw == _BLANK] = {"ignore": NOT_ANNOTATED, "zeros": 0}[blank]

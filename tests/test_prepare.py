@@ -170,7 +170,7 @@ def test_most_frequent_classes(tiny_nih):
 
 def test_registry():
     assert set(sources.SOURCES) == {"ham10000", "isic2018", "isic2019", "nih_cxr14", "chexpert", "mimic_cxr",
-                                    "rsna_ich", "ich_phantom"}
+                                    "rsna_ich", "ich_phantom", "csv", "folder"}
     with pytest.raises(ValueError, match="unknown source"):
         sources.load_source("mnist", ".")
 

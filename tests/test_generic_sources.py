@@ -264,6 +264,18 @@ def test_single_label_name_column_prepares_one_hot(tmp_path):
     assert (lesions == 1).all()
 
 
+def test_image_ids_with_a_suffix_and_an_images_root(tmp_path):
+    csv, ham = ham_dx_csv(tmp_path, n=14)
+    df = pd.read_csv(csv, dtype=str)
+    df["image"] = ham["image_id"]  # ids, as the ISIC ground truth writes them
+    df.to_csv(csv, index=False)
+    text = _error(load_source, "csv", csv, label_column="diagnosis", images_root="absent")
+    assert f"images root {(tmp_path / 'absent').resolve()} is not a folder" in text
+    t = load_source("csv", csv, label_column="diagnosis", images_root="jpg", image_suffix=".jpg")
+    assert t.root == (tmp_path / "jpg").resolve() and list(t.frame["image"]) == [f"{i}.jpg" for i in ham["image_id"]]
+    assert all((t.root / p).is_file() for p in t.frame["image"])
+
+
 def test_split_column_is_the_publishers_split(tmp_path):
     csv, cells = hospital_export(tmp_path)
     pids = sorted(cells["PatientID"].unique())

@@ -1,10 +1,11 @@
-"""Any label CSV (a hospital's own export, VinDr-CXR, PadChest, ...): ``fedpartial-prepare --source csv``.
+"""Any label CSV in one of the layouts below (a hospital's own export, ...): ``fedpartial-prepare --source csv``.
 
 One row per image. The columns:
 
 - the image column (``image_column``, default ``image``): a path relative to the images root (default the CSV's
   folder; ``images_root`` relative to the CSV's folder or absolute), or an absolute path inside it. Windows
-  separators (``\\``) are read as ``/``;
+  separators (``\\``) are read as ``/``; ``image_suffix`` (e.g. ``.jpg``) is appended to every cell, for exports
+  that give image ids;
 - the labels, in one of two layouts:
 
   - **one column per class** (the default; ``classes`` names them, else every column that is not the image,
@@ -144,8 +145,8 @@ def _find_csv(root: Path, csv: str | None) -> Path:
     return root / found[0]
 
 
-def _image_paths(cells: Sequence[str], lines: Sequence[int], images_root: Path, column: str, path: Path
-                 ) -> list[str]:
+def _image_paths(cells: Sequence[str], lines: Sequence[int], images_root: Path, column: str, path: Path,
+                 suffix: str = "") -> list[str]:
     """Image cells -> posix paths relative to ``images_root`` (checked lexically: no ``..`` out of it); duplicates
     are errors naming both lines."""
     root = os.path.normpath(str(images_root))
@@ -154,7 +155,7 @@ def _image_paths(cells: Sequence[str], lines: Sequence[int], images_root: Path, 
     for cell, line in zip(cells, lines):
         if not cell:
             raise SourceError(f"image column {column!r} is empty", path, line)
-        text = cell.replace("\\", "/")
+        text = cell.replace("\\", "/") + suffix
         full = os.path.normpath(text if text.startswith("/") else prefix + text)
         if not full.startswith(prefix):
             raise SourceError(f"image path {cell!r} lies outside the images root {root}", path, line,
@@ -221,7 +222,8 @@ def load_csv(root: str | os.PathLike, csv: str | None = None, image_column: str 
              classes: str | Sequence[str] | None = None, ignore_columns: str | Sequence[str] | None = None,
              patient_column: str = "auto", patient_pattern: str | None = None, split_column: str | None = None,
              task: str = "auto", uncertain: str = "ignore", blank: str = "ignore",
-             images_root: str | os.PathLike | None = None, delimiter: str = ",", source_name: str = "csv") -> SourceTable:
+             images_root: str | os.PathLike | None = None, image_suffix: str = "", delimiter: str = ",",
+             source_name: str = "csv") -> SourceTable:
     """Load any label CSV as a source table (see the module docstring for the layouts).
 
     Args:
@@ -245,6 +247,7 @@ def load_csv(root: str | os.PathLike, csv: str | None = None, image_column: str 
         blank: what a blank cell becomes, one of ``BLANK_POLICIES`` (``ignore`` = not annotated, the default).
         images_root: folder the image paths are relative to (default the CSV's folder; a relative value is relative
             to the CSV's folder).
+        image_suffix: appended to every image cell (an export of image ids: ``.jpg``).
         delimiter: the field separator (``,``; ``;`` or ``tab`` for such exports).
         source_name: the source name recorded (and the prefix of its patient ids in a federation of several
             sources: two exports federated together need two names, or their patient ids would mix).
@@ -306,7 +309,7 @@ def load_csv(root: str | os.PathLike, csv: str | None = None, image_column: str 
         raise SourceError(f"ignore_columns names column(s) {unknown_ignored} the CSV lacks; it has {header}", path, 1)
 
     # ---- images
-    rel = _image_paths([r[col[image_column]] for r in rows], lines, images, image_column, path)
+    rel = _image_paths([r[col[image_column]] for r in rows], lines, images, image_column, path, str(image_suffix))
 
     # ---- labels
     if label_column is None:

@@ -88,7 +88,8 @@ def load_folder(root: str | os.PathLike, classes: str | Sequence[str] | None = N
                               hint="pass --source-arg official_split=true to read <split>/<class>/ folders")
         parts = [("", root)]
     dropped: list[Dropped] = []
-    loose = [p for p in root.iterdir() if p.is_file() and not p.name.startswith(".")]
+    loose = [p for folder in {root, *(f for _, f in parts)} for p in folder.iterdir()
+             if p.is_file() and not p.name.startswith(".")]
     if loose:
         dropped.append(Dropped(str(root), "lie outside any class folder",
                                [p.relative_to(root).as_posix() for p in sorted(loose)]))

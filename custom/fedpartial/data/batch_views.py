@@ -150,9 +150,12 @@ class BatchAugment:
 
     Args:
         mean, std: per-channel normalisation (None: none).
+        channels: the model's input channels: a stored 1-channel batch is repeated to as many (:func:`as_float`).
     """
 
-    def __init__(self, mean: Sequence[float] | None = None, std: Sequence[float] | None = None):
+    def __init__(self, mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
+                 channels: int | None = None):
+        self.channels = None if channels is None else int(channels)  # the model's input channels (as_float)
         self.mean = None if mean is None else torch.tensor([float(m) for m in mean])
         self.std = None if std is None else torch.tensor([float(s) for s in std])
         if self.mean is None and self.std is not None:
@@ -234,15 +237,28 @@ def _rows(mask: torch.Tensor, device: torch.device) -> torch.Tensor:
     return mask.nonzero().squeeze(1).to(device, non_blocking=True)
 
 
+def as_float(src: torch.Tensor, channels: int | None = None) -> torch.Tensor:
+    """A batch of stored images ``(B, c, S, S)`` (uint8 from the image store, or float in [0, 1]) -> float32 in
+    [0, 1] with ``channels`` channels (a 1-channel batch repeated), on the batch's own device: the conversion
+    runs where the batch already is (the training device), never on the host first."""
+    x = src.float().div_(255.0) if src.dtype == torch.uint8 else src
+    if channels is not None and x.shape[1] != channels:
+        if x.shape[1] != 1:
+            raise ValueError(f"a {x.shape[1]}-channel batch cannot feed a {channels}-channel model")
+        x = x.expand(-1, channels, -1, -1).contiguous()
+    return x
+
+
 def draw_views(batch: dict, views: Mapping[str, str], augment: BatchAugment, gen: torch.Generator,
                device: torch.device | str = "cpu", pin_memory: bool = False) -> dict:
-    """Replace a collated batch's ``"source"`` ``(B, C, S, S)`` by the requested views (key -> kind) on ``device``;
-    the other entries are moved to ``device`` too."""
+    """Replace a collated batch's ``"source"`` ``(B, c, S, S)`` (uint8 from the image store, or float in [0, 1]) by
+    the requested views (key -> kind) on ``device``: the batch crosses to ``device`` as it is stored (uint8, its own
+    channels) and is converted there (:func:`as_float`); the other entries are moved to ``device`` too."""
     device = torch.device(device)
     src = batch.pop("source")
     if pin_memory and device.type == "cuda":
         src = src.pin_memory()
-    src = src.to(device, non_blocking=True)
+    src = as_float(src.to(device, non_blocking=True), augment.channels)
     out = {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
     for key, kind in views.items():
         out[key] = augment(src, kind, gen)
@@ -325,8 +341,6 @@ class ViewLoader:
         gen = torch.Generator()
         gen.manual_seed(self.seed)
         if self.resident is not None:  # the images already on the device: gather each batch there
-            from .sitedata import gather
-
             for indices in self.order:
                 yield draw_views(gather(self.resident, indices), self.views, self.augment, gen, self.device)
             return
@@ -334,3 +348,26 @@ class ViewLoader:
         batches = prefetched(self.loader, self.prefetch, pin) if self.prefetch > 0 else self.loader
         for batch in batches:
             yield draw_views(batch, self.views, self.augment, gen, self.device, pin and self.prefetch <= 0)
+
+
+class IndexDataset(torch.utils.data.Dataset):
+    """Items ``0 .. n-1`` themselves: a loader over it gives the index batches (and order) a loader with the same
+    arguments gives over any dataset of ``n`` items."""
+
+    def __init__(self, n: int):
+        self.n = int(n)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+def gather(data: dict[str, torch.Tensor], indices) -> dict[str, torch.Tensor]:
+    """The rows ``indices`` (host ints / ``(B,)`` tensor) of every tensor of a resident split
+    (:meth:`~fedpartial.data.sitedata.SiteDatasets.resident`), as a batch like the loader's (``source``, ``label``,
+    ``mask``, ``index``), on the tensors' device."""
+    device = data["index"].device
+    idx = torch.as_tensor(indices, dtype=torch.int64).reshape(-1).to(device, non_blocking=True)
+    return {k: v.index_select(0, idx) for k, v in data.items()}

@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader as TorchDataLoader
 from .manifest import Manifest
 from .transforms import ImageLoadError, Window, plain_tensors, preprocess_transforms, view_transforms
 
-CACHE_MODES = ("memory", "disk", "none")
+CACHE_MODES = ("memory", "disk", "none")  # of make_dataset (MONAI caches); a site reads the image store instead
 SOURCE_KEY = "source"  # items of a source-only dataset: the cached (channels, S, S) image in [0, 1], unnormalised
 SOURCE_VIEW = {SOURCE_KEY: "source"}
 RESERVED_KEYS = ("label", "mask", "index")
@@ -84,7 +84,8 @@ class ManifestDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         if self.views == SOURCE_VIEW:  # the cached image itself; the views are drawn per batch (batch_views)
-            item = {SOURCE_KEY: self.cached_image(index)}
+            stored = getattr(self.base, "stored", None)  # the image store: uint8, its own channels
+            item = {SOURCE_KEY: stored(index) if stored is not None else self.cached_image(index)}
         else:
             with plain_tensors():  # no MetaTensor bookkeeping: same numbers, faster
                 item = self.view_tf({"image": self.cached_image(index).clone()})  # clone: some transforms work in place
@@ -167,3 +168,33 @@ def make_loader(dataset: torch.utils.data.Dataset, batch_size: int, shuffle: boo
 
     return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
                       num_workers=num_workers, generator=g, persistent_workers=False)
+
+
+class StoreImages(torch.utils.data.Dataset):
+    """A base dataset (as :func:`make_dataset`'s MONAI ones) over an image store
+    (:class:`~fedpartial.data.store.ImageStore`): ``{"image": (channels, S, S) float32 in [0, 1]}`` per item for
+    the per-sample pipelines, and :meth:`stored` (``(c, S, S)`` uint8 as stored) for the batched views.
+
+    ``source``: the :class:`~fedpartial.data.store.ImageStore` (its memory map, opened again in each process that
+    unpickles it) or an ``(N, c, S, S)`` uint8 array (a copy in memory)."""
+
+    def __init__(self, source, channels: int):
+        self.source, self.channels = source, int(channels)
+
+    @property
+    def images(self):
+        return getattr(self.source, "images", self.source)
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def stored(self, index: int) -> torch.Tensor:
+        import numpy as np
+
+        return torch.from_numpy(np.array(self.images[index]))
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        x = self.stored(index).float().div_(255.0)
+        if x.shape[0] != self.channels:
+            x = x.expand(self.channels, -1, -1).contiguous()
+        return {"image": x}

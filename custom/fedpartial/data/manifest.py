@@ -284,7 +284,7 @@ def read_manifest(
 def _decode_fully(paths: list[str], lines: list[int], site, file) -> None:
     """Decode every image (cached); the first that fails is a ManifestError at its line."""
     from .quality import DecodeCache, decode_all
-    from .site_config import cache_dir
+    from .cache import cache_dir
 
     cache = DecodeCache(cache_dir() / "decoded.sqlite")
     try:

@@ -35,9 +35,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .cache import CACHE_ENV, cache_dir  # noqa: F401 - where prepared splits and stores are kept
+
 SITE_CONFIG_ENV = "FEDPARTIAL_SITE_CONFIG"
 SITE_CONFIG_FILE = "fedpartial_data.json"
-CACHE_ENV = "FEDPARTIAL_CACHE"
 DATA_DIR_ENV = "FEDPARTIAL_DATA_DIR"
 REQUIRE_ENV = "FEDPARTIAL_REQUIRE_SITE_CONFIG"
 
@@ -63,10 +64,6 @@ class SiteData:
     def vocabulary(self) -> dict:
         """Keyword arguments of :func:`~fedpartial.data.manifest.read_manifest` for this site's manifests."""
         return {"columns": dict(self.columns), "ignore_columns": list(self.ignore_columns)}
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "fedpartial")).expanduser()
 
 
 def data_anchor() -> tuple[Path, str]:

@@ -107,9 +107,13 @@ def store_folder(paths: Sequence[str], prep: Preprocessing, root: str | os.PathL
 # ------------------------------------------------------------------------------------------------------- decoding
 
 def _is_dicom(path: str) -> bool:
-    from .transforms import is_dicom
-
-    return is_dicom(path)
+    """A ``.dcm`` file or the DICOM magic at byte 128 (as :func:`fedpartial.data.transforms.is_dicom`, without
+    importing torch into the decoding processes)."""
+    if path.lower().endswith(".dcm"):
+        return True
+    with open(path, "rb") as f:
+        head = f.read(132)
+    return len(head) == 132 and head[128:] == b"DICM"
 
 
 def native_channels(path: str, prep: Preprocessing) -> int:
@@ -146,10 +150,13 @@ def decode_resized(path: str | os.PathLike, prep: Preprocessing, channels: int) 
     size, flt = prep.image_size, RESIZE_FILTERS[prep.resize_mode]
     if _is_dicom(path):
         from .dicom import apply_windows, read_dicom_hu
-        from .transforms import _minmax
 
         hu = read_dicom_hu(path)
-        x = apply_windows(hu, prep.ct_windows) if prep.ct_windows else _minmax(hu)[None]
+        if prep.ct_windows:
+            x = apply_windows(hu, prep.ct_windows)
+        else:
+            lo, hi = float(hu.min()), float(hu.max())
+            x = ((hu - lo) / (hi - lo) if hi > lo else np.zeros_like(hu)).astype(np.float32)[None]
         out = _resize_float(x, size, flt)
     else:
         with Image.open(path) as im:

@@ -46,7 +46,7 @@ from nvflare.app_common.app_constant import AppConstants
 
 from ..data.manifest import Manifest, read_manifest
 from ..data.presets import resolve_dataset
-from ..data.site_config import SiteData, resolve_site_data
+from ..data.site_config import SiteData, SiteDataError, resolve_site_data
 from ..data.sitedata import SiteDatasets
 from ..device import describe, device_record, mixed_precision, resolve_device
 from ..evaluation import evaluate
@@ -123,8 +123,10 @@ class PartialLabelExecutor(Executor):
         self.scope, self.site_privacy, self._apply_policy = job_or_site_policy(fl_ctx, self.privacy)
         self.min_count_eff = effective_min_count(self.min_count, self.site_privacy)
         self._z_cache: dict = {}
+        started = time.monotonic()
         self._resolve_data(fl_ctx, site)
         self._read_manifests(site)
+        self._open_data(fl_ctx, site, started)
         self._select_device(fl_ctx, site)
         self._build_model()
         self._build_trainer(fl_ctx, site, where)
@@ -166,7 +168,7 @@ class PartialLabelExecutor(Executor):
         """Train / val / test manifests; a site without any annotation only where the method accepts it."""
         unlabelled_ok = self.method_spec.trainer.accepts_unlabelled
         read = dict(classes=self.classes, data_root=self.site_data.data_root, site=site, task=self.task_type,
-                    verify_images=True, duplicates="error",  # headers decoded, one row per image (data check)
+                    duplicates="error",  # one row per image; decoded once, into the image store (_open_data)
                     **self.site_data.vocabulary)  # the site's own column names mapped to the job's classes
         full = read_manifest(self.site_data.train, require_annotated=not unlabelled_ok, **read)
         self.manifests: dict[str, Manifest] = {"train": full.subset("train")}
@@ -178,6 +180,22 @@ class PartialLabelExecutor(Executor):
                 self.manifests[split] = full.subset(split)
         if len(self.manifests["train"]) == 0:
             raise ValueError(f"site '{site}': no training rows in {self.site_data.train}")
+
+    def _open_data(self, fl_ctx: FLContext, site: str, started: float) -> None:
+        """The site's datasets over its image stores (``dataset.cache``, :mod:`fedpartial.data.sitedata`): opened
+        when current (no image decoded: sizes and mtimes against the index), else built (every core, ``k / N``
+        lines in the site's log) when that fits in what is left of the data check's time, else one line naming
+        the command that builds them before the job (``fedpartial-store``). A bad image is an error at its line."""
+        from ..data.store import StoreError
+        from ..job_layout import DATA_CHECK_TIMEOUT
+
+        self.data = SiteDatasets(self.manifests, self.ds_cfg, num_workers=self.train_opts.num_workers,
+                                 log_fn=lambda m: self.log_info(fl_ctx, f"site {site}: {m}"))
+        budget = 0.8 * DATA_CHECK_TIMEOUT - (time.monotonic() - started)
+        try:
+            self.data.open_stores(budget_s=budget)
+        except StoreError as e:
+            raise SiteDataError(f"site '{site}': {e}") from None
 
     def _select_device(self, fl_ctx: FLContext, site: str) -> None:
         """The training device (``device``: auto / cpu / cuda[:N]; cuda without a GPU is an error naming the
@@ -205,9 +223,6 @@ class PartialLabelExecutor(Executor):
             return self.trainer.train_round(rnd, num_rounds, global_meta)
 
     def _build_trainer(self, fl_ctx: FLContext, site: str, where: str) -> None:
-        # dataset "cache_dir": a folder shared by runs for "cache": "disk" (decoded images keyed by settings)
-        cache = Path(self.ds_cfg["cache_dir"]) if self.ds_cfg.get("cache_dir") else self.state_dir.parent / "cache"
-        self.data = SiteDatasets(self.manifests, self.ds_cfg, cache_dir=cache, num_workers=self.train_opts.num_workers)
         self.ctx = SiteContext(site=site, task=self.task_type, classes=self.classes,
                                annotated=self.manifests["train"].annotated, model=self.net, data=self.data,
                                device=self.torch_device, state_dir=self.state_dir, train=self.train_opts,
@@ -365,7 +380,7 @@ class PartialLabelExecutor(Executor):
         if not self.scores(split):
             return None
         bs = self.eval_opts.batch_size or default_inference_batch_size(self.train_opts.batch_size, self.torch_device)
-        loader = self.data.eval_loader(split, batch_size=bs)
+        loader = self.data.eval_loader(split, batch_size=bs, device=self.torch_device)
         res = evaluate(self.net, loader, self.task_type, self.classes, self.torch_device)
         m = self.manifests[split]  # per-class metrics from fewer than min_count positives / negatives stay here
         res, _ = suppress_metrics(res, m.positives(), m.negatives(), self.min_count_eff)

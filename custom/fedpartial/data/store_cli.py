@@ -1,0 +1,125 @@
+"""``fedpartial-store``: build the image stores of a prepared folder or of a site's manifests before a job.
+
+A job opens its stores in seconds when they exist (``docs/datasets.md``, "Image store"); building them takes
+the decoding of every image once (every core). Run it before the job at a real site (the stores of its
+``fedpartial_data.json`` manifests) or for a simulated split (a ``fedpartial-prepare`` folder: every site's
+training rows, the validation and test sets)::
+
+    fedpartial-store data/nih_prepared --preset nih_cxr14 --image-size 224
+    fedpartial-store --site-config local/fedpartial_data.json --dataset nih_cxr14 --preset nih_cxr14
+
+The stores go under ``$FEDPARTIAL_CACHE/stores`` (``--cache-dir`` or the dataset's ``cache_dir`` otherwise),
+where the job looks for them: same images + same preprocessing = same folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from .manifest import Manifest, ManifestError, read_manifest
+from .presets import resolve_dataset
+from .store import ImageStore, StoreError
+
+
+def prepared_manifests(folder: str | os.PathLike, task: str | None = None) -> dict[str, dict[str, Manifest]]:
+    """``{site: {split: manifest}}`` of a ``fedpartial-prepare`` folder as the simulator's sites read them (each
+    site its training rows, and the shared validation and test sets)."""
+    from .prepare import load_prepared
+
+    p = load_prepared(folder)
+    vocab = p.info.get("vocabularies") or {}
+    out: dict[str, dict[str, Manifest]] = {}
+    shared = {s: read_manifest(getattr(p, s), p.classes, data_root=p.data_root, site="shared", task=p.task,
+                               require_annotated=False) for s in ("val", "test")}
+    for site, file in p.sites.items():
+        m = read_manifest(file, p.classes, data_root=p.data_root, site=site, task=task or p.task,
+                          require_annotated=False, columns=vocab.get(site))
+        out[site] = {"train": m.subset("train"), **shared}
+    return out
+
+
+def build_all(manifests: dict[str, dict[str, Manifest]], dataset: dict, workers: int | None = None,
+              log_fn: Callable[[str], None] | None = None) -> dict[str, ImageStore]:
+    """Open or build the store of every (site, split) manifest (a set shared by several sites once).
+    Returns ``{"<site>/<split>": store}``."""
+    from .sitedata import SiteDatasets
+
+    out: dict[str, ImageStore] = {}
+    for site, splits in manifests.items():
+        data = SiteDatasets(splits, dataset, log_fn=log_fn)
+        for split in splits:
+            out[f"{site}/{split}"] = data.store(split)
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fedpartial-store", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("prepared", nargs="?", help="a fedpartial-prepare output folder")
+    p.add_argument("--site-config", help="a site's fedpartial_data.json (with --dataset)")
+    p.add_argument("--dataset", help="the dataset entry of --site-config")
+    p.add_argument("--preset", help="dataset preset giving image size, channels and CT windows (e.g. nih_cxr14)")
+    p.add_argument("--image-size", type=int, help="the job's image size (overrides the preset)")
+    p.add_argument("--channels", type=int, help="the job's input channels (overrides the preset)")
+    p.add_argument("--resize-mode", choices=["area", "bilinear", "bicubic", "nearest"], help="default: area")
+    p.add_argument("--cache-dir", help="store folder (default: $FEDPARTIAL_CACHE/stores)")
+    p.add_argument("--workers", type=int, help="decoding processes (default: every core)")
+    return p
+
+
+def _dataset(args) -> dict:
+    cfg: dict = {"preset": args.preset} if args.preset else {"name": "store", "task": "multilabel", "classes": []}
+    for key, value in (("image_size", args.image_size), ("channels", args.channels),
+                       ("resize_mode", args.resize_mode), ("cache_dir", args.cache_dir)):
+        if value is not None:
+            cfg[key] = value
+    if not args.preset and (args.image_size is None or args.channels is None):
+        raise ValueError("give --preset or both --image-size and --channels")
+    return resolve_dataset(cfg)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        ds = _dataset(args)
+        if args.site_config:
+            from .site_config import _from_site_config
+
+            name = args.dataset or ds.get("name")
+            sd = _from_site_config("local", name, Path(args.site_config))
+            classes = ds["classes"]
+            read = dict(data_root=sd.data_root, site="local", task=ds["task"], require_annotated=False,
+                        **sd.vocabulary)
+            full = read_manifest(sd.train, classes, **read)
+            splits = {"train": full.subset("train")}
+            for s in ("val", "test"):
+                path = getattr(sd, s)
+                if path is not None:
+                    splits[s] = read_manifest(path, classes, **read)
+            manifests = {"local": splits}
+        elif args.prepared:
+            manifests = prepared_manifests(args.prepared)
+            from .prepare import load_prepared
+
+            ds = {**ds, "classes": load_prepared(args.prepared).classes}
+        else:
+            raise ValueError("give a prepared folder or --site-config")
+        stores = build_all(manifests, ds, args.workers, log_fn=None if sys.stderr.isatty() else print)
+    except (StoreError, ManifestError, ValueError, FileNotFoundError) as e:
+        print(f"fedpartial-store: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    seen = {}
+    for name, s in stores.items():
+        seen.setdefault(s.folder, []).append(name)
+    for folder, names in seen.items():
+        s = stores[names[0]]
+        print(f"{folder}: {len(s)} images {s.channels} x {s.image_size} x {s.image_size} uint8 ({', '.join(names)})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -337,7 +337,7 @@ def _stamps(files: Sequence[str]) -> dict[str, list[int]]:
 
 
 def _decode_cache_file() -> Path:
-    from .site_config import cache_dir
+    from .cache import cache_dir
 
     return cache_dir() / "decoded.sqlite"
 

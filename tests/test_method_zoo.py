@@ -46,6 +46,7 @@ from fedpartial.fl.checkpoint import from_safe, read_file, write_private
 from fedpartial.fl.keys import META_ANNOTATED, META_GROUPS, META_N_TRAIN, META_SUMMARY
 from fedpartial.methods import Contribution, SiteContext, available_methods, get_method, load_all
 from fedpartial.models import PartialLabelNet
+from fedpartial.stat_checks import JobSize, check_statistics
 
 load_all()
 numpy_decomposers.register()  # as NVFlare's runtime does for jobs that send numpy arrays
@@ -155,6 +156,8 @@ def test_every_method_runs_two_federated_rounds(name, task, images, tmp_path):
             tr.has_local_state = True
             sent = _wire(DXO(DataKind.WEIGHTS, data=tr.export(), meta={
                 **out.meta, META_N_TRAIN: 12, META_ANNOTATED: ctx.annotated.tolist(), META_GROUPS: groups}))
+            why = check_statistics(sent.meta, method.statistic_specs(rule), JobSize(C, init.feature_dim, 3, 12))
+            assert why is None, f"{name}: {ctx.site}'s honest statistics break the method's declarations: {why}"
             contributions.append(Contribution(site=ctx.site, weights={k2: np.asarray(v) for k2, v in sent.data.items()},
                                               n=12, meta=dict(sent.meta), weight=float(out.weight)))
             fresh = method.make_trainer(ctx, dict(options), f"zoo {name}")  # a new process of this site

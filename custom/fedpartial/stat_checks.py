@@ -96,8 +96,10 @@ class JobSize:
     def describe(self, bound: Bound) -> str:
         v = self.value(bound)
         text = f"{v:g}"
-        if isinstance(bound, str) and "n_train" in bound:
-            text += f" ({bound}; n_train: the site's training images in the data check)"
+        if bound == "n_train":
+            text += " (the site's training images in the data check)"
+        elif isinstance(bound, str) and "n_train" in bound:
+            text += f" ({bound}, n_train: the site's training images in the data check)"
         elif isinstance(bound, str):
             text += f" ({bound})"
         return text

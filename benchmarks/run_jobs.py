@@ -34,6 +34,12 @@ args and, for ``method_args.*`` / ``model.*``, from the server's rule / model ar
 preset also defines the key (``dataset.*``), it is set to null instead, so the preset's value does not come
 back. A path the job and its preset lack is an error (a typo).
 
+Progress: before every run a line ``run k / N: NAME seed S (elapsed ..., about ... left)`` (N: the runs this
+command has to do, ``--resume``'s finished ones left out; the estimate is the mean wall time of this command's
+finished runs times the runs left), while a run goes a line ``NAME seed S: round r / R (... s)`` each time its
+server log shows a new round (checked every ``--progress-every`` seconds, default 30), and after it the test
+metrics with the elapsed and remaining time.
+
 When a run fails, the first ERROR records and exception lines of the server's and sites' logs
 (``WS/server/log.txt``, ``WS/site-*/log.txt``; shutdown noise left out) are printed with the workspace path, the
 scratch folder is kept, the finished runs stay in ``--out`` and the exit status is 1.
@@ -264,6 +270,77 @@ def failure_message(label: str, rc: int, ws: Path, stdout: str = "", stderr: str
     return text
 
 
+PROGRESS_EVERY = 30.0  # seconds between two reads of a running simulation's server log (--progress-every)
+ROUND_LINE = re.compile(r"Round (\d+) (started|finished)\.")
+
+
+def rounds_done(server_log: Path) -> int:
+    """Rounds the server log reports finished (NVFlare's ``ScatterAndGather``: ``Round r finished.``, r from 0)."""
+    try:
+        text = server_log.read_text(errors="replace")
+    except OSError:
+        return 0
+    done = [int(m.group(1)) + 1 for m in ROUND_LINE.finditer(text) if m.group(2) == "finished"]
+    return max(done, default=0)
+
+
+def simulate(cmd: list[str], env: dict, cwd: str, ws: Path, label: str, rounds: int,
+             every: float = 30.0) -> subprocess.CompletedProcess:
+    """Run the simulator ``cmd`` with its output captured (into files beside the workspace, not pipes); every
+    ``every`` seconds, print ``label: round r / rounds (t s)`` when the server log of ``ws`` shows a new round."""
+    ws.parent.mkdir(parents=True, exist_ok=True)
+    out_path, err_path = ws.parent / "simulator.out", ws.parent / "simulator.err"
+    t0, shown = time.time(), 0
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=err, text=True)
+        while True:
+            try:
+                proc.wait(timeout=every)
+                break
+            except subprocess.TimeoutExpired:
+                done = rounds_done(ws / "server" / "log.txt")
+                if done > shown:
+                    shown = done
+                    print(f"  {label}: round {done} / {rounds} ({time.time() - t0:.0f} s)", flush=True)
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout=out_path.read_text(errors="replace"),
+                                       stderr=err_path.read_text(errors="replace"))
+
+
+def duration(seconds: float) -> str:
+    """``seconds`` in words a progress line reads at a glance: ``42 s``, ``12 min 05 s``, ``2 h 03 min``."""
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+class Progress:
+    """Run k of N with the elapsed time and an estimate of the time left (the mean wall time of the runs done so
+    far, times the runs left; none before the first run ends)."""
+
+    def __init__(self, total: int, clock=time.time):
+        self.total, self.clock, self.start, self.done = total, clock, clock(), 0
+
+    def remaining(self) -> float | None:
+        if not self.done:
+            return None
+        return (self.clock() - self.start) / self.done * (self.total - self.done)
+
+    def times(self) -> str:
+        left = self.remaining()
+        return f"elapsed {duration(self.clock() - self.start)}" + \
+            (f", about {duration(left)} left" if left is not None else "")
+
+    def starting(self, label: str) -> str:
+        return f"run {self.done + 1} / {self.total}: {label} ({self.times()})"
+
+    def finished(self) -> str:
+        self.done += 1
+        return f"{self.done} / {self.total} done, {self.times()}"
+
+
 def run_one(job: str, seed: int, rounds: int, sites: int, scratch: Path, overrides: dict, env: dict,
             name: str | None = None, method_args: dict | None = None) -> dict:
     """One simulator run of ``job`` (as ``name``) with ``method_args`` merged into both the sites' trainer and
@@ -280,8 +357,9 @@ def run_one(job: str, seed: int, rounds: int, sites: int, scratch: Path, overrid
                   min_clients=sites)  # the simulator's -n: a job run with fewer or more sites than it names
     apply_unset_to_job(dest / "job")  # --unset: keys removed after the merge
     t0 = time.time()
-    proc = subprocess.run([sys.executable, "-m", SIMULATOR, str(dest / "job"), "-w", str(dest / "ws"), "-n",
-                           str(sites), "-t", str(sites)], env=env, capture_output=True, text=True, cwd=str(REPO))
+    proc = simulate([sys.executable, "-m", SIMULATOR, str(dest / "job"), "-w", str(dest / "ws"), "-n", str(sites),
+                     "-t", str(sites)], env, str(REPO), dest / "ws", f"{name or job} seed {seed}", rounds,
+                    every=PROGRESS_EVERY)
     wall = time.time() - t0
     res_file = dest / "ws/server/simulate_job/results.json"
     if proc.returncode != 0 or not res_file.is_file():
@@ -597,6 +675,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-plots", action="store_true", help="write no PNG plots beside the tables")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--keep", action="store_true", help="keep the scratch workspaces")
+    ap.add_argument("--progress-every", type=float, default=30.0, metavar="SECONDS",
+                    help="how often a running simulation's server log is read for its round (default 30)")
     ap.add_argument("--only", nargs="+", default=None, metavar="NAME",
                     help="run only these configurations (job or variant names) of the benchmark's list")
     ap.add_argument("--resume", action="store_true",
@@ -630,6 +710,8 @@ def main(argv=None) -> int:
         return 0
     if not a.jobs and not a.variant:
         ap.error("give --jobs and/or --variant (or --report X.json)")
+    global PROGRESS_EVERY
+    PROGRESS_EVERY = a.progress_every
     runs = previous_runs(a) if a.resume else {}
     env = {**os.environ, "FEDPARTIAL_DATA_DIR": str(REPO)}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
@@ -666,19 +748,24 @@ def main(argv=None) -> int:
 def run_all(a: argparse.Namespace, configs: list, runs: dict[str, list[dict]], scratch: Path, base: dict,
             env: dict) -> None:
     """Every (configuration, seed) pair not yet in ``runs``, seed by seed; ``runs`` and ``--out`` grow as they
-    finish."""
-    for seed in a.seeds:  # seed-major: an interrupted benchmark keeps whole seeds
-        for name, job, method_args in configs:
+    finish. Prints run k of N, the elapsed time and the time left before each run and after it."""
+    todo = [(seed, c) for seed in a.seeds for c in configs  # seed-major: an interrupted benchmark keeps whole seeds
+            if not any(r.get("seed") == seed for r in runs.get(c[0], []))]
+    for seed in a.seeds:
+        for name, _, _ in configs:
             if any(r.get("seed") == seed for r in runs.get(name, [])):
                 print(f"{name} seed {seed}: already in {a.out}", flush=True)
-                continue
-            res = run_one(job, seed, a.rounds, a.sites, scratch, base, env, name, method_args)
-            runs.setdefault(name, []).append(compact(res) if a.compact else res)
-            fin = res["final"][LAST_MODEL]["test"]["macro"]
-            print(f"{name} seed {seed}: test {json.dumps({k: round(v, 4) for k, v in fin.items() if v is not None})} "
-                  f"({res['seconds_per_round']:.1f} s/round, {res['wall_seconds_total']:.0f} s)", flush=True)
-            if a.out:  # rewritten after every run
-                save(a, runs)
+    progress = Progress(len(todo))
+    for seed, (name, job, method_args) in todo:
+        print(progress.starting(f"{name} seed {seed}"), flush=True)
+        res = run_one(job, seed, a.rounds, a.sites, scratch, base, env, name, method_args)
+        runs.setdefault(name, []).append(compact(res) if a.compact else res)
+        fin = res["final"][LAST_MODEL]["test"]["macro"]
+        print(f"{name} seed {seed}: test {json.dumps({k: round(v, 4) for k, v in fin.items() if v is not None})} "
+              f"({res['seconds_per_round']:.1f} s/round, {res['wall_seconds_total']:.0f} s); {progress.finished()}",
+              flush=True)
+        if a.out:  # rewritten after every run
+            save(a, runs)
 
 
 if __name__ == "__main__":

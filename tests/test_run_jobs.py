@@ -89,7 +89,8 @@ def test_workspace_errors_earliest_failing_log_first_and_bounded(tmp_path):
 
 
 def test_run_one_reports_the_site_error_and_the_workspace(tmp_path, monkeypatch):
-    def fake_simulator(cmd, **kw):  # the simulator fails the way the protocol-override run did: rc 2, no stderr
+    def fake_simulator(cmd, env, cwd, ws, label, rounds, every=30.0):  # the simulator fails the way the
+        # protocol-override run did: rc 2, no stderr
         ws = Path(cmd[cmd.index("-w") + 1])
         _fake_workspace(ws)
         job = Path(cmd[cmd.index("-w") - 1])  # the job folder precedes -w
@@ -97,7 +98,7 @@ def test_run_one_reports_the_site_error_and_the_workspace(tmp_path, monkeypatch)
         (ws / "args.json").write_text(json.dumps(args))
         return subprocess.CompletedProcess(cmd, 2, stdout="lots of console output", stderr="")
 
-    monkeypatch.setattr(R.subprocess, "run", fake_simulator)
+    monkeypatch.setattr(R, "simulate", fake_simulator)
     base = R.merge_unset({"dataset": {"prepare": {"protocol": "full"}}}, [])
     with pytest.raises(R.RunFailed) as e:
         R.run_one("fedavg_cxr14", 0, 2, 3, tmp_path, base, {})
@@ -135,6 +136,55 @@ def test_main_keeps_the_scratch_and_exits_1_when_a_run_fails(tmp_path, monkeypat
     assert scratch.is_dir() and "b seed 0 failed (rc 2); workspace" in err
     shutil.rmtree(scratch)
     assert list(json.loads(out.read_text())["runs"]) == ["a"]  # the finished run is saved
+
+
+def test_progress_counts_runs_and_estimates_the_time_left():
+    now = [100.0]
+    p = R.Progress(4, clock=lambda: now[0])
+    assert p.starting("a seed 0") == "run 1 / 4: a seed 0 (elapsed 0 s)"  # no estimate before a run ends
+    now[0] += 90
+    assert p.finished() == "1 / 4 done, elapsed 1 min 30 s, about 4 min 30 s left"  # 3 runs x 90 s
+    now[0] += 30  # the second run: 30 s, mean 60 s per run
+    assert p.finished() == "2 / 4 done, elapsed 2 min 00 s, about 2 min 00 s left"
+    assert p.starting("b seed 0") == "run 3 / 4: b seed 0 (elapsed 2 min 00 s, about 2 min 00 s left)"
+    assert R.duration(7325) == "2 h 02 min" and R.duration(59.6) == "1 min 00 s"
+
+
+def test_main_prints_run_k_of_n_and_leaves_out_the_resumed_runs(tmp_path, monkeypatch, capsys):
+    def fake_run_one(job, seed, rounds, sites, scratch, base, env, name=None, method_args=None):
+        return {"setting": "full labels", "seconds_per_round": 1.0, "wall_seconds_total": 1.0, "seed": seed,
+                "final": {m: {"test": {"task": "multiclass", "macro": {"auc": 0.8}, "per_class": {"x": {"auc": 0.8}}}}
+                          for m in (R.LAST_MODEL, R.BEST_MODEL)}}
+
+    monkeypatch.setattr(R, "run_one", fake_run_one)
+    out = tmp_path / "bench.json"
+    assert R.main(["--jobs", "a", "--out", str(out), "--no-plots", "--compact"]) == 0
+    assert R.main(["--jobs", "a", "b", "--seeds", "0", "1", "--out", str(out), "--no-plots", "--compact",
+                   "--resume"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    starts = [line for line in lines if line.startswith("run ")]
+    assert starts[0].startswith("run 1 / 1: a seed 0 (elapsed")
+    assert [line.split(" (")[0] for line in starts[1:]] == ["run 1 / 3: b seed 0", "run 2 / 3: a seed 1",
+                                                            "run 3 / 3: b seed 1"]  # a seed 0 was already done
+    assert "a seed 0: already in" in "\n".join(lines) and "left)" in starts[2]
+    assert any(line.startswith("b seed 1: test") and line.endswith("3 / 3 done, elapsed 0 s, about 0 s left")
+               for line in lines)
+
+
+def test_simulate_prints_each_new_round_of_the_server_log(tmp_path, capsys):
+    """A stand-in simulator writes NVFlare's round lines into the server log; ``simulate`` reports each new
+    finished round while it runs and returns its captured output and exit status."""
+    ws = tmp_path / "run" / "ws"
+    script = (f"import pathlib, sys, time; log = pathlib.Path({str(ws / 'server' / 'log.txt')!r}); "
+              "log.parent.mkdir(parents=True); print('hello'); sys.stdout.flush(); "
+              "[(log.open('a').write(f'x - ScatterAndGather - INFO - Round {r} started.\\nRound {r} finished.\\n'), "
+              "time.sleep(1.0)) for r in range(2)]; sys.exit(3)")
+    proc = R.simulate([R.sys.executable, "-c", script], dict(R.os.environ), str(tmp_path), ws, "j seed 0", 2,
+                      every=0.2)
+    assert proc.returncode == 3 and proc.stdout.strip() == "hello"
+    shown = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    assert [line.split(" (")[0] for line in shown] == ["j seed 0: round 1 / 2", "j seed 0: round 2 / 2"]
+    assert R.rounds_done(ws / "server" / "log.txt") == 2 and R.rounds_done(tmp_path / "none.txt") == 0
 
 
 JOB_ARGS = {"method": "fedavg", "method_args": {"mu": 0.1, "beta": 2},

@@ -466,3 +466,101 @@ def test_fedlc_step_subtracts_tau_times_count_to_the_minus_quarter_from_each_log
         return -(torch.log_softmax(z, 1)[lab, y[lab]]).sum() / max(int(lab.sum()), 1) + 0 * m(_x(rows)).sum()
 
     _two_steps(ctx, tr, objective)
+
+
+def test_fedpu_step_is_ce_plus_pu_weight_times_the_pu_risk_by_hand():
+    """FedPU (priors: the site's labelled shares (2/6, 1/6, 0); pu_weight 0.5): CE on the labelled rows +
+    0.5 x sum over the site's classes i of [mean over the unlabelled rows of -log(1 - p_i) - pi_i x mean over the
+    rows labelled i of -log(1 - p_i)]."""
+    labels, mask = LSM_MC
+    ctx = _ctx("multiclass", (True, True, False), labels, mask)
+    tr = get_method("fedpu").make_trainer(ctx, {"prior": "site", "pu_weight": 0.5})
+    prior = torch.tensor([2 / 6, 1 / 6, 0.0])
+
+    def objective(m, rows):
+        z = m(_x(rows))
+        logp = torch.log_softmax(z, 1)
+        y, lab = labels[rows].argmax(1), labels[rows].sum(1) > 0
+        ce = -(logp[lab, y[lab]]).sum() / max(int(lab.sum()), 1)
+        nl = -torch.log(1 - torch.softmax(z, 1))
+        risk = 0.0
+        for i in (0, 1):
+            in_l = lab & (y == i)
+            u = nl[~lab, i].mean() if bool((~lab).any()) else 0.0
+            li = nl[in_l, i].mean() if bool(in_l.any()) else 0.0
+            risk = risk + u - prior[i] * li
+        return ce + 0.5 * risk
+
+    _two_steps(ctx, tr, objective)
+
+
+# ------------------------------------------------------------------------------------------------ server rules
+
+GROUPS = {"encoder": ["enc"], "norm": [], "head": [], "classifier": ["cls"]}
+
+
+def _contribution(site, enc, cls, n, annotated, **meta):
+    return Contribution(site, {"enc": np.asarray(enc, np.float32), "cls": np.asarray(cls, np.float32)}, n,
+                        {"annotated": list(annotated), **meta})
+
+
+def _two_sites(**meta):
+    """Site a (n 1) annotates class 0, site b (n 3) classes 0 and 1; each classifier row is one number."""
+    return [_contribution("a", [1.0, 2.0], [[10.0], [20.0]], 1.0, [True, False], **meta.get("a", {})),
+            _contribution("b", [5.0, 6.0], [[30.0], [40.0]], 3.0, [True, True], **meta.get("b", {}))]
+
+
+def test_fedlsm_awpa_rows_by_estimated_class_counts_not_fedavg_by_hand():
+    """AWPA (Eq. 7): the shared weights by n_k (FedAvg: (1 x a + 3 x b) / 4); classifier row c by q_c^k /
+    sum_j q_c^j: q = (6, 2) at a and (2, 6) at b: row 0 = (6 x 10 + 2 x 30) / 8 = 15, row 1 = (2 x 20 + 6 x 40) / 8 = 35
+    (FedAvg would give 25 and 35)."""
+    rule = get_method("fedlsm").make_rule({})
+    contribs = _two_sites(a={LSM.META_Q: [6.0, 2.0]}, b={LSM.META_Q: [2.0, 6.0]})
+    out, _ = rule.aggregate(None, contribs, GROUPS, 0)
+    assert np.allclose(out["enc"], [(1 * 1 + 3 * 5) / 4, (1 * 2 + 3 * 6) / 4])
+    assert np.allclose(out["cls"], [[15.0], [35.0]])
+
+
+def test_fedavg_masked_rows_over_the_annotating_sites_by_hand():
+    """fedavg_masked: row 0 (both annotate) = (1 x 10 + 3 x 30) / 4 = 25; row 1 (only b) = 40, not FedAvg's 35."""
+    rule = get_method("fedavg_masked").make_rule({})
+    out, _ = rule.aggregate({"enc": np.zeros(2), "cls": np.zeros((2, 1))}, _two_sites(), GROUPS, 0)
+    assert np.allclose(out["cls"], [[25.0], [40.0]]) and np.allclose(out["enc"], [4.0, 5.0])
+
+
+def test_fedavgm_server_momentum_over_two_rounds_by_hand():
+    """FedAvgM (beta 0.5, eta 1): round 1 from w0 = 0 to the FedAvg a1 (v1 = w0 - a1); round 2 from w1 = a1 with
+    the same sites: v2 = 0.5 v1 + (w1 - a2) and w2 = w1 - v2; here a1 = a2 = (4, 5) for enc, so w2 = a1 + 0.5 a1."""
+    rule = get_method("fedavgm").make_rule({"server_momentum": 0.5, "server_lr": 1.0})
+    w0 = {"enc": np.zeros(2, np.float32), "cls": np.zeros((2, 1), np.float32)}
+    w1, _ = rule.aggregate(w0, _two_sites(), GROUPS, 1)
+    assert np.allclose(w1["enc"], [4.0, 5.0])
+    w2, _ = rule.aggregate(w1, _two_sites(), GROUPS, 2)
+    # v1 = -(4, 5); v2 = 0.5 v1 + (w1 - a2) = -(2, 2.5); w2 = w1 - v2 = (6, 7.5)
+    assert np.allclose(w2["enc"], [6.0, 7.5])
+
+
+def test_fednoro_noisy_site_step_blends_la_and_distillation_by_lambda_by_hand():
+    """FedNoRo at a noisy site (every site noisy, lambda ramped to kd_weight 0.6 by round 1): (1 - lambda) x CE of
+    the logit-adjusted outputs z + log pi (pi = (2/3, 1/3, 0): class 2 leaves the softmax) on the labelled rows
+    + lambda x KL(softmax(z_received / T) || softmax(z + log pi)) averaged over the batch (T 0.5; the absent
+    class contributes q log q only). The teacher is the model received this round."""
+    labels, mask = LSM_MC
+    ctx = _ctx("multiclass", (True, True, False), labels, mask)
+    tr = get_method("fednoro").make_trainer(ctx, {"all_noisy": True, "ramp_begin": 0, "ramp_end": 1, "kd_weight": 0.6,
+                                                  "kd_temperature": 0.5})
+    received = copy.deepcopy(ctx.model)
+    delta = torch.log(torch.tensor([2 / 3, 1 / 3]))
+
+    def objective(m, rows):
+        x = _x(rows)
+        z = m(x)
+        logp = torch.log_softmax(z[:, :2] + delta, 1)  # class 2: log 0 adjustment, out of the softmax
+        y, lab = labels[rows].argmax(1), labels[rows].sum(1) > 0
+        la = -(logp[lab, y[lab]]).sum() / max(int(lab.sum()), 1) + 0 * z.sum()
+        with torch.no_grad():
+            q = torch.softmax(received(x) / 0.5, 1)
+        kd = ((q * q.log()).sum(1) - (q[:, :2] * logp).sum(1)).mean()
+        return 0.4 * la + 0.6 * kd
+
+    _two_steps(ctx, tr, objective, round_num=1)

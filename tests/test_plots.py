@@ -123,3 +123,173 @@ def test_run_jobs_writes_the_plots_beside_its_tables(tmp_path):
     assert curves.is_file() and final.is_file() and path.with_suffix(".md").is_file()
     curves.unlink()
     assert mod.main(["--report", str(path), "--no-plots"]) == 0 and not curves.exists()
+
+
+# ------------------------------------------------------------------ a final model's per-class figures
+
+def _hand_curve():
+    from fedpartial.plots import binary_curve
+
+    return binary_curve(np.array([1, 0, 1, 0]), np.array([0.9, 0.8, 0.4, 0.1]))
+
+
+def test_binary_curve_by_hand_and_against_sklearn():
+    from sklearn.metrics import roc_auc_score
+
+    from fedpartial.plots import binary_curve
+
+    c = _hand_curve()  # scores 0.9 (pos), 0.8 (neg), 0.4 (pos), 0.1 (neg)
+    np.testing.assert_allclose(c.thresholds, [0.9, 0.8, 0.4, 0.1])
+    np.testing.assert_allclose(c.tpr, [0.5, 0.5, 1.0, 1.0])
+    np.testing.assert_allclose(c.fpr, [0.0, 0.5, 0.5, 1.0])
+    np.testing.assert_allclose(c.precision, [1.0, 0.5, 2 / 3, 0.5])
+    assert c.auc == pytest.approx(0.75)
+    assert c.at(0.5) == pytest.approx((0.5, 0.5, 0.5))  # positive: 0.9 and 0.8
+    assert c.at(0.95) == (0.0, 0.0, 1.0)  # nothing positive
+    tie = binary_curve(np.array([1, 0]), np.array([0.5, 0.5]))
+    assert len(tie.thresholds) == 1 and tie.auc == pytest.approx(0.5)
+    assert binary_curve(np.array([1, 1]), np.array([0.2, 0.3])) is None  # one outcome only
+    rng = np.random.default_rng(0)
+    y, s = rng.integers(0, 2, 200), np.round(rng.random(200), 2)  # with ties
+    assert binary_curve(y, s).auc == pytest.approx(roc_auc_score(y, s))
+
+
+def test_curves_from_a_histogram_equal_those_from_the_scores_on_the_grid():
+    from fedpartial.metrics import SCORE_GRID, score_histogram
+    from fedpartial.plots import curves_from_histogram, curves_from_scores
+
+    rng = np.random.default_rng(1)
+    probs = SCORE_GRID[rng.integers(0, len(SCORE_GRID), (60, 2))]  # scores on the grid: binning loses nothing
+    y = (rng.random((60, 2)) < probs).astype(int)
+    mask = np.ones_like(y, bool)
+    mask[:10, 1] = False
+    a = curves_from_scores(y, probs, ["a", "b"], mask)
+    b = curves_from_histogram(score_histogram(y, probs, ["a", "b"], mask))
+    for k in ("a", "b"):
+        np.testing.assert_allclose(a[k].tpr, b[k].tpr)
+        np.testing.assert_allclose(a[k].fpr, b[k].fpr)
+        np.testing.assert_allclose(a[k].thresholds, b[k].thresholds)
+        assert a[k].positives == b[k].positives and a[k].negatives == b[k].negatives
+
+
+def test_roc_pr_figures_plot_the_points_and_mark_the_thresholds():
+    from fedpartial.plots import roc_pr_figures
+
+    c = _hand_curve()
+    roc, pr = roc_pr_figures({"a": c, "b": None, "c": c}, {"a": 0.5, "c": None}, {"a": [0.6, 0.9]})
+    ax_a, ax_b, ax_c = roc.axes
+    curve = _line(ax_a, "ROC")
+    np.testing.assert_allclose(curve.get_xdata(), [0, 0, 0.5, 0.5, 1])
+    np.testing.assert_allclose(curve.get_ydata(), [0, 0.5, 0.5, 1, 1])
+    chosen = _line(ax_a, "t=0.50")  # the validation threshold: a filled dot at (FPR, TPR) = (0.5, 0.5)
+    assert (chosen.get_xdata()[0], chosen.get_ydata()[0]) == (0.5, 0.5)
+    assert chosen.get_markerfacecolor() != "white"
+    default = _line(ax_c, "t=0.50 (default)")  # no threshold chosen: 0.5, an open dot
+    assert default.get_markerfacecolor() == "white"
+    assert "AUROC 0.75 [0.60, 0.90]" in ax_a.get_title() and "no positive or no negative" in ax_b.get_title()
+    pr_curve = _line(pr.axes[0], "PR")
+    np.testing.assert_allclose(pr_curve.get_ydata(), [1, 1, 0.5, 2 / 3, 0.5])
+    assert pr.axes[0].get_lines()[0].get_ydata()[0] == pytest.approx(0.5)  # the prevalence line
+    single, _ = roc_pr_figures({"a": c}, None, None, default_threshold=None)  # single-label: no dot
+    assert [line.get_label() for line in single.axes[0].get_lines()] == ["_child0", "ROC"]
+
+
+def test_auc_interval_and_site_heat_map_figures():
+    from fedpartial.plots import auc_ci_figure, site_heatmap_figure
+
+    res = {"n": 40, "macro": {"auc": 0.7}, "per_class": {"a": {"auc": 0.8}, "b": {"auc": None}},
+           "ci": {"auc": {"per_class": {"a": [0.7, 0.9], "b": None}, "macro": [0.6, 0.8]}}}
+    ax = auc_ci_figure(res, "t").axes[0]
+    bars = [line for line in ax.get_lines() if line.get_linewidth() == 2.5]
+    assert [tuple(b.get_xdata()) for b in bars] == [(0.7, 0.9), (0.6, 0.8)]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["a", "b", "macro"]
+    assert any("n/a" in t.get_text() for t in ax.texts) and any(t.get_text() == "0.800 [0.70, 0.90]" for t in ax.texts)
+    per_site = {"site-1": {"per_class": {"a": {"auc": 0.9}, "b": {"auc": 0.6}}},
+                "site-2": {"per_class": {"a": {"auc": None}, "b": {"auc": 0.75}}}}
+    fig = site_heatmap_figure(per_site, ["a", "b"], annotated={"site-1": ["a"], "site-2": ["a", "b"]})
+    ax = fig.axes[0]
+    data = ax.get_images()[0].get_array()
+    np.testing.assert_allclose(data.filled(np.nan), [[0.9, 0.6], [np.nan, 0.75]])
+    assert [t.get_text() for t in ax.texts] == ["0.90", "0.60", "n/a", "0.75"]
+    assert len(ax.patches) == 3  # the annotated cells are framed
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["site-1", "site-2"]
+
+
+def test_show_results_draws_the_final_model_and_results_md_shows_it(tmp_path, capsys):
+    from fedpartial.metrics import score_histogram
+
+    run = RUNS["fedavg"][0]
+    rng = np.random.default_rng(0)
+    y, p = rng.integers(0, 2, (30, 2)), rng.random((30, 2))
+    res = {"task": "multilabel", "n": 30, "macro": {"auc": 0.6, "bacc": 0.5, "map": 0.4},
+           "per_class": {c: dict.fromkeys(("auc", "ap", "bacc", "f1", "precision", "recall"), 0.6) for c in "ab"},
+           "undefined_classes": {}, "ci": {"auc": {"per_class": {"a": [0.4, 0.8], "b": None}, "macro": [0.5, 0.7]}}}
+    final = {"test": res, "sites": ["site-1"], "per_site": {},
+             "thresholds": {"criterion": "youden", "thresholds": {"a": 0.3, "b": None}},
+             "test_score_hist": score_histogram(y, p, ["a", "b"])}
+    full = {**run, "key_metric": "auc", "setting": "s", "num_rounds": 3, "seconds_per_round": 1.0,
+            "data": {"sites": {"site-1": {"annotated": [0]}}, "shared_eval_sets": {"test": [["site-1", "site-2"]]}},
+            "final": {LAST: final, BEST: final}}
+    ws = tmp_path / "ws" / "server" / "simulate_job"
+    ws.mkdir(parents=True)
+    (ws / "results.json").write_text(json.dumps(full))
+    (ws / "results.md").write_text("# the run\n")
+    assert show_results.main([str(tmp_path / "ws")]) == 0
+    assert show_results.main([str(tmp_path / "ws")]) == 0  # twice: one Figures section
+    md = (ws / "results.md").read_text()
+    assert md.startswith("# the run\n") and md.count("## Figures") == 1
+    for name in ("results_curves.png", "results_auc_ci.png", "results_site_auc.png", "results_roc.png",
+                 "results_pr.png"):
+        assert f"]({name})" in md and (ws / name).read_bytes()[:4] == b"\x89PNG", name
+    assert "best_FL_global_model.pt: " in capsys.readouterr().out
+
+
+def test_evaluate_writes_its_figures_beside_its_table(tmp_path):
+    from test_predict import _run_folder
+
+    from fedpartial.data.manifest import write_manifest
+    from fedpartial.data.presets import ICH_CLASSES
+    from fedpartial.tools import predict as P
+    from PIL import Image
+
+    _run_folder(tmp_path / "run" / "app_server")
+    rng = np.random.default_rng(0)
+    d = tmp_path / "imgs"
+    d.mkdir()
+    for i in range(12):
+        Image.fromarray(rng.integers(0, 255, (20, 20), dtype=np.uint8)).save(d / f"{i}.png")
+    labels = np.tile([[1, 0, 1, 0, 1], [0, 1, 0, 1, 0]], (6, 1))
+    write_manifest(d / "test.csv", [f"{i}.png" for i in range(12)], labels, np.ones_like(labels, bool), ICH_CLASSES)
+    out = tmp_path / "scores"
+    assert P.evaluate_main([str(tmp_path / "run"), "--manifest", str(d / "test.csv"), "--figures", str(out),
+                            "--thresholds", "0.4"]) == 0
+    md = (out / "test_evaluation.md").read_text()
+    for name in ("test_roc.png", "test_pr.png", "test_auc_ci.png"):
+        assert f"]({name})" in md and (out / name).read_bytes()[:4] == b"\x89PNG"
+    assert "epidural" in md  # the table
+
+
+def test_pooled_histograms_of_a_final_model():
+    from fedpartial.fl.results import pooled_histograms
+    from fedpartial.metrics import score_histogram
+
+    rng = np.random.default_rng(0)
+    h = [score_histogram(rng.integers(0, 2, (5, 1)), rng.random((5, 1)), ["a"]) for _ in range(2)]
+    per_site = {"site-1": {"test": {"score_hist": h[0]}, "val": {"score_hist": h[0]}},
+                "site-2": {"test": {"score_hist": h[1]}, "val": {}}}
+    out = pooled_histograms(per_site)
+    assert set(out) == {"test_score_hist", "val_score_hist"}
+    np.testing.assert_array_equal(out["test_score_hist"]["pos"], np.add(h[0]["pos"], h[1]["pos"]))
+    per_site["site-2"]["test"] = {"n": 5}  # a site that sent no histogram: no pooled one
+    assert "test_score_hist" not in pooled_histograms(per_site)
+
+
+def test_progress_lines_off_a_terminal():
+    import io
+
+    from fedpartial.tools.bundle_runtime import Progress
+
+    stream = io.StringIO()
+    assert list(Progress(range(25), "predict: batch", stream=stream)) == list(range(25))
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "predict: batch 2 / 25" and lines[-1] == "predict: batch 25 / 25" and len(lines) == 13

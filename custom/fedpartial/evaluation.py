@@ -38,14 +38,27 @@ def evaluate(model: torch.nn.Module, loader, task: str, classes: list[str],
              device: torch.device | str = "cpu") -> dict:
     """Metrics of ``model`` on a (fully or partially) labelled loader (``fedpartial.metrics`` result dict, plus
     ``ci``: bootstrap confidence intervals of the AUROC, :func:`fedpartial.stats.bootstrap_auc_ci`)."""
-    pred = predict(model, loader, task, device)
+    return scores_metrics(predict(model, loader, task, device), task, classes)
+
+
+def scored_mask(pred: dict[str, np.ndarray], task: str) -> np.ndarray:
+    """``(N, C)`` bool: the entries a metric uses. Multi-label: the annotated ones; single-label: every class of
+    the rows whose one label is annotated (one-vs-rest per class on the scored rows)."""
     if task == "multiclass":
-        mask = pred["mask"].any(axis=1) & (pred["label"] * pred["mask"]).sum(axis=1).astype(bool)
-        result = compute_metrics(task, pred["label"], pred["probs"], classes, mask=mask)
-        mask = np.repeat(mask[:, None], len(classes), axis=1)  # one-vs-rest AUROC per class on the scored rows
+        rows = pred["mask"].any(axis=1) & (pred["label"] * pred["mask"]).sum(axis=1).astype(bool)
+        return np.repeat(rows[:, None], pred["probs"].shape[1], axis=1)
+    return pred["mask"].astype(bool)
+
+
+def scores_metrics(pred: dict[str, np.ndarray], task: str, classes: list[str],
+                   threshold: float | list[float] = 0.5) -> dict:
+    """:func:`evaluate`'s metrics of :func:`predict`'s output (multi-label thresholded metrics at ``threshold``:
+    one value or ``C``)."""
+    mask = scored_mask(pred, task)
+    if task == "multiclass":
+        result = compute_metrics(task, pred["label"], pred["probs"], classes, mask=mask[:, 0])
     else:
-        mask = pred["mask"].astype(bool)
-        result = compute_metrics(task, pred["label"], pred["probs"], classes, mask=mask)
+        result = compute_metrics(task, pred["label"], pred["probs"], classes, mask=mask, threshold=threshold)
     # bootstrap 95 % intervals of the per-class / macro AUROC (100 seeded resamples, fedpartial.stats)
     result["ci"] = bootstrap_auc_ci(pred["label"], pred["probs"], classes, mask) if len(pred["probs"]) else None
     return result

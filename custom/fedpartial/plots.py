@@ -270,9 +270,7 @@ def site_heatmap_figure(per_site: Mapping[str, Mapping | None], classes: Sequenc
 def _cmap():
     from matplotlib import colormaps
 
-    cmap = colormaps["viridis"].copy()
-    cmap.set_bad("#dddddd")
-    return cmap
+    return colormaps["viridis"].with_extremes(bad="#dddddd")
 
 
 # ------------------------------------------------------------------------------------- a run's final model

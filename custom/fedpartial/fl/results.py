@@ -8,7 +8,8 @@ several sites share (the simulator's central splits) is scored once, by the firs
 set's metrics weighted by its size, ``n`` = the images scored, each once, ``evaluated_by`` = who scored. When a
 method keeps parts of the model local (FedBN, PFL) every site scores its own model and the pooled numbers
 average the sites' own models; each site's numbers stay under ``rounds[i].site_results`` and
-``final[model].per_site``. ``data`` records the federation's data summary (sizes, annotated classes, which
+``final[model].per_site``; ``final[model].val_score_hist`` / ``test_score_hist`` pool the sets' score histograms
+(the ROC / PR curves of ``show_results``). ``data`` records the federation's data summary (sizes, annotated classes, which
 evaluation sets are shared).
 
 Operating thresholds (multi-label): every round and every final model get per-class thresholds chosen on the
@@ -37,7 +38,8 @@ from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 from nvflare.widgets.widget import Widget
 
-from ..metrics import THRESHOLD_CRITERIA, apply_validation_thresholds, format_table, format_thresholds
+from ..metrics import (THRESHOLD_CRITERIA, apply_validation_thresholds, format_table, format_thresholds,
+                       pool_histograms)
 from ..stats import add_run_statistics
 from ..tables import paper_table, setting_label
 from .spec import global_model_note, local_parts, resolved_options
@@ -214,7 +216,7 @@ class ResultsRecorder(Widget):
                                                              self.threshold_criterion)
             final[name] = {"test": self._site_average(scored, "test"), "val": self._site_average(scored, "val"),
                            "sites": sorted(scored), "per_site": scored if len(scored) > 1 else {},
-                           "thresholds": thresholds}
+                           "thresholds": thresholds, **pooled_histograms(per_site)}
         ledger = ledger_totals(rounds)
         add_cumulative_epsilon(rounds)
         secs = [r["seconds"] for r in rounds if r.get("seconds")]
@@ -276,6 +278,19 @@ class ResultsRecorder(Widget):
             os.replace(tmp, path)
         self.log_info(fl_ctx, "\n" + text)
         self.log_info(fl_ctx, f"results written to {run_dir / RESULTS_FILE} and {run_dir / TABLE_FILE}")
+
+
+def pooled_histograms(per_site: dict) -> dict:
+    """``{"val_score_hist", "test_score_hist"}``: the sum of the sites' score histograms of a final model (what
+    the validation thresholds are chosen on; ``fedpartial.plots`` draws the ROC / PR curves from them), for the
+    splits where every scored set sent one (a site under a policy without histograms sends none)."""
+    out = {}
+    for split in ("val", "test"):
+        sets = [r[split] for r in per_site.values() if r and r.get(split)]
+        hists = [s.get("score_hist") for s in sets]
+        if hists and all(hists):
+            out[f"{split}_score_hist"] = pool_histograms(hists)
+    return out
 
 
 def model_thresholds(results: dict) -> dict:

@@ -21,6 +21,13 @@ set for that model file during the run (``thresholds.json`` next to the model, o
 a class without one uses 0.5). Without ``--thresholds`` the CSV holds the probabilities only. For
 ``fedpartial-evaluate`` the thresholded metrics (BACC, F1, precision, recall) use 0.5 unless ``--thresholds``
 says otherwise. A single-label model predicts the argmax: thresholds do not apply (an error).
+
+Figures (``fedpartial-evaluate``): per-class ROC and precision-recall curves with the operating threshold marked
+(``--thresholds``, else 0.5 as an open dot; none for a single-label model), the per-class AUROC with its bootstrap
+interval and, from the run's ``results.json``, each site's test AUROC per class, as PNG files beside
+``evaluation.md`` (the table and the figures) in ``--figures DIR`` (default: the ``--json`` file's folder, else
+``./evaluation``); ``--no-figures`` skips them. Both commands show their progress over the batches (a tqdm bar on
+a terminal, ``k / N`` lines otherwise).
 """
 
 from __future__ import annotations
@@ -38,16 +45,17 @@ import torch
 from ..data.manifest import Manifest, read_manifest
 from ..data.presets import resolve_dataset
 from ..data.sitedata import SiteDatasets
-from ..evaluation import evaluate, predict
+from ..evaluation import predict, scores_metrics
 from ..fl.keys import BEST_MODEL, LAST_MODEL
 from ..fl.results import RESULTS_FILE, THRESHOLDS_FILE
 from ..fl.spec import global_model_note, local_parts
-from ..metrics import compute_metrics, format_table
+from ..metrics import format_table
 from ..models import PartialLabelNet
-from ..stats import bootstrap_auc_ci
+from .bundle_runtime import IMAGE_SUFFIXES, Progress, list_images
 
 SERVER_CONFIG, CLIENT_CONFIG = "config_fed_server.json", "config_fed_client.json"
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".dcm", ".dicom")
+__all__ = ["IMAGE_SUFFIXES", "LoadedModel", "find_model", "load_model", "find_thresholds", "resolve_thresholds",
+           "image_manifest", "predict_manifest", "evaluate_manifest"]
 
 
 @dataclass
@@ -176,14 +184,11 @@ def add_decisions(df: pd.DataFrame, classes: list[str], thresholds: list[float])
 
 def image_manifest(folder: str | Path, classes: list[str], task: str = "multilabel") -> Manifest:
     """An unlabelled manifest over every PNG / JPG / DICOM under ``folder`` (sorted, recursive)."""
-    folder = Path(folder)
-    paths = sorted(str(p) for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-    if not paths:
-        raise FileNotFoundError(f"no PNG / JPG / DICOM image ({', '.join(IMAGE_SUFFIXES)}) under {folder}")
+    paths = list_images(folder)  # the listing an exported bundle uses too
     n, c = len(paths), len(classes)
     return Manifest(paths=paths, labels=np.zeros((n, c), np.float32), mask=np.zeros((n, c), bool),
                     classes=list(classes), patient_ids=[""] * n, splits=["test"] * n,
-                    lines=list(range(2, n + 2)), file=str(folder), task=task)
+                    lines=list(range(2, n + 2)), file=str(Path(folder)), task=task)
 
 
 def read_input_manifest(file: str | Path, model: LoadedModel, data_root: str | Path | None = None,
@@ -202,29 +207,57 @@ def _loader(model: LoadedModel, manifest: Manifest, batch_size: int):
     return SiteDatasets({"input": manifest}, {**model.dataset, "cache": "none"}).eval_loader("input", batch_size)
 
 
+def score_manifest(model: LoadedModel, manifest: Manifest, batch_size: int = 64, label: str = "predict") -> dict:
+    """:func:`fedpartial.evaluation.predict` over ``manifest`` (``{"probs", "label", "mask", "index"}``), with a
+    progress bar / ``k / N`` lines on stderr."""
+    loader = _loader(model, manifest, batch_size)
+    return predict(model.net, Progress(loader, f"{label}: batch"), model.task, next(model.net.parameters()).device)
+
+
 def predict_manifest(model: LoadedModel, manifest: Manifest, batch_size: int = 64) -> pd.DataFrame:
     """One row per image: ``image`` and ``prob_<class>`` for every class."""
-    probs = predict(model.net, _loader(model, manifest, batch_size), model.task,
-                    next(model.net.parameters()).device)["probs"]
+    probs = score_manifest(model, manifest, batch_size)["probs"]
     df = pd.DataFrame(probs, columns=[f"prob_{c}" for c in model.classes])
     df.insert(0, "image", manifest.paths)
     return df
 
 
 def evaluate_manifest(model: LoadedModel, manifest: Manifest, batch_size: int = 64,
-                      thresholds: list[float] | None = None) -> dict:
+                      thresholds: list[float] | None = None, scores: dict | None = None) -> dict:
     """The project's metrics (``fedpartial.metrics``) of the model on a labelled manifest; multi-label
-    thresholded metrics at ``thresholds`` (``C`` values) instead of 0.5 when given."""
-    loader = _loader(model, manifest, batch_size)
-    device = next(model.net.parameters()).device
+    thresholded metrics at ``thresholds`` (``C`` values) instead of 0.5 when given. ``scores``: the manifest's
+    :func:`score_manifest` output when already computed."""
+    pred = scores if scores is not None else score_manifest(model, manifest, batch_size, "evaluate")
     if thresholds is None or model.task != "multilabel":
-        return evaluate(model.net, loader, model.task, model.classes, device)
-    pred = predict(model.net, loader, model.task, device)  # as evaluate(), at the given thresholds
-    mask = pred["mask"].astype(bool)
-    res = compute_metrics(model.task, pred["label"], pred["probs"], model.classes, mask=mask, threshold=thresholds)
-    res["ci"] = bootstrap_auc_ci(pred["label"], pred["probs"], model.classes, mask) if len(pred["probs"]) else None
+        return scores_metrics(pred, model.task, model.classes)
+    res = scores_metrics(pred, model.task, model.classes, threshold=thresholds)
     res["thresholds"] = dict(zip(model.classes, thresholds))
     return res
+
+
+def evaluation_figures(model: LoadedModel, scores: dict, res: dict, thresholds: list[float] | None,
+                       folder: str | Path, prefix: str = "") -> dict[str, str]:
+    """The figures of ``fedpartial-evaluate`` (module docstring) as PNG files ``folder/<prefix><name>.png``:
+    ``roc``, ``pr``, ``auc_ci`` from the scores, ``sites`` from the run's ``results.json`` when there is one.
+    Returns ``{name: path}``."""
+    from ..evaluation import scored_mask
+    from ..plots import FIGURE_NAMES, auc_ci_figure, curves_from_scores, final_figures, roc_pr_figures, save_figure
+
+    classes, folder = model.classes, Path(folder)
+    title = f"{model.path.name} on {len(scores['probs'])} images"
+    curves = curves_from_scores(scores["label"], scores["probs"], classes, scored_mask(scores, model.task))
+    ci = ((res.get("ci") or {}).get("auc") or {}).get("per_class") or {}
+    multilabel = model.task == "multilabel"
+    thr = dict(zip(classes, thresholds)) if thresholds is not None and multilabel else {}
+    figs = dict(zip(("roc", "pr"), roc_pr_figures(curves, thr, ci, title, 0.5 if multilabel else None)))
+    figs["auc_ci"] = auc_ci_figure(res, title=title)
+    for path in (model.path.parent / RESULTS_FILE, model.path.parent.parent / RESULTS_FILE):
+        if path.is_file():
+            sites = final_figures(json.loads(path.read_text()), model.path.name).get("sites")
+            if sites is not None:
+                figs["sites"] = sites
+            break
+    return {name: save_figure(fig, folder / f"{prefix}{FIGURE_NAMES[name]}") for name, fig in figs.items()}
 
 
 # ------------------------------------------------------------------------------------------------------------ CLI
@@ -250,6 +283,9 @@ def _parser(prog: str, doc: str, evaluate_mode: bool) -> argparse.ArgumentParser
                             else "adds pred_<class> 0/1 columns (without it: probabilities only)"))
     if evaluate_mode:
         ap.add_argument("--json", help="also write the metrics as JSON to this file")
+        ap.add_argument("--figures", metavar="DIR", help="folder of the figures and evaluation.md (default: the "
+                                                         "--json file's folder, else ./evaluation)")
+        ap.add_argument("--no-figures", action="store_true", help="print the table only")
     else:
         ap.add_argument("-o", "--out", required=True, help="output CSV")
     return ap
@@ -296,12 +332,25 @@ def _evaluate(args) -> None:
     model = _load(args)
     manifest = read_input_manifest(args.manifest, model, args.data_root, args.split, labelled=True)
     thresholds = resolve_thresholds(model, args.thresholds)
-    res = evaluate_manifest(model, manifest, args.batch_size, thresholds)
+    scores = score_manifest(model, manifest, args.batch_size, "evaluate")
+    res = evaluate_manifest(model, manifest, args.batch_size, thresholds, scores=scores)
     if thresholds is not None:
         print(f"thresholded metrics at {dict(zip(model.classes, thresholds))}")
-    print(format_table(res, title=f"{model.path.name} on {args.manifest}" + (f" ({args.split})" if args.split else "")))
+    table = format_table(res, title=f"{model.path.name} on {args.manifest}" + (f" ({args.split})" if args.split else ""))
+    print(table)
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1, default=float))
+    if not args.no_figures:
+        folder = Path(args.figures) if args.figures else (Path(args.json).parent if args.json else Path("evaluation"))
+        prefix = Path(args.manifest).stem + (f"_{args.split}" if args.split else "") + "_"
+        try:
+            figs = evaluation_figures(model, scores, res, thresholds, folder, prefix)
+        except ImportError as e:  # matplotlib is in requirements.txt; a bare install may lack it
+            print(f"(no figures: {e})", file=sys.stderr)
+            return
+        md = folder / f"{prefix}evaluation.md"
+        md.write_text("\n".join(["```", table, "```", ""] + [f"![{name}]({Path(p).name})\n" for name, p in figs.items()]))
+        print(f"figures: {', '.join(figs.values())}; table and figures: {md}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,9 +4,13 @@
 
 ``WS`` is a workspace, run folder or ``results.json``. Besides printing the tables, the per-round validation
 (solid) and test (dashed) macro metrics of the run are drawn to ``results_curves.png`` next to ``results.json``
-(or to ``--plot PATH``); the best-on-validation round is the dotted vertical line. A run whose method sends
-per-class statistics ends with its privacy ledger per site (statistics released, minimum count, privacy scope,
-epsilon spent; see docs/privacy.md).
+(or to ``--plot PATH``); the best-on-validation round is the dotted vertical line. Beside it go the final model's
+figures (the best-on-validation model, else the last; ``fedpartial.plots``): ``results_auc_ci.png`` (per-class
+test AUROC with its bootstrap interval), ``results_site_auc.png`` (each site's test AUROC per class) and, when
+the run kept its pooled test score histogram, ``results_roc.png`` / ``results_pr.png`` (the validation thresholds
+marked); ``results.md`` gets a "Figures" section showing them. A run whose method sends per-class statistics ends
+with its privacy ledger per site (statistics released, minimum count, privacy scope, epsilon spent; see
+docs/privacy.md).
 """
 
 from __future__ import annotations
@@ -16,9 +20,11 @@ import json
 import sys
 from pathlib import Path
 
-from ..fl.results import RESULTS_FILE, render_tables
+from ..fl.results import RESULTS_FILE, TABLE_FILE, render_tables
 
 CURVES_FILE = "results_curves.png"
+FIGURE_PREFIX = "results_"  # the final model's figures: results_auc_ci.png, results_site_auc.png, ...
+FIGURES_HEADING = "## Figures"
 
 
 def find_results(path: Path) -> Path:
@@ -36,6 +42,34 @@ def write_curves(results: dict, path: str | Path, metrics: list[str] | None = No
     from ..tables import run_figure, save_figure
 
     return save_figure(run_figure(results, metrics), path)
+
+
+def write_final_figures(results: dict, folder: str | Path) -> tuple[str | None, dict[str, str]]:
+    """The final model's figures (``fedpartial.plots.write_final_figures``) of the best-on-validation model, else
+    the last, as ``folder/results_<name>.png``. Returns ``(model file, {name: path})``."""
+    from ..fl.keys import BEST_MODEL, LAST_MODEL
+    from ..plots import write_final_figures as write
+
+    for model in (BEST_MODEL, LAST_MODEL):
+        if ((results.get("final") or {}).get(model) or {}).get("test"):
+            return model, write(results, model, folder, FIGURE_PREFIX)
+    return None, {}
+
+
+def add_figures_section(md: Path, images: dict[str, str], model: str | None) -> None:
+    """Append (or replace) ``results.md``'s "Figures" section: the curves and the final model's figures, by
+    relative path."""
+    text = md.read_text() if md.is_file() else ""
+    text = text.split("\n" + FIGURES_HEADING + "\n")[0].rstrip("\n") + "\n"
+    captions = {"curves": "per-round macro metrics (validation solid, test dashed)",
+                "auc_ci": f"{model}: per-class test AUROC with its 95 % bootstrap interval",
+                "sites": f"{model}: test AUROC per site and class",
+                "roc": f"{model}: test ROC curves, validation thresholds marked",
+                "pr": f"{model}: test precision-recall curves, validation thresholds marked"}
+    lines = ["", FIGURES_HEADING, ""]
+    for name, path in images.items():
+        lines += [f"![{captions.get(name, name)}]({Path(path).name})", ""]
+    md.write_text(text + "\n".join(lines))
 
 
 def privacy_table(results: dict) -> str:
@@ -76,7 +110,13 @@ def main(argv: list[str] | None = None) -> int:
         print(ledger + "\n")
     if not a.no_plot:
         try:
-            print(f"curves: {write_curves(results, a.plot or path.parent / CURVES_FILE, a.metrics)}")
+            curves = write_curves(results, a.plot or path.parent / CURVES_FILE, a.metrics)
+            print(f"curves: {curves}")
+            model, figs = write_final_figures(results, Path(curves).parent)
+            if figs:
+                print(f"{model}: {', '.join(figs.values())}")
+            if a.plot is None:  # the figures beside results.md: its "Figures" section shows them
+                add_figures_section(path.parent / TABLE_FILE, {"curves": curves, **figs}, model)
         except ImportError as e:  # matplotlib is in requirements.txt; a bare server install may lack it
             print(f"(no curves: {e})", file=sys.stderr)
         except OSError as e:

@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,20 +65,29 @@ class Mutation:
 
 T_FEDIRM, T_SURGICAL = "tests/test_fedirm.py", "tests/test_surgical.py"
 T_OBJ = "tests/test_objective_terms.py"  # one local step / one aggregation of each method, computed by hand
-T_MLP = (T_OBJ, "tests/test_fedmlp.py")
-T_LSM = (T_OBJ, "tests/test_fedlsm.py")
-_FW = "tests/test_framework.py::"
-T_CMP_SUP = (T_OBJ, _FW + "test_fedprox_term_and_gradient_by_hand", _FW + "test_fedrs_restricted_softmax_by_hand",
-             _FW + "test_moon_contrastive_term_by_hand_and_previous_model_kept_as_site_state")
-T_FPSL = (T_OBJ, "tests/test_fpsl_fixmatch.py")
-T_FEDNORO = (T_OBJ, "tests/test_fednoro.py")
-T_FEDLSR = (T_OBJ, "tests/test_fedlsr.py")
-T_RSCFED = (T_OBJ, "tests/test_rscfed.py")
-T_CBAFED = (T_OBJ, "tests/test_cbafed.py")
-T_FEDPU = (T_OBJ, "tests/test_fedpu.py")
-T_FEDLC = (T_OBJ, "tests/test_fedlc.py")
-T_FEDAVGM = (T_OBJ, "tests/test_fedavgm.py")
-T_MASKED = (T_OBJ, "tests/test_aggregation.py")
+_O, _FW = T_OBJ + "::test_", "tests/test_framework.py::test_"
+T_MLP = (_O + "fedmlp_step_is_wpc_on_annotated_and_pseudo_labels_plus_weighted_consistency_by_hand",
+         _O + "fedmlp_sends_prototypes_of_its_annotated_classes_and_degrees_of_the_trained_model_by_hand",
+         "tests/test_fedmlp.py")
+T_LSM = (_O + "fedlsm_steps_are_pseudo_pool_loss_plus_weighted_ude_with_an_ema_teacher_by_hand",
+         _O + "fedlsm_awpa_rows_by_estimated_class_counts_not_fedavg_by_hand", "tests/test_fedlsm.py")
+T_CMP_SUP = (_O + "fedprox_step_adds_half_mu_times_the_squared_distance_to_the_received_weights_by_hand",
+             _O + "moon_step_adds_mu_times_the_contrastive_term_toward_the_global_and_away_from_the_previous_model",
+             _O + "fedrs_step_scales_the_logits_of_classes_the_site_does_not_hold_by_hand",
+             _FW + "fedprox_term_and_gradient_by_hand", _FW + "fedrs_restricted_softmax_by_hand",
+             _FW + "moon_contrastive_term_by_hand_and_previous_model_kept_as_site_state")
+T_FPSL = (_O + "fpsl_step_weights_the_positives_by_negatives_over_positives_by_hand",
+          _O + "fixmatch_step_adds_lambda_u_times_the_strong_view_loss_on_confident_weak_view_pseudo_labels",
+          "tests/test_fpsl_fixmatch.py")
+T_FEDNORO = (_O + "fednoro_noisy_site_step_blends_la_and_distillation_by_lambda_by_hand", "tests/test_fednoro.py")
+T_FEDLSR = ("tests/test_fedlsr.py",)
+T_RSCFED = ("tests/test_rscfed.py",)
+T_CBAFED = ("tests/test_cbafed.py",)
+T_FEDPU = (_O + "fedpu_step_is_ce_plus_pu_weight_times_the_pu_risk_by_hand", "tests/test_fedpu.py")
+T_FEDLC = (_O + "fedlc_step_subtracts_tau_times_count_to_the_minus_quarter_from_each_logit_by_hand",
+           "tests/test_fedlc.py")
+T_FEDAVGM = (_O + "fedavgm_server_momentum_over_two_rounds_by_hand", "tests/test_fedavgm.py")
+T_MASKED = (_O + "fedavg_masked_rows_over_the_annotating_sites_by_hand", "tests/test_aggregation.py")
 DESELECT = ["tests/test_surgical.py::test_paper_head_for_every_backbone_and_only_the_last_dense_is_the_task_block[densenet121]"]
 
 MUTATIONS = [
@@ -426,6 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--method", help="run only the mutations of this table group (e.g. FedMLP)")
     ap.add_argument("--all-tests", action="store_true", help="run every listed test for each mutation (default: "
                                                                 "stop at the first failing test)")
+    ap.add_argument("--jobs", type=int, default=1, help="mutations tested at once (one pytest process each)")
     args = ap.parse_args(argv)
     names = [m.name for m in MUTATIONS]
     if len(names) != len(set(names)):
@@ -442,31 +453,47 @@ def main(argv: list[str] | None = None) -> int:
         pristine = tmp / "pristine"
         shutil.copytree(REPO / "custom", pristine / "custom", ignore=shutil.ignore_patterns("__pycache__"))
         _check_import(pristine)
-        baseline = {}
-        for test_file in sorted({t.split("::")[0] for m in chosen for t in m.test_args}):
-            rc, failed, total, sec = _run_tests(pristine, (test_file,), tmp / "baseline.xml")
-            (tmp / "baseline.xml").unlink()
+        # the baseline: every listed file (or, for a file listed only by test ids, those tests) on the unmutated copy
+        listed = [t for m in chosen for t in m.test_args]
+        whole = {t for t in listed if "::" not in t}
+        units: dict[str, tuple[str, ...]] = {}
+        for t in dict.fromkeys(listed):
+            f = t.split("::")[0]
+            units[f] = (f,) if f in whole else (*units.get(f, ()), t)
+
+        def check(item: tuple[str, tuple[str, ...]]) -> tuple[str, dict]:
+            f, tests = item
+            xml = tmp / f"baseline-{Path(f).stem}.xml"
+            rc, failed, total, sec = _run_tests(pristine, tests, xml)
             if rc != 0 or failed:
-                raise SystemExit(f"the unmutated code fails {test_file}: {failed}")
-            baseline[test_file] = {"tests": total, "seconds": round(sec, 1)}
-            print(f"baseline {test_file}: {total} tests pass ({sec:.0f} s)", flush=True)
-        for m in chosen:
+                raise SystemExit(f"the unmutated code fails {f}: {failed}")
+            print(f"baseline {f}: {total} tests pass ({sec:.0f} s)", flush=True)
+            return f, {"tests": total, "seconds": round(sec, 1)}
+
+        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+            baseline = dict(pool.map(check, sorted(units.items())))
+
+        def run(m: Mutation) -> dict:
             work = tmp / m.name
             shutil.copytree(pristine, work)
             _apply(work, m.path, m.patches)
             for path, patches in m.extra:
                 _apply(work, path, patches)
             rc, failed, total, sec = _run_tests(work, m.test_args, tmp / f"{m.name}.xml", not args.all_tests)
+            shutil.rmtree(work)
             if rc not in (0, 1) and not failed:  # pytest itself failed (collection, usage): not a verdict
                 raise SystemExit(f"{m.name}: pytest exited {rc} without a failing test")
-            rows.append({"name": m.name, "method": m.group, "what": m.what, "file": m.path, "origin": m.origin,
-                         "tests": list(m.test_args), "caught": bool(failed), "failing": failed, "run": total,
-                         "seconds": round(sec, 1)})
             print(f"{m.name:36s} {'CAUGHT' if failed else 'MISSED'} by {len(failed)} / {total}: {', '.join(failed)}"
                   f" ({sec:.0f} s)", flush=True)
-            shutil.rmtree(work)
+            return {"name": m.name, "method": m.group, "what": m.what, "file": m.path, "origin": m.origin,
+                    "tests": list(m.test_args), "caught": bool(failed), "failing": failed, "run": total,
+                    "seconds": round(sec, 1)}
+
+        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+            rows = list(pool.map(run, chosen))  # in the table's order
     total_s = time.perf_counter() - started
     result = {"command": "python benchmarks/mutation.py" + (" --all-tests" if args.all_tests else "")
+              + (f" --jobs {args.jobs}" if args.jobs != 1 else "")
               + (f" --method {args.method}" if args.method else "")
               + (f" --only {' '.join(args.only)}" if args.only else ""), "first_failure": not args.all_tests,
               "baseline": baseline, "mutations": rows, "caught": sum(r["caught"] for r in rows), "total": len(rows),

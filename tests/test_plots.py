@@ -186,9 +186,12 @@ def test_roc_pr_figures_plot_the_points_and_mark_the_thresholds():
     assert chosen.get_markerfacecolor() != "white"
     default = _line(ax_c, "t=0.50 (default)")  # no threshold chosen: 0.5, an open dot
     assert default.get_markerfacecolor() == "white"
-    assert "AUROC 0.75 [0.60, 0.90]" in ax_a.get_title() and "no positive or no negative" in ax_b.get_title()
+    assert "AUROC 0.75 [0.60, 0.90]" in ax_a.get_title() and "one outcome only" in ax_b.get_title()
     pr_curve = _line(pr.axes[0], "PR")
-    np.testing.assert_allclose(pr_curve.get_ydata(), [1, 1, 0.5, 2 / 3, 0.5])
+    np.testing.assert_allclose(pr_curve.get_xdata(), [0.5, 0.5, 1, 1])
+    np.testing.assert_allclose(pr_curve.get_ydata(), [1, 0.5, 2 / 3, 0.5])
+    exact, _ = roc_pr_figures({"a": c}, auc={"a": 0.8125})  # a binned curve shows the exact AUROC given
+    assert "AUROC 0.81" in exact.axes[0].get_title()
     assert pr.axes[0].get_lines()[0].get_ydata()[0] == pytest.approx(0.5)  # the prevalence line
     single, _ = roc_pr_figures({"a": c}, None, None, default_threshold=None)  # single-label: no dot
     assert [line.get_label() for line in single.axes[0].get_lines()] == ["_child0", "ROC"]

@@ -124,7 +124,8 @@ def _fmt_ci(ci: Sequence[float] | None) -> str:
 
 def roc_pr_figures(curves: Mapping[str, Curve | None], thresholds: Mapping[str, float | None] | None = None,
                    ci: Mapping[str, Sequence[float] | None] | None = None, title: str = "",
-                   default_threshold: float | None = 0.5):
+                   default_threshold: float | None = 0.5, auc: Mapping[str, float | None] | None = None,
+                   note: str = ""):
     """Two figures, ROC and precision-recall, one panel per class (4 per row).
 
     Args:
@@ -133,12 +134,14 @@ def roc_pr_figures(curves: Mapping[str, Curve | None], thresholds: Mapping[str, 
             without one is marked at ``default_threshold`` (an open dot), unless that is None (single-label: the
             argmax decides, no threshold is marked).
         ci: ``{class: [low, high] | None}``: the AUROC's bootstrap interval, shown in the ROC panel's title.
+        auc: ``{class: AUROC}`` shown in the titles instead of the area under ``curves`` (a curve from a score
+            histogram is binned; the exact AUROC comes from the scores).
+        note: said under the title (e.g. that the curves are binned).
 
     Returns:
         ``(roc_figure, pr_figure)``.
     """
-    thresholds = dict(thresholds or {})
-    ci = dict(ci or {})
+    thresholds, ci, auc = dict(thresholds or {}), dict(ci or {}), dict(auc or {})
     figs = []
     for kind in ("roc", "pr"):
         fig, axes = _grid(len(curves))
@@ -146,21 +149,25 @@ def roc_pr_figures(curves: Mapping[str, Curve | None], thresholds: Mapping[str, 
             ax.set_xlim(-0.02, 1.02)
             ax.set_ylim(-0.02, 1.02)
             ax.grid(alpha=0.3)
+            ax.tick_params(labelsize="x-small")
             if cur is None:
-                ax.set_title(f"{name}\n(no positive or no negative)", fontsize="small")
+                ax.set_title(f"{name}\n(one outcome only, or kept at the sites)", fontsize="small")
                 ax.text(0.5, 0.5, "n/a", ha="center", va="center", color="grey", fontsize="large")
                 continue
             if kind == "roc":
                 ax.plot([0, 1], [0, 1], ":", color="grey", linewidth=1)
                 ax.plot(np.r_[0.0, cur.fpr], np.r_[0.0, cur.tpr], color="C0", linewidth=1.6,
-                        drawstyle="default", label="ROC")
+                        marker="." if len(cur.fpr) < 30 else None, label="ROC")
                 ax.set_xlabel("1 - specificity (FPR)", fontsize="small")
                 ax.set_ylabel("sensitivity (TPR)", fontsize="small")
-                ax.set_title(f"{name}\nAUROC {cur.auc:.2f}{_fmt_ci(ci.get(name))}", fontsize="small")
+                value = auc.get(name, cur.auc)
+                value = "n/a" if value is None else f"{value:.2f}"
+                ax.set_title(f"{name}\nAUROC {value}{_fmt_ci(ci.get(name))}", fontsize="small")
             else:
                 prevalence = cur.positives / (cur.positives + cur.negatives)
                 ax.axhline(prevalence, linestyle=":", color="grey", linewidth=1)
-                ax.plot(np.r_[0.0, cur.tpr], np.r_[1.0, cur.precision], color="C1", linewidth=1.6, label="PR")
+                ax.plot(cur.tpr, cur.precision, color="C1", linewidth=1.6,  # (no made-up point at recall 0)
+                        marker="." if len(cur.tpr) < 30 else None, label="PR")
                 ax.set_xlabel("recall (TPR)", fontsize="small")
                 ax.set_ylabel("precision (PPV)", fontsize="small")
                 ax.set_title(f"{name}\nprevalence {prevalence:.2f}", fontsize="small")
@@ -174,11 +181,11 @@ def roc_pr_figures(curves: Mapping[str, Curve | None], thresholds: Mapping[str, 
                         label=f"t={t:.2f}" + ("" if chosen else " (default)"))
                 ax.annotate(f"t={t:.2f}", (x, yv), xytext=(6, -12 if kind == "roc" else 6),
                             textcoords="offset points", fontsize="x-small", color="C3")
-            ax.tick_params(labelsize="x-small")
         what = "ROC curves" if kind == "roc" else "precision-recall curves"
-        marks = "" if default_threshold is None and not thresholds else \
-            " (dot: operating threshold; filled = chosen on validation, open = default)"
-        fig.suptitle(f"{title + ': ' if title else ''}{what}{marks}", fontsize="medium")
+        marks = "" if default_threshold is None and not thresholds else " (dot: operating threshold" + (
+            f"; open: {default_threshold:g} where none was chosen)" if default_threshold is not None else ")")
+        fig.suptitle(f"{title + ': ' if title else ''}{what}{marks}" + (f"\n{note}" if note else ""),
+                     fontsize="medium")
         fig.tight_layout()
         figs.append(fig)
     return figs[0], figs[1]
@@ -312,7 +319,10 @@ def final_figures(results: Mapping, model_file: str, split: str = "test") -> dic
     if hist and res.get("task", "multilabel") == "multilabel":
         thr = ((final.get("thresholds") or {}).get("thresholds")) or {}
         ci = (((res.get("ci") or {}).get("auc") or {}).get("per_class")) or {}
-        figs["roc"], figs["pr"] = roc_pr_figures(curves_from_histogram(hist), thr, ci, title=label)
+        exact = {c: (m or {}).get("auc") for c, m in (res.get("per_class") or {}).items()}
+        figs["roc"], figs["pr"] = roc_pr_figures(
+            curves_from_histogram(hist), thr, ci, title=label, auc=exact,
+            note="curves from the sites' pooled score histograms (bins of 0.1 in logit); AUROC from the sites' scores")
     return figs
 
 

@@ -3,7 +3,8 @@
 
 Works from a checkout without installing the package::
 
-    python admin/fedpartial_admin.py --kit ~/kits/admin@coordinator.org run jobs/fedmlp_ich -o results/
+    python admin/fedpartial_admin.py --kit ~/kits/admin@coordinator.org check jobs/fedmlp_ich
+    python admin/fedpartial_admin.py results results/JOB_ID
 
 See admin/README.md, or ``python admin/fedpartial_admin.py --help``.
 """

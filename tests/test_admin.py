@@ -16,43 +16,6 @@ from fedpartial.data.site_config import (REQUIRE_ENV, SITE_CONFIG_ENV, SiteDataE
 from fedpartial.tools import admin
 
 
-class FakeSession:
-    """What the FLARE API returns for show_stats / get_job_meta while a ScatterAndGather job trains."""
-
-    def __init__(self, server: dict | Exception, clients: dict | Exception, status: str = "RUNNING"):
-        self.server, self.clients, self.status = server, clients, status
-
-    def get_job_meta(self, job_id):
-        return {"job_id": job_id, "name": "fedmlp_ich", "status": self.status}
-
-    def show_stats(self, job_id, target):
-        value = self.server if target == "server" else self.clients
-        if isinstance(value, Exception):
-            raise value
-        return value
-
-
-def test_progress_reports_round_and_site_tasks():
-    sess = FakeSession(
-        {"server": {"ServerRunner": {"job_id": "j1", "status": "started", "workflow": "scatter_and_gather"},
-                    "ScatterAndGather": {"phase": "train", "current_round": 1, "num_rounds": 3}}},
-        {"hospital-1": {"ClientRunner": {"job_id": "j1", "current_tasks": ["train"]}},
-         "hospital-2": {"ClientRunner": {"job_id": "j1", "current_tasks": []}}})
-    p = admin.progress(sess, "j1")
-    assert (p["workflow"], p["round"], p["num_rounds"]) == ("scatter_and_gather", 2, 3)
-    assert admin.format_progress(p) == ("job j1 RUNNING  scatter_and_gather round 2/3  "
-                                        "hospital-1: train, hospital-2: idle")
-
-
-def test_progress_before_the_job_runs_and_after_training():
-    assert admin.format_progress(admin.progress(FakeSession(RuntimeError("no job"), RuntimeError("no job"),
-                                                            "SUBMITTED"), "j2")) == "job j2 SUBMITTED"
-    done = FakeSession({"server": {"ServerRunner": {"workflow": "cross_site_validate"},
-                                   "ScatterAndGather": {"phase": "finished", "current_round": 3, "num_rounds": 3}}},
-                       {})
-    assert admin.format_progress(admin.progress(done, "j3")) == "job j3 RUNNING  cross_site_validate"
-
-
 def test_failure_lines_pick_the_sites_error(tmp_path):
     log = tmp_path / "job" / "workspace" / "log.txt"
     log.parent.mkdir(parents=True)
@@ -67,7 +30,7 @@ def test_failure_lines_pick_the_sites_error(tmp_path):
 
 
 def test_admin_cli_needs_a_kit_and_reads_results_offline(tmp_path, capsys):
-    assert admin.main(["status", "j1"]) == 2
+    assert admin.main(["check", "jobs/fedavg_ich"]) == 2
     assert "--kit" in capsys.readouterr().err
     with pytest.raises(FileNotFoundError, match="not an admin startup kit"):
         admin.open_session(tmp_path)
@@ -76,11 +39,46 @@ def test_admin_cli_needs_a_kit_and_reads_results_offline(tmp_path, capsys):
     (tmp_path / "dl" / "j1" / "workspace").mkdir(parents=True)
     (tmp_path / "dl" / "j1" / "workspace" / "results.json").write_text(json.dumps(res))
     assert admin.main(["results", str(tmp_path / "dl")]) == 0
-    assert "# fedmlp on ich_phantom (unknown), 2 rounds, 1.5 s/round" in capsys.readouterr().out
-    assert admin.main(["results", str(tmp_path / "nothing")]) == 1
-    assert "fedpartial-admin: error: FileNotFoundError: no results.json under" in capsys.readouterr().err
-    assert admin.main(["--kit", str(tmp_path), "list"]) == 1
+    out = capsys.readouterr().out
+    assert "# fedmlp on ich_phantom (unknown), 2 rounds, 1.5 s/round" in out and "error:" not in out
+    # a failed job's download: its error lines first, and no table
+    log = tmp_path / "failed" / "j2" / "workspace" / "log.txt"
+    log.parent.mkdir(parents=True)
+    log.write_text("2026-01-01 10:00:01,000 - DataSummaryProcessor - ERROR - [identity=x, peer=h2] - DATA CHECK "
+                   "FAILED: site 'h2' failed task 'data_summary': SiteDataError: no data\n")
+    assert admin.main(["results", str(tmp_path / "failed")]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("error: DATA CHECK FAILED: site 'h2' failed task 'data_summary'") and \
+        "no results table: no results.json under" in out
+    assert admin.main(["--kit", str(tmp_path), "check", "jobs/fedavg_ich"]) == 1
     assert "not an admin startup kit" in capsys.readouterr().err
+    for gone in ("submit", "status", "wait", "download", "list", "run"):  # NVFlare's own: nvflare job ...
+        with pytest.raises(SystemExit):
+            admin.main(["--kit", str(tmp_path), gone, "x"])
+
+
+def test_without_custom_and_resume_folder_write_the_folder_to_submit(tmp_path):
+    """``without-custom``: the job folder without its apps' code (the non-BYOC way); ``resume-folder``: the same
+    job with ``resume`` on the server's training workflow and the sites' executor, nothing else changed."""
+    from conftest import copy_job
+
+    job = copy_job("fedavg_ich", tmp_path / "job", min_clients=3)
+    assert list(job.rglob("custom/fedpartial"))
+    bare = admin.without_custom(job, tmp_path / "bare")
+    assert not list(bare.rglob("custom")) and (bare / "meta.json").is_file()
+    assert (bare / "app/config/config_fed_server.json").read_text() == \
+        (job / "app/config/config_fed_server.json").read_text()
+    with pytest.raises(FileExistsError):
+        admin.without_custom(job, tmp_path / "bare")
+    resumed = admin.resume_folder(job, tmp_path / "resumed", "job-a")
+    for side in ("server", "client"):
+        before = json.loads((job / f"app/config/config_fed_{side}.json").read_text())
+        after = json.loads((resumed / f"app/config/config_fed_{side}.json").read_text())
+        entries = admin.training_entries(after)
+        assert [e["args"]["resume"] for e in entries] == ["job-a"]
+        for e in entries:
+            del e["args"]["resume"]
+        assert after == before, side
 
 
 def test_real_sites_never_fall_back_to_a_simulated_split(tmp_path, monkeypatch):

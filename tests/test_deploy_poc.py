@@ -4,12 +4,15 @@
 each hospital's data prepared with ``fedpartial-prepare`` and declared in its kit's
 ``local/fedpartial_data.json`` (no ``FEDPARTIAL_REQUIRE_SITE_CONFIG``: real sites never fall back to a simulated
 split); server and sites started with their kits' ``startup/start.sh`` in a temporary HOME; a tiny
-``fedmlp_ich`` submitted with its custom code (BYOC) by the project admin through admin/fedpartial_admin.py,
-followed, downloaded, its results.json checked and ``fedpartial-predict`` run on the downloaded global model.
+``fedmlp_ich`` submitted with its custom code (BYOC) by the project admin with NVFlare's own commands (``nvflare
+job submit``, ``monitor``, ``download`` with the admin's startup kit), its results read with ``fedpartial-admin
+results`` (admin/fedpartial_admin.py), its results.json checked and ``fedpartial-predict`` run on the downloaded
+global model.
 Then: an org admin may not submit custom code; the non-BYOC way (allow-listed installed package) deploys, and a
 site without data configuration stops it with a message naming the site; a hospital killed mid-job (its
 watchdog, client parent and job worker, by PID) does not end a job with ``max_missing_sites`` 1, and a hospital
-down at submission is named to the admin; a resumed job continues its own run only. Every process started here
+down at submission is named to the admin (``fedpartial-admin check``); a resumed job (``fedpartial-admin
+resume``) continues its own run only. Every process started here
 is killed at the end, also when a test fails, and the teardown checks that none is left.
 """
 
@@ -30,8 +33,11 @@ import psutil
 import pytest
 import yaml
 
+from nvflare.apis.job_def import RunStatus
+
 from conftest import REPO
-from fedpartial.tools.admin import FINISHED_OK
+
+FINISHED_OK = RunStatus.FINISHED_COMPLETED.value  # "FINISHED:COMPLETED"
 
 pytestmark = pytest.mark.integration
 
@@ -191,6 +197,28 @@ class Deployment:
                *args]
         return subprocess.run(cmd, env=self.env, cwd=self.root, capture_output=True, text=True, timeout=timeout)
 
+    def nvflare(self, *args: str, user: str = PROJECT_ADMIN, timeout: float = 200) -> subprocess.CompletedProcess:
+        """``nvflare job <args> --startup-kit <user's kit>`` (NVFlare's own job commands, as the docs use them)."""
+        cmd = [sys.executable, "-m", "nvflare.cli", "--connect-timeout", "90", "job", *args, "--startup-kit",
+               str(self.kits / user)]
+        return subprocess.run(cmd, env=self.env, cwd=self.root, capture_output=True, text=True, timeout=timeout)
+
+    def submit(self, job: Path, user: str = PROJECT_ADMIN) -> tuple[subprocess.CompletedProcess, str | None]:
+        """``nvflare job submit -j JOB``: the process and the job id it printed (``job_id: <id>``)."""
+        proc = self.nvflare("submit", "-j", str(job), user=user, timeout=120)
+        found = re.search(r"^job_id: (\S+)$", proc.stdout, re.M)
+        return proc, found.group(1) if found else None
+
+    def follow(self, job_id: str, out: Path, timeout: int = 200) -> tuple[int, str]:
+        """``nvflare job monitor`` until the job ends, ``nvflare job download -o OUT``, ``fedpartial-admin results
+        OUT/<job id>``: the monitor's exit status and everything the three printed."""
+        monitor = self.nvflare("monitor", job_id, "--timeout", str(timeout), "--interval", "1", "--stats-target",
+                               "all", timeout=timeout + 60)
+        download = self.nvflare("download", job_id, "-o", str(out), timeout=120)
+        assert download.returncode == 0, download.stdout + download.stderr
+        shown = self.admin("results", str(out / job_id))
+        return monitor.returncode, "\n".join(p.stdout + p.stderr for p in (monitor, download, shown))
+
     def stop(self) -> list[int]:
         """Kill every process group started here and every process of this root (job processes run in their own
         sessions); returns the pids still alive afterwards (must be none)."""
@@ -239,17 +267,16 @@ def _tiny_job(dest: Path, name: str, rounds: int) -> Path:
 
 
 def test_submit_follow_download_predict(deployment):
+    """NVFlare's ``nvflare job submit / monitor / download`` with the project admin's kit, then ``fedpartial-admin
+    results`` (what the docs say to run)."""
     dep, t0 = deployment, time.time()
     out = dep.root / "results"
-    proc = dep.admin("run", str(dep.job), "-o", str(out), "--timeout", "150", "--poll", "1")
-    log = proc.stdout + proc.stderr
+    proc, job_id = dep.submit(dep.job)
+    assert proc.returncode == 0 and job_id, proc.stdout + proc.stderr
+    rc, log = dep.follow(job_id, out, timeout=150)
     print(log)
-    assert proc.returncode == 0, log
-    assert f"ended: {FINISHED_OK}" in log
-    # the admin script followed the job: the training workflow's round and every site's current task (polled
-    # every second: a 2-second round can fall between two polls, so not every round need show)
-    assert re.search(r"scatter_and_gather round [12]/2 ", log), log
-    assert all(re.search(rf"{site}: [a-z_+]+", log) for site in HOSPITALS), log
+    assert rc == 0 and FINISHED_OK in log, log
+    assert "status: RUNNING" in log, log  # the monitor's progress lines
 
     results = json.loads(next(out.rglob("results.json")).read_text())
     assert results["method"] == "fedmlp" and results["num_rounds"] == 2
@@ -258,7 +285,7 @@ def test_submit_follow_download_predict(deployment):
     # the hospitals share one test.csv here: it is scored once, by the first of them
     assert final["sites"] == sorted(HOSPITALS)[:1] and 0.0 <= final["test"]["macro"]["auc"] <= 1.0
     assert results["data"]["shared_eval_sets"]["test"] == [sorted(HOSPITALS)]
-    assert re.search(r"FL_global_model\S* on test[^\n]*\nclass +BACC +AUC", log), log  # the table the script prints
+    assert re.search(r"FL_global_model\S* on test[^\n]*\nclass +BACC +AUC", log), log  # fedpartial-admin results
 
     # the downloaded global model predicts on the test manifest with the training preprocessing
     csv = dep.root / "pred.csv"
@@ -274,9 +301,9 @@ def test_submit_follow_download_predict(deployment):
 
 
 def test_org_admin_may_not_submit_custom_code(deployment):
-    proc = deployment.admin("submit", str(deployment.job), user="admin@hospital1.org", timeout=60)
+    proc, job_id = deployment.submit(deployment.job, user="admin@hospital1.org")
     log = proc.stdout + proc.stderr
-    assert proc.returncode == 1 and "fedpartial-admin: error:" in log and "not authorized" in log.lower(), log
+    assert proc.returncode != 0 and job_id is None and "authoriz" in log.lower(), log
 
 
 def test_installed_package_site_without_data_config_fails_naming_the_site(deployment):
@@ -289,20 +316,23 @@ def test_installed_package_site_without_data_config_fails_naming_the_site(deploy
     kits = [str(dep.kits / p) for p in ["localhost", *HOSPITALS]]
     subprocess.run([sys.executable, "-m", "fedpartial.tools.allow_list", *kits, "--jobs", str(job)], check=True,
                    env=dep.env, capture_output=True)
+    bare = dep.admin("without-custom", str(job), str(dep.root / "jobs" / "fedmlp_ich_bare"))
+    assert bare.returncode == 0, bare.stdout + bare.stderr
     cfg = dep.kits / "hospital-2" / "local" / "fedpartial_data.json"
     cfg.rename(cfg.with_suffix(".bak"))
     try:
-        proc = dep.admin("run", str(job), "--without-custom", "-o", str(dep.root / "results_bad"),
-                         "--timeout", "120", "--poll", "1")
+        proc, job_id = dep.submit(Path(bare.stdout.strip()))
+        assert proc.returncode == 0 and job_id, proc.stdout + proc.stderr
+        rc, log = dep.follow(job_id, dep.root / "results_bad", timeout=120)
     finally:
         cfg.with_suffix(".bak").rename(cfg)
-    log = proc.stdout + proc.stderr
     print(log)
-    assert proc.returncode == 1, log
+    assert rc == 1, log
     assert "site 'hospital-2' has no data configured for dataset 'ich_phantom'" in log, log
     assert "hospital-2/local/fedpartial_data.json" in log  # where to put it
-    assert "ended: FINISHED:EXECUTION_EXCEPTION" in log
-    assert "round 1/1" not in log  # stopped before any training
+    assert "FINISHED:EXECUTION_EXCEPTION" in log
+    trained = [json.loads(f.read_text()).get("rounds") for f in (dep.root / "results_bad").rglob("results.json")]
+    assert not any(trained), trained  # stopped before any training
     # the message comes from fedpartial's executor at hospital-2 and its data check on the server: both were
     # built from the installed, allow-listed package (refused classes would end with an UnsafeComponentError)
     assert "DATA CHECK FAILED: site 'hospital-2' failed task 'data_summary': SiteDataError" in log, log
@@ -332,19 +362,46 @@ def test_recipe_runs_on_the_federation(deployment):
 
 
 # ------------------------------------------------------------------------------------------ faults
-def wait_round(sess, job_id: str, rnd: int, timeout: float = 300) -> float:
-    """Seconds until job ``job_id`` trains round ``rnd`` (1-based, as the admin shows it) or later."""
-    from fedpartial.tools.admin import progress
+def training_round(sess, job_id: str) -> int | None:
+    """The round (1-based) job ``job_id``'s training workflow is in, from the server's stats (None outside
+    training)."""
+    try:
+        server = (sess.show_stats(job_id, "server") or {}).get("server") or {}
+    except Exception:  # noqa: BLE001 - no stats before the job is deployed / after it ended
+        return None
+    for group in server.values():  # ScatterAndGather: phase / current_round (0-based)
+        if isinstance(group, dict) and group.get("phase") == "train" and group.get("current_round") is not None:
+            return int(group["current_round"]) + 1
+    return None
 
+
+def wait_round(sess, job_id: str, rnd: int, timeout: float = 300) -> float:
+    """Seconds until job ``job_id`` trains round ``rnd`` (1-based) or later."""
     t0 = time.time()
     while time.time() - t0 < timeout:
-        p = progress(sess, job_id)
-        if p["round"] is not None and p["round"] >= rnd:
+        now = training_round(sess, job_id)
+        if now is not None and now >= rnd:
             return time.time() - t0
-        if str(p["status"]).startswith("FINISHED"):
-            raise RuntimeError(f"job {job_id} ended before round {rnd}: {p['status']}")
+        status = sess.get_job_meta(job_id).get("status")
+        if str(status).startswith("FINISHED"):
+            raise RuntimeError(f"job {job_id} ended before round {rnd}: {status}")
         time.sleep(1)
     raise TimeoutError(f"job {job_id} did not reach round {rnd} in {timeout} s")
+
+
+def wait_job(sess, job_id: str, timeout: float) -> dict:
+    """The job's meta once it ended (FLARE API)."""
+    from nvflare.fuel.flare_api.api_spec import MonitorReturnCode
+
+    rc, meta = sess.monitor_job_and_return_job_meta(job_id, timeout=timeout, poll_interval=1.0)
+    if rc == MonitorReturnCode.TIMEOUT:
+        raise TimeoutError(f"job {job_id} did not finish within {timeout:.0f} s")
+    return meta
+
+
+def download_job(sess, job_id: str, dest: Path) -> Path:
+    """The job's downloaded result folder ``dest/<job id>`` (FLARE API)."""
+    return Path(sess.download_job_result(job_id, str(dest.resolve())))
 
 
 def wait_clients(sess, names: list[str], present: bool = True, timeout: float = 120) -> float:
@@ -409,14 +466,14 @@ def test_a_hospital_killed_mid_job_does_not_end_it(deployment):
     one), the final evaluation runs without it, and fedpartial-admin shows the result DEGRADED with the reasons. A job
     submitted while hospital-3 is down: the admin is told which hospital is not connected, and the class only
     hospital-3 annotates stops the data check under the default policy (class_without_annotator: stop)."""
-    from fedpartial.tools.admin import download, open_session, submit, wait
+    from fedpartial.tools.admin import open_session
 
     dep = deployment
     job = tolerant_job(dep.root / "jobs", "fedmlp_dead_hospital", rounds=5, local_steps=20)
     sess = open_session(dep.kits / PROJECT_ADMIN, timeout=90)
     try:
         wait_clients(sess, HOSPITALS)  # meta.json min_clients 2: a job submitted earlier would start without one
-        jid = submit(sess, job)
+        jid = sess.submit_job(str(job))
         wait_round(sess, jid, 2)
         procs = participant_processes(dep.kits / "hospital-3")
         assert len(procs["watchdog"]) == 1 and len(procs["parent"]) == 1 and len(procs["worker"]) == 1, procs
@@ -424,10 +481,10 @@ def test_a_hospital_killed_mid_job_does_not_end_it(deployment):
         t_kill = time.time()
         assert kill_pids([p for pids in procs.values() for p in pids]) == []
         assert participant_processes(dep.kits / "hospital-3") == {"watchdog": [], "parent": [], "worker": []}
-        meta = wait(sess, jid, timeout=300, echo=None)
+        meta = wait_job(sess, jid, timeout=300)
         print(f"hospital-3 killed -> job {meta['status']} {time.time() - t_kill:.1f} s later")
         assert meta["status"] == FINISHED_OK, meta
-        path = download(sess, jid, dep.root / "results_dead")
+        path = download_job(sess, jid, dep.root / "results_dead")
         res = json.loads(next(path.rglob("results.json")).read_text())
         assert res["rounds"][0]["sites"] == HOSPITALS and res["rounds"][0]["missing"] == []
         assert res["rounds"][-1]["missing"] == ["hospital-3"] and "hospital-3" not in res["rounds"][-1]["sites"]
@@ -444,12 +501,15 @@ def test_a_hospital_killed_mid_job_does_not_end_it(deployment):
 
         # submitted while hospital-3 is down
         wait_clients(sess, ["hospital-3"], present=False, timeout=90)  # no heartbeat for 75 s
-        proc = dep.admin("run", str(job), "--sites", ",".join(HOSPITALS), "-o", str(dep.root / "results_down"),
-                         "--timeout", "150", "--poll", "1")
-        out = proc.stdout + proc.stderr
-        print(out)
+        check = dep.admin("check", str(job), "--sites", ",".join(HOSPITALS))
+        out = check.stdout + check.stderr
         assert "warning: 2 of the job's 3 site(s) are connected (hospital-1, hospital-2); not connected: hospital-3" in out
-        assert proc.returncode == 1, out
+        assert check.returncode == 0 and "can start" in out, out  # max_missing_sites 1: NVFlare starts it
+        proc, down_id = dep.submit(job)
+        assert proc.returncode == 0 and down_id, proc.stdout + proc.stderr
+        rc, out = dep.follow(down_id, dep.root / "results_down", timeout=150)
+        print(out)
+        assert rc == 1, out
         assert ("are annotated by no site present (hospital-1, hospital-2; sites absent from this job may annotate "
                 "them) (class_without_annotator: stop;") in out, out
     finally:
@@ -464,7 +524,7 @@ def test_resume_continues_its_own_run_only(deployment):
     """Job A is aborted in round 3; run B of the same job folder (another seed, 2 rounds) completes; `resume A`
     continues A's run from A's checkpoint (its rounds carry A's validation scores, not B's), and resuming A with
     B's configuration is refused with a message naming the difference."""
-    from fedpartial.tools.admin import download, open_session, submit, wait
+    from fedpartial.tools.admin import open_session
 
     dep = deployment
     folder = _tiny_job(dep.root / "jobs", "fedmlp_resume", rounds=4)
@@ -473,35 +533,41 @@ def test_resume_continues_its_own_run_only(deployment):
     sess = open_session(dep.kits / PROJECT_ADMIN, timeout=90)
     try:
         wait_clients(sess, HOSPITALS)
-        a = submit(sess, folder)
+        a = sess.submit_job(str(folder))
         wait_round(sess, a, 3)
         sess.abort_job(a)
-        wait(sess, a, timeout=120, echo=None)
-        res_a = json.loads(next(download(sess, a, dep.root / "res_a").rglob("results.json")).read_text())
+        wait_job(sess, a, timeout=120)
+        res_a = json.loads(next(download_job(sess, a, dep.root / "res_a").rglob("results.json")).read_text())
         cfg_b = json.loads(json.dumps(cfg_a))
         cfg_b["executors"][0]["executor"]["args"]["seed"] = 1
         client.write_text(json.dumps(cfg_b))
         server = folder / "app" / "config" / "config_fed_server.json"
         server_cfg = server.read_text()
         server.write_text(server_cfg.replace('"num_rounds": 4', '"num_rounds": 2'))
-        b = submit(sess, folder)  # B: the same folder, 2 rounds, another seed
+        b = sess.submit_job(str(folder))  # B: the same folder, 2 rounds, another seed
         server.write_text(server_cfg)
-        assert wait(sess, b, timeout=200, echo=None)["status"] == FINISHED_OK
-        res_b = json.loads(next(download(sess, b, dep.root / "res_b").rglob("results.json")).read_text())
+        assert wait_job(sess, b, timeout=200)["status"] == FINISHED_OK
+        res_b = json.loads(next(download_job(sess, b, dep.root / "res_b").rglob("results.json")).read_text())
     finally:
         sess.close()
     ckpts = dep.kits / "localhost" / "fedpartial_checkpoints" / "fedmlp_ich"
     assert (ckpts / a / "server" / "checkpoint.pt").is_file() and (ckpts / b / "server" / "checkpoint.pt").is_file()
 
-    refused = dep.admin("resume", a, str(folder), "-o", str(dep.root / "res_refused"), "--timeout", "120")
-    out = refused.stdout + refused.stderr
-    assert refused.returncode == 1 and f"job {a} ran another configuration" in out, out
+    def resume(out: Path, timeout: int) -> tuple[int, str]:
+        """``fedpartial-admin resume A FOLDER`` (prints the new job's id and the commands to follow it), then
+        NVFlare's monitor / download and ``fedpartial-admin results``."""
+        proc = dep.admin("resume", a, str(folder))
+        submitted = re.search(r"\(resuming job \S+\) as job (\S+)", proc.stdout)
+        assert proc.returncode == 0 and submitted, proc.stdout + proc.stderr
+        assert f"nvflare job monitor {submitted.group(1)} --startup-kit" in proc.stdout
+        return dep.follow(submitted.group(1), out, timeout=timeout)
+
+    rc, out = resume(dep.root / "res_refused", 120)
+    assert rc == 1 and f"job {a} ran another configuration" in out, out
 
     client.write_text(json.dumps(cfg_a))
-    resumed = dep.admin("resume", a, str(folder), "-o", str(dep.root / "res_resumed"), "--timeout", "200",
-                        "--poll", "1")
-    out = resumed.stdout + resumed.stderr
-    assert resumed.returncode == 0, out
+    rc, out = resume(dep.root / "res_resumed", 200)
+    assert rc == 0, out
     res = json.loads(next((dep.root / "res_resumed").rglob("results.json")).read_text())
     log = next((dep.root / "res_resumed").rglob("log.txt")).read_text(errors="replace")
     done = re.search(r"resuming from the checkpoint of round (\d+) of job (\S+)", log)

@@ -1,31 +1,28 @@
-"""Drive a provisioned (or POC) NVFlare deployment from an admin's startup kit, over the FLARE API.
+"""What NVFlare 2.9's own tools lack for a fedpartial federation: resuming a job's run, the site check before a
+job goes out, and the results / failure summary of a downloaded job. Submitting, following, downloading and
+listing jobs are NVFlare's (``nvflare job submit | monitor | wait | download | list``, or ``ProdEnv`` from a
+recipe)::
 
-::
-
-    fedpartial-admin --kit ADMIN_KIT run jobs/fedmlp_ich -o results/   # submit, follow, download, print results
-    fedpartial-admin --kit ADMIN_KIT submit jobs/fedmlp_ich            # prints the job id (and missing sites)
-    fedpartial-admin --kit ADMIN_KIT submit --without-custom JOB       # for sites that allow-list the package
-    fedpartial-admin --kit ADMIN_KIT status JOB_ID                     # job status, round, per-site task
-    fedpartial-admin --kit ADMIN_KIT wait JOB_ID [--timeout S]         # follow until the job ends
-    fedpartial-admin --kit ADMIN_KIT download JOB_ID -o results/       # the job's server workspace
-    fedpartial-admin --kit ADMIN_KIT list                              # the server's jobs
-    fedpartial-admin results results/JOB_ID                            # the results table (no server needed)
-    fedpartial-admin --kit ADMIN_KIT resume JOB_ID jobs/fedmlp_ich -o results/  # continue job JOB_ID's run
-    fedpartial-admin resume-folder jobs/fedmlp_ich /tmp/fedmlp_ich_resume  # resume on (simulator: same job id)
+    fedpartial-admin --kit ADMIN_KIT check jobs/fedmlp_ich             # which of the job's sites are connected
+    nvflare job submit -j jobs/fedmlp_ich --startup-kit ADMIN_KIT     # prints job_id: <id>
+    nvflare job monitor JOB_ID --startup-kit ADMIN_KIT                # follow it
+    nvflare job download JOB_ID -o results/ --startup-kit ADMIN_KIT   # -> results/JOB_ID/
+    fedpartial-admin results results/JOB_ID                           # DEGRADED / error lines, results table
+    fedpartial-admin --kit ADMIN_KIT resume JOB_ID jobs/fedmlp_ich    # continue job JOB_ID's run: the new job id
+    fedpartial-admin resume-folder jobs/fedmlp_ich DEST [--job-id ID]  # the folder a resume submits (offline)
+    fedpartial-admin without-custom jobs/fedmlp_ich DEST              # a copy without app custom/ code (offline)
 
 A server restart loses a running NVFlare 2.9 job. Every round the server and each site checkpoint what the job
 needs under the job's id (``fedpartial.fl.checkpoint``); ``resume JOB_ID FOLDER`` submits the job folder again
 with ``resume: "JOB_ID"`` on both sides, so it continues that run at the round after its last checkpoint, with
 the method's server and site state, and its results hold the earlier rounds too. The server refuses (the job
-stops before training, and ``resume`` prints why) a job id without checkpoints, or a folder whose configuration
-is not the one that job ran. The stuck old job can be left alone (or removed from the job store by the
-operator: ``nvflare`` cannot abort it after a restart).
+stops before training; ``results`` of the downloaded job prints why) a job id without checkpoints, or a folder
+whose configuration is not the one that job ran. The stuck old job can be left alone (or removed from the job
+store by the operator: ``nvflare`` cannot abort it after a restart).
 
 ``ADMIN_KIT`` is the admin user's provisioned folder (the one holding ``startup/fed_admin.json``); the user
-name defaults to the folder's name (``admin@coordinator.org``). Everything here is a thin layer over
-``nvflare.fuel.flare_api`` (``new_secure_session``, ``submit_job``, ``show_stats``,
-``monitor_job_and_return_job_meta``, ``download_job_result``); exit codes: 0 when the job finished normally,
-1 when it ended otherwise (failed, aborted, timed out), 2 for usage errors.
+name defaults to the folder's name (``admin@coordinator.org``). Exit codes: 0 done (``check``: the job can
+start), 1 refused or failed (``check``: too few sites connected for NVFlare to start the job), 2 usage errors.
 """
 
 from __future__ import annotations
@@ -37,15 +34,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
-
-from nvflare.apis.job_def import RunStatus
 
 from ..fl.results import render_tables
 from ..job_layout import training_entries
 from .show_results import find_results
-
-FINISHED_OK = RunStatus.FINISHED_COMPLETED.value  # "FINISHED:COMPLETED"
 
 
 def open_session(kit: str | Path, user: str | None = None, timeout: float = 30.0):
@@ -56,23 +48,6 @@ def open_session(kit: str | Path, user: str | None = None, timeout: float = 30.0
     if not (kit / "startup" / "fed_admin.json").is_file():
         raise FileNotFoundError(f"{kit} is not an admin startup kit (no startup/fed_admin.json)")
     return new_secure_session(user or kit.name, str(kit), timeout=timeout)
-
-
-def submit(sess, job_dir: str | Path, without_custom: bool = False) -> str:
-    """Submit a job folder (``meta.json`` + apps); returns the job id.
-
-    ``without_custom``: submit a copy without the apps' ``custom/`` code, for participants that installed the
-    package and allow its classes (``fedpartial-allow-list``) instead of accepting custom code (BYOC).
-    """
-    job_dir = Path(job_dir).resolve()
-    if not (job_dir / "meta.json").is_file():
-        raise FileNotFoundError(f"{job_dir} is not an NVFlare job folder (no meta.json)")
-    if not without_custom:
-        return sess.submit_job(str(job_dir))
-    with tempfile.TemporaryDirectory() as tmp:
-        copy = Path(tmp) / job_dir.name
-        shutil.copytree(job_dir, copy, ignore=lambda d, names: ["custom"] if (Path(d) / "config").is_dir() else [])
-        return sess.submit_job(str(copy))
 
 
 def resume_folder(job_dir: str | Path, dest: str | Path, job_id: str | bool = True) -> Path:
@@ -96,79 +71,6 @@ def resume_folder(job_dir: str | Path, dest: str | Path, job_id: str | bool = Tr
         shutil.rmtree(dest)
         raise ValueError(f"{job_dir}: no fedpartial training workflow and executor to resume")
     return dest
-
-
-def _stats(sess, job_id: str, target: str) -> dict:
-    try:
-        return sess.show_stats(job_id, target) or {}
-    except Exception:  # noqa: BLE001 - no stats before the job is deployed / after it ended
-        return {}
-
-
-def progress(sess, job_id: str, job_meta: dict | None = None) -> dict:
-    """Job status, the running server workflow, the training round and each site's current tasks.
-
-    Returns ``{"job_id", "name", "status", "workflow", "round", "num_rounds", "sites": {site: [tasks]}}`` with
-    ``round`` 1-based while a ScatterAndGather-style workflow trains (None otherwise, or before the job runs).
-    """
-    meta = job_meta or sess.get_job_meta(job_id)
-    out = {"job_id": job_id, "name": meta.get("name"), "status": meta.get("status"), "workflow": None,
-           "round": None, "num_rounds": None, "sites": {}}
-    server = _stats(sess, job_id, "server").get("server") or {}
-    out["workflow"] = (server.get("ServerRunner") or {}).get("workflow")
-    for group in server.values():  # the workflow's own stats group (ScatterAndGather: phase / round)
-        if isinstance(group, dict) and group.get("current_round") is not None and group.get("phase") == "train":
-            out["round"], out["num_rounds"] = int(group["current_round"]) + 1, group.get("num_rounds")
-    for site, info in sorted(_stats(sess, job_id, "client").items()):
-        runner = info.get("ClientRunner") if isinstance(info, dict) else None
-        if isinstance(runner, dict):
-            out["sites"][site] = list(runner.get("current_tasks") or [])
-    return out
-
-
-def format_progress(p: dict) -> str:
-    """One line: ``job 1234 RUNNING  scatter_and_gather round 2/3  hospital-1: train, hospital-2: idle``."""
-    line = f"job {p['job_id']} {p['status']}"
-    if p.get("workflow"):
-        line += f"  {p['workflow']}"
-    if p.get("round") is not None:
-        line += f" round {p['round']}" + (f"/{p['num_rounds']}" if p.get("num_rounds") is not None else "")
-    if p.get("sites"):
-        line += "  " + ", ".join(f"{s}: {'+'.join(t) or 'idle'}" for s, t in p["sites"].items())
-    return line
-
-
-def wait(sess, job_id: str, timeout: float = 0.0, poll: float = 2.0,
-         echo: Callable[[str], None] | None = print) -> dict:
-    """Follow a job until it ends, echoing a progress line whenever it changes; returns the final job meta.
-
-    Raises:
-        TimeoutError: the job did not end within ``timeout`` seconds (0 = no limit).
-    """
-    from nvflare.fuel.flare_api.api_spec import MonitorReturnCode
-
-    last = [None]
-
-    def cb(session, jid, job_meta):
-        if echo is not None:
-            line = format_progress(progress(session, jid, job_meta))
-            if line != last[0]:
-                echo(f"{time.strftime('%H:%M:%S')} {line}")
-                last[0] = line
-        return True
-
-    rc, meta = sess.monitor_job_and_return_job_meta(job_id, timeout=timeout, poll_interval=poll, cb=cb)
-    if rc == MonitorReturnCode.TIMEOUT:
-        raise TimeoutError(f"job {job_id} did not finish within {timeout:.0f} s")
-    return meta
-
-
-def download(sess, job_id: str, dest: str | Path) -> Path:
-    """Download the job's result (the server's run folder: models, ``results.json``, logs) into ``dest/<job_id>``."""
-    path = sess.download_job_result(job_id, str(Path(dest).resolve()))
-    if not path or not Path(path).exists():
-        raise RuntimeError(f"the server returned no result for job {job_id} (location: {path})")
-    return Path(path)
 
 
 def failure_lines(path: str | Path, limit: int = 5) -> list[str]:
@@ -258,6 +160,29 @@ def site_check(job_dir: str | Path, connected: list[str], expected: list[str] | 
     return lines
 
 
+def without_custom(job_dir: str | Path, dest: str | Path) -> Path:
+    """A copy of the job folder ``job_dir`` at ``dest`` without its apps' ``custom/`` code, for participants that
+    installed the package and allow its classes (``fedpartial-allow-list``) instead of accepting custom code."""
+    job_dir, dest = Path(job_dir).resolve(), Path(dest)
+    if not (job_dir / "meta.json").is_file():
+        raise FileNotFoundError(f"{job_dir} is not an NVFlare job folder (no meta.json)")
+    if dest.exists():
+        raise FileExistsError(f"{dest} exists; choose a new folder")
+    shutil.copytree(job_dir, dest, ignore=lambda d, names: ["custom"] if (Path(d) / "config").is_dir() else [])
+    return dest
+
+
+def summary_text(path: str | Path) -> tuple[str, bool]:
+    """What ``results`` prints for a downloaded job: its error lines (``error: ...``, when the job failed or a
+    site's task did), the reasons it is degraded and its results table; and whether a ``results.json`` was
+    found."""
+    errors = "".join(f"error: {line}\n" for line in failure_lines(path))
+    try:
+        return errors + results_text(path), True
+    except FileNotFoundError as e:
+        return errors + f"no results table: {e}", False
+
+
 # ------------------------------------------------------------------------------------------------------------ CLI
 
 def build_parser() -> argparse.ArgumentParser:
@@ -268,107 +193,78 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--connect-timeout", type=float, default=30.0, help="seconds to wait for the server")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sites_help = "comma-separated names of the job's sites, to name those not connected (default: meta.json's)"
-    p = sub.add_parser("submit", help="submit a job folder, print its id")
+    p = sub.add_parser("check", help="which of a job folder's sites are connected, and whether NVFlare will start it")
+    p.add_argument("job")
+    p.add_argument("--sites", help=sites_help)
+    p = sub.add_parser("results", help="a downloaded job's error lines, DEGRADED reasons and results table (offline)")
+    p.add_argument("path")
+    p = sub.add_parser("resume", help="submit the job folder again continuing job JOB_ID's run from its last "
+                                      "checkpoint; prints the new job id")
+    p.add_argument("job_id", help="the job whose run to continue (its checkpoints are kept under its id)")
     p.add_argument("job")
     p.add_argument("--sites", help=sites_help)
     p.add_argument("--without-custom", action="store_true", help="leave the apps' custom/ code out (non-BYOC)")
-    p = sub.add_parser("status", help="job status, round and per-site task")
-    p.add_argument("job_id")
-    p = sub.add_parser("wait", help="follow a job until it ends")
-    p.add_argument("job_id")
-    p.add_argument("--timeout", type=float, default=0.0, help="seconds (0 = no limit)")
-    p.add_argument("--poll", type=float, default=2.0, help="seconds between polls")
-    p = sub.add_parser("download", help="download a job's result")
-    p.add_argument("job_id")
-    p.add_argument("-o", "--out", default="results", help="destination folder (default: results)")
-    sub.add_parser("list", help="list the server's jobs")
-    p = sub.add_parser("results", help="print the results table of a downloaded job (offline)")
-    p.add_argument("path")
-    for name, text in (("run", "submit, follow, download and print the results table"),
-                       ("resume", "submit the job folder again continuing job JOB_ID's run from its last checkpoint, "
-                                  "follow, download")):
-        p = sub.add_parser(name, help=text)
-        if name == "resume":
-            p.add_argument("job_id", help="the job whose run to continue (its checkpoints are kept under its id)")
-        p.add_argument("job")
-        p.add_argument("--sites", help=sites_help)
-        p.add_argument("--without-custom", action="store_true", help="leave the apps' custom/ code out (non-BYOC)")
-        p.add_argument("-o", "--out", default="results", help="destination folder (default: results)")
-        p.add_argument("--timeout", type=float, default=0.0, help="seconds (0 = no limit)")
-        p.add_argument("--poll", type=float, default=2.0, help="seconds between polls")
     p = sub.add_parser("resume-folder", help="write the job folder with resume on (offline, e.g. for the simulator)")
     p.add_argument("job")
     p.add_argument("dest")
     p.add_argument("--job-id", default=True, help="the job whose run to continue (default: the same job id, as in "
                                                   "the simulator)")
+    p = sub.add_parser("without-custom", help="write a copy of a job folder without its apps' custom/ code (offline)")
+    p.add_argument("job")
+    p.add_argument("dest")
     return ap
-
-
-def _finish(sess, job_id: str, meta: dict, out: str) -> int:
-    status = meta.get("status")
-    print(f"job {job_id} ended: {status}")
-    path = download(sess, job_id, out)
-    print(f"downloaded to {path}")
-    if status != FINISHED_OK:
-        for line in failure_lines(path):
-            print(f"error: {line}")
-    try:
-        print(results_text(path))
-    except FileNotFoundError as e:
-        print(f"no results table: {e}", file=sys.stderr)
-    return 0 if status == FINISHED_OK else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.cmd not in ("results", "resume-folder") and not args.kit:
+    if args.cmd in ("check", "resume") and not args.kit:
         print("fedpartial-admin: --kit ADMIN_STARTUP_KIT is required for this command", file=sys.stderr)
         return 2
     try:
         if args.cmd == "results":
-            print(results_text(args.path))
-            return 0
+            text, found = summary_text(args.path)
+            print(text)
+            return 0 if found else 1
         if args.cmd == "resume-folder":
             print(resume_folder(args.job, args.dest, args.job_id))
             return 0
-        return _run_command(args)
+        if args.cmd == "without-custom":
+            print(without_custom(args.job, args.dest))
+            return 0
+        return _online(args)
     except Exception as e:  # noqa: BLE001 - FLARE API errors (refused, not authorized, no server) end here
         print(f"fedpartial-admin: error: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
 
 
-def _run_command(args) -> int:
+def _check(sess, job: str, sites: str | None) -> bool:
+    """Print the site check's lines; False when NVFlare would keep the job waiting (too few sites connected)."""
+    try:
+        lines = site_check(job, connected_sites(sess), sites.split(",") if sites else None)
+    except Exception as e:  # noqa: BLE001 - e.g. a user who may not list the sites: the submit decides
+        lines = [f"warning: could not check the connected sites ({type(e).__name__}: {e})"]
+    for line in lines:
+        print(line, file=sys.stderr, flush=True)
+    return not any("keeps it SUBMITTED" in line for line in lines)
+
+
+def _online(args) -> int:
     sess = open_session(args.kit, args.user, args.connect_timeout)
     try:
-        if args.cmd in ("submit", "run", "resume"):
-            try:
-                lines = site_check(args.job, connected_sites(sess), args.sites.split(",") if args.sites else None)
-            except Exception as e:  # noqa: BLE001 - e.g. a user who may not list the sites: the submit decides
-                lines = [f"warning: could not check the connected sites ({type(e).__name__}: {e})"]
-            for line in lines:
-                print(line, file=sys.stderr, flush=True)
-        if args.cmd == "submit":
-            print(submit(sess, args.job, args.without_custom))
-        elif args.cmd == "status":
-            print(format_progress(progress(sess, args.job_id)))
-        elif args.cmd == "list":
-            for j in sess.list_jobs():
-                print(f"{j.get('job_id')}  {j.get('job_name') or j.get('name')}  {j.get('status')}  "
-                      f"{j.get('submit_time') or ''}")
-        elif args.cmd == "wait":
-            meta = wait(sess, args.job_id, args.timeout, args.poll)
-            print(f"job {args.job_id} ended: {meta.get('status')}")
-            return 0 if meta.get("status") == FINISHED_OK else 1
-        elif args.cmd == "download":
-            print(download(sess, args.job_id, args.out))
-        elif args.cmd in ("run", "resume"):
-            with tempfile.TemporaryDirectory() as tmp:
-                resuming = args.cmd == "resume"
-                job = resume_folder(args.job, Path(tmp) / Path(args.job).name, args.job_id) if resuming else args.job
-                job_id = submit(sess, job, args.without_custom)
-            print(f"submitted {args.job}{f' (resuming job {args.job_id})' if resuming else ''} as job {job_id}",
-                  flush=True)
-            return _finish(sess, job_id, wait(sess, job_id, args.timeout, args.poll), args.out)
+        ready = _check(sess, args.job, args.sites)
+        if args.cmd == "check":
+            print(f"{args.job}: {'can start' if ready else 'waits (too few sites connected)'}")
+            return 0 if ready else 1
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = resume_folder(args.job, Path(tmp) / Path(args.job).name, args.job_id)
+            if args.without_custom:
+                folder = without_custom(folder, Path(tmp) / "without_custom" / folder.name)
+            job_id = sess.submit_job(str(folder))
+        kit = Path(args.kit)
+        print(f"submitted {args.job} (resuming job {args.job_id}) as job {job_id}\n"
+              f"follow:   nvflare job monitor {job_id} --startup-kit {kit}\n"
+              f"download: nvflare job download {job_id} -o results/ --startup-kit {kit}\n"
+              f"results:  fedpartial-admin results results/{job_id}", flush=True)
         return 0
     finally:
         sess.close()

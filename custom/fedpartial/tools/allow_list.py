@@ -8,7 +8,8 @@ resources plus the ``fedpartial.`` prefix and every other class the given jobs n
 
     fedpartial-allow-list /opt/nvflare/hospital-1 [--jobs jobs/fedmlp_ich ...]
 
-Run it on the server's kit and on every site's kit; then submit with ``fedpartial-admin ... --without-custom``.
+Run it on the server's kit and on every site's kit; then submit the folder ``fedpartial-admin without-custom JOB DEST``
+writes (``nvflare job submit -j DEST``).
 """
 
 from __future__ import annotations

@@ -37,11 +37,11 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "custom"), str(REPO / "tests")]
 
-from test_deploy_poc import (HOSPITALS, PROJECT_ADMIN, Deployment, kill_pids, participant_processes,  # noqa: E402
-                             tolerant_job, wait_clients, wait_round)
+from test_deploy_poc import (HOSPITALS, PROJECT_ADMIN, Deployment, download_job, kill_pids,  # noqa: E402
+                             participant_processes, tolerant_job, wait_clients, wait_job, wait_round)
 
-from fedpartial.tools.admin import (connected_sites, download, failure_lines, open_session, resume_folder,  # noqa: E402
-                                    site_check, submit, wait)
+from fedpartial.tools.admin import (connected_sites, failure_lines, open_session, resume_folder,  # noqa: E402
+                                    site_check)
 from fedpartial.fl.selection import degradation  # noqa: E402
 
 
@@ -85,7 +85,7 @@ def restart(dep: Deployment, sess, who: str, old: dict) -> dict:
 
 
 def job_result(sess, job_id: str, dest: Path) -> tuple[dict, str]:
-    folder = download(sess, job_id, dest)
+    folder = download_job(sess, job_id, dest)
     res_file = next(folder.rglob("results.json"), None)
     log = next(folder.rglob("log.txt"), None)
     return (json.loads(res_file.read_text()) if res_file else {}), (log.read_text(errors="replace") if log else "")
@@ -102,9 +102,9 @@ def dead_before_submit(dep: Deployment, sess, rounds: int) -> dict:
     seen_down = round(time.time() - t0, 1)
     job = tolerant_job(dep.root / "jobs", "fedmlp_dead_before_submit", rounds, wait_after_min=30)
     warning = site_check(job, connected_sites(sess), HOSPITALS)
-    jid = submit(sess, job)
-    meta = wait(sess, jid, timeout=300, echo=None)
-    folder = download(sess, jid, dep.root / "res_before_submit")
+    jid = sess.submit_job(str(job))
+    meta = wait_job(sess, jid, timeout=300)
+    folder = download_job(sess, jid, dep.root / "res_before_submit")
     row = {"killed_pids": pids, "seconds_until_admin_sees_it_down": seen_down, "admin_told": warning,
            "status": meta.get("status"), "why": failure_lines(folder, limit=2)}
     row["restart"] = restart(dep, sess, "hospital-3", pids)
@@ -113,11 +113,11 @@ def dead_before_submit(dep: Deployment, sess, rounds: int) -> dict:
 
 def dead_mid_round(dep: Deployment, sess, rounds: int) -> dict:
     job = tolerant_job(dep.root / "jobs", "fedmlp_dead_mid_round", rounds, wait_after_min=30)
-    jid = submit(sess, job)
+    jid = sess.submit_job(str(job))
     wait_round(sess, jid, 2)
     t_kill = time.time()
     pids = kill(dep, "hospital-3")
-    meta = wait(sess, jid, timeout=900, echo=None)
+    meta = wait_job(sess, jid, timeout=900)
     after = round(time.time() - t_kill, 1)
     res, log = job_result(sess, jid, dep.root / "res_mid_round")
     row = {"killed_pids": pids, "status": meta.get("status"), "seconds_kill_to_finished": after,
@@ -131,19 +131,19 @@ def dead_mid_round(dep: Deployment, sess, rounds: int) -> dict:
 
 def worker_killed(dep: Deployment, sess, rounds: int) -> dict:
     job = tolerant_job(dep.root / "jobs", "fedmlp_worker_killed", rounds, wait_after_min=30)
-    jid = submit(sess, job)
+    jid = sess.submit_job(str(job))
     wait_round(sess, jid, 2)
     parent_before = participant_processes(dep.kits / "hospital-3")["parent"]
     pids = kill(dep, "hospital-3", roles=("worker",))
-    meta = wait(sess, jid, timeout=900, echo=None)
+    meta = wait_job(sess, jid, timeout=900)
     parent_after = participant_processes(dep.kits / "hospital-3")["parent"]
     t0 = time.time()
-    jid_r = submit(sess, resume_folder(job, dep.root / "jobs" / "resume_worker", jid))
+    jid_r = sess.submit_job(str(resume_folder(job, dep.root / "jobs" / "resume_worker", jid)))
     workers = []
     while time.time() - t0 < 120 and not workers:
         workers = participant_processes(dep.kits / "hospital-3")["worker"]
         time.sleep(0.5)
-    meta_r = wait(sess, jid_r, timeout=900, echo=None)
+    meta_r = wait_job(sess, jid_r, timeout=900)
     res, log = job_result(sess, jid_r, dep.root / "res_worker_resumed")
     return {"killed_pids": pids, "status": meta.get("status"), "parent_pid_kept": parent_before == parent_after,
             "resumed_status": meta_r.get("status"), "new_worker_pids": workers,
@@ -154,7 +154,7 @@ def worker_killed(dep: Deployment, sess, rounds: int) -> dict:
 
 def server_killed(dep: Deployment, sess, rounds: int) -> tuple[dict, object]:
     job = tolerant_job(dep.root / "jobs", "fedmlp_server_killed", rounds, wait_after_min=30)
-    jid = submit(sess, job)
+    jid = sess.submit_job(str(job))
     wait_round(sess, jid, 3)
     sess.close()
     killed_in = 3 - 1  # the 0-based round training when the server died
@@ -164,8 +164,8 @@ def server_killed(dep: Deployment, sess, rounds: int) -> tuple[dict, object]:
     sess = open_session(dep.kits / PROJECT_ADMIN, timeout=120)
     wait_clients(sess, HOSPITALS, timeout=180)
     reconnected = round(time.time() - t0, 1)
-    jid_r = submit(sess, resume_folder(job, dep.root / "jobs" / "resume_server", jid))
-    meta_r = wait(sess, jid_r, timeout=900, echo=None)
+    jid_r = sess.submit_job(str(resume_folder(job, dep.root / "jobs" / "resume_server", jid)))
+    meta_r = wait_job(sess, jid_r, timeout=900)
     res, log = job_result(sess, jid_r, dep.root / "res_server_resumed")
     line = _resume_line(log)
     resumed_from = int(line.split("round ")[1].split()[0]) if "round " in line else None

@@ -19,8 +19,7 @@ import pytest
 import yaml
 
 from conftest import REPO
-from fedpartial.tools.admin import FINISHED_OK
-from test_deploy_poc import HOSPITALS, Deployment
+from test_deploy_poc import FINISHED_OK, HOSPITALS, Deployment
 
 pytestmark = pytest.mark.integration
 
@@ -88,9 +87,10 @@ def test_strict_hospital_sends_noised_thresholded_statistics_and_the_job_complet
                         executor_args={"dataset": {"image_size": 32}, "method_args": {"warmup_rounds": 1}})
     set_privacy_scope(job, "standard")
     out = dep.root / "results"
-    proc = dep.admin("run", str(job), "-o", str(out), "--timeout", "240", "--poll", "2", timeout=300)
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0 and f"ended: {FINISHED_OK}" in log, log[-4000:]
+    proc, job_id = dep.submit(job)  # nvflare job submit / monitor / download, fedpartial-admin results
+    assert proc.returncode == 0 and job_id, proc.stdout + proc.stderr
+    rc, log = dep.follow(job_id, out, timeout=240)
+    assert rc == 0 and FINISHED_OK in log, log[-4000:]
 
     res = json.loads(next(out.rglob("results.json")).read_text())
     from fedpartial.tools.show_results import privacy_table

@@ -160,8 +160,8 @@ def test_decisions_columns():
     assert cols == ["prediction"] and rows == [["b"], ["a"]]
 
 
-def test_export_errors(random_run, tmp_path, capsys):
-    run, _ = random_run
+def test_export_errors_and_onnx(random_run, tmp_path, capsys):
+    run, nets = random_run
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("keep me")
     assert E.main([str(run), "-o", str(tmp_path / "full")]) == 1
@@ -174,9 +174,14 @@ def test_export_errors(random_run, tmp_path, capsys):
     except ImportError:
         assert E.main([str(run), "-o", str(tmp_path / "b2"), "--onnx"]) == 1
         assert "--onnx needs the onnx package" in capsys.readouterr().err
-    else:
+    else:  # the ONNX model computes the model's logits (onnx's reference evaluator), batch size free
+        from onnx.reference import ReferenceEvaluator
+
         assert E.main([str(run), "-o", str(tmp_path / "b2"), "--onnx"]) == 0
-        assert (tmp_path / "b2" / "models" / "model.onnx").stat().st_size > 0
+        x = torch.rand(3, 3, 16, 16)
+        out = ReferenceEvaluator(str(tmp_path / "b2" / "models" / "model.onnx")).run(None, {"image": x.numpy()})[0]
+        with torch.no_grad():
+            np.testing.assert_allclose(out, nets[P.BEST_MODEL](x).numpy(), atol=1e-5)
 
 
 # ------------------------------------------------------------------- integration: a trained run, MONAI's run

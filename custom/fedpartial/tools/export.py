@@ -301,8 +301,11 @@ def export_onnx(model: LoadedModel, path: Path) -> None:
             from None
     size = int(model.dataset["image_size"])
     x = torch.rand(1, int(model.dataset["channels"]), size, size)
-    torch.onnx.export(model.net.to("cpu").eval(), (x,), str(path), input_names=["image"], output_names=["logits"],
-                      dynamic_axes={"image": {0: "batch"}, "logits": {0: "batch"}}, dynamo=False)
+    with warnings.catch_warnings():  # torch's TorchScript-based exporter: only onnx needed (no onnxscript)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.onnx.export(model.net.to("cpu").eval(), (x,), str(path), input_names=["image"],
+                          output_names=["logits"], dynamic_axes={"image": {0: "batch"}, "logits": {0: "batch"}},
+                          dynamo=False)
 
 
 # ------------------------------------------------------------------------------------------------ the export

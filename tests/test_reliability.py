@@ -595,7 +595,7 @@ def test_degradation_names_lost_sites_refused_updates_and_lost_classes():
     assert d["missing_sites"] == {"h3": [1, 2]} and d["rejected_sites"] == {"h2": [1]}
     assert d["final_without"] == ["h3"] and d["classes_without_annotator"] == ["b"]
     assert d["reasons"] == ["site h3 sent no update in round(s) 1-2 of 3 (dead, slow or failed)",
-                            "site h2's update was refused in round(s) 1",
+                            "site h2's update was refused in round(s) 1: too large",
                             "the final evaluation ran without h3",
                             "class(es) ['b'] had no annotating site at the end (not learnt from then on)"]
     for r in res["rounds"]:

@@ -335,3 +335,27 @@ def test_every_method_declares_what_its_rule_reads():
         assert keys <= set(specs), (name, keys - set(specs))
     assert get_method("fedmlp").statistic_specs()["annotated"].required
     assert not get_method("fedavg").statistic_specs()["annotated"].required  # FedAvg reads no statistic
+
+
+def test_refusal_reasons_reach_results_admin_and_show_results(tmp_path, capsys, monkeypatch):
+    """The reason lands in the round's ``rejected`` (results.json), in the run's ``degraded`` reasons that
+    ``fedpartial-admin results`` prints, and in ``show_results``'s output."""
+    import json
+
+    from fedpartial.fl.selection import degradation
+    from fedpartial.tools import show_results
+    from fedpartial.tools.admin import degraded_lines
+
+    _, first, _ = _round("fedlsm", {"fedlsm_q": np.full(C, 1e30)})
+    _, second, _ = _round("fedlsm", {"fedlsm_q": np.full(C, np.nan)}, rnd=1)
+    rounds = [{"round": r, "missing": [], "rejected": out.meta[META_REJECTED]} for r, out in enumerate((first, second))]
+    results = {"rounds": rounds, "data": {"sites": {}}}
+    results["degraded"] = degradation(results)
+    line = degraded_lines(results)[0]
+    assert line.startswith("DEGRADED: site site-3's update was refused in round(s) 0-1: statistic 'fedlsm_q' has 3 "
+                           "value(s) above 40 (the site's training images in the data check), e.g. 1e+30 at [0]; "
+                           "statistic 'fedlsm_q' has 3 non-finite value(s)"), line
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    monkeypatch.setattr(show_results, "render_tables", lambda r: "(tables)")
+    assert show_results.main([str(tmp_path / "results.json"), "--no-plot"]) == 0
+    assert line in capsys.readouterr().out

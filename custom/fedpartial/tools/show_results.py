@@ -104,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     path = find_results(a.run)
     results = json.loads(path.read_text())
     print(f"{path}\n")
+    from .admin import degraded_lines  # the same DEGRADED lines as fedpartial-admin results (refusal reasons too)
+
+    for line in degraded_lines(results):
+        print(line)
     print(render_tables(results))
     ledger = privacy_table(results)
     if ledger:

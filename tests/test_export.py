@@ -82,9 +82,10 @@ def random_run(tmp_path):
     return tmp_path / "run", nets
 
 
-def test_bundle_preprocessing_equals_training_evaluation_pipeline(random_run, tmp_path):
-    """The bundle's preprocessing (parsed from its inference.json by MONAI) gives the tensors of training's
-    evaluation pipeline for every image kind, and the TorchScript model the model's logits on them."""
+def test_bundle_preprocessing_equals_the_predict_pipeline(random_run, tmp_path):
+    """The bundle's preprocessing (parsed from its inference.json by MONAI) gives the tensors of the pipeline
+    ``fedpartial-predict`` runs (training's evaluation transforms, each file decoded on access) for every image
+    kind, and the TorchScript model the model's logits on them."""
     from monai.bundle import ConfigParser
 
     run, nets = random_run

@@ -80,8 +80,9 @@ T_FPSL = (_O + "fpsl_step_weights_the_positives_by_negatives_over_positives_by_h
           _O + "fixmatch_step_adds_lambda_u_times_the_strong_view_loss_on_confident_weak_view_pseudo_labels",
           "tests/test_fpsl_fixmatch.py")
 T_FEDNORO = (_O + "fednoro_noisy_site_step_blends_la_and_distillation_by_lambda_by_hand", "tests/test_fednoro.py")
-T_FEDLSR = ("tests/test_fedlsr.py",)
-T_RSCFED = ("tests/test_rscfed.py",)
+T_FEDLSR = (_O + "fedlsr_step_is_ce_plus_ramped_self_distillation_plus_entropy_on_two_views", "tests/test_fedlsr.py")
+T_RSCFED = (_O + "rscfed_step_adds_weighted_distillation_to_the_sharpened_mean_teacher_on_the_other_view_by_hand",
+            "tests/test_rscfed.py")
 T_CBAFED = ("tests/test_cbafed.py",)
 T_FEDPU = (_O + "fedpu_step_is_ce_plus_pu_weight_times_the_pu_risk_by_hand", "tests/test_fedpu.py")
 T_FEDLC = (_O + "fedlc_step_subtracts_tau_times_count_to_the_minus_quarter_from_each_logit_by_hand",
@@ -361,6 +362,19 @@ MUTATIONS = [
              [("        loss = loss + lambda_e * ent\n", "        loss = loss + 0.0 * ent\n")], T_FEDLSR, "term"),
     Mutation("rscfed_consistency_dropped", "RSCFed: consistency term multiplied by 0", f"{METHODS}/rscfed/trainer.py",
              [("loss = sup + self.opts.consistency_weight * cons", "loss = sup + 0.0 * cons")], T_RSCFED, "term"),
+    Mutation("fedlsr_ramp_ignored", "FedLSR: self-distillation weight gamma from round 0 (ramp ignored)",
+             f"{METHODS}/fedlsr.py", [("beta = sd_weight(round_num, o.gamma, self.t_w(num_rounds))", "beta = o.gamma")],
+             T_FEDLSR, "term"),
+    Mutation("fedlsr_one_view", "FedLSR: both logits from view 1", f"{METHODS}/fedlsr.py",
+             [('z1, z2 = model(batch["image"]), model(batch["image_2"])',
+               'z1, z2 = model(batch["image"]), model(batch["image"])')], T_FEDLSR, "term"),
+    Mutation("rscfed_teacher_same_view", "RSCFed: teacher on the student's view", f"{METHODS}/rscfed/trainer.py",
+             [('p, t = self.teacher_probs(b["image_2"])', 'p, t = self.teacher_probs(b["image"])')], T_RSCFED, "term"),
+    Mutation("rscfed_ema_removed", "RSCFed: mean teacher never updated", f"{METHODS}/rscfed/trainer.py",
+             [("            self.mean_teacher.update(model, self.opts.ema_decay)\n", "            pass\n")],
+             T_RSCFED, "term"),
+    Mutation("rscfed_unsharpened", "RSCFed: teacher's probabilities not sharpened", f"{METHODS}/rscfed/trainer.py",
+             [("return p, sharpen(p, float(self.opts.sharpen), self.kind)", "return p, p")], T_RSCFED, "term"),
     Mutation("rscfed_dma_fedavg", "RSCFed: sub-consensus models replaced by plain FedAvg", f"{METHODS}/rscfed/rule.py",
              [("        out = {key: weighted_average([m[key] for m in models], np.ones(len(models))) for key in models[0]}\n",
                "        out = {key: weighted_average([s[key] for s in states], a) for key in states[0]}\n")],

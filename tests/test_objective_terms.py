@@ -564,3 +564,58 @@ def test_fednoro_noisy_site_step_blends_la_and_distillation_by_lambda_by_hand():
         return 0.4 * la + 0.6 * kd
 
     _two_steps(ctx, tr, objective, round_num=1)
+
+
+def test_rscfed_step_adds_weighted_distillation_to_the_sharpened_mean_teacher_on_the_other_view_by_hand():
+    """RSCFed (multi-label): partial BCE of the student on view 1 + consistency_weight (2) x the mean squared
+    difference, over the unannotated entries, between the student's sigmoid outputs and the mean teacher's
+    sharpened ones (T 0.5: p^2 / (p^2 + (1 - p)^2)) on view 2 (the image reversed). The teacher (step counter 5:
+    EMA decay min(1 - 1/6, 0.5) = 0.5) moves halfway to the student after the first step."""
+    labels, mask = LSM_ML
+    ctx = _ctx("multilabel", (True, True, False), labels, mask)
+    tr = get_method("rscfed").make_trainer(ctx, {"consistency_weight": 2.0, "sharpen": 0.5, "ema_decay": 0.5})
+    teacher = copy.deepcopy(tr.ensure_teacher())
+    with torch.no_grad():  # a teacher that is not the student
+        tr.ensure_teacher().classifier.bias.add_(torch.tensor([0.0, 0.4, -0.6]))
+        teacher.classifier.bias.add_(torch.tensor([0.0, 0.4, -0.6]))
+    tr.mean_teacher.step = 5
+    expected = copy.deepcopy(ctx.model)
+    for rows in (slice(0, 3), slice(3, 6)):
+        def objective(m):
+            x = _x(rows)
+            z = m(x)
+            with torch.no_grad():
+                p = torch.sigmoid(teacher(x.flip(-1)))
+                t = p ** 2 / (p ** 2 + (1 - p) ** 2)
+            free = (~mask[rows]).float()
+            cons = (((torch.sigmoid(z) - t) ** 2) * free).sum() / free.sum()
+            return _partial_bce(z, labels[rows], mask[rows].float()) + 2.0 * cons
+
+        _sgd(expected, objective, 0.5)
+        with torch.no_grad():
+            for t_, s in zip(teacher.parameters(), expected.parameters()):
+                t_.mul_(0.5).add_(0.5 * s)
+    tr.train_round(1, 3, {})
+    _assert_same_weights(ctx.model, dict(expected.named_parameters()))
+
+
+def test_fedlsr_step_is_ce_plus_ramped_self_distillation_plus_entropy_on_two_views(monkeypatch):
+    """FedLSR (single-label) at round 1 with t_w 4: beta = gamma x 1/4 (gamma 0.4); the step's loss is
+    :func:`fedlsr_loss` (its terms by hand in tests/test_fedlsr.py) of the two views' logits (view 2: the image
+    reversed) with the round's beta, lambda_e 0.6 and the MixUp weight drawn (fixed here at 0.3)."""
+    from fedpartial.methods.fedlsr import fedlsr_loss
+
+    monkeypatch.setattr(torch.distributions.Beta, "sample", lambda self, *a, **k: torch.tensor(0.3))
+    labels, mask = LSM_MC
+    ctx = _ctx("multiclass", (True, True, False), labels, mask)
+    tr = get_method("fedlsr").make_trainer(ctx, {"t_w": 4, "gamma": 0.4, "lambda_e": 0.6})
+    v1, v2 = tr.opts.views
+
+    def objective(m, rows):
+        x = X6[rows][:, None, None, :]
+        z1, z2 = m(_view(x, "image", v1)), m(_view(x, "image_2", v2))
+        return fedlsr_loss(z1, z2, labels[rows], mask[rows], 0.3, 0.1, "multiclass", tr.opts.sharpen_t,
+                           tr.opts.distill_t, 0.6, tr.opts.missing)[0]
+
+    losses, out = _two_steps(ctx, tr, objective, round_num=1)
+    assert out.meta["fedlsr_sd_weight"] == pytest.approx(0.1)

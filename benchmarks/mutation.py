@@ -68,6 +68,7 @@ T_OBJ = "tests/test_objective_terms.py"  # one local step / one aggregation of e
 _O, _FW = T_OBJ + "::test_", "tests/test_framework.py::test_"
 T_MLP = (_O + "fedmlp_step_is_wpc_on_annotated_and_pseudo_labels_plus_weighted_consistency_by_hand",
          _O + "fedmlp_sends_prototypes_of_its_annotated_classes_and_degrees_of_the_trained_model_by_hand",
+         _O + "fedmlp_rule_prototypes_over_annotating_sites_and_degrees_over_missing_sites_by_size_by_hand",
          "tests/test_fedmlp.py")
 T_LSM = (_O + "fedlsm_steps_are_pseudo_pool_loss_plus_weighted_ude_with_an_ema_teacher_by_hand",
          _O + "fedlsm_awpa_rows_by_estimated_class_counts_not_fedavg_by_hand", "tests/test_fedlsm.py")

@@ -619,3 +619,22 @@ def test_fedlsr_step_is_ce_plus_ramped_self_distillation_plus_entropy_on_two_vie
 
     losses, out = _two_steps(ctx, tr, objective, round_num=1)
     assert out.meta["fedlsr_sd_weight"] == pytest.approx(0.1)
+
+
+def test_fedmlp_rule_prototypes_over_annotating_sites_and_degrees_over_missing_sites_by_size_by_hand():
+    """FedMLP's server: the weights by n_k (FedAvg: (1 x 1 + 3 x 2 + 6 x 4) / 10 = 3.1); P0 / P1 of class 0 the
+    plain mean over the sites annotating it (A and B: (1 + 3) / 2 = 2 and (2 + 6) / 2 = 4; n_k weights would
+    give 2.5 and 5); the learning degree of class 1 the |D_k|-weighted mean over the sites missing it (A and C:
+    (1 x 0.2 + 6 x 0.6) / 7; uniform would give 0.4), of class 0 C's alone (0.8)."""
+    def site(name, w, n, annotated, p0, p1, counts, degree):
+        return Contribution(name, {"w": np.asarray([w], np.float32)}, n, {
+            "annotated": annotated, MLP.META_P0: np.asarray(p0, np.float32), MLP.META_P1: np.asarray(p1, np.float32),
+            MLP.META_COUNTS: np.asarray(counts, np.int64), MLP.META_DEGREE: np.asarray(degree, np.float64)})
+
+    contribs = [site("A", 1.0, 1.0, [True, False], [[1.0], [0.0]], [[2.0], [0.0]], [[1, 1], [0, 0]], [0.9, 0.2]),
+                site("B", 2.0, 3.0, [True, True], [[3.0], [5.0]], [[6.0], [7.0]], [[1, 1], [1, 1]], [0.5, 0.5]),
+                site("C", 4.0, 6.0, [False, False], [[0.0], [0.0]], [[0.0], [0.0]], [[0, 0], [0, 0]], [0.8, 0.6])]
+    weights, meta = get_method("fedmlp").make_rule({}).aggregate(None, contribs, {}, 0)
+    assert weights["w"][0] == pytest.approx(3.1)
+    assert np.allclose(meta[MLP.META_GLOBAL_P0], [[2.0], [5.0]]) and np.allclose(meta[MLP.META_GLOBAL_P1], [[4.0], [7.0]])
+    assert meta[MLP.META_GLOBAL_DEGREE] == pytest.approx([0.8, (0.2 + 6 * 0.6) / 7])

@@ -66,8 +66,17 @@ class ManifestDataset(torch.utils.data.Dataset):
         self.std = None if std is None else list(std)
         self.labels = torch.as_tensor(manifest.labels, dtype=torch.float32)
         self.mask = torch.as_tensor(manifest.mask, dtype=torch.bool)
-        self.view_tf = None if self.views == SOURCE_VIEW else view_transforms(self.views, image_size, self.mean,
-                                                                               self.std, channels=channels)
+        self._view_tf = None  # built on first per-sample use (MONAI imported then; batched views never need it)
+        self._random_state: dict | None = None
+
+    @property
+    def view_tf(self):
+        """The per-sample MONAI view pipeline (None for :data:`SOURCE_VIEW`), built on first use."""
+        if self._view_tf is None and self.views != SOURCE_VIEW:
+            self._view_tf = view_transforms(self.views, self.image_size, self.mean, self.std, channels=self.channels)
+            if self._random_state is not None:
+                self._view_tf.set_random_state(**self._random_state)
+        return self._view_tf
 
     def __len__(self) -> int:
         return len(self.manifest)
@@ -100,8 +109,10 @@ class ManifestDataset(torch.utils.data.Dataset):
 
     def set_random_state(self, seed: int | None = None, state=None) -> "ManifestDataset":
         """Seed the view augmentations (called by MONAI's DataLoader / worker_init_fn)."""
-        if self.view_tf is not None:
-            self.view_tf.set_random_state(seed=seed, state=state)
+        if self._view_tf is not None:
+            self._view_tf.set_random_state(seed=seed, state=state)
+        elif self.views != SOURCE_VIEW:
+            self._random_state = {"seed": seed, "state": state}
         return self
 
 

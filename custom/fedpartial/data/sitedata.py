@@ -59,6 +59,15 @@ def fetch_rows(images, labels: torch.Tensor, mask: torch.Tensor, idx) -> dict[st
             "index": idx.clone()}
 
 
+def index_batches(n: int, batch_size: int, shuffle: bool, seed: int, drop_last: bool = False):
+    """A loader of the row-index batches ``(B,)`` in the order :func:`~.dataset.make_loader` gives with the same
+    arguments (the same seeded ``RandomSampler``), without MONAI or worker processes."""
+    g = torch.Generator()
+    g.manual_seed(int(seed))
+    return torch.utils.data.DataLoader(IndexDataset(n), batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
+                                       generator=g)
+
+
 class SiteDatasets:
     """Datasets over a site's manifests (``train`` and optionally ``val`` / ``test``).
 
@@ -150,7 +159,7 @@ class SiteDatasets:
         ds = self.dataset(split, SOURCE_VIEW)
         if not self.uses_store:
             return make_loader(ds, batch_size, shuffle, seed, drop_last=drop_last, num_workers=self.num_workers)
-        order = make_loader(IndexDataset(len(ds)), batch_size, shuffle, seed, drop_last=drop_last)
+        order = index_batches(len(ds), batch_size, shuffle, seed, drop_last)
         return StoreBatches(self.images(split), ds.labels, ds.mask, order, dataset=ds)
 
     def train_loader(self, views: dict[str, str], batch_size: int, shuffle: bool = True, seed: int = 0,
@@ -169,7 +178,7 @@ class SiteDatasets:
         loader = self._batches("train", batch_size, shuffle, seed, drop_last)
         data, order = self.resident("train", device, on_device), None
         if data is not None:  # the same index batches, without the images
-            order = make_loader(IndexDataset(len(loader.dataset)), batch_size, shuffle, seed, drop_last=drop_last)
+            order = index_batches(len(loader.dataset), batch_size, shuffle, seed, drop_last)
         return ViewLoader(loader, views, self._augment(), seed, device, pin_memory, order=order, resident=data)
 
     def resident(self, split: str, device: torch.device | str, mode: str = "auto") -> dict | None:

@@ -45,6 +45,7 @@ from .cache import store_root
 
 FORMAT = "fedpartial-image-store"
 VERSION = 1
+TRACE_ENV = "FEDPARTIAL_STORE_TRACE"  # a file each decoded row is appended to (benchmarks count decodes with it)
 CHUNK_ROWS = 64  # rows per committed chunk (a killed build loses at most the chunks being decoded)
 RESIZE_FILTERS = {"area": Image.Resampling.BOX, "bilinear": Image.Resampling.BILINEAR,
                   "bicubic": Image.Resampling.BICUBIC, "nearest": Image.Resampling.NEAREST}
@@ -195,11 +196,15 @@ def _decode_chunk(images: str, chunk: int, start: int, paths: Sequence[str], pre
     t0 = time.process_time()
     mm = np.load(images, mmap_mode="r+")
     failures = []
+    trace = os.environ.get(TRACE_ENV)  # measurement hook (benchmarks/scale_data.py): one line per decoded row
     for i, p in enumerate(paths):
         try:
             mm[start + i] = decode_resized(p, prep, channels)
         except Exception as e:  # noqa: BLE001 - decoders raise many types
             failures.append((start + i, f"{type(e).__name__}: {e}".replace(str(p), Path(p).name)))
+        if trace:
+            with open(trace, "a") as f:
+                f.write(f"{start + i}\n")
     mm.flush()
     crc = None if failures else zlib.crc32(memoryview(mm[start:start + len(paths)]).cast("B"))
     del mm
@@ -391,7 +396,8 @@ def build_store(paths: Sequence[str], prep: Preprocessing, folder: str | os.Path
                 chunk_rows: int = CHUNK_ROWS, desc: str = "image store", log_fn: Callable[[str], None] | None = None,
                 budget_s: float | None = None, redo: Sequence[int] = (), stop_after: int | None = None) -> dict:
     """Build (or finish, or refresh) the store of ``paths`` in ``folder``; returns build statistics
-    ``{"decoded", "cpu_s", "wall_s", "workers"}``.
+    ``{"decoded", "cpu_s" (decoding, every process), "cpu_s_pool" (of it in the pool's processes), "wall_s",
+    "workers"}``.
 
     Resumes a build that stopped (the chunks in ``chunks.log`` are kept); ``redo``: rows decoded again (their
     source file changed). ``budget_s``: when the rest would take longer (estimated from the first chunk), raise
@@ -436,7 +442,7 @@ def build_store(paths: Sequence[str], prep: Preprocessing, folder: str | os.Path
         _write_json(meta_file, meta)
     done = _read_log(folder / "chunks.log")
     todo = [c for c in range(n_chunks) if c not in done]
-    stats = {"decoded": 0, "cpu_s": 0.0, "wall_s": 0.0, "workers": 0}
+    stats = {"decoded": 0, "cpu_s": 0.0, "cpu_s_pool": 0.0, "wall_s": 0.0, "workers": 0}
     if not todo:
         _finish(folder, meta, meta_file)
         return stats
@@ -486,6 +492,7 @@ def build_store(paths: Sequence[str], prep: Preprocessing, folder: str | os.Path
                     finished, pending = wait(pending, return_when=FIRST_COMPLETED)
                     for f in finished:
                         commit(f.result())
+                        stats["cpu_s_pool"] += f.result()[3]
                         if queue:
                             pending.add(pool.submit(_decode_chunk, *args(queue.pop(0))))
     finally:

@@ -359,3 +359,28 @@ def test_refusal_reasons_reach_results_admin_and_show_results(tmp_path, capsys, 
     monkeypatch.setattr(show_results, "render_tables", lambda r: "(tables)")
     assert show_results.main([str(tmp_path / "results.json"), "--no-plot"]) == 0
     assert line in capsys.readouterr().out
+
+
+def test_robust_options_apply_to_fedmlp_prototypes_and_degrees():
+    """Within the declared bounds a site can still send a prototype far from the others (norm 9e3 < 1e4): the mean
+    follows it, ``robust: median`` does not (the median of the three sites' values, by hand)."""
+    annotated = {s: [True, True, False] for s in N_TRAIN}  # class c missing everywhere: its degree from all three
+    outs = {}
+    for robust in ("none", "median"):
+        agg, engine = _aggregator("fedmlp", {"robust": robust}, annotated=annotated)
+        for k, site in enumerate(N_TRAIN):
+            p = np.full((C, D), float(k + 1), np.float32)  # 1, 2, 3 per coordinate ...
+            if site == "site-3":
+                p = np.full((C, D), 4500.0, np.float32)  # ... and a far one (row norm 9000)
+            stats = {"fedmlp_p0": p, "fedmlp_p1": p, "fedmlp_proto_counts": np.full((C, 2), 5),
+                     "fedmlp_degree": np.full(C, [0.2, 0.4, 1.0][k])}
+            meta = {META_N_TRAIN: N_TRAIN[site], META_WEIGHT: 1.0, META_GROUPS: GROUPS, "annotated": annotated[site],
+                    **stats}
+            assert agg.accept(DXO(DataKind.WEIGHTS, _weights(k), meta).to_shareable(), _ctx(engine, 0, PREV, site))
+        outs[robust] = from_shareable(agg.aggregate(_ctx(engine, 0, PREV))).meta
+    np.testing.assert_allclose(outs["none"]["fedmlp_global_p0"][:2], np.full((2, D), (1 + 2 + 4500) / 3), rtol=1e-6)
+    np.testing.assert_allclose(outs["median"]["fedmlp_global_p0"][:2], np.full((2, D), 2.0))
+    np.testing.assert_allclose(outs["median"]["fedmlp_global_p1"][:2], np.full((2, D), 2.0))
+    # degrees: classes a, b annotated everywhere keep the fallback 1; class c: n_k-weighted mean vs median
+    assert outs["none"]["fedmlp_global_degree"] == pytest.approx([1.0, 1.0, (20 * 0.2 + 30 * 0.4 + 40 * 1.0) / 90])
+    assert outs["median"]["fedmlp_global_degree"] == pytest.approx([1.0, 1.0, 0.4])

@@ -8,6 +8,7 @@ from typing import Literal, Sequence
 import numpy as np
 import torch
 
+from ...aggregation import robust_rows
 from ..base import Contribution, RuleOptions, ServerRule
 from ..options import opt
 from .maths import (META_COUNTS, META_DEGREE, META_GLOBAL_DEGREE, META_GLOBAL_P0, META_GLOBAL_P1, META_GLOBAL_VALID,
@@ -29,7 +30,9 @@ class FedMLPRule(ServerRule):
     Options: :class:`FedMLPRuleOptions`.
 
     A class no contributing site annotates this round keeps its previous global prototypes; a class no
-    contributing site misses keeps its previous degree (1 if none yet).
+    contributing site misses keeps its previous degree (1 if none yet). Under ``robust: median / trimmed_mean``
+    each global prototype and degree is the coordinate-wise median / trimmed mean over the same sites (unweighted),
+    as the weights: one site's statistics cannot pull them past the honest sites' range.
     """
 
     Options = FedMLPRuleOptions
@@ -63,6 +66,10 @@ class FedMLPRule(ServerRule):
         sizes = torch.as_tensor([c.n for c in contributions], dtype=torch.float64)
         g0, g1, valid = aggregate_prototypes(p0, p1, counts, annotated,
                                              sizes if self.proto_weighting == "samples" else None)
+        if self.opts.robust != "none":  # the same sites per prototype, their coordinate-wise median / trimmed mean
+            g0, g1 = (torch.as_tensor(robust_rows(p.numpy(), (annotated & (counts[..., j] > 0)).numpy(), g.numpy(),
+                                                  self.opts.robust, self.opts.trim))
+                      for j, (p, g) in enumerate(((p0, g0), (p1, g1))))
         if self.p0 is None or self.p0.shape != g0.shape:
             self.p0, self.p1, self.valid = g0, g1, valid
         else:  # keep the previous prototype where nobody contributed one this round
@@ -72,6 +79,9 @@ class FedMLPRule(ServerRule):
         degrees = torch.stack([torch.as_tensor(np.asarray(c.meta[META_DEGREE]), dtype=torch.float64) for c in contributions])
         missing = ~annotated
         d = aggregate_learning_degree(degrees, sizes, missing)
+        if self.opts.robust != "none":  # over the same sites (those missing c), unweighted
+            d = torch.as_tensor(robust_rows(list(degrees.numpy()), missing.numpy(), d.numpy(), self.opts.robust,
+                                            self.opts.trim))
         if self.degree is not None and self.degree.shape == d.shape:
             d = torch.where(missing.any(0), d, self.degree)
         self.degree = d

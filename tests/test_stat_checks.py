@@ -384,3 +384,19 @@ def test_robust_options_apply_to_fedmlp_prototypes_and_degrees():
     # degrees: classes a, b annotated everywhere keep the fallback 1; class c: n_k-weighted mean vs median
     assert outs["none"]["fedmlp_global_degree"] == pytest.approx([1.0, 1.0, (20 * 0.2 + 30 * 0.4 + 40 * 1.0) / 90])
     assert outs["median"]["fedmlp_global_degree"] == pytest.approx([1.0, 1.0, 0.4])
+
+
+def test_robust_options_apply_to_fedirm_relation_rows():
+    """Relation rows within [0, 1] but far from the others: the mean follows, the median does not (by hand)."""
+    annotated = {s: [True, True, True] for s in N_TRAIN}
+    outs = {}
+    for robust in ("none", "median"):
+        agg, engine = _aggregator("fedirm", {"robust": robust, "require_unlabelled": False}, annotated=annotated)
+        for k, site in enumerate(N_TRAIN):
+            m = np.full((C, C), [0.1, 0.2, 0.9][k])
+            meta = {META_N_TRAIN: N_TRAIN[site], META_WEIGHT: 1.0, META_GROUPS: GROUPS, "annotated": annotated[site],
+                    "fedirm_relation": m, "fedirm_relation_valid": [1, 1, 1]}
+            assert agg.accept(DXO(DataKind.WEIGHTS, _weights(k), meta).to_shareable(), _ctx(engine, 0, PREV, site))
+        outs[robust] = from_shareable(agg.aggregate(_ctx(engine, 0, PREV))).meta["fedirm_global_relation"]
+    np.testing.assert_allclose(outs["none"], np.full((C, C), 0.4))
+    np.testing.assert_allclose(outs["median"], np.full((C, C), 0.2))

@@ -8,6 +8,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+from ...aggregation import robust_rows
 from ..base import Contribution, RuleOptions, ServerRule
 from ..options import opt
 from .maths import META_GLOBAL_RELATION, META_GLOBAL_VALID, META_RELATION, META_RELATION_VALID, server_relation
@@ -30,7 +31,8 @@ class FedIRMRule(ServerRule):
     """FedAvg (``site_weighting``) of the weights of the sites that trained this round; the global relation
     matrix ``M = (1/m) sum_l M^l`` over the labelled sites only (rows each site estimated this round), sent
     to every site with the next model; a row no labelled site estimated keeps its previous value. The matrix
-    is part of the rule's state (it survives a restart of the rule).
+    is part of the rule's state (it survives a restart of the rule). Under ``robust: median / trimmed_mean`` each
+    row is the coordinate-wise median / trimmed mean over the same sites (unweighted), as the weights.
 
     Options: :class:`FedIRMRuleOptions`.
     """
@@ -63,6 +65,8 @@ class FedIRMRule(ServerRule):
         v = torch.stack([torch.as_tensor(np.asarray(c.meta[META_RELATION_VALID]), dtype=torch.bool) for c in with_m])
         w = None if self.opts.relation_weighting == "uniform" else torch.as_tensor([c.n for c in with_m])
         g, valid = server_relation(m, v, w)
+        if self.opts.robust != "none":  # each row over the same sites, their coordinate-wise median / trimmed mean
+            g = torch.as_tensor(robust_rows(list(m.numpy()), v.numpy(), g.numpy(), self.opts.robust, self.opts.trim))
         if self.relation is None or self.relation.shape != g.shape:
             self.relation, self.valid = g, valid
         else:

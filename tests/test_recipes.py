@@ -128,8 +128,8 @@ def test_every_exported_folder_matches_its_job_py(tmp_path):
     assert any("config_fed_server.json differs" in p for p in check_job(folder, src))
     export_job(folder)
     text = (folder / "job.py").read_text()
-    assert 'method="fedavg")' in text  # the job names its method; its table (table_settings) the rest
-    (folder / "job.py").write_text(text.replace('method="fedavg")', 'method="fedavg", num_rounds=21)'))
+    assert "**ich_phantom.SETTINGS," in text  # the job's table (table_settings) gives its rounds
+    (folder / "job.py").write_text(text.replace("**ich_phantom.SETTINGS,", '**{**ich_phantom.SETTINGS, "num_rounds": 21},'))
     assert any("config_fed_server.json differs" in p for p in check_job(folder, src))
 
 

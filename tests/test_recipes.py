@@ -129,7 +129,8 @@ def test_every_exported_folder_matches_its_job_py(tmp_path):
     export_job(folder)
     text = (folder / "job.py").read_text()
     assert "**ich_phantom.SETTINGS," in text  # the job's table (table_settings) gives its rounds
-    (folder / "job.py").write_text(text.replace("**ich_phantom.SETTINGS,", '**{**ich_phantom.SETTINGS, "num_rounds": 21},'))
+    edited = text.replace("**ich_phantom.SETTINGS,", '**{**ich_phantom.SETTINGS, "num_rounds": 21},')
+    (folder / "job.py").write_text(edited)
     assert any("config_fed_server.json differs" in p for p in check_job(folder, src))
 
 

@@ -86,7 +86,7 @@ def test_bundle_preprocessing_equals_the_predict_pipeline(random_run, tmp_path):
     """The bundle's preprocessing (parsed from its inference.json by MONAI) gives the tensors of the pipeline
     ``fedpartial-predict`` runs (training's evaluation transforms, each file decoded on access) for every image
     kind, and the TorchScript model the model's logits on them."""
-    from monai.bundle import ConfigParser
+    from monai.bundle import ConfigParser, ConfigWorkflow
 
     run, nets = random_run
     bundle = E.export_bundle(run, tmp_path / "bundle")
@@ -99,6 +99,11 @@ def test_bundle_preprocessing_equals_the_predict_pipeline(random_run, tmp_path):
         datalist = parser.get_parsed_content("datalist")
         pre = parser.get_parsed_content("preprocessing")
         ts = parser.get_parsed_content("network")
+        # an inference workflow in MONAI's sense (what MONAI Label / Deploy look up): its required properties
+        workflow = ConfigWorkflow(config_file=str(bundle / "configs" / "inference.json"), workflow_type="infer",
+                                  logging_file=False, dataset_dir=str(images))
+        workflow.initialize()
+        assert workflow.check_properties() in (None, [])
     finally:
         sys.path.remove(str(bundle))
         for name in [m for m in sys.modules if m == "scripts" or m.startswith("scripts.")]:

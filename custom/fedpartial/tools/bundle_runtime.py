@@ -1,5 +1,5 @@
 """What a MONAI bundle written by ``fedpartial-export`` runs besides MONAI itself: the image decoder, the
-folder listing, the prediction loop and the CSV writer. ``fedpartial-export`` copies this file into the bundle as
+folder listing and the handler that writes ``predictions.csv`` (MONAI's ``SupervisedEvaluator`` runs the model). ``fedpartial-export`` copies this file into the bundle as
 ``scripts/image_io.py``, with the decoder block below replaced by the training code's own decoding functions
 (``fedpartial.data.transforms.read_image`` and the DICOM / CT-window helpers it calls, copied verbatim), so the
 bundle runs where this package is not installed: numpy, Pillow, pydicom, torch and MONAI only.
@@ -8,7 +8,9 @@ Why a decoder of our own rather than MONAI's ``LoadImaged``: training scales an 
 16-bit one by 1/65535, converts palette / alpha images to RGB, turns a DICOM's stored values into Hounsfield units
 (with the RSNA 12-bit repair) and stacks CT windows as channels; MONAI's readers return the stored values, so the
 same input tensor would need per-file logic in the config. Everything after decoding (resize, normalisation,
-activation) is MONAI's transforms in ``configs/inference.json``.
+activation) is MONAI's transforms in ``configs/inference.json``, and ``ClassificationSaver`` writes MONAI's own
+layout (``filename,0,1,...``), not ``fedpartial-predict``'s columns with the decisions, hence
+:class:`PredictionWriter`.
 """
 
 from __future__ import annotations
@@ -95,16 +97,43 @@ class Progress:
                 print(f"{self.label} {k} / {self.total}", file=self.stream, flush=True)
 
 
-@torch.no_grad()
-def predict(network: torch.nn.Module, dataloader, postprocessing, device: str | torch.device = "cpu",
-            key: str = "image") -> np.ndarray:
-    """``(N, C)`` float32 probabilities: each batch ``(B, channels, S, S)`` through ``network`` (logits ``(B, C)``),
-    then ``postprocessing`` (MONAI ``Activations``) on each sample's ``(C,)`` logits."""
-    out = []
-    for batch in Progress(dataloader, "predict: batch"):
-        logits = network(batch[key].to(device)).float()
-        out.append(torch.stack([torch.as_tensor(postprocessing(x)) for x in logits]).cpu())
-    return torch.cat(out).numpy().astype(np.float32) if out else np.zeros((0, 0), np.float32)
+class PredictionWriter:
+    """An ignite handler of MONAI's ``SupervisedEvaluator``: collects each item's path (``path_key`` of the
+    decollated batch) and probabilities (``pred_key`` of the decollated output, after the evaluator's
+    postprocessing), prints ``predict: batch k / N`` lines, and writes ``output_dir/predictions.csv``
+    (:func:`write_predictions`) when the run completes."""
+
+    def __init__(self, output_dir: str | os.PathLike, classes: Sequence[str], task: str,
+                 thresholds: Sequence[float] | None = None, path_key: str = "path", pred_key: str = "pred") -> None:
+        self.output_dir, self.classes, self.task = output_dir, list(classes), task
+        self.thresholds, self.path_key, self.pred_key = thresholds, path_key, pred_key
+        self.paths: list[str] = []
+        self.probs: list[np.ndarray] = []
+
+    def attach(self, engine) -> None:
+        from ignite.engine import Events
+
+        engine.add_event_handler(Events.STARTED, self._reset)
+        engine.add_event_handler(Events.ITERATION_COMPLETED, self._collect)
+        engine.add_event_handler(Events.COMPLETED, self._write)
+
+    def _reset(self, engine) -> None:
+        self.paths, self.probs = [], []
+
+    def _collect(self, engine) -> None:
+        batch, output = engine.state.batch, engine.state.output
+        batch = batch if isinstance(batch, list) else [batch]
+        output = output if isinstance(output, list) else [output]
+        for item, out in zip(batch, output):
+            self.paths.append(str(item[self.path_key]))
+            self.probs.append(torch.as_tensor(out[self.pred_key]).detach().float().cpu().numpy().reshape(-1))
+        n, k = engine.state.epoch_length, engine.state.iteration
+        if n and (k % max(1, n // 10) == 0 or k == n):
+            print(f"predict: batch {k} / {n}", file=sys.stderr, flush=True)
+
+    def _write(self, engine) -> None:
+        probs = np.stack(self.probs) if self.probs else np.zeros((0, len(self.classes)), np.float32)
+        write_predictions(self.paths, probs, self.classes, self.task, self.thresholds, self.output_dir)
 
 
 def decisions(probs: np.ndarray, classes: Sequence[str], task: str,

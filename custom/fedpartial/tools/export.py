@@ -247,7 +247,7 @@ def inference_config(model: LoadedModel, thresholds: dict, pre: dict) -> dict:
              "track_meta": False}
     return {
         "imports": ["$import os"],
-        "runtime": f"$__import__('{RUNTIME_MODULE}', fromlist=['predict'])",
+        "runtime": f"$__import__('{RUNTIME_MODULE}', fromlist=['PredictionWriter'])",
         "bundle_root": "$os.path.dirname(os.path.dirname(os.path.abspath(@runtime.__file__)))",
         "dataset_dir": "/workspace/data",
         "output_dir": "$@bundle_root + '/eval'",
@@ -266,16 +266,22 @@ def inference_config(model: LoadedModel, thresholds: dict, pre: dict) -> dict:
             {"_target_": "Resized", "keys": "image", "spatial_size": ["@image_size", "@image_size"],
              "mode": pre["resize_mode"]},
             typed, *norm, typed]},
-        "dataset": {"_target_": "Dataset", "data": "$[{'image': p} for p in @datalist]",
+        "dataset": {"_target_": "Dataset", "data": "$[{'image': p, 'path': p} for p in @datalist]",
                     "transform": "@preprocessing"},
         "dataloader": {"_target_": "DataLoader", "dataset": "@dataset", "batch_size": "@batch_size",
                        "shuffle": False, "num_workers": 0},
         "network_def": "$torch.jit.load(@bundle_root + '/models/model.ts', map_location='cpu')",
-        "network": "$@network_def.to(@device).eval()",
-        "postprocessing": {"_target_": "Activations", "sigmoid": model.task == "multilabel",
-                           "softmax": model.task != "multilabel"},
-        "probabilities": "$@runtime.predict(@network, @dataloader, @postprocessing, @device)",
-        "run": ["$@runtime.write_predictions(@datalist, @probabilities, @classes, @task, @thresholds, @output_dir)"],
+        "network": "$@network_def.to(@device)",
+        "inferer": {"_target_": "SimpleInferer"},
+        "postprocessing": {"_target_": "Compose", "transforms": [
+            {"_target_": "Activationsd", "keys": "pred", "sigmoid": model.task == "multilabel",
+             "softmax": model.task != "multilabel"}]},
+        "handlers": [{"_target_": f"{RUNTIME_MODULE}.PredictionWriter", "output_dir": "@output_dir",
+                      "classes": "@classes", "task": "@task", "thresholds": "@thresholds"}],
+        "evaluator": {"_target_": "SupervisedEvaluator", "device": "@device", "val_data_loader": "@dataloader",
+                      "network": "@network", "inferer": "@inferer", "postprocessing": "@postprocessing",
+                      "val_handlers": "@handlers"},
+        "run": ["$@evaluator.run()"],
     }
 
 

@@ -102,8 +102,9 @@ def write_model_card(bundle: Path, meta: dict, final: dict, results: dict) -> Pa
              "`OUT/predictions.csv`: `image`, `prob_<class>` per class, then "
              + ("`pred_<class>` (1 where the probability reaches the class's threshold)." if meta["task_type"] ==
                 "multilabel" else "`prediction` (the class of the highest probability)."),
-             "Needs torch, MONAI, numpy, Pillow and pydicom (`configs/metadata.json` lists the versions), not the "
-             "training package: `scripts/image_io.py` decodes the images as training did.", "",
+             "Needs torch, MONAI with pytorch-ignite and fire, numpy, Pillow and pydicom (`configs/metadata.json` "
+             "lists the versions), not the training package: `scripts/image_io.py` decodes the images as training "
+             "did.", "",
              "## Input", "",
              *[f"- {s}" for s in pre["steps"]],
              f"- tensor: {pre['channels']} x {pre['image_size']} x {pre['image_size']} float32 "

@@ -210,7 +210,7 @@ def auc_ci_figure(result: Mapping, title: str = ""):
         marker = "D" if name == "macro" else "o"
         if v is None or not math.isfinite(v):
             ax.text(0.5, y, "n/a (one outcome only, or kept at the sites)", va="center", ha="center", color="grey",
-                    fontsize="small")
+                    fontsize="small", bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
             continue
         if iv:  # (an interval is shown only beside a defined value)
             ax.plot(iv, [y, y], color="C0", linewidth=2.5, alpha=0.6, solid_capstyle="butt")

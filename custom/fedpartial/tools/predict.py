@@ -7,7 +7,7 @@
     fedpartial-evaluate RUN --manifest test.csv [--split test] [--json scores.json]
 
 ``RUN`` is a simulator workspace (``nvflare simulator ... -w WS``), a downloaded job result
-(``fedpartial-admin download`` / ``download_job``), a run folder holding ``app_server/``, or a model file
+(``nvflare job download`` / ``download_job``), a run folder holding ``app_server/``, or a model file
 (``FL_global_model.pt``). The model architecture and the image pipeline (size, channels, CT windows,
 normalisation) are read from the job configuration stored with the run (``app_server/config``; override with
 ``--job-config DIR``), and images go through the data layer's evaluation pipeline exactly as in training's

@@ -400,3 +400,31 @@ def test_robust_options_apply_to_fedirm_relation_rows():
         outs[robust] = from_shareable(agg.aggregate(_ctx(engine, 0, PREV))).meta["fedirm_global_relation"]
     np.testing.assert_allclose(outs["none"], np.full((C, C), 0.4))
     np.testing.assert_allclose(outs["median"], np.full((C, C), 0.2))
+
+
+def test_parameter_groups_must_describe_the_update_and_the_server_uses_its_own():
+    from fedpartial.fl.aggregator import groups_problem
+    from fedpartial.models import PartialLabelNet
+
+    w = {"a": 1, "b": 2}
+    assert groups_problem(None, w) is None and groups_problem({"encoder": ["a"], "classifier": ["b"]}, w) is None
+    assert "names tensors the update does not hold, e.g. ['z']" in groups_problem({"classifier": ["z"]}, w)
+    assert "repeats tensors" in groups_problem({"encoder": ["a"], "classifier": ["a"]}, w)
+    assert "not a mapping" in groups_problem(["a"], w)
+    accepted, out, _ = _round("fedavg_masked", {"param_groups": {"classifier": ["nope"]}})
+    assert accepted["site-3"] is False and "parameter group 'classifier'" in out.meta[META_REJECTED]["site-3"]
+    # with the server's model, its groups are the rule's whatever the first site sent (site-1 claims no classifier)
+    net = PartialLabelNet("small_cnn", C, 3, width=2)
+    prev = {k: v.numpy() for k, v in net.state_dict().items()}
+    agg, engine = _aggregator("fedavg_masked")
+    engine.components["model"] = net
+    seen = []
+    rule_aggregate = agg.rule.aggregate
+    agg.rule.aggregate = lambda previous, cs, groups, *a: (seen.append(groups), rule_aggregate(previous, cs, groups, *a))[1]
+    for k, site in enumerate(["site-1", "site-2"]):
+        meta = {META_N_TRAIN: N_TRAIN[site], META_WEIGHT: 1.0, "annotated": ANNOTATED[site],
+                META_GROUPS: {"classifier": []} if site == "site-1" else net.parameter_groups()}
+        w = {key: v + np.float32(0.01 * (k + 1)) if v.dtype.kind == "f" else v for key, v in prev.items()}
+        assert agg.accept(DXO(DataKind.WEIGHTS, w, meta).to_shareable(), _ctx(engine, 0, prev, site)), agg.rejected
+    agg.aggregate(_ctx(engine, 0, prev))
+    assert seen == [net.parameter_groups()]

@@ -20,8 +20,10 @@ The metadata beside the weights (class counts, prototypes, per-class losses, ...
 annotates) is checked when it arrives against what the method declares it may be (``LocalTrainer.statistics`` and
 ``per_class_metadata``, :mod:`fedpartial.stat_checks`: shape in the job's classes C and feature dimension D, finite
 values, ranges such as counts within ``[0, n_train]`` of the site's data-check answer, bounded row norms, the keys
-the rule reads from every site); the classes a site says it annotates must be those of its data-check answer. An
-update that breaks them is refused with the reason.
+the rule reads from every site); the classes a site says it annotates must be those of its data-check answer, and
+its parameter groups must name tensors of its update. An update that breaks them is refused with the reason. The
+rule gets the parameter groups of the server's own model (the first contribution's where the server has no model
+component).
 
 Sites that sent nothing usable this round (dead, slow, failed or
 refused) are recorded per round (``missing`` / ``rejected`` in ``results.json``). An update with participation
@@ -68,6 +70,25 @@ def to_builtin(value):
     if isinstance(value, np.generic):
         return value.item()
     return value
+
+
+def groups_problem(groups, weights: dict) -> str | None:
+    """Why a site's parameter groups (``{group: [tensor names]}``) do not describe its update, or None (also when
+    it sent none)."""
+    if groups is None:
+        return None
+    if not isinstance(groups, dict) or not all(isinstance(v, (list, tuple)) for v in groups.values()):
+        return f"parameter groups '{META_GROUPS}' are not a mapping of group names to tensor-name lists"
+    seen: set = set()
+    for name, keys in groups.items():
+        unknown = [k for k in keys if not isinstance(k, str) or k not in weights]
+        if unknown:
+            return f"parameter group '{name}' names tensors the update does not hold, e.g. {unknown[:3]}"
+        twice = seen.intersection(keys)
+        if twice:
+            return f"parameter group '{name}' repeats tensors of another group, e.g. {sorted(twice)[:3]}"
+        seen.update(keys)
+    return None
 
 
 class PartialLabelAggregator(Aggregator):
@@ -201,6 +222,9 @@ class PartialLabelAggregator(Aggregator):
         if not np.isfinite(w) or w < 0:
             return self._reject(fl_ctx, site, f"invalid participation weight {w}")
         why = self._check_statistics(fl_ctx, meta, summary, site, n if reported is None else float(reported))
+        if why:
+            return self._reject(fl_ctx, site, why)
+        why = groups_problem(meta.get(META_GROUPS), weights)
         if why:
             return self._reject(fl_ctx, site, why)
         self._contributions.append(Contribution(site=site, weights=weights, n=n, meta=meta, weight=w))
@@ -349,7 +373,11 @@ class PartialLabelAggregator(Aggregator):
         if not contributions:
             self.log_error(fl_ctx, f"round {rnd}: no usable update; keeping the previous global model")
             return self._keep_previous(previous, sat_out)
-        groups = contributions[0].meta.get(META_GROUPS) or {}
+        model = fl_ctx.get_engine().get_component(self.model_id) if self.model_id else None
+        if callable(getattr(model, "parameter_groups", None)):  # the server's own model: no site's word needed
+            groups = model.parameter_groups()
+        else:
+            groups = contributions[0].meta.get(META_GROUPS) or {}
         summary = self._summary(fl_ctx)
         before = self._snapshot() if len(contributions) > 1 else None
         try:

@@ -82,11 +82,13 @@ def downloaded(tmp_path):
 
 
 def _expected(net, manifest_paths, image_size=16):
-    """Probabilities computed independently from the job's dataset config with the training eval pipeline."""
+    """Probabilities computed independently from the job's dataset config with the data layer's per-file
+    evaluation pipeline (``cache: none``: decode, CT windows, MONAI resize, normalise; no image store), the one
+    fedpartial-predict and an exported bundle run."""
     client = json.loads((JOB_CONFIG / P.CLIENT_CONFIG).read_text())
     ds = resolve_dataset({**client["executors"][0]["executor"]["args"]["dataset"], "image_size": image_size})
     m = read_manifest(manifest_paths, ds["classes"], task=ds["task"])
-    return predict(net, SiteDatasets({"x": m}, ds).eval_loader("x"), ds["task"])["probs"]
+    return predict(net, SiteDatasets({"x": m}, {**ds, "cache": "none"}).eval_loader("x"), ds["task"])["probs"]
 
 
 def test_finds_models_in_both_layouts(sim_ws, downloaded):

@@ -10,8 +10,11 @@
 (``nvflare job download`` / ``download_job``), a run folder holding ``app_server/``, or a model file
 (``FL_global_model.pt``). The model architecture and the image pipeline (size, channels, CT windows,
 normalisation) are read from the job configuration stored with the run (``app_server/config``; override with
-``--job-config DIR``), and images go through the data layer's evaluation pipeline exactly as in training's
-validation (:class:`fedpartial.data.sitedata.SiteDatasets`). ``--model best`` (default) takes
+``--job-config DIR``), and each image goes through the data layer's per-file evaluation pipeline
+(:class:`fedpartial.data.sitedata.SiteDatasets` with ``cache: none``: decode, CT windows, MONAI ``Resized`` (area),
+normalise), the one an exported bundle (``fedpartial-export``) runs. Training's evaluation reads the sites' image
+store instead (resized by Pillow, kept as uint8), so a probability here may differ from the one the same image
+got during training (by up to 9e-4 on ``tests/test_predict.py``'s images with its random 16 px model). ``--model best`` (default) takes
 ``best_FL_global_model.pt`` (best validation round) when the run has it, else the last global model;
 ``--model last`` takes ``FL_global_model.pt``.
 

@@ -156,7 +156,7 @@ def test_every_method_runs_two_federated_rounds(name, task, images, tmp_path):
             tr.has_local_state = True
             sent = _wire(DXO(DataKind.WEIGHTS, data=tr.export(), meta={
                 **out.meta, META_N_TRAIN: 12, META_ANNOTATED: ctx.annotated.tolist(), META_GROUPS: groups}))
-            why = check_statistics(sent.meta, method.statistic_specs(rule), JobSize(C, init.feature_dim, 3, 12))
+            why = check_statistics(sent.meta, method.statistic_specs(rule, options), JobSize(C, init.feature_dim, 3, 12))
             assert why is None, f"{name}: {ctx.site}'s honest statistics break the method's declarations: {why}"
             contributions.append(Contribution(site=ctx.site, weights={k2: np.asarray(v) for k2, v in sent.data.items()},
                                               n=12, meta=dict(sent.meta), weight=float(out.weight)))

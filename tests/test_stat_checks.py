@@ -428,3 +428,14 @@ def test_parameter_groups_must_describe_the_update_and_the_server_uses_its_own()
         assert agg.accept(DXO(DataKind.WEIGHTS, w, meta).to_shareable(), _ctx(engine, 0, prev, site)), agg.rejected
     agg.aggregate(_ctx(engine, 0, prev))
     assert seen == [net.parameter_groups()]
+
+
+def test_declarations_follow_the_options():
+    """FedLSM's q counted over the batches trained (``q_counts: seen``, the released code) may exceed the site's
+    images: it is then bounded below only, and an honest site counting so is not refused."""
+    assert get_method("fedlsm").statistic_specs()["fedlsm_q"].high == "n_train"
+    assert get_method("fedlsm").statistic_specs(args={"q_counts": "seen"})["fedlsm_q"].high is None
+    accepted, out, _ = _round("fedlsm", {"fedlsm_q": np.array([80.0, 0.0, 3.0])}, args={"q_counts": "seen"})
+    assert all(accepted.values()) and out.meta[META_REJECTED] == {}
+    accepted, out, _ = _round("fedlsm", {"fedlsm_q": np.array([-1.0, 0.0, 3.0])}, args={"q_counts": "seen"})
+    assert not accepted["site-3"] and "below 0" in out.meta[META_REJECTED]["site-3"]

@@ -123,7 +123,7 @@ class PartialLabelAggregator(Aggregator):
         self.specs: dict[str, StatSpec] = {}  # what each contribution's metadata may be (the method's declarations)
         try:
             self.rule: ServerRule | None = get_method(method).make_rule(self.method_args, "server aggregator")
-            self.specs = get_method(method).statistic_specs(self.rule)
+            self.specs = get_method(method).statistic_specs(self.rule, self.method_args)
         except ValueError as e:  # reported with the job's name when the job starts (no context here)
             self.rule, self.config_error = None, str(e)
         self.refused: dict[str, str] = {}  # site -> why its updates are refused for the rest of the job (rule failures)

@@ -206,6 +206,12 @@ class LocalTrainer:
     def train_round(self, round_num: int, num_rounds: int, global_meta: dict) -> RoundOutput:
         raise NotImplementedError
 
+    @classmethod
+    def declared_statistics(cls, opts) -> tuple[StatSpec, ...]:
+        """:attr:`statistics` as they are under the trainer's options ``opts`` (its ``Options`` instance); a
+        trainer whose bounds depend on an option overrides this."""
+        return tuple(cls.statistics)
+
     # -- site hooks ---------------------------------------------------------------------------------------
     def receive(self, weights: dict[str, np.ndarray]) -> None:
         """Load the received global weights into the model; the site's local parts (``norm: local``,
@@ -503,12 +509,13 @@ class Method:
         t, r = option_names(self.trainer.Options), option_names(self.rule.Options)
         return {k: v for k, v in args.items() if k in t}, {k: v for k, v in args.items() if k in r}
 
-    def statistic_specs(self, rule: ServerRule | None = None) -> dict[str, StatSpec]:
+    def statistic_specs(self, rule: ServerRule | None = None, args: dict | None = None) -> dict[str, StatSpec]:
         """What every contribution's metadata may be (:func:`fedpartial.stat_checks.statistic_specs`): the
-        trainer's declarations, with the keys ``rule`` (default: the rule class) reads from every contribution
-        required."""
+        trainer's declarations under the job's ``method_args`` ``args``, with the keys ``rule`` (default: the rule
+        class) reads from every contribution required."""
         required = (rule if rule is not None else self.rule).required_metadata
-        return statistic_specs(self.trainer.per_class_metadata, self.trainer.statistics, required)
+        opts = build(self.trainer.Options, self.split_options(args)[0], f"method '{self.name}' trainer options")
+        return statistic_specs(self.trainer.per_class_metadata, self.trainer.declared_statistics(opts), required)
 
     def make_rule(self, args: dict | None, where: str = "") -> ServerRule:
         return self.rule(**self.split_options(args, where)[1])

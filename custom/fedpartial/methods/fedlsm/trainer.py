@@ -75,6 +75,14 @@ class FedLSMTrainer(LocalTrainer):
     Options = FedLSMOptions
     per_class_metadata = (ClassStat(META_Q, "count"),)
     statistics = (StatSpec(META_Q, ("C",), "float", 0.0, "n_train", required=True),)  # AWPA's weights: q_c^k <= n_k
+
+    @classmethod
+    def declared_statistics(cls, opts) -> tuple[StatSpec, ...]:
+        """``q_counts: seen`` counts over the batches trained (a class may be counted more often than the site has
+        images): q is then only finite and non-negative."""
+        if opts.q_counts == "seen":
+            return (StatSpec(META_Q, ("C",), "float", 0.0, required=True),)
+        return cls.statistics
     keep_optimizer_state = True
 
     def __init__(self, ctx: SiteContext, **options):

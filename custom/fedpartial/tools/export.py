@@ -318,14 +318,20 @@ def export_onnx(model: LoadedModel, path: Path) -> None:
 # ------------------------------------------------------------------------------------------------ the export
 
 def export_bundle(run: str | Path, out: str | Path, which: str = "best", torchscript: bool = True,
-                  onnx: bool = False, job_config: str | Path | None = None, overwrite: bool = False) -> Path:
-    """Write the bundle of ``run``'s global model to ``out`` (see the module docstring). Returns ``out``."""
+                  onnx: bool = False, job_config: str | Path | None = None, overwrite: bool = False,
+                  say=None) -> Path:
+    """Write the bundle of ``run``'s global model to ``out`` (see the module docstring). Returns ``out``.
+    ``say``: called with a line per step (the command line prints them to stderr)."""
+    say = say or (lambda line: None)
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         if not overwrite:
             raise FileExistsError(f"{out} exists and is not empty (pass --force to replace it)")
         shutil.rmtree(out)
     model = load_model(run, which, job_config)
+    say(f"model {model.path} ({model.net.arch}, {model.task}, {len(model.classes)} classes)")
+    if model.note:
+        say(f"note: {model.note}")
     results = run_results(model)
     thresholds = bundle_thresholds(model)
     pre = preprocessing_spec(model)
@@ -334,7 +340,9 @@ def export_bundle(run: str | Path, out: str | Path, which: str = "best", torchsc
     torch.save(model.net.state_dict(), out / "models" / "model.pt")
     meta = metadata(model, results, thresholds, pre)
     (out / "configs" / "metadata.json").write_text(json.dumps(meta, indent=2, default=_json_default))
+    say("configs/metadata.json, models/model.pt")
     if torchscript:
+        say("models/model.ts (traced, checked against the model), configs/inference.json, scripts/image_io.py")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             torch.jit.save(trace(model), str(out / "models" / "model.ts"))
@@ -343,9 +351,11 @@ def export_bundle(run: str | Path, out: str | Path, which: str = "best", torchsc
         (out / "configs" / "inference.json").write_text(json.dumps(inference_config(model, thresholds, pre),
                                                                    indent=2))
     if onnx:
+        say("models/model.onnx")
         export_onnx(model, out / "models" / "model.onnx")
     from .model_card import write_model_card
 
+    say("docs/README.md (model card) and its figures")
     write_model_card(out, meta, final_result(model, results), results)
     return out
 
@@ -373,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--force", action="store_true", help="replace an existing, non-empty output folder")
     a = ap.parse_args(argv)
     try:
-        out = export_bundle(a.run, a.out, a.model, a.torchscript, a.onnx, a.job_config, a.force)
+        out = export_bundle(a.run, a.out, a.model, a.torchscript, a.onnx, a.job_config, a.force,
+                            say=lambda line: print(f"fedpartial-export: {line}", file=sys.stderr, flush=True))
     except (OSError, ValueError, RuntimeError) as e:
         print(f"fedpartial-export: error: {e}", file=sys.stderr)
         return 1

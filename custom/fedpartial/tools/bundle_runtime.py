@@ -1,8 +1,9 @@
 """What a MONAI bundle written by ``fedpartial-export`` runs besides MONAI itself: the image decoder, the
-folder listing and the handler that writes ``predictions.csv`` (MONAI's ``SupervisedEvaluator`` runs the model). ``fedpartial-export`` copies this file into the bundle as
-``scripts/image_io.py``, with the decoder block below replaced by the training code's own decoding functions
-(``fedpartial.data.transforms.read_image`` and the DICOM / CT-window helpers it calls, copied verbatim), so the
-bundle runs where this package is not installed: numpy, Pillow, pydicom, torch and MONAI only.
+folder listing and the handler that writes ``predictions.csv`` (MONAI's ``SupervisedEvaluator`` runs the model).
+``fedpartial-export`` copies this file into the bundle as ``scripts/image_io.py``, with the decoder block below
+replaced by the training code's own decoding functions (``fedpartial.data.transforms.read_image`` and the DICOM /
+CT-window helpers it calls, copied verbatim), so the bundle runs where this package is not installed: numpy,
+Pillow, pydicom, torch, MONAI and pytorch-ignite only.
 
 Why a decoder of our own rather than MONAI's ``LoadImaged``: training scales an 8-bit PNG / JPG by 1/255 and a
 16-bit one by 1/65535, converts palette / alpha images to RGB, turns a DICOM's stored values into Hounsfield units

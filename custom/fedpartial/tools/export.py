@@ -61,7 +61,7 @@ def decoder_source() -> str:
     from ..data import dicom, transforms
 
     parts = ["from PIL import Image", "", "Window = tuple[float, float]",
-             f"DEFAULT_WINDOWS = {dicom.DEFAULT_WINDOWS!r}", ""]
+             f"DEFAULT_WINDOWS = {dicom.DEFAULT_WINDOWS!r}", "", ""]
     for obj in (dicom._first, dicom.read_dicom_hu, dicom.apply_windows, transforms.ImageLoadError,
                 transforms.is_dicom, transforms._minmax, transforms._read_pil, transforms._match_channels,
                 transforms.read_image):
@@ -266,7 +266,7 @@ def inference_config(model: LoadedModel, thresholds: dict, pre: dict) -> dict:
              "ct_windows": "@ct_windows"},
             {"_target_": "Resized", "keys": "image", "spatial_size": ["@image_size", "@image_size"],
              "mode": pre["resize_mode"]},
-            typed, *norm, typed]},
+            typed, *([*norm, typed] if norm else [])]},
         "dataset": {"_target_": "Dataset", "data": "$[{'image': p, 'path': p} for p in @datalist]",
                     "transform": "@preprocessing"},
         "dataloader": {"_target_": "DataLoader", "dataset": "@dataset", "batch_size": "@batch_size",

@@ -24,6 +24,12 @@ this order, within ``--budget`` seconds, the zoo last with the time left):
   the site's images kept on the GPU: ``train.data_on_device`` auto) against a bare loop (the same model and
   optimiser, the same images already on the GPU, the same number of steps). PASS: round <= 1.2 x bare. Also
   timed: the images from the host, pinned and prefetched in a thread, and without the thread.
+- ``store``: the input pipeline from the image store (``fedpartial.data.store``): grayscale PNGs stored as 1-channel
+  uint8 at 224 px, read in shuffled batches of 32, sent to the device as uint8, repeated to the model's 3
+  channels and given the weak views there (``train.data_on_device`` off: every batch from the host), in images/s,
+  against ResNet-18's training step in images/s at the same size and batch (the faster of float32 and amp).
+  PASS: input >= step. Then a fedavg local round reading the store (``data_on_device`` off) against a bare loop
+  reading the same store batches (uint8 to the device, converted there, no views). PASS: round <= 1.2 x bare.
 - ``syncs``: host synchronisations per training step, every method (``torch.cuda.set_sync_debug_mode``): the
   syncs 4 more local steps add to a round. PASS: none; the detail names the lines that wait on the GPU.
 - ``job``: when NVFlare imports, a real simulator job (``fedavg_ich``, 3 sites, 2 rounds, ``device`` = the
@@ -45,7 +51,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-CHECKS = ("step", "round", "syncs", "eval", "paper", "job", "zoo")  # the zoo last: it takes the time left (--budget)
+CHECKS = ("step", "round", "store", "syncs", "eval", "paper", "job", "zoo")  # the zoo last: it takes the time left (--budget)
 TARGET_AMP, TARGET_ROUND = 0.6, 1.2
 
 
@@ -577,6 +583,97 @@ def check_round(args, work: Path, out: list) -> None:
                     "seconds": {"round": r, "bare": b, "host_prefetched": hp, "host_unprefetched": hu}})
 
 
+def check_store(args, work: Path, out: list) -> None:
+    """Input images/s from the image store vs ResNet-18 step images/s; fedavg round vs bare loop from the store."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from fedpartial.data.batch_views import as_float
+    from fedpartial.data.presets import resolve_dataset
+    from fedpartial.device import mixed_precision
+    from fedpartial.methods import get_method
+    from fedpartial.models import build_model
+
+    torch.backends.cudnn.benchmark = True
+    gpu = torch.device(args.device).type == "cuda"
+    size, bs, steps = (32, 4, 2) if args.quick else (224, 32, 40)
+    n = bs * steps + 4
+    root = work / "store"
+    root.mkdir()
+    rng = np.random.default_rng(3)
+    for i in range(n):  # grayscale, larger than the job's size: stored as 1 channel, resized once
+        Image.fromarray(rng.integers(0, 255, (size + 32, size + 32), dtype=np.uint8)).save(root / f"{i}.png")
+    ds = resolve_dataset({"preset": "ich_phantom", "image_size": size})  # a 3-channel model
+    C = len(ds["classes"])
+    net = build_model({"arch": "resnet18", "init_seed": 0}, C).to(args.device).to(memory_format=torch.channels_last)
+    train = {"lr": 1e-4, "batch_size": bs, "local_steps": steps, "pin_memory": True, "amp": gpu,
+             "data_on_device": "off"}
+    ctx = _site(root, 0, n, "multilabel", np.ones(C, bool), ds, net, args.device, train, work / "st", n_val=4)
+    store = ctx.data.store("train")
+    dev_type = torch.device(args.device).type
+
+    def input_pass() -> int:
+        k = 0
+        for batch in ctx.data.train_loader({"image": "weak"}, bs, True, 0, True, batched=True, device=args.device,
+                                           pin_memory=True, on_device="off"):
+            k += batch["image"].shape[0]
+        _sync(args.device)
+        return k
+
+    input_pass()  # warm-up (kernels, page cache)
+    t0 = time.perf_counter()
+    k = input_pass() + input_pass()
+    rate_in = k / (time.perf_counter() - t0)
+    ms = min(_step_time(args.device, amp, 2 if args.quick else 20, bs, size) for amp in ((False, True) if gpu else (False,)))
+    rate_step = bs / (ms / 1000)
+    out.append({"check": "store", "case": f"input from the image store vs ResNet-18 step, {size}px, batch {bs}",
+                "ok": (rate_in >= rate_step) if gpu else None,
+                "detail": f"input {rate_in:.0f} img/s (store {store.channels} channel uint8 -> device, 3 channels and "
+                          f"weak views there), step {rate_step:.0f} img/s ({ms:.1f} ms, the faster of fp32 / amp on a GPU) "
+                          "(target: input >= step)",
+                "img_per_s": {"input": rate_in, "step": rate_step}})
+
+    trainer = get_method("fedavg").make_trainer(ctx, {"view": "weak"})
+    model = ctx.model
+
+    def local_round():
+        with mixed_precision(dev_type, gpu):
+            trainer.train_round(0, 2, {})
+
+    def bare():
+        model.train()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+        for s, batch in enumerate(ctx.data._batches("train", bs, True, 1, True)):
+            if s >= steps:
+                break
+            x = as_float(batch["source"].pin_memory().to(args.device, non_blocking=True) if gpu else
+                         batch["source"].to(args.device), 3).contiguous(memory_format=torch.channels_last)
+            y = batch["label"].to(args.device, non_blocking=True)
+            with torch.autocast(dev_type, dtype=torch.bfloat16, enabled=gpu):
+                loss = torch.nn.functional.binary_cross_entropy_with_logits(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+
+    times = {"round": [], "bare": []}
+    for rep in range(3):  # the first of each is a warm-up
+        for key, fn in (("bare", bare), ("round", local_round)):
+            _sync(args.device)
+            t0 = time.perf_counter()
+            fn()
+            _sync(args.device)
+            if rep:
+                times[key].append(time.perf_counter() - t0)
+    r, b = min(times["round"]), min(times["bare"])
+    out.append({"check": "store", "case": f"fedavg local round vs bare loop, both from the image store, ResNet-18 "
+                                          f"{size}px, {steps} steps of {bs}, amp={'on' if gpu else 'off'}",
+                "ok": (r / b <= TARGET_ROUND) if gpu else None,
+                "detail": f"round {1000 * r:.0f} ms, bare {1000 * b:.0f} ms: {r / b:.2f}x (target <= {TARGET_ROUND}; "
+                          "train.data_on_device off: every batch read from the store on the host)",
+                "seconds": {"round": r, "bare": b}})
+
+
 def check_job(args, work: Path, out: list) -> None:
     try:
         import nvflare  # noqa: F401
@@ -624,7 +721,7 @@ def run_one(args) -> None:
         raise SystemExit(f"--device {args.device}: this torch ({torch.__version__}) sees no GPU")
     torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
     fn = {"zoo": check_zoo, "paper": check_paper, "eval": check_eval, "step": check_step, "round": check_round,
-          "syncs": check_syncs, "job": check_job}[args.only]
+          "store": check_store, "syncs": check_syncs, "job": check_job}[args.only]
     print("BORROWED " + json.dumps(borrowed), flush=True)
     with tempfile.TemporaryDirectory(prefix=f"gpu_check_{args.only}_") as tmp:
         os.environ.setdefault("FEDPARTIAL_CACHE", str(Path(tmp) / "cache"))

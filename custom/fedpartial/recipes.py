@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import copy
 import importlib
+import json
 import os
 import re
 import shutil
@@ -332,6 +333,9 @@ def _parser(name: str) -> argparse.ArgumentParser:
                     help="a fedpartial-prepare output folder: site-<i> trains on its own site-<i>.csv")
     ap.add_argument("--data-dir", default=None,
                     help=f"folder relative data roots resolve against (default: ${DATA_DIR_ENV}, else the checkout)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override one of the job's settings (JSON value; dots reach into dataset / model / train / "
+                         "evaluation), e.g. --set dataset.image_size=32 --set model.arch=small_cnn; repeatable")
     ap.add_argument("--workspace", default="workspaces",
                     help=f"results go to WORKSPACE/{name} (default: workspaces/{name})")
     return ap
@@ -370,6 +374,8 @@ def job_main(make_recipe: Callable[..., PartialLabelRecipe], argv: list[str] | N
     sites = args.sites or (prepared_sites(args.data) if args.data else None)
     if sites is not None and sites != base.num_sites:
         kwargs.update(num_sites=sites, dataset=with_sites(base.dataset, sites))
+    for item in args.set:
+        kwargs.update(setting_override(base, kwargs, item))
     recipe = make_recipe(**kwargs) if kwargs else base
     n = recipe.num_sites
     if args.gpu is not None:
@@ -408,6 +414,27 @@ def gpu_sites(gpu_config: str, num_sites: int) -> dict[str, list[str]]:
         key = group if group not in out else f"{group} (slot {slot + 1})"
         out[key] = [f"site-{i + 1}" for i in range(num_sites) if i % len(groups) == slot]
     return out
+
+
+def setting_override(base: PartialLabelRecipe, kwargs: dict, item: str) -> dict:
+    """``KEY=VALUE`` of a ``job.py``'s ``--set`` -> the recipe keyword it changes (a nested key merged into the
+    job's own dict of that name, or of what earlier options made of it)."""
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+        raise SystemExit(f"--set expects KEY=VALUE, got {item!r}")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = text
+    top, *rest = key.strip().split(".")
+    if not rest:
+        return {top: value}
+    current = kwargs.get(top, getattr(base, top, None) if top in ("dataset", "model", "train", "evaluation") else
+                         base.method_args.get(top))
+    current = {"preset": current} if isinstance(current, str) else (current or {})
+    for k in reversed(rest):
+        value = {k: value}
+    return {top: deep_merge(current, value)}
 
 
 def with_sites(dataset: dict | str, num_sites: int) -> dict:

@@ -54,7 +54,10 @@ import numpy as np
 import pandas as pd
 
 from .manifest import ManifestError, check_coverage, read_manifest, write_manifest
-from .partition import PARTITIONS, by_centre, dirichlet_label_skew, quantity_skew
+from .partition import (PARTITIONS, _cut, by_centre, dirichlet_label_skew, quantity_skew,  # noqa: F401
+                        split_patients, split_sites)
+from .prepared import (_NOT_HASHED, DATASET_JSON, PreparedDataset, _stamps, canonical_spec, check_job_classes,  # noqa: F401
+                       load_prepared, prepared_path, site_name, spec_hash, stale_sources)
 from .protocols import assign
 from .quality import quality_pass, read_exclude
 from .sources import SourceTable, load_source
@@ -62,46 +65,10 @@ from .sources.base import NOT_ANNOTATED, Dropped, SourceError
 from .sources.isic2019 import FLAMBY_CENTRES
 from .vocabulary import CHEXPERT_SYNONYMS, VOCABULARIES, VocabularyError, invert, resolve_vocabulary
 
-DATASET_JSON = "dataset.json"
 PUBLISHED_SOURCES = ("ham10000", "isic2018", "isic2019", "nih_cxr14", "chexpert", "mimic_cxr", "rsna_ich", "csv",
                      "folder")
 """Sources read from a release's folder (--root required); the others are generated into the output folder."""
 FORMAT_VERSION = 1
-
-
-def site_name(i: int) -> str:
-    """0-based site index -> NVFlare simulator client name ('site-1', ...)."""
-    return f"site-{i + 1}"
-
-
-@dataclass
-class PreparedDataset:
-    """A prepared dataset folder, as read by :func:`load_prepared`.
-
-    Attributes:
-        classes: global class list (manifest column order).
-        task: 'multilabel' or 'multiclass'.
-        data_root: absolute folder the manifests' image paths are relative to.
-        sites: ``{'site-1': manifest path, ...}``.
-        val: validation manifest (fully labelled).
-        test: test manifest (fully labelled).
-        info: the whole ``dataset.json``.
-        path: the prepared folder.
-    """
-
-    classes: list[str]
-    task: str
-    data_root: Path
-    sites: dict[str, Path]
-    val: Path
-    test: Path
-    info: dict = field(default_factory=dict)
-    path: Path | None = None
-
-    @property
-    def site_classes(self) -> dict[str, list[str]]:
-        """Annotated class names per site."""
-        return {k: list(v) for k, v in self.info.get("sites", {}).items()}
 
 
 # ----------------------------------------------------------------------------------------------- class subset
@@ -147,92 +114,6 @@ def subset_classes(table: SourceTable, classes: Sequence[str] | None = None,
         frame = frame[keep]
     return SourceTable(table.name, table.task, chosen, table.root, frame.reset_index(drop=True), table.synthetic,
                        table.dropped, table.files, lines)
-
-
-# ----------------------------------------------------------------------------------------------------- splits
-
-def _cut(cum: np.ndarray, target: float, lo: int, hi: int) -> int:
-    """Number of leading groups whose cumulative size is closest to ``target``, clipped to ``lo..hi``."""
-    i = int(np.argmin(np.abs(cum - target)))
-    return min(max(i, lo), hi)
-
-
-def split_patients(patient_ids: Sequence[str], val_frac: float, test_frac: float, seed: int) -> np.ndarray:
-    """Patient-level train / val / test split (deterministic from ``seed``).
-
-    Patients are shuffled (the permutation of the sorted unique ids depends only on the seed) and cut where the
-    cumulative number of images is closest to ``test_frac`` and ``test_frac + val_frac`` of all images; every
-    split gets at least one patient.
-
-    Returns:
-        ``(N,)`` array of 'train' / 'val' / 'test' per row.
-    """
-    if not (0 < val_frac < 1 and 0 < test_frac < 1 and val_frac + test_frac < 1):
-        raise ValueError(f"need 0 < val_frac, test_frac and val_frac + test_frac < 1; got {val_frac}, {test_frac}")
-    pids = np.asarray([str(p) for p in patient_ids])
-    uniq, inverse, sizes = np.unique(pids, return_inverse=True, return_counts=True)
-    if len(uniq) < 3:
-        raise ValueError(f"need at least 3 patients for a train / val / test split, got {len(uniq)}")
-    order = np.random.default_rng([1, seed]).permutation(len(uniq))
-    cum = np.concatenate([[0], np.cumsum(sizes[order])])
-    n = len(pids)
-    n_test = _cut(cum, test_frac * n, 1, len(uniq) - 2)
-    n_eval = _cut(cum, (test_frac + val_frac) * n, n_test + 1, len(uniq) - 1)
-    group_split = np.full(len(uniq), "train", dtype=object)
-    group_split[order[:n_test]] = "test"
-    group_split[order[n_test:n_eval]] = "val"
-    return group_split[inverse].astype(str)
-
-
-def split_sites(patient_ids: Sequence[str], num_sites: int, seed: int,
-                site_sizes: int | Sequence[int] | None = None) -> list[np.ndarray]:
-    """Deal patients IID over ``num_sites`` disjoint sites, balancing image counts.
-
-    Patients are shuffled with the seed, then taken largest first (ties in shuffled order), each going to the
-    site with the fewest images so far, so sites differ by at most a few images. With
-    ``site_sizes`` (one int for all sites, or one per site) each site keeps at most that many images (whole
-    patients first, in shuffled order).
-
-    Returns:
-        per site, the sorted row positions (into ``patient_ids``).
-    """
-    if num_sites < 1:
-        raise ValueError(f"num_sites must be >= 1, got {num_sites}")
-    caps: list[int | None]
-    if site_sizes is None:
-        caps = [None] * num_sites
-    elif isinstance(site_sizes, (int, np.integer)):
-        caps = [int(site_sizes)] * num_sites
-    else:
-        caps = [int(c) for c in site_sizes]
-        if len(caps) != num_sites:
-            raise ValueError(f"site_sizes has {len(caps)} entries for {num_sites} sites")
-    if any(c is not None and c < 1 for c in caps):
-        raise ValueError(f"site sizes must be >= 1, got {site_sizes}")
-    pids = np.asarray([str(p) for p in patient_ids])
-    uniq, inverse, sizes = np.unique(pids, return_inverse=True, return_counts=True)
-    if len(uniq) < num_sites:
-        raise ValueError(f"{len(uniq)} training patients cannot fill {num_sites} sites")
-    shuffled = np.random.default_rng([2, seed]).permutation(len(uniq))
-    rank = np.empty(len(uniq), np.int64)
-    rank[shuffled] = np.arange(len(uniq))
-    order = np.lexsort((rank, -sizes))  # largest patients first, shuffled among equal sizes
-    load = np.zeros(num_sites, np.int64)
-    owner = np.empty(len(uniq), np.int64)
-    for g in order:
-        s = int(np.argmin(load))
-        owner[g] = s
-        load[s] += sizes[g]
-    out = []
-    for s, cap in enumerate(caps):
-        idx = np.flatnonzero(owner[inverse] == s)
-        idx = idx[np.lexsort((idx, rank[inverse[idx]]))]
-        if cap is not None:
-            if len(idx) < cap:
-                warnings.warn(f"{site_name(s)} has only {len(idx)} training images (< site size {cap})")
-            idx = idx[:cap]
-        out.append(np.sort(idx))
-    return out
 
 
 # ---------------------------------------------------------------------------------------------------- prepare
@@ -323,17 +204,6 @@ def _publish(tmp: Path, final: Path, inside: bool, overwrite: bool) -> None:
         else:
             raise FileExistsError(f"{final} already exists (pass overwrite=True)")
     os.rename(tmp, final)
-
-
-def _stamps(files: Sequence[str]) -> dict[str, list[int]]:
-    """``{file: [size, mtime_ns]}`` of the source's label files (what the prepared-data cache checks)."""
-    out = {}
-    for f in files:
-        p = Path(f)
-        if p.is_file():
-            st = p.stat()
-            out[str(p.resolve())] = [int(st.st_size), int(st.st_mtime_ns)]
-    return out
 
 
 def _decode_cache_file() -> Path:
@@ -726,71 +596,8 @@ def _build(table: SourceTable, tmp: Path, base: Path, local: bool, groups: list,
 
 # ------------------------------------------------------------------------------------------ loading / caching
 
-def load_prepared(out_dir: str | os.PathLike) -> PreparedDataset:
-    """Read a folder written by :func:`prepare`."""
-    folder = Path(out_dir).expanduser().resolve()
-    meta = folder / DATASET_JSON
-    if not meta.is_file():
-        raise FileNotFoundError(f"{meta} not found: not a prepared dataset (run fedpartial-prepare)")
-    info = json.loads(meta.read_text(encoding="utf-8-sig"))
-    data_root = Path(info["data_root"])
-    data_root = data_root if data_root.is_absolute() else (folder / data_root).resolve()
-    files = info["files"]
-    return PreparedDataset(
-        classes=list(info["classes"]), task=info["task"], data_root=data_root,
-        sites={s: folder / files[s] for s in info["sites"]}, val=folder / files["val"],
-        test=folder / files["test"], info=info, path=folder)
-
-
-_NOT_HASHED = ("verbose", "overwrite", "refresh")
 REFRESH_ENV = "FEDPARTIAL_REFRESH_DATA"
 _STARTED = time.time()
-
-
-def canonical_spec(spec: dict) -> dict:
-    """The spec with roots made absolute (so equal data give equal hashes whatever the working folder) and
-    without the keys that do not change the data (``verbose``, ``overwrite``, ``refresh``)."""
-    spec = {k: v for k, v in spec.items() if k not in _NOT_HASHED}
-    if "source_root" in spec and "root" not in spec:
-        spec["root"] = spec.pop("source_root")
-    if "protocol" not in spec or not (spec.get("source") or spec.get("sources")):
-        raise ValueError(f"dataset spec needs 'protocol' and 'source' (or 'sources'): {spec}")
-    if not spec.get("sources") and "num_sites" not in spec and spec.get("partition") != "centre":
-        raise ValueError(f"dataset spec lacks 'num_sites': {spec}")
-    if spec.get("root") is not None:
-        spec["root"] = str(Path(spec["root"]).expanduser().resolve())
-    if spec.get("sources"):
-        spec["sources"] = [{**s, "root": str(Path(s["root"]).expanduser().resolve())} if s.get("root") else dict(s)
-                           for s in spec["sources"]]
-    return spec
-
-
-def spec_hash(spec: dict, length: int = 12) -> str:
-    """Short sha256 of the canonical JSON of the spec."""
-    text = json.dumps(canonical_spec(spec), sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:length]
-
-
-def _spec_name(spec: dict) -> str:
-    return spec.get("source") or "+".join(s.get("source", "?") for s in spec["sources"])
-
-
-def prepared_path(spec: dict, cache_dir: str | os.PathLike) -> Path:
-    """Where :func:`ensure_prepared` keeps the split of ``spec``: ``cache_dir/<source>-<protocol>-<hash>``."""
-    spec = canonical_spec(spec)
-    return Path(cache_dir).expanduser().resolve() / f"{_spec_name(spec)}-{spec['protocol']}-{spec_hash(spec)}"
-
-
-def stale_sources(folder: Path) -> list[str]:
-    """The source label files recorded in ``folder``'s dataset.json whose size or mtime changed (or that are
-    gone) since it was prepared."""
-    try:
-        info = json.loads((folder / DATASET_JSON).read_text(encoding="utf-8-sig"))
-    except (OSError, json.JSONDecodeError):
-        return [str(folder / DATASET_JSON)]
-    recorded = info.get("source_files") or {}
-    now = _stamps(list(recorded))
-    return [f for f, st in recorded.items() if now.get(f) != list(st)]
 
 
 def _fresh(out: Path, refresh: bool) -> bool:
@@ -837,23 +644,6 @@ def ensure_prepared(spec: dict, cache_dir: str | os.PathLike, verbose: bool = Tr
         protocol = kwargs.pop("protocol")
         prepare(source, root, out, num_sites, protocol, overwrite=True, verbose=verbose, **kwargs)
     return out
-
-
-def check_job_classes(prepared: "PreparedDataset", classes: Sequence[str] | None, where: str = "") -> None:
-    """Raise when a prepared split's classes differ from a job's fixed class list (e.g. ``top_k_classes``
-    picked other classes from these data than the job names)."""
-    if classes is None or list(prepared.classes) == list(classes):
-        return
-    spec = prepared.info
-    extra = [c for c in prepared.classes if c not in classes]
-    missing = [c for c in classes if c not in prepared.classes]
-    how = (f"top_k_classes={spec.get('top_k_classes')} picked them from the data; "
-           if spec.get("top_k_classes") else "")
-    raise SourceError(f"{where}the prepared data ({prepared.path}) have classes {list(prepared.classes)} but the "
-                      f"job's class list is {list(classes)} (only in the data: {extra}; only in the job: "
-                      f"{missing}); {how}prepare with the job's classes",
-                      hint="give the job's class list to prepare ('classes') instead of 'top_k_classes', or set the "
-                           "job's 'classes' to the prepared ones")
 
 
 # -------------------------------------------------------------------------------------------------------- CLI

@@ -141,7 +141,9 @@ def test_fedmlp_prototypes_travel_pseudo_labels_persist_and_the_job_resumes(tmp_
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(first)[-3000:]
     saved = torch.load(ckpt / "fedmlp_ich" / "simulate_job" / "server" / CHECKPOINT_FILE, weights_only=True)
     assert saved["round"] == 1 and saved["method"] == "fedmlp" and saved["meta"]["fedmlp_global_p0"] is not None
-    assert {k: v for k, v in saved["components"]["aggregator"].items() if k != "step"} == {"rule": {}, "failures": 0}  # the prototypes are stored once: with the model
+    # the prototypes are stored once: with the model; no rule failure, no site refused for breaking the rule
+    assert {k: v for k, v in saved["components"]["aggregator"].items() if k != "step"} == {"rule": {}, "failures": 0,
+                                                                                           "refused": {}}
     assert (ckpt / "fedmlp_ich" / "simulate_job" / "server" / CHECKPOINT_FILE).stat().st_mode & 0o077 == 0  # private
     for i in range(1, 6):
         kept = sorted(f.name for f in (ckpt / "fedmlp_ich" / "simulate_job" / f"site-{i}").iterdir())

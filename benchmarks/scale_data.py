@@ -349,6 +349,24 @@ def format_compare(store_folder: Path, work: Path, n: int, seconds: float = 3.0)
     return out
 
 
+def dicom_ms(n: int = 60) -> float:
+    """CPU ms per RSNA-like CT slice (512 x 512 DICOM from the ICH phantom generator) stored at 224 px through the
+    three CT windows of the rsna_ich preset."""
+    from fedpartial.data.presets import CT_WINDOWS
+    from fedpartial.data.sources.ich_phantom import generate_ich_phantom
+    from fedpartial.data.store import Preprocessing, decode_resized
+
+    with tempfile.TemporaryDirectory() as d:
+        generate_ich_phantom(d, n_images=n, size=512, seed=0)
+        files = sorted(Path(d).rglob("*.dcm"))[:n]
+        prep = Preprocessing(224, 3, tuple(tuple(w) for w in CT_WINDOWS))
+        decode_resized(files[0], prep, 3)
+        t = time.process_time()
+        for f in files:
+            decode_resized(f, prep, 3)
+        return (time.process_time() - t) / len(files) * 1e3
+
+
 # -------------------------------------------------------------------------------------------------------- main
 
 def main(argv=None) -> int:
@@ -360,7 +378,11 @@ def main(argv=None) -> int:
     ap.add_argument("--distinct", type=int, help="distinct encoded images per release (default 400; quick 60)")
     ap.add_argument("--out", help=f"result file (default {RESULTS.relative_to(ROOT)}; quick: none)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    ap.add_argument("--dicom-only", action="store_true", help="only the CPU ms per 512 px CT slice (RSNA-like)")
     args = ap.parse_args(argv)
+    if args.dicom_only:
+        print(json.dumps({"store_dicom_512_ms": dicom_ms()}))
+        return 0
     q = args.quick
     n_nih = args.nih or (240 if q else 20000)
     n_mimic = args.mimic or (24 if q else 2000)
@@ -435,6 +457,7 @@ def main(argv=None) -> int:
                                     "store_jpg_2500x3000": b["cpu_s"] / n_mimic * 1e3,
                                     "store_build_wall_per_image_jpg": b["wall_s"] / n_mimic * 1e3})
         shutil.rmtree(work / "mimic")
+        res["per_image_ms"]["store_dicom_512"] = dicom_ms(20 if q else 60)
 
         # -- the 112k-row release (32 px images): one site's data check + dataset open
         say(f"{rows}-row NIH-like release (32 px)")

@@ -140,6 +140,9 @@ def simulated_spec(dataset: dict) -> dict:
     """The :func:`~fedpartial.data.prepare.ensure_prepared` spec of a job's simulated split."""
     # a job overrides a preset's protocol parameter away with null (e.g. {"protocol": "full", "k": null})
     spec = {k: v for k, v in dataset["prepare"].items() if v is not None or k == "root"}
+    # the sites' image stores decode every image once (and report a bad one at its manifest line), within the
+    # data check's time or before the job (fedpartial-store): prepare-on-first-use need not decode them too
+    spec.setdefault("decode_images", False)
     if spec.get("root") is not None:
         spec["root"] = str(resolve_path(spec["root"]))
     return spec

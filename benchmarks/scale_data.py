@@ -260,7 +260,7 @@ from pathlib import Path
 torch.set_num_threads(1)
 m = site_manifests(Path(%(prepared)r), %(site)r)
 data = SiteDatasets(m, dataset_cfg(%(size)d, Path(%(cache)r)))
-for b in data._batches("train", 256, False, 0, False):  # the loop once (code paths, allocator), then let go
+for b in data._batches("train", 32, False, 0, False):  # the loop once (code paths, allocator), then let go
     pass
 del data, b
 import gc; gc.collect()
@@ -269,8 +269,8 @@ me = psutil.Process()
 print(json.dumps({"before": me.memory_full_info().pss}), flush=True)
 sys.stdin.readline()
 data.open_stores()
-for split in ("train", "val", "test"):
-    for b in data._batches(split, 256, False, 0, False):
+for split in ("train", "val", "test"):  # in the jobs' batches of 32
+    for b in data._batches(split, 32, False, 0, False):
         pass
 keep = [data.images(s).images for s in ("train", "val", "test")]
 for a in keep:

@@ -173,7 +173,8 @@ def decode_resized(path: str | os.PathLike, prep: Preprocessing, channels: int) 
                     arr = (arr - lo) / (hi - lo) if hi > lo else np.zeros_like(arr)
                 out = _resize_float(arr[None], size, flt)
             else:
-                im = im.convert("L") if channels == 1 or mode in ("1", "LA") else im
+                if (channels == 1 and mode != "L") or mode in ("1", "LA"):
+                    im = im.convert("L")
                 if im.mode not in ("L", "RGB"):
                     im = im.convert("RGB")
                 a = np.asarray(im.resize((size, size), flt))
@@ -295,9 +296,15 @@ class ImageStore:
         out[order] = self.images[rows[order]]
         return out
 
+    @property
+    def paths(self) -> np.ndarray:
+        """The source file of each row (read from the index when asked: a site does not keep them in memory)."""
+        with np.load(self.folder / "index.npz", allow_pickle=False) as z:
+            return z["paths"]
+
     def stale_rows(self) -> np.ndarray:
         """Rows whose source file's size or mtime differ from the index (or that are gone); stats only."""
-        size, mtime = _stamps(list(self.index["paths"]))
+        size, mtime = _stamps(list(self.paths))
         return np.flatnonzero((size != self.index["size"]) | (mtime != self.index["mtime_ns"]))
 
 
@@ -338,7 +345,7 @@ def open_store(folder: str | os.PathLike, key: str | None = None, check_chunks: 
         if _index_digest(folder / "index.npz") != meta.get("index_sha256"):
             raise _refuse(folder, "corrupt (index.npz does not match its checksum)")
         with np.load(folder / "index.npz", allow_pickle=False) as z:
-            index = {k: z[k] for k in z.files}
+            index = {k: z[k] for k in z.files if k != "paths"}  # paths: ImageStore.paths, on demand
     except StoreError:
         raise
     except (OSError, ValueError, zlib.error) as e:
@@ -531,14 +538,12 @@ def relabel(store: ImageStore, labels: np.ndarray, mask: np.ndarray) -> bool:
     if store.index["labels"].shape == labels.shape and np.array_equal(store.index["labels"], labels) \
             and np.array_equal(store.index["mask"], mask):
         return False
-    paths = list(store.index["paths"])
     tmp = store.folder / f"index.tmp{os.getpid()}.npz"
-    np.savez(tmp, **{**store.index, "labels": labels, "mask": mask})
+    np.savez(tmp, **{**store.index, "paths": store.paths, "labels": labels, "mask": mask})
     os.replace(tmp, store.folder / "index.npz")
     store.meta["index_sha256"] = _index_digest(store.folder / "index.npz")
     _write_json(store.folder / "store.json", store.meta)
     store.index = {**store.index, "labels": labels, "mask": mask}
-    del paths
     return True
 
 

@@ -4,7 +4,9 @@ different classes (the third annotates nothing where the trainer accepts unlabel
 receive -> train_round -> export, then the method's server rule over the contributions with the model's real
 parameter groups. What travels between them (site metadata, the rule's metadata) goes through NVFlare's FOBS
 serialisation as a deployed job sends it; each site's state is saved and reloaded with ``weights_only=True`` into
-a fresh trainer. The global model must change and stay finite.
+a fresh trainer. The global model must change and stay finite. The same updates also go through the job's
+own server component (``_Glue``: the site's MinCountFilter, the wire, ``PartialLabelAggregator``), which must
+accept every site and give the rule's result: what a two-round simulator run of each method checked.
 
 The server side's contract (docs/adding-a-method.md) is checked on every rule: ``aggregate`` gets the model the
 sites received as ``previous`` and the groups the first contribution sent, and returns every key of ``previous``
@@ -144,6 +146,7 @@ def test_every_method_runs_two_federated_rounds(name, task, images, tmp_path):
         trainers.append(method.make_trainer(ctx, dict(options), f"zoo {name}"))
     rule = method.make_rule(dict(options), f"zoo {name}")
     rule.check_federation(summary)
+    glue = _Glue(name, options, summary, init)  # the job's own server component, fed the same updates
     meta_out: dict = {META_SUMMARY: summary}
     steps = 0
     rounds: list[tuple] = []  # each round's rule inputs and outputs, for the checkpoint comparison
@@ -158,6 +161,7 @@ def test_every_method_runs_two_federated_rounds(name, task, images, tmp_path):
                 **out.meta, META_N_TRAIN: 12, META_ANNOTATED: ctx.annotated.tolist(), META_GROUPS: groups}))
             why = check_statistics(sent.meta, method.statistic_specs(rule, options), JobSize(C, init.feature_dim, 3, 12))
             assert why is None, f"{name}: {ctx.site}'s honest statistics break the method's declarations: {why}"
+            glue.send(ctx.site, sent, float(out.weight), rnd, global_w)
             contributions.append(Contribution(site=ctx.site, weights={k2: np.asarray(v) for k2, v in sent.data.items()},
                                               n=12, meta=dict(sent.meta), weight=float(out.weight)))
             fresh = method.make_trainer(ctx, dict(options), f"zoo {name}")  # a new process of this site
@@ -167,6 +171,7 @@ def test_every_method_runs_two_federated_rounds(name, task, images, tmp_path):
         inputs = copy.deepcopy((global_w, used, used[0].meta[META_GROUPS], rnd, summary))
         weights, meta = rule.aggregate(global_w, used, used[0].meta[META_GROUPS], rnd, summary)
         _check_output_contract(name, global_w, weights, meta)
+        glue.check_round(rnd, global_w, weights, [c.site for c in used])
         rounds.append((inputs, (copy.deepcopy(weights), to_builtin(meta))))
         back = _wire(DXO(DataKind.WEIGHTS, data=weights, meta=to_builtin(meta)))
         global_w, meta_out = {k: np.asarray(v) for k, v in back.data.items()}, {**back.meta, META_SUMMARY: summary}
@@ -174,6 +179,65 @@ def test_every_method_runs_two_federated_rounds(name, task, images, tmp_path):
     _check_rule_state_survives_a_checkpoint(method, options, rounds, tmp_path / "server")
     changed = [k for k, v in init.state_dict().items() if v.is_floating_point() and not np.allclose(global_w[k], v.numpy())]
     assert changed, f"{name}: the global model did not change in two rounds"
+
+
+class _Glue:
+    """What each comparison method's two-round simulator run checked beyond this test, in process: every site's
+    update goes through the site's result filter (``MinCountFilter``, minimum count 1 as those tiny jobs had) and
+    NVFlare's wire format into the server's ``PartialLabelAggregator`` (the job's own component: sample counts,
+    parameter groups, change bounds, the method's statistics declarations, then its rule). Every round every
+    site must be accepted, none missing, no rule error, and the aggregate must equal the rule's own on the same
+    updates."""
+
+    def __init__(self, name: str, options: dict, summary: dict, model):
+        from fedpartial.fl.aggregator import PartialLabelAggregator
+        from fedpartial.fl.data_check import MinCountFilter
+
+        self.name = name
+        self.agg = PartialLabelAggregator(method=name, method_args=dict(options))
+        assert self.agg.config_error is None, self.agg.config_error
+        comps = {"data_summary": type("Summary", (), {"summary": summary})(), "aggregator": self.agg, "model": model}
+        sites = sorted(summary["sites"])
+        self.engine = type("Engine", (), {
+            "get_component": lambda _, cid: comps.get(cid),
+            "get_clients": lambda _: [type("Client", (), {"name": s})() for s in sites],
+            "fire_event": lambda *a, **k: None})()
+        self.filter = MinCountFilter(min_count=1)
+
+    def _ctx(self, rnd: int, prev: dict, site: str | None = None):
+        from nvflare.apis.fl_constant import ReservedKey
+        from nvflare.apis.fl_context import FLContext
+        from nvflare.app_common.abstract.model import ModelLearnableKey
+        from nvflare.app_common.app_constant import AppConstants
+
+        ctx = FLContext()
+        ctx.set_prop(ReservedKey.ENGINE, self.engine, private=True, sticky=False)
+        ctx.set_prop(AppConstants.GLOBAL_MODEL, {ModelLearnableKey.WEIGHTS: prev}, private=True, sticky=False)
+        ctx.set_prop(AppConstants.CURRENT_ROUND, rnd, private=True, sticky=False)
+        if site:
+            peer = FLContext()
+            peer.set_prop(ReservedKey.IDENTITY_NAME, site, private=True, sticky=False)
+            ctx.set_peer_context(peer)
+        return ctx
+
+    def send(self, site: str, sent: DXO, weight: float, rnd: int, prev: dict) -> None:
+        from fedpartial.fl.keys import META_WEIGHT
+
+        dxo = DXO(DataKind.WEIGHTS, data=dict(sent.data), meta={**sent.meta, META_WEIGHT: weight})
+        ctx = self._ctx(rnd, prev, site)
+        dxo = self.filter.process_dxo(dxo, dxo.to_shareable(), ctx)
+        assert self.agg.accept(_wire(dxo).to_shareable(), ctx), f"{self.name}: {site} refused: {self.agg.rejected}"
+
+    def check_round(self, rnd: int, prev: dict, expected: dict, used: list[str]) -> None:
+        from fedpartial.fl.keys import META_MISSING, META_REJECTED, META_RULE_ERROR
+
+        out = from_shareable(self.agg.aggregate(self._ctx(rnd, prev)))
+        assert out.meta.get(META_RULE_ERROR) is None, f"{self.name}: {out.meta[META_RULE_ERROR]}"
+        assert out.meta[META_REJECTED] == {} and out.meta[META_MISSING] == [], (self.name, out.meta[META_REJECTED])
+        for k, v in expected.items():
+            np.testing.assert_allclose(np.asarray(out.data[k], np.float64), np.asarray(v, np.float64), rtol=1e-5,
+                                       atol=1e-6, err_msg=f"{self.name}: the job's aggregator differs from the "
+                                                          f"rule on {k} in round {rnd} (sites {used})")
 
 
 def _check_output_contract(name: str, previous: dict, weights: dict, meta: dict) -> None:

@@ -6,6 +6,7 @@ import json
 import os
 
 import numpy as np
+import torch
 import pytest
 from PIL import Image
 
@@ -150,3 +151,29 @@ def test_jpeg_uses_draft_scaling(tmp_path):
     out = st.decode_resized(p, Preprocessing(32, 1), 1)
     full = np.asarray(Image.open(p).resize((32, 32), Image.Resampling.BOX)).astype(int)
     assert out.shape == (1, 32, 32) and np.abs(out[0].astype(int) - full).mean() < 3
+
+
+def test_fedpartial_store_builds_what_the_site_then_opens_without_decoding(tmp_path, monkeypatch):
+    """``fedpartial-store --site-config`` builds the store a site's datasets then open (same folder, no decode)."""
+    import json
+
+    from fedpartial.data.manifest import read_manifest
+    from fedpartial.data.presets import resolve_dataset
+    from fedpartial.data.sitedata import SiteDatasets
+    from fedpartial.data.store_cli import main
+
+    _images(tmp_path, 4, 40)
+    (tmp_path / "train.csv").write_text("image,Atelectasis\n" + "".join(f"img{i}.png,{i % 2}\n" for i in range(4)))
+    cfg = tmp_path / "fedpartial_data.json"
+    cfg.write_text(json.dumps({"datasets": {"nih_cxr14": {"data_root": ".", "train": "train.csv"}}}))
+    monkeypatch.setenv("FEDPARTIAL_CACHE", str(tmp_path / "cache"))
+    assert main(["--site-config", str(cfg), "--preset", "nih_cxr14", "--image-size", "16"]) == 0
+    calls = []
+    real = st.decode_resized
+    monkeypatch.setattr(st, "decode_resized", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    ds = resolve_dataset({"preset": "nih_cxr14", "image_size": 16})
+    m = read_manifest(tmp_path / "train.csv", ds["classes"], data_root=tmp_path, require_annotated=False)
+    data = SiteDatasets({"train": m.subset("train")}, ds)
+    data.open_stores()
+    batch = next(iter(data.train_loader({"image": "weak"}, 4, batched=True)))
+    assert calls == [] and batch["image"].shape == (4, 1, 16, 16) and batch["image"].dtype == torch.float32

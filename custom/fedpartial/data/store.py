@@ -482,8 +482,8 @@ def build_store(paths: Sequence[str], prep: Preprocessing, folder: str | os.Path
             raise StoreError(
                 f"image store {folder}: {rest} images left to decode, about {per_image * rest / workers / 60:.0f} "
                 f"min on {workers} process(es), more than the {budget_s / 60:.0f} min this step may take; build it "
-                f"before the job: fedpartial-store PREPARED_FOLDER_OR_MANIFEST --image-size {prep.image_size} "
-                f"--channels {prep.channels} (docs/datasets.md, 'Image store')")
+                f"before the job: fedpartial-store PREPARED_FOLDER (or --site-config FILE --dataset NAME) --image-size "
+                f"{prep.image_size} --channels {prep.channels} (docs/datasets.md, 'Image store')")
         if stop_after is not None:
             todo = todo[:max(0, stop_after - 1)]
         if workers == 1 or len(todo) <= 1:

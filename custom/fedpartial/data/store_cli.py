@@ -56,6 +56,18 @@ def build_all(manifests: dict[str, dict[str, Manifest]], dataset: dict, workers:
     return out
 
 
+def _header_classes(file: Path) -> list[str]:
+    """The class columns of a manifest's header (everything but image / patient_id / split), for a store built
+    without a preset (the labels only annotate the store's index)."""
+    import csv
+
+    from .manifest import RESERVED_COLS
+
+    with open(file, newline="", encoding="utf-8-sig") as f:
+        header = next(csv.reader(f), [])
+    return [h.strip() for h in header if h.strip() and h.strip() not in RESERVED_COLS]
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedpartial-store", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -91,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             name = args.dataset or ds.get("name")
             sd = _from_site_config("local", name, Path(args.site_config))
-            classes = ds["classes"]
+            classes = ds["classes"] or _header_classes(sd.train)
             read = dict(data_root=sd.data_root, site="local", task=ds["task"], require_annotated=False,
                         **sd.vocabulary)
             full = read_manifest(sd.train, classes, **read)

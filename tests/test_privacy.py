@@ -70,6 +70,16 @@ def test_per_class_metrics_from_fewer_than_min_count_are_suppressed():
     assert out["macro"]["auc"] == pytest.approx(res["per_class"]["b"]["auc"])  # the macro of what is left
     assert sum(out["score_hist"]["pos"][0]) == 0 and sum(out["score_hist"]["pos"][1]) == 6
     assert suppress_metrics(res, y.sum(0), (1 - y).sum(0), 1)[1] == []
+    # the class's bootstrap interval stays too (it bounds the suppressed AUROC); the macro interval was resampled
+    # over every class, so it cannot stand for the classes left
+    from fedpartial.stats import bootstrap_auc_ci
+
+    res["ci"] = bootstrap_auc_ci(y, p, ["a", "b"], n_resamples=50)
+    assert res["ci"]["auc"]["per_class"]["a"] is not None
+    out, _ = suppress_metrics(res, y.sum(0), (1 - y).sum(0), 5)
+    assert out["ci"]["auc"]["per_class"] == {"a": None, "b": res["ci"]["auc"]["per_class"]["b"]}
+    assert out["ci"]["auc"]["macro"] is None and out["ci"]["n_resamples"] == 50
+    assert res["ci"]["auc"]["per_class"]["a"] is not None  # the site's own result is not modified
 
 
 # ------------------------------------------------------------------------------------------ clipping, noise

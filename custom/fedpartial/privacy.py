@@ -146,8 +146,9 @@ def suppress_small(meta: dict, stats: Sequence[ClassStat], min_count: int,
 
 def suppress_metrics(result: dict, positives: np.ndarray, negatives: np.ndarray, min_count: int) -> tuple[dict, list[str]]:
     """A multi-label evaluation result (:mod:`fedpartial.metrics` layout) without what comes from fewer than
-    ``min_count`` annotated positives or negatives of a class: the class's per-class metrics become None, its
-    score-histogram row zeros, and the macro averages are recomputed over the classes left.
+    ``min_count`` annotated positives or negatives of a class: the class's per-class metrics and its bootstrap
+    interval become None, its score-histogram row zeros, and the macro averages are recomputed over the classes
+    left (the macro interval, resampled over every class, becomes None: it cannot be recomputed here).
 
     Args:
         positives, negatives: ``(C,)`` annotated positives / negatives of the evaluated set, per class.
@@ -171,6 +172,12 @@ def suppress_metrics(result: dict, positives: np.ndarray, negatives: np.ndarray,
         if any(k in m for m in result["per_class"].values()):
             macro[k] = float(np.mean(vals)) if vals else None
     out["macro"] = macro
+    ci = result.get("ci")
+    if ci and isinstance(ci.get("auc"), dict):
+        auc = ci["auc"]
+        out["ci"] = {**ci, "auc": {**auc, "macro": None,
+                                   "per_class": {c: (None if c in small else v)
+                                                 for c, v in (auc.get("per_class") or {}).items()}}}
     if "score_hist" in result:
         h = dict(result["score_hist"])
         for key in ("pos", "neg"):

@@ -152,7 +152,7 @@ MUTATIONS = [
     Mutation("optimizer_state_ignored", "train.keep_optimizer_state ignored (always a fresh optimiser)",
              "custom/fedpartial/methods/base.py",
              [("        if self.keeps_optimizer_state:\n            # the previous round's optimiser",
-               "        if False:\n            # the previous round's optimiser")], T_FEDIRM, "option"),
+               "        if False:\n            # the previous round's optimiser")], T_FEDIRM, "option", method="FedIRM"),
     Mutation("warm_rounds_off_by_one", "warm rounds end one round late (round == warm_rounds sits out)",
              f"{FEDIRM}/trainer.py",
              [('if self.opts.unlabelled == "skip" or round_num < self.opts.warm_rounds:',
@@ -169,10 +169,10 @@ MUTATIONS = [
     Mutation("norm_frozen_ignored", "norm: frozen ignored (BatchNorm trains; the individual baseline's code option)",
              "custom/fedpartial/methods/base.py",
              [('        if self.opts.norm == "frozen":\n            for m in model.modules():',
-               '        if False:\n            for m in model.modules():')], T_SURGICAL, "option"),
+               '        if False:\n            for m in model.modules():')], T_SURGICAL, "option", method="surgical aggregation"),
     Mutation("min_delta_ignored", "early stopping min_delta ignored", "custom/fedpartial/fl/selection.py",
              [("if self.patience_metric is None or self.best_val_metric > self.patience_metric + self.min_delta:",
-               "if True:")], T_SURGICAL, "option"),
+               "if True:")], T_SURGICAL, "option", method="surgical aggregation"),
     # ---------------------------------------------------------------- FedMLP: the local objective (trainer)
     Mutation("mlp_wpc_dropped", "supervised (WPC) term multiplied by 0", f"{FEDMLP}/trainer.py",
              [("loss = self.supervised_loss(logits, y, lab, pi1, pi0)",
@@ -452,7 +452,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--all-tests", action="store_true", help="run every listed test for each mutation (default: "
                                                                 "stop at the first failing test)")
     ap.add_argument("--jobs", type=int, default=1, help="mutations tested at once (one pytest process each)")
+    ap.add_argument("--render", metavar="JSON", help="only rewrite the table (.md beside it) from a result file")
     args = ap.parse_args(argv)
+    if args.render:  # the table again from a result (its groups from the current mutation list)
+        result = json.loads(Path(args.render).read_text())
+        groups = {m.name: m.group for m in MUTATIONS}
+        for r in result["mutations"]:
+            r["method"] = groups.get(r["name"], r["method"])
+        Path(args.render).write_text(json.dumps(result, indent=2) + "\n")
+        Path(args.render).with_suffix(".md").write_text(_markdown(result))
+        return 0
     names = [m.name for m in MUTATIONS]
     if len(names) != len(set(names)):
         raise SystemExit(f"duplicate mutation names: {sorted({n for n in names if names.count(n) > 1})}")
@@ -524,8 +533,9 @@ def main(argv: list[str] | None = None) -> int:
 def _markdown(result: dict) -> str:
     origin = {"issue": "previously not caught", "caught": "previously caught", "option": "option / schedule",
               "term": "objective term", "rule": "server rule", "maths": "equation"}
+    order = ["FedMLP", "FedLSM", "FedIRM", "surgical aggregation", "comparison methods"]
     groups: dict[str, list[dict]] = {}
-    for r in result["mutations"]:
+    for r in sorted(result["mutations"], key=lambda r: order.index(r["method"]) if r["method"] in order else len(order)):
         groups.setdefault(r["method"], []).append(r)
     lines = [
         "# Mutation run: FedMLP, FedLSM, FedIRM, surgical aggregation and the comparison methods",

@@ -636,5 +636,6 @@ def test_fedmlp_rule_prototypes_over_annotating_sites_and_degrees_over_missing_s
                 site("C", 4.0, 6.0, [False, False], [[0.0], [0.0]], [[0.0], [0.0]], [[0, 0], [0, 0]], [0.8, 0.6])]
     weights, meta = get_method("fedmlp").make_rule({}).aggregate(None, contribs, {}, 0)
     assert weights["w"][0] == pytest.approx(3.1)
-    assert np.allclose(meta[MLP.META_GLOBAL_P0], [[2.0], [5.0]]) and np.allclose(meta[MLP.META_GLOBAL_P1], [[4.0], [7.0]])
+    assert np.allclose(meta[MLP.META_GLOBAL_P0], [[2.0], [5.0]])
+    assert np.allclose(meta[MLP.META_GLOBAL_P1], [[4.0], [7.0]])
     assert meta[MLP.META_GLOBAL_DEGREE] == pytest.approx([0.8, (0.2 + 6 * 0.6) / 7])

@@ -26,7 +26,7 @@ Keys written to ``benchmarks/results/scale_data.json`` (``--quick``: printed onl
   opened and checked against the files' sizes and mtimes, datasets built), stores already built.
 - ``resume_lost_fraction``: a store build killed half-way and restarted: (images decoded by both runs - N) / N.
 - ``loader_img_per_s``: 224 px uint8 batches of 32 from the store, shuffled, host side, one core.
-- ``sites_pss_gb`` / ``sites_pss_bound_gb``: 8 processes, each a site reading its training store and the shared
+- ``sites_pss_gb`` / ``sites_pss_bound_gb``: 8 processes (``--quick``: 4), each a site reading its training store and the shared
   validation and test stores; summed proportional set size, and its bound: the same processes before reading
   + one copy of the validation / test stores + each site's training store.
 - ``format``: the memory map against LMDB (raw uint8 bytes per key, ``lmdb``): bytes per image, batch read rate.
@@ -387,7 +387,7 @@ def main(argv=None) -> int:
     n_nih = args.nih or (240 if q else 20000)
     n_mimic = args.mimic or (24 if q else 2000)
     rows = args.rows or (6000 if q else 112120)
-    distinct = args.distinct or (60 if q else 400)
+    distinct = args.distinct or (40 if q else 400)
     workers = len(os.sched_getaffinity(0))
     size = 224
     res: dict = {"command": "python benchmarks/scale_data.py" + (" --quick" if q else ""),
@@ -438,8 +438,8 @@ def main(argv=None) -> int:
         res["resume_detail"] = r
         say("loader")
         res["loader_img_per_s"] = loader_rate(work / "nih_prepared", size, cache / "stores", 2.0 if q else 5.0)
-        say("8 site processes sharing val / test")
-        pss = sites_pss(work / "nih_prepared", size, cache / "stores", [f"site-{i}" for i in range(1, 9)])
+        say(f"{4 if q else 8} site processes sharing val / test")
+        pss = sites_pss(work / "nih_prepared", size, cache / "stores", [f"site-{i}" for i in range(1, 5 if q else 9)])
         res["sites_pss_gb"], res["sites_pss_bound_gb"] = pss["pss_gb"], pss["bound_gb"]
         res["sites_pss_detail"] = pss
         say("format: memory map vs LMDB")

@@ -84,7 +84,8 @@ T_FEDNORO = (_O + "fednoro_noisy_site_step_blends_la_and_distillation_by_lambda_
 T_FEDLSR = (_O + "fedlsr_step_is_ce_plus_ramped_self_distillation_plus_entropy_on_two_views", "tests/test_fedlsr.py")
 T_RSCFED = (_O + "rscfed_step_adds_weighted_distillation_to_the_sharpened_mean_teacher_on_the_other_view_by_hand",
             "tests/test_rscfed.py")
-T_CBAFED = ("tests/test_cbafed.py",)
+T_CBAFED = (_O + "cbafed_step_trains_on_the_labels_and_the_fixed_pseudo_labels_of_the_received_model_by_hand",
+            "tests/test_cbafed.py")
 T_FEDPU = (_O + "fedpu_step_is_ce_plus_pu_weight_times_the_pu_risk_by_hand", "tests/test_fedpu.py")
 T_FEDLC = (_O + "fedlc_step_subtracts_tau_times_count_to_the_minus_quarter_from_each_logit_by_hand",
            "tests/test_fedlc.py")
@@ -382,6 +383,14 @@ MUTATIONS = [
              [("        out = {key: weighted_average([m[key] for m in models], np.ones(len(models))) for key in models[0]}\n",
                "        out = {key: weighted_average([s[key] for s in states], a) for key in states[0]}\n")],
              T_RSCFED, "rule"),
+    Mutation("cbafed_pseudo_labels_unused", "CBAFed: fixed pseudo labels left out of the local loss",
+             f"{METHODS}/cbafed.py",
+             [('loss = self.loss(model(batch["image"].to(dev)), targets[idx], known[idx])',
+               'loss = self.loss(model(batch["image"].to(dev)), targets[idx], base_known.to(dev)[idx])')],
+             T_CBAFED, "term"),
+    Mutation("cbafed_thresholds_fixed", "CBAFed: class-balanced thresholds replaced by tau_min", f"{METHODS}/cbafed.py",
+             [("return (p + base - std).clamp(min=tau_min, max=tau_max).float()",
+               "return torch.full_like(p, tau_min).float()")], T_CBAFED, "term"),
     Mutation("cbafed_residual_dropped", "CBAFed: global residual connection never mixed", f"{METHODS}/cbafed.py",
              [("            new = mix_states(new, self.residual, float(self.opts.residual_weight))\n",
                "            new = new\n")], T_CBAFED, "rule"),

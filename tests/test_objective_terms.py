@@ -639,3 +639,29 @@ def test_fedmlp_rule_prototypes_over_annotating_sites_and_degrees_over_missing_s
     assert np.allclose(meta[MLP.META_GLOBAL_P0], [[2.0], [5.0]])
     assert np.allclose(meta[MLP.META_GLOBAL_P1], [[4.0], [7.0]])
     assert meta[MLP.META_GLOBAL_DEGREE] == pytest.approx([0.8, (0.2 + 6 * 0.6) / 7])
+
+
+def test_cbafed_step_trains_on_the_labels_and_the_fixed_pseudo_labels_of_the_received_model_by_hand():
+    """CBAFed (multi-label) after its warm-up, class shares (0.4, 0.4, 0.2) from the server: thresholds
+    tau_c = clip(p_c + 0.45 - std(p), 0.55, 0.95) with std = sqrt(0.04 / 3) = 0.11547: (0.73453, 0.73453, 0.55); an
+    unannotated entry whose received-model probability is > tau_c is a fixed positive, < 1 - tau_c a fixed
+    negative; each step is the mean BCE over the annotated and pseudo-labelled entries."""
+    labels, mask = LSM_ML
+    ctx = _ctx("multilabel", (True, True, False), labels, mask)
+    tr = get_method("cbafed").make_trainer(ctx, {"warmup_rounds": 1})
+    with torch.no_grad():
+        p = torch.sigmoid(ctx.model(X6[:, None, None, :]))
+    free = ~mask
+    tau = torch.tensor([0.4 + 0.45 - math.sqrt(0.04 / 3)] * 2 + [0.55])
+    pos, neg = free & (p > tau), free & (p < 1 - tau)
+    assert int(pos.sum()) > 0 and int(neg.sum()) > 0
+    y, known = torch.where(mask, labels, pos.float()), (mask | pos | neg).float()
+    expected = copy.deepcopy(ctx.model)
+    for rows in (slice(0, 3), slice(3, 6)):
+        _sgd(expected, lambda m: _partial_bce(m(_x(rows)), y[rows], known[rows]), 0.5)
+    from fedpartial.methods import cbafed
+
+    out = tr.train_round(1, 3, {cbafed.META_SHARE: [0.4, 0.4, 0.2]})
+    assert out.meta[cbafed.META_PSEUDO] == int((pos | neg).sum())
+    assert np.allclose(out.meta[cbafed.META_TAU], tau.numpy(), atol=1e-5)
+    _assert_same_weights(ctx.model, dict(expected.named_parameters()))

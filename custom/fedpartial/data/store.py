@@ -257,7 +257,11 @@ def _write_json(file: Path, obj: dict) -> None:
 
 
 def _index_digest(file: Path) -> str:
-    return hashlib.sha256(file.read_bytes()).hexdigest()
+    h = hashlib.sha256()
+    with open(file, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 class ImageStore:
@@ -356,7 +360,7 @@ def open_store(folder: str | os.PathLike, key: str | None = None, check_chunks: 
     if len(crcs) != n_chunks:
         raise _refuse(folder, f"corrupt (chunks.log lists {len(crcs)} of {n_chunks} chunks)")
     for c in sorted({int(c) for c in np.linspace(0, n_chunks - 1, max(2, check_chunks))} if n_chunks else ()):
-        if zlib.crc32(memoryview(np.ascontiguousarray(mm[c * rows:(c + 1) * rows])).cast("B")) != crcs[c]:
+        if zlib.crc32(memoryview(mm[c * rows:(c + 1) * rows]).cast("B")) != crcs[c]:  # rows: contiguous, no copy
             raise _refuse(folder, f"corrupt (rows {c * rows}..{min(n, (c + 1) * rows) - 1} do not match their "
                                   "checksum)")
     del mm

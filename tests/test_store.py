@@ -177,3 +177,43 @@ def test_fedpartial_store_builds_what_the_site_then_opens_without_decoding(tmp_p
     data.open_stores()
     batch = next(iter(data.train_loader({"image": "weak"}, 4, batched=True)))
     assert calls == [] and batch["image"].shape == (4, 1, 16, 16) and batch["image"].dtype == torch.float32
+
+
+def _site(tmp_path, n=6, cache="store"):
+    from fedpartial.data.manifest import read_manifest, write_manifest
+    from fedpartial.data.presets import resolve_dataset
+    from fedpartial.data.sitedata import SiteDatasets
+
+    _images(tmp_path, n, 24)
+    ds = resolve_dataset({"preset": "ich_phantom", "image_size": 8, "cache": cache,
+                          "cache_dir": str(tmp_path / "stores")})
+    C = len(ds["classes"])
+    labels, mask = np.eye(C)[np.arange(n) % C], np.ones((n, C), bool)
+    write_manifest(tmp_path / "m.csv", [f"img{i}.png" for i in range(n)], labels, mask, ds["classes"])
+    m = read_manifest(tmp_path / "m.csv", ds["classes"], data_root=tmp_path, site="site-1")
+    return SiteDatasets({"train": m}, ds), ds
+
+
+def test_cache_modes_give_the_same_images_and_memory_keeps_a_uint8_copy(tmp_path):
+    """'store', 'disk' and 'memory' read the same stored uint8 images ('memory' from a copy in the process), the
+    1-channel store repeated to the 3-channel model's input on conversion; an unknown mode is an error."""
+    batches = {}
+    for cache in ("store", "disk", "memory"):
+        data, _ = _site(tmp_path, cache=cache)
+        batches[cache] = next(iter(data.eval_loader("train", 6)))["image"]
+        assert batches[cache].shape == (6, 3, 8, 8) and torch.equal(batches[cache][:, 0], batches[cache][:, 2])
+    assert torch.equal(batches["store"], batches["disk"]) and torch.equal(batches["store"], batches["memory"])
+    data, _ = _site(tmp_path, cache="memory")
+    assert isinstance(data.images("train"), np.ndarray) and data.images("train").dtype == np.uint8
+    with pytest.raises(ValueError, match="cache"):
+        _site(tmp_path, cache="float")
+
+
+def test_an_undecodable_image_is_a_manifest_error_at_its_line(tmp_path):
+    from fedpartial.data.manifest import ManifestError
+
+    data, _ = _site(tmp_path)
+    (tmp_path / "img4.png").write_bytes(b"\x89PNG\r\n\x1a\n not an image")
+    with pytest.raises(ManifestError) as e:
+        data.open_stores()
+    assert "site 'site-1'" in str(e.value) and "line 6" in str(e.value) and "img4.png" in str(e.value)

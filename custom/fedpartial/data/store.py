@@ -444,7 +444,7 @@ def build_store(paths: Sequence[str], prep: Preprocessing, folder: str | os.Path
         _write_json(meta_file, meta)
     rows, channels = int(meta["chunk_rows"]), int(meta["shape"][1])
     n_chunks = -(-n // rows)
-    if redo:
+    if len(redo):
         bad = sorted({int(r) // rows for r in redo})
         _append_log(folder / "chunks.log", [f"-{c + 1} 0" for c in bad])
         meta["complete"] = False

@@ -217,3 +217,13 @@ def test_an_undecodable_image_is_a_manifest_error_at_its_line(tmp_path):
     with pytest.raises(ManifestError) as e:
         data.open_stores()
     assert "site 'site-1'" in str(e.value) and "line 6" in str(e.value) and "img4.png" in str(e.value)
+
+
+def test_a_site_whose_stores_do_not_fit_the_data_check_is_told_what_to_run(tmp_path):
+    """With no time left for the build the site's stores are not started: one line naming fedpartial-store with
+    the job's size and channels."""
+    data, ds = _site(tmp_path, n=200)
+    with pytest.raises(StoreError) as e:
+        data.open_stores(budget_s=0.0)
+    msg = str(e.value)
+    assert "fedpartial-store" in msg and "--image-size 8" in msg and "--channels 3" in msg and "\n" not in msg

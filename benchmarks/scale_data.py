@@ -26,9 +26,9 @@ Keys written to ``benchmarks/results/scale_data.json`` (``--quick``: printed onl
   opened and checked against the files' sizes and mtimes, datasets built), stores already built.
 - ``resume_lost_fraction``: a store build killed half-way and restarted: (images decoded by both runs - N) / N.
 - ``loader_img_per_s``: 224 px uint8 batches of 32 from the store, shuffled, host side, one core.
-- ``sites_pss_gb`` / ``sites_pss_bound_gb``: 8 processes (``--quick``: 4), each a site reading its training store and the shared
-  validation and test stores; summed proportional set size, and its bound: the same processes before reading
-  + one copy of the validation / test stores + each site's training store.
+- ``sites_pss_gb`` / ``sites_pss_bound_gb``: 8 processes (``--quick``: 4), each a site reading its training store and
+  the shared validation and test stores; summed proportional set size, and its bound: the same processes before
+  reading + one copy of the validation / test stores + each site's training store.
 - ``format``: the memory map against LMDB (raw uint8 bytes per key, ``lmdb``): bytes per image, batch read rate.
 """
 

@@ -419,7 +419,7 @@ def test_the_executor_keeps_per_class_metrics_of_small_classes(monkeypatch):
     ex = E.PartialLabelExecutor(dataset="ich_phantom")
     ex.manifests = {"val": SimpleNamespace(positives=lambda: y.sum(0), negatives=lambda: (1 - y).sum(0))}
     ex.scores = lambda split: True
-    ex.eval_opts, ex.data = SimpleNamespace(batch_size=4), SimpleNamespace(eval_loader=lambda split, batch_size: None)
+    ex.eval_opts, ex.data = SimpleNamespace(batch_size=4), SimpleNamespace(eval_loader=lambda split, batch_size, device=None: None)
     ex.net, ex.task_type, ex.classes, ex.torch_device, ex.min_count_eff = None, "multilabel", ["a", "b"], None, 5
     out = ex._evaluate_split("val")
     assert out["per_class"]["a"]["auc"] is None and out["per_class"]["b"]["auc"] == res["per_class"]["b"]["auc"]

@@ -150,7 +150,7 @@ def test_metadata_has_monai_keys_thresholds_and_the_pipeline(random_run, tmp_pat
     # the bundle's runtime imports nothing of this package; the state dict loads into the architecture
     code = (bundle / "scripts" / "image_io.py").read_text()
     imports = [line.split()[1] for line in code.splitlines() if line.lstrip().startswith(("import ", "from "))]
-    assert imports and not any(m.split(".")[0] == "fedpartial" for m in imports) and "def read_image" in code
+    assert imports and not any(m.split(".")[0] == "fedpartial" for m in imports) and "def decode_resized" in code
     state = torch.load(bundle / "models" / "model.pt", weights_only=True)
     assert set(state) == set(P.load_model(run).net.state_dict())
     assert "# fedavg_ich" in (bundle / "docs" / "README.md").read_text()

@@ -82,13 +82,18 @@ def downloaded(tmp_path):
 
 
 def _expected(net, manifest_paths, image_size=16):
-    """Probabilities computed independently from the job's dataset config with the data layer's per-file
-    evaluation pipeline (``cache: none``: decode, CT windows, MONAI resize, normalise; no image store), the one
-    fedpartial-predict and an exported bundle run."""
+    """Probabilities computed independently from the job's dataset config as training's evaluation computes them:
+    the images built into an image store (decoded once, resized, uint8), read back, normalised. fedpartial-predict
+    and an exported bundle decode each file the same way without keeping a store, so they must agree."""
+    import tempfile
+
     client = json.loads((JOB_CONFIG / P.CLIENT_CONFIG).read_text())
     ds = resolve_dataset({**client["executors"][0]["executor"]["args"]["dataset"], "image_size": image_size})
     m = read_manifest(manifest_paths, ds["classes"], task=ds["task"])
-    return predict(net, SiteDatasets({"x": m}, {**ds, "cache": "none"}).eval_loader("x"), ds["task"])["probs"]
+    with tempfile.TemporaryDirectory() as stores:
+        sites = SiteDatasets({"x": m}, {**ds, "cache": "store", "cache_dir": stores})
+        assert sites.uses_store and sites.store("x").folder.is_relative_to(stores)
+        return predict(net, sites.eval_loader("x"), ds["task"])["probs"]
 
 
 def test_finds_models_in_both_layouts(sim_ws, downloaded):

@@ -227,3 +227,28 @@ def test_a_site_whose_stores_do_not_fit_the_data_check_is_told_what_to_run(tmp_p
         data.open_stores(budget_s=0.0)
     msg = str(e.value)
     assert "fedpartial-store" in msg and "--image-size 8" in msg and "--channels 3" in msg and "\n" not in msg
+
+
+def test_a_manifest_mixing_gray_and_colour_is_stored_in_colour_and_each_row_equals_its_file_alone(tmp_path):
+    """Gray first, colour later: the store takes the job's 3 channels (a header of every image is read), the gray
+    rows repeated; each row equals the file decoded alone in its own channels and repeated (what
+    fedpartial-predict's DecodedImages and an exported bundle do), and DecodedImages gives the store's bytes."""
+    rng = np.random.default_rng(3)
+    paths = []
+    for i, mode in enumerate(["L", "L", "RGB", "L"]):
+        shape = (40, 40) if mode == "L" else (40, 40, 3)
+        p = tmp_path / f"{i}.png"
+        Image.fromarray(rng.integers(0, 255, shape, dtype=np.uint8), mode).save(p)
+        paths.append(str(p))
+    prep = Preprocessing(16, 3)
+    assert st.manifest_channels(paths, prep) == 3 and st.manifest_channels([paths[0], paths[1]], prep) == 1
+    assert st.manifest_channels(paths, Preprocessing(16, 1)) == 1
+    build_store(paths, prep, tmp_path / "s", workers=1)
+    rows = np.asarray(open_store(tmp_path / "s").images)
+    assert rows.shape == (4, 3, 16, 16)
+    for i, p in enumerate(paths):
+        alone = st.decode_resized(p, prep, st.stored_channels(st.native_channels(p, prep), prep))
+        np.testing.assert_array_equal(rows[i], np.repeat(alone, 3, 0) if alone.shape[0] == 1 else alone)
+    decoded = st.DecodedImages(paths, prep)
+    np.testing.assert_array_equal(decoded.batch([0, 1, 2, 3]), rows)
+    np.testing.assert_array_equal(decoded.batch([3, 0]), rows[[3, 0]][:, :1])  # gray only: one channel

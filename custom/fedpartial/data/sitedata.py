@@ -10,7 +10,8 @@ image store (:mod:`.store`) -> site dataset (here) -> loader (:mod:`.batch_views
   ``$FEDPARTIAL_CACHE/stores``), memory-mapped: it survives job starts, and simulated sites opening the same
   validation / test store share its pages.
 - ``"memory"``: the same store, copied into the process's memory once (uint8, a quarter of a float32 cache).
-- ``"none"``: no store; every access decodes the file again (MONAI pipeline, float32; for tiny tests).
+- ``"none"``: no store; every access decodes the file again, as the store would (:class:`~.store.DecodedImages`:
+  the same uint8 values), nothing kept (tiny tests, ``fedpartial-predict``).
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ import numpy as np
 import torch
 
 from .batch_views import BatchAugment, IndexDataset, ViewLoader, draw_views, gather
-from .dataset import SOURCE_VIEW, ManifestDataset, StoreImages, make_dataset, make_loader
+from .dataset import SOURCE_VIEW, ManifestDataset, StoreImages, make_loader
 from .manifest import Manifest, ManifestError
-from .store import DecodeFailure, ImageStore, Preprocessing, ensure_store
+from .store import DecodeFailure, DecodedImages, ImageStore, Preprocessing, ensure_store
 
 __all__ = ["SiteDatasets", "IndexDataset", "gather", "STORE_MODES"]
 STORE_MODES = ("store", "disk", "memory")  # every cache mode but 'none' reads the image store
@@ -51,7 +52,7 @@ class StoreBatches:
 def fetch_rows(images, labels: torch.Tensor, mask: torch.Tensor, idx) -> dict[str, torch.Tensor]:
     """Rows ``idx`` of a store (``ImageStore`` or uint8 array) as a host batch like :class:`StoreBatches`'."""
     idx = torch.as_tensor(idx, dtype=torch.int64).reshape(-1)
-    if isinstance(images, ImageStore):
+    if isinstance(images, (ImageStore, DecodedImages)):
         src = images.batch(idx.numpy())
     else:
         src = np.asarray(images)[idx.numpy()]
@@ -91,6 +92,7 @@ class SiteDatasets:
     # ------------------------------------------------------------------------------------------------- stores
     @property
     def uses_store(self) -> bool:
+        """Whether the splits are kept in an image store (every mode but ``none``, which decodes as one would)."""
         return self.mode in STORE_MODES
 
     def store_name(self, split: str) -> str:
@@ -101,6 +103,9 @@ class SiteDatasets:
     def store(self, split: str, budget_s: float | None = None) -> ImageStore:
         """The split's image store, opened (no decoding when it is current) or built; a decoding failure is a
         :class:`ManifestError` at the row's manifest line."""
+        if split not in self._stores and not self.uses_store:
+            m = self.manifests[split]
+            self._stores[split] = DecodedImages(m.paths, Preprocessing.of(self.cfg))
         if split not in self._stores:
             m = self.manifests[split]
             try:
@@ -139,16 +144,10 @@ class SiteDatasets:
     def dataset(self, split: str, views: dict[str, str]) -> ManifestDataset:
         if split not in self._base:
             c = self.cfg
-            if self.uses_store:
-                m = self.manifests[split]
-                self._base[split] = ManifestDataset(m, StoreImages(self.images(split), self.channels),
-                                                    {"image": "eval"}, int(c["image_size"]), self.channels,
-                                                    c.get("mean"), c.get("std"))
-            else:
-                self._base[split] = make_dataset(
-                    self.manifests[split], int(c["image_size"]), self.channels, c.get("mean"), c.get("std"),
-                    c.get("ct_windows"), views={"image": "eval"}, cache="none", num_workers=self.num_workers,
-                    resize_mode=c.get("resize_mode", "area"))
+            m = self.manifests[split]
+            self._base[split] = ManifestDataset(m, StoreImages(self.images(split), self.channels),
+                                                {"image": "eval"}, int(c["image_size"]), self.channels,
+                                                c.get("mean"), c.get("std"))
         return self._base[split].with_views(views)
 
     def _augment(self) -> BatchAugment:
@@ -157,8 +156,6 @@ class SiteDatasets:
     def _batches(self, split: str, batch_size: int, shuffle: bool, seed: int, drop_last: bool):
         """Host batches of stored images (uint8) in the order a seeded loader gives."""
         ds = self.dataset(split, SOURCE_VIEW)
-        if not self.uses_store:
-            return make_loader(ds, batch_size, shuffle, seed, drop_last=drop_last, num_workers=self.num_workers)
         order = index_batches(len(ds), batch_size, shuffle, seed, drop_last)
         return StoreBatches(self.images(split), ds.labels, ds.mask, order, dataset=ds)
 
@@ -204,15 +201,11 @@ class SiteDatasets:
             free, total = torch.cuda.mem_get_info(device)
             if need > 0.25 * free or need > 0.1 * total:  # simulated sites may share the GPU: each takes little
                 return None
-        if self.uses_store:
-            src = self.images(split)
-            arr = src.images if isinstance(src, ImageStore) else src
-            images = torch.empty(tuple(arr.shape), dtype=torch.uint8, device=device)
-            for a in range(0, len(arr), 1024):
-                images[a:a + 1024] = torch.from_numpy(np.array(arr[a:a + 1024])).to(device)
-        else:
-            images = torch.stack([ds.cached_image(i) for i in range(len(ds))]) if len(ds) else torch.zeros(0)
-            images = images.to(device)
+        src = self.images(split)
+        arr = src.images if isinstance(src, (ImageStore, DecodedImages)) else src
+        images = torch.empty(tuple(arr.shape), dtype=torch.uint8, device=device)
+        for a in range(0, len(arr), 1024):
+            images[a:a + 1024] = torch.from_numpy(np.array(arr[a:a + 1024])).to(device)
         self._resident[key] = {"source": images, "label": ds.labels.to(device),
                                "mask": ds.mask.to(device), "index": torch.arange(len(ds), device=device)}
         return self._resident[key]
@@ -220,9 +213,6 @@ class SiteDatasets:
     def eval_loader(self, split: str, batch_size: int = 128, device: torch.device | str = "cpu"):
         """The split in order, ``{"image": (B, channels, S, S) float32 normalised, "label", "mask", "index"}`` on
         ``device``: read from the store in batches of ``batch_size``, converted and normalised on ``device``."""
-        if not self.uses_store:
-            return make_loader(self.dataset(split, {"image": "eval"}), batch_size, False, 0,
-                               num_workers=self.num_workers)
         return ViewLoader(self._batches(split, batch_size, False, 0, False), {"image": "eval"}, self._augment(), 0,
                           device)
 
@@ -237,12 +227,8 @@ class SiteDatasets:
             data = self.resident("train", device, on_device)
             if data is not None:
                 return lambda idx: draw_views(gather(data, idx), views, augment, gen, device)
-            if self.uses_store:
-                images = self.images("train")
-                return lambda idx: draw_views(fetch_rows(images, ds.labels, ds.mask, idx), views, augment, gen,
-                                              device)
-            return lambda idx: draw_views(torch.utils.data.default_collate([ds[int(i)] for i in idx]), views,
-                                          augment, gen, device)
+            images = self.images("train")
+            return lambda idx: draw_views(fetch_rows(images, ds.labels, ds.mask, idx), views, augment, gen, device)
         ds = self.dataset("train", views).set_random_state(seed=int(seed))
         return lambda idx: {k: v.to(device) if torch.is_tensor(v) else v
                             for k, v in torch.utils.data.default_collate([ds[int(i)] for i in idx]).items()}

@@ -127,8 +127,40 @@ def native_channels(path: str, prep: Preprocessing) -> int:
 
 
 def stored_channels(native: int, prep: Preprocessing) -> int:
-    """The store's channels: 1 for a grayscale job or grayscale images, else the job's."""
+    """An image's stored channels: 1 for a grayscale job or a grayscale image, else the job's."""
     return 1 if prep.channels == 1 or native == 1 else prep.channels
+
+
+def _kind_or_gray(path: str, prep: Preprocessing) -> int:
+    """:func:`native_channels`, or 1 for a file that cannot be read (the decoding names it at its row)."""
+    try:
+        return native_channels(path, prep)
+    except (OSError, ValueError):
+        return 1
+
+
+def manifest_channels(paths: Sequence[str], prep: Preprocessing, desc: str = "image kinds",
+                      log_fn: Callable[[str], None] | None = None) -> int:
+    """A store's channels: 1 when the job is grayscale or every image is (headers read until a colour image is
+    found: about 0.1 ms each), else the job's; a grayscale image in a colour store is repeated, so every row
+    equals its file decoded alone in its own channels and repeated (:class:`DecodedImages`, an exported bundle)."""
+    if prep.channels == 1:
+        return 1
+    from concurrent.futures import ThreadPoolExecutor
+
+    step = 4096
+    update, close = _progress(len(paths), 0, desc, log_fn) if len(paths) > 8 * step else (lambda k: None,
+                                                                                          lambda: None)
+    try:
+        with ThreadPoolExecutor(max_workers=min(8, default_workers())) as pool:
+            for a in range(0, len(paths), step):
+                part = paths[a:a + step]
+                if any(c != 1 for c in pool.map(lambda p: _kind_or_gray(p, prep), part)):
+                    return prep.channels
+                update(len(part))
+    finally:
+        close()
+    return 1 if paths else prep.channels
 
 
 def _resize_float(x: np.ndarray, size: int, flt) -> np.ndarray:
@@ -188,6 +220,48 @@ def decode_resized(path: str | os.PathLike, prep: Preprocessing, channels: int) 
         return np.rint(out.astype(np.float32).mean(0, keepdims=True)).astype(np.uint8) if c != 3 else \
             np.asarray(Image.fromarray(out.transpose(1, 2, 0)).convert("L"))[None]
     raise ValueError(f"cannot store a {c}-channel image in a {channels}-channel store")
+
+
+class DecodedImages:
+    """The rows of a store decoded again on every access, nothing kept (``cache: none``; ``fedpartial-predict``;
+    an exported bundle decodes each file the same way): each row is :func:`decode_resized` of its file in the
+    file's own stored channels (:func:`stored_channels`); a batch mixing grayscale and colour rows has its
+    grayscale rows repeated to the job's channels, as a store of such a manifest holds them
+    (:func:`manifest_channels`), so the values equal the store's byte for byte. Indexing as :class:`ImageStore`'s memory map: ``[i]`` -> ``(c, S, S)`` uint8,
+    :meth:`batch` -> ``(B, c, S, S)``."""
+
+    def __init__(self, paths: Sequence[str | os.PathLike], prep: Preprocessing):
+        self.paths, self.prep = [str(p) for p in paths], prep
+        self.channels = self._channels(0) if self.paths else 1
+        self.image_size = prep.image_size
+
+    def _channels(self, row: int) -> int:
+        return stored_channels(native_channels(self.paths[row], self.prep), self.prep)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    @property
+    def images(self) -> "DecodedImages":
+        return self
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return (len(self), self.channels, self.image_size, self.image_size)
+
+    def __getitem__(self, index):
+        if isinstance(index, (int, np.integer)):
+            return decode_resized(self.paths[int(index)], self.prep, self._channels(int(index)))
+        return self.batch(np.arange(len(self))[index])
+
+    def batch(self, rows) -> np.ndarray:
+        rows = np.asarray(rows, np.int64).reshape(-1)
+        if not len(rows):
+            return np.zeros((0, *self.shape[1:]), np.uint8)
+        out = [self[int(r)] for r in rows]
+        if len({x.shape[0] for x in out}) > 1:  # grayscale beside colour: gray repeated, as the device would
+            out = [np.repeat(x, self.prep.channels, 0) if x.shape[0] == 1 else x for x in out]
+        return np.stack(out)
 
 
 def _decode_chunk(images: str, chunk: int, start: int, paths: Sequence[str], prep: Preprocessing,
@@ -434,7 +508,7 @@ def build_store(paths: Sequence[str], prep: Preprocessing, folder: str | os.Path
             raise _refuse(folder, "foreign (built for other images or other preprocessing)")
     if meta is None:  # a new store: index, empty image file, no chunk
         folder.mkdir(parents=True, exist_ok=True)
-        channels = stored_channels(native_channels(paths[0], prep), prep) if n else 1
+        channels = manifest_channels(paths, prep, f"{desc}: image kinds", log_fn) if n else 1
         shape = (n, channels, prep.image_size, prep.image_size)
         np.lib.format.open_memmap(images, mode="w+", dtype=np.uint8, shape=shape).flush()  # sparse until written
         (folder / "chunks.log").write_text("")

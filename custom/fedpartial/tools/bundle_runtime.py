@@ -1,17 +1,17 @@
 """What a MONAI bundle written by ``fedpartial-export`` runs besides MONAI itself: the image decoder, the
 folder listing and the handler that writes ``predictions.csv`` (MONAI's ``SupervisedEvaluator`` runs the model).
 ``fedpartial-export`` copies this file into the bundle as ``scripts/image_io.py``, with the decoder block below
-replaced by the training code's own decoding functions (``fedpartial.data.transforms.read_image`` and the DICOM /
-CT-window helpers it calls, copied verbatim), so the bundle runs where this package is not installed: numpy,
-Pillow, pydicom, torch, MONAI and pytorch-ignite only.
+replaced by the training code's own decoding functions (the image store's ``decode_resized`` and the DICOM / CT-
+window helpers it calls, copied verbatim), so the bundle runs where this package is not installed: numpy, Pillow,
+pydicom, torch, MONAI and pytorch-ignite only.
 
-Why a decoder of our own rather than MONAI's ``LoadImaged``: training scales an 8-bit PNG / JPG by 1/255 and a
-16-bit one by 1/65535, converts palette / alpha images to RGB, turns a DICOM's stored values into Hounsfield units
-(with the RSNA 12-bit repair) and stacks CT windows as channels; MONAI's readers return the stored values, so the
-same input tensor would need per-file logic in the config. Everything after decoding (resize, normalisation,
-activation) is MONAI's transforms in ``configs/inference.json``, and ``ClassificationSaver`` writes MONAI's own
-layout (``filename,0,1,...``), not ``fedpartial-predict``'s columns with the decisions, hence
-:class:`PredictionWriter`.
+Why a decoder of our own rather than MONAI's ``LoadImaged`` + ``Resized``: the sites trained on their image
+stores, which hold every image decoded once (a JPEG at the smallest DCT scale that covers the size), resized by
+Pillow and rounded to uint8 (16-bit scaled, DICOM through the CT windows); a float resize after MONAI's reader
+gives other values. The bundle decodes each file exactly so (the same bytes as a store row), then divides by 255
+and repeats a grayscale image to the model's channels, as training does on its device; the normalisation and the
+activation are MONAI's transforms in ``configs/inference.json``. ``ClassificationSaver`` writes MONAI's own layout
+(``filename,0,1,...``), not ``fedpartial-predict``'s columns with the decisions, hence :class:`PredictionWriter`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 # --- decoder (replaced at export) ---
-from fedpartial.data.transforms import read_image  # noqa: E402  (the bundle holds a copy of its source)
+from fedpartial.data.store import Preprocessing, decode_resized, native_channels, stored_channels  # noqa: E402
 # --- end decoder ---
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".dcm", ".dicom")
@@ -49,24 +49,33 @@ def _map_transform():
 
 
 class LoadImageAnyd(_map_transform()):
-    """Path -> ``(channels, H, W)`` float32 tensor in [0, 1], decoded as in training (see the module docstring).
+    """Path -> ``(channels, S, S)`` float32 tensor in [0, 1], the values training read from its image store (see
+    the module docstring): :func:`decode_resized` in the file's own stored channels, / 255, a grayscale image
+    repeated to ``channels``.
 
     Args:
         keys: keys whose values are file paths.
-        channels: output channels (gray images are repeated, RGB averaged to match).
+        channels: the model's input channels.
+        image_size: the side S the images are resized to.
         ct_windows: DICOM only: ``[[center, width], ...]`` in HU, one channel each; None = min-max scaled HU.
+        resize_mode: area (box filter) / bilinear / bicubic / nearest, as the job's ``dataset.resize_mode``.
     """
 
-    def __init__(self, keys, channels: int, ct_windows: Sequence[Sequence[float]] | None = None,
-                 allow_missing_keys: bool = False) -> None:
+    def __init__(self, keys, channels: int, image_size: int, ct_windows: Sequence[Sequence[float]] | None = None,
+                 resize_mode: str = "area", allow_missing_keys: bool = False) -> None:
         super().__init__(keys, allow_missing_keys)
-        self.channels = int(channels)
-        self.ct_windows = [tuple(map(float, w)) for w in ct_windows] if ct_windows else None
+        windows = tuple(tuple(map(float, w)) for w in ct_windows) if ct_windows else None
+        self.prep = Preprocessing(int(image_size), int(channels), windows, str(resize_mode))
 
     def __call__(self, data: Mapping[Hashable, object]) -> dict:
         d = dict(data)
         for key in self.key_iterator(d):
-            d[key] = torch.from_numpy(read_image(d[key], self.channels, self.ct_windows))
+            path = str(d[key])
+            x = decode_resized(path, self.prep, stored_channels(native_channels(path, self.prep), self.prep))
+            t = torch.from_numpy(x).float().div_(255.0)
+            if t.shape[0] != self.prep.channels:
+                t = t.expand(self.prep.channels, -1, -1).contiguous()
+            d[key] = t
         return d
 
 

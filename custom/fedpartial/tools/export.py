@@ -49,23 +49,34 @@ RUNTIME_MODULE = "scripts.image_io"
 DECODER_START, DECODER_END = "# --- decoder (replaced at export) ---", "# --- end decoder ---"
 MODALITY = {"ich_phantom": "CT", "rsna_ich": "CT", "nih_cxr14": "DX", "chexpert": "DX", "mimic_cxr": "DX",
             "ham10000": "XC", "isic2019": "XC"}  # DICOM modality codes (XC: external-camera photography)
-RESIZE_MODE = "area"  # fedpartial.data.dataset.make_dataset's default, what training's evaluation used
 BATCH_SIZE = 64
 
 
 # ------------------------------------------------------------------------------------------------ the runtime
 
-def decoder_source() -> str:
-    """Training's image decoding as standalone source: ``fedpartial.data.dicom`` (HU, CT windows) and
-    ``fedpartial.data.transforms.read_image`` with the helpers it calls, copied verbatim."""
-    from ..data import dicom, transforms
+DICOM_IMPORT = "        from .dicom import apply_windows, read_dicom_hu\n"  # in decode_resized: same module in the copy
 
-    parts = ["from PIL import Image", "", "Window = tuple[float, float]",
-             f"DEFAULT_WINDOWS = {dicom.DEFAULT_WINDOWS!r}", "", ""]
-    for obj in (dicom._first, dicom.read_dicom_hu, dicom.apply_windows, transforms.ImageLoadError,
-                transforms.is_dicom, transforms._minmax, transforms._read_pil, transforms._match_channels,
-                transforms.read_image):
-        parts += [inspect.getsource(obj).rstrip(), "", ""]
+
+def decoder_source() -> str:
+    """Training's image decoding as standalone source: the image store's :func:`~fedpartial.data.store.
+    decode_resized` (decode once, resize, uint8: what every site's store holds) with the helpers it calls and
+    ``fedpartial.data.dicom`` (HU, CT windows), copied verbatim (the one relative import dropped: the copy holds
+    those functions in the same module)."""
+    from ..data import dicom, store
+
+    parts = ["from dataclasses import dataclass", "", "from PIL import Image", "",
+             f"FORMAT = {store.FORMAT!r}", f"VERSION = {store.VERSION!r}",
+             f"DEFAULT_WINDOWS = {dicom.DEFAULT_WINDOWS!r}",
+             "RESIZE_FILTERS = {" + ", ".join(f"{k!r}: Image.Resampling.{v.name}" for k, v in
+                                               store.RESIZE_FILTERS.items()) + "}", "", ""]
+    for obj in (dicom._first, dicom.read_dicom_hu, dicom.apply_windows, store.Preprocessing, store._is_dicom,
+                store.native_channels, store.stored_channels, store._resize_float, store.decode_resized):
+        src = inspect.getsource(obj).rstrip()
+        if obj is store.decode_resized:
+            if DICOM_IMPORT not in src + "\n":
+                raise RuntimeError("decode_resized no longer imports the DICOM helpers as the export expects")
+            src = (src + "\n").replace(DICOM_IMPORT, "").rstrip()
+        parts += [src, "", ""]
     return "\n".join(parts).rstrip() + "\n"
 
 
@@ -75,7 +86,7 @@ def runtime_source() -> str:
     text = Path(bundle_runtime.__file__).read_text()
     head, rest = text.split(DECODER_START, 1)
     _, tail = rest.split(DECODER_END, 1)
-    text = (head + "# --- decoder: copied from fedpartial.data.dicom / fedpartial.data.transforms at export ---\n"
+    text = (head + "# --- decoder: copied from fedpartial.data.dicom / fedpartial.data.store at export ---\n"
             + decoder_source() + "# --- end decoder ---" + tail)
     if "fedpartial." in "".join(line for line in text.splitlines(True) if line.lstrip().startswith(("import", "from"))):
         raise RuntimeError("the bundle's scripts/image_io.py would import this package")
@@ -111,17 +122,20 @@ def bundle_thresholds(model: LoadedModel) -> dict:
 
 
 def preprocessing_spec(model: LoadedModel) -> dict:
-    """The image pipeline of training's evaluation, as the bundle applies it."""
+    """The image pipeline of training (the sites' image stores) and evaluation, as the bundle applies it."""
     ds = model.dataset
     windows = [list(map(float, w)) for w in ds.get("ct_windows") or []] or None
+    mode = ds.get("resize_mode", "area")
     return {"image_size": int(ds["image_size"]), "channels": int(ds["channels"]), "ct_windows": windows,
-            "mean": ds.get("mean"), "std": ds.get("std"), "resize_mode": RESIZE_MODE,
-            "steps": ["decode: PNG / JPG 8-bit / 255, 16-bit / 65535; DICOM -> Hounsfield units"
+            "mean": ds.get("mean"), "std": ds.get("std"), "resize_mode": mode,
+            "steps": ["decode: PNG / JPG 8-bit as stored, 16-bit scaled to [0, 255]; DICOM -> Hounsfield units"
                       + (f" -> CT windows {windows} (center, width) as channels" if windows else " -> min-max"),
-                      f"channels: gray repeated / RGB averaged to {ds['channels']}",
-                      f"resize to {ds['image_size']} x {ds['image_size']} ({RESIZE_MODE})",
-                      "normalise (x - mean) / std per channel" if ds.get("mean") or ds.get("std")
-                      else "no normalisation (values in [0, 1])"]}
+                      f"resize to {ds['image_size']} x {ds['image_size']} ({mode}, Pillow) and round to uint8, "
+                      "as the sites' image stores hold them",
+                      f"channels: a grayscale image repeated to {ds['channels']}" +
+                      (", colour to its luma" if int(ds["channels"]) == 1 else ""),
+                      "divide by 255; normalise (x - mean) / std per channel" if ds.get("mean") or ds.get("std")
+                      else "divide by 255 (values in [0, 1])"]}
 
 
 def channel_names(pre: dict) -> dict[str, str]:
@@ -263,9 +277,7 @@ def inference_config(model: LoadedModel, thresholds: dict, pre: dict) -> dict:
         "datalist": "$@runtime.list_images(@dataset_dir)",
         "preprocessing": {"_target_": "Compose", "transforms": [
             {"_target_": f"{RUNTIME_MODULE}.LoadImageAnyd", "keys": "image", "channels": "@channels",
-             "ct_windows": "@ct_windows"},
-            {"_target_": "Resized", "keys": "image", "spatial_size": ["@image_size", "@image_size"],
-             "mode": pre["resize_mode"]},
+             "image_size": "@image_size", "ct_windows": "@ct_windows", "resize_mode": pre["resize_mode"]},
             typed, *([*norm, typed] if norm else [])]},
         "dataset": {"_target_": "Dataset", "data": "$[{'image': p, 'path': p} for p in @datalist]",
                     "transform": "@preprocessing"},

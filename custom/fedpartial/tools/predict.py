@@ -10,11 +10,10 @@
 (``nvflare job download`` / ``download_job``), a run folder holding ``app_server/``, or a model file
 (``FL_global_model.pt``). The model architecture and the image pipeline (size, channels, CT windows,
 normalisation) are read from the job configuration stored with the run (``app_server/config``; override with
-``--job-config DIR``), and each image goes through the data layer's per-file evaluation pipeline
-(:class:`fedpartial.data.sitedata.SiteDatasets` with ``cache: none``: decode, CT windows, MONAI ``Resized`` (area),
-normalise), the one an exported bundle (``fedpartial-export``) runs. Training's evaluation reads the sites' image
-store instead (resized by Pillow, kept as uint8), so a probability here may differ from the one the same image
-got during training (by up to 9e-4 on ``tests/test_predict.py``'s images with its random 16 px model). ``--model best`` (default) takes
+``--job-config DIR``), and each image is decoded as the sites' image stores hold it (decoded once, CT windows,
+resized by Pillow, rounded to uint8: :class:`fedpartial.data.store.DecodedImages`, ``cache: none``), then
+converted and normalised as in training's evaluation, so a probability here equals the one the same image got
+during training; an exported bundle (``fedpartial-export``) decodes the same way. ``--model best`` (default) takes
 ``best_FL_global_model.pt`` (best validation round) when the run has it, else the last global model;
 ``--model last`` takes ``FL_global_model.pt``.
 
@@ -206,7 +205,7 @@ def read_input_manifest(file: str | Path, model: LoadedModel, data_root: str | P
 
 
 def _loader(model: LoadedModel, manifest: Manifest, batch_size: int):
-    """Training's evaluation pipeline (decode, CT windows, resize, normalise) over ``manifest``."""
+    """Training's evaluation over ``manifest``: each file decoded as a store row (nothing kept), normalised."""
     return SiteDatasets({"input": manifest}, {**model.dataset, "cache": "none"}).eval_loader("input", batch_size)
 
 

@@ -24,6 +24,18 @@ def real_data(name: str) -> Path:
     return path
 
 
+@pytest.fixture(autouse=True)
+def _method_registry_restored():
+    """A test that registers a method of its own (a rule that raises, ...) leaves the registry as it found it:
+    the README's methods table is checked against the registry, in whichever worker and order."""
+    from fedpartial.methods import base
+
+    before = dict(base._REGISTRY)
+    yield
+    base._REGISTRY.clear()
+    base._REGISTRY.update(before)
+
+
 @pytest.fixture(scope="session")
 def data_cache(tmp_path_factory) -> Path:
     """One prepared-dataset cache for the whole session (FEDPARTIAL_CACHE)."""

@@ -166,7 +166,10 @@ def test_results_record_thresholds_per_round_and_final_model_beside_the_existing
     rnd = out["rounds"][0]
     assert rnd["thresholds"]["thresholds"] == {"a": SCORE_GRID[60]}
     assert rnd["test"]["macro"]["bacc"] == 0.5 and rnd["test"]["macro"]["bacc_val_thr"] == pytest.approx(0.75)
+    # the sites' score histograms stay out of the record; only each final model's pooled ones (its ROC / PR curves)
+    pooled = {m: {k: f.pop(k) for k in list(f) if k.endswith("_score_hist")} for m, f in out["final"].items()}
     assert "score_hist" not in json.dumps(out)
+    assert set(pooled[LAST_MODEL]) == {"val_score_hist", "test_score_hist"}
     last, best = out["final"][LAST_MODEL], out["final"][BEST_MODEL]
     assert last["thresholds"]["thresholds"] == {"a": SCORE_GRID[60]}
     assert best["thresholds"]["thresholds"] == {"a": SCORE_GRID[35]}  # the best model: site-1's validation only

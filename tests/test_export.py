@@ -16,7 +16,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import REPO, real_data, run_recipe, server_log
+from conftest import REPO, real_data, results_of, run_recipe, server_log
 from test_predict import _run_folder
 from test_transforms import write_dicom
 
@@ -219,7 +219,11 @@ def ich_ws(tmp_path_factory):
 def ham_ws(tmp_path_factory):
     real_data("ham10000")
     root = tmp_path_factory.mktemp("export_ham")
-    return _trained("fedavg_ham10000", "ham10000", root, root / "cache")
+    ws = _trained("fedavg_ham10000", "ham10000", root, root / "cache")
+    # run as its README says, from the checkout without FEDPARTIAL_DATA_DIR: the relative root ../shared/data/...
+    # resolved against the checkout (what test_recipes.py checks for the ChestX-ray14 job)
+    assert all(i["n_train"] > 0 for i in results_of(ws)["data"]["sites"].values())
+    return ws
 
 
 def _bundle_matches_predict(ws: Path, tmp_path: Path, multilabel: bool) -> tuple[dict, pd.DataFrame]:

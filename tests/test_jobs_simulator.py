@@ -23,12 +23,12 @@ for _args in TINY.values():  # sets of a few dozen images: per-class metrics fro
 # The NVFlare glue (executor, aggregator, data check, selection, results, cross-site evaluation) is the same for
 # every method, and every registered method's own round trip (trainer, rule, what travels, state) is checked for
 # all methods at once in test_method_zoo.py. So the simulator runs here are chosen by code path, not by job:
-# FedAvg on each data source (phantom, HAM10000 single-label, NIH CXR14), PFL (parts kept local: every site
+# FedAvg on each data source (phantom, HAM10000 single-label; NIH CXR14 in test_recipes.py), PFL (parts kept local: every site
 # scores its own model); fedmlp_ich has its own run-and-resume test below, the paper configurations theirs too,
 # FedLSM / FedIRM / surgical jobs theirs in test_fedlsm.py / test_fedirm.py / test_surgical.py, the comparison
 # methods' jobs a 2-site run each (test_comparison_method_runs_two_rounds below). Every job also gets the
 # configuration check below (what a site and the server check before training).
-SIMULATED = ["fedavg_cxr14", "fedavg_ham10000", "fedavg_ich", "pfl_ich"]
+SIMULATED = ["fedavg_ham10000", "fedavg_ich", "pfl_ich"]  # fedavg_cxr14: test_recipes.py's real-data run
 ALL_JOBS = sorted(p.parent.name for p in (REPO / "jobs").glob("*/meta.json"))
 CONFIG_ONLY = sorted(j for j in ALL_JOBS if j not in SIMULATED and not j.startswith("fedavg_full_"))
 JOBS = SIMULATED

@@ -196,29 +196,16 @@ class _Glue:
         self.name = name
         self.agg = PartialLabelAggregator(method=name, method_args=dict(options))
         assert self.agg.config_error is None, self.agg.config_error
+        from test_stat_checks import _Engine
+
         comps = {"data_summary": type("Summary", (), {"summary": summary})(), "aggregator": self.agg, "model": model}
-        sites = sorted(summary["sites"])
-        self.engine = type("Engine", (), {
-            "get_component": lambda _, cid: comps.get(cid),
-            "get_clients": lambda _: [type("Client", (), {"name": s})() for s in sites],
-            "fire_event": lambda *a, **k: None})()
+        self.engine = _Engine(comps, sorted(summary["sites"]))
         self.filter = MinCountFilter(min_count=1)
 
     def _ctx(self, rnd: int, prev: dict, site: str | None = None):
-        from nvflare.apis.fl_constant import ReservedKey
-        from nvflare.apis.fl_context import FLContext
-        from nvflare.app_common.abstract.model import ModelLearnableKey
-        from nvflare.app_common.app_constant import AppConstants
+        from test_stat_checks import _ctx
 
-        ctx = FLContext()
-        ctx.set_prop(ReservedKey.ENGINE, self.engine, private=True, sticky=False)
-        ctx.set_prop(AppConstants.GLOBAL_MODEL, {ModelLearnableKey.WEIGHTS: prev}, private=True, sticky=False)
-        ctx.set_prop(AppConstants.CURRENT_ROUND, rnd, private=True, sticky=False)
-        if site:
-            peer = FLContext()
-            peer.set_prop(ReservedKey.IDENTITY_NAME, site, private=True, sticky=False)
-            ctx.set_peer_context(peer)
-        return ctx
+        return _ctx(self.engine, rnd, prev, site)
 
     def send(self, site: str, sent: DXO, weight: float, rnd: int, prev: dict) -> None:
         from fedpartial.fl.keys import META_WEIGHT

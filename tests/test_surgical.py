@@ -343,37 +343,10 @@ def _tiny_ich(prepare: dict | None = None) -> dict:
 
 
 @pytest.mark.integration
-def test_surgical_ich_runs_three_rounds_with_warmup_and_intervals(tmp_path, data_cache):
-    from conftest import copy_job, results_of, run_simulator, server_log
-
-    # the job's default is FedBN (norm: local, measured better without pretrained weights); FedBN+ here
-    args = _tiny_ich()
-    args["method_args"]["norm"] = "frozen"
-    job = copy_job("surgical_ich", tmp_path / "job", num_rounds=3, executor_args=args)
-    ws = tmp_path / "ws"
-    proc = run_simulator(job, ws, n=5, env={"FEDPARTIAL_CACHE": str(data_cache)})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(ws)[-3000:]
-    res = results_of(ws)
-    # the shared val / test sets are scored by their first holder only, every round and in the final evaluation
-    # (tests/test_privacy.py::test_the_summary_goes_with_every_task_a_resent_one_included: why it could differ)
-    assert res["final"]["FL_global_model.pt"]["sites"] == ["site-1"]  # the shared test set, scored once
-    assert all(r["evaluated_by"]["val"] == ["site-1"] for r in res["rounds"])
-    assert res["num_rounds"] == 3 and res["method_options"]["norm"] == "frozen"
-    assert res["method_options"]["site_weighting"] == res["method_options"]["row_weighting"] == "uniform"
-    r0 = res["rounds"][0]
-    assert all(s["surgical_warmup"][0] == 2 and s["surgical_norm_from_warmup"] for s in r0["site_stats"].values())
-    assert all("surgical_warmup" not in s for s in res["rounds"][1]["site_stats"].values())
-    final = res["final"]["FL_global_model.pt"]["test"]
-    ci = final["ci"]["auc"]
-    assert final["ci"]["n_resamples"] == 100
-    for c, v in final["per_class"].items():
-        if v["auc"] is not None:
-            lo, hi = ci["per_class"][c]
-            assert lo <= hi and 0 <= lo <= 1 and 0 <= hi <= 1
-
-
-@pytest.mark.integration
-def test_two_vocabulary_split_learns_the_union(tmp_path, data_cache):
+def test_surgical_ich_three_rounds_two_vocabularies_warmup_and_intervals(tmp_path, data_cache):
+    """Surgical aggregation (FedBN+) for 3 rounds on 4 sites of which two name the classes in another vocabulary
+    (the ICH abbreviations): the warm-up round, the vocabularies read as the job's classes, the union of every
+    site's classes learnt, the shared sets scored once, the final test with its bootstrap intervals."""
     from conftest import REPO, results_of, run_simulator, server_log
 
     from fedpartial.tools.build_jobs import customise_job
@@ -382,12 +355,30 @@ def test_two_vocabulary_split_learns_the_union(tmp_path, data_cache):
              ["epidural", "subdural", "subarachnoid"], ["epidural", "subdural", "subarachnoid"]]
     prepare = {"protocol": "table", "k": None, "table": table, "num_sites": 4,
                "vocabularies": {"site-3": "ich_abbreviations", "site-4": "ich_abbreviations"}}
-    job = customise_job(REPO / "jobs" / "surgical_ich", tmp_path / "job", 3, _tiny_ich(prepare), min_clients=4)
+    # the job's default is FedBN (norm: local, measured better without pretrained weights); FedBN+ here
+    args = _tiny_ich(prepare)
+    args["method_args"]["norm"] = "frozen"
+    job = customise_job(REPO / "jobs" / "surgical_ich", tmp_path / "job", 3, args, min_clients=4)
     ws = tmp_path / "ws"
     proc = run_simulator(job, ws, n=4, env={"FEDPARTIAL_CACHE": str(data_cache)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(ws)[-3000:]
     res = results_of(ws)
     sites = res["data"]["sites"]
     assert sites["site-3"]["annotated"] == [0, 3, 4]  # EDH, SAH, SDH read as epidural, subarachnoid, subdural
-    test = res["final"]["FL_global_model.pt"]["test"]
-    assert all(v["auc"] is not None for v in test["per_class"].values())  # every class of the union predicted
+    # the shared val / test sets are scored by their first holder only, every round and in the final evaluation
+    # (tests/test_privacy.py::test_the_summary_goes_with_every_task_a_resent_one_included: why it could differ)
+    assert res["final"]["FL_global_model.pt"]["sites"] == ["site-1"]  # the shared test set, scored once
+    assert all(r["evaluated_by"]["val"] == ["site-1"] for r in res["rounds"])
+    assert res["num_rounds"] == 3 and res["method_options"]["norm"] == "frozen"
+    assert res["method_options"]["site_weighting"] == res["method_options"]["row_weighting"] == "uniform"
+    r0 = res["rounds"][0]
+    assert sorted(r0["site_stats"]) == ["site-1", "site-2", "site-3", "site-4"]
+    assert all(s["surgical_warmup"][0] == 2 and s["surgical_norm_from_warmup"] for s in r0["site_stats"].values())
+    assert all("surgical_warmup" not in s for s in res["rounds"][1]["site_stats"].values())
+    final = res["final"]["FL_global_model.pt"]["test"]
+    assert all(v["auc"] is not None for v in final["per_class"].values())  # every class of the union predicted
+    ci = final["ci"]["auc"]
+    assert final["ci"]["n_resamples"] == 100
+    for c, v in final["per_class"].items():
+        lo, hi = ci["per_class"][c]
+        assert lo <= hi and 0 <= lo <= 1 and 0 <= hi <= 1

@@ -215,9 +215,16 @@ class Deployment:
         stopped it, a class annotated only at the missing hospital)."""
         from fedpartial.tools.admin import open_session
 
-        sess = open_session(self.kits / PROJECT_ADMIN, timeout=90)
+        t0, sess = time.time(), None
+        while sess is None:  # the server may not take logins yet (NVFlare's login then fails, it does not wait)
+            try:
+                sess = open_session(self.kits / PROJECT_ADMIN, timeout=30)
+            except Exception:  # noqa: BLE001 - retried until the timeout, then raised
+                if time.time() - t0 > timeout:
+                    raise
+                time.sleep(2)
         try:
-            return wait_clients(sess, HOSPITALS, timeout=timeout)
+            return wait_clients(sess, HOSPITALS, timeout=max(1.0, timeout - (time.time() - t0)))
         finally:
             sess.close()
 

@@ -48,7 +48,6 @@ def strict_deployment(tmp_path_factory, monkeypatch_module):
         dep.prepare_hospital_data()
         for participant in ["localhost", *HOSPITALS]:
             dep.start(participant)
-        dep.all_connected()
         yield dep
     finally:
         left = dep.stop()

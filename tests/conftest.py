@@ -28,8 +28,9 @@ def real_data(name: str) -> Path:
 def _method_registry_restored():
     """A test that registers a method of its own (a rule that raises, ...) leaves the registry as it found it:
     the README's methods table is checked against the registry, in whichever worker and order."""
-    from fedpartial.methods import base
+    from fedpartial.methods import base, load_all
 
+    load_all()  # the built-in methods first: load_all runs once per process, whatever the test that calls it
     before = dict(base._REGISTRY)
     yield
     base._REGISTRY.clear()
@@ -168,6 +169,37 @@ def results_of(workspace: Path) -> dict:
     path = workspace / "server" / "simulate_job" / "results.json"
     assert path.is_file(), f"no results.json in {workspace}"
     return json.loads(path.read_text())
+
+
+def check_two_rounds(ws: Path, method: str) -> dict:
+    """What a 2-round simulator run (test every round) must leave in its results, for any job: every site trained
+    and was averaged in both rounds; the simulator's shared validation / test sets scored once each round, by the
+    first site (by every site with its own model when the method keeps local parts); the best round and the
+    final evaluation of both models, per class; the server's data summary and its TensorBoard events. Returns
+    the results."""
+    res = results_of(ws)
+    sites = sorted(res["data"]["sites"], key=lambda s: int(s.rsplit("-", 1)[1]))
+    assert res["method"] == method and res["num_rounds"] == 2 and len(res["rounds"]) == 2
+    shared = res["data"]["shared_eval_sets"]
+    assert shared["val"] == shared["test"] == [sites]  # the simulator's central sets
+    n_test, n_val = res["data"]["sites"]["site-1"]["n_test"], res["data"]["sites"]["site-1"]["n_val"]
+    # each shared image is scored once, by the first site; with local parts (PFL) each site scores its own model
+    scorers = sites if res["local_parts"] else ["site-1"]
+    for r in res["rounds"]:
+        assert sorted(r["sites"]) == sorted(sites), r["sites"]  # all contributed
+        assert r["rejected"] == {} and r["missing"] == [], (r["rejected"], r["missing"])  # ... and were averaged
+        assert r["val"]["macro"]["auc"] is not None and r["test"] is not None
+        assert r["evaluated_by"] == {"val": scorers, "test": scorers}
+        assert r["val"]["n"] == n_val * len(scorers) and r["test"]["n"] == n_test * len(scorers)
+    assert res["best"] is not None and res["best"]["trained_rounds"] == 1
+    for model in ("FL_global_model.pt", "best_FL_global_model.pt"):
+        final = res["final"][model]
+        assert final["sites"] == scorers and final["test"]["n"] == n_test * len(scorers)
+        assert 0.0 <= final["test"]["macro"]["auc"] <= 1.0
+        assert set(final["test"]["per_class"]) == set(res["rounds"][0]["val"]["per_class"])
+    assert "annotated positives per site and class" in server_log(ws)
+    assert (ws / "server" / "simulate_job" / "tb_events").is_dir()
+    return res
 
 
 def server_log(workspace: Path) -> str:

@@ -16,7 +16,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import REPO, real_data, results_of, run_recipe, server_log
+from conftest import REPO, check_two_rounds, real_data, results_of, run_recipe, server_log
 from test_predict import _run_folder
 from test_transforms import write_dicom
 
@@ -272,6 +272,15 @@ def test_multilabel_bundle_runs_without_the_package_and_equals_predict(ich_ws, t
     assert f"| **macro** | {100 * macro:.1f}" in card
     for png in ("auc_ci.png", "site_auc.png"):
         assert f"]({png})" in card and (tmp_path / "B" / "docs" / png).read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.integration
+@pytest.mark.realdata
+def test_ham10000_recipe_leaves_a_complete_two_round_run(ham_ws):
+    """The trained workspace itself is HAM10000's FedAvg simulator check (single-label, real images): everything a
+    2-round run must leave (conftest.check_two_rounds)."""
+    res = check_two_rounds(ham_ws, "fedavg")
+    assert res["final"]["FL_global_model.pt"]["test"]["task"] == "multiclass" and len(res["data"]["sites"]) > 1
 
 
 @pytest.mark.integration

@@ -48,6 +48,7 @@ def strict_deployment(tmp_path_factory, monkeypatch_module):
         dep.prepare_hospital_data()
         for participant in ["localhost", *HOSPITALS]:
             dep.start(participant)
+        dep.all_connected()  # the job below goes to the hospitals connected when it is submitted
         yield dep
     finally:
         left = dep.stop()

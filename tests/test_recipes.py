@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from conftest import REPO, real_data, results_of, run_recipe, run_simulator, server_log
+from conftest import REPO, check_two_rounds, real_data, results_of, run_recipe, run_simulator, server_log
 from fedpartial.tools.build_jobs import check_job, export_job, job_recipe, job_sources
 
 JOBS = [j.name for j in job_sources(REPO / "jobs")]
@@ -197,8 +197,9 @@ def _round_metrics(res: dict) -> list:
 @pytest.mark.integration
 def test_recipe_and_exported_folder_give_the_same_results(tmp_path, data_cache):
     """jobs/fedavg_ich through its recipe (``python job.py``'s SimEnv, from the checkout, no data variable) and
-    the folder it exports through ``nvflare simulator``: the same results for the same seed."""
-    overrides = {"num_rounds": 1, "num_sites": 3, "dataset": {"preset": "ich_phantom", **TINY_ICH,
+    the folder it exports through ``nvflare simulator``: the same results for the same seed; and everything a
+    2-round run must leave (conftest.check_two_rounds: the phantom source's FedAvg simulator run)."""
+    overrides = {"num_rounds": 2, "num_sites": 3, "dataset": {"preset": "ich_phantom", **TINY_ICH,
                                                               "prepare": {**TINY_ICH["prepare"], "num_sites": 3,
                                                                           "k": 2}}, **FAST}
     env = {"FEDPARTIAL_CACHE": str(data_cache)}
@@ -210,8 +211,8 @@ def test_recipe_and_exported_folder_give_the_same_results(tmp_path, data_cache):
     sim = tmp_path / "ws_sim"
     proc = run_simulator(folder, sim, n=3, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(sim)[-3000:]
-    a, b = results_of(ws), results_of(sim)
-    assert a["method"] == b["method"] == "fedavg" and len(a["rounds"]) == 1
+    a, b = results_of(ws), check_two_rounds(sim, "fedavg")
+    assert a["method"] == "fedavg" and len(a["rounds"]) == 2
     assert _round_metrics(a) == _round_metrics(b)
     assert {s: i["n_train"] for s, i in a["data"]["sites"].items()} == \
         {s: i["n_train"] for s, i in b["data"]["sites"].items()}

@@ -122,7 +122,9 @@ def job_sites(job_dir: str | Path) -> tuple[int | None, int, list[str]]:
     return (n if n is not None else meta.get("min_clients")), missing, named
 
 
-STALE_AFTER = 75.0  # seconds without a heartbeat (NVFlare clients send one every 30 s) before a site counts as down
+# seconds without a heartbeat before a site counts as down: an NVFlare client sends one every 10 s (its
+# heart_beat_interval), so three missed ones
+STALE_AFTER = 35.0
 
 
 def connected_sites(sess, stale_after: float = STALE_AFTER) -> list[str]:

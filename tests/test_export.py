@@ -276,16 +276,12 @@ def test_multilabel_bundle_runs_without_the_package_and_equals_predict(ich_ws, t
 
 @pytest.mark.integration
 @pytest.mark.realdata
-def test_ham10000_recipe_leaves_a_complete_two_round_run(ham_ws):
-    """The trained workspace itself is HAM10000's FedAvg simulator check (single-label, real images): everything a
-    2-round run must leave (conftest.check_two_rounds)."""
+def test_single_label_bundle_runs_without_the_package_and_equals_predict(ham_ws, tmp_path):
+    """The bundle of the HAM10000 FedAvg run; the trained workspace itself is HAM10000's simulator check
+    (single-label, real images): everything a 2-round run must leave (conftest.check_two_rounds). One test, so
+    that the workspace is trained once (a module fixture is built again in each test worker that uses it)."""
     res = check_two_rounds(ham_ws, "fedavg")
     assert res["final"]["FL_global_model.pt"]["test"]["task"] == "multiclass" and len(res["data"]["sites"]) > 1
-
-
-@pytest.mark.integration
-@pytest.mark.realdata
-def test_single_label_bundle_runs_without_the_package_and_equals_predict(ham_ws, tmp_path):
     meta, ours = _bundle_matches_predict(ham_ws, tmp_path, multilabel=False)
     probs = ours[[f"prob_{c}" for c in ISIC_CLASSES]].to_numpy()
     assert list(ours["prediction"]) == [ISIC_CLASSES[i] for i in probs.argmax(axis=1)]

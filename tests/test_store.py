@@ -124,6 +124,34 @@ def test_truncated_corrupt_and_foreign_stores_are_refused(tmp_path):
     (folder / "store.json").write_text(json.dumps({**meta, "format": "something-else"}))
     with pytest.raises(StoreError, match="foreign"):
         open_store(folder, key)
+    (folder / "store.json").write_text(json.dumps(meta))
+    # an index of another length, its checksum recorded (written by something else): refused, not read
+    import numpy as np
+
+    with np.load(folder / "index.npz") as z:
+        short = {k: z[k][:-1] for k in z.files}
+    np.savez(folder / "index.npz", **short)
+    (folder / "store.json").write_text(json.dumps({**meta, "index_sha256": st._index_digest(folder / "index.npz")}))
+    with pytest.raises(StoreError, match=r"corrupt \(index.npz has \[5\] rows, images.npy 6\)"):
+        open_store(folder, key)
+
+
+def test_an_opened_store_keeps_no_index_in_memory_and_pickles_without_it(tmp_path):
+    """A site keeps the memory map and the metadata only: the index is read from disk when asked (opening,
+    relabelling), so simulated sites sharing a validation store do not each hold a copy of its index."""
+    import pickle
+
+    import numpy as np
+
+    paths = _images(tmp_path, 5, 20)
+    labels = np.eye(5, 3, dtype=np.float32)
+    store = ensure_store(paths, Preprocessing(8, 1), tmp_path / "s", labels=labels)
+    assert set(vars(store)) == {"folder", "meta", "_images"}
+    np.testing.assert_array_equal(store.index["labels"], labels)
+    state = pickle.dumps(store)
+    assert len(state) < 2000 and pickle.loads(state).index["position"].tolist() == list(range(5))
+    assert st.relabel(store, labels[::-1].copy(), np.ones_like(labels, bool))  # a corrected label: on disk
+    np.testing.assert_array_equal(store.index["labels"], labels[::-1])
 
 
 def test_an_undecodable_image_names_its_row_and_the_rest_is_kept(tmp_path):

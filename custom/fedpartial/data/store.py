@@ -340,14 +340,21 @@ def _index_digest(file: Path) -> str:
 
 class ImageStore:
     """An opened store (:func:`open_store`): ``images`` ``(N, c, S, S)`` uint8 memory map (opened lazily, again
-    in every process: pickling sends the folder, never the pixels), the index arrays and ``meta``."""
+    in every process: pickling sends the folder, never the pixels), ``meta``, and the index arrays read from disk
+    when asked (:attr:`index`: only opening and relabelling need them, so a site keeps none of them in memory; the
+    shared validation / test stores' indexes are not copied into every simulated site)."""
 
-    def __init__(self, folder: Path, meta: dict, index: dict[str, np.ndarray]):
-        self.folder, self.meta, self.index = Path(folder), meta, index
+    def __init__(self, folder: Path, meta: dict):
+        self.folder, self.meta = Path(folder), meta
         self._images: np.ndarray | None = None
 
     def __getstate__(self):
-        return {"folder": self.folder, "meta": self.meta, "index": self.index, "_images": None}
+        return {"folder": self.folder, "meta": self.meta, "_images": None}
+
+    @property
+    def index(self) -> dict[str, np.ndarray]:
+        """The index arrays (``position``, ``size``, ``mtime_ns``, ``labels``, ``mask``), read now (no paths)."""
+        return _read_index(self.folder)
 
     def __len__(self) -> int:
         return int(self.meta["shape"][0])
@@ -383,7 +390,8 @@ class ImageStore:
     def stale_rows(self) -> np.ndarray:
         """Rows whose source file's size or mtime differ from the index (or that are gone); stats only."""
         size, mtime = _stamps(list(self.paths))
-        return np.flatnonzero((size != self.index["size"]) | (mtime != self.index["mtime_ns"]))
+        index = self.index
+        return np.flatnonzero((size != index["size"]) | (mtime != index["mtime_ns"]))
 
 
 def _refuse(folder: Path, why: str) -> StoreError:
@@ -422,8 +430,7 @@ def open_store(folder: str | os.PathLike, key: str | None = None, check_chunks: 
     try:
         if _index_digest(folder / "index.npz") != meta.get("index_sha256"):
             raise _refuse(folder, "corrupt (index.npz does not match its checksum)")
-        with np.load(folder / "index.npz", allow_pickle=False) as z:
-            index = {k: z[k] for k in z.files if k != "paths"}  # paths: ImageStore.paths, on demand
+        n_index = {k: len(v) for k, v in _read_index(folder).items()}
     except StoreError:
         raise
     except (OSError, ValueError, zlib.error) as e:
@@ -438,7 +445,14 @@ def open_store(folder: str | os.PathLike, key: str | None = None, check_chunks: 
             raise _refuse(folder, f"corrupt (rows {c * rows}..{min(n, (c + 1) * rows) - 1} do not match their "
                                   "checksum)")
     del mm
-    return ImageStore(folder, meta, index)
+    if set(n_index.values()) != {shape[0]}:
+        raise _refuse(folder, f"corrupt (index.npz has {sorted(set(n_index.values()))} rows, images.npy {shape[0]})")
+    return ImageStore(folder, meta)
+
+
+def _read_index(folder: Path) -> dict[str, np.ndarray]:
+    with np.load(folder / "index.npz", allow_pickle=False) as z:
+        return {k: z[k] for k in z.files if k != "paths"}  # paths: ImageStore.paths, on demand
 
 
 def _progress(total: int, done: int, desc: str, log_fn: Callable[[str], None] | None):
@@ -613,15 +627,15 @@ def relabel(store: ImageStore, labels: np.ndarray, mask: np.ndarray) -> bool:
     """Record the manifest's label vectors in the store's index when they differ (a corrected label: nothing is
     decoded again). Returns whether the index changed."""
     labels, mask = np.asarray(labels, np.float32), np.asarray(mask, bool)
-    if store.index["labels"].shape == labels.shape and np.array_equal(store.index["labels"], labels) \
-            and np.array_equal(store.index["mask"], mask):
+    index = store.index
+    if index["labels"].shape == labels.shape and np.array_equal(index["labels"], labels) \
+            and np.array_equal(index["mask"], mask):
         return False
     tmp = store.folder / f"index.tmp{os.getpid()}.npz"
-    np.savez(tmp, **{**store.index, "paths": store.paths, "labels": labels, "mask": mask})
+    np.savez(tmp, **{**index, "paths": store.paths, "labels": labels, "mask": mask})
     os.replace(tmp, store.folder / "index.npz")
     store.meta["index_sha256"] = _index_digest(store.folder / "index.npz")
     _write_json(store.folder / "store.json", store.meta)
-    store.index = {**store.index, "labels": labels, "mask": mask}
     return True
 
 

@@ -268,15 +268,26 @@ data = SiteDatasets(m, dataset_cfg(%(size)d, Path(%(cache)r)))
 me = psutil.Process()
 print(json.dumps({"before": me.memory_full_info().pss}), flush=True)
 sys.stdin.readline()
+steps = {}
+p0 = me.memory_full_info().pss
 data.open_stores()
+steps["open_stores"] = me.memory_full_info().pss - p0
 for split in ("train", "val", "test"):  # in the jobs' batches of 32
+    p0 = me.memory_full_info().pss
     for b in data._batches(split, 32, False, 0, False):
         pass
+    steps[f"batches_{split}"] = me.memory_full_info().pss - p0
 keep = [data.images(s).images for s in ("train", "val", "test")]
+p0 = me.memory_full_info().pss
 for a in keep:
     a.sum(dtype="uint64")  # every page of the three stores touched through the map
+steps["touch_all_pages"] = me.memory_full_info().pss - p0
+from fedpartial.data.dataset import SOURCE_VIEW
+labels = sum(data.dataset(s, SOURCE_VIEW).labels.nbytes + data.dataset(s, SOURCE_VIEW).mask.nbytes
+             for s in ("train", "val", "test"))
 print(json.dumps({"after": me.memory_full_info().pss, "train_bytes": int(keep[0].nbytes),
-                  "shared_bytes": int(keep[1].nbytes + keep[2].nbytes)}), flush=True)
+                  "shared_bytes": int(keep[1].nbytes + keep[2].nbytes), "steps": steps,
+                  "label_tensor_bytes": int(labels)}), flush=True)
 sys.stdin.readline()
 """
 
@@ -303,8 +314,12 @@ def sites_pss(prepared: Path, size: int, cache_dir: Path, sites: list[str]) -> d
         p.wait()
     shared = after[0]["shared_bytes"]
     bound = sum(before) + shared + sum(a["train_bytes"] for a in after)
+    # where each site's PSS went (MB, mean over the sites; a shared page counts 1/k in each of the k processes)
+    steps = {k: round(sum(a["steps"][k] for a in after) / len(after) / 1e6, 3) for k in after[0]["steps"]}
     return {"sites": len(sites), "pss_before_gb": sum(before) / 1e9, "pss_gb": pss_now / 1e9, "bound_gb": bound / 1e9,
-            "shared_store_gb": shared / 1e9, "train_stores_gb": sum(a["train_bytes"] for a in after) / 1e9}
+            "shared_store_gb": shared / 1e9, "train_stores_gb": sum(a["train_bytes"] for a in after) / 1e9,
+            "over_bound_mb_per_site": round((pss_now - bound) / len(sites) / 1e6, 3), "steps_mb_per_site": steps,
+            "label_tensors_mb_per_site": round(sum(a["label_tensor_bytes"] for a in after) / len(after) / 1e6, 3)}
 
 
 def format_compare(store_folder: Path, work: Path, n: int, seconds: float = 3.0) -> dict:

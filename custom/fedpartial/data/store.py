@@ -374,12 +374,16 @@ class ImageStore:
         return self._images
 
     def batch(self, rows) -> np.ndarray:
-        """``(B, c, S, S)`` uint8 copy of ``rows`` (any order), read in ascending order (sequential pages)."""
+        """``(B, c, S, S)`` uint8 copy of ``rows`` (any order), gathered straight into the batch: one allocation
+        of the batch's size (a fancy index would build a second, temporary copy first)."""
         rows = np.asarray(rows, np.int64).reshape(-1)
-        order = np.argsort(rows, kind="stable")
+        n = len(self)
+        if len(rows) and (rows.min() < -n or rows.max() >= n):
+            raise IndexError(f"rows {rows.min()}..{rows.max()} outside the store's {n} images ({self.folder})")
         out = np.empty((len(rows), *self.images.shape[1:]), np.uint8)
-        out[order] = self.images[rows[order]]
-        return out
+        # mode="wrap" (bounds checked above; negative rows count from the end, as with indexing): numpy's "raise"
+        # would gather into a temporary buffer before copying into ``out``
+        return np.take(self.images, rows, axis=0, out=out, mode="wrap")
 
     @property
     def paths(self) -> np.ndarray:

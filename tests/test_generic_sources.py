@@ -581,3 +581,45 @@ def test_folder_cli_error_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and "class folder 'EMPTY' holds no image" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_prepare_with_store_decodes_each_image_once_and_names_an_unreadable_one(tmp_path, monkeypatch, capsys):
+    """``fedpartial-prepare --store SIZExC``: the manifests, then the sites' stores (what fedpartial-store builds),
+    every image decoded by one PIL image object only (the store build is the decode check; no separate pass).
+    An unreadable image stops it with one line naming the file; ``--drop-unreadable`` needs the decode pass."""
+    from PIL import ImageFile
+
+    from fedpartial.data.store_cli import prepared_manifests
+
+    root, ham = ham_folder(tmp_path / "derm", n=14)
+    monkeypatch.setenv("FEDPARTIAL_CACHE", str(tmp_path / "cache"))
+    loaded: dict[str, set[int]] = {}
+    real_load = ImageFile.ImageFile.load
+
+    def counting_load(self):
+        loaded.setdefault(Path(self.filename).name, set()).add(id(self))
+        return real_load(self)
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", counting_load)
+    args = ["--source", "folder", "--root", str(root), "--out", str(tmp_path / "out"), "--sites", "2",
+            "--protocol", "full", "--no-figure", "--store", "32x3"]
+    assert prep.main(args) == 0, capsys.readouterr().err
+    stores = sorted(p for p in (tmp_path / "cache" / "stores").iterdir() if p.is_dir())
+    assert len(stores) == len(prepared_manifests(tmp_path / "out")["site-1"]) + 1  # train x 2 sites, val, test
+    out = capsys.readouterr().out
+    assert all(str(s) in out for s in stores)
+    assert sorted(loaded) == sorted(p.name for p in root.rglob("*.jpg"))
+    assert {n: len(ids) for n, ids in loaded.items() if len(ids) != 1} == {}  # each decoded once
+
+    bad = sorted(root.rglob("*.jpg"))[3]
+    bad.write_bytes(b"\xff\xd8\xff\xe0 not a jpeg")
+    args[args.index("--out") + 1] = str(tmp_path / "out2")
+    assert prep.main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and bad.name in err, err
+    assert prep.main(args[:-2] + ["--drop-unreadable", "--store", "32x3", "--overwrite"]) == 2
+    assert "--drop-unreadable needs the decode pass" in capsys.readouterr().err
+    assert prep.main(args[:-2] + ["--store", "224"]) == 2
+    assert "--store expects a dataset preset, PRESET:SIZE" in capsys.readouterr().err
+    assert prep._store_args("nih_cxr14:224") == ["--preset", "nih_cxr14", "--image-size", "224"]
+    assert prep._store_args("ham10000") == ["--preset", "ham10000"]

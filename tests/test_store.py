@@ -169,6 +169,23 @@ def test_a_build_that_would_overrun_its_budget_stops_with_the_command(tmp_path):
         build_store(paths, Preprocessing(8, 1), tmp_path / "s", chunk_rows=2, workers=1, budget_s=0.0)
 
 
+def test_a_parallel_build_over_its_budget_keeps_the_chunks_its_pool_finished(tmp_path):
+    """With a process pool, the pool starts on the next chunks while this process decodes the first (its CPU time
+    per image is the estimate); over the budget, the chunks already decoded are logged, and a later build resumes
+    after them and gives the same store as one built without stopping."""
+    paths = _images(tmp_path, 24, 20)
+    prep = Preprocessing(8, 1)
+    with pytest.raises(StoreError, match="fedpartial-store"):
+        build_store(paths, prep, tmp_path / "s", chunk_rows=2, workers=2, budget_s=0.0)
+    kept = st._read_log(tmp_path / "s" / "chunks.log")
+    assert 0 in kept and 1 <= len(kept) < 12  # the first chunk and what the pool finished
+    again = build_store(paths, prep, tmp_path / "s", chunk_rows=2, workers=2)
+    assert again["decoded"] == 24 - 2 * len(kept)
+    whole = build_store(paths, prep, tmp_path / "t", chunk_rows=2, workers=1)
+    assert whole["decoded"] == 24
+    assert np.array_equal(open_store(tmp_path / "s").images, open_store(tmp_path / "t").images)
+
+
 def test_jpeg_uses_draft_scaling(tmp_path):
     """A large JPEG decoded for a small target is decoded at a reduced DCT scale (same result as a full decode
     resized, within JPEG's own error)."""

@@ -689,6 +689,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exclude", help="images to leave out: a file (one name per line) or comma-separated names")
     p.add_argument("--drop-unreadable", action="store_true", help="leave unreadable images out instead of stopping")
     p.add_argument("--no-decode", action="store_true", help="skip the full decode of every image")
+    p.add_argument("--store", metavar="PREPROCESSING",
+                   help="then build the sites' image stores for the job's preprocessing (a dataset preset, "
+                        "PRESET:SIZE such as nih_cxr14:224, or SIZExCHANNELS such as 224x1), as fedpartial-store "
+                        "does: each image is decoded once, by the store build, which is then the decode check")
     p.add_argument("--no-figure", action="store_true", help="do not save label_structure.png")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     p.add_argument("--vocabulary", action="append", default=[], metavar="SITES=VOCAB",
@@ -762,12 +766,39 @@ def _run(args: argparse.Namespace) -> Path:
     return prepare(None, None, args.out, None, args.protocol, sources=sources, **common)
 
 
+def _store_args(spec: str) -> list[str]:
+    """``--store`` -> fedpartial-store's preprocessing options: ``PRESET`` (``--preset``), ``PRESET:SIZE``
+    (``--preset --image-size``: the preset's channels, windows and resize mode at the job's size) or
+    ``SIZExCHANNELS`` (``--image-size --channels``)."""
+    from .presets import PRESETS
+
+    preset, colon, at = spec.partition(":")
+    if preset in PRESETS and (not colon or at.isdigit()):
+        return ["--preset", preset] + (["--image-size", at] if colon else [])
+    size, x, channels = spec.lower().partition("x")
+    if x and size.isdigit() and channels.isdigit():
+        return ["--image-size", size, "--channels", channels]
+    raise UsageError(f"--store expects a dataset preset, PRESET:SIZE (e.g. nih_cxr14:224) or SIZExCHANNELS (e.g. "
+                     f"224x1), got {spec!r} (presets: {', '.join(sorted(PRESETS))})")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point (``fedpartial-prepare``): a user error is one line on stderr (with a hint) and exit 2,
-    without a traceback (``FEDPARTIAL_DEBUG=1`` shows it)."""
+    without a traceback (``FEDPARTIAL_DEBUG=1`` shows it). With ``--store``, the stores are built after the
+    manifests (:mod:`fedpartial.data.store_cli`), the images decoded there only."""
     args = build_parser().parse_args(argv)
     try:
-        _run(args)
+        if args.store:
+            store = _store_args(args.store)
+            if args.drop_unreadable:
+                raise UsageError("--drop-unreadable needs the decode pass: leave out --store, then run "
+                                 "fedpartial-store on the prepared folder")
+            args.no_decode = True  # the store build decodes every image, and names an unreadable one
+        out = _run(args)
+        if args.store:
+            from .store_cli import main as store_main
+
+            return store_main([str(out), *store])
     except USER_ERRORS as e:
         if os.environ.get("FEDPARTIAL_DEBUG"):
             raise

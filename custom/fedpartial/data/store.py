@@ -27,6 +27,7 @@ decoded) and decodes again only the rows whose file changed, naming them.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -570,27 +571,38 @@ def build_store(paths: Sequence[str], prep: Preprocessing, folder: str | os.Path
 
     try:
         first = todo.pop(0)  # in this process: its time tells whether the rest fits the budget
-        t_first = time.perf_counter()
-        commit(_decode_chunk(*args(first)))
-        per_image = (time.perf_counter() - t_first) / max(1, min(rows, n - first * rows))
-        rest = sum(min(rows, n - c * rows) for c in todo)
-        if budget_s is not None and todo and per_image * rest / workers > budget_s:
-            raise StoreError(
-                f"image store {folder}: {rest} images left to decode, about {per_image * rest / workers / 60:.0f} "
-                f"min on {workers} process(es), more than the {budget_s / 60:.0f} min this step may take; build it "
-                f"before the job: fedpartial-store PREPARED_FOLDER (or --site-config FILE --dataset NAME) --image-size "
-                f"{prep.image_size} --channels {prep.channels} (docs/datasets.md, 'Image store')")
         if stop_after is not None:
             todo = todo[:max(0, stop_after - 1)]
-        if workers == 1 or len(todo) <= 1:
-            for c in todo:
-                commit(_decode_chunk(*args(c)))
-        else:
-            from concurrent.futures import FIRST_COMPLETED, wait
+        parallel = workers > 1 and len(todo) > 1
+        with (_pool(workers) if parallel else contextlib.nullcontext()) as pool:
+            # the pool's processes start, and decode the next chunks, while this process decodes the first one
+            queue = list(todo)
+            pending = {pool.submit(_decode_chunk, *args(queue.pop(0))) for _ in range(min(2 * workers, len(queue)))} \
+                if parallel else set()
+            t_first = time.perf_counter()
+            result = _decode_chunk(*args(first))
+            commit(result)
+            k_first = max(1, min(rows, n - first * rows))
+            # seconds per image: CPU time when the pool shares the cores with it (its wall time would count theirs)
+            per_image = (result[3] if parallel else time.perf_counter() - t_first) / k_first
+            rest = sum(min(rows, n - c * rows) for c in todo)
+            if budget_s is not None and todo and per_image * rest / workers > budget_s:
+                if parallel:
+                    pool.shutdown(wait=True, cancel_futures=True)
+                    for f in pending:  # chunks the pool finished are kept (a later build resumes after them)
+                        if f.done() and not f.cancelled() and f.exception() is None:
+                            commit(f.result())
+                raise StoreError(
+                    f"image store {folder}: {rest} images left to decode, about {per_image * rest / workers / 60:.0f} "
+                    f"min on {workers} process(es), more than the {budget_s / 60:.0f} min this step may take; build it "
+                    f"before the job: fedpartial-store PREPARED_FOLDER (or --site-config FILE --dataset NAME) "
+                    f"--image-size {prep.image_size} --channels {prep.channels} (docs/datasets.md, 'Image store')")
+            if not parallel:
+                for c in queue:
+                    commit(_decode_chunk(*args(c)))
+            else:
+                from concurrent.futures import FIRST_COMPLETED, wait
 
-            with _pool(workers) as pool:
-                pending = {pool.submit(_decode_chunk, *args(c)) for c in todo[:2 * workers]}
-                queue = todo[2 * workers:]
                 while pending:
                     finished, pending = wait(pending, return_when=FIRST_COMPLETED)
                     for f in finished:

@@ -40,8 +40,8 @@ sys.path[:0] = [str(REPO / "custom"), str(REPO / "tests")]
 from test_deploy_poc import (HOSPITALS, PROJECT_ADMIN, Deployment, download_job, kill_pids,  # noqa: E402
                              participant_processes, tolerant_job, wait_clients, wait_job, wait_round)
 
-from fedpartial.tools.admin import (connected_sites, failure_lines, open_session, resume_folder,  # noqa: E402
-                                    site_check)
+from fedpartial.tools.admin import (STALE_AFTER, connected_sites, failure_lines, open_session,  # noqa: E402
+                                    resume_folder, site_check)
 from fedpartial.fl.selection import degradation  # noqa: E402
 
 
@@ -183,9 +183,10 @@ def main(argv=None) -> int:
     ap.add_argument("--only", nargs="*", default=None, help="scenarios to run (default: all)")
     a = ap.parse_args(argv)
     report: dict = {"command": " ".join(["python benchmarks/fault_injection.py", *(sys.argv[1:] if argv is None else argv)]),
-                    "rounds": a.rounds, "round_wait_after_min_s": 30,
-                    "client_outcome_wait_timeout_s": 30}
+                    "rounds": a.rounds, "round_wait_after_min_s": 30}
     dep = Deployment(Path(tempfile.mkdtemp(prefix="fedpartial-faults-")))
+    report["client_outcome_wait_timeout_s"] = float(dep.env["NVFLARE_CLIENT_OUTCOME_WAIT_TIMEOUT"])
+    report["site_down_after_s"] = STALE_AFTER  # fedpartial-admin: no heartbeat for this long
     scenarios = {"dead_before_submit": dead_before_submit, "dead_mid_round": dead_mid_round,
                  "worker_killed": worker_killed}
     sess = None
@@ -194,6 +195,7 @@ def main(argv=None) -> int:
         dep.prepare_hospital_data()
         for participant in ["localhost", *HOSPITALS]:
             dep.start(participant)
+        dep.all_connected()  # from the server's log: no admin login while the server starts
         sess = open_session(dep.kits / PROJECT_ADMIN, timeout=90)
         wait_clients(sess, HOSPITALS, timeout=180)
         for name, fn in scenarios.items():

@@ -25,7 +25,7 @@ import torch
 from .batch_views import BatchAugment, IndexDataset, ViewLoader, draw_views, gather
 from .dataset import SOURCE_VIEW, ManifestDataset, StoreImages, make_loader
 from .manifest import Manifest, ManifestError
-from .store import DecodeFailure, DecodedImages, ImageStore, Preprocessing, ensure_store
+from .store import DecodeFailure, DecodedImages, ImageStore, Preprocessing, ensure_store, release_free_heap
 
 __all__ = ["SiteDatasets", "IndexDataset", "gather", "STORE_MODES"]
 STORE_MODES = ("store", "disk", "memory")  # every cache mode but 'none' reads the image store
@@ -47,6 +47,7 @@ class StoreBatches:
         for idx in self.order:
             idx = torch.as_tensor(idx, dtype=torch.int64).reshape(-1)
             yield fetch_rows(self.images, self.labels, self.mask, idx)
+        release_free_heap()  # the pass's batch arrays: back to the system, not kept as free heap
 
 
 def fetch_rows(images, labels: torch.Tensor, mask: torch.Tensor, idx) -> dict[str, torch.Tensor]:
@@ -129,6 +130,7 @@ class SiteDatasets:
         for split in self.manifests:
             left = None if budget_s is None else max(0.0, budget_s - (time.monotonic() - t0))
             self.store(split, left)
+        release_free_heap()  # the index reads of the checks
         return dict(self._stores)
 
     def images(self, split: str):

@@ -219,8 +219,8 @@ def test_recipe_and_exported_folder_give_the_same_results(tmp_path, data_cache):
 
 
 # fedavg_ham10000's recipe runs from the checkout too, in tests/test_export.py (its single-label bundle is trained
-# by run_recipe, without FEDPARTIAL_DATA_DIR); this run is also the NIH ChestX-ray14 job's simulator check (it
-# left test_jobs_simulator.py's two-round list, its assertions below)
+# by run_recipe, without FEDPARTIAL_DATA_DIR, and checked there as a two-round run); this run is also the NIH
+# ChestX-ray14 job's simulator check (it left test_jobs_simulator.py's two-round list, its assertions below)
 REAL_JOBS = {"fedavg_cxr14": "nih_cxr14_1000"}
 
 

@@ -85,16 +85,21 @@ def run_watched(cmd: list[str], env: dict, timeout: int, logs: list[Path] = (), 
 
     for attempt in range(retries + 1):
         with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+            # only what this attempt writes: each log's size and inode taken BEFORE the process starts (taken
+            # after, a line written at once was counted as old, and the attempt waited for its timeout: seen
+            # under load); a log written anew (another inode, or shorter) is read from its start
+            start = {f: (f.stat().st_size, f.stat().st_ino) if f.is_file() else (0, None) for f in logs}
             proc = subprocess.Popen(cmd, env=env, cwd=str(cwd), stdout=out, stderr=err, text=True,
                                     start_new_session=True)
             t0, failure = time.time(), None
-            start = {f: f.stat().st_size if f.is_file() else 0 for f in logs}  # only what this attempt writes
 
             def written(f: Path) -> str:
                 if not f.is_file():
                     return ""
+                size, ino = start[f]
                 with open(f, "rb") as fh:
-                    fh.seek(start[f] if f.stat().st_size >= start[f] else 0)
+                    st = os.fstat(fh.fileno())
+                    fh.seek(size if st.st_ino == ino and st.st_size >= size else 0)
                     return fh.read().decode(errors="replace")
 
             while proc.poll() is None:

@@ -28,7 +28,10 @@ Keys written to ``benchmarks/results/scale_data.json`` (``--quick``: printed onl
 - ``loader_img_per_s``: 224 px uint8 batches of 32 from the store, shuffled, host side, one core.
 - ``sites_pss_gb`` / ``sites_pss_bound_gb``: 8 processes (``--quick``: 4), each a site reading its training store and
   the shared validation and test stores; summed proportional set size, and its bound: the same processes before
-  reading + one copy of the validation / test stores + each site's training store.
+  opening their stores (each site having run every step once and let go: code paths and allocator warm) + one copy
+  of the validation / test stores + each site's training store (a store's ``images.npy`` in whole pages). Every
+  PSS is read by this process, of all sites at once, between the sites' steps; ``sites_pss_detail`` has the growth
+  per step and per kind of mapping (stores, heap, other anonymous memory, files).
 - ``format``: the memory map against LMDB (raw uint8 bytes per key, ``lmdb``): bytes per image, batch read rate.
 """
 
@@ -250,76 +253,120 @@ def loader_rate(prepared: Path, size: int, cache_dir: Path, seconds: float = 5.0
 
 
 SITE_CODE = r"""
-import sys, json, time, os
+import sys, json
 sys.path.insert(0, %(custom)r)
-import psutil, torch, filelock  # in the baseline
+import torch, filelock  # in the baseline
 from fedpartial.data.sitedata import SiteDatasets
 sys.path.insert(0, %(bench)r)
-from scale_data import site_manifests, dataset_cfg
+from scale_data import SITE_STEPS, mapped_bytes, site_manifests, dataset_cfg
 from pathlib import Path
 torch.set_num_threads(1)
+sys.stdin.readline()  # "start": stdin's buffer is allocated before the baseline, not inside a measured step
 m = site_manifests(Path(%(prepared)r), %(site)r)
+info = {"train_bytes": 0, "shared_bytes": 0,
+        "label_bytes": int(sum(x.labels.nbytes + x.mask.nbytes for x in m.values()))}
+
+
+def step(name):
+    if name == "open_stores":
+        data.open_stores()
+    elif name.startswith("batches_"):  # in the jobs' batches of 32; the last one let go, as a training step does
+        for b in data._batches(name[len("batches_"):], 32, False, 0, False):
+            pass
+    elif name == "touch_all_pages":
+        for s in ("train", "val", "test"):
+            data.images(s).images.sum(dtype="uint64")  # every page of the three stores touched through the map
+        info["train_bytes"] = mapped_bytes(data.images("train"))
+        info["shared_bytes"] = mapped_bytes(data.images("val")) + mapped_bytes(data.images("test"))
+
+
 data = SiteDatasets(m, dataset_cfg(%(size)d, Path(%(cache)r)))
-for b in data._batches("train", 32, False, 0, False):  # the loop once (code paths, allocator), then let go
-    pass
-del data, b
+for name in SITE_STEPS:  # every step once (code paths, allocator), then let go: the baseline
+    step(name)
+del data
 import gc; gc.collect()
 data = SiteDatasets(m, dataset_cfg(%(size)d, Path(%(cache)r)))
-me = psutil.Process()
-print(json.dumps({"before": me.memory_full_info().pss}), flush=True)
-sys.stdin.readline()
-steps = {}
-p0 = me.memory_full_info().pss
-data.open_stores()
-steps["open_stores"] = me.memory_full_info().pss - p0
-for split in ("train", "val", "test"):  # in the jobs' batches of 32
-    p0 = me.memory_full_info().pss
-    for b in data._batches(split, 32, False, 0, False):
-        pass
-    steps[f"batches_{split}"] = me.memory_full_info().pss - p0
-keep = [data.images(s).images for s in ("train", "val", "test")]
-p0 = me.memory_full_info().pss
-for a in keep:
-    a.sum(dtype="uint64")  # every page of the three stores touched through the map
-steps["touch_all_pages"] = me.memory_full_info().pss - p0
-from fedpartial.data.dataset import SOURCE_VIEW
-labels = sum(data.dataset(s, SOURCE_VIEW).labels.nbytes + data.dataset(s, SOURCE_VIEW).mask.nbytes
-             for s in ("train", "val", "test"))
-print(json.dumps({"after": me.memory_full_info().pss, "train_bytes": int(keep[0].nbytes),
-                  "shared_bytes": int(keep[1].nbytes + keep[2].nbytes), "steps": steps,
-                  "label_tensor_bytes": int(labels)}), flush=True)
-sys.stdin.readline()
+print(json.dumps({"ready": len(json.dumps(info))}), flush=True)  # the encoder used once before the baseline
+for line in sys.stdin:  # one step per line; the parent measures every site between steps
+    if not line.strip():
+        break
+    step(line.strip())
+    print(json.dumps(info), flush=True)
 """
+
+def mapped_bytes(store) -> int:
+    """A store's images in memory, one copy: its ``images.npy`` in whole pages (the map is of whole pages, the
+    first one shared with the file's header)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    return -(-(store.folder / "images.npy").stat().st_size // page) * page
+
+
+SITE_STEPS = ("open_stores", "batches_train", "batches_val", "batches_test", "touch_all_pages")
+
+
+def pss_by_kind(pid: int) -> dict[str, int]:
+    """A process's PSS in bytes by mapping kind (``/proc/PID/smaps``): the image stores' memory maps, the heap,
+    other anonymous memory, files (libraries)."""
+    out = {"stores": 0, "heap": 0, "anon": 0, "files": 0}
+    kind = "anon"
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            head, _, rest = line.partition(" ")
+            if not head.endswith(":"):  # a mapping's first line: range perms offset dev inode [path]
+                path = rest.split()[4] if len(rest.split()) > 4 else ""
+                kind = ("stores" if path.endswith("images.npy") else "heap" if path == "[heap]"
+                        else "files" if path.startswith("/") else "anon")
+            elif head == "Pss:":
+                out[kind] += int(rest.split()[0]) * 1024
+    return out
 
 
 def sites_pss(prepared: Path, size: int, cache_dir: Path, sites: list[str]) -> dict:
-    """Summed PSS of one process per site (all alive at once), before and after reading their stores."""
-    import psutil
+    """Summed PSS of one process per site (all alive at once), before and after reading their stores.
 
+    Every measurement is taken by this process, of every site at once, between the sites' steps (a shared page
+    counts 1/k in each of the k processes mapping it, so a PSS read while other sites were at another step would
+    split the shared pages otherwise); the sites themselves run no measuring code."""
     procs = []
     for s in sites:
         code = SITE_CODE % {"custom": str(ROOT / "custom"), "bench": str(ROOT / "benchmarks"),
                             "prepared": str(prepared), "site": s, "size": size, "cache": str(cache_dir)}
         procs.append(subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       text=True))
-    before = [json.loads(p.stdout.readline())["before"] for p in procs]
-    for p in procs:
-        p.stdin.write("\n")
-        p.stdin.flush()
-    after = [json.loads(p.stdout.readline()) for p in procs]
-    pss_now = sum(psutil.Process(p.pid).memory_full_info().pss for p in procs)
+        procs[-1].stdin.write("start\n")
+        procs[-1].stdin.flush()
+    for p in procs:  # every site ready (warmed up, stores not yet open)
+        if "ready" not in json.loads(p.stdout.readline() or "{}"):
+            raise RuntimeError(f"a site process failed before its first step (rc {p.wait()})")
+    kinds = [[pss_by_kind(p.pid) for p in procs]]
+    for name in SITE_STEPS:
+        for p in procs:
+            p.stdin.write(name + "\n")
+            p.stdin.flush()
+        after = [json.loads(p.stdout.readline()) for p in procs]
+        kinds.append([pss_by_kind(p.pid) for p in procs])
     for p in procs:
         p.stdin.write("\n")
         p.stdin.flush()
         p.wait()
+
+    def total(snapshot) -> int:
+        return sum(sum(k.values()) for k in snapshot)
+
+    before, now = total(kinds[0]), total(kinds[-1])
     shared = after[0]["shared_bytes"]
-    bound = sum(before) + shared + sum(a["train_bytes"] for a in after)
-    # where each site's PSS went (MB, mean over the sites; a shared page counts 1/k in each of the k processes)
-    steps = {k: round(sum(a["steps"][k] for a in after) / len(after) / 1e6, 3) for k in after[0]["steps"]}
-    return {"sites": len(sites), "pss_before_gb": sum(before) / 1e9, "pss_gb": pss_now / 1e9, "bound_gb": bound / 1e9,
-            "shared_store_gb": shared / 1e9, "train_stores_gb": sum(a["train_bytes"] for a in after) / 1e9,
-            "over_bound_mb_per_site": round((pss_now - bound) / len(sites) / 1e6, 3), "steps_mb_per_site": steps,
-            "label_tensors_mb_per_site": round(sum(a["label_tensor_bytes"] for a in after) / len(after) / 1e6, 3)}
+    train = sum(a["train_bytes"] for a in after)
+    bound = before + shared + train
+    return {"sites": len(sites), "pss_before_gb": before / 1e9, "pss_gb": now / 1e9, "bound_gb": bound / 1e9,
+            "shared_store_gb": shared / 1e9, "train_stores_gb": train / 1e9,
+            "over_bound_mb_per_site": round((now - bound) / len(sites) / 1e6, 3),
+            # all sites' PSS growth per step (MB, summed over the sites)
+            "steps_mb": {n: round((total(kinds[i + 1]) - total(kinds[i])) / 1e6, 3) for i, n in enumerate(SITE_STEPS)},
+            # the growth by mapping kind (MB, summed over the sites): the stores' maps against one copy of each store
+            "growth_mb_by_kind": {k: round(sum(a[k] - b[k] for a, b in zip(kinds[-1], kinds[0])) / 1e6, 3)
+                                  for k in kinds[0][0]},
+            "stores_one_copy_mb": round((shared + train) / 1e6, 3),
+            "label_arrays_mb_per_site": round(sum(a["label_bytes"] for a in after) / len(after) / 1e6, 3)}
 
 
 def format_compare(store_folder: Path, work: Path, n: int, seconds: float = 3.0) -> dict:
@@ -387,7 +434,7 @@ def dicom_ms(n: int = 60) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (<= 3 min), keys printed as JSON")
-    ap.add_argument("--nih", type=int, help="NIH-like 1024 px images (default 20000; quick 240)")
+    ap.add_argument("--nih", type=int, help="NIH-like 1024 px images (default 20000; quick 960)")
     ap.add_argument("--mimic", type=int, help="MIMIC-like JPEGs (default 2000; quick 24)")
     ap.add_argument("--rows", type=int, help="rows of the small-image NIH-like release (default 112120; quick 6000)")
     ap.add_argument("--distinct", type=int, help="distinct encoded images per release (default 400; quick 60)")
@@ -399,7 +446,7 @@ def main(argv=None) -> int:
         print(json.dumps({"store_dicom_512_ms": dicom_ms()}))
         return 0
     q = args.quick
-    n_nih = args.nih or (240 if q else 20000)
+    n_nih = args.nih or (960 if q else 20000)
     n_mimic = args.mimic or (24 if q else 2000)
     rows = args.rows or (6000 if q else 112120)
     distinct = args.distinct or (40 if q else 400)
@@ -441,7 +488,7 @@ def main(argv=None) -> int:
         say("core scaling: 1 vs 2 processes")
         from fedpartial.data.store import Preprocessing, build_store
 
-        m = min(n_nih, 160 if q else 1200)
+        m = min(n_nih, 960 if q else 1200)
         some = [str(p) for p in sorted((nih / "images").glob("*.png"))[:m]]
         t1 = build_store(some, Preprocessing(size, 1), work / "scale1", workers=1, log_fn=lambda _: None)
         t2 = build_store(some, Preprocessing(size, 1), work / "scale2", workers=2, log_fn=lambda _: None)

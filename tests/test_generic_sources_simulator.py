@@ -24,7 +24,7 @@ def _dataset(name: str, task: str, classes: list[str], channels: int, prepare: d
 def test_hospital_csv_export_trains_one_round(tmp_path: Path):
     csv, cells = hospital_export(tmp_path / "data")
     dataset = _dataset("hospital_cxr", "multilabel", CXR, 1,
-                       {"source": "csv", "root": str(csv.parent), "source_args": {**HOSPITAL_ARGS, "csv": csv.name}})
+                       {"source": "csv", "root": str(csv), "source_args": HOSPITAL_ARGS})  # root: the CSV itself
     results, log = _run(tmp_path, _job(tmp_path, "fedavg_cxr14", dataset), n=2)
     _trained(results, log, 2)
     assert results["dataset"] == "csv"

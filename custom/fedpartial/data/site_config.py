@@ -159,7 +159,7 @@ def _from_simulated(site: str, dataset: dict) -> SiteData:
     else:
         spec = simulated_spec(dataset)
         root = dataset["prepare"].get("root")
-        if root is not None and not Path(spec["root"]).is_dir():
+        if root is not None and not Path(spec["root"]).exists():  # a folder, or a file (a CSV source's CSV)
             raise _missing_root(site, dataset["name"], "prepare.root", root, Path(spec["root"]))
         folder = ensure_prepared(spec, cache_dir())
     prepared = load_prepared(folder)

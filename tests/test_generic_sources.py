@@ -470,6 +470,28 @@ def test_two_exports_with_the_same_patient_ids_federate_under_their_own_names(tm
     assert len(rows) == 2 * len(cells) and rows.groupby("patient_id")["part"].nunique().max() == 1
 
 
+def test_two_exports_of_one_name_are_refused_and_the_command_line_names_each(tmp_path, capsys):
+    a, _ = hospital_export(tmp_path / "a")
+    b, _ = hospital_export(tmp_path / "b")  # the same patient ids: under one name they would be one patient each
+    sources = [{"source": "csv", "root": str(x), "num_sites": 1, "source_args": HOSPITAL_ARGS} for x in (a, b)]
+    text = _error(prep.prepare, None, None, tmp_path / "out", None, "full", sources=sources, verbose=False,
+                  figure=False)
+    assert "sources 1 and 2 are both named 'csv'" in text and "--source-arg 2:source_name=NAME" in text
+    assert not (tmp_path / "out").exists()
+    cli = ["--source", "csv", "--root", str(a), "--sites", "1", "--source", "csv", "--root", str(b), "--sites", "1",
+           "--protocol", "full", "--val-frac", "0.2", "--test-frac", "0.2", "--no-figure",
+           *[f"--source-arg={k}={v}" for k, v in HOSPITAL_ARGS.items()]]
+    assert prep.main(cli + ["--out", str(tmp_path / "one")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "both named 'csv'" in err[0], err
+    assert prep.main(cli + ["--out", str(tmp_path / "two"), "--source-arg", "1:source_name=hospital_a",
+                            "--source-arg", "2:source_name=hospital_b"]) == 0
+    for site, prefix in (("site-1", "hospital_a:"), ("site-2", "hospital_b:")):
+        assert _raw(tmp_path / "two", site)["patient_id"].str.startswith(prefix).all()
+    assert prep.main(cli + ["--out", str(tmp_path / "three"), "--source-arg", "3:source_name=x"]) == 2
+    assert "names source 3, but there are 2 --source" in capsys.readouterr().err
+
+
 def test_root_may_be_the_folder_of_a_single_csv(tmp_path):
     csv, cells = hospital_export(tmp_path, n=8)
     assert len(load_source("csv", csv.parent, **HOSPITAL_ARGS).frame) == 8

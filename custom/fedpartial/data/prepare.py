@@ -233,6 +233,21 @@ def _group_vocabulary(source: str, given, multi: bool) -> dict[str, str]:
     return dict(given)
 
 
+def _distinct_names(tables: list[SourceTable], loaders: list[str]) -> None:
+    """Refuse a federation in which two sources have one name: the name prefixes their patient ids, so a patient id
+    both hold (two hospitals' ``P1``) would be one patient in the split."""
+    first: dict[str, int] = {}
+    for k, (t, loader) in enumerate(zip(tables, loaders), 1):
+        if t.name not in first:
+            first[t.name] = k
+            continue
+        how = (f"give each its own source_name (the {k}th: --source-arg {k}:source_name=NAME, counting the --source "
+               "options; in a job, its source_args.source_name)" if loader in ("csv", "folder")
+               else "a release is federated once: give it more sites (--sites) instead")
+        raise SourceError(f"sources {first[t.name]} and {k} are both named {t.name!r}, the prefix of their patient "
+                          f"ids (a patient id both hold would be one patient): {how}")
+
+
 def _combine(tables: list[SourceTable], vocabs: list[dict[str, str]], classes: Sequence[str] | None
              ) -> tuple[SourceTable, list[np.ndarray]]:
     """Several sources -> one table over global classes (cells a source lacks = ``NOT_ANNOTATED``), images
@@ -448,6 +463,7 @@ def prepare(source: str | None, source_root: str | os.PathLike | None, out_dir: 
                 tables.append(t)
                 vocabs.append(_group_vocabulary(spec["source"], spec.get("vocabulary"), True))
                 groups.append(int(spec.get("num_sites", 1)))
+            _distinct_names(tables, [spec["source"] for spec in sources])
             if excluded - matched:
                 raise SourceError(f"--exclude names {len(excluded - matched)} image(s) none of the sources has: "
                                   f"{sorted(excluded - matched)[:5]}")
@@ -680,9 +696,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--site-size", type=int, nargs="+", help="cap on training images per site (one or per site)")
     p.add_argument("--classes", nargs="+", help="class subset (space or comma separated)")
     p.add_argument("--top-k-classes", type=int, help="keep the k most frequent classes")
-    p.add_argument("--source-arg", action="append", default=[], metavar="[SOURCE:]KEY=VALUE",
+    p.add_argument("--source-arg", action="append", default=[], metavar="[SOURCE:|N:]KEY=VALUE",
                    help="loader keyword, e.g. view=PA, uncertain=zeros, official_split=true (repeatable; prefix "
-                        "SOURCE: to address one source of a federation)")
+                        "SOURCE: or N: (the N-th --source, from 1) to address one source of a federation)")
     p.add_argument("--partition", default="iid", choices=list(PARTITIONS),
                    help="how training patients are dealt over sites (centre: one site per centre)")
     p.add_argument("--alpha", type=float, default=0.5, help="Dirichlet concentration (dirichlet / quantity)")
@@ -709,19 +725,30 @@ class UsageError(ValueError):
     """A command line that does not add up."""
 
 
-def _source_args(items: Sequence[str], names: Sequence[str]) -> dict[str | None, dict]:
-    """``[SOURCE:]KEY=VALUE`` items -> ``{source or None: {key: value}}``."""
-    out: dict[str | None, dict] = {}
+def _source_args(items: Sequence[str], names: Sequence[str]) -> list[dict]:
+    """``[SOURCE:|N:]KEY=VALUE`` items -> each ``--source``'s keywords: unprefixed for every source, ``SOURCE:``
+    for the sources of that name, ``N:`` for the N-th ``--source`` (from 1; two sources of one name)."""
+    common: dict = {}
+    by_name: dict[str, dict] = {}
+    by_index: dict[int, dict] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep:
             raise UsageError(f"--source-arg expects KEY=VALUE, got {item!r}")
         target, colon, key = key.rpartition(":")
-        target = target.strip() if colon else None
-        if target is not None and target not in names:
-            raise UsageError(f"--source-arg {item!r} names source {target!r}, which is not one of {list(names)}")
-        out.setdefault(target, {})[key.strip()] = _parse_value(value)
-    return out
+        target = target.strip()
+        if not colon:
+            common[key.strip()] = _parse_value(value)
+        elif target.isdigit():
+            if not 1 <= int(target) <= len(names):
+                raise UsageError(f"--source-arg {item!r} names source {target}, but there are {len(names)} --source")
+            by_index.setdefault(int(target), {})[key.strip()] = _parse_value(value)
+        elif target in names:
+            by_name.setdefault(target, {})[key.strip()] = _parse_value(value)
+        else:
+            raise UsageError(f"--source-arg {item!r} names source {target!r}, which is not one of {list(names)} "
+                             f"(nor a number 1-{len(names)})")
+    return [{**common, **by_name.get(n, {}), **by_index.get(i, {})} for i, n in enumerate(names, 1)]
 
 
 def _run(args: argparse.Namespace) -> Path:
@@ -753,7 +780,7 @@ def _run(args: argparse.Namespace) -> Path:
         sites = args.sites[0] if args.sites else None
         if sites is None and args.partition != "centre":
             raise UsageError("--sites is required (except with --partition centre)")
-        args_one = {**per_source.get(None, {}), **per_source.get(names[0], {})}
+        args_one = per_source[0]
         return prepare(names[0], args.root[0] if args.root else None, args.out, sites, args.protocol,
                        source_args=args_one or None, top_k_classes=args.top_k_classes, **common)
     if len(args.root) != len(names) or len(args.sites) not in (0, len(names)):
@@ -761,7 +788,7 @@ def _run(args: argparse.Namespace) -> Path:
     if args.top_k_classes:
         raise UsageError("--top-k-classes works on one source; give the federation's classes with --classes")
     sources = [{"source": n, "root": r, "num_sites": args.sites[i] if args.sites else 1,
-                "source_args": {**per_source.get(None, {}), **per_source.get(n, {})}}
+                "source_args": per_source[i]}
                for i, (n, r) in enumerate(zip(names, args.root))]
     return prepare(None, None, args.out, None, args.protocol, sources=sources, **common)
 

@@ -92,6 +92,50 @@ def test_job_runs_two_rounds(job, tmp_path, data_cache):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(ws)[-3000:]
     res = check_two_rounds(ws, job.rsplit("_", 1)[0])
     assert sorted(res["data"]["sites"]) == [f"site-{i}" for i in range(1, n + 1)]
+    if job == "pfl_ich":
+        _a_sites_own_model_is_the_one_it_scored(ws, res, tmp_path, data_cache)
+
+
+def _a_sites_own_model_is_the_one_it_scored(ws, res, tmp_path, data_cache):
+    """``--site``: the global model with the site's own classifier (PFL keeps it local) is the model that site
+    evaluated: its layers, and its test score on the shared test set, are those of the run; the bundle says so."""
+    import torch
+
+    from fedpartial.data.prepare import ensure_prepared, load_prepared
+    from fedpartial.data.site_config import simulated_spec
+    from fedpartial.tools import export as E
+    from fedpartial.tools import predict as P
+
+    glob, own = P.load_model(ws, "last"), P.load_model(ws, "last", site="site-2")
+    local = torch.load(ws / "site-2/simulate_job/fedpartial_state/last_local_model.pt", weights_only=True)
+    other = torch.load(ws / "site-3/simulate_job/fedpartial_state/last_local_model.pt", weights_only=True)
+    groups = glob.net.parameter_groups()
+    g, o = glob.net.state_dict(), own.net.state_dict()
+    assert res["local_parts"] == ["norm", "classifier"]  # the job's PFL: its classifier and, FedBN-like, its norms
+    for k in groups["norm"] + groups["classifier"]:
+        assert torch.equal(o[k], local[k].to(o[k].dtype)), k
+    assert not all(torch.equal(o[k], other[k].to(o[k].dtype)) for k in groups["classifier"])
+    for k in groups["encoder"] + groups["head"]:
+        assert torch.equal(o[k], g[k]), k
+    assert own.site == "site-2" and "site-2's own model" in own.note and "norm and classifier" in own.note
+    prepared = load_prepared(ensure_prepared(simulated_spec(glob.dataset), data_cache))
+    scored = res["final"][P.LAST_MODEL]["per_site"]
+    out = tmp_path / "site2.json"
+    assert P.evaluate_main([str(ws), "--model", "last", "--site", "site-2", "--manifest", str(prepared.test),
+                            "--data-root", str(prepared.data_root), "--json", str(out), "--no-figures"]) == 0
+    mine = json.loads(out.read_text())
+    assert mine["n"] == scored["site-2"]["test"]["n"]
+    assert mine["macro"]["auc"] == pytest.approx(scored["site-2"]["test"]["macro"]["auc"], abs=1e-6)
+    assert scored["site-2"]["test"]["macro"]["auc"] != scored["site-3"]["test"]["macro"]["auc"]
+    assert E.main([str(ws), "-o", str(tmp_path / "B"), "--model", "last", "--site", "site-2",
+                   "--no-torchscript"]) == 0
+    meta = json.loads((tmp_path / "B/configs/metadata.json").read_text())
+    assert meta["training"]["site"] == "site-2" and "site-2's own model" in meta["name"]
+    assert meta["eval_metrics"]["macro"]["auc"] == scored["site-2"]["test"]["macro"]["auc"]
+    saved = torch.load(tmp_path / "B/models/model.pt", weights_only=True)
+    assert all(torch.equal(saved[k], o[k]) for k in o)
+    assert "Model: site-2's own model" in (tmp_path / "B/docs/README.md").read_text()
+    assert E.main([str(ws), "-o", str(tmp_path / "C"), "--site", "site-9"]) == 1
 
 
 def _set_server_workflow_args(job_dir, **args) -> None:

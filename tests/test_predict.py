@@ -181,6 +181,8 @@ def test_clear_errors(tmp_path, sim_ws, images, capsys):
     assert re.search(r"error: file '.*bad.csv', line 2: .*'maybe'", capsys.readouterr().err)
     assert P.evaluate_main([str(ws), "--manifest", str(labelled), "--data-root", str(tmp_path)]) == 1
     assert re.search(r"labelled.csv', line 2: image not found", capsys.readouterr().err)
+    assert P.main([str(ws), "--images", str(folder), "--site", "site-1", "-o", str(tmp_path / "x.csv")]) == 1
+    assert "--site site-1: method 'fedavg' keeps no layers local" in capsys.readouterr().err
     assert not (tmp_path / "x.csv").exists()
     lone = tmp_path / "lone" / P.LAST_MODEL
     lone.parent.mkdir()

@@ -59,12 +59,11 @@ from ..seeding import round_seed, seed_everything, set_deterministic, site_seed
 from .checkpoint import read_file, resume_source, run_folder, site_state_file, write_private
 from .privacy import apply_policy, check_method_under_policy, effective_min_count, job_or_site_policy, suppress_summary
 from .keys import (META_ANNOTATED, META_GROUPS, META_N_TRAIN, META_PRIVACY, META_RESULTS, META_SPEC, META_SUMMARY, META_TEST,
-                   META_WEIGHT, STATE_FILE)
+                   META_WEIGHT, LOCAL_MODEL_FILE, STATE_DIR, STATE_FILE)
 from .results import method_stats
 from .spec import job_spec, spec_mismatch
 
 log = logging.getLogger("fedpartial")
-LOCAL_MODEL_FILE = "last_local_model.pt"
 SUMMARY_FILE = "data_summary.json"  # the summary the server sent this site (with every task; kept for a new process)
 
 
@@ -157,7 +156,7 @@ class PartialLabelExecutor(Executor):
         if self.site_data.synthetic:
             self.log_warning(fl_ctx, f"*** SYNTHETIC DATA *** site {site} trains on the generated "
                                      f"{self.site_data.dataset} phantom ({self.site_data.origin}), not on real scans")
-        self.state_dir = Path(workspace.get_run_dir(fl_ctx.get_job_id())) / "fedpartial_state"
+        self.state_dir = Path(workspace.get_run_dir(fl_ctx.get_job_id())) / STATE_DIR
         self.state_dir.mkdir(parents=True, exist_ok=True)
         run = (self.checkpoint_dir, workspace.get_root_dir(), self.run_name or self.method)
         self.checkpoint_folder = run_folder(*run, fl_ctx.get_job_id(), site)  # this job's states (fl/checkpoint.py)

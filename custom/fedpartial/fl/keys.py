@@ -15,5 +15,7 @@ META_RESULTS = "fedpartial_results"  # site -> server: full metric dicts of the 
 META_PRIVACY = "fedpartial_privacy"  # site -> server: the round's privacy ledger entry (what per-class statistics left, how)
 META_TEST = "test_metrics"  # site -> server: flat test metrics of the received model
 STATE_FILE = "trainer_state.pt"
+LOCAL_MODEL_FILE = "last_local_model.pt"  # a site's model after its last round (its local parts: its own)
+STATE_DIR = "fedpartial_state"  # both, in the site's run folder: <site workspace>/<job id>/fedpartial_state
 # the server's global model files (PTFileModelPersistor: last round; IntimeModelSelector: best on validation)
 LAST_MODEL, BEST_MODEL = "FL_global_model.pt", "best_FL_global_model.pt"

@@ -1,4 +1,5 @@
-"""Export a run's trained global model as a MONAI bundle that a hospital runs without this package.
+"""Export a run's trained global model (``--site``: a site's own model, for methods that keep layers local) as a
+MONAI bundle that a hospital runs without this package.
 
 ::
 
@@ -118,7 +119,9 @@ def bundle_thresholds(model: LoadedModel) -> dict:
     return {"values": [0.5 if chosen[c] is None else float(chosen[c]) for c in model.classes], "chosen": chosen,
             "criterion": entry.get("criterion"), "n_val": entry.get("n_val") or {},
             "note": "predict class c when prob_c >= values[c]; chosen on the run's pooled validation set, "
-                    "0.5 where none was chosen (null under 'chosen')"}
+                    "0.5 where none was chosen (null under 'chosen')"
+                    + (f"; the pool holds every site's own model's scores, not {model.site}'s alone" if model.site
+                       else "")}
 
 
 def preprocessing_spec(model: LoadedModel) -> dict:
@@ -171,12 +174,20 @@ def training_record(model: LoadedModel, results: dict) -> dict:
             "best_round": (results.get("best") or {}).get("trained_rounds"), "model_file": model.path.name,
             "architecture": model.net.arch, "sites": sites, "data_fingerprint": data_fingerprint(model, results),
             "privacy": privacy, "degraded": results.get("degraded"), "global_model_note": model.note,
+            "site": model.site,
             "exported": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
 
 
 def final_result(model: LoadedModel, results: dict) -> dict:
-    """``results.json``'s final evaluation of the exported model file (``{"test", "val", "per_site", ...}``)."""
-    return ((results.get("final") or {}).get(model.path.name)) or {}
+    """``results.json``'s final evaluation of the exported model file (``{"test", "val", "per_site", ...}``); for a
+    site's own model, that site's evaluation of it (``{"test", "val"}``: its own layers on the shared sets)."""
+    final = ((results.get("final") or {}).get(model.path.name)) or {}
+    if model.site is None:
+        return final
+    own = (final.get("per_site") or {}).get(model.site)
+    if own is None and final.get("sites") == [model.site]:
+        own = final
+    return {k: v for k, v in (own or {}).items() if k in ("test", "val")}
 
 
 def eval_metrics(final: dict) -> dict:
@@ -208,10 +219,11 @@ def metadata(model: LoadedModel, results: dict, thresholds: dict, pre: dict) -> 
         "required_packages_version": {"pillow": PIL.__version__, "pydicom": pydicom.__version__,
                                       "pytorch-ignite": _version("pytorch-ignite"), "fire": _version("fire")},
         "optional_packages_version": {"tqdm": _version("tqdm")},
-        "name": train["job"],
+        "name": train["job"] + (f" ({model.site}'s own model)" if model.site else ""),
         "task": f"{task} classification of {', '.join(classes)}",
         "description": f"{model.net.arch} trained with {train['method']} across {n_sites} sites with partial labels "
-                       f"({train['setting'] or 'see training'}); the model file is {train['model_file']}.",
+                       f"({train['setting'] or 'see training'}); the model file is {train['model_file']}"
+                       + (f", with {model.site}'s own local layers." if model.site else "."),
         "authors": f"the {train['job']} federation ({n_sites} sites)",
         "copyright": "the federation's sites",
         "intended_use": "research; not validated for clinical decisions",
@@ -331,8 +343,9 @@ def export_onnx(model: LoadedModel, path: Path) -> None:
 
 def export_bundle(run: str | Path, out: str | Path, which: str = "best", torchscript: bool = True,
                   onnx: bool = False, job_config: str | Path | None = None, overwrite: bool = False,
-                  say=None) -> Path:
-    """Write the bundle of ``run``'s global model to ``out`` (see the module docstring). Returns ``out``.
+                  say=None, site: str | None = None) -> Path:
+    """Write the bundle of ``run``'s global model (``site``: that site's own model, see
+    :func:`fedpartial.tools.predict.load_model`) to ``out`` (see the module docstring). Returns ``out``.
     ``say``: called with a line per step (the command line prints them to stderr)."""
     say = say or (lambda line: None)
     out = Path(out)
@@ -340,7 +353,7 @@ def export_bundle(run: str | Path, out: str | Path, which: str = "best", torchsc
         if not overwrite:
             raise FileExistsError(f"{out} exists and is not empty (pass --force to replace it)")
         shutil.rmtree(out)
-    model = load_model(run, which, job_config)
+    model = load_model(run, which, job_config, site=site)
     say(f"model {model.path} ({model.net.arch}, {model.task}, {len(model.classes)} classes)")
     if model.note:
         say(f"note: {model.note}")
@@ -392,11 +405,14 @@ def main(argv: list[str] | None = None) -> int:
                          "and model card only)")
     ap.add_argument("--onnx", action="store_true", help="also models/model.onnx (needs: pip install onnx)")
     ap.add_argument("--job-config", help="folder with the job's config_fed_server/client.json (default: the run's)")
+    ap.add_argument("--site", help="a site's own model (methods keeping layers local: FedBN, PFL, ...): a site of a "
+                                   "simulator workspace, or the site's fedpartial_state/last_local_model.pt")
     ap.add_argument("--force", action="store_true", help="replace an existing, non-empty output folder")
     a = ap.parse_args(argv)
     try:
         out = export_bundle(a.run, a.out, a.model, a.torchscript, a.onnx, a.job_config, a.force,
-                            say=lambda line: print(f"fedpartial-export: {line}", file=sys.stderr, flush=True))
+                            say=lambda line: print(f"fedpartial-export: {line}", file=sys.stderr, flush=True),
+                            site=a.site)
     except (OSError, ValueError, RuntimeError) as e:
         print(f"fedpartial-export: error: {e}", file=sys.stderr)
         return 1

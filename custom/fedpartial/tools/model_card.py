@@ -70,7 +70,7 @@ def known_limits(meta: dict, final: dict) -> list[str]:
         out.append(f"Annotated at one site or none: {', '.join(rare)}; the other sites' images of these classes "
                    "were unlabelled for them (partial labels).")
     if train.get("global_model_note"):
-        out.append(f"Global model: {train['global_model_note']}.")
+        out.append(f"{'Model' if train.get('site') else 'Global model'}: {train['global_model_note']}.")
     if train.get("degraded"):
         out.append(f"The run was degraded: {train['degraded']}.")
     ci = ((test.get("ci") or {}).get("auc") or {}).get("macro")

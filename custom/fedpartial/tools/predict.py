@@ -17,6 +17,12 @@ during training; an exported bundle (``fedpartial-export``) decodes the same way
 ``best_FL_global_model.pt`` (best validation round) when the run has it, else the last global model;
 ``--model last`` takes ``FL_global_model.pt``.
 
+A site's own model (methods that keep layers local: FedBN's norm layers, PFL's classifier, individual training's
+whole model): ``--site site-2`` takes the global model with site-2's own local layers, as that site evaluated it
+in the run (its validation, test and cross-site scores), from ``fedpartial_state/last_local_model.pt`` in the
+site's run folder (found under a simulator workspace; at a real site, pass that file: ``--site
+<site workspace>/<job id>/fedpartial_state/last_local_model.pt``).
+
 Decisions (multi-label): ``--thresholds 0.5`` (or any number) adds a 0/1 ``pred_<class>`` column per class
 (probability >= threshold); ``--thresholds validation`` uses the per-class thresholds chosen on the validation
 set for that model file during the run (``thresholds.json`` next to the model, or the run's ``results.json``;
@@ -48,7 +54,7 @@ from ..data.manifest import Manifest, read_manifest
 from ..data.presets import resolve_dataset
 from ..data.sitedata import SiteDatasets
 from ..evaluation import predict, scores_metrics
-from ..fl.keys import BEST_MODEL, LAST_MODEL
+from ..fl.keys import BEST_MODEL, LAST_MODEL, LOCAL_MODEL_FILE, STATE_DIR
 from ..fl.results import RESULTS_FILE, THRESHOLDS_FILE
 from ..fl.spec import global_model_note, local_parts
 from ..metrics import format_table
@@ -68,6 +74,7 @@ class LoadedModel:
     dataset: dict
     path: Path
     note: str | None = None  # what the global model holds when the method keeps parts local at the sites
+    site: str | None = None  # the site whose own local layers the model holds (``--site``)
 
     @property
     def classes(self) -> list[str]:
@@ -106,9 +113,44 @@ def find_job_config(model_path: Path, config_dir: str | Path | None = None) -> P
     raise FileNotFoundError(f"no {SERVER_CONFIG} + {CLIENT_CONFIG} {where}; pass --job-config JOB/app/config")
 
 
+def find_site_model(run: str | Path, site: str) -> Path:
+    """A site's ``fedpartial_state/last_local_model.pt``: ``site`` itself when it is that file, else the one under
+    ``run`` (a simulator workspace) in a folder named ``site``."""
+    given = Path(site).expanduser()
+    if given.suffix == ".pt" or given.is_file():
+        if not given.is_file():
+            raise FileNotFoundError(f"--site {site}: no such file")
+        return given
+    run = Path(run)
+    hits = sorted(h for h in run.rglob(f"{STATE_DIR}/{LOCAL_MODEL_FILE}") if site in h.parts) if run.is_dir() else []
+    if len(hits) > 1:
+        raise ValueError(f"--site {site}: {len(hits)} files under {run} ({', '.join(map(str, hits[:3]))}); pass one")
+    if not hits:
+        raise FileNotFoundError(
+            f"--site {site}: no {site}/.../{STATE_DIR}/{LOCAL_MODEL_FILE} under {run} (a simulator workspace has one "
+            f"per site); a real site keeps it in its own workspace: pass <site workspace>/<job id>/{STATE_DIR}/"
+            f"{LOCAL_MODEL_FILE} as --site")
+    return hits[0]
+
+
+def with_site_layers(net: PartialLabelNet, own: dict, parts: list[str], where: str) -> None:
+    """Load a site's own ``parts`` (parameter groups, :func:`fedpartial.models.parameter_groups`) from its
+    state dict ``own`` into ``net``, which holds the global model; the other tensors stay global."""
+    groups = net.parameter_groups()
+    keys = [k for g in parts for k in groups[g]]
+    state = net.state_dict()
+    bad = [k for k in keys if k not in own or tuple(own[k].shape) != tuple(state[k].shape)]
+    if bad:
+        raise ValueError(f"{where} does not hold this model's {' and '.join(parts)} layers ({len(bad)} of "
+                         f"{len(keys)} tensors missing or of another shape, e.g. {bad[0]}): is it this run's?")
+    net.load_state_dict({**state, **{k: torch.as_tensor(own[k]).to(state[k].dtype) for k in keys}})
+
+
 def load_model(run: str | Path, which: str = "best", config_dir: str | Path | None = None,
-               device: str | torch.device = "cpu") -> LoadedModel:
-    """Load a run's global model (PTFileModelPersistor's ``{"model": state_dict}`` or a plain state dict)."""
+               device: str | torch.device = "cpu", site: str | None = None) -> LoadedModel:
+    """Load a run's global model (PTFileModelPersistor's ``{"model": state_dict}`` or a plain state dict); with
+    ``site`` (a site name or its ``last_local_model.pt``), that site's own model: the global one with the site's
+    local layers."""
     path = find_model(run, which)
     cfg_dir = find_job_config(path, config_dir)
     server = json.loads((cfg_dir / SERVER_CONFIG).read_text())
@@ -127,8 +169,18 @@ def load_model(run: str | Path, which: str = "best", config_dir: str | Path | No
     method = str(executor_args.get("method", "fedavg"))
     if method.startswith("{") and method.endswith("}"):  # an NVFlare config variable, e.g. "{method}"
         method = client.get(method[1:-1], method)
-    note = global_model_note(local_parts(method, executor_args.get("method_args")))
-    return LoadedModel(net.to(device).eval(), dataset, path, note)
+    parts = local_parts(method, executor_args.get("method_args"))
+    note = global_model_note(parts)
+    if site is not None:
+        if not parts:
+            raise ValueError(f"--site {site}: method {method!r} keeps no layers local, so the global model is every "
+                             "site's model: leave --site out")
+        file = find_site_model(run, site)
+        with_site_layers(net, torch.load(file, map_location="cpu", weights_only=True), parts, str(file))
+        site = site if file != Path(site).expanduser() else file.parent.parent.parent.name
+        note = (f"{site}'s own model: the global model ({path.name}) with {site}'s own {' and '.join(parts)} layers "
+                f"({file}), as {site} evaluated it in the run")
+    return LoadedModel(net.to(device).eval(), dataset, path, note, site)
 
 
 def find_thresholds(model_path: str | Path) -> dict:
@@ -276,6 +328,8 @@ def _parser(prog: str, doc: str, evaluate_mode: bool) -> argparse.ArgumentParser
     ap.add_argument("--model", default="best", choices=["best", "last"],
                     help="best validation round (default, falls back to last) or the last global model")
     ap.add_argument("--job-config", help="folder with the job's config_fed_server/client.json (default: the run's)")
+    ap.add_argument("--site", help="a site's own model (methods keeping layers local): a site of a simulator "
+                                   "workspace, or the site's fedpartial_state/last_local_model.pt")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--thresholds", default=None, metavar="0.5|X|validation",
@@ -294,7 +348,7 @@ def _parser(prog: str, doc: str, evaluate_mode: bool) -> argparse.ArgumentParser
 
 
 def _load(args) -> LoadedModel:
-    model = load_model(args.run, args.model, args.job_config, args.device)
+    model = load_model(args.run, args.model, args.job_config, args.device, site=args.site)
     print(f"model {model.path} ({model.net.arch}, {len(model.classes)} classes: {', '.join(model.classes)})",
           file=sys.stderr)
     if model.note:

@@ -118,6 +118,9 @@ def _a_sites_own_model_is_the_one_it_scored(ws, res, tmp_path, data_cache):
     for k in groups["encoder"] + groups["head"]:
         assert torch.equal(o[k], g[k]), k
     assert own.site == "site-2" and "site-2's own model" in own.note and "norm and classifier" in own.note
+    by_file = P.load_model(ws, "last", site=str(ws / "site-2/simulate_job/fedpartial_state/last_local_model.pt"))
+    assert by_file.site == "site-2" and all(torch.equal(by_file.net.state_dict()[k], o[k]) for k in o)  # a real
+    # site's form: <site workspace>/<job id>/fedpartial_state/last_local_model.pt names the site by its workspace
     prepared = load_prepared(ensure_prepared(simulated_spec(glob.dataset), data_cache))
     scored = res["final"][P.LAST_MODEL]["per_site"]
     out = tmp_path / "site2.json"

@@ -7,7 +7,6 @@ Layout facts are those the source loaders cite (``fedpartial/data/sources/*.py``
 from __future__ import annotations
 
 import gzip
-import os
 import shutil
 from pathlib import Path
 
@@ -15,8 +14,9 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
-SHARED = Path(os.environ.get("FEDPARTIAL_SHARED_DATA") or Path(__file__).resolve().parents[1].parent / "shared" / "data")
-"""The shared real data next to the checkout (``../shared/data``; ``FEDPARTIAL_SHARED_DATA`` points elsewhere)."""
+from conftest import SHARED_DATA
+
+SHARED = SHARED_DATA
 NIH = SHARED / "nih_cxr14_1000"
 HAM = SHARED / "ham10000"
 

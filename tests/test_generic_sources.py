@@ -6,7 +6,6 @@ bad input stops with one line naming the file and the line (or the folder)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from PIL import Image
 from fedpartial.data import prepare as prep
 from fedpartial.data.sources import load_source
 from fedpartial.data.sources.base import NOT_ANNOTATED, SourceError
+from conftest import real_data
 from published_layouts import HAM, NIH, ham_sample, nih_sample
 
 pytestmark = pytest.mark.realdata
@@ -29,10 +29,7 @@ CXR = ["Cardiomegaly", "Effusion", "Infiltration", "Emphysema", "Hernia"]
 @pytest.fixture(autouse=True)
 def _shared_data(tmp_path, monkeypatch):
     for folder in (NIH, HAM):
-        if not folder.is_dir():
-            if os.environ.get("CI", "").lower() == "true":
-                pytest.fail(f"{folder} is absent but CI=true: the real-data tests must run in CI")
-            pytest.skip(f"real data {folder} not available on this machine")
+        real_data(folder.name)
     monkeypatch.setenv("FEDPARTIAL_CACHE", str(tmp_path / "cache"))
 
 

@@ -18,6 +18,7 @@ from fedpartial.data import prepare as prep
 from fedpartial.data import quality
 from fedpartial.data.site_config import SITE_CONFIG_ENV, SiteDataError, resolve_site_data
 from fedpartial.data.sources.base import SourceError
+from conftest import real_data
 from published_layouts import HAM, NIH, ham10000_release, nih_release
 
 pytestmark = pytest.mark.realdata
@@ -26,10 +27,7 @@ pytestmark = pytest.mark.realdata
 @pytest.fixture(autouse=True)
 def _shared_data(tmp_path, monkeypatch):
     for folder in (NIH, HAM):
-        if not folder.is_dir():
-            if os.environ.get("CI", "").lower() == "true":
-                pytest.fail(f"{folder} is absent but CI=true: the real-data tests must run in CI")
-            pytest.skip(f"real data {folder} not available on this machine")
+        real_data(folder.name)
     monkeypatch.setenv("FEDPARTIAL_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv(SITE_CONFIG_ENV, raising=False)
 

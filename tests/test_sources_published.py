@@ -4,7 +4,6 @@ the documented command, and the manifests say what the release says."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ from fedpartial.data.partition import dirichlet_label_skew, quantity_skew
 from fedpartial.data.sources import load_source
 from fedpartial.data.sources.chexpert import CHEXPERT_FINDINGS
 from fedpartial.data.sources.isic2019 import FLAMBY_CENTRES
+from conftest import real_data
 from published_layouts import (HAM, NIH, chexpert_release, ham10000_release, isic2018_release, isic2019_release,
                                mimic_release, nih_release)
 
@@ -25,10 +25,7 @@ pytestmark = pytest.mark.realdata
 @pytest.fixture(autouse=True)
 def _shared_data(tmp_path, monkeypatch):
     for folder in (NIH, HAM):
-        if not folder.is_dir():
-            if os.environ.get("CI", "").lower() == "true":
-                pytest.fail(f"{folder} is absent but CI=true: the real-data tests must run in CI")
-            pytest.skip(f"real data {folder} not available on this machine")
+        real_data(folder.name)
     monkeypatch.setenv("FEDPARTIAL_CACHE", str(tmp_path / "cache"))
 
 

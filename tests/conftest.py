@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ.get("FEDPARTIAL_SHARED_DATA") or REPO.parent / "shared" / "data")
-"""The shared real data next to the checkout (``../shared/data``; ``FEDPARTIAL_SHARED_DATA`` points elsewhere)."""
+SHARED_DATA = REPO.parent / "shared" / "data"
+"""The shared real data next to the checkout (``../shared/data``: the jobs' relative data roots name it too)."""
 
 
 def real_data(name: str) -> Path:

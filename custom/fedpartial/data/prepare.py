@@ -233,19 +233,21 @@ def _group_vocabulary(source: str, given, multi: bool) -> dict[str, str]:
     return dict(given)
 
 
-def _distinct_names(tables: list[SourceTable], loaders: list[str]) -> None:
+def _distinct_names(names: list[str], loaders: list[str]) -> None:
     """Refuse a federation in which two sources have one name: the name prefixes their patient ids, so a patient id
     both hold (two hospitals' ``P1``) would be one patient in the split."""
     first: dict[str, int] = {}
-    for k, (t, loader) in enumerate(zip(tables, loaders), 1):
-        if t.name not in first:
-            first[t.name] = k
+    for k, (name, loader) in enumerate(zip(names, loaders), 1):
+        if name not in first:
+            first[name] = k
             continue
-        how = (f"give each its own source_name (the {k}th: --source-arg {k}:source_name=NAME, counting the --source "
-               "options; in a job, its source_args.source_name)" if loader in ("csv", "folder")
-               else "a release is federated once: give it more sites (--sites) instead")
-        raise SourceError(f"sources {first[t.name]} and {k} are both named {t.name!r}, the prefix of their patient "
-                          f"ids (a patient id both hold would be one patient): {how}")
+        j = first[name]
+        how = (f"give each its own source_name (--source-arg {k}:source_name=NAME names source {k}, counting the "
+               "--source options; in a job, its source_args.source_name)"
+               if {loaders[j - 1], loader} & {"csv", "folder"} else
+               "a release is federated once: give it more sites (--sites) instead")
+        raise SourceError(f"sources {j} and {k} are both named {name!r}, the prefix of their patient ids (a patient "
+                          f"id both hold would be one patient): {how}")
 
 
 def _combine(tables: list[SourceTable], vocabs: list[dict[str, str]], classes: Sequence[str] | None
@@ -453,6 +455,10 @@ def prepare(source: str | None, source_root: str | os.PathLike | None, out_dir: 
     try:
         if sources:
             tables, vocabs, groups, matched = [], [], [], set()
+            # the names the loaders will give (a CSV / folder: its source_name), refused before any is read
+            if all(isinstance(s, dict) for s in sources):
+                _distinct_names([str((s.get("source_args") or {}).get("source_name") or s.get("source"))
+                                 for s in sources], [str(s.get("source")) for s in sources])
             for spec in sources:
                 unknown = sorted(set(spec) - {"source", "root", "num_sites", "source_args", "vocabulary"})
                 if unknown or "source" not in spec or "root" not in spec:
@@ -463,7 +469,7 @@ def prepare(source: str | None, source_root: str | os.PathLike | None, out_dir: 
                 tables.append(t)
                 vocabs.append(_group_vocabulary(spec["source"], spec.get("vocabulary"), True))
                 groups.append(int(spec.get("num_sites", 1)))
-            _distinct_names(tables, [spec["source"] for spec in sources])
+            _distinct_names([t.name for t in tables], [spec["source"] for spec in sources])  # the names loaded
             if excluded - matched:
                 raise SourceError(f"--exclude names {len(excluded - matched)} image(s) none of the sources has: "
                                   f"{sorted(excluded - matched)[:5]}")

@@ -358,6 +358,10 @@ def export_bundle(run: str | Path, out: str | Path, which: str = "best", torchsc
     if model.note:
         say(f"note: {model.note}")
     results = run_results(model)
+    if model.site and results and not final_result(model, results):
+        scored = sorted((((results.get("final") or {}).get(model.path.name) or {}).get("per_site")) or {})
+        say(f"note: the run's results.json has no final evaluation by {model.site!r} (its sites: {scored}): the "
+            "bundle's eval_metrics and model card have no test metrics")
     thresholds = bundle_thresholds(model)
     pre = preprocessing_spec(model)
     for d in ("configs", "models", "docs", "scripts"):
@@ -381,7 +385,10 @@ def export_bundle(run: str | Path, out: str | Path, which: str = "best", torchsc
     from .model_card import write_model_card
 
     say("docs/README.md (model card) and its figures")
-    write_model_card(out, meta, final_result(model, results), results)
+    own = final_result(model, results)
+    if model.site and results:  # the card's figures from the site's own evaluation, not from the pooled one
+        results = {**results, "final": {model.path.name: {**own, "sites": [model.site]}}}
+    write_model_card(out, meta, own, results)
     return out
 
 

@@ -18,10 +18,11 @@ during training; an exported bundle (``fedpartial-export``) decodes the same way
 ``--model last`` takes ``FL_global_model.pt``.
 
 A site's own model (methods that keep layers local: FedBN's norm layers, PFL's classifier, individual training's
-whole model): ``--site site-2`` takes the global model with site-2's own local layers, as that site evaluated it
-in the run (its validation, test and cross-site scores), from ``fedpartial_state/last_local_model.pt`` in the
-site's run folder (found under a simulator workspace; at a real site, pass that file: ``--site
-<site workspace>/<job id>/fedpartial_state/last_local_model.pt``).
+whole model): ``--site site-2`` takes the global model with site-2's own local layers, as that site scored it in
+the run's final evaluation (``results.json``: ``final[model].per_site``), from
+``fedpartial_state/last_local_model.pt`` in the site's run folder (found under a simulator workspace; at a real
+site, pass that file: ``--site <site workspace>/<job id>/fedpartial_state/last_local_model.pt``; the site is then
+named by its workspace folder).
 
 Decisions (multi-label): ``--thresholds 0.5`` (or any number) adds a 0/1 ``pred_<class>`` column per class
 (probability >= threshold); ``--thresholds validation`` uses the per-class thresholds chosen on the validation
@@ -120,9 +121,10 @@ def find_site_model(run: str | Path, site: str) -> Path:
     if given.suffix == ".pt" or given.is_file():
         if not given.is_file():
             raise FileNotFoundError(f"--site {site}: no such file")
-        return given
+        return given.resolve()
     run = Path(run)
-    hits = sorted(h for h in run.rglob(f"{STATE_DIR}/{LOCAL_MODEL_FILE}") if site in h.parts) if run.is_dir() else []
+    hits = sorted(h for h in run.rglob(f"{STATE_DIR}/{LOCAL_MODEL_FILE}") if site in h.relative_to(run).parts) \
+        if run.is_dir() else []
     if len(hits) > 1:
         raise ValueError(f"--site {site}: {len(hits)} files under {run} ({', '.join(map(str, hits[:3]))}); pass one")
     if not hits:
@@ -176,10 +178,17 @@ def load_model(run: str | Path, which: str = "best", config_dir: str | Path | No
             raise ValueError(f"--site {site}: method {method!r} keeps no layers local, so the global model is every "
                              "site's model: leave --site out")
         file = find_site_model(run, site)
-        with_site_layers(net, torch.load(file, map_location="cpu", weights_only=True), parts, str(file))
-        site = site if file != Path(site).expanduser() else file.parent.parent.parent.name
+        try:
+            own = torch.load(file, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - a truncated file, another format, a pickle weights_only refuses
+            raise ValueError(f"--site: {file} is not a readable model state ({type(e).__name__}: {e})") from None
+        if not isinstance(own, dict):
+            raise ValueError(f"--site: {file} holds a {type(own).__name__}, not a model state")
+        with_site_layers(net, own, parts, str(file))
+        if Path(site).expanduser().resolve() == file:  # <site workspace>/<job id>/fedpartial_state/<file>
+            site = file.parents[2].name
         note = (f"{site}'s own model: the global model ({path.name}) with {site}'s own {' and '.join(parts)} layers "
-                f"({file}), as {site} evaluated it in the run")
+                f"({file}), as {site} scored it in the run's final evaluation")
     return LoadedModel(net.to(device).eval(), dataset, path, note, site)
 
 

@@ -186,7 +186,7 @@ def load_model(run: str | Path, which: str = "best", config_dir: str | Path | No
             raise ValueError(f"--site: {file} holds a {type(own).__name__}, not a model state")
         with_site_layers(net, own, parts, str(file))
         if Path(site).expanduser().resolve() == file:  # <site workspace>/<job id>/fedpartial_state/<file>
-            site = file.parents[2].name
+            site = file.parents[2].name if len(file.parents) > 2 else file.stem
         note = (f"{site}'s own model: the global model ({path.name}) with {site}'s own {' and '.join(parts)} layers "
                 f"({file}), as {site} scored it in the run's final evaluation")
     return LoadedModel(net.to(device).eval(), dataset, path, note, site)

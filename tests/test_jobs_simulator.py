@@ -135,6 +135,9 @@ def _a_sites_own_model_is_the_one_it_scored(ws, res, tmp_path, data_cache):
     meta = json.loads((tmp_path / "B/configs/metadata.json").read_text())
     assert meta["training"]["site"] == "site-2" and "site-2's own model" in meta["name"]
     assert meta["eval_metrics"]["macro"]["auc"] == scored["site-2"]["test"]["macro"]["auc"]
+    thr = res["final"][P.LAST_MODEL]["thresholds"]["sites"]["site-2"]["thresholds"]  # chosen on its own scores
+    assert meta["thresholds"]["chosen_on"] == "site-2's own validation scores"
+    assert meta["thresholds"]["values"] == [0.5 if thr[c] is None else thr[c] for c in glob.classes]
     saved = torch.load(tmp_path / "B/models/model.pt", weights_only=True)
     assert all(torch.equal(saved[k], o[k]) for k in o)
     assert "Model: site-2's own model" in (tmp_path / "B/docs/README.md").read_text()

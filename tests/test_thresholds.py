@@ -178,6 +178,11 @@ def test_results_record_thresholds_per_round_and_final_model_beside_the_existing
     assert best["test"]["macro"]["f1_val_thr"] == pytest.approx(4 / 5)
     thr = model_thresholds(out)
     assert thr["models"][BEST_MODEL]["criterion"] == "youden" and set(thr["models"]) == {LAST_MODEL, BEST_MODEL}
+    # each site's own validation scores as well (a site's own model, fedpartial-predict / export --site): site-1's
+    # alone choose what the best model's did (its validation only)
+    own = last["thresholds"]["sites"]
+    assert own["site-1"]["thresholds"] == {"a": SCORE_GRID[35]} and own["site-1"]["val_sets"] == 1
+    assert set(own) == {"site-1", "site-2"} and "sites" not in best["thresholds"]
     out["thresholds"] = thr
     text = render_tables({**out, "num_rounds": 1})
     assert "thresholds chosen on validation (youden" in text
@@ -259,3 +264,16 @@ def test_predict_thresholds_from_results_json_and_single_label_refusal(tmp_path)
     assert P.resolve_thresholds(ml, "validation") == [0.2, 0.5] and P.resolve_thresholds(ml, None) is None
     with pytest.raises(ValueError, match="outside"):
         P.resolve_thresholds(ml, "1.5")
+
+
+def test_a_sites_own_model_takes_the_thresholds_of_its_own_validation_scores(tmp_path):
+    from fedpartial.tools.predict import find_thresholds
+
+    out = _recorder_with_results().summary()
+    model = tmp_path / LAST_MODEL
+    model.write_bytes(b"")
+    (tmp_path / "thresholds.json").write_text(json.dumps(model_thresholds(out)))
+    pooled, mine = find_thresholds(model), find_thresholds(model, "site-1")
+    assert pooled["thresholds"] == {"a": SCORE_GRID[60]} and "sites" not in pooled
+    assert mine["thresholds"] == {"a": SCORE_GRID[35]} and mine["chosen_on"] == "site-1's own validation scores"
+    assert find_thresholds(model, "site-9")["thresholds"] == {"a": SCORE_GRID[60]}  # none recorded: the pooled ones

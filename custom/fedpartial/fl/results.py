@@ -214,6 +214,10 @@ class ResultsRecorder(Widget):
             name = owner.replace("SRV_", "")
             scored, thresholds = apply_validation_thresholds({site: r for site, r in per_site.items() if r},
                                                              self.threshold_criterion)
+            if thresholds and len(scored) > 1:  # each site's own validation scores (its own model, with local parts)
+                own = {site: apply_validation_thresholds({site: per_site[site]}, self.threshold_criterion)[1]
+                       for site in scored}
+                thresholds = {**thresholds, "sites": {site: rec for site, rec in own.items() if rec}}
             final[name] = {"test": self._site_average(scored, "test"), "val": self._site_average(scored, "val"),
                            "sites": sorted(scored), "per_site": scored if len(scored) > 1 else {},
                            "thresholds": thresholds, **pooled_histograms(per_site)}

@@ -112,16 +112,15 @@ def bundle_thresholds(model: LoadedModel) -> dict:
     if model.task != "multilabel":
         return {}
     try:
-        entry = find_thresholds(model.path)
+        entry = find_thresholds(model.path, model.site)
     except (FileNotFoundError, ValueError):
         entry = {}
     chosen = {c: (entry.get("thresholds") or {}).get(c) for c in model.classes}
     return {"values": [0.5 if chosen[c] is None else float(chosen[c]) for c in model.classes], "chosen": chosen,
             "criterion": entry.get("criterion"), "n_val": entry.get("n_val") or {},
-            "note": "predict class c when prob_c >= values[c]; chosen on the run's pooled validation set, "
-                    "0.5 where none was chosen (null under 'chosen')"
-                    + (f"; the pool holds every site's own model's scores, not {model.site}'s alone" if model.site
-                       else "")}
+            "chosen_on": entry.get("chosen_on"),
+            "note": "predict class c when prob_c >= values[c]; chosen on validation (chosen_on), 0.5 where none "
+                    "was chosen (null under 'chosen')"}
 
 
 def preprocessing_spec(model: LoadedModel) -> dict:

@@ -192,10 +192,11 @@ def load_model(run: str | Path, which: str = "best", config_dir: str | Path | No
     return LoadedModel(net.to(device).eval(), dataset, path, note, site)
 
 
-def find_thresholds(model_path: str | Path) -> dict:
+def find_thresholds(model_path: str | Path, site: str | None = None) -> dict:
     """The per-class thresholds chosen on validation for this model file: ``{"criterion", "thresholds": {class:
-    value | None}, ...}`` from ``thresholds.json`` next to it, else from a ``results.json`` in its folder or the
-    one above (the run folder)."""
+    value | None}, "chosen_on", ...}`` from ``thresholds.json`` next to it, else from a ``results.json`` in its
+    folder or the one above (the run folder). ``site``: those chosen on that site's own validation scores (a site's
+    own model, ``--site``) where the run recorded them, else the pooled ones."""
     model_path = Path(model_path)
     candidates = [model_path.parent / THRESHOLDS_FILE, model_path.parent / RESULTS_FILE,
                   model_path.parent.parent / RESULTS_FILE]
@@ -206,7 +207,11 @@ def find_thresholds(model_path: str | Path) -> dict:
         data = data.get("thresholds", {}) if path.name == RESULTS_FILE else data
         entry = (data.get("models") or {}).get(model_path.name)
         if entry:
-            return entry
+            own = (entry.get("sites") or {}).get(site) if site else None
+            if own:
+                return {**own, "chosen_on": f"{site}'s own validation scores"}
+            return {**{k: v for k, v in entry.items() if k != "sites"},
+                    "chosen_on": "the validation scores of every site that scored " + model_path.name}
         if path.name == THRESHOLDS_FILE or data.get("note"):
             raise ValueError(f"{path} has no thresholds for {model_path.name} ({data.get('note', 'none recorded')})")
     raise FileNotFoundError(f"no {THRESHOLDS_FILE} next to {model_path} (nor thresholds in the run's {RESULTS_FILE}): "
@@ -222,7 +227,7 @@ def resolve_thresholds(model: LoadedModel, spec: str | None) -> list[float] | No
         raise ValueError("a single-label model predicts the argmax class; --thresholds applies to multi-label "
                          "models only")
     if spec == "validation":
-        entry = find_thresholds(model.path)
+        entry = find_thresholds(model.path, model.site)
         chosen = entry.get("thresholds") or {}
         unknown = sorted(set(chosen) - set(model.classes))
         if unknown:

@@ -392,10 +392,11 @@ class ImageStore:
         with np.load(self.folder / "index.npz", allow_pickle=False) as z:
             return z["paths"]
 
-    def stale_rows(self) -> np.ndarray:
-        """Rows whose source file's size or mtime differ from the index (or that are gone); stats only."""
+    def stale_rows(self, index: dict[str, np.ndarray] | None = None) -> np.ndarray:
+        """Rows whose source file's size or mtime differ from the index (or that are gone); stats only. ``index``:
+        :attr:`index` when the caller has already read it."""
         size, mtime = _stamps(list(self.paths))
-        index = self.index
+        index = self.index if index is None else index
         return np.flatnonzero((size != index["size"]) | (mtime != index["mtime_ns"]))
 
 
@@ -659,11 +660,12 @@ def _finish(folder: Path, meta: dict, meta_file: Path) -> None:
         _write_json(meta_file, meta)
 
 
-def relabel(store: ImageStore, labels: np.ndarray, mask: np.ndarray) -> bool:
+def relabel(store: ImageStore, labels: np.ndarray, mask: np.ndarray,
+            index: dict[str, np.ndarray] | None = None) -> bool:
     """Record the manifest's label vectors in the store's index when they differ (a corrected label: nothing is
-    decoded again). Returns whether the index changed."""
+    decoded again). Returns whether the index changed. ``index``: ``store.index`` when the caller has read it."""
     labels, mask = np.asarray(labels, np.float32), np.asarray(mask, bool)
-    index = store.index
+    index = store.index if index is None else index
     if index["labels"].shape == labels.shape and np.array_equal(index["labels"], labels) \
             and np.array_equal(index["mask"], mask):
         return False
@@ -704,10 +706,11 @@ def ensure_store(paths: Sequence[str], prep: Preprocessing, root: str | os.PathL
                 raise _refuse(folder, "not a readable store (store.json)") from None
         if complete:
             store = open_store(folder, key)
-            stale = store.stale_rows()
+            index = store.index  # read once for both checks
+            stale = store.stale_rows(index)
             if not len(stale):
                 if labels is not None:
-                    relabel(store, labels, mask if mask is not None else np.ones_like(labels, bool))
+                    relabel(store, labels, mask if mask is not None else np.ones_like(labels, bool), index)
                 return store
             names = [Path(paths[i]).name for i in stale[:5]]
             say(f"image store {folder.name}: {len(stale)} source file(s) changed since it was built "

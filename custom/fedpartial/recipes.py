@@ -39,6 +39,7 @@ import json
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -49,7 +50,7 @@ from nvflare.recipe.spec import ExecEnv, Recipe
 
 from .data.presets import deep_merge, resolve_dataset
 from .data.site_config import DATA_DIR_ENV
-from .job_layout import client_config, default_max_missing, server_config, set_run_name
+from .job_layout import client_config, default_max_missing, server_config, set_run_name, training_entries
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 _VAR = re.compile(r"^\{(\w+)\}$")
@@ -205,13 +206,20 @@ class PartialLabelRecipe(Recipe):
         prepared: a ``fedpartial-prepare`` output folder: simulated site ``site-<i>`` trains on ``site-<i>.csv``.
         data_dir: the folder relative dataset roots resolve against, passed to simulated sites as
             ``$FEDPARTIAL_DATA_DIR`` (default: that variable, else the checkout).
+        resume: continue the job's own run in the same workspace from its last checkpoint (a run stopped with
+            Ctrl-C, or one run again for more rounds); a checkpoint of another configuration is refused.
+        checkpoint_dir: where the server and the sites keep their checkpoints (default: under each one's
+            workspace, which the simulator empties when a job runs again; ``job.py`` sets
+            ``WORKSPACE/<name>.checkpoints``).
     """
 
     def __init__(self, *, name: str, method: str, dataset: dict | str, num_sites: int, num_rounds: int = 20,
                  model: dict | None = None, train: dict | None = None, evaluation: dict | None = None,
                  method_args: dict | None = None, seed: int = 0, max_missing: int | None = None,
                  key_metric: str = "auc", tracking: str | None = TRACKING_DEFAULT,
-                 tracking_config: dict | None = None, prepared: str | os.PathLike | None = None, data_dir: str | os.PathLike | None = None):
+                 tracking_config: dict | None = None, prepared: str | os.PathLike | None = None,
+                 data_dir: str | os.PathLike | None = None, resume: bool = False,
+                 checkpoint_dir: str | os.PathLike | None = None):
         if not isinstance(num_rounds, int) or num_rounds < 1:
             raise ValueError(f"job '{name}': num_rounds must be an integer >= 1, got {num_rounds!r}")
         dataset = {"preset": dataset} if isinstance(dataset, str) else copy.deepcopy(dataset)
@@ -235,6 +243,13 @@ class PartialLabelRecipe(Recipe):
         self.client_config = set_run_name(client_config(method, dataset, model, train, evaluation, method_args,
                                                         seed), name)
         self.server_config["components"] = [c for c in self.server_config["components"] if c["id"] != "tb_receiver"]
+        self.resume = bool(resume)
+        self.checkpoint_dir = None if checkpoint_dir is None else str(Path(checkpoint_dir).expanduser().resolve())
+        for entry in training_entries(self.server_config) + training_entries(self.client_config):
+            if self.resume:  # continue this job's own run (the simulator's simulate_job) from its last checkpoint
+                entry.setdefault("args", {})["resume"] = True
+            if self.checkpoint_dir:
+                entry.setdefault("args", {})["checkpoint_dir"] = self.checkpoint_dir
         job = build_fed_job(name, self.server_config, self.client_config, self.num_sites - self.max_missing)
         super().__init__(job)
         if tracking:
@@ -277,7 +292,8 @@ class _MethodRecipe(PartialLabelRecipe):
 
     METHOD = ""
     COMMON = ("name", "dataset", "num_sites", "num_rounds", "model", "train", "evaluation", "seed", "max_missing",
-              "key_metric", "tracking", "tracking_config", "prepared", "data_dir")
+              "key_metric", "tracking", "tracking_config", "prepared", "data_dir", "resume",
+              "checkpoint_dir")
 
     def __init__(self, *, name: str, dataset: dict | str, num_sites: int, **kwargs):
         common = {k: kwargs.pop(k) for k in self.COMMON if k in kwargs}
@@ -336,6 +352,9 @@ def _parser(name: str) -> argparse.ArgumentParser:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override one of the job's settings (JSON value; dots reach into dataset / model / train / "
                          "evaluation), e.g. --set dataset.image_size=32 --set model.arch=small_cnn; repeatable")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the run in WORKSPACE from its last round's checkpoint (after Ctrl-C, or for more "
+                         "--rounds); a checkpoint of another configuration is refused")
     ap.add_argument("--workspace", default="workspaces",
                     help=f"results go to WORKSPACE/{name} (default: workspaces/{name})")
     return ap
@@ -352,6 +371,8 @@ def recipe_overrides(args: argparse.Namespace) -> dict:
         out["prepared"] = args.data
     if args.data_dir is not None:
         out["data_dir"] = args.data_dir
+    if args.resume:
+        out["resume"] = True
     return out
 
 
@@ -365,12 +386,15 @@ def prepared_sites(folder: str | os.PathLike) -> int:
 def job_main(make_recipe: Callable[..., PartialLabelRecipe], argv: list[str] | None = None):
     """The command line of a ``jobs/<name>/job.py`` (``make_recipe(**overrides)`` builds its recipe): run it in
     ``SimEnv`` (or export it with NVFlare's ``--export [--export-dir DIR]``). Returns NVFlare's ``Run``."""
-    from nvflare.recipe import SimEnv
+    from .fl.simulator import RunFailed, Stopped, SupervisedSimEnv
 
     base = make_recipe()
     parser = _parser(base.name)
     args = parser.parse_args(argv)
     kwargs = recipe_overrides(args)
+    kwargs["checkpoint_dir"] = checkpoints = Path(args.workspace).resolve() / f"{base.name}.checkpoints"
+    if not args.resume and checkpoints.is_dir():  # a fresh run: the simulator empties the run's workspace too
+        shutil.rmtree(checkpoints)
     sites = args.sites or (prepared_sites(args.data) if args.data else None)
     if sites is not None and sites != base.num_sites:
         kwargs.update(num_sites=sites, dataset=with_sites(base.dataset, sites))
@@ -385,11 +409,51 @@ def job_main(make_recipe: Callable[..., PartialLabelRecipe], argv: list[str] | N
             parser.error(str(e))
         for group, sites in groups.items():
             print(f"GPU {group}: {', '.join(sites)}")
-    env = SimEnv(num_clients=n, num_threads=args.threads or n, gpu_config=args.gpu,
-                 workspace_root=str(Path(args.workspace).resolve()))
-    run = recipe.execute(env)
+    env = SupervisedSimEnv(num_clients=n, num_threads=args.threads or n, gpu_config=args.gpu,
+                           workspace_root=str(Path(args.workspace).resolve()))
+    try:
+        run = recipe.execute(env)
+    except Stopped as e:
+        print(stopped_lines(recipe.name, Path(args.workspace), e, argv), file=sys.stderr)
+        raise SystemExit(128 + e.signum) from None
+    except RunFailed as e:
+        print(f"\n{recipe.name} FAILED (simulator status {e.status}):", file=sys.stderr)
+        for line in e.lines or [f"no error line in the logs; see {e.workspace}/server/simulate_job/log.txt"]:
+            print(f"  {line}", file=sys.stderr)
+        raise SystemExit(2) from None
     print(f"results: {Path(args.workspace) / recipe.name / 'server/simulate_job/results.md'}")
     return run
+
+
+def stopped_lines(name: str, workspace: Path, stop: Stopped, argv: list[str] | None) -> str:
+    """What a ``job.py`` stopped by a signal says: that every process of the run is gone, what was kept (the last
+    round's server checkpoint) and the command that resumes it."""
+    from .fl.checkpoint import CHECKPOINT_FILE
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ckpts = sorted((workspace.resolve() / f"{name}.checkpoints").glob(f"*/*/server/{CHECKPOINT_FILE}"))
+    out = [f"\n{name}: stopped ({signal_name(stop.signum)}); the simulator and its site processes are gone "
+           f"({stop.stopped} stopped)."]
+    if ckpts:
+        rounds = ""
+        try:
+            import torch
+
+            ckpt = torch.load(ckpts[-1], map_location="cpu", weights_only=True)
+            rounds = f" after round {int(ckpt.get('round', -1)) + 1}" if isinstance(ckpt, dict) else ""
+        except Exception:  # a checkpoint that cannot be read says so when resumed
+            pass
+        resume = " ".join(["python", f"jobs/{name}/job.py", *[a for a in argv if a != "--resume"], "--resume"])
+        out += [f"kept: {ckpts[-1]}{rounds}", f"resume: {resume}"]
+    else:
+        out.append("kept: nothing to resume (no round had finished); run the command again to start over")
+    return "\n".join(out)
+
+
+def signal_name(signum: int) -> str:
+    import signal
+
+    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
 
 
 def gpu_sites(gpu_config: str, num_sites: int) -> dict[str, list[str]]:

@@ -196,7 +196,7 @@ class PartialLabelNet(nn.Module):
             path = Path(source).expanduser()
             if not path.is_file():
                 raise FileNotFoundError(f"pretrained weights not found: {path}")
-            state = torch.load(path, map_location="cpu", weights_only=True)
+            state = read_state(path, "pretrained weights")
         if isinstance(state, dict) and "state_dict" in state:
             state = state["state_dict"]
         state = _to_encoder_keys(state, self.arch)
@@ -211,6 +211,59 @@ class PartialLabelNet(nn.Module):
         missing = [k for k in own if k not in usable]
         self.encoder.load_state_dict(usable, strict=False)
         logger.info("loaded %d encoder tensors from %s (%d left at init)", len(usable), source, len(missing))
+
+
+def read_state(path: str | Path, what: str = "model file") -> dict:
+    """The dict of tensors saved at ``path`` (``torch.save``), read with ``weights_only=True``: no pickled code
+    runs. Anything else is a ``ValueError`` of one line naming the file and what it holds instead (empty,
+    truncated, not a PyTorch file, pickled objects other than tensors), never torch's own advice to load it
+    unsafely."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} not found: {path}")
+    size = path.stat().st_size
+    if size == 0:
+        raise ValueError(f"{what} {path} is empty (0 bytes): a copy that did not finish?")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - zip, pickle and torch errors of every kind
+        text = str(e)
+        with open(path, "rb") as f:
+            head = f.read(4)
+        if head[:2] != b"PK" and head[:1] != b"\x80":  # torch.save writes a zip (legacy: a pickle)
+            why = f"is not a PyTorch file (it starts with {head!r})"
+        elif "Weights only load failed" in text or "weights_only" in text:
+            why = ("holds pickled Python objects besides tensors; it was refused because loading it would run code "
+                   "from the file (save the model's state_dict with torch.save instead)")
+        else:
+            why = f"is truncated or damaged ({size:,} bytes; {type(e).__name__})"
+        raise ValueError(f"{what} {path} {why}") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{what} {path} holds a {type(obj).__name__}, not a dict of tensors")
+    return obj
+
+
+def load_weights(net: nn.Module, state: dict, source: str | Path, what: str = "model file") -> None:
+    """Load ``state`` (the model's exact keys and shapes) into ``net``; a state of another model (another job's
+    file) is a ``ValueError`` of one line naming ``source``, the first mismatch and how many keys differ."""
+    own = net.state_dict()
+    try:
+        state = {k: torch.as_tensor(v) for k, v in state.items()}
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"{what} {source} holds values that are not tensors") from None
+    missing = [k for k in own if k not in state]
+    extra = [k for k in state if k not in own]
+    shapes = [k for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
+    if missing or extra or shapes:
+        if shapes:
+            k = shapes[0]
+            first = f"{k} is {tuple(state[k].shape)} in the file, {tuple(own[k].shape)} in this job's model"
+        else:
+            first = f"{'missing' if missing else 'unexpected'} key {(missing or extra)[0]}"
+        raise ValueError(f"{what} {source} is not a model of this job: {first} ({len(shapes)} shapes differ, "
+                         f"{len(missing)} keys missing, {len(extra)} unexpected; another job's or another "
+                         "architecture's model?)")
+    net.load_state_dict(state)
 
 
 NORM_TYPES = (nn.modules.batchnorm._NormBase, nn.GroupNorm)  # BatchNorm*d, InstanceNorm*d (and SyncBatchNorm)

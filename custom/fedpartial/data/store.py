@@ -118,12 +118,41 @@ def _is_dicom(path: str) -> bool:
     return len(head) == 132 and head[128:] == b"DICM"
 
 
+MAX_PIXELS_ENV = "FEDPARTIAL_MAX_PIXELS"
+DEFAULT_MAX_PIXELS = 40_000_000  # 6,300 x 6,300; Pillow's own warning comes at 89.5 M, its error at 179 M
+
+
+def open_image(path: str):
+    """``PIL.Image.open(path)`` refusing, from the header and before any pixel is decoded, an image of more than
+    ``$FEDPARTIAL_MAX_PIXELS`` pixels (default 40 M: every radiograph, mammogram and dermoscopy image fits; a
+    17 KB palette PNG of 12,000 x 12,000 would take 1.7 GB to decode). ``ValueError`` naming the file."""
+    import warnings
+
+    try:
+        limit = int(os.environ.get(MAX_PIXELS_ENV) or DEFAULT_MAX_PIXELS)
+    except ValueError:
+        raise ValueError(f"{MAX_PIXELS_ENV}={os.environ[MAX_PIXELS_ENV]!r} is not a whole number") from None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            im = Image.open(path)
+    except Image.DecompressionBombError:
+        im = None
+    if im is None or im.size[0] * im.size[1] > limit:
+        size = "" if im is None else f"{im.size[0]:,} x {im.size[1]:,} = {im.size[0] * im.size[1]:,} pixels, "
+        if im is not None:
+            im.close()
+        raise ValueError(f"{path}: {size or 'far '}above the limit of {limit:,} pixels per image (set "
+                         f"{MAX_PIXELS_ENV} to raise it)")
+    return im
+
+
 def native_channels(path: str, prep: Preprocessing) -> int:
     """The channels an image has before any matching (1 gray, 3 colour, the CT windows for DICOM); reads the
     header only."""
     if _is_dicom(path):
         return len(prep.ct_windows) if prep.ct_windows else 1
-    with Image.open(path) as im:
+    with open_image(path) as im:
         return 1 if im.mode in ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F") else 3
 
 
@@ -193,7 +222,7 @@ def decode_resized(path: str | os.PathLike, prep: Preprocessing, channels: int) 
             x = ((hu - lo) / (hi - lo) if hi > lo else np.zeros_like(hu)).astype(np.float32)[None]
         out = _resize_float(x, size, flt)
     else:
-        with Image.open(path) as im:
+        with open_image(path) as im:
             if im.format == "JPEG":
                 im.draft("L" if channels == 1 else "RGB", (size, size))
             mode = im.mode
@@ -252,7 +281,12 @@ class DecodedImages:
 
     def __getitem__(self, index):
         if isinstance(index, (int, np.integer)):
-            return decode_resized(self.paths[int(index)], self.prep, self._channels(int(index)))
+            path = self.paths[int(index)]
+            try:
+                return decode_resized(path, self.prep, self._channels(int(index)))
+            except Exception as e:  # noqa: BLE001 - decoders raise many types; the message names the file
+                text = str(e) if path in str(e) else f"cannot read image {path}: {type(e).__name__}: {e}"
+                raise ValueError(text) from None
         return self.batch(np.arange(len(self))[index])
 
     def batch(self, rows) -> np.ndarray:

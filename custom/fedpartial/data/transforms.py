@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from .store import open_image  # PIL.Image.open with the pixel limit
 from .dicom import apply_windows, read_dicom_hu  # DICOM -> HU (H, W); HU -> (n_windows, H, W) in [0, 1]
 
 # MONAI is imported where a pipeline is built, not with this module: importing MONAI imports all of it (and the
@@ -71,7 +72,7 @@ def check_image_header(path: str | os.PathLike) -> None:
                 if len(ds.PixelData) < need:
                     raise ValueError(f"pixel data has {len(ds.PixelData)} bytes, the header needs {need} (truncated)")
         else:
-            with Image.open(path) as im:
+            with open_image(path) as im:  # the pixel limit from the header, then the file's checksums
                 im.verify()
     except ImageLoadError:
         raise
@@ -86,7 +87,7 @@ def _minmax(x: np.ndarray) -> np.ndarray:
 
 def _read_pil(path: str) -> np.ndarray:
     """PNG/JPG/... -> ``(1 or 3, H, W)`` float32 in [0, 1] (8-bit / 255, 16-bit / 65535, other: min-max)."""
-    with Image.open(path) as im:
+    with open_image(path) as im:
         if im.mode in ("1", "LA"):
             im = im.convert("L")
         elif im.mode not in ("L", "RGB") and not im.mode.startswith("I") and im.mode != "F":

@@ -29,17 +29,31 @@ import torch
 from fedpartial.data.store import Preprocessing, decode_resized, native_channels, stored_channels  # noqa: E402
 # --- end decoder ---
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".dcm", ".dicom")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".dcm", ".dicom")  # what prepare reads too
+ERROR_KEY = "error"  # a dataset item's decoding error ("" when it decoded)
 PREDICTIONS_FILE = "predictions.csv"
 
 
 def list_images(folder: str | os.PathLike) -> list[str]:
-    """Every PNG / JPG / DICOM file under ``folder`` (recursive), sorted by path, as ``folder``-joined strings."""
+    """Every image file (:data:`IMAGE_SUFFIXES`) under ``folder`` (recursive), sorted by path, as
+    ``folder``-joined strings. ``FileNotFoundError`` when the folder is missing or holds none."""
     folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no such folder: {folder}")
     paths = sorted(str(p) for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
     if not paths:
-        raise FileNotFoundError(f"no PNG / JPG / DICOM image ({', '.join(IMAGE_SUFFIXES)}) under {folder}")
+        raise FileNotFoundError(f"no image ({', '.join(IMAGE_SUFFIXES)}) under {folder}")
     return paths
+
+
+def bundle_images(folder: str | os.PathLike) -> list[str]:
+    """:func:`list_images` for the bundle's ``inference.json``: a folder without images ends the run with one
+    line (exit status 2) instead of MONAI's traceback of the config expression."""
+    try:
+        return list_images(folder)
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
 
 
 def _map_transform():
@@ -69,10 +83,17 @@ class LoadImageAnyd(_map_transform()):
 
     def __call__(self, data: Mapping[Hashable, object]) -> dict:
         d = dict(data)
+        d.setdefault(ERROR_KEY, "")
         for key in self.key_iterator(d):
             path = str(d[key])
-            x = decode_resized(path, self.prep, stored_channels(native_channels(path, self.prep), self.prep))
-            t = torch.from_numpy(x).float().div_(255.0)
+            try:
+                x = decode_resized(path, self.prep, stored_channels(native_channels(path, self.prep), self.prep))
+            except Exception as e:  # noqa: BLE001 - decoders raise many types: the image is left out, named
+                why = str(e).replace(path, "").strip(" :") or type(e).__name__
+                print(f"left out {path}: cannot read it ({why})", file=sys.stderr, flush=True)
+                d[ERROR_KEY] = why
+                x = np.zeros((self.prep.channels, self.prep.image_size, self.prep.image_size), np.uint8)
+            t = torch.from_numpy(np.array(x, np.float32)).div_(255.0)  # a copy: PIL arrays are read-only
             if t.shape[0] != self.prep.channels:
                 t = t.expand(self.prep.channels, -1, -1).contiguous()
             d[key] = t
@@ -119,6 +140,7 @@ class PredictionWriter:
         self.thresholds, self.path_key, self.pred_key = thresholds, path_key, pred_key
         self.paths: list[str] = []
         self.probs: list[np.ndarray] = []
+        self.left_out: list[tuple[str, str]] = []  # (path, why): images that could not be read
 
     def attach(self, engine) -> None:
         from ignite.engine import Events
@@ -128,13 +150,16 @@ class PredictionWriter:
         engine.add_event_handler(Events.COMPLETED, self._write)
 
     def _reset(self, engine) -> None:
-        self.paths, self.probs = [], []
+        self.paths, self.probs, self.left_out = [], [], []
 
     def _collect(self, engine) -> None:
         batch, output = engine.state.batch, engine.state.output
         batch = batch if isinstance(batch, list) else [batch]
         output = output if isinstance(output, list) else [output]
         for item, out in zip(batch, output):
+            if item.get(ERROR_KEY):
+                self.left_out.append((str(item[self.path_key]), str(item[ERROR_KEY])))
+                continue
             self.paths.append(str(item[self.path_key]))
             self.probs.append(torch.as_tensor(out[self.pred_key]).detach().float().cpu().numpy().reshape(-1))
         n, k = engine.state.epoch_length, engine.state.iteration
@@ -143,7 +168,11 @@ class PredictionWriter:
 
     def _write(self, engine) -> None:
         probs = np.stack(self.probs) if self.probs else np.zeros((0, len(self.classes)), np.float32)
-        write_predictions(self.paths, probs, self.classes, self.task, self.thresholds, self.output_dir)
+        write_predictions(self.paths, probs, self.classes, self.task, self.thresholds, self.output_dir,
+                          self.left_out)
+        if self.left_out and not self.paths:
+            print(f"error: none of the {len(self.left_out)} images could be read", file=sys.stderr, flush=True)
+            raise SystemExit(2)
 
 
 def decisions(probs: np.ndarray, classes: Sequence[str], task: str,
@@ -157,9 +186,11 @@ def decisions(probs: np.ndarray, classes: Sequence[str], task: str,
 
 
 def write_predictions(paths: Sequence[str], probs: np.ndarray, classes: Sequence[str], task: str,
-                      thresholds: Sequence[float] | None, output_dir: str | os.PathLike) -> str:
+                      thresholds: Sequence[float] | None, output_dir: str | os.PathLike,
+                      left_out: Sequence[tuple[str, str]] = ()) -> str:
     """``output_dir/predictions.csv``: ``image``, ``prob_<class>`` per class (6 decimals), then the decisions
-    (:func:`decisions`). Returns the file's path."""
+    (:func:`decisions`); images that could not be read (``left_out``: ``(path, why)``) follow with empty cells
+    and the reason in a last column ``error`` (present only then). Returns the file's path."""
     probs = np.asarray(probs)
     if len(paths) != len(probs):
         raise ValueError(f"{len(paths)} images but {len(probs)} predictions")
@@ -169,8 +200,11 @@ def write_predictions(paths: Sequence[str], probs: np.ndarray, classes: Sequence
     path = out / PREDICTIONS_FILE
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["image", *(f"prob_{c}" for c in classes), *cols])
+        w.writerow(["image", *(f"prob_{c}" for c in classes), *cols, *([ERROR_KEY] if left_out else [])])
         for p, row, d in zip(paths, probs, dec):
-            w.writerow([p, *(f"{float(v):.6f}" for v in row), *d])
-    print(f"wrote {len(paths)} predictions to {path}", file=sys.stderr)
+            w.writerow([p, *(f"{float(v):.6f}" for v in row), *d, *([""] if left_out else [])])
+        for p, why in left_out:
+            w.writerow([p, *[""] * (len(classes) + len(cols)), why])
+    skipped = f"; {len(left_out)} image(s) left out (unreadable: the 'error' column says why)" if left_out else ""
+    print(f"wrote {len(paths)} predictions to {path}{skipped}", file=sys.stderr)
     return str(path)

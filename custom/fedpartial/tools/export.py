@@ -33,8 +33,10 @@ import datetime as _dt
 import hashlib
 import inspect
 import json
+import os
 import shutil
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -65,13 +67,14 @@ def decoder_source() -> str:
     those functions in the same module)."""
     from ..data import dicom, store
 
-    parts = ["from dataclasses import dataclass", "", "from PIL import Image", "",
+    parts = ["import os", "from dataclasses import dataclass", "", "from PIL import Image", "",
              f"FORMAT = {store.FORMAT!r}", f"VERSION = {store.VERSION!r}",
+             f"MAX_PIXELS_ENV = {store.MAX_PIXELS_ENV!r}", f"DEFAULT_MAX_PIXELS = {store.DEFAULT_MAX_PIXELS!r}",
              f"DEFAULT_WINDOWS = {dicom.DEFAULT_WINDOWS!r}",
              "RESIZE_FILTERS = {" + ", ".join(f"{k!r}: Image.Resampling.{v.name}" for k, v in
                                                store.RESIZE_FILTERS.items()) + "}", "", ""]
     for obj in (dicom._first, dicom.read_dicom_hu, dicom.apply_windows, store.Preprocessing, store._is_dicom,
-                store.native_channels, store.stored_channels, store._resize_float, store.decode_resized):
+                store.open_image, store.native_channels, store.stored_channels, store._resize_float, store.decode_resized):
         src = inspect.getsource(obj).rstrip()
         if obj is store.decode_resized:
             if DICOM_IMPORT not in src + "\n":
@@ -285,7 +288,7 @@ def inference_config(model: LoadedModel, thresholds: dict, pre: dict) -> dict:
         "channels": pre["channels"],
         "ct_windows": pre["ct_windows"],
         "batch_size": BATCH_SIZE,
-        "datalist": "$@runtime.list_images(@dataset_dir)",
+        "datalist": "$@runtime.bundle_images(@dataset_dir)",
         "preprocessing": {"_target_": "Compose", "transforms": [
             {"_target_": f"{RUNTIME_MODULE}.LoadImageAnyd", "keys": "image", "channels": "@channels",
              "image_size": "@image_size", "ct_windows": "@ct_windows", "resize_mode": pre["resize_mode"]},
@@ -348,11 +351,61 @@ def export_bundle(run: str | Path, out: str | Path, which: str = "best", torchsc
     ``say``: called with a line per step (the command line prints them to stderr)."""
     say = say or (lambda line: None)
     out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise FileExistsError(f"{out} exists and is not empty (pass --force to replace it)")
-        shutil.rmtree(out)
+    check_output(out, run, job_config, overwrite)
     model = load_model(run, which, job_config, site=site)
+    check_output(out, model.path, None, overwrite)  # the model file found inside the run
+    out.expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
+    final, out = out, Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial",
+                                            dir=out.expanduser().resolve().parent))
+    try:
+        _write_bundle(model, out, torchscript, onnx, say)
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+    return replace_folder(out, final)
+
+
+def check_output(out: Path, run: str | Path, job_config: str | Path | None, overwrite: bool) -> None:
+    """Refuse, before anything is read or written, an output folder that is the run, holds it or lies inside it
+    (``--force`` would delete the run), that holds the job configuration, or that exists and is not empty
+    without ``overwrite``."""
+    target = out.expanduser().resolve()
+    for what, path in (("run", run), ("job configuration", job_config)):
+        if path is None:
+            continue
+        src = Path(path).expanduser().resolve()
+        if target == src or target in src.parents:
+            raise ValueError(f"-o {out} {'is' if target == src else 'holds'} the {what} {path}: the bundle would "
+                             "replace it; choose a folder outside the run")
+        if src.is_dir() and src in target.parents:
+            raise ValueError(f"-o {out} lies inside the {what} {path}: choose a folder outside the run")
+    if target.is_file():
+        raise FileExistsError(f"-o {out} is a file, not a folder")
+    if target.is_dir() and any(target.iterdir()) and not overwrite:
+        raise FileExistsError(f"{out} exists and is not empty (pass --force to replace it)")
+
+
+def replace_folder(new: Path, target: Path) -> Path:
+    """Move the finished folder ``new`` to ``target``; an existing ``target`` is set aside first and removed only
+    once ``new`` is in its place (a failure in between puts it back). Returns ``target``."""
+    old = None
+    if target.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=new.parent))
+        os.rmdir(old)
+        os.replace(target, old)
+    try:
+        os.replace(new, target)
+    except BaseException:
+        if old is not None:
+            os.replace(old, target)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
+def _write_bundle(model, out: Path, torchscript: bool, onnx: bool, say) -> None:
+    """The bundle's files, written into the (new, empty) folder ``out``."""
     say(f"model {model.path} ({model.net.arch}, {model.task}, {len(model.classes)} classes)")
     if model.note:
         say(f"note: {model.note}")
@@ -388,7 +441,6 @@ def export_bundle(run: str | Path, out: str | Path, which: str = "best", torchsc
     if model.site and results:  # the card's figures from the site's own evaluation, not from the pooled one
         results = {**results, "final": {model.path.name: {**own, "sites": [model.site]}}}
     write_model_card(out, meta, own, results)
-    return out
 
 
 def _json_default(o):
@@ -421,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
                             site=a.site)
     except (OSError, ValueError, RuntimeError) as e:
         print(f"fedpartial-export: error: {e}", file=sys.stderr)
-        return 1
+        return 2
     print(f"bundle written to {out}")
     if a.torchscript:
         print(f"run it: python -m monai.bundle run --config_file {out}/configs/inference.json "

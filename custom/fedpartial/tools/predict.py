@@ -59,7 +59,7 @@ from ..fl.keys import BEST_MODEL, LAST_MODEL, LOCAL_MODEL_FILE, STATE_DIR
 from ..fl.results import RESULTS_FILE, THRESHOLDS_FILE
 from ..fl.spec import global_model_note, local_parts
 from ..metrics import format_table
-from ..models import PartialLabelNet
+from ..models import PartialLabelNet, load_weights, read_state
 from .bundle_runtime import IMAGE_SUFFIXES, Progress, list_images
 
 SERVER_CONFIG, CLIENT_CONFIG = "config_fed_server.json", "config_fed_client.json"
@@ -165,9 +165,11 @@ def load_model(run: str | Path, which: str = "best", config_dir: str | Path | No
     net = PartialLabelNet(**{k: v for k, v in model_args.items() if k != "pretrained"})
     if net.num_classes != len(dataset["classes"]):
         raise ValueError(f"model has {net.num_classes} outputs, the job's dataset {len(dataset['classes'])} classes")
-    state = torch.load(path, map_location="cpu", weights_only=True)  # tensors only: no pickled code runs
-    state = state.get("model", state) if isinstance(state, dict) else state
-    net.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in state.items()})
+    state = read_state(path)  # tensors only: no pickled code runs
+    state = state.get("model", state)
+    if not isinstance(state, dict):
+        raise ValueError(f"model file {path} holds no model state")
+    load_weights(net, {k: np.asarray(v) for k, v in state.items()}, path)
     method = str(executor_args.get("method", "fedavg"))
     if method.startswith("{") and method.endswith("}"):  # an NVFlare config variable, e.g. "{method}"
         method = client.get(method[1:-1], method)
@@ -178,12 +180,7 @@ def load_model(run: str | Path, which: str = "best", config_dir: str | Path | No
             raise ValueError(f"--site {site}: method {method!r} keeps no layers local, so the global model is every "
                              "site's model: leave --site out")
         file = find_site_model(run, site)
-        try:
-            own = torch.load(file, map_location="cpu", weights_only=True)
-        except Exception as e:  # noqa: BLE001 - a truncated file, another format, a pickle weights_only refuses
-            raise ValueError(f"--site: {file} is not a readable model state ({type(e).__name__}: {e})") from None
-        if not isinstance(own, dict):
-            raise ValueError(f"--site: {file} holds a {type(own).__name__}, not a model state")
+        own = read_state(file, "--site: model state")
         with_site_layers(net, own, parts, str(file))
         if Path(site).expanduser().resolve() == file:  # <site workspace>/<job id>/fedpartial_state/<file>
             site = file.parents[2].name if len(file.parents) > 2 else file.stem
@@ -371,13 +368,14 @@ def _load(args) -> LoadedModel:
 
 
 def _cli(prog: str, run, argv: list[str] | None) -> int:
-    """Run a command; bad input (missing run / config / image, bad manifest) ends as one error line, exit 1."""
+    """Run a command; bad input (missing run / config / image, bad manifest, an unreadable or another job's model
+    file) ends as one error line, exit 2."""
     args = _parser(prog, __doc__, prog == "fedpartial-evaluate").parse_args(argv)
     try:
         run(args)
     except (OSError, ValueError) as e:  # ManifestError / ImageLoadError name the file (and line)
         print(f"{prog}: error: {e}", file=sys.stderr)
-        return 1
+        return 2
     return 0
 
 

@@ -832,10 +832,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .store_cli import main as store_main
 
             return store_main([str(out), *store])
-    except USER_ERRORS as e:
+    except (*USER_ERRORS, OSError) as e:
         if os.environ.get("FEDPARTIAL_DEBUG"):
             raise
-        text = " ".join(str(e).split())
+        from .cache import os_error_line
+
+        text = os_error_line(e) if isinstance(e, OSError) else " ".join(str(e).split())
         print(f"fedpartial-prepare: error: {text}", file=sys.stderr)
         return 2
     return 0

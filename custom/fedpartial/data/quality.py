@@ -16,6 +16,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from .cache import cache_hint
 from .sources.base import Dropped, SourceError, SourceTable
 
 DECODE_CACHE = "decoded.sqlite"
@@ -40,9 +41,12 @@ class DecodeCache:
         self._db = None
         if self.file is not None:
             self.file.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(str(self.file), timeout=60)
-            self._db.execute("CREATE TABLE IF NOT EXISTS decoded (path TEXT, size INTEGER, mtime INTEGER, "
-                             "error TEXT, PRIMARY KEY (path, size, mtime))")
+            try:
+                self._db = sqlite3.connect(str(self.file), timeout=60)
+                self._db.execute("CREATE TABLE IF NOT EXISTS decoded (path TEXT, size INTEGER, mtime INTEGER, "
+                                 "error TEXT, PRIMARY KEY (path, size, mtime))")
+            except sqlite3.Error as e:
+                raise OSError(f"cannot open the decode cache {self.file} ({e}){cache_hint(self.file)}") from None
 
     def get(self, keys: Sequence[tuple[str, int, int]]) -> dict[tuple[str, int, int], str | None]:
         if self._db is None or not keys:

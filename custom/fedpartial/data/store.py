@@ -460,8 +460,8 @@ def open_store(folder: str | os.PathLike, key: str | None = None, check_chunks: 
     images = folder / "images.npy"
     try:
         mm = np.load(images, mmap_mode="r")
-    except (OSError, ValueError) as e:
-        raise _refuse(folder, f"truncated or corrupt (images.npy: {e})") from None
+    except (OSError, ValueError, EOFError) as e:  # EOFError: an empty file
+        raise _refuse(folder, f"truncated or corrupt (images.npy: {str(e) or type(e).__name__})") from None
     if list(mm.shape) != shape or mm.dtype != np.uint8:
         raise _refuse(folder, f"corrupt (images.npy holds {mm.dtype} {list(mm.shape)}, store.json says uint8 {shape})")
     need = int(mm.offset) + int(np.prod(shape))

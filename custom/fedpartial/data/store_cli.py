@@ -121,8 +121,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             raise ValueError("give a prepared folder or --site-config")
         stores = build_all(manifests, ds, args.workers, log_fn=None if sys.stderr.isatty() else print)
-    except (StoreError, ManifestError, ValueError, FileNotFoundError) as e:
-        print(f"fedpartial-store: error: {' '.join(str(e).split())}", file=sys.stderr)
+    except (StoreError, ManifestError, ValueError, OSError) as e:
+        from .cache import os_error_line
+
+        text = os_error_line(e) if isinstance(e, OSError) else " ".join(str(e).split())
+        print(f"fedpartial-store: error: {text}", file=sys.stderr)
         return 2
     seen = {}
     for name, s in stores.items():

@@ -820,6 +820,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     without a traceback (``FEDPARTIAL_DEBUG=1`` shows it). With ``--store``, the stores are built after the
     manifests (:mod:`fedpartial.data.store_cli`), the images decoded there only."""
     args = build_parser().parse_args(argv)
+    from ..processes import Interrupted, exit_status, interruptible
+
+    try:
+        with interruptible():
+            return _main(args)
+    except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: nothing half-written is left as done
+        print(f"fedpartial-prepare: stopped ({'Ctrl-C' if not isinstance(e, Interrupted) else e}); an output "
+              "folder is only ever replaced whole, so it holds the previous result or this one; run the same "
+              "command again (a store build goes on from its kept chunks)", file=sys.stderr)
+        return exit_status(e)
+
+
+def _main(args) -> int:
     try:
         if args.store:
             store = _store_args(args.store)

@@ -520,7 +520,10 @@ def _pool(workers: int):
     from concurrent.futures import ProcessPoolExecutor
 
     method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
-    return ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context(method))
+    from ..processes import pool_worker_init
+
+    # workers die with their parent (a killed fedpartial-store leaves none behind)
+    return ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context(method), initializer=pool_worker_init)
 
 
 _TRIM = None
@@ -658,13 +661,25 @@ def build_store(paths: Sequence[str], prep: Preprocessing, folder: str | os.Path
             else:
                 from concurrent.futures import FIRST_COMPLETED, wait
 
-                while pending:
-                    finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-                    for f in finished:
-                        commit(f.result())
-                        stats["cpu_s_pool"] += f.result()[3]
-                        if queue:
-                            pending.add(pool.submit(_decode_chunk, *args(queue.pop(0))))
+                try:
+                    while pending:
+                        finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                        for f in finished:
+                            commit(f.result())
+                            stats["cpu_s_pool"] += f.result()[3]
+                            if queue:
+                                pending.add(pool.submit(_decode_chunk, *args(queue.pop(0))))
+                except KeyboardInterrupt:  # Ctrl-C / SIGTERM: the running chunks finish and are kept
+                    pool.shutdown(wait=True, cancel_futures=True)
+                    for f in pending:
+                        if f.done() and not f.cancelled() and f.exception() is None:
+                            commit(f.result())
+                    raise
+    except KeyboardInterrupt:
+        kept = len(_read_log(folder / "chunks.log"))
+        (log_fn or log.info)(f"{desc}: stopped; {kept} of {n_chunks} chunks are kept in {folder} (the same command goes on after "
+            "them)")
+        raise
     finally:
         close()
         stats["wall_s"] = time.perf_counter() - t0

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from ..processes import Interrupted, exit_status, interruptible
 from .manifest import Manifest, ManifestError, read_manifest
 from .presets import resolve_dataset
 from .store import ImageStore, StoreError
@@ -96,6 +97,16 @@ def _dataset(args) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        with interruptible():
+            return _main(args)
+    except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: the pool is stopped, the finished chunks kept
+        print(f"fedpartial-store: stopped ({'Ctrl-C' if not isinstance(e, Interrupted) else e}); run the same "
+              "command again to go on from the kept chunks", file=sys.stderr)
+        return exit_status(e)
+
+
+def _main(args) -> int:
     try:
         ds = _dataset(args)
         if args.site_config:

@@ -27,7 +27,6 @@ with it) when an NVFlare release moves them.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import json
 import os
@@ -43,10 +42,11 @@ from pathlib import Path
 
 from nvflare.recipe.sim_env import SimEnv
 
+from ..processes import die_with_parent, stop_tree
+
 PORTS_ENV = "FEDPARTIAL_SIM_PORTS"  # "LO-HI": the ports simulator runs may listen on (default: below the ephemeral range)
 PORT_HOLD_S = 180.0  # a reservation outlives the worker's start (NVFlare gives it 60 s to connect)
 FAILURE_FILE = "simulator_failure.txt"  # in the workspace: the line a failed start left
-PR_SET_PDEATHSIG = 1
 SIMULATOR = "nvflare.private.fed.app.simulator.simulator"
 # NVFlare 2.9 names this module patches (module, attribute): checked by check_nvflare
 PATCHED = (("nvflare.private.fed.app.simulator.simulator_runner", "get_open_ports"),
@@ -57,48 +57,6 @@ PATCHED = (("nvflare.private.fed.app.simulator.simulator_runner", "get_open_port
            ("nvflare.private.fed.app.simulator.simulator_runner", "SimulatorClientRunner._create_connection"),
            ("nvflare.private.fed.app.simulator.simulator", "define_simulator_parser"),
            ("nvflare.private.fed.app.simulator.simulator", "run_simulator"))
-
-
-# ------------------------------------------------------------------------------------------------ processes
-
-def die_with_parent(sig: int = signal.SIGKILL, parent: int | None = None) -> None:
-    """Ask the kernel to send ``sig`` to this process when its parent exits (Linux ``PR_SET_PDEATHSIG``; a no-op
-    elsewhere). ``parent``: the pid the parent had; gone already (the race before the call) -> exit now."""
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-    if parent is not None and os.getppid() != parent:
-        os.kill(os.getpid(), sig)
-
-
-def stop_tree(pid: int | None = None, grace: float = 3.0, include_self: bool = False) -> int:
-    """Stop every process under ``pid`` (default: this one): SIGTERM, then SIGKILL after ``grace`` seconds for
-    what is left, repeated until none is left (a process started meanwhile is found on the next pass). Returns
-    how many processes were stopped."""
-    import psutil
-
-    try:
-        root = psutil.Process(pid or os.getpid())
-    except psutil.NoSuchProcess:
-        return 0
-    seen: dict[int, psutil.Process] = {}
-    for sig in (signal.SIGTERM, signal.SIGKILL, signal.SIGKILL):
-        try:
-            procs = root.children(recursive=True)
-        except psutil.NoSuchProcess:
-            procs = []
-        procs = [p for p in procs if p.pid not in seen or p.is_running()]
-        if include_self and sig == signal.SIGKILL:
-            procs.append(root)
-        for p in procs:
-            seen.setdefault(p.pid, p)
-            with contextlib.suppress(psutil.Error):
-                p.send_signal(sig)
-        _, alive = psutil.wait_procs([p for p in seen.values()], timeout=grace if sig == signal.SIGTERM else 1.0)
-        if not alive and not (procs and sig == signal.SIGTERM):
-            break
-    return len(seen)
 
 
 # ---------------------------------------------------------------------------------------------------- ports

@@ -6,8 +6,9 @@
 Each run copies ``jobs/<job>`` into a scratch folder with the package built into it, sets the number of rounds
 and the seed (the initial global model, the sites' shuffling, augmentation and dropout; the data split stays the
 preset's; same seed, same numbers),
-runs it in NVFlare's simulator with ``<sites>`` sites training at once (the simulator module ``SimEnv`` runs,
-``python -m nvflare.private.fed.app.simulator.simulator JOB -w WS -n N -t N``) and reads ``results.json``. The table reports, per job, the
+runs it in NVFlare's simulator with ``<sites>`` sites training at once (``python -m fedpartial.fl.simulator JOB -w WS
+-n N -t N``, the simulator ``job.py`` runs: its own ports, a site that cannot start fails the run at once, Ctrl-C
+stops the run whole and keeps the finished ones) and reads ``results.json``. The table reports, per job, the
 mean and standard deviation over seeds of the test metrics of the final global model (and of the model that
 was best on validation), plus the wall time per round, and the same numbers in the papers' table layout
 (``--out X.json`` also writes ``X.md``).
@@ -77,6 +78,8 @@ sys.path.insert(0, str(REPO / "custom"))
 
 from fedpartial.data.presets import PRESETS, deep_merge  # noqa: E402
 from fedpartial.fl.keys import BEST_MODEL, LAST_MODEL  # noqa: E402
+from fedpartial.fl.simulator import Stopped, supervise  # noqa: E402
+from fedpartial.recipes import signal_name  # noqa: E402
 from fedpartial.stats import paired_comparison, per_class_auc, stars  # noqa: E402
 from fedpartial.tables import (curves_figure, final_bar_figure, mean_std, paper_table, per_class_table,  # noqa: E402
                                save_figure)
@@ -93,7 +96,7 @@ def parse_variant(text: str) -> tuple[str, str, dict]:
 
 
 # ------------------------------------------------------------------------------------- override removal
-SIMULATOR = "nvflare.private.fed.app.simulator.simulator"  # what SimEnv runs (the `nvflare simulator` CLI is deprecated)
+SIMULATOR = "fedpartial.fl.simulator"  # NVFlare's simulator (what SimEnv runs), supervised: ports, failed starts, Ctrl-C
 UNSET = "__fedpartial_unset__"  # marks a key --unset removes, carried through customise_job's merge
 
 
@@ -290,19 +293,17 @@ def simulate(cmd: list[str], env: dict, cwd: str, ws: Path, label: str, rounds: 
     ``every`` seconds, print ``label: round r / rounds (t s)`` when the server log of ``ws`` shows a new round."""
     ws.parent.mkdir(parents=True, exist_ok=True)
     out_path, err_path = ws.parent / "simulator.out", ws.parent / "simulator.err"
-    t0, shown = time.time(), 0
-    with open(out_path, "w") as out, open(err_path, "w") as err:
-        proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=out, stderr=err, text=True)
-        while True:
-            try:
-                proc.wait(timeout=every)
-                break
-            except subprocess.TimeoutExpired:
-                done = rounds_done(ws / "server" / "log.txt")
-                if done > shown:
-                    shown = done
-                    print(f"  {label}: round {done} / {rounds} ({time.time() - t0:.0f} s)", flush=True)
-    return subprocess.CompletedProcess(cmd, proc.returncode, stdout=out_path.read_text(errors="replace"),
+    t0, shown = time.time(), [0]
+
+    def tick() -> None:
+        done = rounds_done(ws / "server" / "log.txt")
+        if done > shown[0]:
+            shown[0] = done
+            print(f"  {label}: round {done} / {rounds} ({time.time() - t0:.0f} s)", flush=True)
+
+    with open(out_path, "w") as out, open(err_path, "w") as err:  # Ctrl-C / SIGTERM: the run is stopped, whole
+        status = supervise(cmd, env=env, tick=tick, every=every, cwd=cwd, stdout=out, stderr=err, text=True)
+    return subprocess.CompletedProcess(cmd, status, stdout=out_path.read_text(errors="replace"),
                                        stderr=err_path.read_text(errors="replace"))
 
 
@@ -730,6 +731,13 @@ def main(argv=None) -> int:
         run_all(a, configs, runs, scratch, base, env)
     except RunFailed as e:
         failed = e
+    except Stopped as e:  # Ctrl-C / SIGTERM: the running simulator and its sites are stopped already
+        shutil.rmtree(scratch, ignore_errors=True)
+        done = sum(len(v) for v in runs.values())
+        print(f"\nstopped ({signal_name(e.signum)}): the run in progress and its {e.stopped} processes are gone; "
+              f"{done} finished run(s) kept in {a.out or 'no --out file (give --out to keep them)'}"
+              + (f"; go on with the same command and --resume" if a.out else ""), file=sys.stderr, flush=True)
+        return 128 + e.signum
     finally:
         if not a.keep and failed is None:
             shutil.rmtree(scratch, ignore_errors=True)

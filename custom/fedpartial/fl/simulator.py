@@ -369,9 +369,10 @@ class SupervisedSimEnv(SimEnv):
         return job_id
 
 
-def supervise(cmd: list[str], env: dict | None = None, **popen) -> int:
+def supervise(cmd: list[str], env: dict | None = None, tick=None, every: float = 30.0, **popen) -> int:
     """Run ``cmd`` (the launcher) in a session of its own and wait for it; SIGINT / SIGTERM / SIGHUP meanwhile stop
-    it and everything under it within seconds and raise :class:`Stopped`. Returns its exit status."""
+    it and everything under it within seconds and raise :class:`Stopped`. ``tick()`` is called every ``every``
+    seconds while it runs (progress lines). Returns its exit status."""
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, **popen)
     got: list[int] = []
     running: list[int] = []  # processes of the run when the first signal came
@@ -390,12 +391,16 @@ def supervise(cmd: list[str], env: dict | None = None, **popen) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         with contextlib.suppress(ValueError):  # not the main thread: no handlers, the caller stops it
             previous[sig] = signal.signal(sig, on_signal)
+    last = time.monotonic()
     try:
         while True:
             try:
                 status = proc.wait(timeout=0.5)
                 break
             except subprocess.TimeoutExpired:
+                if tick is not None and not got and time.monotonic() - last >= every:
+                    last = time.monotonic()
+                    tick()
                 if got:
                     try:
                         status = proc.wait(timeout=8)

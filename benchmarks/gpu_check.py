@@ -692,8 +692,10 @@ def check_job(args, work: Path, out: list) -> None:
                                      "prepare": {"num_sites": 3, "k": 1, "source_args": {"n_images": 300}}}}, min_clients=3)
     ws = work / "job" / "ws"
     env = {**os.environ, "FEDPARTIAL_DATA_DIR": str(work / "job"), "FEDPARTIAL_CACHE": str(work / "job" / "cache"),
-           "PYTHONPATH": os.pathsep.join([str(REPO / "custom")] + [p for p in sys.path if p.endswith("site-packages")])}
-    cmd = [sys.executable, "-m", "nvflare.private.fed.app.simulator.simulator", str(job), "-w", str(ws), "-n", "3", "-t", "3"]  # what SimEnv runs
+           # the simulator and its site workers import exactly what this check imports: this interpreter and its
+           # whole path (a GPU machine without the venv has the packages on PYTHONPATH or in a zip)
+           "PYTHONPATH": os.pathsep.join(dict.fromkeys([str(REPO / "custom")] + [p for p in sys.path if p]))}
+    cmd = [sys.executable, "-m", "fedpartial.fl.simulator", str(job), "-w", str(ws), "-n", "3", "-t", "3"]  # job.py's
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     results = ws / "server" / "simulate_job" / "results.json"

@@ -125,13 +125,16 @@ def run_watched(cmd: list[str], env: dict, timeout: int, logs: list[Path] = (), 
 
 
 def run_simulator(job_dir: Path, workspace: Path, n: int, env: dict | None = None, timeout: int = 600,
-                  threads: int | None = None) -> subprocess.CompletedProcess:
-    """`nvflare simulator JOB -w WS -n N -t T` as a user runs it (retried once on a failed start,
-    :func:`run_watched`)."""
+                  threads: int | None = None, cli: bool = False) -> subprocess.CompletedProcess:
+    """A job folder in NVFlare's simulator as ``job.py`` runs it (``python -m fedpartial.fl.simulator JOB -w WS -n
+    N -t T``: its own ports, so the suite's simulators side by side never take each other's); ``cli``: through
+    the classic ``nvflare simulator`` command the README shows. Retried once on a failed start
+    (:func:`run_watched`)."""
     import shutil
 
-    nvflare = Path(sys.executable).parent / "nvflare"
-    cmd = [str(nvflare), "simulator", str(job_dir), "-w", str(workspace), "-n", str(n), "-t", str(threads or n)]
+    args = [str(job_dir), "-w", str(workspace), "-n", str(n), "-t", str(threads or n)]
+    cmd = ([str(Path(sys.executable).parent / "nvflare"), "simulator", *args] if cli
+           else [sys.executable, "-m", "fedpartial.fl.simulator", *args])
     full_env = {**os.environ, "FEDPARTIAL_DATA_DIR": str(REPO), **(env or {})}
     full_env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{full_env.get('PATH', '')}"
 
@@ -144,11 +147,11 @@ def run_simulator(job_dir: Path, workspace: Path, n: int, env: dict | None = Non
 RECIPE_RUNNER = """
 import json, sys
 from pathlib import Path
-from nvflare.recipe import SimEnv
+from fedpartial.fl.simulator import SupervisedSimEnv
 from fedpartial.tools.build_jobs import job_recipe
 job, root, overrides = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 recipe = job_recipe(Path("jobs") / job, **overrides)
-recipe.execute(SimEnv(num_clients=recipe.num_sites, num_threads=recipe.num_sites, workspace_root=root))
+recipe.execute(SupervisedSimEnv(num_clients=recipe.num_sites, num_threads=recipe.num_sites, workspace_root=root))
 """
 
 

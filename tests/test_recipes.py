@@ -9,6 +9,7 @@ import inspect
 import json
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -209,7 +210,7 @@ def test_recipe_and_exported_folder_give_the_same_results(tmp_path, data_cache):
     assert "is deprecated" not in proc.stdout + proc.stderr
     folder = export_job(REPO / "jobs" / "fedavg_ich", tmp_path / "exported", **overrides)
     sim = tmp_path / "ws_sim"
-    proc = run_simulator(folder, sim, n=3, env=env)
+    proc = run_simulator(folder, sim, n=3, env=env, cli=True)  # the README's classic command
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(sim)[-3000:]
     a, b = results_of(ws), check_two_rounds(sim, "fedavg")
     assert a["method"] == "fedavg" and len(a["rounds"]) == 2
@@ -320,20 +321,23 @@ def test_prepared_folder_gives_each_site_its_own_data(tmp_path, data_cache):
 # ------------------------------------------------------------------------------------------ job.py options
 
 def _job_main_runs(monkeypatch, argv: list[str]) -> list[dict]:
-    """Run ``jobs/fedavg_ich/job.py``'s command line with NVFlare's simulator replaced by a recorder: the keyword
-    arguments the real ``SimEnv.deploy`` hands to ``FedJob.simulator_run``, one dict per run."""
-    from nvflare.job_config.api import FedJob
-
+    """Run ``jobs/fedavg_ich/job.py``'s command line with the simulator launcher replaced by a recorder of the
+    command ``SupervisedSimEnv.deploy`` runs (the job folder it exported, the workspace, the sites, threads and
+    GPUs), one dict per run."""
+    from fedpartial.fl import simulator
     from fedpartial.recipes import job_main
     from fedpartial.tools.build_jobs import load_job_module
 
     calls: list[dict] = []
 
-    def simulator_run(self, workspace, **kwargs):
-        calls.append({"name": self.name, "workspace": workspace, **kwargs})
+    def supervise(cmd, env=None, **kwargs):
+        assert cmd[1:3] == ["-m", "fedpartial.fl.simulator"] and (Path(cmd[3]) / "meta.json").is_file()
+        opts = dict(zip(cmd[4::2], cmd[5::2]))
+        calls.append({"name": Path(cmd[3]).name, "workspace": opts["-w"], "n_clients": len(opts["-c"].split(",")),
+                      "threads": int(opts["-t"]), "gpu": opts.get("-gpu"), "parent": int(opts["--parent"])})
         return 0
 
-    monkeypatch.setattr(FedJob, "simulator_run", simulator_run)
+    monkeypatch.setattr(simulator, "supervise", supervise)
     job_main(load_job_module(REPO / "jobs" / "fedavg_ich").recipe, argv)
     return calls
 

@@ -170,15 +170,15 @@ def test_export_errors_and_onnx(random_run, tmp_path, capsys):
     run, nets = random_run
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("keep me")
-    assert E.main([str(run), "-o", str(tmp_path / "full")]) == 1
+    assert E.main([str(run), "-o", str(tmp_path / "full")]) == 2
     assert "exists and is not empty (pass --force" in capsys.readouterr().err
     assert (tmp_path / "full" / "x").read_text() == "keep me"
-    assert E.main([str(tmp_path / "nothing"), "-o", str(tmp_path / "b")]) == 1
+    assert E.main([str(tmp_path / "nothing"), "-o", str(tmp_path / "b")]) == 2
     assert "fedpartial-export: error:" in capsys.readouterr().err
     try:
         import onnx  # noqa: F401
     except ImportError:
-        assert E.main([str(run), "-o", str(tmp_path / "b2"), "--onnx"]) == 1
+        assert E.main([str(run), "-o", str(tmp_path / "b2"), "--onnx"]) == 2
         assert "--onnx needs the onnx package" in capsys.readouterr().err
     else:  # the ONNX model computes the model's logits (onnx's reference evaluator), batch size free
         from onnx.reference import ReferenceEvaluator

@@ -142,11 +142,11 @@ def _a_sites_own_model_is_the_one_it_scored(ws, res, tmp_path, data_cache):
     assert all(torch.equal(saved[k], o[k]) for k in o)
     assert "Model: site-2's own model" in (tmp_path / "B/docs/README.md").read_text()
     assert not (tmp_path / "B/docs/roc.png").exists()  # the pooled curves of every site's model are not its card's
-    assert E.main([str(ws), "-o", str(tmp_path / "C"), "--site", "site-9"]) == 1
+    assert E.main([str(ws), "-o", str(tmp_path / "C"), "--site", "site-9"]) == 2
     junk = tmp_path / "junk" / "last_local_model.pt"
     junk.parent.mkdir()
     junk.write_bytes(b"PK\x03\x04 not a model")
-    assert E.main([str(ws), "-o", str(tmp_path / "C"), "--site", str(junk)]) == 1  # one line, no traceback
+    assert E.main([str(ws), "-o", str(tmp_path / "C"), "--site", str(junk)]) == 2  # one line, no traceback
     import os
     here = os.getcwd()
     os.chdir(ws / "site-2")  # at a real site, inside its workspace: a relative path names the site all the same

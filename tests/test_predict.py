@@ -173,15 +173,15 @@ def test_clear_errors(tmp_path, sim_ws, images, capsys):
         P.load_model(tmp_path / "imgs")
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert P.main([str(ws), "--images", str(empty), "-o", str(tmp_path / "x.csv")]) == 1
-    assert "fedpartial-predict: error: no PNG / JPG / DICOM" in capsys.readouterr().err
+    assert P.main([str(ws), "--images", str(empty), "-o", str(tmp_path / "x.csv")]) == 2
+    assert "fedpartial-predict: error: no image (.png, .jpg" in capsys.readouterr().err
     bad = tmp_path / "bad.csv"
     bad.write_text("image,epidural\na.png,maybe\n")
-    assert P.main([str(ws), "--manifest", str(bad), "--data-root", str(folder), "-o", str(tmp_path / "x.csv")]) == 1
+    assert P.main([str(ws), "--manifest", str(bad), "--data-root", str(folder), "-o", str(tmp_path / "x.csv")]) == 2
     assert re.search(r"error: file '.*bad.csv', line 2: .*'maybe'", capsys.readouterr().err)
-    assert P.evaluate_main([str(ws), "--manifest", str(labelled), "--data-root", str(tmp_path)]) == 1
+    assert P.evaluate_main([str(ws), "--manifest", str(labelled), "--data-root", str(tmp_path)]) == 2
     assert re.search(r"labelled.csv', line 2: image not found", capsys.readouterr().err)
-    assert P.main([str(ws), "--images", str(folder), "--site", "site-1", "-o", str(tmp_path / "x.csv")]) == 1
+    assert P.main([str(ws), "--images", str(folder), "--site", "site-1", "-o", str(tmp_path / "x.csv")]) == 2
     assert "--site site-1: method 'fedavg' keeps no layers local" in capsys.readouterr().err
     assert not (tmp_path / "x.csv").exists()
     lone = tmp_path / "lone" / P.LAST_MODEL

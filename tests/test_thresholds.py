@@ -232,9 +232,9 @@ def test_predict_with_validation_thresholds(sim_ws, images, tmp_path, capsys):  
     np.testing.assert_array_equal(at_half.filter(like="pred_").to_numpy(), (df.filter(like="prob_") >= 0.5).astype(int))
     # the last model has no thresholds in the file: a clear error, nothing written
     out.unlink()
-    assert P.main(args + ["--model", "last", "--thresholds", "validation"]) == 1
+    assert P.main(args + ["--model", "last", "--thresholds", "validation"]) == 2
     assert "has no thresholds for FL_global_model.pt" in capsys.readouterr().err and not out.exists()
-    assert P.main(args + ["--thresholds", "high"]) == 1
+    assert P.main(args + ["--thresholds", "high"]) == 2
     assert "must be a number or 'validation'" in capsys.readouterr().err
     # fedpartial-evaluate: thresholded metrics at the chosen thresholds (AUC unchanged)
     js = tmp_path / "s.json"

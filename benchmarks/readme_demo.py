@@ -1,0 +1,102 @@
+"""The README's first numbers are the output of the commands the README shows; this runs them and compares.
+
+    python benchmarks/readme_demo.py           # runs the README's commands, then compares its table with theirs
+    python benchmarks/readme_demo.py --write   # the same, then writes their output into README.md
+
+The commands, from the checkout root, exactly as the README's "Two commands" section gives them after ``make
+setup``: ``python jobs/fedmlp_ich/job.py`` (the default workspace ``workspaces/``), then ``python -m
+fedpartial.tools.show_results workspaces/fedmlp_ich``. Compared: the rows of the first table ``show_results``
+prints (the last-round and best-on-validation models, as printed: two decimals) and its ``best on validation:
+after N rounds`` line. Not compared: the seconds per round (they depend on the machine). ``make check-readme``
+runs it, and CI runs that after the test suite, so the README cannot go stale. Runs are reproducible for the same
+seed and thread count (README, "Runs are reproducible"): the numbers were measured on the project's 2-core CI
+machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+JOB = "fedmlp_ich"
+COMMANDS = ([sys.executable, f"jobs/{JOB}/job.py"],
+            [sys.executable, "-m", "fedpartial.tools.show_results", f"workspaces/{JOB}"])
+BLOCK_START = "Expected (seed 0; `python jobs/fedmlp_ich/job.py` measured "
+BEST = re.compile(r"^best on validation: after \d+ rounds")
+
+
+def table_of(text: str) -> tuple[list[str], str | None]:
+    """The rows of the first Markdown table in ``text`` (header and separator included) and the first ``best on
+    validation: after N rounds`` (up to the number)."""
+    rows: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("|"):
+            rows.append(line.strip())
+        elif rows:
+            break
+    best = next((m.group(0) for line in text.splitlines() if (m := BEST.match(line.strip()))), None)
+    return rows, best
+
+
+def readme_block(text: str) -> tuple[int, int]:
+    """The line span (start, end) of the README's expected-output code block after :data:`BLOCK_START`."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(BLOCK_START))
+    open_ = next(i for i in range(start, len(lines)) if lines[i].startswith("```"))
+    close = next(i for i in range(open_ + 1, len(lines)) if lines[i].startswith("```"))
+    return open_ + 1, close
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--write", action="store_true", help="write the commands' output into README.md")
+    a = ap.parse_args(argv)
+    t0 = time.time()
+    run = subprocess.run(COMMANDS[0], cwd=REPO)
+    wall = time.time() - t0
+    if run.returncode != 0:
+        print(f"readme_demo: `{' '.join(COMMANDS[0][1:])}` failed ({run.returncode})", file=sys.stderr)
+        return 1
+    shown = subprocess.run(COMMANDS[1] + ["--no-plot"], cwd=REPO, capture_output=True, text=True)
+    if shown.returncode != 0:
+        print(shown.stderr, file=sys.stderr)
+        return 1
+    rows, best = table_of(shown.stdout)
+    text = README.read_text()
+    a0, a1 = readme_block(text)
+    lines = text.splitlines()
+    want_rows, want_best = table_of("\n".join(lines[a0:a1]))
+    same = rows == want_rows and best == want_best
+    if a.write and not same:
+        block = lines[a0:a1]
+        first = next(i for i, line in enumerate(block) if line.startswith("|"))
+        block[first:first + len(want_rows)] = rows
+        block = [BEST.sub(best, line) if BEST.match(line) and best else line for line in block]
+        lines[a0:a1] = block
+        i = next(i for i, line in enumerate(lines) if line.startswith(BLOCK_START))
+        lines[i] = re.sub(r"measured \d{4}-\d{2}-\d{2}: [^)]*?on an? [^)]*?machine",
+                          f"measured {dt.date.today().isoformat()}: {int(wall // 60)} min {int(wall % 60):02d} s on a "
+                          f"{os.cpu_count()}-core machine", lines[i])
+        README.write_text("\n".join(lines) + "\n")
+        print(f"README.md: the expected table written ({wall:.0f} s)")
+        return 0
+    if not same:
+        print("README.md's expected output differs from the commands' output:\n  README:  "
+              + "\n           ".join(want_rows + [str(want_best)]) + "\n  command: "
+              + "\n           ".join(rows + [str(best)])
+              + "\n(python benchmarks/readme_demo.py --write rewrites it)", file=sys.stderr)
+        return 1
+    print(f"README.md's expected output is the commands' output ({len(rows) - 2} rows, {best}; {wall:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -235,7 +235,8 @@ def test_store_build_stops_on_sigterm_keeps_its_chunks_and_sigkill_leaves_no_wor
 
     proc, pool = start()
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=30)
+    out, err = proc.communicate(timeout=30)
+    err = out + err
     assert proc.returncode == 143 and "stopped (SIGTERM)" in err and "Traceback" not in err, err[-2000:]
     assert "chunks are kept in" in err
     psutil.wait_procs(pool, timeout=10)

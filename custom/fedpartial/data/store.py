@@ -677,7 +677,7 @@ def build_store(paths: Sequence[str], prep: Preprocessing, folder: str | os.Path
                     raise
     except KeyboardInterrupt:
         kept = len(_read_log(folder / "chunks.log"))
-        (log_fn or log.info)(f"{desc}: stopped; {kept} of {n_chunks} chunks are kept in {folder} (the same command goes on after "
+        (log_fn or (lambda m: print(m, file=sys.stderr, flush=True)))(f"{desc}: stopped; {kept} of {n_chunks} chunks are kept in {folder} (the same command goes on after "
             "them)")
         raise
     finally:

@@ -55,6 +55,7 @@ PATCHED = (("nvflare.private.fed.app.simulator.simulator_runner", "get_open_port
            ("nvflare.private.fed.app.simulator.simulator_runner", "SimulatorRunner.run_process"),
            ("nvflare.private.fed.app.simulator.simulator_runner", "SimulatorClientRunner.do_one_task"),
            ("nvflare.private.fed.app.simulator.simulator_runner", "SimulatorClientRunner._create_connection"),
+           ("nvflare.private.fed.app.simulator.simulator_runner", "subprocess"),
            ("nvflare.private.fed.app.simulator.simulator", "define_simulator_parser"),
            ("nvflare.private.fed.app.simulator.simulator", "run_simulator"))
 
@@ -162,16 +163,21 @@ def site_cause(workspace: str | os.PathLike, site: str, exit_code: int | None) -
     return f"exit status {exit_code}" if exit_code is not None else "no process"
 
 
-def _worker(port: int):
-    """The site worker process listening on ``port`` (a child of this process), or None."""
-    import psutil
+class _RecordingSubprocess:
+    """``subprocess`` as the simulator's client runner sees it: ``Popen`` also records each site worker by the port
+    it is told to listen on, so the runner can tell a worker that died from one still starting."""
 
-    for p in psutil.Process().children():
-        with contextlib.suppress(psutil.Error):
-            cmd = p.cmdline()
-            if "--port" in cmd and cmd[cmd.index("--port") + 1:][:1] == [str(port)]:
-                return p
-    return None
+    def __init__(self):
+        self.workers: dict[str, subprocess.Popen] = {}
+
+    def __getattr__(self, name):
+        return getattr(subprocess, name)
+
+    def Popen(self, args, *a, **kw):  # noqa: N802 - subprocess's name
+        proc = subprocess.Popen(args, *a, **kw)
+        if isinstance(args, (list, tuple)) and "--port" in args:
+            self.workers[str(args[list(args).index("--port") + 1])] = proc
+        return proc
 
 
 def fail_run(workspace: str, line: str) -> None:
@@ -229,27 +235,24 @@ def _patch(workspace: str) -> None:
         return do_one_task(self, client, *args, **kwargs)
 
     sr.SimulatorClientRunner.do_one_task = named_task
+    recorder = sr.subprocess = _RecordingSubprocess()
 
     def connect(self, open_port, timeout=60.0):
         from multiprocessing.connection import Client
 
-        start, seen = time.time(), None
+        start = time.time()
         site = getattr(current, "site", "?")
         while True:
             try:
                 return Client(("localhost", open_port))
             except OSError:
                 pass
-            proc = _worker(open_port)
-            if proc is not None:
-                seen = proc
-            if seen is not None and (proc is None or proc.status() == "zombie"):
-                code = None
-                with contextlib.suppress(Exception):
-                    code = seen.wait(0)
+            proc = recorder.workers.get(str(open_port))
+            code = None if proc is None else proc.poll()
+            if code is not None:
                 fail_run(workspace, f"SITE FAILED TO START: {site}: its simulator worker exited before it "
                                     f"connected ({site_cause(workspace, site, code)}){site_log(workspace, site)}")
-            if time.time() - start > timeout or (seen is None and time.time() - start > 15):
+            if time.time() - start > timeout:
                 fail_run(workspace, f"SITE FAILED TO START: {site}: its simulator worker did not connect within "
                                     f"{time.time() - start:.0f} s{site_log(workspace, site)}")
             time.sleep(0.25)

@@ -6,11 +6,12 @@
 The commands, from the checkout root, exactly as the README's "Two commands" section gives them after ``make
 setup``: ``python jobs/fedmlp_ich/job.py`` (the default workspace ``workspaces/``), then ``python -m
 fedpartial.tools.show_results workspaces/fedmlp_ich``. Compared: the rows of the first table ``show_results``
-prints (the last-round and best-on-validation models, as printed: two decimals) and its ``best on validation:
-after N rounds`` line. Not compared: the seconds per round (they depend on the machine). ``make check-readme``
-runs it, and CI runs that after the test suite, so the README cannot go stale. Runs are reproducible for the same
-seed and thread count (README, "Runs are reproducible"): the numbers were measured on the project's 2-core CI
-machines.
+prints (the last-round and best-on-validation models), each number within ``--tol`` points (default 1.0). Two runs
+on one machine agree to every digit (README, "Runs are reproducible"), but machines with other CPUs differ in the
+second decimal (oneDNN's summation order: 64.94 / 80.74 / 40.94 here, 64.99 / 80.58 / 40.54 on another machine of
+the same kind), while a stale table differs by points (2.6 BACC when the image store changed the decoding). Not
+compared: the seconds per round and the best round (printed). ``make check-readme`` runs it, and CI runs that
+after the test suite, so the README cannot go stale.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def readme_block(text: str) -> tuple[int, int]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--write", action="store_true", help="write the commands' output into README.md")
+    ap.add_argument("--tol", type=float, default=1.0, help="points each number may differ by (default 1.0)")
     a = ap.parse_args(argv)
     t0 = time.time()
     run = subprocess.run(COMMANDS[0], cwd=REPO)
@@ -75,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = text.splitlines()
     want_rows, want_best = table_of("\n".join(lines[a0:a1]))
     same = rows == want_rows and best == want_best
+    close = same or agree(rows, want_rows, a.tol)
     if a.write and not same:
         block = lines[a0:a1]
         first = next(i for i, line in enumerate(block) if line.startswith("|"))
@@ -88,14 +91,42 @@ def main(argv: list[str] | None = None) -> int:
         README.write_text("\n".join(lines) + "\n")
         print(f"README.md: the expected table written ({wall:.0f} s)")
         return 0
-    if not same:
-        print("README.md's expected output differs from the commands' output:\n  README:  "
+    if not close:
+        print(f"README.md's expected output differs from the commands' output by more than {a.tol} point(s):\n"
+              "  README:  "
               + "\n           ".join(want_rows + [str(want_best)]) + "\n  command: "
               + "\n           ".join(rows + [str(best)])
               + "\n(python benchmarks/readme_demo.py --write rewrites it)", file=sys.stderr)
         return 1
-    print(f"README.md's expected output is the commands' output ({len(rows) - 2} rows, {best}; {wall:.0f} s)")
+    diff = max_difference(rows, want_rows)
+    print(f"README.md's expected output is the commands' output ({len(rows) - 2} rows within {diff:.2f} of "
+          f"{a.tol} point(s); {best}, the README: {want_best}; {wall:.0f} s)")
     return 0
+
+
+def cells(rows: list[str]) -> list[list[str]]:
+    return [[c.strip() for c in row.strip("|").split("|")] for row in rows]
+
+
+def max_difference(rows: list[str], want: list[str]) -> float:
+    """The largest difference between the numbers of two tables of the same shape (inf when the shapes or the
+    words differ)."""
+    a, b = cells(rows), cells(want)
+    if len(a) != len(b) or any(len(x) != len(y) for x, y in zip(a, b)):
+        return float("inf")
+    worst = 0.0
+    for x, y in zip(a, b):
+        for u, v in zip(x, y):
+            try:
+                worst = max(worst, abs(float(u) - float(v)))
+            except ValueError:
+                if u != v:
+                    return float("inf")
+    return worst
+
+
+def agree(rows: list[str], want: list[str], tol: float) -> bool:
+    return max_difference(rows, want) <= tol
 
 
 if __name__ == "__main__":

@@ -196,17 +196,20 @@ def test_the_patched_nvflare_names_exist():
 
 
 def test_stop_tree_stops_children_and_grandchildren():
-    code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); " \
-           "time.sleep(60)"
-    child = subprocess.Popen([sys.executable, "-c", code])
+    sleeper = "import time; time.sleep(60)"
+    spawn = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {sleeper!r}]); time.sleep(60)"
+    top = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys, time; "
+                                                  f"subprocess.Popen([sys.executable, '-c', {spawn!r}]); time.sleep(60)"])
     t0 = time.time()
-    while len(_tree(os.getpid())) < 2 and time.time() - t0 < 20:
+    while len(_tree(top.pid)) < 2 and time.time() - t0 < 30:  # its child and grandchild
         time.sleep(0.1)
-    procs = [p for p in _tree(os.getpid()) if p.pid == child.pid or p.ppid() == child.pid]
+    procs = _tree(top.pid)
     assert len(procs) == 2
-    assert stop_tree(grace=1.0) >= 2
-    child.wait(timeout=5)
+    assert stop_tree(top.pid, grace=1.0) == 2
     assert not _alive(procs)
+    assert top.poll() is None  # the process itself is not stopped: what is under it
+    top.kill()
+    top.wait(timeout=5)
 
 
 # --------------------------------------------------------------------------- the image store's pool

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .store import open_image  # PIL.Image.open with the pixel limit
+from .store import open_image, sixteen_bit_scale, upright  # the store's one decoding of a file
 from .dicom import apply_windows, read_dicom_hu  # DICOM -> HU (H, W); HU -> (n_windows, H, W) in [0, 1]
 
 # MONAI is imported where a pipeline is built, not with this module: importing MONAI imports all of it (and the
@@ -88,6 +88,7 @@ def _minmax(x: np.ndarray) -> np.ndarray:
 def _read_pil(path: str) -> np.ndarray:
     """PNG/JPG/... -> ``(1 or 3, H, W)`` float32 in [0, 1] (8-bit / 255, 16-bit / 65535, other: min-max)."""
     with open_image(path) as im:
+        im = upright(im)
         if im.mode in ("1", "LA"):
             im = im.convert("L")
         elif im.mode not in ("L", "RGB") and not im.mode.startswith("I") and im.mode != "F":
@@ -96,7 +97,7 @@ def _read_pil(path: str) -> np.ndarray:
     if arr.dtype == np.uint8:
         x = arr.astype(np.float32) / 255.0
     elif arr.dtype == np.uint16 or (arr.dtype.kind in "iu" and arr.max(initial=0) <= 65535 and arr.min(initial=0) >= 0):
-        x = arr.astype(np.float32) / 65535.0
+        x = arr.astype(np.float32) / sixteen_bit_scale(arr, path)
     else:
         x = _minmax(arr.astype(np.float32))
     return x[None] if x.ndim == 2 else np.ascontiguousarray(x.transpose(2, 0, 1))

@@ -67,14 +67,15 @@ def decoder_source() -> str:
     those functions in the same module)."""
     from ..data import dicom, store
 
-    parts = ["import os", "from dataclasses import dataclass", "", "from PIL import Image", "",
+    parts = ["import os", "from dataclasses import dataclass", "", "from PIL import Image, ImageOps", "",
              f"FORMAT = {store.FORMAT!r}", f"VERSION = {store.VERSION!r}",
              f"MAX_PIXELS_ENV = {store.MAX_PIXELS_ENV!r}", f"DEFAULT_MAX_PIXELS = {store.DEFAULT_MAX_PIXELS!r}",
              f"DEFAULT_WINDOWS = {dicom.DEFAULT_WINDOWS!r}",
              "RESIZE_FILTERS = {" + ", ".join(f"{k!r}: Image.Resampling.{v.name}" for k, v in
                                                store.RESIZE_FILTERS.items()) + "}", "", ""]
     for obj in (dicom._first, dicom.read_dicom_hu, dicom.apply_windows, store.Preprocessing, store._is_dicom,
-                store.open_image, store.native_channels, store.stored_channels, store._resize_float, store.decode_resized):
+                store.open_image, store.png_significant_bits, store.sixteen_bit_scale, store.upright,
+                store.native_channels, store.stored_channels, store._resize_float, store.decode_resized):
         src = inspect.getsource(obj).rstrip()
         if obj is store.decode_resized:
             if DICOM_IMPORT not in src + "\n":

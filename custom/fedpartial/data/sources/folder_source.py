@@ -16,7 +16,8 @@ ids: every image is its own patient (a warning) unless ``patient_pattern``, a re
 path below the class folder (its first group, else the whole match), names the patient.
 
 Errors (:class:`SourceError`, naming the folder or file): no class folder, an empty class folder, an unknown
-class in ``classes``, a patient in two splits, a file ``patient_pattern`` does not match.
+class in ``classes``, a class folder inside another (``nv/mel/``), a patient in two splits, a file
+``patient_pattern`` does not match.
 """
 
 from __future__ import annotations
@@ -50,6 +51,22 @@ def _walk(folder: Path, suffixes: tuple[str, ...]) -> tuple[list[Path], list[Pat
                 continue
             (images if f.lower().endswith(suffixes) else others).append(Path(dirpath) / f)
     return images, others
+
+
+def _refuse_nested(found: dict[str, list[Path]], root: Path, name: str) -> None:
+    """A class folder inside another (``nv/mel/x.jpg``: its images would be labelled ``nv``) is an error naming it;
+    other sub-folders (``MEL/2021/``) are searched as part of their class."""
+    names = {c.lower() for c in found}
+    for c, folders in found.items():
+        for d in folders:
+            for dirpath, dirnames, _ in os.walk(d):
+                dirnames[:] = [x for x in dirnames if not x.startswith(".")]
+                for x in dirnames:
+                    if x.lower() in names:
+                        inner = (Path(dirpath) / x).relative_to(root).as_posix()
+                        raise SourceError(f"{name}: class folder {inner!r} lies inside class folder {c!r}: its images "
+                                          f"would be labelled {c!r}", Path(dirpath) / x,
+                                          hint="move it up beside the other class folders")
 
 
 def load_folder(root: str | os.PathLike, classes: str | Sequence[str] | None = None,
@@ -102,6 +119,7 @@ def load_folder(root: str | os.PathLike, classes: str | Sequence[str] | None = N
         for d in dirs:
             found.setdefault(d.name, []).append(d)
     available = sorted(found)
+    _refuse_nested(found, root, name)
     wanted = _names(classes)
     if wanted is not None:
         unknown = [c for c in wanted if c not in found]

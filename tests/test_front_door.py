@@ -125,15 +125,6 @@ def test_sigkill_of_job_py_leaves_no_process_of_the_run(tmp_path, data_cache):
     assert not _alive(alive), [p.cmdline() for p in _alive(alive)]
 
 
-@pytest.mark.integration
-def test_two_runs_started_together_both_finish(tmp_path, data_cache):
-    env = {"FEDPARTIAL_CACHE": str(data_cache)}
-    procs = {k: _start(tmp_path / k, "--rounds", "1", env=env, log=tmp_path / f"{k}.log") for k in ("a", "b")}
-    for k, proc in procs.items():
-        assert proc.wait(timeout=600) == 0, (tmp_path / f"{k}.log").read_text()[-3000:]
-        assert (tmp_path / k / JOB / "server" / "simulate_job" / "results.json").is_file()
-
-
 SITE_WONT_START = '''
 import os, sys
 if "--client" in sys.argv and sys.argv[sys.argv.index("--client") + 1] == "site-2":
@@ -142,18 +133,24 @@ if "--client" in sys.argv and sys.argv[sys.argv.index("--client") + 1] == "site-
 
 
 @pytest.mark.integration
-def test_a_site_that_cannot_start_fails_its_run_at_once_naming_it(tmp_path, data_cache):
+def test_runs_started_together_finish_and_a_site_that_cannot_start_fails_its_run_at_once(tmp_path, data_cache):
+    """Three runs started at the same moment on one machine: two complete (each on its own ports); in the third,
+    site-2's worker dies at start, and that run fails within seconds with a last line naming the site."""
     hook = tmp_path / "hook"
     hook.mkdir()
-    (hook / "sitecustomize.py").write_text(SITE_WONT_START)  # every Python process of the run imports it
-    env = {"FEDPARTIAL_CACHE": str(data_cache),
-           "PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    t0, log = time.time(), tmp_path / "job.log"
-    proc = _start(tmp_path / "ws", "--rounds", "2", env=env, log=log)
-    assert proc.wait(timeout=120) == 2
+    (hook / "sitecustomize.py").write_text(SITE_WONT_START)  # every Python process of that run imports it
+    env = {"FEDPARTIAL_CACHE": str(data_cache)}
+    broken = {**env, "PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    t0 = time.time()
+    procs = {k: _start(tmp_path / k, "--rounds", "1" if k != "c" else "2", env=broken if k == "c" else env,
+                       log=tmp_path / f"{k}.log") for k in ("a", "b", "c")}
+    assert procs["c"].wait(timeout=120) == 2
     assert time.time() - t0 < 120
-    last = log.read_text().strip().splitlines()[-1]
+    last = (tmp_path / "c.log").read_text().strip().splitlines()[-1]
     assert "SITE FAILED TO START: site-2" in last and "exit status 3" in last, last  # the fault is the one made
+    for k in ("a", "b"):
+        assert procs[k].wait(timeout=600) == 0, (tmp_path / f"{k}.log").read_text()[-3000:]
+        assert (tmp_path / k / JOB / "server" / "simulate_job" / "results.json").is_file()
 
 
 # ------------------------------------------------------------------------------------------------ ports
@@ -223,7 +220,7 @@ def test_store_build_stops_on_sigterm_keeps_its_chunks_and_sigkill_leaves_no_wor
     subprocess.run([str(bin_ / "fedpartial-prepare"), "--source", "nih_cxr14", "--root", str(root), "--out",
                     str(prep), "--sites", "1", "--protocol", "full", "--no-decode"], env=env, check=True,
                    capture_output=True)
-    cmd = [str(bin_ / "fedpartial-store"), str(prep), "--image-size", "768", "--channels", "1", "--workers", "2"]
+    cmd = [str(bin_ / "fedpartial-store"), str(prep), "--image-size", "384", "--channels", "1", "--workers", "2"]
 
     def start():
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -361,7 +358,7 @@ def test_pixel_limit_is_read_from_the_header(tmp_path, monkeypatch):
 
 
 @pytest.mark.integration
-def test_the_bundle_leaves_out_an_unreadable_image_and_names_it(random_run, tmp_path):  # noqa: F811
+def test_the_bundle_leaves_out_an_unreadable_image_and_names_it(random_run, tmp_path, monkeypatch):  # noqa: F811
     run, _ = random_run
     assert E.main([str(run), "-o", str(tmp_path / "B")]) == 0
     images = tmp_path / "imgs"
@@ -369,7 +366,8 @@ def test_the_bundle_leaves_out_an_unreadable_image_and_names_it(random_run, tmp_
     for i in range(2):
         Image.fromarray(np.full((24, 24), 40 * i, np.uint8)).save(images / f"{i}.png")
     (images / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"x" * 40)
-    Image.new("P", (12000, 12000)).save(images / "huge.png", optimize=True)
+    Image.new("L", (300, 300)).save(images / "huge.png")  # above the limit this test sets
+    monkeypatch.setenv("FEDPARTIAL_MAX_PIXELS", "50000")
     Image.fromarray(np.zeros((20, 20), np.uint8)).save(images / "c.tif")  # what prepare reads, the bundle reads
     proc = run_bundle(tmp_path / "B", images, tmp_path / "O", cwd=tmp_path)
     out = proc.stdout + proc.stderr

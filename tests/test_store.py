@@ -146,7 +146,7 @@ def test_an_opened_store_keeps_no_index_in_memory_and_pickles_without_it(tmp_pat
     paths = _images(tmp_path, 5, 20)
     labels = np.eye(5, 3, dtype=np.float32)
     store = ensure_store(paths, Preprocessing(8, 1), tmp_path / "s", labels=labels)
-    assert set(vars(store)) == {"folder", "meta", "_images", "_crcs", "_verified"}
+    assert set(vars(store)) == {"folder", "meta", "_images", "_crcs", "_verified", "_all"}
     assert store._crcs is None and store._verified is None  # the chunk checks: a few bytes a chunk, on first read
     store.batch([0])
     assert len(store._verified) == len(store._crcs) == -(-5 // store.meta["chunk_rows"])

@@ -6,7 +6,8 @@
 The commands, from the checkout root, exactly as the README's "Two commands" section gives them after ``make
 setup``: ``python jobs/fedmlp_ich/job.py`` (the default workspace ``workspaces/``), then ``python -m
 fedpartial.tools.show_results workspaces/fedmlp_ich``. Compared: the rows of the first table ``show_results``
-prints (the last-round and best-on-validation models), each number within ``--tol`` points (default 1.0). Two runs
+prints: the last-round model's numbers within ``--tol`` points (default 1.0), the best-on-validation model's within
+``--tol-best`` (default 3.0: float noise can make another late round the best on validation). Two runs
 on one machine agree to every digit (README, "Runs are reproducible"), but machines with other CPUs differ in the
 second decimal (oneDNN's summation order: 64.94 / 80.74 / 40.94 here, 64.99 / 80.58 / 40.54 on another machine of
 the same kind), while a stale table differs by points (2.6 BACC when the image store changed the decoding). Not
@@ -59,7 +60,9 @@ def readme_block(text: str) -> tuple[int, int]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--write", action="store_true", help="write the commands' output into README.md")
-    ap.add_argument("--tol", type=float, default=1.0, help="points each number may differ by (default 1.0)")
+    ap.add_argument("--tol", type=float, default=1.0, help="points the last-round numbers may differ by (1.0)")
+    ap.add_argument("--tol-best", type=float, default=3.0,
+                    help="points the best-on-validation numbers may differ by (3.0)")
     a = ap.parse_args(argv)
     t0 = time.time()
     run = subprocess.run(COMMANDS[0], cwd=REPO)
@@ -77,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = text.splitlines()
     want_rows, want_best = table_of("\n".join(lines[a0:a1]))
     same = rows == want_rows and best == want_best
-    close = same or agree(rows, want_rows, a.tol)
+    close = same or agree(rows, want_rows, a.tol, a.tol_best)
     if a.write and not same:
         block = lines[a0:a1]
         first = next(i for i, line in enumerate(block) if line.startswith("|"))
@@ -92,15 +95,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"README.md: the expected table written ({wall:.0f} s)")
         return 0
     if not close:
-        print(f"README.md's expected output differs from the commands' output by more than {a.tol} point(s):\n"
+        print(f"README.md's expected output differs from the commands' output by more than {a.tol} point(s) "
+              f"(best on validation: {a.tol_best}):\n"
               "  README:  "
               + "\n           ".join(want_rows + [str(want_best)]) + "\n  command: "
               + "\n           ".join(rows + [str(best)])
               + "\n(python benchmarks/readme_demo.py --write rewrites it)", file=sys.stderr)
         return 1
     diff = max_difference(rows, want_rows)
-    print(f"README.md's expected output is the commands' output ({len(rows) - 2} rows within {diff:.2f} of "
-          f"{a.tol} point(s); {best}, the README: {want_best}; {wall:.0f} s)")
+    print(f"README.md's expected output is the commands' output ({len(rows) - 2} rows, largest difference "
+          f"{diff:.2f} point(s); {best}, the README: {want_best}; {wall:.0f} s)")
     return 0
 
 
@@ -125,8 +129,12 @@ def max_difference(rows: list[str], want: list[str]) -> float:
     return worst
 
 
-def agree(rows: list[str], want: list[str], tol: float) -> bool:
-    return max_difference(rows, want) <= tol
+def agree(rows: list[str], want: list[str], tol: float, tol_best: float) -> bool:
+    """The header rows equal, each model's row within its tolerance (``best on validation`` rows: ``tol_best``)."""
+    if len(rows) != len(want) or rows[:2] != want[:2]:
+        return False
+    return all(max_difference([r], [w]) <= (tol_best if "best on validation" in r else tol)
+               for r, w in zip(rows[2:], want[2:]))
 
 
 if __name__ == "__main__":

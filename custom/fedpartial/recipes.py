@@ -428,21 +428,17 @@ def job_main(make_recipe: Callable[..., PartialLabelRecipe], argv: list[str] | N
 def stopped_lines(name: str, workspace: Path, stop: Stopped, argv: list[str] | None) -> str:
     """What a ``job.py`` stopped by a signal says: that every process of the run is gone, what was kept (the last
     round's server checkpoint) and the command that resumes it."""
-    from .fl.checkpoint import CHECKPOINT_FILE
+    from .fl.checkpoint import CHECKPOINT_FILE, read_file
 
     argv = list(sys.argv[1:] if argv is None else argv)
     ckpts = sorted((workspace.resolve() / f"{name}.checkpoints").glob(f"*/*/server/{CHECKPOINT_FILE}"))
     out = [f"\n{name}: stopped ({signal_name(stop.signum)}); the simulator and its site processes are gone "
            f"({stop.stopped} stopped)."]
     if ckpts:
-        rounds = ""
         try:
-            import torch
-
-            ckpt = torch.load(ckpts[-1], map_location="cpu", weights_only=True)
-            rounds = f" after round {int(ckpt.get('round', -1)) + 1}" if isinstance(ckpt, dict) else ""
-        except Exception:  # a checkpoint that cannot be read says so when resumed
-            pass
+            rounds = f" after round {int(read_file(ckpts[-1]).get('round', -1)) + 1}"
+        except ValueError:  # a checkpoint that cannot be read says so when resumed
+            rounds = ""
         resume = " ".join(["python", f"jobs/{name}/job.py", *[a for a in argv if a != "--resume"], "--resume"])
         out += [f"kept: {ckpts[-1]}{rounds}", f"resume: {resume}"]
     else:

@@ -53,6 +53,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
+from ..processes import Interrupted, exit_status, interruptible
 from .manifest import ManifestError, check_coverage, read_manifest, write_manifest
 from .partition import (PARTITIONS, _cut, by_centre, dirichlet_label_skew, quantity_skew,  # noqa: F401
                         split_patients, split_sites)
@@ -820,8 +821,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     without a traceback (``FEDPARTIAL_DEBUG=1`` shows it). With ``--store``, the stores are built after the
     manifests (:mod:`fedpartial.data.store_cli`), the images decoded there only."""
     args = build_parser().parse_args(argv)
-    from ..processes import Interrupted, exit_status, interruptible
-
     try:
         with interruptible():
             return _main(args)

@@ -317,8 +317,7 @@ class RunFailed(Exception):
         self.status, self.workspace, self.lines = status, workspace, lines
 
 
-FAILURE_KEYS = ("SITE FAILED TO START", "DATA CHECK FAILED", "failed task", "system_panic", "panic", "resume: ",
-                "Traceback", "Error:")
+FAILURE_KEYS = ("SITE FAILED TO START", "DATA CHECK FAILED", "failed task", "system_panic", "panic", "resume: ")
 
 
 def failure_lines(path: str | os.PathLike, limit: int = 5) -> list[str]:
@@ -333,7 +332,7 @@ def failure_lines(path: str | os.PathLike, limit: int = 5) -> list[str]:
     logs = sorted(path.rglob("log.txt"), key=lambda p: ("server" not in p.parts, str(p)))
     for log in logs:
         for line in log.read_text(errors="replace").splitlines():
-            if any(k in line for k in FAILURE_KEYS[:6]):
+            if any(k in line for k in FAILURE_KEYS):
                 msg = line.split("] - ", 1)[1] if "] - " in line else line.split(" - ", 3)[-1]
                 msg = msg.strip()
                 if msg not in seen:

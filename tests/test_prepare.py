@@ -237,7 +237,7 @@ def test_prepare_site_sizes_and_class_subset(tiny_nih, tmp_path, capsys):
     assert "site-3" in printed and "test" in printed and top[0] in printed and " -" in printed
     out2 = prep.prepare("nih_cxr14", tiny_nih, tmp_path / "o2", 2, "full", classes=["Hernia", "Edema"],
                         verbose=False)
-    assert prep.load_prepared(out2).classes == ["Edema", "Hernia"]
+    assert prep.load_prepared(out2).classes == ["Hernia", "Edema"]  # --classes sets the order too
 
 
 def test_prepare_labeled_unlabeled(tiny_nih, tmp_path):
@@ -274,7 +274,7 @@ def test_prepare_multiclass_table(tiny_ham, tmp_path):
 def test_prepare_multiclass_subset_drops_rows(tiny_ham, tmp_path):
     out = _prep("ham10000", tiny_ham, tmp_path / "h2", num_sites=2, protocol="full", classes=["NV", "MEL", "DF"])
     ds = prep.load_prepared(out)
-    assert ds.classes == ["MEL", "NV", "DF"]
+    assert ds.classes == ["NV", "MEL", "DF"]  # in the order given
     total = sum(ds.info["sizes"].values())
     assert total == int(load_ham10000(tiny_ham).frame[["MEL", "NV", "DF"]].sum().sum())
 
@@ -406,7 +406,7 @@ def test_cli(tiny_nih, tmp_path, capsys):
                       "--protocol", "missing_k", "--k", "1", "--classes", "Mass,Hernia", "Edema",
                       "--seed", "4", "--site-size", "10", "--source-arg", "view=all"]) == 0
     ds = prep.load_prepared(out)
-    assert ds.classes == ["Mass", "Edema", "Hernia"] and ds.info["seed"] == 4
+    assert ds.classes == ["Mass", "Hernia", "Edema"] and ds.info["seed"] == 4
     assert ds.info["source_args"] == {"view": "all"} and ds.info["site_sizes"] == 10
     assert "labelled positives" in capsys.readouterr().out
     with pytest.raises(SystemExit):

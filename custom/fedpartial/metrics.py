@@ -201,18 +201,18 @@ def multiclass_metrics(y_true: np.ndarray, probs: np.ndarray, classes: Sequence[
     C = len(classes)
     probs = _check_probs(probs, C)
     y_true = np.asarray(y_true)
+    if len(y_true) != len(probs):
+        raise ValueError(f"y_true has {len(y_true)} rows, probs has {len(probs)}")
+    if mask is not None:  # the scored rows first: an unscored row (unlabelled, or of a class not annotated) has none
+        mask = np.asarray(mask, dtype=bool)
+        if mask.shape != (len(y_true),):
+            raise ValueError(f"multiclass mask must have shape (N,) = ({len(y_true)},), got {mask.shape}")
+        y_true, probs = y_true[mask], probs[mask]
     if y_true.ndim == 2:
-        if y_true.shape != probs.shape or not (np.isin(y_true, (0, 1)).all() and (y_true.sum(1) == 1).all()):
+        if y_true.shape[1:] != probs.shape[1:] or not (np.isin(y_true, (0, 1)).all() and (y_true.sum(1) == 1).all()):
             raise ValueError(f"2-D y_true must be one-hot with shape {probs.shape}")
         y_true = y_true.argmax(1)
     y_true = y_true.reshape(-1).astype(int) if y_true.size else np.zeros(0, int)
-    if len(y_true) != len(probs):
-        raise ValueError(f"y_true has {len(y_true)} rows, probs has {len(probs)}")
-    if mask is not None:
-        mask = np.asarray(mask, dtype=bool)
-        if mask.shape != y_true.shape:
-            raise ValueError(f"multiclass mask must have shape (N,) = {y_true.shape}, got {mask.shape}")
-        y_true, probs = y_true[mask], probs[mask]
     if len(y_true) and (y_true.min() < 0 or y_true.max() >= C):
         raise ValueError(f"y_true class indices must lie in [0, {C})")
 

@@ -204,6 +204,9 @@ class PartialLabelRecipe(Recipe):
         tracking: ``"tensorboard"`` (default), ``"mlflow"``, ``"wandb"`` (NVFlare's ``add_experiment_tracking``)
             or None; ``tracking_config``: the receiver's arguments (e.g. MLflow's ``tracking_uri``).
         prepared: a ``fedpartial-prepare`` output folder: simulated site ``site-<i>`` trains on ``site-<i>.csv``.
+        site_data: ``{"site-1": folder, ...}``: each simulated site's own ``fedpartial-prepare --sites 1`` folder
+            (its manifest and its own val / test sets: the simulator run as a real federation of separately
+            prepared hospitals); sites ``site-1`` .. ``site-N``, N the job's number of sites.
         data_dir: the folder relative dataset roots resolve against, passed to simulated sites as
             ``$FEDPARTIAL_DATA_DIR`` (default: that variable, else the checkout).
         resume: continue the job's own run in the same workspace from its last checkpoint (a run stopped with
@@ -219,12 +222,18 @@ class PartialLabelRecipe(Recipe):
                  key_metric: str = "auc", tracking: str | None = TRACKING_DEFAULT,
                  tracking_config: dict | None = None, prepared: str | os.PathLike | None = None,
                  data_dir: str | os.PathLike | None = None, resume: bool = False,
-                 checkpoint_dir: str | os.PathLike | None = None):
+                 checkpoint_dir: str | os.PathLike | None = None, site_data: dict | None = None):
         if not isinstance(num_rounds, int) or num_rounds < 1:
             raise ValueError(f"job '{name}': num_rounds must be an integer >= 1, got {num_rounds!r}")
         dataset = {"preset": dataset} if isinstance(dataset, str) else copy.deepcopy(dataset)
         if prepared is not None:
             dataset["prepared"] = str(Path(prepared).expanduser().resolve())
+        if site_data:
+            names = [f"site-{i}" for i in range(1, int(num_sites) + 1)]
+            if sorted(site_data) != sorted(names):
+                raise ValueError(f"job '{name}': site_data names {sorted(site_data)}; the job's {num_sites} simulated "
+                                 f"sites are {names}")
+            dataset["site_data"] = {s: str(Path(f).expanduser().resolve()) for s, f in site_data.items()}
         ds = resolve_dataset(dataset)
         model = copy.deepcopy(model) if model else {"arch": "small_cnn", "in_channels": int(ds["channels"])}
         model = {**model, "init_seed": model.get("init_seed", seed)}  # the server's initial global model
@@ -293,7 +302,7 @@ class _MethodRecipe(PartialLabelRecipe):
     METHOD = ""
     COMMON = ("name", "dataset", "num_sites", "num_rounds", "model", "train", "evaluation", "seed", "max_missing",
               "key_metric", "tracking", "tracking_config", "prepared", "data_dir", "resume",
-              "checkpoint_dir")
+              "checkpoint_dir", "site_data")
 
     def __init__(self, *, name: str, dataset: dict | str, num_sites: int, **kwargs):
         common = {k: kwargs.pop(k) for k in self.COMMON if k in kwargs}
@@ -347,6 +356,10 @@ def _parser(name: str) -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=None, help="seed of the sites and of the initial global model")
     ap.add_argument("--data", default=None, metavar="PREPARED_DIR",
                     help="a fedpartial-prepare output folder: site-<i> trains on its own site-<i>.csv")
+    ap.add_argument("--site-data", action="append", default=[], metavar="[SITE=]FOLDER",
+                    help="a site's own fedpartial-prepare --sites 1 folder (repeat, one per site: site-1=D1 "
+                         "site-2=D2 ..., or the folders in site order); each site trains and scores its own sets, "
+                         "as separately prepared hospitals do")
     ap.add_argument("--data-dir", default=None,
                     help=f"folder relative data roots resolve against (default: ${DATA_DIR_ENV}, else the checkout)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -369,10 +382,24 @@ def recipe_overrides(args: argparse.Namespace) -> dict:
         out["seed"] = args.seed
     if args.data is not None:
         out["prepared"] = args.data
+    if args.site_data:
+        out["site_data"] = site_data_arg(args.site_data)
     if args.data_dir is not None:
         out["data_dir"] = args.data_dir
     if args.resume:
         out["resume"] = True
+    return out
+
+
+def site_data_arg(items: list[str]) -> dict[str, str]:
+    """``--site-data`` values (``SITE=FOLDER`` or ``FOLDER``, the latter in site order) -> ``{site: folder}``."""
+    out: dict[str, str] = {}
+    for i, item in enumerate(items, 1):
+        site, sep, folder = item.partition("=")
+        site, folder = (site.strip(), folder) if sep and not Path(item).exists() else (f"site-{i}", item)
+        if site in out:
+            raise SystemExit(f"--site-data names {site} twice")
+        out[site] = folder
     return out
 
 
@@ -395,7 +422,11 @@ def job_main(make_recipe: Callable[..., PartialLabelRecipe], argv: list[str] | N
     kwargs["checkpoint_dir"] = checkpoints = Path(args.workspace).resolve() / f"{base.name}.checkpoints"
     if not args.resume and checkpoints.is_dir():  # a fresh run: the simulator empties the run's workspace too
         shutil.rmtree(checkpoints)
-    sites = args.sites or (prepared_sites(args.data) if args.data else None)
+    if args.data and args.site_data:
+        parser.error("--data (one folder split over the sites) and --site-data (a folder per site) exclude each "
+                     "other")
+    sites = args.sites or (len(kwargs["site_data"]) if args.site_data else None) or \
+        (prepared_sites(args.data) if args.data else None)
     if sites is not None and sites != base.num_sites:
         kwargs.update(num_sites=sites, dataset=with_sites(base.dataset, sites))
     for item in args.set:

@@ -29,7 +29,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from .vocabulary import IGNORED, VocabularyError, map_header
+from .vocabulary import IGNORED, VocabularyError, closest, map_header
 
 IMAGE_COL = "image"
 PATIENT_COL = "patient_id"
@@ -205,7 +205,8 @@ def read_manifest(
     unknown = [c for c in header if c not in RESERVED_COLS and c not in classes and not c.startswith(IGNORED)]
     if unknown:
         raise ManifestError(
-            f"unknown class column(s) {unknown}; the job's classes are {list(classes)} (a site naming a class "
+            f"unknown class column(s) {unknown}{closest(unknown[0], classes)}; the job's classes are "
+            f"{list(classes)} (a site naming a class "
             "differently maps it with 'columns' in its fedpartial_data.json; 'ignore_columns' skips a column)",
             site, file, 1)
     root_resolved = root.resolve()

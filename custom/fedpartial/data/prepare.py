@@ -64,7 +64,8 @@ from .quality import quality_pass, read_exclude
 from .sources import SourceTable, load_source
 from .sources.base import NOT_ANNOTATED, Dropped, SourceError
 from .sources.isic2019 import FLAMBY_CENTRES
-from .vocabulary import CHEXPERT_SYNONYMS, VOCABULARIES, VocabularyError, invert, resolve_vocabulary
+from .vocabulary import (CHEXPERT_SYNONYMS, VOCABULARIES, VocabularyError, closest, invert, match_classes,
+                         resolve_vocabulary)
 
 PUBLISHED_SOURCES = ("ham10000", "isic2018", "isic2019", "nih_cxr14", "chexpert", "mimic_cxr", "rsna_ich", "csv",
                      "folder")
@@ -74,47 +75,99 @@ FORMAT_VERSION = 1
 
 # ----------------------------------------------------------------------------------------------- class subset
 
-def subset_classes(table: SourceTable, classes: Sequence[str] | None = None,
-                   top_k: int | None = None) -> SourceTable:
-    """Keep only some classes (in the source's order).
+EXPORT_SOURCES = ("csv", "folder")
+"""A hospital's own export: a class of it outside the federation's vocabulary is refused (a release's other classes
+are a subset choice)."""
+
+
+def subset_classes(table: SourceTable, classes: Sequence[str] | None = None, top_k: int | None = None,
+                   alone: bool = False, export: bool = False) -> SourceTable:
+    """The table in the federation's vocabulary: ``classes``, in that order, matched to the source's class names
+    exactly or case-insensitively (renamed to the vocabulary's spelling).
 
     Args:
         table: the source.
-        classes: class names to keep (``None``: all).
+        classes: the class list (``None``: the source's).
         top_k: then keep the ``top_k`` most frequent of those (FedMLP's 8 most frequent CXR14 findings).
+        alone: one site prepared on its own (``--sites 1``): a class of ``classes`` the source lacks is *not
+            annotated here* (a column of ``NOT_ANNOTATED``), not an error.
+        export: the source is a hospital's own export (``csv`` / ``folder``): with ``alone``, a class of it outside
+            ``classes`` is an error naming it (a release's other classes are left out, reported).
 
     Multi-label rows keep only the chosen columns (a row may become all-negative). Single-label rows whose
-    class is dropped are removed (a softmax target must exist).
+    positive class is left out are removed (reported); rows with no positive (an image of a class this site does
+    not annotate) and unlabelled rows stay.
+
+    Raises:
+        ValueError: a class the source lacks (unless ``alone``), with the closest name; an export's class outside
+            ``classes`` (``alone``); no class of ``classes`` in the source.
     """
     from .sources.nih_cxr14 import most_frequent_classes
 
     if classes is None and top_k is None:
         return table
-    chosen = list(table.classes)
+    chosen, renamed, absent = list(table.classes), {}, []
     if classes is not None:
-        unknown = [c for c in classes if c not in table.classes]
-        if unknown:
-            raise ValueError(f"unknown class(es) {unknown}; {table.name} has {table.classes}")
-        chosen = [c for c in table.classes if c in set(classes)]
-        if not chosen:
+        wanted = list(dict.fromkeys(classes))
+        if not wanted:
             raise ValueError("empty class subset")
-    frame = table.frame.drop(columns=[c for c in table.classes if c not in chosen])
-    sub = SourceTable(table.name, table.task, chosen, table.root, frame, table.synthetic)
-    if top_k is not None:
-        chosen = most_frequent_classes(sub, int(top_k))
-        frame = frame.drop(columns=[c for c in sub.classes if c not in chosen])
+        found = match_classes(wanted, table.classes)
+        absent = [c for c, col in found.items() if col is None]
+        if absent and not alone:
+            raise ValueError(f"unknown class(es) {absent}{closest(absent[0], table.classes)}; {table.name} has "
+                             f"{table.classes}")
+        used = {col for col in found.values() if col is not None}
+        if not used:
+            raise ValueError(f"{table.name} has none of the classes {wanted} (it has {table.classes}): this site "
+                             "would annotate nothing")
+        extra = [c for c in table.classes if c not in used]
+        if alone and export and extra:
+            raise ValueError(f"{table.name}: class {extra[0]!r}{closest(extra[0], wanted)} is not in the "
+                             f"federation's classes {wanted}" + (f" ({len(extra) - 1} more: {extra[1:6]})"
+                                                                  if len(extra) > 1 else "")
+                             + ("; a folder of images of no class of the federation: move it out of --root"
+                                if table.name == "folder" else "; a column that is no class: --source-arg "
+                                "ignore_columns=NAME"))
+        renamed = {col: c for c, col in found.items() if col is not None}
+        chosen = wanted
+    frame = table.frame
+    dropped_cols = [c for c in table.classes if c not in renamed and classes is not None]
     lines = table.lines
-    if table.task == "multiclass":
-        keep = (frame[chosen].clip(lower=0).sum(axis=1) > 0).to_numpy()
-        if not keep.all():
-            gone = frame[~keep]
+    if table.task == "multiclass" and dropped_cols:
+        outside = (frame[dropped_cols] == 1).any(axis=1).to_numpy()
+        if outside.any():
+            gone = frame[outside]
             table.dropped.append(Dropped(table.files[0] if table.files else table.name,
                                          f"are of a class outside {chosen}", gone["image"].astype(str).tolist(),
                                          gone["line"].astype(int).tolist() if "line" in gone else []))
-            lines = None if lines is None else [l for l, k in zip(lines, keep) if k]
-        frame = frame[keep]
-    return SourceTable(table.name, table.task, chosen, table.root, frame.reset_index(drop=True), table.synthetic,
-                       table.dropped, table.files, lines)
+            lines = None if lines is None else [l for l, k in zip(lines, ~outside) if k]
+            frame = frame[~outside]
+    frame = frame.drop(columns=dropped_cols).rename(columns=renamed)
+    for c in absent:
+        frame[c] = NOT_ANNOTATED
+    rest = [c for c in frame.columns if c not in chosen]
+    frame = frame[rest + chosen].reset_index(drop=True)
+    sub = SourceTable(table.name, table.task, chosen, table.root, frame, table.synthetic, table.dropped,
+                      table.files, lines, table.notes)
+    if top_k is not None:
+        keep = most_frequent_classes(sub, int(top_k))
+        sub = subset_classes(sub, keep)
+    return sub
+
+
+def check_rows_have_class(table: SourceTable) -> None:
+    """Single-label: a row ``0`` in every class of the vocabulary names no class; an error at its line. (A row with
+    some class not annotated here is an image of such a class; a row blank in every class is unlabelled.)"""
+    if table.task != "multiclass" or not table.classes:
+        return
+    values = table.frame[table.classes].to_numpy(np.int64)
+    bad = np.flatnonzero((values == 0).all(axis=1))
+    if len(bad):
+        i = int(bad[0])
+        line = table.row_lines()[i]
+        raise SourceError(f"row of {table.frame['image'].iloc[i]!r} is 0 in every class {table.classes} but the task "
+                          "is single-label (a row needs its class)", table.files[0] if table.files else None, line,
+                          hint="give the row its class, or leave its cells blank (an unlabelled image)")
 
 
 # ---------------------------------------------------------------------------------------------------- prepare
@@ -128,6 +181,17 @@ def _counts(labels: np.ndarray, mask: np.ndarray, classes: Sequence[str]) -> dic
     pos = (labels * mask).sum(axis=0)
     annotated = mask.any(axis=0) if len(mask) else np.zeros(len(classes), bool)
     return {c: (int(pos[j]) if annotated[j] else None) for j, c in enumerate(classes)}
+
+
+def annotated_line(info: dict, site: str = "site-1") -> str:
+    """What a site prepared alone annotates: ``site-1 annotates 2 of 7 classes: MEL, NV; not annotated here: ...;
+    unlabelled images: N``."""
+    classes, ann = info["classes"], info["sites"][site]
+    rest = [c for c in classes if c not in ann]
+    return (f"{site} annotates {len(ann)} of {len(classes)} classes: {', '.join(ann)}"
+            + (f"; not annotated here: {', '.join(rest)}" if rest else "")
+            + f"; unlabelled training images: {(info.get('unlabelled') or {}).get(site, 0)}"
+            + " (the job's data check verifies that every class is annotated by some site)")
 
 
 def format_counts(info: dict) -> str:
@@ -158,7 +222,11 @@ def _validate(folder: Path, info: dict, data_root: Path) -> None:
                 raise RuntimeError(f"{name}: manifest annotates {got}, protocol says {info['sites'][name]}")
             annotated[name] = m.annotated
         patients[name] = set(m.patient_ids)
-    check_coverage(annotated, classes)
+    if info.get("alone"):  # one site alone: the job's data check knows the other sites (coverage there)
+        if not any(np.asarray(a).any() for a in annotated.values()):
+            raise ManifestError(f"the site annotates none of the classes {classes}")
+    else:
+        check_coverage(annotated, classes)
     site_pat = set().union(*(patients[s] for s in info["sites"]))
     for a, b in (("val", "test"), ("val", None), ("test", None)):
         other = site_pat if b is None else patients[b]
@@ -214,13 +282,23 @@ def _decode_cache_file() -> Path:
 
 
 def _load_one(source: str, root: Path, source_args: dict | None, classes, top_k_classes, exclude: set[str],
-              decode_images: bool, drop_unreadable: bool, matched: set[str] | None = None) -> SourceTable:
-    """Load a source, keep the class subset and run the quality pass (``matched`` collects the ``exclude``
-    entries found, for a federation of several sources)."""
-    table = load_source(source, root, **(source_args or {}))
+              decode_images: bool, drop_unreadable: bool, matched: set[str] | None = None, alone: bool = False,
+              task: str | None = None) -> SourceTable:
+    """Load a source, put it in the federation's vocabulary (:func:`subset_classes`) and run the quality pass
+    (``matched`` collects the ``exclude`` entries found, for a federation of several sources). ``task``: the
+    federation's task, given to a CSV export's loader (its ``task``), checked against the others."""
+    args = dict(source_args or {})
+    if task is not None and source == "csv":
+        if args.get("task", task) != task:
+            raise SourceError(f"--task {task} and --source-arg task={args['task']} disagree")
+        args["task"] = task
+    table = load_source(source, root, **args)
+    if task is not None and table.task != task:
+        raise SourceError(f"{table.name} is {table.task} (" + ("one class folder per image" if source == "folder"
+                          else "as published") + f") but --task says {task}")
     if table.lines is not None and "line" not in table.frame.columns:
         table.frame = table.frame.assign(line=table.lines)
-    table = subset_classes(table, classes, top_k_classes)
+    table = subset_classes(table, classes, top_k_classes, alone=alone, export=source in EXPORT_SOURCES)
     return quality_pass(table, decode=decode_images, drop_unreadable=drop_unreadable, exclude=exclude,
                         cache_file=_decode_cache_file() if decode_images else None, matched_out=matched)
 
@@ -401,7 +479,8 @@ def prepare(source: str | None, source_root: str | os.PathLike | None, out_dir: 
             verbose: bool = True, vocabularies: dict | None = None, centralise: bool = False,
             sources: Sequence[dict] | None = None, partition: str = "iid", alpha: float = 0.5,
             exclude: str | os.PathLike | Sequence[str] | None = None, decode_images: bool = True,
-            drop_unreadable: bool = False, figure: bool = True, **protocol_params: Any) -> Path:
+            drop_unreadable: bool = False, figure: bool = True, task: str | None = None,
+            **protocol_params: Any) -> Path:
     """Prepare a federated partial-label dataset; returns the output folder.
 
     Args:
@@ -417,7 +496,9 @@ def prepare(source: str | None, source_root: str | os.PathLike | None, out_dir: 
         val_frac, test_frac: fractions of images (split by patient) for the shared val / test sets (the publisher's
             split replaces this where the loader read one: ``--source-arg official_split=true``).
         site_sizes: cap on training images per site (one int, or one per site; ``iid`` partition).
-        classes: class subset (source order kept); with ``sources``, the federation's global class list.
+        classes: the federation's classes (vocabulary), in the job's order, matched to the source's class names
+            exactly or case-insensitively; with ``num_sites`` 1 (a site preparing its own export alone) a class
+            the source lacks or leaves blank is not annotated here; with ``sources``, the global class list.
         source_args: keyword arguments for the source loader.
         top_k_classes: keep the k most frequent classes (after ``classes``).
         overwrite: replace an existing output folder.
@@ -436,6 +517,8 @@ def prepare(source: str | None, source_root: str | os.PathLike | None, out_dir: 
         decode_images: fully decode every image once (cached by path, size and mtime).
         drop_unreadable: leave unreadable images out (reported) instead of stopping.
         figure: save ``label_structure.png`` (matplotlib) next to the manifests.
+        task: the federation's task (``multilabel`` / ``multiclass``): a CSV export is read as such (its
+            ``task=auto`` says what it chose and why otherwise); any other source must be of this task.
         **protocol_params: the protocol's parameter (``k``, ``s``, ``m`` or ``table``).
 
     Raises:
@@ -466,7 +549,7 @@ def prepare(source: str | None, source_root: str | os.PathLike | None, out_dir: 
                     raise SourceError(f"a federation source needs 'source' and 'root' (and 'num_sites', "
                                       f"'source_args', 'vocabulary'); got {sorted(spec)}")
                 t = _load_one(spec["source"], Path(spec["root"]).expanduser().resolve(), spec.get("source_args"),
-                              None, None, excluded, decode_images, drop_unreadable, matched)
+                              None, None, excluded, decode_images, drop_unreadable, matched, task=task)
                 tables.append(t)
                 vocabs.append(_group_vocabulary(spec["source"], spec.get("vocabulary"), True))
                 groups.append(int(spec.get("num_sites", 1)))
@@ -480,21 +563,26 @@ def prepare(source: str | None, source_root: str | os.PathLike | None, out_dir: 
             group_specs = [(n, m, {g: l for l, g in vocabs[k].items() if g in table.classes})
                            for k, (n, m) in enumerate(zip(groups, masks))]
             source = table.name
-            local = False
+            local, alone = False, False
         else:
             if root is None and source in PUBLISHED_SOURCES:
                 raise SourceError(f"source {source!r} needs its folder: --root (a job's dataset.prepare.root), the "
                                   "folder of the published release", hint="see docs/datasets.md for each layout")
             if root is None:
                 root = tmp / "source"
+            alone = num_sites == 1 and not centralise
             table = _load_one(source, root, source_args, classes, top_k_classes, excluded, decode_images,
-                              drop_unreadable)
+                              drop_unreadable, alone=alone, task=task)
             group_specs = [(num_sites, np.ones(len(table.frame), bool), {})]
             local = source_root is None or inside
+        check_rows_have_class(table)
         base = final if inside else tmp  # folder the manifests' image paths are relative to, before publishing
         info = _build(table, tmp, base, local, group_specs, protocol, seed, val_frac, test_frac, site_sizes,
-                      source, source_args, protocol_params, vocabularies, centralise, partition, alpha)
+                      source, source_args, protocol_params, vocabularies, centralise, partition, alpha, alone)
         info["top_k_classes"] = top_k_classes
+        if alone:  # one site, prepared on its own: coverage of the vocabulary is the job's data check's to know
+            info["alone"] = True
+        info["notes"] = list(table.notes)
         info["sources"] = [{"source": s["source"], "root": str(Path(s["root"]).expanduser().resolve()),
                             "num_sites": int(s.get("num_sites", 1)), "source_args": s.get("source_args") or {}}
                            for s in (sources or [])]
@@ -518,8 +606,12 @@ def prepare(source: str | None, source_root: str | os.PathLike | None, out_dir: 
         synthetic = " (SYNTHETIC data)" if info["synthetic"] else ""
         print(f"prepared {final}{synthetic}: {source}, protocol {protocol} {protocol_params}, "
               f"partition {partition}, seed {seed}")
+        for note in info.get("notes") or []:
+            print(note)
         for d in table.dropped:
             print(f"left out: {d.summary()}")
+        if info.get("alone"):
+            print(annotated_line(info))
         print("labelled positives per class ('-' = not annotated):")
         print(format_counts(info))
         print("label structure per site: positives/annotated per class ('-' = not annotated); unlabelled = rows "
@@ -533,7 +625,7 @@ def prepare(source: str | None, source_root: str | os.PathLike | None, out_dir: 
 def _build(table: SourceTable, tmp: Path, base: Path, local: bool, groups: list, protocol: str, seed: int,
            val_frac: float, test_frac: float, site_sizes, source: str, source_args, protocol_params,
            vocabularies: dict | None = None, centralise: bool = False, partition: str = "iid",
-           alpha: float = 0.5) -> dict:
+           alpha: float = 0.5, alone: bool = False) -> dict:
     """Split, deal, assign and write the manifests into ``tmp``; returns the dataset.json content.
 
     ``groups``: per source of the federation ``(number of sites or None, (N,) row mask, {global class: its
@@ -562,6 +654,12 @@ def _build(table: SourceTable, tmp: Path, base: Path, local: bool, groups: list,
             site_rows.append(part)
             site_group.append(g)
     split = split.astype(str)
+    if alone:  # a site's own export: a patient of unlabelled images only is of no use to val / test; train has it
+        unl = pd.Series(~known.any(axis=1)).groupby(pids).transform("all").to_numpy()
+        moved = unl & (split != "train")
+        if moved.any():
+            split[moved] = "train"
+            site_rows = [np.sort(np.concatenate([site_rows[0], np.flatnonzero(moved)]))]
     num_sites = len(site_rows)
     per_site = assign(protocol, classes, num_sites, seed, **protocol_params)
     info: dict[str, Any] = {
@@ -570,7 +668,7 @@ def _build(table: SourceTable, tmp: Path, base: Path, local: bool, groups: list,
         "protocol_params": protocol_params, "seed": seed, "num_sites": num_sites, "val_frac": val_frac,
         "test_frac": test_frac, "site_sizes": site_sizes, "source_args": source_args or {},
         "partition": partition, "synthetic": bool(table.synthetic), "sites": {}, "files": {}, "sizes": {},
-        "counts": {}, "structure": {},
+        "counts": {}, "structure": {}, "unlabelled": {},
     }
     if partition in ("dirichlet", "quantity"):
         info["alpha"] = alpha
@@ -614,6 +712,7 @@ def _build(table: SourceTable, tmp: Path, base: Path, local: bool, groups: list,
         info["sizes"][name] = int(len(rows))
         info["counts"][name] = _counts(labels[rows], mask, classes)
         info["structure"][name] = _structure(labels[rows], mask, classes)
+        info["unlabelled"][name] = int((~mask.any(axis=1)).sum()) if len(mask) else 0
     return info
 
 
@@ -701,7 +800,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--val-frac", type=float, default=0.1)
     p.add_argument("--test-frac", type=float, default=0.2)
     p.add_argument("--site-size", type=int, nargs="+", help="cap on training images per site (one or per site)")
-    p.add_argument("--classes", nargs="+", help="class subset (space or comma separated)")
+    p.add_argument("--classes", nargs="+",
+                   help="the federation's classes, in the job's order (space or comma separated), matched to the "
+                        "source's names exactly or case-insensitively; with --sites 1 (a site preparing its own "
+                        "export) a class the export lacks or leaves blank is not annotated here")
+    p.add_argument("--task", choices=("multilabel", "multiclass"),
+                   help="the federation's task: a CSV export is read as such (otherwise task=auto says what it "
+                        "chose and why); other sources must be of it")
     p.add_argument("--top-k-classes", type=int, help="keep the k most frequent classes")
     p.add_argument("--source-arg", action="append", default=[], metavar="[SOURCE:|N:]KEY=VALUE",
                    help="loader keyword, e.g. view=PA, uncertain=zeros, official_split=true (repeatable; prefix "
@@ -780,7 +885,7 @@ def _run(args: argparse.Namespace) -> Path:
                   classes=classes, overwrite=args.overwrite, vocabularies=vocabularies or None,
                   centralise=args.centralise, partition=args.partition, alpha=args.alpha, exclude=args.exclude,
                   drop_unreadable=args.drop_unreadable, decode_images=not args.no_decode,
-                  figure=not args.no_figure, **params)
+                  figure=not args.no_figure, task=args.task, **params)
     if len(names) == 1:
         if len(args.root) > 1 or len(args.sites) > 1:
             raise UsageError("one --source takes one --root and one --sites")

@@ -130,8 +130,9 @@ def stale_sources(folder: Path) -> list[str]:
 
 def check_job_classes(prepared: "PreparedDataset", classes: Sequence[str] | None, where: str = "") -> None:
     """Raise when a prepared split's classes differ from a job's fixed class list (e.g. ``top_k_classes``
-    picked other classes from these data than the job names)."""
-    if classes is None or list(prepared.classes) == list(classes):
+    picked other classes from these data than the job names). The order is free: the sites read their manifests'
+    columns by name, as the job orders them."""
+    if classes is None or sorted(prepared.classes) == sorted(classes):
         return
     spec = prepared.info
     extra = [c for c in prepared.classes if c not in classes]

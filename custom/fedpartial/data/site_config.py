@@ -12,7 +12,9 @@ in this order:
    (relative paths are relative to the JSON file's folder; ``val`` / ``test`` are optional; ``columns`` maps
    the site's own column names to the job's classes and ``ignore_columns`` lists columns to skip, see
    :mod:`fedpartial.data.vocabulary`);
-3. in the simulator only, a prepared folder (``fedpartial-prepare`` output) named by ``dataset.prepared``, else a
+3. in the simulator only, each site's own ``--sites 1`` prepared folder named by ``dataset.site_data``
+   (``{"site-1": folder, ...}``: ``job.py --site-data``; each site trains and scores its own sets, as real sites
+   do), else a prepared folder (``fedpartial-prepare`` output) named by ``dataset.prepared``, else a
    simulated split prepared on first use from the job's ``dataset.prepare`` spec (sites ``site-1 .. site-N``
    take ``site-<i>.csv``: each site its own manifest). Real (provisioned / POC) sites need 1. or 2.; the
    environment can force either way: ``FEDPARTIAL_REQUIRE_SITE_CONFIG=1`` (or ``dataset.require_site_config:
@@ -148,10 +150,40 @@ def simulated_spec(dataset: dict) -> dict:
     return spec
 
 
+def _from_site_data(site: str, dataset: dict) -> SiteData:
+    """A simulated site's own ``--sites 1`` prepared folder (``dataset.site_data[site]``): its manifest, its own
+    val / test sets, its data root."""
+    from .prepare import DATASET_JSON, check_job_classes, load_prepared
+    from .sources.base import SourceError
+
+    given = dataset["site_data"]
+    if site not in given:
+        raise SiteDataError(f"site '{site}' has no folder in the job's site data (sites: {sorted(given)}); run with "
+                            f"{len(given)} sites, or give it one: --site-data {site}=FOLDER")
+    folder = resolve_path(given[site])
+    if not (folder / DATASET_JSON).is_file():
+        raise _missing_root(site, dataset["name"], f"site_data[{site!r}]", given[site], folder / DATASET_JSON)
+    prepared = load_prepared(folder)
+    if len(prepared.sites) != 1:
+        raise SiteDataError(f"site '{site}': {folder} holds {len(prepared.sites)} sites {sorted(prepared.sites)}; "
+                            "--site-data takes a folder prepared for one site (fedpartial-prepare --sites 1)")
+    try:
+        check_job_classes(prepared, dataset.get("classes"), f"site '{site}', dataset '{dataset['name']}': ")
+    except SourceError as e:
+        raise SiteDataError(str(e)) from None
+    (train,) = prepared.sites.values()
+    vocab = next(iter((prepared.info.get("vocabularies") or {}).values()), {})
+    return SiteData(site, dataset["name"], prepared.data_root, train, prepared.val, prepared.test,
+                    origin=f"site-data:{folder}", synthetic=bool(prepared.info.get("synthetic")),
+                    columns=dict(vocab))
+
+
 def _from_simulated(site: str, dataset: dict) -> SiteData:
     from .prepare import DATASET_JSON, check_job_classes, ensure_prepared, load_prepared
     from .sources.base import SourceError
 
+    if dataset.get("site_data"):  # each simulated site its own separately prepared folder
+        return _from_site_data(site, dataset)
     if dataset.get("prepared"):  # a fedpartial-prepare folder, run as it is: each site its own manifest
         folder = resolve_path(dataset["prepared"])
         if not (folder / DATASET_JSON).is_file():
@@ -163,9 +195,6 @@ def _from_simulated(site: str, dataset: dict) -> SiteData:
             raise _missing_root(site, dataset["name"], "prepare.root", root, Path(spec["root"]))
         folder = ensure_prepared(spec, cache_dir())
     prepared = load_prepared(folder)
-    if dataset.get("prepared") and list(prepared.classes) != list(dataset["classes"]):
-        raise SiteDataError(f"site '{site}': prepared folder {folder} has classes {prepared.classes}, the job's "
-                            f"dataset '{dataset['name']}' {list(dataset['classes'])}")
     try:
         check_job_classes(prepared, dataset.get("classes"), f"site '{site}', dataset '{dataset['name']}': ")
     except SourceError as e:
@@ -199,7 +228,8 @@ def resolve_site_data(site: str, dataset: dict, local_dir: str | os.PathLike | N
     file = _site_config_file(local_dir)
     if file is not None:
         return _from_site_config(site, name, file, dataset.get("classes"))
-    if (dataset.get("prepare") or dataset.get("prepared")) and not site_config_required(dataset, simulated):
+    if (dataset.get("prepare") or dataset.get("prepared") or dataset.get("site_data")) \
+            and not site_config_required(dataset, simulated):
         return _from_simulated(site, dataset)
     where = f"{Path(local_dir) / SITE_CONFIG_FILE}" if local_dir else f"local/{SITE_CONFIG_FILE}"
     raise SiteDataError(

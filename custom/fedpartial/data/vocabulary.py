@@ -73,7 +73,8 @@ def check_vocabulary(columns: Mapping[str, str] | None, ignore: Sequence[str] | 
 
 def map_header(header: Sequence[str], classes: Sequence[str], columns: Mapping[str, str] | None,
                ignore: Sequence[str] | None) -> tuple[list[str], dict[str, str]]:
-    """A manifest header in the job's vocabulary.
+    """A manifest header in the job's vocabulary: ``columns`` renamed, ``ignore`` skipped, and a column naming one
+    of ``classes`` in another case (``nv`` for ``NV``) read as that class. The columns' order is free.
 
     Returns:
         ``(mapped header, renamed {global class: original column})``; an ignored column becomes
@@ -83,6 +84,9 @@ def map_header(header: Sequence[str], classes: Sequence[str], columns: Mapping[s
         VocabularyError: a column mapped onto a class the header also has under its own name.
     """
     columns, ignore = dict(columns or {}), set(ignore or ())
+    lower: dict[str, list[str]] = {}
+    for c in classes:
+        lower.setdefault(c.lower(), []).append(c)
     out, renamed = [], {}
     for h in header:
         if h in ignore:
@@ -90,6 +94,9 @@ def map_header(header: Sequence[str], classes: Sequence[str], columns: Mapping[s
         elif h in columns:
             out.append(columns[h])
             renamed[columns[h]] = h
+        elif h not in classes and len(lower.get(h.lower(), [])) == 1 and lower[h.lower()][0] not in header:
+            out.append(lower[h.lower()][0])  # the job's class in another case ('nv' for 'NV')
+            renamed[lower[h.lower()][0]] = h
         else:
             out.append(h)
     clash = sorted(c for c in renamed if c in header)
@@ -114,3 +121,28 @@ def resolve_vocabulary(spec: str | Mapping[str, str], classes: Sequence[str]) ->
     if unknown and isinstance(spec, dict) and spec not in VOCABULARIES.values():
         raise VocabularyError(f"vocabulary renames unknown class(es) {unknown}; classes are {list(classes)}")
     return {g: l for g, l in spec.items() if g in classes and g != l}
+
+
+def closest(name: str, names: Sequence[str]) -> str:
+    """`` (closest: X)`` for a near-miss name, else ''."""
+    import difflib
+
+    lower = {n.lower(): n for n in names}
+    hit = difflib.get_close_matches(name.lower(), list(lower), n=1, cutoff=0.6)
+    return f" (closest: {lower[hit[0]]!r})" if hit else ""
+
+
+def match_classes(wanted: Sequence[str], have: Sequence[str]) -> dict[str, str | None]:
+    """``{wanted class: the column of ``have`` it names, or None}``: exact names first, then case-insensitively
+    (HAM10000's folders ``nv`` / ``mel`` are the ISIC vocabulary's ``NV`` / ``MEL``)."""
+    lower: dict[str, list[str]] = {}
+    for h in have:
+        lower.setdefault(h.lower(), []).append(h)
+    out: dict[str, str | None] = {}
+    for w in wanted:
+        if w in have:
+            out[w] = w
+        else:
+            hits = [h for h in lower.get(w.lower(), []) if h not in wanted]
+            out[w] = hits[0] if len(hits) == 1 else None
+    return out

@@ -70,6 +70,8 @@ class SourceTable:
         files: the published label files read (prepare's cache notices when one of them changes); the first is
             the one error messages name.
         lines: the CSV line of each frame row, for a loader whose frame has no ``line`` column.
+        notes: what the loader decided for the user that they should read (``task=auto``'s choice and why);
+            prepare prints them.
     """
 
     name: str
@@ -81,6 +83,7 @@ class SourceTable:
     dropped: list[Dropped] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
     lines: list[int] | None = None
+    notes: list[str] = field(default_factory=list)
 
     def row_lines(self) -> list[int | None]:
         """Source CSV line of every frame row (None where unknown)."""

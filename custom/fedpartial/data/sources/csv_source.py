@@ -25,9 +25,14 @@ One row per image. The columns:
   ``validate`` are ``val``): the publisher's split, as ``official_split`` of the releases.
 
 ``task``: ``multilabel``, ``multiclass`` or ``auto``: one column per class is single-label when every row is
-one-hot (one ``1``, the rest ``0``, no blank or ``-1``); a label-name column is multi-label when a cell holds the
-separator or ``none_label``. A single-label row needs its class: a blank label, two positives or all-zero
-annotated cells are errors.
+one-hot (one ``1``, the rest ``0``) or blank in every class (an unlabelled image), and at least one row is
+one-hot; a label-name column is multi-label when a cell holds the separator or ``none_label``. ``auto`` never
+decides silently: the table's ``notes`` say what it chose and why (prepare prints them), and an export whose
+rows are ambiguous (a single-label export of some of the federation's classes has all-``0`` rows: images of a
+class the site does not annotate) names ``task=multiclass`` / ``--task``. Single-label: two positives in a row
+are an error; a row blank in every class (or a blank label cell) is an unlabelled image, kept; a row ``0`` in
+every class is an image of none of these classes (prepare refuses it only when the classes are the federation's
+whole vocabulary).
 
 Every problem is a :class:`SourceError` naming the CSV and the line (an editor's line number: the header is
 line 1, blank lines and quoted line breaks counted): an unknown column, a bad cell value, an unknown class name, an
@@ -260,6 +265,7 @@ def load_csv(root: str | os.PathLike, csv: str | None = None, image_column: str 
         SourceError: naming the CSV and the line of the first problem.
     """
     name = source_name
+    notes: list[str] = []
     # --source-arg values that parse as JSON numbers arrive as numbers: column names and markers are text
     image_column, none_label, label_separator, patient_column = (str(v) for v in (image_column, none_label,
                                                                                    label_separator, patient_column))
@@ -327,12 +333,18 @@ def load_csv(root: str | os.PathLike, csv: str | None = None, image_column: str 
                                      "if it is not a class column, list the classes with --source-arg classes=A,B "
                                      "or skip it with --source-arg ignore_columns=NAME")
         if task == "auto":
-            task = "multiclass" if np.isin(raw, (0, 1)).all() and (raw == 1).sum(axis=1).min() == 1 and \
-                (raw == 1).sum(axis=1).max() == 1 else "multilabel"
+            task, why = _auto_task(raw, lines)
+            notes.append(f"{name}: task=auto chose {task}: {why}")
     else:
         cells = [r[col[label_column]] for r in rows]
         if task == "auto":
-            task = "multilabel" if any(label_separator in c or c == none_label for c in cells) else "multiclass"
+            several = next((i for i, c in enumerate(cells) if label_separator in c or c == none_label), None)
+            task = "multiclass" if several is None else "multilabel"
+            notes.append(f"{name}: task=auto chose {task}: " + (
+                f"column {label_column!r} holds {cells[several]!r} at line {lines[several]} (several classes or "
+                f"{none_label!r})" if several is not None else
+                f"every cell of column {label_column!r} names at most one class") +
+                "; --source-arg task=multilabel|multiclass decides otherwise")
         separator = label_separator if task == "multilabel" else None
         if separator is None and label_separator:
             both = next((i for i, c in enumerate(cells) if label_separator in c), None)
@@ -346,11 +358,7 @@ def load_csv(root: str | os.PathLike, csv: str | None = None, image_column: str 
         pos = {c: j for j, c in enumerate(cls)}
         values = np.zeros((len(rows), len(cls)), np.int64)
         for i, row in enumerate(names):
-            if row is None:
-                if task == "multiclass":
-                    raise SourceError(f"column {label_column!r} is blank: a single-label row needs its class", path,
-                                      lines[i], hint="fill it, or pass --source-arg task=multilabel if a blank "
-                                                     "cell means not annotated")
+            if row is None:  # a blank cell: an unlabelled image (blank=ignore) or no class positive (zeros)
                 values[i] = {"ignore": NOT_ANNOTATED, "zeros": 0}[blank]
             else:
                 values[i, [pos[n] for n in row]] = 1
@@ -375,11 +383,38 @@ def load_csv(root: str | os.PathLike, csv: str | None = None, image_column: str 
         _check_patient_splits(frame, path)
     for j, c in enumerate(cls):
         frame[c] = values[:, j]
-    return SourceTable(name=name, task=task, classes=cls, root=images, frame=frame, files=[str(path)])
+    return SourceTable(name=name, task=task, classes=cls, root=images, frame=frame, files=[str(path)], notes=notes)
+
+
+def _auto_task(raw: np.ndarray, lines: Sequence[int]) -> tuple[str, str]:
+    """``task=auto`` for one column per class: ``(task, why)``. Blank cells are not annotated and say nothing;
+    single-label when no cell is uncertain, no row has two positives or only ``0`` cells (ambiguous: an image of a
+    class this site does not annotate, or a multi-label row with no finding) and some row has its positive; the
+    reason names the first row that decided."""
+    hint = ("; a single-label export of some of the federation's classes has rows 0 in every column (images of a "
+            "class this site does not annotate): pass --source-arg task=multiclass (fedpartial-prepare: --task "
+            "multiclass)")
+    blank_row = (raw == _BLANK).all(axis=1)
+    pos = (raw == 1).sum(axis=1)
+    uncertain = np.flatnonzero((raw == _UNCERTAIN).any(axis=1))
+    if len(uncertain):
+        return "multilabel", f"line {lines[int(uncertain[0])]} has an uncertain (-1) cell"
+    many = np.flatnonzero(pos > 1)
+    if len(many):
+        return "multilabel", f"line {lines[int(many[0])]} has {int(pos[many[0]])} positive classes"
+    none = np.flatnonzero((pos == 0) & ~blank_row)
+    if len(none):
+        return "multilabel", f"line {lines[int(none[0])]} (and {len(none) - 1} more) has no positive class" + hint
+    if not (pos == 1).any():
+        return "multilabel", "no row has a positive class"
+    unl = int(blank_row.sum())
+    return "multiclass", ("every row has exactly one positive class" + (f" or is blank in every class ({unl} "
+                          "unlabelled image(s))" if unl else "") + "; --source-arg task=multilabel decides otherwise")
 
 
 def _check_single_label(values: np.ndarray, lines: Sequence[int], classes: list[str], path: Path) -> None:
-    """Single-label rows: at most one positive, and a row whose every class is annotated has one."""
+    """Single-label rows: at most one positive (a row with none, or blank in every class, is checked by prepare,
+    which knows the federation's vocabulary: an image of a class this site does not annotate, or unlabelled)."""
     pos = (values == 1).sum(axis=1)
     many = np.flatnonzero(pos > 1)
     if len(many):
@@ -387,14 +422,6 @@ def _check_single_label(values: np.ndarray, lines: Sequence[int], classes: list[
         hit = [c for c, v in zip(classes, values[i]) if v == 1]
         raise SourceError(f"row has {len(hit)} positive classes {hit} but the task is single-label", path, lines[i],
                           hint="keep one class per row, or pass --source-arg task=multilabel")
-    none = np.flatnonzero((pos == 0) & (values != NOT_ANNOTATED).all(axis=1))
-    if len(none):
-        raise SourceError("row has no positive class but the task is single-label (a row needs its class)", path,
-                          lines[int(none[0])])
-    unlabelled = np.flatnonzero((values == NOT_ANNOTATED).all(axis=1))
-    if len(unlabelled):
-        raise SourceError("row carries no label (every class cell blank) but the task is single-label", path,
-                          lines[int(unlabelled[0])])
 
 
 def patients_from_pattern(images: Sequence[str], pattern: str, where: Sequence[tuple[Path, int | None]]

@@ -241,6 +241,13 @@ def test_the_simulator_runs_separately_prepared_hospitals_each_scoring_its_own_s
     res = json.loads((tmp_path / "fedavg_pl_ham10000/server/simulate_job/results.json").read_text())
     assert res["rounds"][0]["sites"] == ["site-1", "site-2", "site-3"] and not res["rounds"][0]["missing"]
     assert res["data"]["shared_eval_sets"] == {"val": [], "test": []}  # every site its own sets
+    # the results name the data each site trained on, not the job's preset
+    assert res["dataset"] == "csv (export.csv) + csv (labels.csv) + folder (c)" and res["job_dataset"] == "ham10000"
+    for i, h in enumerate("abc", 1):
+        source = res["data"]["sites"][f"site-{i}"]["source"]
+        assert source["fingerprint"] == json.loads((prepared[h] / "dataset.json").read_text())["fingerprint"]
+    md = (tmp_path / "fedavg_pl_ham10000/server/simulate_job/results.md").read_text()
+    assert md.startswith("# fedavg_pl on csv (export.csv) + csv (labels.csv) + folder (c)")
     annotated = {s: [ISIC[j] for j in d["annotated"]] for s, d in res["data"]["sites"].items()}
     assert annotated == {"site-1": ["MEL", "NV", "BCC"], "site-2": ["NV", "AKIEC", "BKL", "VASC"],
                          "site-3": ["MEL", "NV", "DF"]}

@@ -183,6 +183,15 @@ def _counts(labels: np.ndarray, mask: np.ndarray, classes: Sequence[str]) -> dic
     return {c: (int(pos[j]) if annotated[j] else None) for j, c in enumerate(classes)}
 
 
+def manifests_fingerprint(folder: Path, info: dict) -> str:
+    """sha256 (first 16 hex digits) of the manifests' bytes (image paths relative to the data root, labels,
+    patients, splits): the same export prepared the same way gives the same value, on any machine."""
+    h = hashlib.sha256()
+    for name in sorted(info["files"]):
+        h.update(name.encode() + b"\0" + (folder / info["files"][name]).read_bytes())
+    return h.hexdigest()[:16]
+
+
 def annotated_line(info: dict, site: str = "site-1") -> str:
     """What a site prepared alone annotates: ``site-1 annotates 2 of 7 classes: MEL, NV; not annotated here: ...;
     unlabelled images: N``."""
@@ -594,6 +603,7 @@ def prepare(source: str | None, source_root: str | os.PathLike | None, out_dir: 
         info["dropped"] = [{"file": d.file, "reason": d.reason, "count": len(d.names), "first": d.names[:10],
                             "lines": d.lines[:10]} for d in table.dropped]
         _validate(tmp, info, base if local else table.root.resolve())
+        info["fingerprint"] = manifests_fingerprint(tmp, info)
         if figure:
             if plot_structure(info, tmp / "label_structure.png") is not None:
                 info["figure"] = "label_structure.png"

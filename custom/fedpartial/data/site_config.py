@@ -61,6 +61,7 @@ class SiteData:
     synthetic: bool = False
     columns: dict[str, str] = field(default_factory=dict)  # the site's column name -> global class
     ignore_columns: list[str] = field(default_factory=list)
+    source: dict = field(default_factory=dict)  # what the data are: data_source() of its prepared folder
 
     @property
     def vocabulary(self) -> dict:
@@ -88,6 +89,24 @@ def resolve_path(p: str | os.PathLike | None, base: Path | None = None) -> Path 
         return p
     root = base or data_anchor()[0]
     return (root / p).resolve()
+
+
+def data_source(train: Path | None, info: dict | None = None) -> dict:
+    """What a site's data are, as results name them: ``{"source", "file", "fingerprint"}`` from the prepared
+    folder's ``dataset.json`` (the source's name, e.g. ``csv`` or a ``source_name``; the export's file name; the
+    manifests' fingerprint), else ``{"source": "manifest", "file": <the train manifest's name>}``."""
+    if info is None and train is not None:
+        meta = Path(train).parent / "dataset.json"
+        try:
+            info = json.loads(meta.read_text(encoding="utf-8-sig")) if meta.is_file() else None
+        except (OSError, json.JSONDecodeError):
+            info = None
+    if not info:
+        return {"source": "manifest", "file": Path(train).name if train else None}
+    files = list(info.get("source_files") or {})
+    root = str(info.get("data_root") or ".")
+    name = Path(files[0]).name if files else (Path(root).name if root != "." else None)  # a folder source: its name
+    return {"source": str(info.get("source")), "file": name, "fingerprint": info.get("fingerprint")}
 
 
 def _missing_root(site: str, dataset: str, key: str, value: str, path: Path) -> SiteDataError:
@@ -123,9 +142,10 @@ def _from_site_config(site: str, name: str, file: Path, classes=None) -> SiteDat
     base = file.parent.resolve()
     root = resolve_path(entry.get("data_root", "."), base)
     columns, ignore = _vocabulary(entry, classes, f"site '{site}', {file}, dataset '{name}'")
-    return SiteData(site, name, root, resolve_path(entry["train"], base), resolve_path(entry.get("val"), base),
+    train = resolve_path(entry["train"], base)
+    return SiteData(site, name, root, train, resolve_path(entry.get("val"), base),
                     resolve_path(entry.get("test"), base), origin=f"site-config:{file}", columns=columns,
-                    ignore_columns=ignore)
+                    ignore_columns=ignore, source=data_source(train))
 
 
 def _vocabulary(entry: dict, classes, where: str) -> tuple[dict, list]:
@@ -175,7 +195,7 @@ def _from_site_data(site: str, dataset: dict) -> SiteData:
     vocab = next(iter((prepared.info.get("vocabularies") or {}).values()), {})
     return SiteData(site, dataset["name"], prepared.data_root, train, prepared.val, prepared.test,
                     origin=f"site-data:{folder}", synthetic=bool(prepared.info.get("synthetic")),
-                    columns=dict(vocab))
+                    columns=dict(vocab), source=data_source(train, prepared.info))
 
 
 def _from_simulated(site: str, dataset: dict) -> SiteData:
@@ -207,7 +227,7 @@ def _from_simulated(site: str, dataset: dict) -> SiteData:
     vocab = (prepared.info.get("vocabularies") or {}).get(site) or {}  # a split written in several vocabularies
     return SiteData(site, dataset["name"], prepared.data_root, prepared.sites[site], prepared.val, prepared.test,
                     origin=f"simulated:{folder}", synthetic=bool(prepared.info.get("synthetic")),
-                    columns=dict(vocab))
+                    columns=dict(vocab), source=data_source(prepared.sites[site], prepared.info))
 
 
 def site_config_required(dataset: dict, simulated: bool = True) -> bool:

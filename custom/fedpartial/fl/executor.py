@@ -348,6 +348,7 @@ class PartialLabelExecutor(Executor):
                 "synthetic": self.site_data.synthetic, "classes": self.classes,
                 "eval_sets": {s: m.fingerprint() for s, m in self.manifests.items() if s != "train"},
                 "train_set": tr.fingerprint(),  # the server warns when two sites train on the same rows
+                "source": self.site_data.source,  # the source's name, the export's file name, its fingerprint
                 "vocabulary": self.site_data.vocabulary}
         info = suppress_summary(info, self.min_count_eff)  # small counts stay here (also in the server's table)
         return DXO(data_kind=DataKind.COLLECTION, data={"summary": info}, meta={META_SUMMARY: info}).to_shareable()

@@ -310,10 +310,22 @@ def model_thresholds(results: dict) -> dict:
     return {"models": {}, "note": why}
 
 
+def source_label(source: dict | None) -> str | None:
+    """A site's data source as results name it: ``csv (export.csv)``, ``folder (c)``, ``manifest (train.csv)``."""
+    if not source or not source.get("source"):
+        return None
+    return str(source["source"]) + (f" ({source['file']})" if source.get("file") else "")
+
+
 def dataset_used(app_root: str | None, job_dataset: str, sites: dict) -> str:
-    """The source a run's data came from when every site used the job's simulated split (the job may keep a
-    preset's name, e.g. ``ich_phantom``, for data prepared from ``rsna_ich``), else the job's dataset name."""
-    if not app_root or {s.get("origin") for s in sites.values()} != {"simulated"}:
+    """The data a run trained on: the source of the job's simulated split when every site used it (the job may
+    keep a preset's name, e.g. ``ich_phantom``, for data prepared from ``rsna_ich``); the sites' own data
+    (``--site-data`` folders, site configurations: each one's source and export file, ``+``-joined) otherwise;
+    the job's dataset name when the sites say nothing."""
+    if {s.get("origin") for s in sites.values()} != {"simulated"}:
+        own = list(dict.fromkeys(x for x in (source_label(sites[s].get("source")) for s in sorted(sites)) if x))
+        return " + ".join(own) if own else job_dataset
+    if not app_root:
         return job_dataset
     try:
         from ..data.presets import resolve_dataset
@@ -345,7 +357,8 @@ def data_record(sites: dict) -> dict:
     for site in sorted(sites):
         info = sites[site]
         out["sites"][site] = {"n_train": info.get("n_train"), "n_val": info.get("n_val"), "n_test": info.get("n_test"),
-                              "annotated": [i for i, a in enumerate(info.get("annotated", [])) if a]}
+                              "annotated": [i for i, a in enumerate(info.get("annotated", [])) if a],
+                              "origin": info.get("origin"), "source": info.get("source")}
     for split in ("val", "test"):
         groups: dict[str, list[str]] = {}
         for site in sorted(sites):

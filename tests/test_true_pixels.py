@@ -149,3 +149,46 @@ def test_a_class_folder_inside_another_stops_prepare_naming_it(tmp_path):
     (tmp_path / "nv" / "mel").rmdir()
     table = load_folder(tmp_path)  # a plain sub-folder (nv/2021) is part of its class
     assert sorted(table.frame["image"]) == ["mel/a.png", "nv/2021/a.png", "nv/a.png"]
+
+
+def test_byte_identical_files_are_found_by_size_then_content(tmp_path):
+    from fedpartial.data.quality import duplicate_groups
+
+    rng = np.random.default_rng(0)
+    big = rng.integers(0, 256, 300_000, dtype=np.uint8).tobytes()
+    middle = bytearray(big)
+    middle[150_000] ^= 1  # same size, same first and last 64 KiB: only the full hash tells them apart
+    files = {"a.dcm": big, "b.dcm": big, "c.dcm": bytes(middle), "d.png": b"x" * 10, "e.png": b"x" * 10,
+             "f.png": b"y" * 10}
+    paths = []
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+        paths.append(tmp_path / name)
+    groups = duplicate_groups(paths, [p.stat().st_size for p in paths])
+    assert sorted(sorted(paths[i].name for i in g) for g in groups) == [["a.dcm", "b.dcm"], ["d.png", "e.png"]]
+
+
+def test_a_copy_under_another_name_and_patient_lands_in_the_split_of_its_original(tmp_path, capsys):
+    """An export holding the same image twice, under two names and two patients: prepare reports the pair and
+    keeps both in one split (one patient), whatever the seed."""
+    from fedpartial.data import prepare as prep
+
+    rng = np.random.default_rng(1)
+    rows = ["image,patient_id,A,B"]
+    for i in range(40):
+        Image.fromarray(rng.integers(0, 256, (16, 16), dtype=np.uint8)).save(tmp_path / f"{i}.png")
+        rows.append(f"{i}.png,P{i},{i % 2},{1 - i % 2}")
+    (tmp_path / "copy.png").write_bytes((tmp_path / "7.png").read_bytes())
+    rows.append("copy.png,Q7,1,0")
+    (tmp_path / "labels.csv").write_text("\n".join(rows) + "\n")
+    for seed in range(2):
+        out = prep.prepare("csv", tmp_path / "labels.csv", tmp_path / f"out{seed}", 2, "full", seed=seed,
+                           figure=False, decode_images=False)
+        where = {}
+        for f in ("site-1.csv", "site-2.csv", "val.csv", "test.csv"):
+            for line in (out / f).read_text().splitlines()[1:]:
+                image, patient = line.split(",")[:2]
+                where[image] = (f if f.startswith(("val", "test")) else "train", patient)
+        assert where["7.png"][0] == where["copy.png"][0] and where["7.png"][1] == where["copy.png"][1] == "P7"
+    printed = capsys.readouterr().out
+    assert "2 image(s) are byte-identical copies in 1 group(s): 7.png (line 9) = copy.png (line 42)" in printed

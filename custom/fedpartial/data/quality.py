@@ -96,6 +96,71 @@ def decode_all(paths: Sequence[Path], cache: DecodeCache, workers: int | None = 
     return [known[k] for k in keys]
 
 
+def duplicate_groups(paths: Sequence[Path], sizes: Sequence[int], probe: int = 65536) -> list[list[int]]:
+    """Groups (positions into ``paths``) of byte-identical files, each of two or more. Only files of one size are
+    compared: first by the sha256 of their first and last ``probe`` bytes, then in full (a release of fixed-size
+    files, e.g. uncompressed DICOM, differs in its headers; a 10^5-file JPEG release has few equal sizes)."""
+    import hashlib
+
+    def digest(i: int, whole: bool) -> str:
+        h = hashlib.sha256()
+        with open(paths[i], "rb") as f:
+            if whole or sizes[i] <= 2 * probe:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+            else:
+                h.update(f.read(probe))
+                f.seek(-probe, os.SEEK_END)
+                h.update(f.read(probe))
+        return h.hexdigest()
+
+    def group(items: list[int], whole: bool) -> list[list[int]]:
+        found: dict[str, list[int]] = {}
+        for i in items:
+            found.setdefault(digest(i, whole), []).append(i)
+        return [g for g in found.values() if len(g) > 1]
+
+    by_size: dict[int, list[int]] = {}
+    for i, n in enumerate(sizes):
+        by_size.setdefault(int(n), []).append(i)
+    out = []
+    for size, same in by_size.items():
+        if len(same) < 2:
+            continue
+        for g in group(same, whole=False):
+            out += [g] if size <= 2 * probe else group(g, whole=True)  # a small file's probe is all of it
+    return out
+
+
+def merge_duplicate_patients(table: SourceTable, keep: np.ndarray, paths: Sequence[Path]) -> None:
+    """Exact duplicate files under other names (:func:`duplicate_groups`) become one patient (the first's id), so
+    the split keeps them together; reported in ``table.notes``."""
+    idx = np.flatnonzero(keep)
+    if len(idx) < 2:
+        return
+    sizes = [paths[i].stat().st_size for i in idx]
+    groups = [[int(idx[j]) for j in g] for g in duplicate_groups([paths[i] for i in idx], sizes)]
+    if not groups:
+        return
+    pid = table.frame["patient_id"].astype(str).to_numpy().copy()
+    lines = table.row_lines()
+    names = table.frame["image"].astype(str).to_numpy()
+    merged = 0
+    for g in groups:
+        others = {pid[i] for i in g} - {pid[g[0]]}
+        if others:
+            pid[np.isin(pid, list(others))] = pid[g[0]]
+            merged += 1
+    if merged:
+        table.frame = table.frame.assign(patient_id=pid)
+    shown = "; ".join(" = ".join(f"{names[i]}" + (f" (line {lines[i]})" if lines[i] else "") for i in g)
+                      for g in groups[:3])
+    more = f"; ... {len(groups) - 3} more group(s)" if len(groups) > 3 else ""
+    table.notes.append(f"{table.name}: {sum(len(g) for g in groups)} image(s) are byte-identical copies in "
+                       f"{len(groups)} group(s): {shown}{more}; each group is kept in one split (its patients are "
+                       "one patient); remove the copies or --exclude them")
+
+
 def read_exclude(exclude: str | os.PathLike | Sequence[str] | None) -> set[str]:
     """An exclude list: a file (one image name or relative path per line, '#' comments) or names."""
     if exclude is None:
@@ -155,6 +220,8 @@ def quality_pass(table: SourceTable, decode: bool = True, drop_unreadable: bool 
     exists = np.array([keep[i] and paths[i].is_file() for i in range(len(paths))])
     for i in np.flatnonzero(keep & ~exists):
         bad.append(Unreadable(names.iloc[i], files[i], lines[i], "image file not found"))
+    merge_duplicate_patients(table, keep & exists, paths)  # a copy under another name never straddles splits
+    frame = table.frame
     if decode:
         idx = np.flatnonzero(keep & exists)
         cache = DecodeCache(cache_file)
@@ -178,7 +245,8 @@ def quality_pass(table: SourceTable, decode: bool = True, drop_unreadable: bool 
     if not keep.all():
         table = SourceTable(table.name, table.task, table.classes, table.root, frame[keep].reset_index(drop=True),
                             table.synthetic, table.dropped, table.files,
-                            None if table.lines is None else [l for l, k in zip(table.lines, keep) if k])
+                            None if table.lines is None else [l for l, k in zip(table.lines, keep) if k],
+                            table.notes)
     if table.frame.empty:
         raise SourceError(f"{table.name}: no usable image is left", hint="check --exclude and the image folders")
     return table

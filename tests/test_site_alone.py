@@ -228,25 +228,33 @@ def test_an_export_naming_a_class_outside_the_vocabulary_is_one_line(prepared_ho
 
 def test_the_simulator_runs_separately_prepared_hospitals_each_scoring_its_own_sets(prepared_hospitals, tmp_path,
                                                                                       data_cache):
-    """``python jobs/fedavg_pl_ham10000/job.py --site-data ...`` from the checkout: three sites, each its own
-    folder; each site's test set scored by that site, the pooled test the sets' size-weighted mean."""
+    """The federation's own job (``new_job --dataset derm_consortium --classes ... --task multiclass``, no preset)
+    run as ``python job.py --site-data ...``: three sites, each its own folder; each site's test set scored by that
+    site, the pooled test the sets' size-weighted mean; the results name each site's data."""
+    from fedpartial.tools import new_job
+
     _, prepared = prepared_hospitals
+    job = tmp_path / "jobs" / "derm_consortium"
+    assert new_job.main([str(job), "--method", "fedavg_pl", "--dataset", "derm_consortium", "--classes", *ISIC,
+                         "--task", "multiclass", "--channels", "3", "--image-size", "32", "--sites", "3"]) == 0
     env = {**os.environ, "FEDPARTIAL_CACHE": str(data_cache)}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    cmd = [sys.executable, "jobs/fedavg_pl_ham10000/job.py", "--rounds", "1", "--workspace", str(tmp_path),
-           "--set", "dataset.image_size=32", *[f"--site-data=site-{i}={prepared[h]}" for i, h in
-                                               enumerate("abc", 1)]]
+    ws = tmp_path / "ws"
+    cmd = [sys.executable, str(job / "job.py"), "--rounds", "1", "--workspace", str(ws),
+           *[f"--site-data=site-{i}={prepared[h]}" for i, h in enumerate("abc", 1)]]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    res = json.loads((tmp_path / "fedavg_pl_ham10000/server/simulate_job/results.json").read_text())
+    tmp_path = ws
+    res = json.loads((tmp_path / "derm_consortium/server/simulate_job/results.json").read_text())
     assert res["rounds"][0]["sites"] == ["site-1", "site-2", "site-3"] and not res["rounds"][0]["missing"]
     assert res["data"]["shared_eval_sets"] == {"val": [], "test": []}  # every site its own sets
     # the results name the data each site trained on, not the job's preset
-    assert res["dataset"] == "csv (export.csv) + csv (labels.csv) + folder (c)" and res["job_dataset"] == "ham10000"
+    assert res["dataset"] == "csv (export.csv) + csv (labels.csv) + folder (c)"
+    assert res["job_dataset"] == "derm_consortium"
     for i, h in enumerate("abc", 1):
         source = res["data"]["sites"][f"site-{i}"]["source"]
         assert source["fingerprint"] == json.loads((prepared[h] / "dataset.json").read_text())["fingerprint"]
-    md = (tmp_path / "fedavg_pl_ham10000/server/simulate_job/results.md").read_text()
+    md = (tmp_path / "derm_consortium/server/simulate_job/results.md").read_text()
     assert md.startswith("# fedavg_pl on csv (export.csv) + csv (labels.csv) + folder (c)")
     annotated = {s: [ISIC[j] for j in d["annotated"]] for s, d in res["data"]["sites"].items()}
     assert annotated == {"site-1": ["MEL", "NV", "BCC"], "site-2": ["NV", "AKIEC", "BKL", "VASC"],
@@ -259,5 +267,15 @@ def test_the_simulator_runs_separately_prepared_hospitals_each_scoring_its_own_s
     weighted = sum(per_site[s]["macro"]["accuracy"] * n[s] for s in n) / sum(n.values())
     assert final["test"]["macro"]["accuracy"] == pytest.approx(weighted)
     for site in ("site-1", "site-2", "site-3"):
-        log = (tmp_path / "fedavg_pl_ham10000" / site / "log.txt").read_text()
+        log = (tmp_path / "derm_consortium" / site / "log.txt").read_text()
         assert "Traceback" not in log, site
+
+
+def test_a_job_for_a_federation_s_own_classes_needs_them_said():
+    from fedpartial.tools.new_job import dataset_arg
+
+    with pytest.raises(ValueError, match="needs --task, --channels"):
+        dataset_arg("derm_consortium", classes=["A,B", "C"])
+    assert dataset_arg("derm_consortium", ["A,B", "C"], "multilabel", 1) == {
+        "name": "derm_consortium", "image_size": 64, "classes": ["A", "B", "C"], "task": "multilabel", "channels": 1}
+    assert dataset_arg("ham10000", ["MEL", "NV"]) == {"preset": "ham10000", "classes": ["MEL", "NV"]}

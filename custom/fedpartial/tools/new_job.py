@@ -3,6 +3,11 @@ dataset preset, and export it next to it::
 
     python -m fedpartial.tools.new_job jobs/fedavg_pl_ich --method fedavg_pl --dataset ich_phantom --sites 5
 
+A federation with its own class names and task (its sites bring their data)::
+
+    python -m fedpartial.tools.new_job jobs/derm_consortium --method fedavg_pl --dataset derm_consortium \
+        --classes MEL NV BCC AKIEC BKL DF VASC --task multiclass --channels 3 --sites 3
+
 ``job.py`` is the job's one source: edit it, then ``make jobs`` re-exports ``meta.json``,
 ``app/config/config_fed_{server,client}.json`` and ``app/custom`` (build outputs). The configuration layout
 itself is the recipe's (:mod:`fedpartial.job_layout`); this tool only writes the ``job.py``.
@@ -101,6 +106,26 @@ def write_job(folder: str | Path, method: str, dataset: dict, num_sites: int, nu
     return export_job(folder)
 
 
+def dataset_arg(dataset: str, classes: list[str] | None = None, task: str | None = None,
+                channels: int | None = None, image_size: int | None = None) -> dict:
+    """``new_job``'s dataset: a JSON config, a preset (``--classes`` / ``--task`` / ... override it), or a
+    federation's own dataset by name (``--classes``, ``--task`` and ``--channels`` required)."""
+    from ..data.presets import PRESETS
+
+    if dataset.strip().startswith("{"):
+        return json.loads(dataset)
+    own = {"classes": [c for item in classes for c in item.split(",") if c] if classes else None, "task": task,
+           "channels": channels, "image_size": image_size}
+    own = {k: v for k, v in own.items() if v is not None}
+    if dataset in PRESETS:
+        return {"preset": dataset, **own}
+    missing = [f"--{k}" for k in ("classes", "task", "channels") if k not in own]
+    if missing:
+        raise ValueError(f"--dataset {dataset!r} is no preset ({', '.join(sorted(PRESETS))}); a federation's own "
+                         f"dataset needs {', '.join(missing)}")
+    return {"name": dataset, "image_size": 64, **own}
+
+
 def main(argv=None) -> int:
     argv = list(__import__("sys").argv[1:] if argv is None else argv)
     if argv and argv[0] == "--harden":
@@ -115,7 +140,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("folder")
     ap.add_argument("--method", required=True)
-    ap.add_argument("--dataset", required=True, help="preset name or a JSON dataset config")
+    ap.add_argument("--dataset", required=True,
+                    help="a preset name, a JSON dataset config, or the name of a federation's own dataset (then "
+                         "--classes, --task and --channels say what it is; its sites bring their data: "
+                         "local/fedpartial_data.json, or job.py --site-data in the simulator)")
+    ap.add_argument("--classes", nargs="+", help="the federation's classes, in order (space or comma separated)")
+    ap.add_argument("--task", choices=("multilabel", "multiclass"), help="the federation's task")
+    ap.add_argument("--channels", type=int, help="image channels the model sees (1 grayscale, 3 colour)")
+    ap.add_argument("--image-size", type=int, help="image side the sites resize to (default: the preset's, else 64)")
     ap.add_argument("--sites", type=int, required=True)
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--max-missing", type=int, default=None,
@@ -124,7 +156,10 @@ def main(argv=None) -> int:
     ap.add_argument("--train", default=None, help="JSON training options")
     ap.add_argument("--model", default=None, help="JSON model options")
     a = ap.parse_args(argv)
-    dataset = json.loads(a.dataset) if a.dataset.strip().startswith("{") else {"preset": a.dataset}
+    try:
+        dataset = dataset_arg(a.dataset, a.classes, a.task, a.channels, a.image_size)
+    except ValueError as e:
+        ap.error(str(e))
     write_job(a.folder, a.method, dataset, a.sites, a.rounds, json.loads(a.model) if a.model else None,
               json.loads(a.train) if a.train else None, None, json.loads(a.method_args), max_missing=a.max_missing,
               job_py=True)

@@ -377,6 +377,45 @@ def test_recipe_runs_on_the_federation(deployment):
         h: len(pd.read_csv(dep.root / "data" / f"site-{i}.csv")) for i, h in enumerate(HOSPITALS, start=1)}
 
 
+def test_three_hospitals_prepare_their_own_exports_alone_and_train_one_federation(deployment):
+    """docs/deployment.md's walkthrough: three hospitals, three exports in three shapes (a CSV of one column per
+    class in its own order and case; a label-name CSV with unlabelled rows; class folders), each prepared alone
+    (``fedpartial-prepare --sites 1 --classes <the federation's>``), each kit's ``local/fedpartial_data.json``
+    naming its folder, the federation's own job (``new_job --dataset derm_consortium --classes ...``) submitted
+    with ``nvflare job submit``, followed and downloaded; each hospital trains on what it annotates and scores its
+    own test set, and the results name each hospital's data."""
+    from fedpartial.tools import new_job
+    from test_site_alone import ISIC, hospital_exports, prepare_alone
+
+    dep = deployment
+    prepared = prepare_alone(hospital_exports(dep.root / "exports", per_site=60), dep.root / "exports")
+    for hospital, h in zip(HOSPITALS, "abc"):  # each kit names its own folder (the walkthrough's JSON)
+        cfg_file = dep.kits / hospital / "local" / "fedpartial_data.json"
+        cfg = json.loads(cfg_file.read_text())
+        info = json.loads((prepared[h] / "dataset.json").read_text())
+        cfg["datasets"]["derm_consortium"] = {"data_root": info["data_root"], "train": str(prepared[h] / "site-1.csv"),
+                                              "val": str(prepared[h] / "val.csv"), "test": str(prepared[h] / "test.csv")}
+        cfg_file.write_text(json.dumps(cfg, indent=1))
+    job = dep.root / "jobs" / "derm_consortium"
+    assert new_job.main([str(job), "--method", "fedavg_pl", "--dataset", "derm_consortium", "--classes", *ISIC,
+                         "--task", "multiclass", "--channels", "3", "--image-size", "32", "--sites", "3",
+                         "--rounds", "2"]) == 0
+    proc, job_id = dep.submit(job)
+    assert proc.returncode == 0 and job_id, proc.stdout + proc.stderr
+    rc, log = dep.follow(job_id, dep.root / "results_derm", timeout=200)
+    assert rc == 0 and FINISHED_OK in log, log
+    res = json.loads(next((dep.root / "results_derm").rglob("results.json")).read_text())
+    assert sorted(res["rounds"][-1]["sites"]) == HOSPITALS and not res["rounds"][-1]["missing"]
+    annotated = {s: [ISIC[j] for j in d["annotated"]] for s, d in res["data"]["sites"].items()}
+    assert annotated == {"hospital-1": ["MEL", "NV", "BCC"], "hospital-2": ["NV", "AKIEC", "BKL", "VASC"],
+                         "hospital-3": ["MEL", "NV", "DF"]}
+    assert res["dataset"] == "csv (export.csv) + csv (labels.csv) + folder (c)"
+    assert res["job_dataset"] == "derm_consortium"
+    final = next(v for k, v in res["final"].items() if k.startswith("FL_global_model"))
+    assert sorted(final["per_site"]) == HOSPITALS and res["data"]["shared_eval_sets"]["test"] == []
+    assert final["test"]["n"] == sum(r["test"]["n"] for r in final["per_site"].values())
+
+
 # ------------------------------------------------------------------------------------------ faults
 def training_round(sess, job_id: str) -> int | None:
     """The round (1-based) job ``job_id``'s training workflow is in, from the server's stats (None outside

@@ -561,3 +561,29 @@ def test_moon_contrastive_term_by_hand_and_previous_model_kept_as_site_state(tmp
     fresh.extra_loss = lambda b, lg, f: seen.append(orig(b, lg, f)) or seen[-1]
     fresh.train_round(1, 3, {})
     assert seen and all(t is not None and torch.isfinite(t) for t in seen)  # the term is active from round 1
+
+
+def test_a_step_count_meant_for_a_large_site_is_named_on_a_small_one_and_capped_when_asked():
+    from fedpartial.methods.base import TrainOptions, local_work
+
+    fedlsm = TrainOptions(batch_size=64, local_steps=30)  # FedLSM's steps on a 70-image site: 27.4 epochs a round
+    same, note = local_work(fedlsm, 70)
+    assert same.local_steps == 30 and "27.4 passes over its 70 training images" in note
+    assert "train.max_local_epochs" in note
+    assert local_work(fedlsm, 2000) == (fedlsm, None)  # 0.96 epochs: nothing to say
+    capped, note = local_work(TrainOptions(batch_size=64, local_steps=30, max_local_epochs=5), 70)
+    assert capped.local_steps == 5 and "capped at train.max_local_epochs 5: 5 steps" in note  # floor(5 * 70 / 64)
+    assert local_work(TrainOptions(batch_size=64, local_steps=30, max_local_epochs=5), 10)[0].local_steps == 1
+    assert local_work(TrainOptions(local_epochs=3), 5)[1] is None  # epochs are already the site's own
+
+
+def test_jobs_readme_lists_every_training_option():
+    import dataclasses
+
+    from fedpartial.methods.base import TrainOptions
+
+    from conftest import REPO
+
+    text = (REPO / "jobs" / "README.md").read_text()
+    missing = [f.name for f in dataclasses.fields(TrainOptions) if f"| `{f.name}` |" not in text]
+    assert not missing, f"jobs/README.md's training options table lacks {missing}"

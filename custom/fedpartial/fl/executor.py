@@ -51,6 +51,7 @@ from ..data.sitedata import SiteDatasets
 from ..device import describe, device_record, mixed_precision, resolve_device
 from ..evaluation import evaluate
 from ..methods import SiteContext, TrainOptions, get_method
+from ..methods.base import local_work
 from ..methods.options import build, opt
 from ..metrics import apply_validation_thresholds, flatten_metrics, format_table
 from ..models import build_model, default_inference_batch_size, numpy_state
@@ -222,6 +223,9 @@ class PartialLabelExecutor(Executor):
             return self.trainer.train_round(rnd, num_rounds, global_meta)
 
     def _build_trainer(self, fl_ctx: FLContext, site: str, where: str) -> None:
+        self.train_opts, note = local_work(self.train_opts, len(self.manifests["train"]))
+        if note:
+            self.log_warning(fl_ctx, f"site {site}: {note}")
         self.ctx = SiteContext(site=site, task=self.task_type, classes=self.classes,
                                annotated=self.manifests["train"].annotated, model=self.net, data=self.data,
                                device=self.torch_device, state_dir=self.state_dir, train=self.train_opts,

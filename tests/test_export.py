@@ -269,7 +269,8 @@ def test_multilabel_bundle_runs_without_the_package_and_equals_predict(ich_ws, t
     for section in ("## Input", "## Output and thresholds", "## Training", "## Metrics", "## Known limits"):
         assert section in card
     macro = res["final"][P.BEST_MODEL]["test"]["macro"]["auc"]
-    assert f"| **macro** | {100 * macro:.1f}" in card
+    n = res["final"][P.BEST_MODEL]["test"]["n"]
+    assert f"| **macro** | {n} images | {100 * macro:.1f}" in card
     for png in ("auc_ci.png", "site_auc.png"):
         assert f"]({png})" in card and (tmp_path / "B" / "docs" / png).read_bytes()[:4] == b"\x89PNG"
 
@@ -288,3 +289,30 @@ def test_single_label_bundle_runs_without_the_package_and_equals_predict(ham_ws,
     np.testing.assert_allclose(probs.sum(axis=1), 1.0, atol=1e-4)  # softmax
     assert meta["thresholds"] == {} and meta["task_type"] == "multiclass"
     assert meta["preprocessing"]["mean"] == [0.763, 0.546, 0.570]  # HAM10000's normalisation travelled
+
+
+def test_the_card_gives_counts_intervals_and_warnings_a_clinician_needs():
+    """Per class the test positives / negatives and 95 % intervals of sensitivity (Wilson: 8 of 8 found is
+    [67.6, 100]), specificity and F1; warnings for 2 rounds, a small test set, a class with few positives and
+    predictions piled on one class; the privacy line in words."""
+    from fedpartial.tools.model_card import metrics_table, privacy_lines, warnings_for
+
+    per_class = {"MEL": {"auc": 0.9, "sensitivity": 1.0, "specificity": 0.5, "f1": 0.4},
+                 "NV": {"auc": 0.8, "sensitivity": 0.5, "specificity": 1.0, "f1": 0.66}}
+    test = {"task": "multiclass", "n": 40, "per_class": per_class,
+            "macro": {"auc": 0.85, "sensitivity": 0.75, "specificity": 0.75, "f1": 0.53},
+            "counts": {"MEL": {"pos": 8, "neg": 32, "pred": 24}, "NV": {"pos": 32, "neg": 8, "pred": 16}}}
+    table = "\n".join(metrics_table(test))
+    assert "| MEL | 8 / 32 | 90.0 | 100.0 [67.6, 100.0] | 50.0 [33.6, 66.4] |" in table
+    assert "| **macro** | 40 images | 85.0 |" in table
+    meta = {"training": {"rounds": 2}}
+    warns = "\n".join(warnings_for(meta, {"test": test}))
+    assert "Trained for 2 round(s) only" in warns and "Small test set: 40 images" in warns
+    assert "Fewer than 30 positive test images: MEL (8)" in warns
+    assert "Predictions concentrate on MEL: 60 % of the test images are predicted MEL, 20 % are MEL" not in warns
+    test["counts"]["MEL"]["pred"] = 36
+    assert "Predictions concentrate on MEL: 90 % of the test images are predicted MEL, 20 % are MEL" in \
+        "\n".join(warnings_for(meta, {"test": test}))
+    line = privacy_lines({"hospital-1": {"releases": 4, "scope": None, "min_count": 5, "epsilon": None}})[0]
+    assert line == ("- hospital-1: 4 release(s) of per-class statistics; no privacy scope (the job's defaults); counts "
+                    "below 5 withheld; no formal differential-privacy guarantee (statistics left without noise).")

@@ -117,7 +117,9 @@ def _mean(values: list[float | None]) -> float | None:
 
 
 def _result(task: str, n: int, classes: Sequence[str], per_class: dict, macro: dict, undefined_for: dict) -> dict:
-    """Assemble the common result dict; ``undefined_for`` maps macro name -> per-class metric name."""
+    """Assemble the common result dict; ``undefined_for`` maps macro name -> per-class metric name. The metric
+    functions add ``counts``: per class the scored positives (``pos``), negatives (``neg``) and predicted
+    positives (``pred``; at the threshold, or the argmax), which pool across sets by summing."""
     undef = {m: [c for c in classes if per_class[c][pm] is None] for m, pm in undefined_for.items()}
     return {"task": task, "n": int(n), "macro": macro, "per_class": per_class,
             "n_undefined": {m: len(v) for m, v in undef.items()}, "undefined_classes": undef}
@@ -150,10 +152,12 @@ def multilabel_metrics(y_true: np.ndarray, probs: np.ndarray, classes: Sequence[
 
     thr = _per_class_thresholds(threshold, C)
     per_class: dict[str, dict[str, float | None]] = {}
+    counts: dict[str, dict[str, int]] = {}
     for c, name in enumerate(classes):
         rows = mask[:, c]
         yt, p = y_true[rows, c].astype(int), probs[rows, c]
         pred = (p >= thr[c]).astype(int)
+        counts[name] = {"pos": int(yt.sum()), "neg": int(len(yt) - yt.sum()), "pred": int(pred.sum())}
         m: dict[str, float | None] = dict.fromkeys(ML_CLASS_METRICS)
         if len(yt):
             for key, fn in (("f1", f1_score), ("precision", precision_score), ("recall", recall_score)):
@@ -172,6 +176,7 @@ def multilabel_metrics(y_true: np.ndarray, probs: np.ndarray, classes: Sequence[
     macro = {k: _mean([per_class[c][pm] for c in classes]) for k, pm in ML_MACRO.items()}
     macro["bce"] = _mean([per_class[c]["bce"] for c in classes])
     out = _result("multilabel", len(y_true), classes, per_class, macro, ML_MACRO)
+    out["counts"] = counts
     if histogram:
         out["score_hist"] = score_histogram(y_true, probs, classes, mask)
     return out
@@ -218,6 +223,7 @@ def multiclass_metrics(y_true: np.ndarray, probs: np.ndarray, classes: Sequence[
 
     n = len(y_true)
     per_class = {name: dict.fromkeys(MC_CLASS_METRICS) for name in classes}
+    counts = {name: {"pos": 0, "neg": n, "pred": 0} for name in classes}
     macro: dict[str, float | None] = dict.fromkeys(
         ("auc", "accuracy", "bacc", "f1", "precision", "recall", "sensitivity", "specificity"))
     if n:
@@ -229,6 +235,7 @@ def multiclass_metrics(y_true: np.ndarray, probs: np.ndarray, classes: Sequence[
         for c, name in enumerate(classes):
             tp, pos, pred_pos = cm[c, c], cm[c].sum(), cm[:, c].sum()
             tn = n - pos - pred_pos + tp
+            counts[name] = {"pos": int(pos), "neg": int(n - pos), "pred": int(pred_pos)}
             m = per_class[name]
             m.update(f1=float(f1[c]), precision=float(prec[c]), recall=float(rec[c]))
             if pos:
@@ -245,8 +252,10 @@ def multiclass_metrics(y_true: np.ndarray, probs: np.ndarray, classes: Sequence[
             sensitivity=_mean([per_class[c]["sensitivity"] for c in classes]),
             specificity=_mean([per_class[c]["specificity"] for c in classes]),
         )
-    return _result("multiclass", n, classes, per_class, macro,
-                   {"auc": "auc", "sensitivity": "sensitivity", "specificity": "specificity"})
+    out = _result("multiclass", n, classes, per_class, macro,
+                  {"auc": "auc", "sensitivity": "sensitivity", "specificity": "specificity"})
+    out["counts"] = counts
+    return out
 
 
 def compute_metrics(task: str, y_true: np.ndarray, probs: np.ndarray, classes: Sequence[str],

@@ -178,6 +178,8 @@ def suppress_metrics(result: dict, positives: np.ndarray, negatives: np.ndarray,
         out["ci"] = {**ci, "auc": {**auc, "macro": None,
                                    "per_class": {c: (None if c in small else v)
                                                  for c, v in (auc.get("per_class") or {}).items()}}}
+    if isinstance(result.get("counts"), dict):
+        out["counts"] = {c: (dict.fromkeys(v) if c in small else v) for c, v in result["counts"].items()}
     if "score_hist" in result:
         h = dict(result["score_hist"])
         for key in ("pos", "neg"):

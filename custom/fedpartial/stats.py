@@ -121,6 +121,33 @@ class _quiet:
         self._w.__exit__(*exc)
 
 
+def wilson_interval(k: float, n: int, z: float = 1.959964) -> list[float] | None:
+    """95 % Wilson score interval ``[lo, hi]`` of a proportion ``k / n`` (sensitivity = TP / positives,
+    specificity = TN / negatives); None for ``n`` = 0. Unlike the normal approximation it stays inside [0, 1] and
+    is not empty at 0 / n or n / n (8 of 8 positives found: [0.676, 1])."""
+    if not n:
+        return None
+    p = float(k) / n
+    den = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return [max(0.0, centre - half), min(1.0, centre + half)]
+
+
+def f1_interval(sensitivity: float, specificity: float, n_pos: int, n_neg: int, draws: int = 2000,
+                seed: int = 0) -> list[float] | None:
+    """95 % parametric-bootstrap interval of a class's F1 from its confusion counts: ``TP ~ Bin(n_pos, sens)``,
+    ``FP ~ Bin(n_neg, 1 - spec)``, F1 = 2 TP / (2 TP + FP + FN) per draw (seeded); None without positives."""
+    if not n_pos or sensitivity is None or specificity is None:
+        return None
+    rng = np.random.default_rng(seed)
+    tp = rng.binomial(n_pos, min(max(sensitivity, 0.0), 1.0), draws)
+    fp = rng.binomial(n_neg, min(max(1.0 - specificity, 0.0), 1.0), draws) if n_neg else np.zeros(draws, int)
+    den = 2 * tp + fp + (n_pos - tp)
+    f1 = np.where(den > 0, 2 * tp / np.maximum(den, 1), 0.0)
+    return [float(np.quantile(f1, 0.025)), float(np.quantile(f1, 0.975))]
+
+
 def per_class_auc(result: Mapping) -> dict[str, float]:
     """``{class: auc}`` of a ``fedpartial.metrics`` result, defined classes only."""
     return {c: float(v["auc"]) for c, v in (result.get("per_class") or {}).items()

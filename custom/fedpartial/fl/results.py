@@ -69,7 +69,11 @@ def average_results(results: list[tuple[dict, float]]) -> dict | None:
         tot = sum(w for _, w in vals)
         return sum(v * w for v, w in vals) / tot if tot > 0 else None
 
-    out = {k: v for k, v in first.items() if k not in ("macro", "per_class", "n")}
+    out = {k: v for k, v in first.items() if k not in ("macro", "per_class", "n", "counts")}
+    if all(isinstance(r.get("counts"), dict) for r, _ in results):  # counts add up (None: kept at a site)
+        out["counts"] = {c: {k: (None if any((r["counts"].get(c) or {}).get(k) is None for r, _ in results)
+                                 else sum(r["counts"][c][k] for r, _ in results)) for k in first["counts"][c]}
+                         for c in first["counts"]}
     out["n"] = sum(r.get("n", 0) for r, _ in results)
     out["macro"] = {m: avg(lambda r, m=m: r["macro"].get(m)) for m in first.get("macro", {})}
     out["per_class"] = {c: {m: avg(lambda r, c=c, m=m: r["per_class"][c].get(m)) for m in first["per_class"][c]}

@@ -15,33 +15,112 @@ def _ci(iv) -> str:
     return f" [{100 * iv[0]:.1f}, {100 * iv[1]:.1f}]" if iv else ""
 
 
+def _rate_ci(rate, n) -> str:
+    """`` [lo, hi]`` of a proportion measured on ``n`` cases (Wilson), '' when unknown."""
+    from ..stats import wilson_interval
+
+    if rate is None or not n or not isinstance(rate, (int, float)) or not math.isfinite(rate):
+        return ""
+    return _ci(wilson_interval(round(rate * n), int(n)))
+
+
 def metrics_table(test: dict) -> list[str]:
-    """Per class: AUROC with its 95 % bootstrap interval, AP, and the thresholded metrics at the validation
-    thresholds where the run has them (else at 0.5), in percent."""
+    """Per class: the test positives / negatives, AUROC with its 95 % bootstrap interval, and sensitivity,
+    specificity (95 % Wilson intervals) and F1 (95 % parametric-bootstrap interval from the confusion counts) at
+    the validation thresholds where the run has them (else at 0.5 / the argmax), AP and BACC for multi-label, in
+    percent."""
+    from ..stats import f1_interval
+
     if not test:
         return ["No test evaluation is recorded for this model file."]
     multilabel = test.get("task", "multilabel") == "multilabel"
     ci = ((test.get("ci") or {}).get("auc") or {})
+    counts = test.get("counts") or {}
     at = "_val_thr" if multilabel and any("bacc_val_thr" in (m or {}) for m in test["per_class"].values()) else ""
-    if multilabel:
-        cols = [("AP", "ap"), ("BACC", "bacc" + at), ("sensitivity", "recall" + at), ("precision", "precision" + at)]
-    else:
-        cols = [("sensitivity", "sensitivity"), ("specificity", "specificity"), ("F1", "f1")]
-    lines = ["| class | AUROC [95 % CI] | " + " | ".join(c for c, _ in cols) + " |",
-             "|---|---|" + "---|" * len(cols)]
+    head = ["AP", "BACC"] if multilabel else []
+    lines = ["| class | test +/- | AUROC [95 % CI] | " + " | ".join(head + ["sensitivity", "specificity", "F1"]) + " |",
+             "|---|---|---|" + "---|" * (len(head) + 3)]
+
+    def row(name: str, m: dict, n: dict, auc_iv) -> str:
+        sens = m.get("recall" + at) if multilabel else m.get("sensitivity")
+        spec = m.get("specificity")
+        if multilabel and m.get("bacc" + at) is not None and sens is not None:
+            spec = 2 * m["bacc" + at] - sens
+        pos, neg = n.get("pos"), n.get("neg")
+        f1 = m.get("f1" + at)
+        f1_iv = f1_interval(sens, spec, pos, neg) if pos and neg is not None and spec is not None else None
+        cells = ([_pct(m.get("ap")), _pct(m.get("bacc" + at))] if multilabel else []) + [
+            _pct(sens) + _rate_ci(sens, pos), _pct(spec) + _rate_ci(spec, neg), _pct(f1) + _ci(f1_iv)]
+        size = f"{pos} / {neg}" if pos is not None and neg is not None else n.get("all", "n/a")
+        return f"| {name} | {size} | {_pct(m.get('auc'))}{_ci(auc_iv)} | " + " | ".join(cells) + " |"
+
     for c, m in test["per_class"].items():
         m = m or {}
         iv = (ci.get("per_class") or {}).get(c) if m.get("auc") is not None else None
-        lines.append(f"| {c} | {_pct(m.get('auc'))}{_ci(iv)} | "
-                     + " | ".join(_pct(m.get(k)) for _, k in cols) + " |")
-    macro = test.get("macro") or {}
-    mk = {"ap": "map"}
-    lines.append(f"| **macro** | {_pct(macro.get('auc'))}{_ci(ci.get('macro'))} | "
-                 + " | ".join(_pct(macro.get(mk.get(k, k))) for _, k in cols) + " |")
+        lines.append(row(c, m, counts.get(c) or {}, iv))
+    macro = dict(test.get("macro") or {})
+    macro["ap"] = macro.get("map")
+    mrow = row("**macro**", macro, {"all": f"{test.get('n')} images"}, ci.get("macro"))
+    lines.append(mrow)
     where = "the validation thresholds" if at else ("0.5" if multilabel else "the argmax")
-    lines += ["", f"Percent, on the test set (n = {test.get('n')}); thresholded columns at {where}; `n/a`: the class "
+    lines += ["", f"Percent, on the test set (n = {test.get('n')}); `test +/-`: the class's scored positive / negative "
+                  f"test images; thresholded columns at {where}, with 95 % intervals (sensitivity, specificity: "
+                  "Wilson; F1: bootstrap of the confusion counts; AUROC: bootstrap of the images); `n/a`: the class "
                   "lacks an outcome there or its numbers stayed at the sites (minimum count)."]
     return lines
+
+
+SMALL_CLASS = 30
+"""Test positives below which a class's numbers get a warning."""
+
+
+def warnings_for(meta: dict, final: dict) -> list[str]:
+    """What a reader must know before trusting the numbers: few rounds, a small test set or class, predictions
+    concentrated on one class, a class always or never predicted."""
+    train, test = meta["training"], final.get("test") or {}
+    out = []
+    rounds = int(train.get("rounds") or 0)
+    if rounds and rounds < 5:
+        out.append(f"Trained for {rounds} round(s) only: a demonstration, not a finished model.")
+    n = int(test.get("n") or 0)
+    if test and n < 200:
+        out.append(f"Small test set: {n} images; every number below moves by several points with a few images.")
+    counts = test.get("counts") or {}
+    small = [f"{c} ({v['pos']})" for c, v in counts.items() if v.get("pos") is not None and v["pos"] < SMALL_CLASS]
+    if small:
+        out.append(f"Fewer than {SMALL_CLASS} positive test images: {', '.join(small)}; their sensitivity and F1 rest "
+                   "on these few cases (see the intervals).")
+    preds = {c: v.get("pred") for c, v in counts.items() if v.get("pred") is not None}
+    if test.get("task") == "multiclass" and preds and n:
+        top = max(preds, key=preds.get)
+        share, truth = preds[top] / n, (counts[top].get("pos") or 0) / n
+        if share >= 0.7 and share > 2 * truth:
+            out.append(f"Predictions concentrate on {top}: {100 * share:.0f} % of the test images are predicted "
+                       f"{top}, {100 * truth:.0f} % are {top}.")
+    elif preds:
+        always = [c for c, v in counts.items() if v.get("pred") is not None and v.get("pos") is not None
+                  and v["pos"] + v["neg"] and v["pred"] >= v["pos"] + v["neg"]]
+        never = [c for c, v in counts.items() if v.get("pred") == 0 and v.get("pos")]
+        if always:
+            out.append(f"Predicted positive for every test image: {', '.join(always)}.")
+        if never:
+            out.append(f"Never predicted positive on the test set: {', '.join(never)}.")
+    return [f"- **{x}**" for x in out]
+
+
+def privacy_lines(privacy: dict) -> list[str]:
+    """The privacy ledger in words, one line per site."""
+    out = []
+    for site, t in privacy.items():
+        scope = t.get("scope")
+        eps = t.get("epsilon")
+        guarantee = ("no formal differential-privacy guarantee (statistics left without noise)" if eps is None
+                     else f"differential privacy at epsilon {eps:.3g}" + (f", delta {t['delta']:g}"
+                                                                          if t.get("delta") else ""))
+        out.append(f"- {site}: {t.get('releases')} release(s) of per-class statistics; "
+                   + (f"privacy scope `{scope}`" if scope else "no privacy scope (the job's defaults)")
+                   + f"; counts below {t.get('min_count')} withheld; {guarantee}.")
+    return out
 
 
 def known_limits(meta: dict, final: dict) -> list[str]:
@@ -132,11 +211,10 @@ def write_model_card(bundle: Path, meta: dict, final: dict, results: dict) -> Pa
                          f"{', '.join(i['annotated_classes']) or 'none'} |")
         lines.append("")
     if train.get("privacy"):
-        lines += ["Privacy ledger (per-class statistics that left each site): "
-                  + "; ".join(f"{s}: {t.get('releases')} releases, scope {t.get('scope') or 'none'}, minimum count "
-                              f"{t.get('min_count')}, epsilon {'inf' if t.get('epsilon') is None else t['epsilon']}"
-                              for s, t in train["privacy"].items()), ""]
-    lines += ["## Metrics", "", *metrics_table(final.get("test") or {}), ""]
+        lines += ["Privacy (what left each site besides the model weights):", "",
+                  *privacy_lines(train["privacy"]), ""]
+    warn = warnings_for(meta, final)
+    lines += ["## Metrics", "", *(warn + [""] if warn else []), *metrics_table(final.get("test") or {}), ""]
     captions = {"auc_ci": "Per-class test AUROC with its 95 % bootstrap interval",
                 "sites": "Test AUROC per site and class",
                 "roc": "ROC curves (dot: the operating threshold)",

@@ -11,7 +11,10 @@ runs it in NVFlare's simulator with ``<sites>`` sites training at once (``python
 stops the run whole and keeps the finished ones) and reads ``results.json``. The table reports, per job, the
 mean and standard deviation over seeds of the test metrics of the final global model (and of the model that
 was best on validation), plus the wall time per round, and the same numbers in the papers' table layout
-(``--out X.json`` also writes ``X.md``).
+(``--out X.json`` also writes ``X.md``). ``X.json`` is the summary the repository keeps: the command, the commit,
+the arguments and per configuration and seed the final macro test metrics (a few KB); every run's whole
+``results.json`` (per-round histories, per-site results) goes to ``X.runs.json`` beside it, which git ignores:
+``--report`` and ``--resume`` read it where the benchmark ran, and the command in ``X.json`` writes it anew.
 
 Variants of a job (ablations) run under their own name with extra method options, given to both the sites'
 trainer and the server's rule: ``--variant "fedlsm_no_ue=fedlsm_isic:{\"ue\": false}"``; a ``"method"`` key runs
@@ -616,11 +619,95 @@ def report(a: argparse.Namespace, runs: dict[str, list[dict]]) -> str:
     return text
 
 
+def runs_path(out: Path) -> Path:
+    """``X.runs.json`` beside ``X.json``: every run's whole ``results.json`` (per-round histories, per-site
+    results), written where the command runs and not tracked by git (``.gitignore``); ``X.json`` keeps the summary."""
+    return out.with_name(out.stem + ".runs.json")
+
+
+def command_line(args: dict) -> str:
+    """The ``run_jobs.py`` command that produces a benchmark file (from its recorded arguments; ``--resume`` and
+    ``--only``, which split one benchmark into several invocations, left out)."""
+    parts = ["python benchmarks/run_jobs.py"]
+    if args.get("jobs"):
+        parts.append("--jobs " + " ".join(args["jobs"]))
+    for name, job, method_args in args.get("variant") or []:
+        parts.append(f"--variant '{name}={job}:{json.dumps(method_args)}'" if method_args else
+                     f"--variant '{name}={job}:{{}}'")
+    parts.append("--seeds " + " ".join(str(x) for x in args.get("seeds") or [0]))
+    parts += [f"--rounds {args.get('rounds')}", f"--sites {args.get('sites')}"]
+    if args.get("override") not in (None, "{}"):
+        parts.append(f"--override '{args['override']}'")
+    parts += [f"--unset {u}" for u in args.get("unset") or []]
+    for flag in ("compact", "no_plots"):
+        if args.get(flag):
+            parts.append("--" + flag.replace("_", "-"))
+    if args.get("tail"):
+        parts.append(f"--tail {args['tail']}")
+    if args.get("gap"):
+        parts.append("--gap " + " ".join(args["gap"]) + f" --gap-metric {args.get('gap_metric', 'f1')}")
+    for x, y in args.get("compare") or []:
+        parts.append(f"--compare {x} {y}")
+    if args.get("classes"):
+        parts.append("--classes " + " ".join(args["classes"]))
+    if args.get("plot_metric", "auc") != "auc":
+        parts.append(f"--plot-metric {args['plot_metric']}")
+    parts.append(f"--out {args.get('out')}")
+    return " ".join(parts)
+
+
+def _commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10)
+    except OSError:
+        return None
+    return out.stdout.strip() or None
+
+
+def final_per_seed(runs: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """Per configuration and seed: the setting and the macro test metrics of the last-round and the
+    best-on-validation global models (what the tracked summary keeps)."""
+    out = {}
+    for name, rs in runs.items():
+        out[name] = []
+        for k, r in enumerate(rs):
+            fin = r.get("final") or {}
+            out[name].append({"seed": r.get("seed", k), "setting": r.get("setting"),
+                              "seconds_per_round": r.get("seconds_per_round"),
+                              **{tag: ((fin.get(model) or {}).get("test") or {}).get("macro")
+                                 for tag, model in (("last", LAST_MODEL), ("best", BEST_MODEL))}})
+    return out
+
+
+def summary_record(args: dict, runs: dict[str, list[dict]], out: Path, tail: int = 0) -> dict:
+    """``X.json``: the command, the commit, the arguments, the summary rows and the final metrics per seed (a
+    few KB; the runs themselves are in ``X.runs.json``)."""
+    return {"command": command_line({**args, "out": args.get("out") or str(out)}), "commit": _commit(),
+            "args": args, "summary": summarise(runs, tail), "final": final_per_seed(runs),
+            "runs_file": runs_path(out).name}
+
+
+def load_runs(path: Path) -> tuple[dict, dict[str, list[dict]]]:
+    """``(args, runs)`` of a benchmark: from ``X.runs.json`` (or an older ``X.json`` that holds its runs); a
+    summary alone says which command writes them."""
+    full = runs_path(path)
+    for f in (full, path):
+        if f.is_file():
+            data = json.loads(f.read_text())
+            if "runs" in data:
+                return data.get("args") or {}, data["runs"]
+    if path.is_file():
+        cmd = json.loads(path.read_text()).get("command")
+        raise SystemExit(f"{path} holds the summary only; the runs ({full.name}) are written where the benchmark "
+                         f"runs: {cmd}")
+    raise SystemExit(f"{path}: no such benchmark file")
+
+
 def save(a: argparse.Namespace, runs: dict[str, list[dict]], args: dict | None = None) -> None:
     a.out.parent.mkdir(parents=True, exist_ok=True)
     args = args or vars(a) | {"out": str(a.out)}
-    a.out.write_text(json.dumps({"args": args, "summary": summarise(runs, a.tail),
-                                 "tables": tables(runs), "runs": runs}, indent=1, default=str))
+    runs_path(a.out).write_text(json.dumps({"args": args, "runs": runs}, separators=(",", ":"), default=str))
+    a.out.write_text(json.dumps(summary_record(args, runs, a.out, a.tail), indent=1, default=str) + "\n")
     a.out.with_suffix(".md").write_text(report(a, runs) + "\n")
 
 
@@ -645,17 +732,15 @@ def write_plots(out: Path, runs: dict[str, list[dict]], metric: str = "auc") -> 
 def previous_runs(a: argparse.Namespace) -> dict[str, list[dict]]:
     """The runs of an earlier invocation of the same benchmark (``--resume``); each run carries its seed (older
     files: the seeds in the order they ran)."""
-    if not a.out or not a.out.is_file():
+    if not a.out or not (a.out.is_file() or runs_path(a.out).is_file()):
         return {}
-    data = json.loads(a.out.read_text())
-    old = data["args"]
+    old, runs = load_runs(a.out)
     for key in ("rounds", "sites", "override", "unset"):
         was, now = old.get(key), getattr(a, key)
         if key == "unset":  # older files: none
             was, now = was or [], now or []
         if json.dumps(was, sort_keys=True) != json.dumps(now, sort_keys=True):
             raise SystemExit(f"--resume: {a.out} was run with {key}={old.get(key)!r}, not {getattr(a, key)!r}")
-    runs = data["runs"]
     for rs in runs.values():
         for run, seed in zip(rs, old.get("seeds", [])):
             run.setdefault("seed", seed)
@@ -702,12 +787,12 @@ def main(argv=None) -> int:
                     help="re-render the tables of a finished benchmark (rewrites X.md) and run nothing")
     a = ap.parse_args(argv)
     if a.report:
-        data = json.loads(a.report.read_text())
+        args, runs = load_runs(a.report)
         a.out = a.report
-        save(a, data["runs"], args=data["args"])
+        save(a, runs, args=args)
         if not a.no_plots:
-            write_plots(a.out, data["runs"], a.plot_metric)
-        print(report(a, data["runs"]))
+            write_plots(a.out, runs, a.plot_metric)
+        print(report(a, runs))
         return 0
     if not a.jobs and not a.variant:
         ap.error("give --jobs and/or --variant (or --report X.json)")

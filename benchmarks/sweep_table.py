@@ -29,8 +29,17 @@ MODELS = {"last": LAST_MODEL, "best": BEST_MODEL}
 
 
 def macro_aucs(path: Path, config: str, model: str) -> dict[str, float]:
-    """``{seed: macro test AUROC}`` of one configuration in one run_jobs.py output file."""
-    runs = json.loads(Path(path).read_text())["runs"]
+    """``{seed: macro test AUROC}`` of one configuration in one run_jobs.py summary file (``final``: per seed the
+    last-round and best-on-validation macro test metrics; an older file holding its runs works too)."""
+    data = json.loads(Path(path).read_text())
+    if "final" in data:
+        per_seed = data["final"]
+        if config not in per_seed:
+            raise SystemExit(f"{path}: no configuration {config!r} (have {', '.join(per_seed)})")
+        tag = "last" if model == "last" else "best"
+        return {str(r["seed"]): 100.0 * float(r[tag]["auc"]) for r in per_seed[config]
+                if (r.get(tag) or {}).get("auc") is not None}
+    runs = data["runs"]
     if config not in runs:
         raise SystemExit(f"{path}: no configuration {config!r} (have {', '.join(runs)})")
     out = {}

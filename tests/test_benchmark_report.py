@@ -69,8 +69,11 @@ def test_report_rerenders_a_finished_benchmark(tmp_path, capsys):
     md = (tmp_path / "bench.md").read_text()
     assert "| method | 2 | 25.00 | 25 % | 25.00 | 75 % |" in md
     assert "upper (all labels: upper bound)" in md  # the paper-layout table marks the fully labelled run
-    saved = json.loads(path.read_text())
-    assert saved["args"] == {"rounds": 3} and set(saved["runs"]) == set(RUNS)
+    saved = json.loads(path.read_text())  # the summary the repository keeps; the runs beside it, untracked
+    assert saved["args"] == {"rounds": 3} and "runs" not in saved and set(saved["final"]) == set(RUNS)
+    assert saved["runs_file"] == "bench.runs.json" and saved["command"].startswith("python benchmarks/run_jobs.py")
+    assert set(json.loads((tmp_path / "bench.runs.json").read_text())["runs"]) == set(RUNS)
+    assert _run_jobs().main(["--report", str(path)]) == 0  # again, from the runs file
     assert "25 %" in capsys.readouterr().out
 
 
@@ -92,8 +95,9 @@ def test_resume_runs_only_the_missing_pairs(tmp_path, monkeypatch):
     calls.clear()
     assert mod.main(args + ["--seeds", "0", "1", "--resume"]) == 0
     assert calls == [("a", 1), ("b", 1)]  # seed 0 kept from the first run
-    runs = json.loads(out.read_text())["runs"]
+    runs = mod.load_runs(out)[1]
     assert [r["seed"] for r in runs["a"]] == [0, 1]
+    assert [r["seed"] for r in json.loads(out.read_text())["final"]["a"]] == [0, 1]  # the tracked summary
     # a gap whose bounds have not run yet waits instead of stopping the benchmark
     assert mod.main(["--jobs", "a", "--rounds", "3", "--seeds", "0", "2", "--out", str(out), "--resume",
                      "--gap", "a", "zzz"]) == 0
@@ -104,7 +108,7 @@ def test_resume_runs_only_the_missing_pairs(tmp_path, monkeypatch):
     calls.clear()  # --only runs a subset of the list; the others stay in the file and the report
     assert mod.main(args + ["--seeds", "3", "--resume", "--only", "b"]) == 0
     assert calls == [("b", 3)]
-    runs = json.loads(out.read_text())["runs"]
+    runs = mod.load_runs(out)[1]
     assert [r["seed"] for r in runs["a"]] == [0, 1, 2] and [r["seed"] for r in runs["b"]] == [0, 1, 3]
     with pytest.raises(SystemExit):
         mod.main(args + ["--only", "c"])

@@ -88,3 +88,21 @@ def test_paper_configuration_has_the_papers_settings(job):
     assert ds["prepare"]["k"] == sites - 1 and server["min_clients"] == sites
     # meta.json: the sites that must stay connected (one may be missing)
     assert json.loads((folder / "meta.json").read_text())["min_clients"] == sites - server["max_missing_sites"]
+
+
+def test_the_repository_stays_light_to_clone():
+    """Tracked files under 8 MB in all; benchmark summaries without their runs (X.runs.json is git-ignored)."""
+    import shutil
+    import subprocess
+
+    from conftest import REPO
+
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    paths = [REPO / f for f in files.decode().split("\0") if f]
+    total = sum(p.stat().st_size for p in paths if p.is_file())
+    assert total < 8_000_000, f"tracked files take {total / 1e6:.1f} MB"
+    heavy = [p.name for p in paths if p.suffix == ".json" and "benchmarks/results" in str(p)
+             and p.is_file() and '"runs":' in p.read_text()[:200_000]]
+    assert not heavy, f"benchmark files that hold their runs (keep them in X.runs.json): {heavy}"

@@ -436,7 +436,7 @@ def test_mc_dropout_predictive_entropy_by_hand():
 
 def test_a_shared_evaluation_set_is_scored_by_one_site_and_a_local_one_by_its_own():
     from fedpartial.data.manifest import Manifest
-    from fedpartial.fl.executor import scorer_of
+    from fedpartial.fl.scoring import scorer_of
     from fedpartial.fl.results import data_record
 
     def manifest(paths, labels):

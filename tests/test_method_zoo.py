@@ -306,7 +306,7 @@ def test_old_names_are_refused_with_a_pointer():
 
     from fedpartial.methods import OptionError, TrainerOptions
     from fedpartial.methods.baselines import SupervisedTrainer
-    from fedpartial.methods.options import build, opt
+    from fedpartial.options import build, opt
 
     @dataclass
     class Renamed(TrainerOptions):

@@ -136,7 +136,7 @@ def test_every_exported_folder_matches_its_job_py(tmp_path):
 
 
 def test_recipe_options_are_the_methods_checked_options():
-    from fedpartial.methods.options import OptionError
+    from fedpartial.options import OptionError
     from fedpartial.recipes import FedIRMRecipe, FedLSMRecipe, FedMLPRecipe, PartialLabelRecipe, SurgicalRecipe
 
     r = FedMLPRecipe(name="m", dataset="ich_phantom", num_sites=5, num_rounds=3, warmup_rounds=1, L=0.4)

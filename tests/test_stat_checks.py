@@ -344,7 +344,7 @@ def test_refusal_reasons_reach_results_admin_and_show_results(tmp_path, capsys, 
 
     from fedpartial.fl.selection import degradation
     from fedpartial.tools import show_results
-    from fedpartial.tools.admin import degraded_lines
+    from fedpartial.tools.show_results import degraded_lines
 
     _, first, _ = _round("fedlsm", {"fedlsm_q": np.full(C, 1e30)})
     _, second, _ = _round("fedlsm", {"fedlsm_q": np.full(C, np.nan)}, rnd=1)

@@ -110,6 +110,7 @@ class _Manifest(SimpleNamespace):
 
 
 def _surgical_site(name="site-1", annotated=(True, True, False), val=True, **model_kw):
+    torch.manual_seed(0)  # the model's initial weights: the same whatever ran before in this process
     ctx = _site(name, list(annotated), n=24, model=PartialLabelNet("small_cnn", 3, 3, width=4, head_hidden=8, **model_kw))
     d = ctx.data
     v = (d.images[:12] + 0.01, d.labels[:12], torch.ones_like(d.mask[:12])) if val else None

@@ -86,7 +86,7 @@ def test_prepare_two_vocabularies_and_the_simulator_site_reads_them(tmp_path, mo
     assert "epidural" in pd.read_csv(ds.sites["site-1"], nrows=0).columns
     assert ds.info["vocabularies"]["site-3"] == {v: k for k, v in ICH_ABBREVIATIONS.items()}
     spec = {"source": "ich_phantom", "root": None, "num_sites": 4, "protocol": "table"}
-    monkeypatch.setattr("fedpartial.data.prepare.ensure_prepared", lambda s, c: out)
+    monkeypatch.setattr("fedpartial.data.site_config.ensure_prepared", lambda s, c: out)
     sd = resolve_site_data("site-3", {"name": "ich", "prepare": spec, "classes": classes})
     m = read_manifest(sd.train, classes, sd.data_root, site="site-3", **sd.vocabulary)
     assert m.annotated_classes() == ["epidural", "subarachnoid", "subdural"]

@@ -29,6 +29,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .options import check_known
+
 logger = logging.getLogger(__name__)
 
 ARCHS = ("small_cnn", "resnet18", "densenet121")
@@ -320,7 +322,5 @@ def default_inference_batch_size(train_batch_size: int, device: torch.device | s
 def build_model(cfg: dict, num_classes: int, where: str = "model") -> PartialLabelNet:
     """Model from a config dict such as ``{"arch": "resnet18", "in_channels": 3, "pretrained": null}``; an unknown
     key is an error naming ``where`` and the closest valid key."""
-    from .methods.options import check_known
-
     check_known(cfg, MODEL_OPTIONS + ("num_classes",), where)
     return PartialLabelNet(num_classes=num_classes, **{k: cfg[k] for k in MODEL_OPTIONS if k in cfg})

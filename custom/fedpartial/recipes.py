@@ -173,7 +173,7 @@ def check_job_options(name: str, method: str, model: dict, train: dict, evaluati
     options (keys and types, against the method's option classes), ``train``, ``evaluation`` and ``model``."""
     from .fl.executor import EvalOptions
     from .methods import TrainOptions, get_method
-    from .methods.options import build
+    from .options import build
     from .models import build_model
 
     where = f"job '{name}'"

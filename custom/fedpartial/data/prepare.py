@@ -64,6 +64,7 @@ from .quality import quality_pass, read_exclude
 from .sources import SourceTable, load_source
 from .sources.base import NOT_ANNOTATED, Dropped, SourceError
 from .sources.isic2019 import FLAMBY_CENTRES
+from .store_cli import main as store_main
 from .vocabulary import (CHEXPERT_SYNONYMS, VOCABULARIES, VocabularyError, closest, invert, match_classes,
                          resolve_vocabulary)
 
@@ -956,8 +957,6 @@ def _main(args) -> int:
             args.no_decode = True  # the store build decodes every image, and names an unreadable one
         out = _run(args)
         if args.store:
-            from .store_cli import main as store_main
-
             return store_main([str(out), *store])
     except (*USER_ERRORS, OSError) as e:
         if os.environ.get("FEDPARTIAL_DEBUG"):

@@ -32,89 +32,17 @@ from anywhere finds ``../shared/data/...`` next to the checkout.
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from .cache import CACHE_ENV, cache_dir  # noqa: F401 - where prepared splits and stores are kept
+from .prepare import ensure_prepared
+from .prepared import DATASET_JSON, check_job_classes, load_prepared
+from .site_files import (DATA_DIR_ENV, SITE_CONFIG_ENV, SITE_CONFIG_FILE, SiteData, SiteDataError,  # noqa: F401
+                         data_anchor, data_source, missing_root, read_site_config, resolve_path)
+from .sources.base import SourceError
 
-SITE_CONFIG_ENV = "FEDPARTIAL_SITE_CONFIG"
-SITE_CONFIG_FILE = "fedpartial_data.json"
-DATA_DIR_ENV = "FEDPARTIAL_DATA_DIR"
 REQUIRE_ENV = "FEDPARTIAL_REQUIRE_SITE_CONFIG"
-
-
-class SiteDataError(RuntimeError):
-    """A site cannot find its data; the message names the site and what to do."""
-
-
-@dataclass
-class SiteData:
-    site: str
-    dataset: str
-    data_root: Path
-    train: Path
-    val: Path | None
-    test: Path | None
-    origin: str  # "site-config:<file>" or "simulated:<folder>"
-    synthetic: bool = False
-    columns: dict[str, str] = field(default_factory=dict)  # the site's column name -> global class
-    ignore_columns: list[str] = field(default_factory=list)
-    source: dict = field(default_factory=dict)  # what the data are: data_source() of its prepared folder
-
-    @property
-    def vocabulary(self) -> dict:
-        """Keyword arguments of :func:`~fedpartial.data.manifest.read_manifest` for this site's manifests."""
-        return {"columns": dict(self.columns), "ignore_columns": list(self.ignore_columns)}
-
-
-def data_anchor() -> tuple[Path, str]:
-    """``(folder, what it is)``: where relative data roots of a job resolve (see the module docstring)."""
-    env = os.environ.get(DATA_DIR_ENV)
-    if env:
-        return Path(env).expanduser().resolve(), f"${DATA_DIR_ENV}"
-    checkout = Path(__file__).resolve().parents[3]
-    if (checkout / "jobs").is_dir() and (checkout / "custom" / "fedpartial").is_dir():
-        return checkout, "the checkout"
-    return Path.cwd(), "the working folder"
-
-
-def resolve_path(p: str | os.PathLike | None, base: Path | None = None) -> Path | None:
-    """Absolute paths as they are; relative ones against ``base``, else the data anchor (:func:`data_anchor`)."""
-    if p is None:
-        return None
-    p = Path(p).expanduser()
-    if p.is_absolute():
-        return p
-    root = base or data_anchor()[0]
-    return (root / p).resolve()
-
-
-def data_source(train: Path | None, info: dict | None = None) -> dict:
-    """What a site's data are, as results name them: ``{"source", "file", "fingerprint"}`` from the prepared
-    folder's ``dataset.json`` (the source's name, e.g. ``csv`` or a ``source_name``; the export's file name; the
-    manifests' fingerprint), else ``{"source": "manifest", "file": <the train manifest's name>}``."""
-    if info is None and train is not None:
-        meta = Path(train).parent / "dataset.json"
-        try:
-            info = json.loads(meta.read_text(encoding="utf-8-sig")) if meta.is_file() else None
-        except (OSError, json.JSONDecodeError):
-            info = None
-    if not info:
-        return {"source": "manifest", "file": Path(train).name if train else None}
-    files = list(info.get("source_files") or {})
-    root = str(info.get("data_root") or ".")
-    name = Path(files[0]).name if files else (Path(root).name if root != "." else None)  # a folder source: its name
-    return {"source": str(info.get("source")), "file": name, "fingerprint": info.get("fingerprint")}
-
-
-def _missing_root(site: str, dataset: str, key: str, value: str, path: Path) -> SiteDataError:
-    anchor, what = data_anchor()
-    how = f"relative to {anchor} ({what})" if not Path(value).expanduser().is_absolute() else "absolute"
-    return SiteDataError(
-        f"site '{site}': dataset '{dataset}': {key} {value!r} -> {path} does not exist ({how}); set "
-        f"${DATA_DIR_ENV} (job.py: --data-dir) to the folder it is relative to, or give an absolute path")
 
 
 def _site_config_file(local_dir: str | os.PathLike | None) -> Path | None:
@@ -124,38 +52,6 @@ def _site_config_file(local_dir: str | os.PathLike | None) -> Path | None:
     if local_dir is not None and (Path(local_dir) / SITE_CONFIG_FILE).is_file():
         return Path(local_dir) / SITE_CONFIG_FILE
     return None
-
-
-def _from_site_config(site: str, name: str, file: Path, classes=None) -> SiteData:
-    if not file.is_file():
-        raise SiteDataError(f"site '{site}': data config file {file} (from ${SITE_CONFIG_ENV}) does not exist")
-    try:
-        cfg = json.loads(file.read_text(encoding="utf-8-sig"))  # a BOM (Windows editors) is fine
-    except json.JSONDecodeError as e:
-        raise SiteDataError(f"site '{site}': {file} is not valid JSON ({e})") from e
-    entry = (cfg.get("datasets") or {}).get(name)
-    if entry is None:
-        raise SiteDataError(f"site '{site}': {file} has no entry for dataset '{name}' "
-                            f"(it lists {sorted((cfg.get('datasets') or {}))})")
-    if "train" not in entry:
-        raise SiteDataError(f"site '{site}': dataset '{name}' in {file} lacks the 'train' manifest")
-    base = file.parent.resolve()
-    root = resolve_path(entry.get("data_root", "."), base)
-    columns, ignore = _vocabulary(entry, classes, f"site '{site}', {file}, dataset '{name}'")
-    train = resolve_path(entry["train"], base)
-    return SiteData(site, name, root, train, resolve_path(entry.get("val"), base),
-                    resolve_path(entry.get("test"), base), origin=f"site-config:{file}", columns=columns,
-                    ignore_columns=ignore, source=data_source(train))
-
-
-def _vocabulary(entry: dict, classes, where: str) -> tuple[dict, list]:
-    from .vocabulary import VocabularyError, check_vocabulary
-
-    try:
-        return check_vocabulary(entry.get("columns"), entry.get("ignore_columns"), classes or [], where) \
-            if classes is not None else (dict(entry.get("columns") or {}), list(entry.get("ignore_columns") or []))
-    except VocabularyError as e:
-        raise SiteDataError(str(e)) from None
 
 
 def simulated_spec(dataset: dict) -> dict:
@@ -173,8 +69,6 @@ def simulated_spec(dataset: dict) -> dict:
 def _from_site_data(site: str, dataset: dict) -> SiteData:
     """A simulated site's own ``--sites 1`` prepared folder (``dataset.site_data[site]``): its manifest, its own
     val / test sets, its data root."""
-    from .prepare import DATASET_JSON, check_job_classes, load_prepared
-    from .sources.base import SourceError
 
     given = dataset["site_data"]
     if site not in given:
@@ -182,7 +76,7 @@ def _from_site_data(site: str, dataset: dict) -> SiteData:
                             f"{len(given)} sites, or give it one: --site-data {site}=FOLDER")
     folder = resolve_path(given[site])
     if not (folder / DATASET_JSON).is_file():
-        raise _missing_root(site, dataset["name"], f"site_data[{site!r}]", given[site], folder / DATASET_JSON)
+        raise missing_root(site, dataset["name"], f"site_data[{site!r}]", given[site], folder / DATASET_JSON)
     prepared = load_prepared(folder)
     if len(prepared.sites) != 1:
         raise SiteDataError(f"site '{site}': {folder} holds {len(prepared.sites)} sites {sorted(prepared.sites)}; "
@@ -198,21 +92,19 @@ def _from_site_data(site: str, dataset: dict) -> SiteData:
                     columns=dict(vocab), source=data_source(train, prepared.info))
 
 
-def _from_simulated(site: str, dataset: dict) -> SiteData:
-    from .prepare import DATASET_JSON, check_job_classes, ensure_prepared, load_prepared
-    from .sources.base import SourceError
+def simulated_site_data(site: str, dataset: dict) -> SiteData:
 
     if dataset.get("site_data"):  # each simulated site its own separately prepared folder
         return _from_site_data(site, dataset)
     if dataset.get("prepared"):  # a fedpartial-prepare folder, run as it is: each site its own manifest
         folder = resolve_path(dataset["prepared"])
         if not (folder / DATASET_JSON).is_file():
-            raise _missing_root(site, dataset["name"], "prepared", dataset["prepared"], folder / DATASET_JSON)
+            raise missing_root(site, dataset["name"], "prepared", dataset["prepared"], folder / DATASET_JSON)
     else:
         spec = simulated_spec(dataset)
         root = dataset["prepare"].get("root")
         if root is not None and not Path(spec["root"]).exists():  # a folder, or a file (a CSV source's CSV)
-            raise _missing_root(site, dataset["name"], "prepare.root", root, Path(spec["root"]))
+            raise missing_root(site, dataset["name"], "prepare.root", root, Path(spec["root"]))
         folder = ensure_prepared(spec, cache_dir())
     prepared = load_prepared(folder)
     try:
@@ -247,10 +139,10 @@ def resolve_site_data(site: str, dataset: dict, local_dir: str | os.PathLike | N
     name = dataset["name"]
     file = _site_config_file(local_dir)
     if file is not None:
-        return _from_site_config(site, name, file, dataset.get("classes"))
+        return read_site_config(site, name, file, dataset.get("classes"))
     if (dataset.get("prepare") or dataset.get("prepared") or dataset.get("site_data")) \
             and not site_config_required(dataset, simulated):
-        return _from_simulated(site, dataset)
+        return simulated_site_data(site, dataset)
     where = f"{Path(local_dir) / SITE_CONFIG_FILE}" if local_dir else f"local/{SITE_CONFIG_FILE}"
     raise SiteDataError(
         f"site '{site}' has no data configured for dataset '{name}': create {where} "

@@ -22,15 +22,15 @@ from pathlib import Path
 
 from ..processes import Interrupted, exit_status, interruptible
 from .manifest import Manifest, ManifestError, read_manifest
+from .prepared import load_prepared
 from .presets import resolve_dataset
+from .site_files import read_site_config
 from .store import ImageStore, StoreError
 
 
 def prepared_manifests(folder: str | os.PathLike, task: str | None = None) -> dict[str, dict[str, Manifest]]:
     """``{site: {split: manifest}}`` of a ``fedpartial-prepare`` folder as the simulator's sites read them (each
     site its training rows, and the shared validation and test sets)."""
-    from .prepare import load_prepared
-
     p = load_prepared(folder)
     vocab = p.info.get("vocabularies") or {}
     out: dict[str, dict[str, Manifest]] = {}
@@ -110,10 +110,8 @@ def _main(args) -> int:
     try:
         ds = _dataset(args)
         if args.site_config:
-            from .site_config import _from_site_config
-
             name = args.dataset or ds.get("name")
-            sd = _from_site_config("local", name, Path(args.site_config))
+            sd = read_site_config("local", name, Path(args.site_config))
             classes = ds["classes"] or _header_classes(sd.train)
             read = dict(data_root=sd.data_root, site="local", task=ds["task"], require_annotated=False,
                         **sd.vocabulary)
@@ -126,8 +124,6 @@ def _main(args) -> int:
             manifests = {"local": splits}
         elif args.prepared:
             manifests = prepared_manifests(args.prepared)
-            from .prepare import load_prepared
-
             ds = {**ds, "classes": load_prepared(args.prepared).classes}
         else:
             raise ValueError("give a prepared folder or --site-config")

@@ -29,6 +29,7 @@ from ..privacy import DEFAULT_MIN_COUNT, ClassStat, from_dicts, suppress_small
 from .keys import META_PRIVACY, META_SPEC, META_SUMMARY
 from .spec import job_spec
 from ..models import ARCH_OPTIONS
+from .scoring import scorer_of
 
 
 def summary_table(summary: dict) -> str:
@@ -179,8 +180,6 @@ def site_summary(summary: dict, site: str) -> dict:
     :func:`fedpartial.methods.base.summary_counts` reads it as before), and ``scores``: which of its own
     evaluation sets this site scores (a set several sites share is scored by the first of them by name). No
     other site's counts, sizes, fingerprints or configuration."""
-    from .executor import scorer_of
-
     sites = summary.get("sites") or {}
     C = len(summary["classes"])
     total = {"positives": np.zeros(C, np.int64), "negatives": np.zeros(C, np.int64), "annotated": np.zeros(C, bool)}

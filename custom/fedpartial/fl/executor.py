@@ -52,7 +52,7 @@ from ..device import describe, device_record, mixed_precision, resolve_device
 from ..evaluation import evaluate
 from ..methods import SiteContext, TrainOptions, get_method
 from ..methods.base import local_work
-from ..methods.options import build, opt
+from ..options import build, opt
 from ..metrics import apply_validation_thresholds, flatten_metrics, format_table
 from ..models import build_model, default_inference_batch_size, numpy_state
 from ..privacy import DEFAULT_MIN_COUNT, as_dicts, strip_paths, suppress_metrics, suppress_small
@@ -62,6 +62,7 @@ from .privacy import apply_policy, check_method_under_policy, effective_min_coun
 from .keys import (META_ANNOTATED, META_GROUPS, META_N_TRAIN, META_PRIVACY, META_RESULTS, META_SPEC, META_SUMMARY, META_TEST,
                    META_WEIGHT, LOCAL_MODEL_FILE, STATE_DIR, STATE_FILE)
 from .results import method_stats
+from .scoring import scorer_of
 from .spec import job_spec, spec_mismatch
 
 log = logging.getLogger("fedpartial")
@@ -75,13 +76,6 @@ class EvalOptions:
     test_every: int = opt(0, "score the received model on the site's test data every N rounds (0: never)")
     batch_size: int | None = opt(None, "evaluation batch size (default: the training batch size on a CPU, 4 x it on "
                                        "a GPU: models.default_inference_batch_size)")
-
-
-def scorer_of(split: str, fingerprint: str, sites: dict) -> str | None:
-    """The site that scores an evaluation set: the first by name of the data summary's sites (``{site: {"eval_sets":
-    {split: fingerprint}}}``) holding a set with this fingerprint; None when no site reports it."""
-    holders = sorted(s for s, info in sites.items() if (info.get("eval_sets") or {}).get(split) == fingerprint)
-    return holders[0] if holders else None
 
 
 def save_atomic(obj, path: Path) -> None:

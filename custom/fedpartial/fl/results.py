@@ -46,6 +46,7 @@ from .spec import global_model_note, local_parts, resolved_options
 from .keys import (BEST_MODEL, LAST_MODEL, META_ANNOTATED, META_GROUPS, META_N_TRAIN, META_RESULTS, META_RULE_ERROR,
                    META_SKIPPED, META_TEST, META_WEIGHT, META_MISSING, META_REJECTED, META_CLIPPED, META_PRIVACY)
 from .privacy import add_cumulative_epsilon, ledger_totals
+from .selection import degradation  # sites lost or refused, classes left without annotator
 
 RESULTS_FILE = "results.json"
 TABLE_FILE = "results.md"
@@ -270,7 +271,6 @@ class ResultsRecorder(Widget):
             out["local_parts"] = local_parts(agg.method, agg.method_args)
             out["global_model_note"] = global_model_note(out["local_parts"])
         add_run_statistics(out, self._summary_sites(fl_ctx))  # AUROC intervals, own-class scores (fedpartial.stats)
-        from .selection import degradation  # sites lost or refused, classes left without annotator
 
         out["degraded"] = degradation(out)
         run_dir = Path(fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id()))

@@ -36,7 +36,7 @@ from nvflare.app_common.workflows.scatter_and_gather import ScatterAndGather as 
 
 from .checkpoint import (CHECKPOINT_FILE, check_resume, config_fingerprint, from_safe, read_file, resume_source,
                          run_folder, server_checkpoint, write_private)
-from .executor import scorer_of
+from .scoring import scorer_of
 from .keys import META_RESULTS
 
 SITE_LOSS = "site_bce"

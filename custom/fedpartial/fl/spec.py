@@ -9,7 +9,7 @@ import json
 from dataclasses import asdict
 
 from ..methods import get_method
-from ..methods.options import build
+from ..options import build
 from ..models import ARCH_OPTIONS, PartialLabelNet
 
 _MODEL_DEFAULTS = {k: p.default for k, p in inspect.signature(PartialLabelNet).parameters.items()

@@ -32,7 +32,7 @@ from ..aggregation import State, aggregate_states, clip_change_norms, robust_sta
 from ..models import NORM_TYPES, default_inference_batch_size, numpy_state
 from ..privacy import ClassStat
 from ..stat_checks import StatSpec, statistic_specs
-from .options import build, check_known, opt, option_names, renamed_options
+from ..options import build, check_known, opt, option_names, renamed_options
 
 Norm = Literal["average", "local", "frozen"]
 
@@ -563,9 +563,28 @@ def register(name: str, trainer: type[LocalTrainer], rule: type[ServerRule], doc
     _REGISTRY[name] = Method(name, trainer, rule, defaults, doc, job, comparison)
 
 
-def get_method(name: str) -> Method:
-    from . import load_all
+_loaded = False
 
+
+def load_all() -> None:
+    """Register the built-in methods (idempotent): every module or package of ``fedpartial.methods`` that defines
+    ``register_all(register)`` is imported and registers its methods, so a new method is one new module."""
+    import importlib
+    import pkgutil
+
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for info in sorted(pkgutil.iter_modules([str(Path(__file__).parent)]), key=lambda i: i.name):
+        if info.name in ("base", "common"):
+            continue
+        module = importlib.import_module(f"{__package__}.{info.name}")
+        if hasattr(module, "register_all"):
+            module.register_all(register)
+
+
+def get_method(name: str) -> Method:
     load_all()
     try:
         return _REGISTRY[name]
@@ -578,16 +597,12 @@ def get_method(name: str) -> Method:
 
 
 def available_methods() -> list[str]:
-    from . import load_all
-
     load_all()
     return sorted(_REGISTRY)
 
 
 def registered() -> list[Method]:
     """Every registered method, sorted by name."""
-    from . import load_all
-
     load_all()
     return [_REGISTRY[n] for n in sorted(_REGISTRY)]
 

@@ -22,7 +22,7 @@ from ..aggregation import masked_class_weights
 from ..losses import supervised_loss
 from .base import Contribution, LocalTrainer, RoundOutput, RuleOptions, ServerRule, TrainerOptions
 from .common import DeviceSums
-from .options import opt
+from ..options import opt
 
 
 @dataclass

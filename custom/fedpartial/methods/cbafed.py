@@ -61,7 +61,7 @@ import torch.nn.functional as F
 from ..losses import labelled_rows, masked_bce, row_ce
 from .base import ClassStat, Contribution, LocalTrainer, RoundOutput, RuleOptions, ServerRule, SiteContext, TrainerOptions
 from .common import DeviceSums, label_table, whole_set_pass
-from .options import opt
+from ..options import opt
 from ..stat_checks import StatSpec
 
 # site -> server

@@ -21,7 +21,7 @@ import numpy as np
 
 from .base import Contribution, RuleOptions, ServerRule
 from .baselines import SupervisedTrainer
-from .options import opt
+from ..options import opt
 
 
 def momentum_step(previous: np.ndarray, average: np.ndarray, velocity: np.ndarray | None, beta: float,

@@ -20,7 +20,7 @@ from ..losses import labelled_rows, row_ce
 from .base import ServerRule
 from .baselines import SupervisedOptions, SupervisedTrainer
 from .common import label_table
-from .options import opt
+from ..options import opt
 
 
 def calibration(counts: torch.Tensor, tau: float) -> torch.Tensor:

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from ..losses import labelled_rows
 from .base import LocalTrainer, RoundOutput, ServerRule, TrainerOptions
 from .common import DeviceSums, full_precision, label_table, plogp
-from .options import opt
+from ..options import opt
 
 __all__ = ["log_mixed", "sharpened_log_probs", "distill_probs", "ce_term", "js_term", "entropy_term", "sd_weight",
            "inverse_frequency", "fedlsr_loss", "FedLSROptions", "FedLSRTrainer", "register_all"]

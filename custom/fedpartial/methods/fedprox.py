@@ -11,7 +11,7 @@ import torch
 from .baselines import MaskedRule, SupervisedOptions, SupervisedTrainer
 from .base import ServerRule
 from .common import frozen_copy
-from .options import opt
+from ..options import opt
 
 
 @dataclass

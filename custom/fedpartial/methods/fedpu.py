@@ -74,7 +74,7 @@ from ..losses import labelled_rows, row_ce
 from .base import RoundOutput, ServerRule, summary_counts
 from .baselines import SupervisedOptions, SupervisedTrainer
 from .common import DeviceSums, label_table
-from .options import opt
+from ..options import opt
 
 META_PRIOR = "fedpu_prior"  # (C,) the class priors pi used this round
 META_CE = "fedpu_ce"  # mean cross-entropy on the labelled rows over the round's steps

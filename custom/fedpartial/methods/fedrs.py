@@ -16,7 +16,7 @@ from ..losses import labelled_rows, row_ce
 from .base import ServerRule
 from .baselines import MaskedRule, SupervisedOptions, SupervisedTrainer
 from .common import label_table
-from .options import opt
+from ..options import opt
 
 
 def logit_scales(counts: torch.Tensor, alpha: float, scaling: str = "presence") -> torch.Tensor:

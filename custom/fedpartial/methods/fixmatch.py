@@ -42,7 +42,7 @@ from ..losses import labelled_rows, supervised_loss
 from .base import LocalTrainer, RoundOutput, ServerRule, TrainerOptions
 from .baselines import MaskedRule
 from .common import DeviceSums
-from .options import opt
+from ..options import opt
 
 META_CANDIDATES = "fixmatch_candidates"  # unannotated entries (multi-label) / unlabelled rows (single-label) seen
 META_PSEUDO = "fixmatch_pseudo"  # of those, the ones given a pseudo label (summed over the round's steps)

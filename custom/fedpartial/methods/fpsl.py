@@ -40,7 +40,7 @@ from .base import TrainerOptions, summary_counts
 from .baselines import MaskedRule, SupervisedTrainer
 from .common import label_table
 from .fedlsm.maths import negative_positive_ratio
-from .options import opt
+from ..options import opt
 
 META_POS_WEIGHT = "fpsl_pos_weight"  # (C,) the class weights w_c this round (multi-label)
 

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from .base import ServerRule
 from .baselines import MaskedRule, SupervisedOptions, SupervisedTrainer
 from .common import frozen_copy
-from .options import opt
+from ..options import opt
 
 
 def model_contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor, tau: float) -> torch.Tensor:

@@ -38,7 +38,7 @@ from pathlib import Path
 from ..fl.results import render_tables
 from ..fl.simulator import failure_lines  # why a run failed: its logs' error lines (simulator or downloaded)
 from ..job_layout import training_entries
-from .show_results import find_results
+from .show_results import degraded_lines, find_results
 
 
 def open_session(kit: str | Path, user: str | None = None, timeout: float = 30.0):
@@ -72,15 +72,6 @@ def resume_folder(job_dir: str | Path, dest: str | Path, job_id: str | bool = Tr
         shutil.rmtree(dest)
         raise ValueError(f"{job_dir}: no fedpartial training workflow and executor to resume")
     return dest
-
-
-def degraded_lines(results: dict) -> list[str]:
-    """``DEGRADED: <reason>`` lines of a run that lost or refused sites (``results.json`` ``degraded``, else
-    computed from its rounds)."""
-    from ..fl.selection import degradation
-
-    info = results.get("degraded", None) if "degraded" in results else degradation(results)
-    return [f"DEGRADED: {r}" for r in (info or {}).get("reasons", [])]
 
 
 def results_text(path: str | Path) -> str:

@@ -21,10 +21,18 @@ import sys
 from pathlib import Path
 
 from ..fl.results import RESULTS_FILE, TABLE_FILE, render_tables
+from ..fl.selection import degradation
 
 CURVES_FILE = "results_curves.png"
 FIGURE_PREFIX = "results_"  # the final model's figures: results_auc_ci.png, results_site_auc.png, ...
 FIGURES_HEADING = "## Figures"
+
+
+def degraded_lines(results: dict) -> list[str]:
+    """``DEGRADED: <reason>`` lines of a run that lost or refused sites (``results.json`` ``degraded``, else
+    computed from its rounds); ``fedpartial-admin results`` prints the same."""
+    info = results.get("degraded", None) if "degraded" in results else degradation(results)
+    return [f"DEGRADED: {r}" for r in (info or {}).get("reasons", [])]
 
 
 def find_results(path: Path) -> Path:
@@ -104,7 +112,6 @@ def main(argv: list[str] | None = None) -> int:
     path = find_results(a.run)
     results = json.loads(path.read_text())
     print(f"{path}\n")
-    from .admin import degraded_lines  # the same DEGRADED lines as fedpartial-admin results (refusal reasons too)
 
     for line in degraded_lines(results):
         print(line)

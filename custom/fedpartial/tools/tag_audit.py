@@ -85,7 +85,7 @@ def site_truth(site: str, site_dir: Path, tables: dict | None = None) -> tuple[l
     from ..data.manifest import read_manifest
     from ..data.prepare import DATASET_JSON, load_prepared, prepared_path
     from ..data.presets import resolve_dataset
-    from ..data.site_config import _from_simulated, cache_dir, simulated_spec
+    from ..data.site_config import cache_dir, simulated_site_data, simulated_spec
     from ..data.sources import load_source
 
     ds = resolve_dataset(_client_args(site_dir)["dataset"])
@@ -95,7 +95,7 @@ def site_truth(site: str, site_dir: Path, tables: dict | None = None) -> tuple[l
     if not (folder / DATASET_JSON).is_file():  # never prepare a split here: audit the one the run used
         raise FileNotFoundError(f"site '{site}': the run's split {folder.name} is not in {folder.parent} (set "
                                 "FEDPARTIAL_CACHE to the cache the run used)")
-    data = _from_simulated(site, ds)
+    data = simulated_site_data(site, ds)
     classes = list(ds["classes"])
     manifest = read_manifest(data.train, classes, data_root=data.data_root, site=site, task=ds["task"],
                              require_annotated=False, **data.vocabulary).subset("train")

@@ -10,7 +10,7 @@ import torch
 
 from ...aggregation import robust_rows
 from ..base import Contribution, RuleOptions, ServerRule
-from ..options import opt
+from ...options import opt
 from .maths import META_GLOBAL_RELATION, META_GLOBAL_VALID, META_RELATION, META_RELATION_VALID, server_relation
 
 

@@ -14,7 +14,7 @@ from ...losses import labelled_rows
 from ..base import ClassStat, LocalTrainer, RoundOutput, SiteContext, TrainerOptions
 from ...stat_checks import StatSpec
 from ..common import DeviceSums, MeanTeacher, WithMeanTeacher, frozen_copy, mc_dropout_probs
-from ..options import opt
+from ...options import opt
 from .maths import (LN2, META_CONSISTENCY, META_DISTANCE, META_GLOBAL_RELATION, META_GLOBAL_VALID, META_IRM,
                     META_PSEUDO, META_RAMP, META_RECEIVED, META_RELATION, META_RELATION_VALID, META_SELECTED, Kind,
                     average_relations, consistency_loss, rampup, relation_matrix, self_training_targets,

@@ -9,7 +9,7 @@ import numpy as np
 
 from ...aggregation import masked_class_weights
 from ..base import Contribution, RuleOptions, ServerRule
-from ..options import opt
+from ...options import opt
 from .maths import META_Q, awpa_weights
 
 

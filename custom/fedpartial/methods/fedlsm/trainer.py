@@ -14,7 +14,7 @@ from ...evaluation import probabilities
 from ..base import ClassStat, LocalTrainer, RoundOutput, SiteContext, TrainerOptions, summary_counts
 from ...stat_checks import StatSpec
 from ..common import DeviceSums, ema_update, frozen_copy, label_table, whole_set_pass
-from ..options import opt
+from ...options import opt
 from .maths import (META_POOLS, META_PSEUDO, META_Q, META_UDE_PAIRS, mixup, multiclass_targets, multilabel_entropy,
                     multilabel_targets, negative_positive_ratio, pool_sizes, pseudo_ce, soft_ce, softmax_entropy,
                     split_pools, weighted_bce)

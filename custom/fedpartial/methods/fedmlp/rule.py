@@ -10,7 +10,7 @@ import torch
 
 from ...aggregation import robust_rows
 from ..base import Contribution, RuleOptions, ServerRule
-from ..options import opt
+from ...options import opt
 from .maths import (META_COUNTS, META_DEGREE, META_GLOBAL_DEGREE, META_GLOBAL_P0, META_GLOBAL_P1, META_GLOBAL_VALID,
                     META_P0, META_P1, aggregate_learning_degree, aggregate_prototypes)
 

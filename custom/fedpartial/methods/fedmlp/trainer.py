@@ -14,7 +14,7 @@ from ..base import ClassStat, LocalTrainer, RoundOutput, SiteContext, TrainerOpt
 from ...stat_checks import StatSpec
 from ...privacy import clip_rows
 from ..common import DeviceSums, frozen_copy, label_table, whole_set_pass
-from ..options import opt
+from ...options import opt
 from .maths import (META_COUNTS, META_DEGREE, META_GLOBAL_DEGREE, META_GLOBAL_P0, META_GLOBAL_P1, META_GLOBAL_VALID,
                     META_P0, META_P1, accumulate_pseudo_labels, class_prototypes, class_rates, consistency_loss,
                     candidate_counts, learning_degree, prevalence_rates, prototype_scores, schedule_share, select_top,

@@ -9,7 +9,7 @@ from typing import Literal
 import numpy as np
 
 from ..base import Contribution, RuleOptions, ServerRule
-from ..options import opt
+from ...options import opt
 from .maths import (META_AGG_WEIGHTS, META_ALL_NOISY, META_CLASS_LOSS, META_CLEAN_SITES, META_DETECT_NOISY,
                     META_DETECT_SCORE, META_DETECT_SITES, META_DETECTED_ROUND, META_DISTANCE, META_N_NOISY,
                     META_NOISY_SITES, META_SITES, daagg_weights, detect_noisy, noisy_distances)

@@ -13,7 +13,7 @@ from ..base import ClassStat
 from ...stat_checks import StatSpec
 from ..baselines import SupervisedOptions, SupervisedTrainer
 from ..common import DeviceSums, frozen_copy, label_table, whole_set_pass
-from ..options import opt
+from ...options import opt
 from .maths import (META_CLASS_COUNT, META_CLASS_LOSS, META_CLEAN_SITES, META_KD_WEIGHT, META_LOSS_KD, META_LOSS_LA,
                     META_NOISY, META_NOISY_SITES, META_STAGE, class_mean_losses, class_sample_counts, kd_loss,
                     kd_loss_code, kd_rampup, la_adjustment, la_loss)

@@ -10,7 +10,7 @@ import numpy as np
 
 from ...aggregation import clip_change_norms, weighted_average
 from ..base import Contribution, RuleOptions, ServerRule
-from ..options import opt
+from ...options import opt
 from .maths import (META_DISTANCES, META_SITE_SHARE, META_SITES, META_SUBSET_WEIGHTS, META_SUBSETS, META_UNSAMPLED,
                     dma_aggregate, sample_subsets, subset_size)
 

@@ -11,7 +11,7 @@ from ...evaluation import probabilities
 from ...losses import ce_labelled, labelled_rows, masked_bce
 from ..base import LocalTrainer, RoundOutput, SiteContext, TrainerOptions
 from ..common import DeviceSums, MeanTeacher, WithMeanTeacher
-from ..options import opt
+from ...options import opt
 from .maths import (CONFIDENT, META_CONFIDENT, META_CONSISTENCY, META_SUPERVISED, META_UNLABELLED, Kind,
                     consistency_loss, sharpen)
 

@@ -7,7 +7,7 @@ from typing import Literal
 
 from ..base import Contribution
 from ..baselines import MaskedRule, MaskedRuleOptions
-from ..options import opt
+from ...options import opt
 from .maths import average_norm
 from .trainer import META_NORM_FROM_WARMUP
 

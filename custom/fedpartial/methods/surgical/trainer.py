@@ -12,7 +12,7 @@ import torch
 
 from ..base import RoundOutput
 from ..baselines import SupervisedOptions, SupervisedTrainer
-from ..options import opt
+from ...options import opt
 from ...stat_checks import StatSpec
 from .maths import estimate_norm_statistics, freeze_for_warmup, has_norm_layers, head_modules, local_bce
 

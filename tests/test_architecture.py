@@ -1,0 +1,117 @@
+"""The package's import graph (every ``import`` of ``custom/fedpartial``, module level and inside functions, read
+with ``ast``) has no circle, and no room imports from a room on its own or a higher floor of the table in
+``docs/architecture.md`` ("Floors")."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from conftest import REPO
+
+PACKAGE = REPO / "custom" / "fedpartial"
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for p in sorted(PACKAGE.rglob("*.py")):
+        parts = p.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = p
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    """``{module: modules of the package it imports}``; ``from .x import name`` counts as ``x.name`` where that is
+    a module, else ``x``."""
+    mods = modules()
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        package = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                names = [f"{target}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                while name and name not in mods:
+                    name = name.rpartition(".")[0]
+                if name and name != mod:
+                    graph[mod].add(name)
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def floors() -> dict[str, int]:
+    text = (REPO / "docs" / "architecture.md").read_text()
+    table = text.split("### Floors", 1)[1]
+    out = {}
+    for floor, rooms in re.findall(r"^\| (\d+) \| (.+) \|$", table, re.M):
+        for room in re.findall(r"`([a-z_]+)`", rooms):
+            out[room] = int(floor)
+    return out
+
+
+def room(module: str) -> str:
+    return module.split(".")[1] if "." in module else ""
+
+
+def test_no_module_imports_itself_around_a_circle():
+    found = circles(import_graph())
+    assert not found, f"import circles: {found}"
+
+
+def test_every_import_goes_to_a_lower_floor():
+    floor = floors()
+    graph = import_graph()
+    rooms = {room(m) for m in graph} - {""}
+    assert rooms <= set(floor), f"rooms without a floor in docs/architecture.md: {sorted(rooms - set(floor))}"
+    upward = sorted(f"{a} -> {b}" for a, bs in graph.items() for b in bs
+                    if room(a) and room(b) and room(a) != room(b) and floor[room(b)] >= floor[room(a)])
+    assert not upward, f"imports to a room on the same or a higher floor: {upward}"
+
+
+def test_the_checks_see_a_circle_and_an_upward_arrow():
+    """The checks themselves: a circle made by hand is found; models -> methods would be an upward arrow."""
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    floor = floors()
+    assert floor["methods"] > floor["models"] and floor["tools"] > floor["fl"] > floor["methods"]

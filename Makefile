@@ -11,7 +11,7 @@ DEMO_JOB ?= fedmlp_ich
 # starts), so a third worker uses the cores they leave idle (fresh clone: 10 min 36 s with 3, 11 min 49 s with 2)
 TEST_WORKERS ?= 3
 
-.PHONY: setup jobs check-jobs check-readme demo test bench clean
+.PHONY: setup jobs check-jobs check-readme demo lint test bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -39,7 +39,12 @@ demo: setup
 check-readme: setup
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python benchmarks/readme_demo.py
 
-test: setup
+# the formatter and the lint rules of pyproject.toml [tool.ruff] (seconds); `ruff format` then fixes a format
+lint: $(VENV)/.installed
+	$(BIN)/ruff format --check --quiet custom tests benchmarks admin jobs
+	$(BIN)/ruff check --quiet custom tests benchmarks admin jobs
+
+test: setup lint
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=30 tests
 
 clean:

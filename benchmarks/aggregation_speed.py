@@ -63,7 +63,7 @@ def make_updates(num_sites: int, num_classes: int, seed: int = 0):
         upd = {}
         for k, v in previous.items():
             if np.issubdtype(v.dtype, np.floating):
-                upd[k] = (v + rng.normal(0, 1e-3, v.shape).astype(v.dtype))
+                upd[k] = v + rng.normal(0, 1e-3, v.shape).astype(v.dtype)
             else:
                 upd[k] = v.copy()
         updates.append(upd)
@@ -124,10 +124,21 @@ def main(argv=None) -> dict:
     for name, agg in aggregators.items():
         rows[name] = timed(lambda a=agg: one_round(a, previous, updates, groups, annotated, n), args.repeats)
     base = rows["plain weighted mean (numpy)"]
-    result = {"sites": args.sites, "parameters": params, "tensors": len(previous), "repeats": args.repeats,
-              "seconds": rows, "ratio": {k: v / base for k, v in rows.items()}}
-    lines = [f"{args.sites} ResNet-18 updates ({params / 1e6:.1f} M values in {len(previous)} tensors), median of "
-             f"{args.repeats}", "", "| what | s / round | x plain mean |", "|---|---|---|"]
+    result = {
+        "sites": args.sites,
+        "parameters": params,
+        "tensors": len(previous),
+        "repeats": args.repeats,
+        "seconds": rows,
+        "ratio": {k: v / base for k, v in rows.items()},
+    }
+    lines = [
+        f"{args.sites} ResNet-18 updates ({params / 1e6:.1f} M values in {len(previous)} tensors), median of "
+        f"{args.repeats}",
+        "",
+        "| what | s / round | x plain mean |",
+        "|---|---|---|",
+    ]
     lines += [f"| {k} | {v:.3f} | {v / base:.2f} |" for k, v in rows.items()]
     print("\n".join(lines))
     if args.out:

@@ -37,12 +37,21 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "custom"), str(REPO / "tests")]
 
-from test_deploy_poc import (HOSPITALS, PROJECT_ADMIN, Deployment, download_job, kill_pids,  # noqa: E402
-                             participant_processes, tolerant_job, wait_clients, wait_job, wait_round)
+from test_deploy_poc import (  # noqa: E402
+    HOSPITALS,
+    PROJECT_ADMIN,
+    Deployment,
+    download_job,
+    kill_pids,
+    participant_processes,
+    tolerant_job,
+    wait_clients,
+    wait_job,
+    wait_round,
+)
 
-from fedpartial.tools.admin import (STALE_AFTER, connected_sites, failure_lines, open_session,  # noqa: E402
-                                    resume_folder, site_check)
 from fedpartial.fl.selection import degradation  # noqa: E402
+from fedpartial.tools.admin import STALE_AFTER, connected_sites, failure_lines, open_session, resume_folder, site_check  # noqa: E402
 
 
 def kill(dep: Deployment, who: str, roles=("watchdog", "parent", "worker")) -> dict:
@@ -105,8 +114,13 @@ def dead_before_submit(dep: Deployment, sess, rounds: int) -> dict:
     jid = sess.submit_job(str(job))
     meta = wait_job(sess, jid, timeout=300)
     folder = download_job(sess, jid, dep.root / "res_before_submit")
-    row = {"killed_pids": pids, "seconds_until_admin_sees_it_down": seen_down, "admin_told": warning,
-           "status": meta.get("status"), "why": failure_lines(folder, limit=2)}
+    row = {
+        "killed_pids": pids,
+        "seconds_until_admin_sees_it_down": seen_down,
+        "admin_told": warning,
+        "status": meta.get("status"),
+        "why": failure_lines(folder, limit=2),
+    }
     row["restart"] = restart(dep, sess, "hospital-3", pids)
     return row
 
@@ -120,11 +134,15 @@ def dead_mid_round(dep: Deployment, sess, rounds: int) -> dict:
     meta = wait_job(sess, jid, timeout=900)
     after = round(time.time() - t_kill, 1)
     res, log = job_result(sess, jid, dep.root / "res_mid_round")
-    row = {"killed_pids": pids, "status": meta.get("status"), "seconds_kill_to_finished": after,
-           "missing_per_round": {r["round"]: r.get("missing", []) for r in res.get("rounds", [])},
-           "round_seconds": {r["round"]: round(r.get("seconds") or 0, 1) for r in res.get("rounds", [])},
-           "degraded": (res.get("degraded") or degradation(res) or {}).get("reasons"),
-           "final_evaluation_without": "final evaluation WITHOUT site(s) ['hospital-3']" in log}
+    row = {
+        "killed_pids": pids,
+        "status": meta.get("status"),
+        "seconds_kill_to_finished": after,
+        "missing_per_round": {r["round"]: r.get("missing", []) for r in res.get("rounds", [])},
+        "round_seconds": {r["round"]: round(r.get("seconds") or 0, 1) for r in res.get("rounds", [])},
+        "degraded": (res.get("degraded") or degradation(res) or {}).get("reasons"),
+        "final_evaluation_without": "final evaluation WITHOUT site(s) ['hospital-3']" in log,
+    }
     row["restart"] = restart(dep, sess, "hospital-3", pids)
     return row
 
@@ -145,11 +163,17 @@ def worker_killed(dep: Deployment, sess, rounds: int) -> dict:
         time.sleep(0.5)
     meta_r = wait_job(sess, jid_r, timeout=900)
     res, log = job_result(sess, jid_r, dep.root / "res_worker_resumed")
-    return {"killed_pids": pids, "status": meta.get("status"), "parent_pid_kept": parent_before == parent_after,
-            "resumed_status": meta_r.get("status"), "new_worker_pids": workers,
-            "new_worker_pid_differs": bool(workers) and not set(workers) & set(pids["worker"]),
-            "resume_line": _resume_line(log), "rounds": [r["round"] for r in res.get("rounds", [])],
-            "seconds_resubmit_to_finished": round(time.time() - t0, 1)}
+    return {
+        "killed_pids": pids,
+        "status": meta.get("status"),
+        "parent_pid_kept": parent_before == parent_after,
+        "resumed_status": meta_r.get("status"),
+        "new_worker_pids": workers,
+        "new_worker_pid_differs": bool(workers) and not set(workers) & set(pids["worker"]),
+        "resume_line": _resume_line(log),
+        "rounds": [r["round"] for r in res.get("rounds", [])],
+        "seconds_resubmit_to_finished": round(time.time() - t0, 1),
+    }
 
 
 def server_killed(dep: Deployment, sess, rounds: int) -> tuple[dict, object]:
@@ -169,11 +193,17 @@ def server_killed(dep: Deployment, sess, rounds: int) -> tuple[dict, object]:
     res, log = job_result(sess, jid_r, dep.root / "res_server_resumed")
     line = _resume_line(log)
     resumed_from = int(line.split("round ")[1].split()[0]) if "round " in line else None
-    return {"killed_pids": pids, "new_pids": back["new_pids"], "hospitals_reconnected_after_s": reconnected,
-            "killed_while_training_round": killed_in, "resume_line": line, "resumed_status": meta_r.get("status"),
-            "rounds": [r["round"] for r in res.get("rounds", [])],
-            "rounds_redone": None if resumed_from is None else killed_in - (resumed_from + 1),
-            "seconds_restart_to_finished": round(time.time() - t0, 1)}, sess
+    return {
+        "killed_pids": pids,
+        "new_pids": back["new_pids"],
+        "hospitals_reconnected_after_s": reconnected,
+        "killed_while_training_round": killed_in,
+        "resume_line": line,
+        "resumed_status": meta_r.get("status"),
+        "rounds": [r["round"] for r in res.get("rounds", [])],
+        "rounds_redone": None if resumed_from is None else killed_in - (resumed_from + 1),
+        "seconds_restart_to_finished": round(time.time() - t0, 1),
+    }, sess
 
 
 def main(argv=None) -> int:
@@ -182,13 +212,19 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--only", nargs="*", default=None, help="scenarios to run (default: all)")
     a = ap.parse_args(argv)
-    report: dict = {"command": " ".join(["python benchmarks/fault_injection.py", *(sys.argv[1:] if argv is None else argv)]),
-                    "rounds": a.rounds, "round_wait_after_min_s": 30}
+    report: dict = {
+        "command": " ".join(["python benchmarks/fault_injection.py", *(sys.argv[1:] if argv is None else argv)]),
+        "rounds": a.rounds,
+        "round_wait_after_min_s": 30,
+    }
     dep = Deployment(Path(tempfile.mkdtemp(prefix="fedpartial-faults-")))
     report["client_outcome_wait_timeout_s"] = float(dep.env["NVFLARE_CLIENT_OUTCOME_WAIT_TIMEOUT"])
     report["site_down_after_s"] = STALE_AFTER  # fedpartial-admin: no heartbeat for this long
-    scenarios = {"dead_before_submit": dead_before_submit, "dead_mid_round": dead_mid_round,
-                 "worker_killed": worker_killed}
+    scenarios = {
+        "dead_before_submit": dead_before_submit,
+        "dead_mid_round": dead_mid_round,
+        "worker_killed": worker_killed,
+    }
     sess = None
     try:
         dep.provision()

@@ -51,7 +51,16 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-CHECKS = ("step", "round", "store", "syncs", "eval", "paper", "job", "zoo")  # the zoo last: it takes the time left (--budget)
+CHECKS = (
+    "step",
+    "round",
+    "store",
+    "syncs",
+    "eval",
+    "paper",
+    "job",
+    "zoo",
+)  # the zoo last: it takes the time left (--budget)
 TARGET_AMP, TARGET_ROUND = 0.6, 1.2
 
 
@@ -98,6 +107,7 @@ def setup_path() -> list[str]:
 
 # ------------------------------------------------------------------------------------------ shared pieces
 
+
 def _images(root: Path, n: int, size: int, seed: int = 0) -> None:
     import numpy as np
     from PIL import Image
@@ -107,8 +117,19 @@ def _images(root: Path, n: int, size: int, seed: int = 0) -> None:
         Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(root / f"{i}.png")
 
 
-def _site(root: Path, k: int, n: int, task: str, annotated, ds: dict, model, device, train: dict, state_dir: Path,
-          n_val: int = 4):
+def _site(
+    root: Path,
+    k: int,
+    n: int,
+    task: str,
+    annotated,
+    ds: dict,
+    model,
+    device,
+    train: dict,
+    state_dir: Path,
+    n_val: int = 4,
+):
     """A SiteContext over ``n`` images ``k*n .. k*n+n-1`` of ``root`` (the last ``n_val`` for validation)."""
     import numpy as np
     import torch
@@ -127,8 +148,18 @@ def _site(root: Path, k: int, n: int, task: str, annotated, ds: dict, model, dev
     full = read_manifest(path, ds["classes"], data_root=root, task=task, require_annotated=False)
     data = SiteDatasets({"train": full.subset("train"), "val": full.subset("val")}, ds)
     state_dir.mkdir(parents=True, exist_ok=True)
-    return SiteContext(site=f"site-{k + 1}", task=task, classes=list(ds["classes"]), annotated=annotated,
-                       model=model, data=data, device=torch.device(device), state_dir=state_dir, seed=k, train=train)
+    return SiteContext(
+        site=f"site-{k + 1}",
+        task=task,
+        classes=list(ds["classes"]),
+        annotated=annotated,
+        model=model,
+        data=data,
+        device=torch.device(device),
+        state_dir=state_dir,
+        seed=k,
+        train=train,
+    )
 
 
 def _annotations(name: str, task: str, C: int, accepts_unlabelled: bool):
@@ -136,8 +167,11 @@ def _annotations(name: str, task: str, C: int, accepts_unlabelled: bool):
 
     if name in ("fedirm", "fed_consistency", "fed_selftraining", "fedavg_labelled"):
         return [np.ones(C, bool), np.zeros(C, bool), np.zeros(C, bool)]
-    sets = ([[0, 1], [1, 2, 3], [] if accepts_unlabelled else [3, 4]] if task == "multilabel"
-            else [[0, 1, 2], [2, 3, 4], [] if accepts_unlabelled else [4, 5, 6]])
+    sets = (
+        [[0, 1], [1, 2, 3], [] if accepts_unlabelled else [3, 4]]
+        if task == "multilabel"
+        else [[0, 1, 2], [2, 3, 4], [] if accepts_unlabelled else [4, 5, 6]]
+    )
     return [np.isin(np.arange(C), s) for s in sets]
 
 
@@ -145,13 +179,33 @@ def _summary(ctxs) -> dict:
     sites = {}
     for ctx in ctxs:
         m = ctx.data.manifests["train"]
-        sites[ctx.site] = {"n_train": len(m), "annotated": m.annotated.tolist(), "positives": m.positives().tolist(),
-                           "negatives": m.negatives().tolist(), "n_val": 4, "n_test": 0, "eval_sets": {}}
+        sites[ctx.site] = {
+            "n_train": len(m),
+            "annotated": m.annotated.tolist(),
+            "positives": m.positives().tolist(),
+            "negatives": m.negatives().tolist(),
+            "n_val": 4,
+            "n_test": 0,
+            "eval_sets": {},
+        }
     return {"classes": ctxs[0].classes, "sites": sites}
 
 
-def federate(name: str, task: str, root: Path, work: Path, device: str, amp: bool, model_cfg: dict, size: int,
-             n: int, train: dict, method_args: dict | None = None, seed: int = 0, count_syncs: bool = False) -> dict:
+def federate(
+    name: str,
+    task: str,
+    root: Path,
+    work: Path,
+    device: str,
+    amp: bool,
+    model_cfg: dict,
+    size: int,
+    n: int,
+    train: dict,
+    method_args: dict | None = None,
+    seed: int = 0,
+    count_syncs: bool = False,
+) -> dict:
     """Two federated rounds of method ``name`` in process with three sites on ``device``; returns ``{"ok",
     "why", "weights" (the final global state as numpy), "seconds"}``; with ``count_syncs`` also ``"syncs"``: per
     round, the host synchronisations CUDA reported during the sites' ``train_round`` calls (``(file, line)`` of
@@ -160,10 +214,10 @@ def federate(name: str, task: str, root: Path, work: Path, device: str, amp: boo
     import torch
 
     from fedpartial.data.presets import resolve_dataset
+    from fedpartial.device import mixed_precision
     from fedpartial.fl.keys import META_ANNOTATED, META_GROUPS, META_N_TRAIN, META_SUMMARY
     from fedpartial.methods import Contribution, get_method
     from fedpartial.models import build_model
-    from fedpartial.device import mixed_precision
     from fedpartial.seeding import round_seed, seed_everything
 
     t0 = time.perf_counter()
@@ -197,17 +251,26 @@ def federate(name: str, task: str, root: Path, work: Path, device: str, amp: boo
         for ctx, tr in zip(ctxs, trainers):
             tr.receive(global_w)
             seed_everything(round_seed(ctx.seed, rnd))
-            with mixed_precision(torch.device(device).type, amp), \
-                    _SyncCounter(count_syncs) as counter:
+            with mixed_precision(torch.device(device).type, amp), _SyncCounter(count_syncs) as counter:
                 out = tr.train_round(rnd, 2, dict(meta_out))
             syncs[rnd] += counter.where
             steps[rnd] += int(out.steps)
             if not np.isfinite(out.loss):
-                return {"ok": False, "why": f"{ctx.site} round {rnd}: loss {out.loss}", "seconds": time.perf_counter() - t0}
+                return {
+                    "ok": False,
+                    "why": f"{ctx.site} round {rnd}: loss {out.loss}",
+                    "seconds": time.perf_counter() - t0,
+                }
             tr.has_local_state = True
-            contributions.append(Contribution(site=ctx.site, weights=tr.export(), n=len(ctx.data.manifests["train"]),
-                                              meta={**out.meta, META_N_TRAIN: 12, META_ANNOTATED: ctx.annotated.tolist(),
-                                                    META_GROUPS: groups}, weight=float(out.weight)))
+            contributions.append(
+                Contribution(
+                    site=ctx.site,
+                    weights=tr.export(),
+                    n=len(ctx.data.manifests["train"]),
+                    meta={**out.meta, META_N_TRAIN: 12, META_ANNOTATED: ctx.annotated.tolist(), META_GROUPS: groups},
+                    weight=float(out.weight),
+                )
+            )
         used = [c for c in contributions if c.weight > 0]
         if not used:
             return {"ok": False, "why": f"every site sat round {rnd} out", "seconds": time.perf_counter() - t0}
@@ -216,10 +279,22 @@ def federate(name: str, task: str, root: Path, work: Path, device: str, amp: boo
         meta_out = {**meta, META_SUMMARY: summary}
         bad = [k for k, v in global_w.items() if not np.all(np.isfinite(np.asarray(v, dtype=np.float64)))]
         if bad:
-            return {"ok": False, "why": f"round {rnd}: non-finite global {bad[:2]}", "seconds": time.perf_counter() - t0}
-    changed = any(v.is_floating_point() and not np.allclose(global_w[k], v.numpy()) for k, v in init.state_dict().items())
-    return {"ok": changed, "why": "" if changed else "the global model did not change", "weights": global_w,
-            "seconds": time.perf_counter() - t0, "syncs": syncs, "steps": steps}
+            return {
+                "ok": False,
+                "why": f"round {rnd}: non-finite global {bad[:2]}",
+                "seconds": time.perf_counter() - t0,
+            }
+    changed = any(
+        v.is_floating_point() and not np.allclose(global_w[k], v.numpy()) for k, v in init.state_dict().items()
+    )
+    return {
+        "ok": changed,
+        "why": "" if changed else "the global model did not change",
+        "weights": global_w,
+        "seconds": time.perf_counter() - t0,
+        "syncs": syncs,
+        "steps": steps,
+    }
 
 
 class _SyncCounter:
@@ -279,6 +354,7 @@ def _sync(device: str) -> None:
 
 # ------------------------------------------------------------------------------------------ the checks
 
+
 def check_zoo(args, work: Path, out: list) -> None:
     from fedpartial.methods import available_methods, get_method
     from fedpartial.seeding import set_deterministic
@@ -289,29 +365,58 @@ def check_zoo(args, work: Path, out: list) -> None:
     _images(root, 3 * 16, 16)
     cases = [(m, t) for m in available_methods() for t in get_method(m).trainer.tasks]
     if args.quick:
-        cases = [c for c in cases if c in (("fedavg", "multilabel"), ("fixmatch", "multiclass"),
-                                           ("fedlsr", "multilabel"), ("fedirm", "multilabel"))]
+        cases = [
+            c
+            for c in cases
+            if c
+            in (
+                ("fedavg", "multilabel"),
+                ("fixmatch", "multiclass"),
+                ("fedlsr", "multilabel"),
+                ("fedirm", "multilabel"),
+            )
+        ]
     model = {"arch": "small_cnn", "width": 4, "dropout": 0.2}
     train = {"lr": 1e-2, "batch_size": 4, "local_steps": 2, "inference_batch_size": 8, "pin_memory": True}
     for amp in (False, True):
         for name, task in cases:
             try:  # amp off: twice (the repeat); amp on: once
-                runs = [federate(name, task, root, work, args.device, amp, model, 16, 16, train)
-                        for _ in range(1 if amp else 2)]
+                runs = [
+                    federate(name, task, root, work, args.device, amp, model, 16, 16, train)
+                    for _ in range(1 if amp else 2)
+                ]
             except ImportError as e:  # a package this Python lacks (e.g. NVFlare's runtime for FedProx's loss)
-                out.append({"check": "zoo", "case": f"{name}/{task}/amp={'on' if amp else 'off'}", "ok": None,
-                              "detail": f"SKIP: {type(e).__name__}: {e}"})
+                out.append(
+                    {
+                        "check": "zoo",
+                        "case": f"{name}/{task}/amp={'on' if amp else 'off'}",
+                        "ok": None,
+                        "detail": f"SKIP: {type(e).__name__}: {e}",
+                    }
+                )
                 continue
             except Exception as e:  # noqa: BLE001 - one case's error is its FAIL line
                 runs = [{"ok": False, "why": f"{type(e).__name__}: {e}"[:300]}]
             ok = all(r["ok"] for r in runs)
             why = "; ".join(r["why"] for r in runs if r["why"])
-            out.append({"check": "zoo", "case": f"{name}/{task}/amp={'on' if amp else 'off'}", "ok": ok,
-                          "detail": why or f"{runs[0]['seconds']:.2f} s"})
+            out.append(
+                {
+                    "check": "zoo",
+                    "case": f"{name}/{task}/amp={'on' if amp else 'off'}",
+                    "ok": ok,
+                    "detail": why or f"{runs[0]['seconds']:.2f} s",
+                }
+            )
             if ok and len(runs) == 2:
                 same = _same(runs[0]["weights"], runs[1]["weights"])
-                out.append({"check": "repeat", "case": f"{name}/{task}/amp={'on' if amp else 'off'}", "ok": same,
-                              "detail": "bit-identical global weights" if same else "the two runs differ"})
+                out.append(
+                    {
+                        "check": "repeat",
+                        "case": f"{name}/{task}/amp={'on' if amp else 'off'}",
+                        "ok": same,
+                        "detail": "bit-identical global weights" if same else "the two runs differ",
+                    }
+                )
 
 
 def check_syncs(args, work: Path, out: list) -> None:
@@ -333,14 +438,29 @@ def check_syncs(args, work: Path, out: list) -> None:
     for name in names:
         task = get_method(name).trainer.tasks[0]
         try:
-            runs = [federate(name, task, root, work / f"s{k}", args.device, False, model, 16, 24,
-                             {"lr": 1e-2, "batch_size": 2, "local_steps": k, "inference_batch_size": 8,
-                              "pin_memory": True}, count_syncs=True) for k in (2, 6)]
+            runs = [
+                federate(
+                    name,
+                    task,
+                    root,
+                    work / f"s{k}",
+                    args.device,
+                    False,
+                    model,
+                    16,
+                    24,
+                    {"lr": 1e-2, "batch_size": 2, "local_steps": k, "inference_batch_size": 8, "pin_memory": True},
+                    count_syncs=True,
+                )
+                for k in (2, 6)
+            ]
         except ImportError as e:
             out.append({"check": "syncs", "case": f"{name}/{task}", "ok": None, "detail": f"SKIP: {e}"})
             continue
         except Exception as e:  # noqa: BLE001
-            out.append({"check": "syncs", "case": f"{name}/{task}", "ok": False, "detail": f"{type(e).__name__}: {e}"[:300]})
+            out.append(
+                {"check": "syncs", "case": f"{name}/{task}", "ok": False, "detail": f"{type(e).__name__}: {e}"[:300]}
+            )
             continue
         # round 1 (round 0 may differ: warm-up rounds, first-round set-ups)
         few, many = Counter(runs[0]["syncs"][1]), Counter(runs[1]["syncs"][1])
@@ -349,12 +469,18 @@ def check_syncs(args, work: Path, out: list) -> None:
         per_step = sum(grown.values()) / max(extra_steps, 1)
         gpu = torch_is_cuda(args.device)
         top = ", ".join(f"{w} x{c}" for w, c in grown.most_common(4))
-        out.append({"check": "syncs", "case": f"{name}/{task}", "ok": (per_step == 0) if gpu else None,
-                    "detail": f"{per_step:.2f} per step; per round of 3 sites: {sum(few.values())} with "
-                              f"{runs[0]['steps'][1]} steps, {sum(many.values())} with {runs[1]['steps'][1]}"
-                              + (f"; per step: {top}" if top else "")
-                              + ("" if gpu else " (SKIP: counted on CUDA only)"),
-                    "syncs": {"few": dict(few), "many": dict(many)}})
+        out.append(
+            {
+                "check": "syncs",
+                "case": f"{name}/{task}",
+                "ok": (per_step == 0) if gpu else None,
+                "detail": f"{per_step:.2f} per step; per round of 3 sites: {sum(few.values())} with "
+                f"{runs[0]['steps'][1]} steps, {sum(many.values())} with {runs[1]['steps'][1]}"
+                + (f"; per step: {top}" if top else "")
+                + ("" if gpu else " (SKIP: counted on CUDA only)"),
+                "syncs": {"few": dict(few), "many": dict(many)},
+            }
+        )
 
 
 def torch_is_cuda(device: str) -> bool:
@@ -381,12 +507,29 @@ def check_paper(args, work: Path, out: list) -> None:
     method_args = dict(job["method_args"], warmup_rounds=1)  # round 2 in stage 2 (tagging, prototypes)
     for amp in (False, True):
         try:
-            r = federate(job["method"] if not job["method"].startswith("{") else "fedmlp", "multilabel", root, work,
-                         args.device, amp, model, size, n, train, method_args)
+            r = federate(
+                job["method"] if not job["method"].startswith("{") else "fedmlp",
+                "multilabel",
+                root,
+                work,
+                args.device,
+                amp,
+                model,
+                size,
+                n,
+                train,
+                method_args,
+            )
         except Exception as e:  # noqa: BLE001
             r = {"ok": False, "why": f"{type(e).__name__}: {e}"[:300], "seconds": 0.0}
-        out.append({"check": "paper", "case": f"fedmlp_ich_paper {model['arch']} {size}px/amp={'on' if amp else 'off'}",
-                      "ok": r["ok"], "detail": r["why"] or f"2 rounds x 3 sites in {r['seconds']:.1f} s"})
+        out.append(
+            {
+                "check": "paper",
+                "case": f"fedmlp_ich_paper {model['arch']} {size}px/amp={'on' if amp else 'off'}",
+                "ok": r["ok"],
+                "detail": r["why"] or f"2 rounds x 3 sites in {r['seconds']:.1f} s",
+            }
+        )
 
 
 def check_eval(args, work: Path, out: list) -> None:
@@ -410,8 +553,9 @@ def check_eval(args, work: Path, out: list) -> None:
     rng = np.random.default_rng(0)
     labels = (rng.random((n, C)) < 0.5).astype(float)
     labels[:2], labels[2:4] = 1, 0  # both classes present in every column
-    write_manifest(root / "m.csv", [f"{i}.png" for i in range(n)], labels, np.ones((n, C), bool), ds["classes"],
-                   splits=["val"] * n)
+    write_manifest(
+        root / "m.csv", [f"{i}.png" for i in range(n)], labels, np.ones((n, C), bool), ds["classes"], splits=["val"] * n
+    )
     data = SiteDatasets({"val": read_manifest(root / "m.csv", ds["classes"], data_root=root, task="multilabel")}, ds)
     net = build_model({"arch": _paper_job()["model"]["arch"], "init_seed": 0}, C)
     with torch.no_grad():  # a model that is not all 0.5: spread the classifier
@@ -422,17 +566,33 @@ def check_eval(args, work: Path, out: list) -> None:
         loader = data.eval_loader("val", batch_size=16)
         from fedpartial.evaluation import predict
 
-        res[dev] = (predict(model, loader, "multilabel", dev)["probs"],
-                    evaluate(model, loader, "multilabel", ds["classes"], dev)["macro"]["auc"])
+        res[dev] = (
+            predict(model, loader, "multilabel", dev)["probs"],
+            evaluate(model, loader, "multilabel", ds["classes"], dev)["macro"]["auc"],
+        )
     (p_cpu, auc_cpu), (p_dev, auc_dev) = res["cpu"], res[args.device]
     diff = float(np.abs(p_cpu - p_dev).max())
     ok = diff < 1e-3 and abs(auc_cpu - auc_dev) < 1e-4
-    out += [{"check": "eval", "case": f"cpu vs {args.device}, ResNet-18 {size}px, {n} images", "ok": ok,
-             "detail": f"max |p_cpu - p_{args.device}| = {diff:.2e}, macro AUROC {auc_cpu:.6f} vs {auc_dev:.6f}"}]
+    out += [
+        {
+            "check": "eval",
+            "case": f"cpu vs {args.device}, ResNet-18 {size}px, {n} images",
+            "ok": ok,
+            "detail": f"max |p_cpu - p_{args.device}| = {diff:.2e}, macro AUROC {auc_cpu:.6f} vs {auc_dev:.6f}",
+        }
+    ]
 
 
-def _step_time(device: str, amp: bool, steps: int, bs: int, size: int, tf32: bool | None = None,
-               optimizer: bool = True, compile_mode: str | None = None) -> float:
+def _step_time(
+    device: str,
+    amp: bool,
+    steps: int,
+    bs: int,
+    size: int,
+    tf32: bool | None = None,
+    optimizer: bool = True,
+    compile_mode: str | None = None,
+) -> float:
     """ms per training step of ResNet-18 (channels-last, Adam, BCE) on random data already on ``device``
     (``optimizer=False``: forward and backward only, to separate the optimiser's fixed cost)."""
     import torch
@@ -475,33 +635,58 @@ def check_step(args, work: Path, out: list) -> None:
     torch.backends.cudnn.benchmark = True  # the fastest kernels for a fixed shape (not a deterministic run)
     gpu = torch.device(args.device).type == "cuda"  # the speed targets are a GPU's (None: SKIP on a CPU)
     steps, size = (3, 64) if args.quick else (30, 224)
-    for bs in ((4,) if args.quick else (32, 128)):
+    for bs in (4,) if args.quick else (32, 128):
         fp32 = _step_time(args.device, False, steps, bs, size)
         amp = _step_time(args.device, True, steps, bs, size)
         fb32 = _step_time(args.device, False, steps, bs, size, optimizer=False)
         fbamp = _step_time(args.device, True, steps, bs, size, optimizer=False)
         ratio = amp / fp32
-        out += [{"check": "step", "case": f"ResNet-18 {size}px batch {bs}: amp / fp32",
-                 "ok": (ratio <= TARGET_AMP) if gpu else None,
-                 "detail": f"fp32 (TF32 convs, torch default) {fp32:.1f} ms, amp {amp:.1f} ms: {ratio:.2f}x "
-                           f"(target <= {TARGET_AMP}); forward+backward alone {fb32:.1f} vs {fbamp:.1f} ms "
-                           f"({fbamp / fb32:.2f}x)",
-                 "ms": {"fp32": fp32, "amp": amp, "fwd_bwd_fp32": fb32, "fwd_bwd_amp": fbamp}}]
+        out += [
+            {
+                "check": "step",
+                "case": f"ResNet-18 {size}px batch {bs}: amp / fp32",
+                "ok": (ratio <= TARGET_AMP) if gpu else None,
+                "detail": f"fp32 (TF32 convs, torch default) {fp32:.1f} ms, amp {amp:.1f} ms: {ratio:.2f}x "
+                f"(target <= {TARGET_AMP}); forward+backward alone {fb32:.1f} vs {fbamp:.1f} ms "
+                f"({fbamp / fb32:.2f}x)",
+                "ms": {"fp32": fp32, "amp": amp, "fwd_bwd_fp32": fb32, "fwd_bwd_amp": fbamp},
+            }
+        ]
     strict = _step_time(args.device, False, steps, 4 if args.quick else 32, size, tf32=False)
     torch.backends.cudnn.allow_tf32 = True
-    out += [{"check": "step", "case": "ResNet-18 batch 32, float32 without TF32 (reference)", "ok": None,
-             "detail": f"INFO: {strict:.1f} ms per step", "ms": {"fp32_no_tf32": strict}}]
+    out += [
+        {
+            "check": "step",
+            "case": "ResNet-18 batch 32, float32 without TF32 (reference)",
+            "ok": None,
+            "detail": f"INFO: {strict:.1f} ms per step",
+            "ms": {"fp32_no_tf32": strict},
+        }
+    ]
     if gpu:  # how much of a batch-32 step is the host launching kernels: the same step replayed as a CUDA graph
         try:
-            cg = {amp: _step_time(args.device, amp, steps, 32, size, compile_mode="reduce-overhead")
-                  for amp in (False, True)}
-            out += [{"check": "step", "case": "ResNet-18 batch 32 under torch.compile(mode='reduce-overhead')",
-                     "ok": None, "detail": f"INFO: fp32 {cg[False]:.1f} ms, amp {cg[True]:.1f} ms "
-                                           f"({cg[True] / cg[False]:.2f}x)",
-                     "ms": {"fp32_compiled": cg[False], "amp_compiled": cg[True]}}]
+            cg = {
+                amp: _step_time(args.device, amp, steps, 32, size, compile_mode="reduce-overhead")
+                for amp in (False, True)
+            }
+            out += [
+                {
+                    "check": "step",
+                    "case": "ResNet-18 batch 32 under torch.compile(mode='reduce-overhead')",
+                    "ok": None,
+                    "detail": f"INFO: fp32 {cg[False]:.1f} ms, amp {cg[True]:.1f} ms ({cg[True] / cg[False]:.2f}x)",
+                    "ms": {"fp32_compiled": cg[False], "amp_compiled": cg[True]},
+                }
+            ]
         except Exception as e:  # noqa: BLE001 - an INFO line only
-            out += [{"check": "step", "case": "ResNet-18 batch 32 under torch.compile", "ok": None,
-                     "detail": f"SKIP: {type(e).__name__}: {str(e)[:200]}"}]
+            out += [
+                {
+                    "check": "step",
+                    "case": "ResNet-18 batch 32 under torch.compile",
+                    "ok": None,
+                    "detail": f"SKIP: {type(e).__name__}: {str(e)[:200]}",
+                }
+            ]
 
 
 def check_round(args, work: Path, out: list) -> None:
@@ -544,7 +729,7 @@ def check_round(args, work: Path, out: list) -> None:
             opt = torch.optim.Adam(model.parameters(), lr=1e-4)
             perm = torch.randperm(xs.shape[0], device=args.device)
             for s in range(steps):
-                idx = perm[s * bs:(s + 1) * bs]
+                idx = perm[s * bs : (s + 1) * bs]
                 with torch.autocast(dev_type, dtype=torch.bfloat16, enabled=amp):
                     loss = torch.nn.functional.binary_cross_entropy_with_logits(model(xs[idx]), ys[idx])
                 opt.zero_grad(set_to_none=True)
@@ -559,12 +744,17 @@ def check_round(args, work: Path, out: list) -> None:
                     local_round()
                 finally:
                     batch_views.PREFETCH_ON_GPU, ctx.train.data_on_device = prefetch_default, "auto"
+
             return run
 
         times = {"round": [], "bare": [], "host_prefetched": [], "host_unprefetched": []}
         for rep in range(3):  # the first of each is a warm-up
-            for key, fn in (("bare", bare), ("round", local_round), ("host_prefetched", from_host(prefetch_default)),
-                            ("host_unprefetched", from_host(0))):
+            for key, fn in (
+                ("bare", bare),
+                ("round", local_round),
+                ("host_prefetched", from_host(prefetch_default)),
+                ("host_unprefetched", from_host(0)),
+            ):
                 _sync(args.device)
                 t0 = time.perf_counter()
                 fn()
@@ -573,14 +763,19 @@ def check_round(args, work: Path, out: list) -> None:
                     times[key].append(time.perf_counter() - t0)
         r, b = min(times["round"]), min(times["bare"])
         hp, hu = min(times["host_prefetched"]), min(times["host_unprefetched"])
-        out.append({"check": "round", "case": f"fedavg local round vs bare loop, ResNet-18 {size}px, {steps} steps of "
-                                              f"{bs}, amp={'on' if amp else 'off'}",
-                    "ok": (r / b <= TARGET_ROUND) if torch.device(args.device).type == "cuda" else None,
-                    "detail": f"round {1000 * r:.0f} ms, bare {1000 * b:.0f} ms: {r / b:.2f}x (target <= {TARGET_ROUND}; "
-                              f"images kept on the device, train.data_on_device auto); images from the host "
-                              f"(data_on_device off): prefetched {1000 * hp:.0f} ms ({hp / b:.2f}x), without the "
-                              f"prefetching thread {1000 * hu:.0f} ms ({hu / b:.2f}x)",
-                    "seconds": {"round": r, "bare": b, "host_prefetched": hp, "host_unprefetched": hu}})
+        out.append(
+            {
+                "check": "round",
+                "case": f"fedavg local round vs bare loop, ResNet-18 {size}px, {steps} steps of "
+                f"{bs}, amp={'on' if amp else 'off'}",
+                "ok": (r / b <= TARGET_ROUND) if torch.device(args.device).type == "cuda" else None,
+                "detail": f"round {1000 * r:.0f} ms, bare {1000 * b:.0f} ms: {r / b:.2f}x (target <= {TARGET_ROUND}; "
+                f"images kept on the device, train.data_on_device auto); images from the host "
+                f"(data_on_device off): prefetched {1000 * hp:.0f} ms ({hp / b:.2f}x), without the "
+                f"prefetching thread {1000 * hu:.0f} ms ({hu / b:.2f}x)",
+                "seconds": {"round": r, "bare": b, "host_prefetched": hp, "host_unprefetched": hu},
+            }
+        )
 
 
 def check_store(args, work: Path, out: list) -> None:
@@ -607,16 +802,23 @@ def check_store(args, work: Path, out: list) -> None:
     ds = resolve_dataset({"preset": "ich_phantom", "image_size": size})  # a 3-channel model
     C = len(ds["classes"])
     net = build_model({"arch": "resnet18", "init_seed": 0}, C).to(args.device).to(memory_format=torch.channels_last)
-    train = {"lr": 1e-4, "batch_size": bs, "local_steps": steps, "pin_memory": True, "amp": gpu,
-             "data_on_device": "off"}
+    train = {
+        "lr": 1e-4,
+        "batch_size": bs,
+        "local_steps": steps,
+        "pin_memory": True,
+        "amp": gpu,
+        "data_on_device": "off",
+    }
     ctx = _site(root, 0, n, "multilabel", np.ones(C, bool), ds, net, args.device, train, work / "st", n_val=4)
     store = ctx.data.store("train")
     dev_type = torch.device(args.device).type
 
     def input_pass() -> int:
         k = 0
-        for batch in ctx.data.train_loader({"image": "weak"}, bs, True, 0, True, batched=True, device=args.device,
-                                           pin_memory=True, on_device="off"):
+        for batch in ctx.data.train_loader(
+            {"image": "weak"}, bs, True, 0, True, batched=True, device=args.device, pin_memory=True, on_device="off"
+        ):
             k += batch["image"].shape[0]
         _sync(args.device)
         return k
@@ -625,14 +827,21 @@ def check_store(args, work: Path, out: list) -> None:
     t0 = time.perf_counter()
     k = input_pass() + input_pass()
     rate_in = k / (time.perf_counter() - t0)
-    ms = min(_step_time(args.device, amp, 2 if args.quick else 20, bs, size) for amp in ((False, True) if gpu else (False,)))
+    ms = min(
+        _step_time(args.device, amp, 2 if args.quick else 20, bs, size) for amp in ((False, True) if gpu else (False,))
+    )
     rate_step = bs / (ms / 1000)
-    out.append({"check": "store", "case": f"input from the image store vs ResNet-18 step, {size}px, batch {bs}",
-                "ok": (rate_in >= rate_step) if gpu else None,
-                "detail": f"input {rate_in:.0f} img/s (store {store.channels} channel uint8 -> device, 3 channels and "
-                          f"weak views there), step {rate_step:.0f} img/s ({ms:.1f} ms, the faster of fp32 / amp on a GPU) "
-                          "(target: input >= step)",
-                "img_per_s": {"input": rate_in, "step": rate_step}})
+    out.append(
+        {
+            "check": "store",
+            "case": f"input from the image store vs ResNet-18 step, {size}px, batch {bs}",
+            "ok": (rate_in >= rate_step) if gpu else None,
+            "detail": f"input {rate_in:.0f} img/s (store {store.channels} channel uint8 -> device, 3 channels and "
+            f"weak views there), step {rate_step:.0f} img/s ({ms:.1f} ms, the faster of fp32 / amp on a GPU) "
+            "(target: input >= step)",
+            "img_per_s": {"input": rate_in, "step": rate_step},
+        }
+    )
 
     trainer = get_method("fedavg").make_trainer(ctx, {"view": "weak"})
     model = ctx.model
@@ -647,8 +856,12 @@ def check_store(args, work: Path, out: list) -> None:
         for s, batch in enumerate(ctx.data._batches("train", bs, True, 1, True)):
             if s >= steps:
                 break
-            x = as_float(batch["source"].pin_memory().to(args.device, non_blocking=True) if gpu else
-                         batch["source"].to(args.device), 3).contiguous(memory_format=torch.channels_last)
+            x = as_float(
+                batch["source"].pin_memory().to(args.device, non_blocking=True)
+                if gpu
+                else batch["source"].to(args.device),
+                3,
+            ).contiguous(memory_format=torch.channels_last)
             y = batch["label"].to(args.device, non_blocking=True)
             with torch.autocast(dev_type, dtype=torch.bfloat16, enabled=gpu):
                 loss = torch.nn.functional.binary_cross_entropy_with_logits(model(x), y)
@@ -666,12 +879,17 @@ def check_store(args, work: Path, out: list) -> None:
             if rep:
                 times[key].append(time.perf_counter() - t0)
     r, b = min(times["round"]), min(times["bare"])
-    out.append({"check": "store", "case": f"fedavg local round vs bare loop, both from the image store, ResNet-18 "
-                                          f"{size}px, {steps} steps of {bs}, amp={'on' if gpu else 'off'}",
-                "ok": (r / b <= TARGET_ROUND) if gpu else None,
-                "detail": f"round {1000 * r:.0f} ms, bare {1000 * b:.0f} ms: {r / b:.2f}x (target <= {TARGET_ROUND}; "
-                          "train.data_on_device off: every batch read from the store on the host)",
-                "seconds": {"round": r, "bare": b}})
+    out.append(
+        {
+            "check": "store",
+            "case": f"fedavg local round vs bare loop, both from the image store, ResNet-18 "
+            f"{size}px, {steps} steps of {bs}, amp={'on' if gpu else 'off'}",
+            "ok": (r / b <= TARGET_ROUND) if gpu else None,
+            "detail": f"round {1000 * r:.0f} ms, bare {1000 * b:.0f} ms: {r / b:.2f}x (target <= {TARGET_ROUND}; "
+            "train.data_on_device off: every batch read from the store on the host)",
+            "seconds": {"round": r, "bare": b},
+        }
+    )
 
 
 def check_job(args, work: Path, out: list) -> None:
@@ -679,41 +897,80 @@ def check_job(args, work: Path, out: list) -> None:
         import nvflare  # noqa: F401
         from nvflare.private.fed.app.simulator import simulator  # noqa: F401
     except Exception as e:  # noqa: BLE001
-        out += [{"check": "job", "case": "fedavg_ich simulator job", "ok": None,
-                 "detail": f"SKIP: NVFlare does not import with this Python ({type(e).__name__}: {e})"}]
+        out += [
+            {
+                "check": "job",
+                "case": "fedavg_ich simulator job",
+                "ok": None,
+                "detail": f"SKIP: NVFlare does not import with this Python ({type(e).__name__}: {e})",
+            }
+        ]
         return
     from fedpartial.tools.build_jobs import customise_job
 
-    job = customise_job(REPO / "jobs" / "fedavg_ich", work / "job" / "fedavg_ich", 2,
-                        {"device": args.device, "deterministic": True,
-                         "train": {"optimizer": "adam", "lr": 0.001, "batch_size": 32, "local_epochs": 1, "amp": True,
-                                   "pin_memory": True},
-                         "dataset": {"preset": "ich_phantom", "image_size": 32,
-                                     "prepare": {"num_sites": 3, "k": 1, "source_args": {"n_images": 300}}}}, min_clients=3)
+    job = customise_job(
+        REPO / "jobs" / "fedavg_ich",
+        work / "job" / "fedavg_ich",
+        2,
+        {
+            "device": args.device,
+            "deterministic": True,
+            "train": {
+                "optimizer": "adam",
+                "lr": 0.001,
+                "batch_size": 32,
+                "local_epochs": 1,
+                "amp": True,
+                "pin_memory": True,
+            },
+            "dataset": {
+                "preset": "ich_phantom",
+                "image_size": 32,
+                "prepare": {"num_sites": 3, "k": 1, "source_args": {"n_images": 300}},
+            },
+        },
+        min_clients=3,
+    )
     ws = work / "job" / "ws"
-    env = {**os.environ, "FEDPARTIAL_DATA_DIR": str(work / "job"), "FEDPARTIAL_CACHE": str(work / "job" / "cache"),
-           # the simulator and its site workers import exactly what this check imports: this interpreter and its
-           # whole path (a GPU machine without the venv has the packages on PYTHONPATH or in a zip)
-           "PYTHONPATH": os.pathsep.join(dict.fromkeys([str(REPO / "custom")] + [p for p in sys.path if p]))}
+    env = {
+        **os.environ,
+        "FEDPARTIAL_DATA_DIR": str(work / "job"),
+        "FEDPARTIAL_CACHE": str(work / "job" / "cache"),
+        # the simulator and its site workers import exactly what this check imports: this interpreter and its
+        # whole path (a GPU machine without the venv has the packages on PYTHONPATH or in a zip)
+        "PYTHONPATH": os.pathsep.join(dict.fromkeys([str(REPO / "custom")] + [p for p in sys.path if p])),
+    }
     cmd = [sys.executable, "-m", "fedpartial.fl.simulator", str(job), "-w", str(ws), "-n", "3", "-t", "3"]  # job.py's
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     results = ws / "server" / "simulate_job" / "results.json"
     if proc.returncode != 0 or not results.is_file():
         tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
-        out += [{"check": "job", "case": "fedavg_ich simulator job", "ok": False,
-                 "detail": f"exit {proc.returncode}, no results.json: {' | '.join(tail)}"}]
+        out += [
+            {
+                "check": "job",
+                "case": "fedavg_ich simulator job",
+                "ok": False,
+                "detail": f"exit {proc.returncode}, no results.json: {' | '.join(tail)}",
+            }
+        ]
         return
     res = json.loads(results.read_text())
     devices = {s: (d or {}).get("device") for r in res["rounds"] for s, d in (r.get("site_devices") or {}).items()}
     want = "cuda:0" if args.device.startswith("cuda") else "cpu"
     ok = len(devices) == 3 and all(d == want for d in devices.values())
-    out += [{"check": "job", "case": f"fedavg_ich simulator job, 3 sites, 2 rounds, device {args.device}, amp",
-             "ok": ok, "detail": f"results.json site devices {sorted(set(devices.values()))} "
-                                 f"({time.perf_counter() - t0:.0f} s)"}]
+    out += [
+        {
+            "check": "job",
+            "case": f"fedavg_ich simulator job, 3 sites, 2 rounds, device {args.device}, amp",
+            "ok": ok,
+            "detail": f"results.json site devices {sorted(set(devices.values()))} ({time.perf_counter() - t0:.0f} s)",
+        }
+    ]
 
 
 # ------------------------------------------------------------------------------------------ driver
+
 
 def run_one(args) -> None:
     borrowed = setup_path()
@@ -722,8 +979,16 @@ def run_one(args) -> None:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit(f"--device {args.device}: this torch ({torch.__version__}) sees no GPU")
     torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
-    fn = {"zoo": check_zoo, "paper": check_paper, "eval": check_eval, "step": check_step, "round": check_round,
-          "store": check_store, "syncs": check_syncs, "job": check_job}[args.only]
+    fn = {
+        "zoo": check_zoo,
+        "paper": check_paper,
+        "eval": check_eval,
+        "step": check_step,
+        "round": check_round,
+        "store": check_store,
+        "syncs": check_syncs,
+        "job": check_job,
+    }[args.only]
     print("BORROWED " + json.dumps(borrowed), flush=True)
     with tempfile.TemporaryDirectory(prefix=f"gpu_check_{args.only}_") as tmp:
         os.environ.setdefault("FEDPARTIAL_CACHE", str(Path(tmp) / "cache"))
@@ -748,8 +1013,14 @@ def environment(device: str) -> dict:
     setup_path()
     import torch
 
-    env = {"python": sys.executable, "python_version": sys.version.split()[0], "torch": torch.__version__,
-           "cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(), "device": device}
+    env = {
+        "python": sys.executable,
+        "python_version": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),
+        "device": device,
+    }
     if device.startswith("cuda") and torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name(0)
     for mod in ("monai", "nvflare"):
@@ -768,8 +1039,12 @@ def main() -> None:
     ap.add_argument("--only", choices=CHECKS, help="run one check in this process (what the driver does)")
     ap.add_argument("--checks", default=",".join(CHECKS), help="comma-separated checks to run")
     ap.add_argument("--timeout", type=int, default=420, help="seconds per check at most")
-    ap.add_argument("--budget", type=int, default=450, help="seconds for all checks: a check gets at most what is "
-                                                            "left (its finished lines are kept)")
+    ap.add_argument(
+        "--budget",
+        type=int,
+        default=450,
+        help="seconds for all checks: a check gets at most what is left (its finished lines are kept)",
+    )
     ap.add_argument("--pack-deps", action="store_true", help=f"write {DEPS_ZIP.relative_to(REPO)} (MONAI) and stop")
     args = ap.parse_args()
     if args.pack_deps:
@@ -794,14 +1069,15 @@ def main() -> None:
             stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
             stderr = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
             rc, late = None, f"stopped at its time limit ({limit} s of the --budget {args.budget} s)"
-        new = [json.loads(ln[len("LINE "):]) for ln in stdout.splitlines() if ln.startswith("LINE ")]
+        new = [json.loads(ln[len("LINE ") :]) for ln in stdout.splitlines() if ln.startswith("LINE ")]
         for ln in stdout.splitlines():
             if ln.startswith("BORROWED "):
-                borrowed = json.loads(ln[len("BORROWED "):]) or borrowed
+                borrowed = json.loads(ln[len("BORROWED ") :]) or borrowed
         if late or rc != 0:
             tail = " | ".join((stdout + stderr).strip().splitlines()[-4:])
-            new.append({"check": name, "case": "(the rest of the check)", "ok": False,
-                        "detail": late or f"exit {rc}: {tail}"})
+            new.append(
+                {"check": name, "case": "(the rest of the check)", "ok": False, "detail": late or f"exit {rc}: {tail}"}
+            )
         for ln in new:
             status = "SKIP" if ln["ok"] is None else ("PASS" if ln["ok"] else "FAIL")
             ln["status"] = status
@@ -810,22 +1086,37 @@ def main() -> None:
         print(f"      ({name}: {time.perf_counter() - t0:.0f} s)", flush=True)
     total = time.perf_counter() - t_start
     failed = [ln for ln in lines if ln["status"] == "FAIL"]
-    summary = {"environment": env, "borrowed_site_packages": borrowed, "quick": args.quick, "seconds": total,
-               "passed": sum(ln["status"] == "PASS" for ln in lines), "failed": len(failed),
-               "skipped": sum(ln["status"] == "SKIP" for ln in lines), "lines": lines}
+    summary = {
+        "environment": env,
+        "borrowed_site_packages": borrowed,
+        "quick": args.quick,
+        "seconds": total,
+        "passed": sum(ln["status"] == "PASS" for ln in lines),
+        "failed": len(failed),
+        "skipped": sum(ln["status"] == "SKIP" for ln in lines),
+        "lines": lines,
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tag = args.device.replace(":", "")
     (out / f"gpu_check_{tag}.json").write_text(json.dumps(summary, indent=1, default=float))
-    md = [f"# GPU check on {env.get('gpu', args.device)}", "",
-          f"`bash benchmarks/gpu_check.sh --device {args.device}{' --quick' if args.quick else ''}`: "
-          f"{summary['passed']} passed, {summary['failed']} failed, {summary['skipped']} skipped in {total:.0f} s "
-          f"(Python {env['python_version']}, torch {env['torch']}, CUDA {env['cuda']}, MONAI {env['monai']}, "
-          f"NVFlare {env['nvflare']}).", "", "| status | check | case | detail |", "|---|---|---|---|"]
+    md = [
+        f"# GPU check on {env.get('gpu', args.device)}",
+        "",
+        f"`bash benchmarks/gpu_check.sh --device {args.device}{' --quick' if args.quick else ''}`: "
+        f"{summary['passed']} passed, {summary['failed']} failed, {summary['skipped']} skipped in {total:.0f} s "
+        f"(Python {env['python_version']}, torch {env['torch']}, CUDA {env['cuda']}, MONAI {env['monai']}, "
+        f"NVFlare {env['nvflare']}).",
+        "",
+        "| status | check | case | detail |",
+        "|---|---|---|---|",
+    ]
     md += [f"| {ln['status']} | {ln['check']} | {ln['case']} | {ln['detail']} |" for ln in lines]
     (out / f"gpu_check_{tag}.md").write_text("\n".join(md) + "\n")
-    print(f"{'FAIL' if failed else 'PASS'} gpu check: {summary['passed']} passed, {len(failed)} failed, "
-          f"{summary['skipped']} skipped in {total:.0f} s; wrote {out / f'gpu_check_{tag}.md'} and .json")
+    print(
+        f"{'FAIL' if failed else 'PASS'} gpu check: {summary['passed']} passed, {len(failed)} failed, "
+        f"{summary['skipped']} skipped in {total:.0f} s; wrote {out / f'gpu_check_{tag}.md'} and .json"
+    )
     sys.exit(1 if failed else 0)
 
 

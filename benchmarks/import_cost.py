@@ -20,9 +20,11 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-ROWS = {"import torch": "import torch",
-        "import fedpartial.fl.executor": "import fedpartial.fl.executor",
-        "executor + monai.data (a training site)": "import fedpartial.fl.executor, monai.data"}
+ROWS = {
+    "import torch": "import torch",
+    "import fedpartial.fl.executor": "import fedpartial.fl.executor",
+    "executor + monai.data (a training site)": "import fedpartial.fl.executor, monai.data",
+}
 PROBE = """
 import os, resource, sys, time
 t0, c0 = time.perf_counter(), sum(os.times()[:2])
@@ -36,8 +38,9 @@ print(dt, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, cpu, ",".jo
 
 def measure(stmt: str) -> tuple[float, float, str, float]:
     env = {**os.environ, "PYTHONPATH": str(REPO / "custom")}
-    out = subprocess.run([sys.executable, "-c", PROBE.format(stmt=stmt)], env=env, capture_output=True, text=True,
-                         check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE.format(stmt=stmt)], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
     return float(out[0]), float(out[1]), out[3] if len(out) > 3 else "", float(out[2])
 
 
@@ -56,22 +59,43 @@ def main() -> None:
     rows = []
     for name, rs in runs.items():
         t, m, c = (statistics.median(r[k] for r in rs) for k in (0, 1, 3))
-        rows.append({"import": name, "seconds": t, "rss_mb": m, "time_ratio": t / base_t, "rss_ratio": m / base_m,
-                     "cpu_seconds": c, "cpu_ratio": c / base_c, "heavy_modules": rs[-1][2]})
+        rows.append(
+            {
+                "import": name,
+                "seconds": t,
+                "rss_mb": m,
+                "time_ratio": t / base_t,
+                "rss_ratio": m / base_m,
+                "cpu_seconds": c,
+                "cpu_ratio": c / base_c,
+                "heavy_modules": rs[-1][2],
+            }
+        )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    result = {"command": "python benchmarks/import_cost.py", "repeats": args.repeats, "python": sys.version.split()[0],
-              "cpus": os.cpu_count(), "rows": rows}
+    result = {
+        "command": "python benchmarks/import_cost.py",
+        "repeats": args.repeats,
+        "python": sys.version.split()[0],
+        "cpus": os.cpu_count(),
+        "rows": rows,
+    }
     out.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    md = ["# Import cost of a site process", "",
-          f"`python benchmarks/import_cost.py` (median of {args.repeats} fresh processes each, interleaved; Python "
-          f"{result['python']}, {os.cpu_count()} CPUs; ratios against `import torch` in the same run).", "",
-          "| import | seconds | CPU seconds | peak RSS (MB) | time / torch | CPU time / torch | RSS / torch | "
-          "heavy packages loaded |",
-          "|---|---|---|---|---|---|---|---|"]
-    md += [f"| `{r['import']}` | {r['seconds']:.2f} | {r['cpu_seconds']:.2f} | {r['rss_mb']:.0f} | "
-           f"{r['time_ratio']:.2f}x | {r['cpu_ratio']:.2f}x | {r['rss_ratio']:.2f}x | {r['heavy_modules'] or '-'} |"
-           for r in rows]
+    md = [
+        "# Import cost of a site process",
+        "",
+        f"`python benchmarks/import_cost.py` (median of {args.repeats} fresh processes each, interleaved; Python "
+        f"{result['python']}, {os.cpu_count()} CPUs; ratios against `import torch` in the same run).",
+        "",
+        "| import | seconds | CPU seconds | peak RSS (MB) | time / torch | CPU time / torch | RSS / torch | "
+        "heavy packages loaded |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    md += [
+        f"| `{r['import']}` | {r['seconds']:.2f} | {r['cpu_seconds']:.2f} | {r['rss_mb']:.0f} | "
+        f"{r['time_ratio']:.2f}x | {r['cpu_ratio']:.2f}x | {r['rss_ratio']:.2f}x | {r['heavy_modules'] or '-'} |"
+        for r in rows
+    ]
     out.with_suffix(".md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 

@@ -51,8 +51,10 @@ from fedpartial.methods import get_method  # noqa: E402
 from fedpartial.methods.base import SiteContext  # noqa: E402
 from fedpartial.models import build_model  # noqa: E402
 
-METHOD_ARGS = {"fedlsm": {"n_mix": 2, "n_uncertain": 0.035, "n_confident": 0.14},
-               "fedmlp": {"warmup_rounds": 0}}  # every timed round in stage 2 (tagging, CR, prototypes)
+METHOD_ARGS = {
+    "fedlsm": {"n_mix": 2, "n_uncertain": 0.035, "n_confident": 0.14},
+    "fedmlp": {"warmup_rounds": 0},
+}  # every timed round in stage 2 (tagging, CR, prototypes)
 
 
 def method_meta(name: str, num_classes: int, feature_dim: int) -> dict:
@@ -63,15 +65,23 @@ def method_meta(name: str, num_classes: int, feature_dim: int) -> dict:
     from fedpartial.methods.fedmlp import META_GLOBAL_DEGREE, META_GLOBAL_P0, META_GLOBAL_P1, META_GLOBAL_VALID
 
     g = torch.Generator().manual_seed(0)
-    return {META_GLOBAL_P0: torch.rand(num_classes, feature_dim, generator=g).numpy(),
-            META_GLOBAL_P1: torch.rand(num_classes, feature_dim, generator=g).numpy(),
-            META_GLOBAL_VALID: [[True, True]] * num_classes, META_GLOBAL_DEGREE: [1.0] * num_classes}
+    return {
+        META_GLOBAL_P0: torch.rand(num_classes, feature_dim, generator=g).numpy(),
+        META_GLOBAL_P1: torch.rand(num_classes, feature_dim, generator=g).numpy(),
+        META_GLOBAL_VALID: [[True, True]] * num_classes,
+        META_GLOBAL_DEGREE: [1.0] * num_classes,
+    }
 
 
 def time_views(image: torch.Tensor, cfg: dict, n: int) -> dict[str, float]:
     """ms per sample of the weak + strong views, with and without MetaTensor tracking."""
-    tf = view_transforms({"weak": "weak", "strong": "strong"}, int(cfg["image_size"]), cfg["mean"], cfg["std"],
-                         channels=int(cfg["channels"]))
+    tf = view_transforms(
+        {"weak": "weak", "strong": "strong"},
+        int(cfg["image_size"]),
+        cfg["mean"],
+        cfg["std"],
+        channels=int(cfg["channels"]),
+    )
     out = {}
     for name, ctx in (("meta_tensor", nullcontext), ("plain_tensors", plain_tensors)):
         with ctx():
@@ -90,14 +100,16 @@ def time_views(image: torch.Tensor, cfg: dict, n: int) -> dict[str, float]:
     return out
 
 
-def bare_round(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, steps: int, batch: int,
-               gen: torch.Generator) -> None:
+def bare_round(
+    model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, steps: int, batch: int, gen: torch.Generator
+) -> None:
     """The reference: ``steps`` Adam steps of cross-entropy (class indices) or BCE (multi-label ``(N, C)``
     targets) on random batches of cached tensors."""
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     model.train()
-    loss_fn = (torch.nn.functional.cross_entropy if labels.dim() == 1
-               else torch.nn.functional.binary_cross_entropy_with_logits)
+    loss_fn = (
+        torch.nn.functional.cross_entropy if labels.dim() == 1 else torch.nn.functional.binary_cross_entropy_with_logits
+    )
     for _ in range(steps):
         idx = torch.randint(0, len(images), (batch,), generator=gen)
         loss = loss_fn(model(images[idx]), labels[idx])
@@ -108,9 +120,13 @@ def bare_round(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tenso
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", default="ham10000", choices=["ham10000", "ich_phantom"],
-                    help="the site's data: real HAM10000 (single-label) or the ICH phantom (multi-label, generated; "
-                         "FedMLP runs only there)")
+    ap.add_argument(
+        "--preset",
+        default="ham10000",
+        choices=["ham10000", "ich_phantom"],
+        help="the site's data: real HAM10000 (single-label) or the ICH phantom (multi-label, generated; "
+        "FedMLP runs only there)",
+    )
     ap.add_argument("--root", default=str(REPO.parent / "shared" / "data" / "ham10000"))
     ap.add_argument("--site", default="site-1")
     ap.add_argument("--steps", type=int, default=10)
@@ -118,10 +134,19 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--view-samples", type=int, default=200)
     ap.add_argument("--methods", nargs="+", default=["fedavg", "fedavg_masked", "fedlsm"])
-    ap.add_argument("--views", nargs="+", default=["batched", "per_sample"], choices=["batched", "per_sample"],
-                    help="train.views settings to time each method with")
-    ap.add_argument("--no-channels-last", dest="channels_last", action="store_false",
-                    help="every model (the bare loop's too) in the default contiguous layout")
+    ap.add_argument(
+        "--views",
+        nargs="+",
+        default=["batched", "per_sample"],
+        choices=["batched", "per_sample"],
+        help="train.views settings to time each method with",
+    )
+    ap.add_argument(
+        "--no-channels-last",
+        dest="channels_last",
+        action="store_false",
+        help="every model (the bare loop's too) in the default contiguous layout",
+    )
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.preset == "ham10000" and not any(Path(args.root).glob("*.csv")):
@@ -134,17 +159,24 @@ def main(argv=None) -> int:
         cfg = resolve_dataset({"preset": args.preset, "cache": "memory", "prepare": prepare})
         sd = resolve_site_data(args.site, cfg)
         classes = list(cfg["classes"])
-        train = read_manifest(sd.train, classes=classes, data_root=sd.data_root, site=args.site,
-                              task=cfg["task"]).subset("train")
+        train = read_manifest(
+            sd.train, classes=classes, data_root=sd.data_root, site=args.site, task=cfg["task"]
+        ).subset("train")
         data = SiteDatasets({"train": train}, cfg)
         base = data.dataset("train", {"image": "eval"})
         images = torch.stack([base[i]["image"] for i in range(len(base))])  # (N, 3, S, S), normalised
         labels = torch.as_tensor(train.labels)
         labels = labels.argmax(1) if cfg["task"] == "multiclass" else (labels * torch.as_tensor(train.mask)).float()
-        result = {"preset": args.preset, "site": args.site, "n_train": len(train), "steps": args.steps,
-                  "batch_size": args.batch_size,
-                  "image_size": int(cfg["image_size"]), "repeats": args.repeats,
-                  "views_ms_per_sample": time_views(base.cached_image(0), cfg, args.view_samples)}
+        result = {
+            "preset": args.preset,
+            "site": args.site,
+            "n_train": len(train),
+            "steps": args.steps,
+            "batch_size": args.batch_size,
+            "image_size": int(cfg["image_size"]),
+            "repeats": args.repeats,
+            "views_ms_per_sample": time_views(base.cached_image(0), cfg, args.view_samples),
+        }
 
         def fresh_model():  # laid out as the executor lays it out (train.channels_last, the default)
             torch.manual_seed(0)
@@ -162,11 +194,24 @@ def main(argv=None) -> int:
         for name in args.methods:
             for views in args.views:
                 key = name if views == "batched" else f"{name} ({views} views)"
-                ctx = SiteContext(site=args.site, task=cfg["task"], classes=classes, annotated=train.annotated,
-                                  model=fresh_model(), data=data, device=torch.device("cpu"),
-                                  state_dir=Path(tmp) / key,
-                                  train={"batch_size": args.batch_size, "local_steps": args.steps, "lr": 1e-3,
-                                         "optimizer": "adam", "views": views}, seed=1)
+                ctx = SiteContext(
+                    site=args.site,
+                    task=cfg["task"],
+                    classes=classes,
+                    annotated=train.annotated,
+                    model=fresh_model(),
+                    data=data,
+                    device=torch.device("cpu"),
+                    state_dir=Path(tmp) / key,
+                    train={
+                        "batch_size": args.batch_size,
+                        "local_steps": args.steps,
+                        "lr": 1e-3,
+                        "optimizer": "adam",
+                        "views": views,
+                    },
+                    seed=1,
+                )
                 ctx.state_dir.mkdir()
                 trainer = get_method(name).make_trainer(ctx, METHOD_ARGS.get(name, {}))
                 meta = method_meta(name, len(classes), ctx.model.feature_dim)
@@ -183,13 +228,20 @@ def main(argv=None) -> int:
     v = result["views_ms_per_sample"]
     result["channels_last"] = args.channels_last
     layout = "channels-last" if args.channels_last else "contiguous"
-    lines = [f"{args.preset} site {args.site}: {result['n_train']} training images, {args.steps} steps x batch "
-             f"{args.batch_size}, {result['image_size']} px, 1 thread, {layout} model, median of {args.repeats}", "",
-             "| what | seconds per round | x bare loop |", "|---|---|---|"]
+    lines = [
+        f"{args.preset} site {args.site}: {result['n_train']} training images, {args.steps} steps x batch "
+        f"{args.batch_size}, {result['image_size']} px, 1 thread, {layout} model, median of {args.repeats}",
+        "",
+        "| what | seconds per round | x bare loop |",
+        "|---|---|---|",
+    ]
     lines += [f"| {k} | {result['round_s'][k]:.2f} | {result['ratio_to_bare'][k]:.1f} |" for k in times]
-    lines += ["", f"weak + strong views: {v['meta_tensor']:.2f} ms per sample with MetaTensor tracking, "
-                  f"{v['plain_tensors']:.2f} ms with plain_tensors ({v['meta_tensor'] / v['plain_tensors']:.1f}x), "
-                  f"{v['batched']:.3f} ms drawn per batch of 32 (batch_views)"]
+    lines += [
+        "",
+        f"weak + strong views: {v['meta_tensor']:.2f} ms per sample with MetaTensor tracking, "
+        f"{v['plain_tensors']:.2f} ms with plain_tensors ({v['meta_tensor'] / v['plain_tensors']:.1f}x), "
+        f"{v['batched']:.3f} ms drawn per batch of 32 (batch_views)",
+    ]
     print("\n".join(lines))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -46,13 +46,16 @@ def patient_split(patients: np.ndarray, seed: int, fractions=(0.7, 0.1, 0.2)) ->
 @torch.no_grad()
 def predict(model: torch.nn.Module, x: np.ndarray, batch: int = 256) -> np.ndarray:
     model.eval()
-    return np.concatenate([torch.sigmoid(model(torch.from_numpy(x[i:i + batch]))).numpy()
-                           for i in range(0, len(x), batch)])
+    return np.concatenate(
+        [torch.sigmoid(model(torch.from_numpy(x[i : i + batch]))).numpy() for i in range(0, len(x), batch)]
+    )
 
 
 def aucs(y: np.ndarray, p: np.ndarray, classes: list[str]) -> dict[str, float]:
-    out = {c: float(roc_auc_score(y[:, j], p[:, j])) if 0 < y[:, j].sum() < len(y) else float("nan")
-           for j, c in enumerate(classes)}
+    out = {
+        c: float(roc_auc_score(y[:, j], p[:, j])) if 0 < y[:, j].sum() < len(y) else float("nan")
+        for j, c in enumerate(classes)
+    }
     out["macro"] = float(np.nanmean([out[c] for c in classes]))
     return out
 
@@ -75,17 +78,22 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.train_seed)
     t0 = time.time()
-    data_dir = Path(args.data_dir or Path(tempfile.gettempdir()) / "fedpartial_phantom_bench"
-                    / f"n{args.n_images}_s{args.size}_seed{args.seed}")
+    data_dir = Path(
+        args.data_dir
+        or Path(tempfile.gettempdir()) / "fedpartial_phantom_bench" / f"n{args.n_images}_s{args.size}_seed{args.seed}"
+    )
     table = load_ich_phantom(data_dir, n_images=args.n_images, size=args.size, seed=args.seed)
     t_gen = time.time() - t0
     x = load_images(table, args.input_size)
     y = table.frame[table.classes].to_numpy(np.float32)
     t_data = time.time() - t0
     tr, va, te = patient_split(table.frame["patient_id"].to_numpy(), args.train_seed)
-    print(f"data: {len(x)} slices, {table.frame['patient_id'].nunique()} patients, train/val/test "
-          f"{len(tr)}/{len(va)}/{len(te)}; prevalence {dict(zip(table.classes, y.mean(0).round(3)))}; "
-          f"phantom {t_gen:.1f}s, windows {t_data - t_gen:.1f}s", flush=True)
+    print(
+        f"data: {len(x)} slices, {table.frame['patient_id'].nunique()} patients, train/val/test "
+        f"{len(tr)}/{len(va)}/{len(te)}; prevalence {dict(zip(table.classes, y.mean(0).round(3)))}; "
+        f"phantom {t_gen:.1f}s, windows {t_data - t_gen:.1f}s",
+        flush=True,
+    )
 
     model = PartialLabelNet("small_cnn", len(table.classes), 3)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
@@ -96,7 +104,7 @@ def main(argv: list[str] | None = None) -> dict:
         model.train()
         perm, losses = torch.randperm(len(tr), generator=gen), []
         for i in range(0, len(tr), args.batch_size):
-            idx = perm[i:i + args.batch_size]
+            idx = perm[i : i + args.batch_size]
             xb = xt[idx]
             flip = torch.rand(len(idx), generator=gen) < 0.5  # left-right flip: anatomy is symmetric
             xb = torch.where(flip[:, None, None, None], xb.flip(-1), xb)
@@ -109,8 +117,11 @@ def main(argv: list[str] | None = None) -> dict:
         if val["macro"] > best:
             best, best_epoch = val["macro"], epoch
             best_state = {k: v.clone() for k, v in model.state_dict().items()}
-        print(f"epoch {epoch:2d}  loss {np.mean(losses):.4f}  val macro AUC {val['macro']:.4f}  "
-              f"({time.time() - t0:.0f}s)", flush=True)
+        print(
+            f"epoch {epoch:2d}  loss {np.mean(losses):.4f}  val macro AUC {val['macro']:.4f}  "
+            f"({time.time() - t0:.0f}s)",
+            flush=True,
+        )
     last = aucs(y[te], predict(model, x[te]), table.classes)
     model.load_state_dict(best_state)
     test = aucs(y[te], predict(model, x[te]), table.classes)
@@ -119,9 +130,18 @@ def main(argv: list[str] | None = None) -> dict:
     for c in table.classes:
         print(f"  {c:18s} {test[c]:.4f}  (positives {int(y[te][:, table.classes.index(c)].sum())})")
     print(f"  {'macro':18s} {test['macro']:.4f}   (last epoch: {last['macro']:.4f}); wall {wall:.0f}s")
-    result = {"test_auc": test, "test_auc_last_epoch": last, "val_macro_auc": best, "best_epoch": best_epoch,
-              "n_train": len(tr), "n_val": len(va), "n_test": len(te), "phantom_s": round(t_gen, 1),
-              "wall_s": round(wall, 1), "args": vars(args)}
+    result = {
+        "test_auc": test,
+        "test_auc_last_epoch": last,
+        "val_macro_auc": best,
+        "best_epoch": best_epoch,
+        "n_train": len(tr),
+        "n_val": len(va),
+        "n_test": len(te),
+        "phantom_s": round(t_gen, 1),
+        "wall_s": round(wall, 1),
+        "args": vars(args),
+    }
     print(json.dumps(result))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -29,8 +29,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 JOB = "fedmlp_ich"
-COMMANDS = ([sys.executable, f"jobs/{JOB}/job.py"],
-            [sys.executable, "-m", "fedpartial.tools.show_results", f"workspaces/{JOB}"])
+COMMANDS = (
+    [sys.executable, f"jobs/{JOB}/job.py"],
+    [sys.executable, "-m", "fedpartial.tools.show_results", f"workspaces/{JOB}"],
+)
 BLOCK_START = "Expected (seed 0; `python jobs/fedmlp_ich/job.py` measured "
 BEST = re.compile(r"^best on validation: after \d+ rounds")
 
@@ -61,8 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--write", action="store_true", help="write the commands' output into README.md")
     ap.add_argument("--tol", type=float, default=1.0, help="points the last-round numbers may differ by (1.0)")
-    ap.add_argument("--tol-best", type=float, default=3.0,
-                    help="points the best-on-validation numbers may differ by (3.0)")
+    ap.add_argument(
+        "--tol-best", type=float, default=3.0, help="points the best-on-validation numbers may differ by (3.0)"
+    )
     a = ap.parse_args(argv)
     t0 = time.time()
     run = subprocess.run(COMMANDS[0], cwd=REPO)
@@ -84,27 +87,36 @@ def main(argv: list[str] | None = None) -> int:
     if a.write and not same:
         block = lines[a0:a1]
         first = next(i for i, line in enumerate(block) if line.startswith("|"))
-        block[first:first + len(want_rows)] = rows
+        block[first : first + len(want_rows)] = rows
         block = [BEST.sub(best, line) if BEST.match(line) and best else line for line in block]
         lines[a0:a1] = block
         i = next(i for i, line in enumerate(lines) if line.startswith(BLOCK_START))
-        lines[i] = re.sub(r"measured \d{4}-\d{2}-\d{2}: [^)]*?on an? [^)]*?machine",
-                          f"measured {dt.date.today().isoformat()}: {int(wall // 60)} min {int(wall % 60):02d} s on a "
-                          f"{os.cpu_count()}-core machine", lines[i])
+        lines[i] = re.sub(
+            r"measured \d{4}-\d{2}-\d{2}: [^)]*?on an? [^)]*?machine",
+            f"measured {dt.date.today().isoformat()}: {int(wall // 60)} min {int(wall % 60):02d} s on a "
+            f"{os.cpu_count()}-core machine",
+            lines[i],
+        )
         README.write_text("\n".join(lines) + "\n")
         print(f"README.md: the expected table written ({wall:.0f} s)")
         return 0
     if not close:
-        print(f"README.md's expected output differs from the commands' output by more than {a.tol} point(s) "
-              f"(best on validation: {a.tol_best}):\n"
-              "  README:  "
-              + "\n           ".join(want_rows + [str(want_best)]) + "\n  command: "
-              + "\n           ".join(rows + [str(best)])
-              + "\n(python benchmarks/readme_demo.py --write rewrites it)", file=sys.stderr)
+        print(
+            f"README.md's expected output differs from the commands' output by more than {a.tol} point(s) "
+            f"(best on validation: {a.tol_best}):\n"
+            "  README:  "
+            + "\n           ".join(want_rows + [str(want_best)])
+            + "\n  command: "
+            + "\n           ".join(rows + [str(best)])
+            + "\n(python benchmarks/readme_demo.py --write rewrites it)",
+            file=sys.stderr,
+        )
         return 1
     diff = max_difference(rows, want_rows)
-    print(f"README.md's expected output is the commands' output ({len(rows) - 2} rows, largest difference "
-          f"{diff:.2f} point(s); {best}, the README: {want_best}; {wall:.0f} s)")
+    print(
+        f"README.md's expected output is the commands' output ({len(rows) - 2} rows, largest difference "
+        f"{diff:.2f} point(s); {best}, the README: {want_best}; {wall:.0f} s)"
+    )
     return 0
 
 
@@ -133,8 +145,9 @@ def agree(rows: list[str], want: list[str], tol: float, tol_best: float) -> bool
     """The header rows equal, each model's row within its tolerance (``best on validation`` rows: ``tol_best``)."""
     if len(rows) != len(want) or rows[:2] != want[:2]:
         return False
-    return all(max_difference([r], [w]) <= (tol_best if "best on validation" in r else tol)
-               for r, w in zip(rows[2:], want[2:]))
+    return all(
+        max_difference([r], [w]) <= (tol_best if "best on validation" in r else tol) for r, w in zip(rows[2:], want[2:])
+    )
 
 
 if __name__ == "__main__":

@@ -64,8 +64,8 @@ running anything:
 from __future__ import annotations
 
 import argparse
-import json
 import copy
+import json
 import os
 import re
 import shutil
@@ -84,8 +84,7 @@ from fedpartial.fl.keys import BEST_MODEL, LAST_MODEL  # noqa: E402
 from fedpartial.fl.simulator import Stopped, supervise  # noqa: E402
 from fedpartial.recipes import signal_name  # noqa: E402
 from fedpartial.stats import paired_comparison, per_class_auc, stars  # noqa: E402
-from fedpartial.tables import (curves_figure, final_bar_figure, mean_std, paper_table, per_class_table,  # noqa: E402
-                               save_figure)
+from fedpartial.tables import curves_figure, final_bar_figure, mean_std, paper_table, per_class_table, save_figure  # noqa: E402
 from fedpartial.tools.build_jobs import customise_job  # noqa: E402
 
 
@@ -99,7 +98,9 @@ def parse_variant(text: str) -> tuple[str, str, dict]:
 
 
 # ------------------------------------------------------------------------------------- override removal
-SIMULATOR = "fedpartial.fl.simulator"  # NVFlare's simulator (what SimEnv runs), supervised: ports, failed starts, Ctrl-C
+SIMULATOR = (
+    "fedpartial.fl.simulator"  # NVFlare's simulator (what SimEnv runs), supervised: ports, failed starts, Ctrl-C
+)
 UNSET = "__fedpartial_unset__"  # marks a key --unset removes, carried through customise_job's merge
 
 
@@ -114,7 +115,7 @@ def merge_unset(override: dict, paths: list[str]) -> dict:
         for i, key in enumerate(keys[:-1]):
             node = node.setdefault(key, {})
             if not isinstance(node, dict):
-                raise SystemExit(f"--unset {path}: --override sets {'.'.join(keys[:i + 1])} to a non-dict value")
+                raise SystemExit(f"--unset {path}: --override sets {'.'.join(keys[: i + 1])} to a non-dict value")
         if keys[-1] in node and node[keys[-1]] != UNSET:
             raise SystemExit(f"--unset {path}: --override also sets it ({node[keys[-1]]!r})")
         node[keys[-1]] = UNSET
@@ -181,8 +182,14 @@ ERROR_RECORD = re.compile(r" - (ERROR|CRITICAL) - ")
 EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)\b:?")
 TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}")
 # records NVFlare writes while a failed run shuts down (the cells lose each other): not the cause
-LOG_NOISE = ("target_unreachable", "cannot send to", "no connection to", "abort_signal triggered",
-             "Broken pipe", "Connection reset")
+LOG_NOISE = (
+    "target_unreachable",
+    "cannot send to",
+    "no connection to",
+    "abort_signal triggered",
+    "Broken pipe",
+    "Connection reset",
+)
 
 
 class RunFailed(RuntimeError):
@@ -196,6 +203,7 @@ class RunFailed(RuntimeError):
 def workspace_logs(ws: Path) -> list[Path]:
     """The simulator's log files: the server's, then every site's (``site-10`` after ``site-9``), then any other
     ``log.txt`` under ``ws``."""
+
     def natural(p: Path):
         return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(p.relative_to(ws)))]
 
@@ -246,7 +254,7 @@ def workspace_errors(ws: Path, per_file: int = 6, total: int = 24) -> str:
     for path in workspace_logs(ws):
         errs = first_errors(path, per_file)
         if errs:  # when: the last timestamp at or before the first error line (tracebacks carry none)
-            lines = path.read_text(errors="replace").splitlines()[:errs[0][0]]
+            lines = path.read_text(errors="replace").splitlines()[: errs[0][0]]
             stamps = [m.group(0) for m in map(TIMESTAMP.match, reversed(lines)) if m]
             found.append((stamps[0] if stamps else "", str(path.relative_to(ws)), errs))
     found.sort(key=lambda f: f[0])  # stable: server before sites on equal stamps
@@ -256,7 +264,7 @@ def workspace_errors(ws: Path, per_file: int = 6, total: int = 24) -> str:
             out.append(f"  ... (more in {rel})")
             continue
         out.append(f"  {rel}:")
-        for line_no, text in errs[:total - n]:
+        for line_no, text in errs[: total - n]:
             out.append(f"    line {line_no}: {text}")
             n += 1
     return "\n".join(out)
@@ -267,8 +275,11 @@ def failure_message(label: str, rc: int, ws: Path, stdout: str = "", stderr: str
     simulator's own output when the logs hold no error."""
     text = f"{label} failed (rc {rc}); workspace {ws}"
     errors = workspace_errors(ws) if ws.is_dir() else ""
-    text += ("\nfirst errors in the workspace logs:\n" + errors) if errors else \
-        f"\nno ERROR record in the workspace logs ({ws / 'server/log.txt'}, {ws / 'site-*/log.txt'})"
+    text += (
+        ("\nfirst errors in the workspace logs:\n" + errors)
+        if errors
+        else f"\nno ERROR record in the workspace logs ({ws / 'server/log.txt'}, {ws / 'site-*/log.txt'})"
+    )
     if stderr.strip():
         text += "\nstderr (end):\n" + "\n".join("  " + s for s in stderr.strip().splitlines()[-15:])
     if not errors and stdout.strip():
@@ -290,8 +301,9 @@ def rounds_done(server_log: Path) -> int:
     return max(done, default=0)
 
 
-def simulate(cmd: list[str], env: dict, cwd: str, ws: Path, label: str, rounds: int,
-             every: float = 30.0) -> subprocess.CompletedProcess:
+def simulate(
+    cmd: list[str], env: dict, cwd: str, ws: Path, label: str, rounds: int, every: float = 30.0
+) -> subprocess.CompletedProcess:
     """Run the simulator ``cmd`` with its output captured (into files beside the workspace, not pipes); every
     ``every`` seconds, print ``label: round r / rounds (t s)`` when the server log of ``ws`` shows a new round."""
     ws.parent.mkdir(parents=True, exist_ok=True)
@@ -306,8 +318,9 @@ def simulate(cmd: list[str], env: dict, cwd: str, ws: Path, label: str, rounds: 
 
     with open(out_path, "w") as out, open(err_path, "w") as err:  # Ctrl-C / SIGTERM: the run is stopped, whole
         status = supervise(cmd, env=env, tick=tick, every=every, cwd=cwd, stdout=out, stderr=err, text=True)
-    return subprocess.CompletedProcess(cmd, status, stdout=out_path.read_text(errors="replace"),
-                                       stderr=err_path.read_text(errors="replace"))
+    return subprocess.CompletedProcess(
+        cmd, status, stdout=out_path.read_text(errors="replace"), stderr=err_path.read_text(errors="replace")
+    )
 
 
 def duration(seconds: float) -> str:
@@ -334,8 +347,9 @@ class Progress:
 
     def times(self) -> str:
         left = self.remaining()
-        return f"elapsed {duration(self.clock() - self.start)}" + \
-            (f", about {duration(left)} left" if left is not None else "")
+        return f"elapsed {duration(self.clock() - self.start)}" + (
+            f", about {duration(left)} left" if left is not None else ""
+        )
 
     def starting(self, label: str) -> str:
         return f"run {self.done + 1} / {self.total}: {label} ({self.times()})"
@@ -345,8 +359,17 @@ class Progress:
         return f"{self.done} / {self.total} done, {self.times()}"
 
 
-def run_one(job: str, seed: int, rounds: int, sites: int, scratch: Path, overrides: dict, env: dict,
-            name: str | None = None, method_args: dict | None = None) -> dict:
+def run_one(
+    job: str,
+    seed: int,
+    rounds: int,
+    sites: int,
+    scratch: Path,
+    overrides: dict,
+    env: dict,
+    name: str | None = None,
+    method_args: dict | None = None,
+) -> dict:
     """One simulator run of ``job`` (as ``name``) with ``method_args`` merged into both the sites' trainer and
     the server's rule options."""
     dest = scratch / (re.sub(r"[^A-Za-z0-9_.@-]", "_", name or job) + f"-s{seed}")  # paper names: FedAvg*, ...
@@ -357,39 +380,72 @@ def run_one(job: str, seed: int, rounds: int, sites: int, scratch: Path, overrid
         overrides = {**overrides, "dataset": deep_merge(overrides.get("dataset", {}), method_args.pop("dataset"))}
     if method_args:
         overrides = {**overrides, "method_args": {**overrides.get("method_args", {}), **method_args}}
-    customise_job(REPO / "jobs" / job, dest / "job", rounds, overrides, seed=seed, rule_args=method_args or None,
-                  min_clients=sites)  # the simulator's -n: a job run with fewer or more sites than it names
+    customise_job(
+        REPO / "jobs" / job,
+        dest / "job",
+        rounds,
+        overrides,
+        seed=seed,
+        rule_args=method_args or None,
+        min_clients=sites,
+    )  # the simulator's -n: a job run with fewer or more sites than it names
     apply_unset_to_job(dest / "job")  # --unset: keys removed after the merge
     t0 = time.time()
-    proc = simulate([sys.executable, "-m", SIMULATOR, str(dest / "job"), "-w", str(dest / "ws"), "-n", str(sites),
-                     "-t", str(sites)], env, str(REPO), dest / "ws", f"{name or job} seed {seed}", rounds,
-                    every=PROGRESS_EVERY)
+    proc = simulate(
+        [
+            sys.executable,
+            "-m",
+            SIMULATOR,
+            str(dest / "job"),
+            "-w",
+            str(dest / "ws"),
+            "-n",
+            str(sites),
+            "-t",
+            str(sites),
+        ],
+        env,
+        str(REPO),
+        dest / "ws",
+        f"{name or job} seed {seed}",
+        rounds,
+        every=PROGRESS_EVERY,
+    )
     wall = time.time() - t0
     res_file = dest / "ws/server/simulate_job/results.json"
     if proc.returncode != 0 or not res_file.is_file():
         label = f"{name or job}" + (f" (job {job})" if name and name != job else "") + f" seed {seed}"
         if proc.returncode == 0:
             label += f" wrote no {res_file.relative_to(dest / 'ws')}"
-        raise RunFailed(failure_message(label, proc.returncode, dest / "ws", proc.stdout or "", proc.stderr or ""),
-                        dest / "ws")
+        raise RunFailed(
+            failure_message(label, proc.returncode, dest / "ws", proc.stdout or "", proc.stderr or ""), dest / "ws"
+        )
     res = json.loads(res_file.read_text())
     if not ((res.get("final") or {}).get(LAST_MODEL) or {}).get("test"):
         label = f"{name or job} seed {seed}"
-        raise RunFailed(f"{label}: no site reported a test result of {LAST_MODEL} in the final cross-site evaluation "
-                        f"(evaluated by {((res.get('final') or {}).get(LAST_MODEL) or {}).get('sites')}); the "
-                        f"server log: {dest / 'ws/server/log.txt'}", dest / "ws")
+        raise RunFailed(
+            f"{label}: no site reported a test result of {LAST_MODEL} in the final cross-site evaluation "
+            f"(evaluated by {((res.get('final') or {}).get(LAST_MODEL) or {}).get('sites')}); the "
+            f"server log: {dest / 'ws/server/log.txt'}",
+            dest / "ws",
+        )
     late = {r["round"]: r["missing"] for r in res.get("rounds", []) if r.get("missing")}
     if late:  # simulated sites cannot die: a round closed without a site that took too long
-        print(f"warning: {name or job} seed {seed}: round(s) closed without slow site(s) {late}", file=sys.stderr,
-              flush=True)
+        print(
+            f"warning: {name or job} seed {seed}: round(s) closed without slow site(s) {late}",
+            file=sys.stderr,
+            flush=True,
+        )
     res["wall_seconds_total"] = wall
     res["seed"] = seed
     return res
 
 
 # *_val_thr: at the per-class thresholds chosen on validation (fedpartial.metrics; None for older runs)
-METRICS = {"multilabel": ["bacc", "auc", "map", "f1", "bacc_val_thr", "f1_val_thr"],
-           "multiclass": ["auc", "accuracy", "f1", "precision", "recall"]}
+METRICS = {
+    "multilabel": ["bacc", "auc", "map", "f1", "bacc_val_thr", "f1_val_thr"],
+    "multiclass": ["auc", "accuracy", "f1", "precision", "recall"],
+}
 
 
 def tail_metrics(run: dict, k: int) -> dict[str, float]:
@@ -397,7 +453,7 @@ def tail_metrics(run: dict, k: int) -> dict[str, float]:
     last-round model and the ``k - 1`` latest per-round test evaluations (full or ``--compact`` runs)."""
     points = [c["test"] for c in run.get("curves", []) if c.get("test")]
     points = points or [r["test"]["macro"] for r in run.get("rounds", []) if r.get("test")]
-    points = points[-(k - 1):] if k > 1 else []
+    points = points[-(k - 1) :] if k > 1 else []
     points.append(run["final"][LAST_MODEL]["test"]["macro"])
     keys = [m for m in points[-1] if all(p.get(m) is not None for p in points)]
     return {m: statistics.mean(p[m] for p in points) for m in keys}
@@ -418,8 +474,11 @@ def summarise(runs: dict[str, list[dict]], tail: int = 0) -> list[dict]:
             tests = [r["final"][model]["test"] for r in results if model in r.get("final", {})]
             if len(tests) < len(results):
                 lacking = [r.get("seed") for r in results if model not in r.get("final", {})]
-                print(f"warning: {job}: seed(s) {lacking} have no test result of {model}; its rows use "
-                      f"{len(tests)} seed(s)", file=sys.stderr)
+                print(
+                    f"warning: {job}: seed(s) {lacking} have no test result of {model}; its rows use "
+                    f"{len(tests)} seed(s)",
+                    file=sys.stderr,
+                )
             if not tests:
                 continue
             task = tests[0]["task"]
@@ -443,10 +502,17 @@ def compact(res: dict) -> dict:
     counters, ``site_stats``, the updates the server refused, ``rejected``, and the sites a round closed without,
     ``missing``, kept)."""
     out = {k: v for k, v in res.items() if k != "rounds"}
-    out["curves"] = [{"round": r["round"], "val": (r.get("val") or {}).get("macro"),
-                      "test": (r.get("test") or {}).get("macro"), "site_stats": r.get("site_stats") or {},
-                      "rejected": r.get("rejected") or {}, "missing": r.get("missing") or []}
-                     for r in res.get("rounds", [])]
+    out["curves"] = [
+        {
+            "round": r["round"],
+            "val": (r.get("val") or {}).get("macro"),
+            "test": (r.get("test") or {}).get("macro"),
+            "site_stats": r.get("site_stats") or {},
+            "rejected": r.get("rejected") or {},
+            "missing": r.get("missing") or [],
+        }
+        for r in res.get("rounds", [])
+    ]
     return out
 
 
@@ -460,8 +526,10 @@ def tables(runs: dict[str, list[dict]]) -> str:
     """The papers' layout (last-round and best-on-validation models on test) and per-class tables."""
     out = []
     for model, label in ((LAST_MODEL, "last-round global model"), (BEST_MODEL, "best-on-validation global model")):
-        tests = {job: [r["final"][model]["test"] for r in rs if (r["final"].get(model) or {}).get("test")]
-                 for job, rs in runs.items()}
+        tests = {
+            job: [r["final"][model]["test"] for r in rs if (r["final"].get(model) or {}).get("test")]
+            for job, rs in runs.items()
+        }
         tests = {job: t for job, t in tests.items() if t}  # (a run without a best-on-validation model: none)
         if not tests:
             continue
@@ -474,12 +542,16 @@ def tables(runs: dict[str, list[dict]]) -> str:
             row = row_name(job)  # "fedavg@m2" and "fedavg@m4": one row, two settings
             name = f"{row} (all labels: upper bound)" if full else row
             upper += [name] if full else []
-            for s in (partial if full else [settings[job]]):
+            for s in partial if full else [settings[job]]:
                 by_setting.setdefault(name, {})[s] = [t["macro"] for t in tests[job]]
         by_setting = {k: by_setting[k] for k in [*(n for n in by_setting if n not in upper), *upper]}  # bound last
-        out.append(f"Test set, {label}, mean ± std over seeds (%; best **bold**, second _underlined_, the upper "
-                   f"bound not ranked):\n\n" + paper_table(by_setting, task, settings=partial, not_ranked=upper))
-        keys = (("BACC", "bacc"), ("AUC", "auc"), ("AP", "ap")) if task == "multilabel" else (("AUC", "auc"), ("F1", "f1"))
+        out.append(
+            f"Test set, {label}, mean ± std over seeds (%; best **bold**, second _underlined_, the upper "
+            f"bound not ranked):\n\n" + paper_table(by_setting, task, settings=partial, not_ranked=upper)
+        )
+        keys = (
+            (("BACC", "bacc"), ("AUC", "auc"), ("AP", "ap")) if task == "multilabel" else (("AUC", "auc"), ("F1", "f1"))
+        )
         out.append(f"Per class, {label}:\n\n" + per_class_table(tests, keys, task))
     return "\n\n".join(out)
 
@@ -501,9 +573,12 @@ def gap_closed(runs: dict[str, list[dict]], lower: str, upper: str, metric: str 
     for name in (lower, upper):
         if name not in runs:
             raise SystemExit(f"--gap: no configuration {name!r} in this benchmark (have {', '.join(runs)})")
-    lines = [f"Share of the macro-{metric} gap between {lower} and {upper} closed (test set, mean over seeds):", "",
-             f"| configuration | seeds | last-round {metric} | closed | best-on-validation {metric} | closed |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"Share of the macro-{metric} gap between {lower} and {upper} closed (test set, mean over seeds):",
+        "",
+        f"| configuration | seeds | last-round {metric} | closed | best-on-validation {metric} | closed |",
+        "|---|---|---|---|---|---|",
+    ]
 
     def mean(name: str, model: str) -> float:
         s = mean_std([r["final"][model]["test"]["macro"].get(metric) for r in runs[name]])
@@ -519,11 +594,13 @@ def gap_closed(runs: dict[str, list[dict]], lower: str, upper: str, metric: str 
     return "\n".join(lines)
 
 
-def class_subset(runs: dict[str, list[dict]], classes: list[str], metrics=("auc", "ap"),
-                 gap: list[str] | None = None) -> str:
+def class_subset(
+    runs: dict[str, list[dict]], classes: list[str], metrics=("auc", "ap"), gap: list[str] | None = None
+) -> str:
     """Markdown table: per configuration, the mean over ``classes`` of each per-class test metric (mean ± std
     over seeds) for the last-round and the best-on-validation model, and with ``gap`` (lower, upper) the share
     of the lower -> upper gap of the first metric closed on these classes."""
+
     def value(run: dict, model: str, metric: str) -> float:
         per = run["final"][model]["test"]["per_class"]
         unknown = [c for c in classes if c not in per]
@@ -533,9 +610,12 @@ def class_subset(runs: dict[str, list[dict]], classes: list[str], metrics=("auc"
         return statistics.mean(vals) if all(v is not None for v in vals) else float("nan")
 
     heads = [f"{label} {m}" for label in ("last-round", "best-on-validation") for m in metrics]
-    lines = [f"Mean over the classes {', '.join(classes)} (test set, mean ± std over seeds, %):", "",
-             "| configuration | seeds | " + " | ".join(heads) + (" | closed (last round) |" if gap else " |"),
-             "|---|---|" + "---|" * (len(heads) + bool(gap))]
+    lines = [
+        f"Mean over the classes {', '.join(classes)} (test set, mean ± std over seeds, %):",
+        "",
+        "| configuration | seeds | " + " | ".join(heads) + (" | closed (last round) |" if gap else " |"),
+        "|---|---|" + "---|" * (len(heads) + bool(gap)),
+    ]
     means = {name: statistics.mean(value(r, LAST_MODEL, metrics[0]) for r in rs) for name, rs in runs.items()}
     for name, rs in runs.items():
         cells = []
@@ -561,16 +641,23 @@ def _ci_cell(test: dict) -> str:
 def intervals(runs: dict[str, list[dict]]) -> str:
     """Markdown: every run's macro test AUROC (last-round model) with its bootstrap 95 % interval."""
     seeds = sorted({r.get("seed") for rs in runs.values() for r in rs}, key=str)
-    lines = ["Macro test AUROC of the last-round global model, bootstrap 95 % interval (100 resamples) (%):", "",
-             "| configuration | " + " | ".join(f"seed {s}" for s in seeds) + " |", "|---|" + "---|" * len(seeds)]
+    lines = [
+        "Macro test AUROC of the last-round global model, bootstrap 95 % interval (100 resamples) (%):",
+        "",
+        "| configuration | " + " | ".join(f"seed {s}" for s in seeds) + " |",
+        "|---|" + "---|" * len(seeds),
+    ]
     for name, rs in runs.items():
         by_seed = {r.get("seed"): r for r in rs}
         cells = [_ci_cell(by_seed[s]["final"][LAST_MODEL]["test"]) if s in by_seed else "" for s in seeds]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     if any("[" not in line for line in lines[4:]):
-        lines += ["", "A value without an interval is pooled over several sites' evaluations (e.g. each site scoring "
-                      "with its own norm layers under FedBN): such a pool has no single bootstrap interval; each "
-                      "site's own interval is in its per-site result (`results.json`)."]
+        lines += [
+            "",
+            "A value without an interval is pooled over several sites' evaluations (e.g. each site scoring "
+            "with its own norm layers under FedBN): such a pool has no single bootstrap interval; each "
+            "site's own interval is in its per-site result (`results.json`).",
+        ]
     return "\n".join(lines)
 
 
@@ -582,37 +669,51 @@ def compare(runs: dict[str, list[dict]], a: str, b: str) -> str:
             raise SystemExit(f"--compare: no configuration {name!r} in this benchmark (have {', '.join(runs)})")
     sa, sb = {r.get("seed"): r for r in runs[a]}, {r.get("seed"): r for r in runs[b]}
     common = [s for s in sa if s in sb]
-    lines = [f"{a} vs {b}: paired t-test over per-class test AUROCs (Shapiro-Wilk p of the differences; "
-             "ns / * / ** / ***: p >= .05 / < .05 / < .01 / < .001):", "",
-             "| model | seeds | classes | mean A | mean B | A - B | t | p | | Shapiro p |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"{a} vs {b}: paired t-test over per-class test AUROCs (Shapiro-Wilk p of the differences; "
+        "ns / * / ** / ***: p >= .05 / < .05 / < .01 / < .001):",
+        "",
+        "| model | seeds | classes | mean A | mean B | A - B | t | p | | Shapiro p |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for model, label in ((LAST_MODEL, "last round"), (BEST_MODEL, "best on val")):
-        per_seed = [(str(s), per_class_auc(sa[s]["final"][model]["test"]), per_class_auc(sb[s]["final"][model]["test"]))
-                    for s in common]
+        per_seed = [
+            (str(s), per_class_auc(sa[s]["final"][model]["test"]), per_class_auc(sb[s]["final"][model]["test"]))
+            for s in common
+        ]
         if len(per_seed) > 1:
+
             def mean_over(i):
                 keys = set.intersection(*(set(p[i]) for p in per_seed))
                 return {c: statistics.mean(p[i][c] for p in per_seed) for c in sorted(keys)}
+
             per_seed.append(("mean", mean_over(1), mean_over(2)))
         for seed, x, y in per_seed:
             r = paired_comparison(x, y)
             pct = lambda v, k=100: "n/a" if v is None else f"{k * v:.2f}"  # noqa: E731
             p = "n/a" if r["p"] is None else f"{r['p']:.3g}"
             sw = "n/a" if r["shapiro_p"] is None else f"{r['shapiro_p']:.3g}"
-            lines.append(f"| {label} | {seed} | {r['n']} | {pct(r['mean_a'])} | {pct(r['mean_b'])} | "
-                         f"{pct(r['mean_diff'])} | {pct(r['t'], 1)} | {p} | {stars(r['p'])} | {sw} |")
+            lines.append(
+                f"| {label} | {seed} | {r['n']} | {pct(r['mean_a'])} | {pct(r['mean_b'])} | "
+                f"{pct(r['mean_diff'])} | {pct(r['t'], 1)} | {p} | {stars(r['p'])} | {sw} |"
+            )
     return "\n".join(lines)
 
 
 def report(a: argparse.Namespace, runs: dict[str, list[dict]]) -> str:
     text = markdown(summarise(runs, a.tail)) + "\n\n" + tables(runs) + "\n\n" + intervals(runs)
-    for x, y in (a.compare or []):
+    for x, y in a.compare or []:
         missing = [n for n in (x, y) if n not in runs]
-        text += "\n\n" + (f"(compare: waiting for {', '.join(missing)})" if missing and not a.report
-                           else compare(runs, x, y))
+        text += "\n\n" + (
+            f"(compare: waiting for {', '.join(missing)})" if missing and not a.report else compare(runs, x, y)
+        )
     if a.gap:
         missing = [name for name in a.gap if name not in runs]
-        text += "\n\n" + (f"(gap: waiting for {', '.join(missing)})" if missing and not a.report
-                          else gap_closed(runs, *a.gap, metric=a.gap_metric))
+        text += "\n\n" + (
+            f"(gap: waiting for {', '.join(missing)})"
+            if missing and not a.report
+            else gap_closed(runs, *a.gap, metric=a.gap_metric)
+        )
     if a.classes:
         gap = a.gap if a.gap and all(g in runs for g in a.gap) else None
         text += "\n\n" + class_subset(runs, a.classes, gap=gap)
@@ -632,8 +733,9 @@ def command_line(args: dict) -> str:
     if args.get("jobs"):
         parts.append("--jobs " + " ".join(args["jobs"]))
     for name, job, method_args in args.get("variant") or []:
-        parts.append(f"--variant '{name}={job}:{json.dumps(method_args)}'" if method_args else
-                     f"--variant '{name}={job}:{{}}'")
+        parts.append(
+            f"--variant '{name}={job}:{json.dumps(method_args)}'" if method_args else f"--variant '{name}={job}:{{}}'"
+        )
     parts.append("--seeds " + " ".join(str(x) for x in args.get("seeds") or [0]))
     parts += [f"--rounds {args.get('rounds')}", f"--sites {args.get('sites')}"]
     if args.get("override") not in (None, "{}"):
@@ -672,19 +774,31 @@ def final_per_seed(runs: dict[str, list[dict]]) -> dict[str, list[dict]]:
         out[name] = []
         for k, r in enumerate(rs):
             fin = r.get("final") or {}
-            out[name].append({"seed": r.get("seed", k), "setting": r.get("setting"),
-                              "seconds_per_round": r.get("seconds_per_round"),
-                              **{tag: ((fin.get(model) or {}).get("test") or {}).get("macro")
-                                 for tag, model in (("last", LAST_MODEL), ("best", BEST_MODEL))}})
+            out[name].append(
+                {
+                    "seed": r.get("seed", k),
+                    "setting": r.get("setting"),
+                    "seconds_per_round": r.get("seconds_per_round"),
+                    **{
+                        tag: ((fin.get(model) or {}).get("test") or {}).get("macro")
+                        for tag, model in (("last", LAST_MODEL), ("best", BEST_MODEL))
+                    },
+                }
+            )
     return out
 
 
 def summary_record(args: dict, runs: dict[str, list[dict]], out: Path, tail: int = 0) -> dict:
     """``X.json``: the command, the commit, the arguments, the summary rows and the final metrics per seed (a
     few KB; the runs themselves are in ``X.runs.json``)."""
-    return {"command": command_line({**args, "out": args.get("out") or str(out)}), "commit": _commit(),
-            "args": args, "summary": summarise(runs, tail), "final": final_per_seed(runs),
-            "runs_file": runs_path(out).name}
+    return {
+        "command": command_line({**args, "out": args.get("out") or str(out)}),
+        "commit": _commit(),
+        "args": args,
+        "summary": summarise(runs, tail),
+        "final": final_per_seed(runs),
+        "runs_file": runs_path(out).name,
+    }
 
 
 def load_runs(path: Path) -> tuple[dict, dict[str, list[dict]]]:
@@ -698,8 +812,9 @@ def load_runs(path: Path) -> tuple[dict, dict[str, list[dict]]]:
                 return data.get("args") or {}, data["runs"]
     if path.is_file():
         cmd = json.loads(path.read_text()).get("command")
-        raise SystemExit(f"{path} holds the summary only; the runs ({full.name}) are written where the benchmark "
-                         f"runs: {cmd}")
+        raise SystemExit(
+            f"{path} holds the summary only; the runs ({full.name}) are written where the benchmark runs: {cmd}"
+        )
     raise SystemExit(f"{path}: no such benchmark file")
 
 
@@ -721,9 +836,12 @@ def write_plots(out: Path, runs: dict[str, list[dict]], metric: str = "auc") -> 
     ``final_bar_figure`` of the test ``metric``) beside its tables; a plotting failure only warns."""
     curves, final = plot_paths(out)
     try:
-        return [save_figure(curves_figure(runs, metric, "val"), curves),
-                save_figure(final_bar_figure(runs, metric, ((LAST_MODEL, "last round"), (BEST_MODEL, "best on val"))),
-                            final)]
+        return [
+            save_figure(curves_figure(runs, metric, "val"), curves),
+            save_figure(
+                final_bar_figure(runs, metric, ((LAST_MODEL, "last round"), (BEST_MODEL, "best on val"))), final
+            ),
+        ]
     except (ImportError, OSError, ValueError, KeyError, TypeError) as e:
         print(f"(plots not written: {type(e).__name__}: {e})", file=sys.stderr)
         return []
@@ -754,37 +872,89 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--sites", type=int, default=5)
     ap.add_argument("--override", default="{}", help="JSON merged into every job's executor args")
-    ap.add_argument("--unset", action="append", default=[], metavar="PATH",
-                    help="remove this dotted key (e.g. dataset.prepare.k) from every job's args after the merge "
-                         "(null where the dataset preset defines it; repeatable)")
+    ap.add_argument(
+        "--unset",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="remove this dotted key (e.g. dataset.prepare.k) from every job's args after the merge "
+        "(null where the dataset preset defines it; repeatable)",
+    )
     ap.add_argument("--plot-metric", default="auc", help="macro metric of the X_curves.png / X_final.png plots")
     ap.add_argument("--no-plots", action="store_true", help="write no PNG plots beside the tables")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--keep", action="store_true", help="keep the scratch workspaces")
-    ap.add_argument("--progress-every", type=float, default=30.0, metavar="SECONDS",
-                    help="how often a running simulation's server log is read for its round (default 30)")
-    ap.add_argument("--only", nargs="+", default=None, metavar="NAME",
-                    help="run only these configurations (job or variant names) of the benchmark's list")
-    ap.add_argument("--resume", action="store_true",
-                    help="keep the runs already in --out (same rounds, sites and overrides) and run only the missing "
-                         "(configuration, seed) pairs: a long benchmark can be run in several parts")
-    ap.add_argument("--compact", action="store_true",
-                    help="store per run only the final / best results and the per-round validation macro metrics")
-    ap.add_argument("--variant", action="append", default=[], type=parse_variant, metavar="NAME=JOB:JSON",
-                    help="also run JOB as NAME with these method options (repeatable)")
-    ap.add_argument("--tail", type=int, default=0, metavar="K",
-                    help="also report each metric averaged over the last K test evaluations of every run (the final "
-                         "one included), less sensitive than the last round alone to round-to-round swings")
-    ap.add_argument("--gap", nargs=2, metavar=("LOWER", "UPPER"), default=None,
-                    help="report the share of the LOWER -> UPPER gap each other configuration closes")
-    ap.add_argument("--compare", nargs=2, action="append", metavar=("A", "B"), default=None,
-                    help="paired t-test of A against B over per-class test AUROCs (repeatable)")
+    ap.add_argument(
+        "--progress-every",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how often a running simulation's server log is read for its round (default 30)",
+    )
+    ap.add_argument(
+        "--only",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="run only these configurations (job or variant names) of the benchmark's list",
+    )
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the runs already in --out (same rounds, sites and overrides) and run only the missing "
+        "(configuration, seed) pairs: a long benchmark can be run in several parts",
+    )
+    ap.add_argument(
+        "--compact",
+        action="store_true",
+        help="store per run only the final / best results and the per-round validation macro metrics",
+    )
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        type=parse_variant,
+        metavar="NAME=JOB:JSON",
+        help="also run JOB as NAME with these method options (repeatable)",
+    )
+    ap.add_argument(
+        "--tail",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also report each metric averaged over the last K test evaluations of every run (the final "
+        "one included), less sensitive than the last round alone to round-to-round swings",
+    )
+    ap.add_argument(
+        "--gap",
+        nargs=2,
+        metavar=("LOWER", "UPPER"),
+        default=None,
+        help="report the share of the LOWER -> UPPER gap each other configuration closes",
+    )
+    ap.add_argument(
+        "--compare",
+        nargs=2,
+        action="append",
+        metavar=("A", "B"),
+        default=None,
+        help="paired t-test of A against B over per-class test AUROCs (repeatable)",
+    )
     ap.add_argument("--gap-metric", default="f1", help="macro metric of --gap (f1, bacc, auc, map, ...)")
-    ap.add_argument("--classes", nargs="+", metavar="CLASS",
-                    help="also tabulate the mean of the per-class test AUC / AP over these classes (multi-label; e.g. "
-                         "the classes whose annotating sites hold enough positives), with the --gap share on them")
-    ap.add_argument("--report", type=Path, default=None, metavar="X.json",
-                    help="re-render the tables of a finished benchmark (rewrites X.md) and run nothing")
+    ap.add_argument(
+        "--classes",
+        nargs="+",
+        metavar="CLASS",
+        help="also tabulate the mean of the per-class test AUC / AP over these classes (multi-label; e.g. "
+        "the classes whose annotating sites hold enough positives), with the --gap share on them",
+    )
+    ap.add_argument(
+        "--report",
+        type=Path,
+        default=None,
+        metavar="X.json",
+        help="re-render the tables of a finished benchmark (rewrites X.md) and run nothing",
+    )
     a = ap.parse_args(argv)
     if a.report:
         args, runs = load_runs(a.report)
@@ -819,9 +989,13 @@ def main(argv=None) -> int:
     except Stopped as e:  # Ctrl-C / SIGTERM: the running simulator and its sites are stopped already
         shutil.rmtree(scratch, ignore_errors=True)
         done = sum(len(v) for v in runs.values())
-        print(f"\nstopped ({signal_name(e.signum)}): the run in progress and its {e.stopped} processes are gone; "
-              f"{done} finished run(s) kept in {a.out or 'no --out file (give --out to keep them)'}"
-              + (f"; go on with the same command and --resume" if a.out else ""), file=sys.stderr, flush=True)
+        print(
+            f"\nstopped ({signal_name(e.signum)}): the run in progress and its {e.stopped} processes are gone; "
+            f"{done} finished run(s) kept in {a.out or 'no --out file (give --out to keep them)'}"
+            + ("; go on with the same command and --resume" if a.out else ""),
+            file=sys.stderr,
+            flush=True,
+        )
         return 128 + e.signum
     finally:
         if not a.keep and failed is None:
@@ -829,8 +1003,11 @@ def main(argv=None) -> int:
     if a.out and runs and not a.no_plots:  # once, at the end (--report X.json redraws them)
         write_plots(a.out, runs, a.plot_metric)
     if failed is not None:
-        print(f"\n{failed}\n(scratch folder kept: {scratch}; the finished runs are in "
-              f"{a.out or 'no --out file'})", file=sys.stderr, flush=True)
+        print(
+            f"\n{failed}\n(scratch folder kept: {scratch}; the finished runs are in {a.out or 'no --out file'})",
+            file=sys.stderr,
+            flush=True,
+        )
         if runs:
             print("\n" + report(a, runs))
         return 1
@@ -838,12 +1015,17 @@ def main(argv=None) -> int:
     return 0
 
 
-def run_all(a: argparse.Namespace, configs: list, runs: dict[str, list[dict]], scratch: Path, base: dict,
-            env: dict) -> None:
+def run_all(
+    a: argparse.Namespace, configs: list, runs: dict[str, list[dict]], scratch: Path, base: dict, env: dict
+) -> None:
     """Every (configuration, seed) pair not yet in ``runs``, seed by seed; ``runs`` and ``--out`` grow as they
     finish. Prints run k of N, the elapsed time and the time left before each run and after it."""
-    todo = [(seed, c) for seed in a.seeds for c in configs  # seed-major: an interrupted benchmark keeps whole seeds
-            if not any(r.get("seed") == seed for r in runs.get(c[0], []))]
+    todo = [
+        (seed, c)
+        for seed in a.seeds
+        for c in configs  # seed-major: an interrupted benchmark keeps whole seeds
+        if not any(r.get("seed") == seed for r in runs.get(c[0], []))
+    ]
     for seed in a.seeds:
         for name, _, _ in configs:
             if any(r.get("seed") == seed for r in runs.get(name, [])):
@@ -854,9 +1036,11 @@ def run_all(a: argparse.Namespace, configs: list, runs: dict[str, list[dict]], s
         res = run_one(job, seed, a.rounds, a.sites, scratch, base, env, name, method_args)
         runs.setdefault(name, []).append(compact(res) if a.compact else res)
         fin = res["final"][LAST_MODEL]["test"]["macro"]
-        print(f"{name} seed {seed}: test {json.dumps({k: round(v, 4) for k, v in fin.items() if v is not None})} "
-              f"({res['seconds_per_round']:.1f} s/round, {res['wall_seconds_total']:.0f} s); {progress.finished()}",
-              flush=True)
+        print(
+            f"{name} seed {seed}: test {json.dumps({k: round(v, 4) for k, v in fin.items() if v is not None})} "
+            f"({res['seconds_per_round']:.1f} s/round, {res['wall_seconds_total']:.0f} s); {progress.finished()}",
+            flush=True,
+        )
         if a.out:  # rewritten after every run
             save(a, runs)
 

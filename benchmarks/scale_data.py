@@ -55,8 +55,22 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "custom"))
 SHARED = ROOT.parent / "shared" / "data" / "nih_cxr14_1000"
 RESULTS = ROOT / "benchmarks" / "results" / "scale_data.json"
-NIH_FINDINGS = ["Atelectasis", "Cardiomegaly", "Effusion", "Infiltration", "Mass", "Nodule", "Pneumonia",
-                "Pneumothorax", "Consolidation", "Edema", "Emphysema", "Fibrosis", "Pleural_Thickening", "Hernia"]
+NIH_FINDINGS = [
+    "Atelectasis",
+    "Cardiomegaly",
+    "Effusion",
+    "Infiltration",
+    "Mass",
+    "Nodule",
+    "Pneumonia",
+    "Pneumothorax",
+    "Consolidation",
+    "Edema",
+    "Emphysema",
+    "Fibrosis",
+    "Pleural_Thickening",
+    "Hernia",
+]
 TOP8 = NIH_FINDINGS[:6] + ["Pneumothorax", "Consolidation"]
 
 
@@ -65,6 +79,7 @@ def say(msg: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ releases
+
 
 def _shared_images() -> list[Path]:
     imgs = sorted((SHARED / "images").glob("*.png"))
@@ -109,9 +124,15 @@ def nih_release(folder: Path, n: int, size: int, distinct: int, workers: int, se
         os.link(base[i % len(base)], folder / "images" / names[i])
     labels = rng.random((n, len(NIH_FINDINGS))) < np.linspace(0.12, 0.01, len(NIH_FINDINGS))
     finding = ["|".join(c for c, y in zip(NIH_FINDINGS, row) if y) or "No Finding" for row in labels]
-    pd.DataFrame({"Image Index": names, "Finding Labels": finding, "Follow-up #": [i % 3 for i in range(n)],
-                  "Patient ID": [i // 3 + 1 for i in range(n)], "View Position": "PA"}
-                 ).to_csv(folder / "Data_Entry_2017.csv", index=False)
+    pd.DataFrame(
+        {
+            "Image Index": names,
+            "Finding Labels": finding,
+            "Follow-up #": [i % 3 for i in range(n)],
+            "Patient ID": [i // 3 + 1 for i in range(n)],
+            "View Position": "PA",
+        }
+    ).to_csv(folder / "Data_Entry_2017.csv", index=False)
     return folder
 
 
@@ -132,9 +153,33 @@ def mimic_release(folder: Path, n: int, distinct: int, workers: int) -> list[Pat
 
 def prepare_split(root: Path, out: Path, sites: int, site_size: int | None = None) -> float:
     """``fedpartial-prepare`` (no decode: the store build decodes) -> CPU seconds of the process."""
-    cmd = [sys.executable, "-m", "fedpartial.data.prepare", "--source", "nih_cxr14", "--root", str(root), "--out",
-           str(out), "--sites", str(sites), "--protocol", "missing_k", "--k", "7", "--val-frac", "0.1",
-           "--test-frac", "0.3", "--classes", *TOP8, "--no-decode", "--no-figure", "--seed", "0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "fedpartial.data.prepare",
+        "--source",
+        "nih_cxr14",
+        "--root",
+        str(root),
+        "--out",
+        str(out),
+        "--sites",
+        str(sites),
+        "--protocol",
+        "missing_k",
+        "--k",
+        "7",
+        "--val-frac",
+        "0.1",
+        "--test-frac",
+        "0.3",
+        "--classes",
+        *TOP8,
+        "--no-decode",
+        "--no-figure",
+        "--seed",
+        "0",
+    ]
     if site_size:
         cmd += ["--site-size", str(site_size)]
     t = os.times()
@@ -144,6 +189,7 @@ def prepare_split(root: Path, out: Path, sites: int, site_size: int | None = Non
 
 
 # ----------------------------------------------------------------------------------------------- measures
+
 
 def plain_decode_s(paths, size: int) -> float:
     """CPU seconds per image of one plain Pillow decode + box resize (no draft)."""
@@ -209,8 +255,10 @@ def count_lines(file: Path) -> int:
 
 def resume_fraction(paths: list[str], size: int, folder: Path, trace: Path) -> dict:
     """Kill a store build (its process group) once half the chunks are committed, restart it, count decodes."""
-    code = ("import sys, json; sys.path.insert(0, %r); from fedpartial.data.store import build_store, Preprocessing;"
-            "paths = json.load(open(%r)); build_store(paths, Preprocessing(%d, 1), %r, log_fn=lambda m: None)")
+    code = (
+        "import sys, json; sys.path.insert(0, %r); from fedpartial.data.store import build_store, Preprocessing;"
+        "paths = json.load(open(%r)); build_store(paths, Preprocessing(%d, 1), %r, log_fn=lambda m: None)"
+    )
     plist = folder.parent / "resume_paths.json"
     plist.write_text(json.dumps(paths))
     env = {**os.environ, "FEDPARTIAL_STORE_TRACE": str(trace)}
@@ -229,8 +277,12 @@ def resume_fraction(paths: list[str], size: int, folder: Path, trace: Path) -> d
     subprocess.run(cmd, env=env, check=True)
     second = count_lines(trace)
     n = len(paths)
-    return {"n": n, "decoded_before_kill": first, "decoded_after_restart": second,
-            "lost_fraction": max(0, first + second - n) / n}
+    return {
+        "n": n,
+        "decoded_before_kill": first,
+        "decoded_after_restart": second,
+        "lost_fraction": max(0, first + second - n) / n,
+    }
 
 
 def loader_rate(prepared: Path, size: int, cache_dir: Path, seconds: float = 5.0) -> float:
@@ -319,8 +371,15 @@ def pss_by_kind(pid: int) -> dict[str, int]:
             head, _, rest = line.partition(" ")
             if not head.endswith(":"):  # a mapping's first line: range perms offset dev inode [path]
                 path = rest.split()[4] if len(rest.split()) > 4 else ""
-                kind = ("stores" if path.endswith("images.npy") else "heap" if path == "[heap]"
-                        else "files" if path.startswith("/") else "anon")
+                kind = (
+                    "stores"
+                    if path.endswith("images.npy")
+                    else "heap"
+                    if path == "[heap]"
+                    else "files"
+                    if path.startswith("/")
+                    else "anon"
+                )
             elif head == "Pss:":
                 out[kind] += int(rest.split()[0]) * 1024
     return out
@@ -334,10 +393,17 @@ def sites_pss(prepared: Path, size: int, cache_dir: Path, sites: list[str]) -> d
     split the shared pages otherwise); the sites themselves run no measuring code."""
     procs = []
     for s in sites:
-        code = SITE_CODE % {"custom": str(ROOT / "custom"), "bench": str(ROOT / "benchmarks"),
-                            "prepared": str(prepared), "site": s, "size": size, "cache": str(cache_dir)}
-        procs.append(subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      text=True))
+        code = SITE_CODE % {
+            "custom": str(ROOT / "custom"),
+            "bench": str(ROOT / "benchmarks"),
+            "prepared": str(prepared),
+            "site": s,
+            "size": size,
+            "cache": str(cache_dir),
+        }
+        procs.append(
+            subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        )
         procs[-1].stdin.write("start\n")
         procs[-1].stdin.flush()
     for p in procs:  # every site ready (warmed up, stores not yet open)
@@ -362,16 +428,23 @@ def sites_pss(prepared: Path, size: int, cache_dir: Path, sites: list[str]) -> d
     shared = after[0]["shared_bytes"]
     train = sum(a["train_bytes"] for a in after)
     bound = before + shared + train
-    return {"sites": len(sites), "pss_before_gb": before / 1e9, "pss_gb": now / 1e9, "bound_gb": bound / 1e9,
-            "shared_store_gb": shared / 1e9, "train_stores_gb": train / 1e9,
-            "over_bound_mb_per_site": round((now - bound) / len(sites) / 1e6, 3),
-            # all sites' PSS growth per step (MB, summed over the sites)
-            "steps_mb": {n: round((total(kinds[i + 1]) - total(kinds[i])) / 1e6, 3) for i, n in enumerate(SITE_STEPS)},
-            # the growth by mapping kind (MB, summed over the sites): the stores' maps against one copy of each store
-            "growth_mb_by_kind": {k: round(sum(a[k] - b[k] for a, b in zip(kinds[-1], kinds[0])) / 1e6, 3)
-                                  for k in kinds[0][0]},
-            "stores_one_copy_mb": round((shared + train) / 1e6, 3),
-            "label_arrays_mb_per_site": round(sum(a["label_bytes"] for a in after) / len(after) / 1e6, 3)}
+    return {
+        "sites": len(sites),
+        "pss_before_gb": before / 1e9,
+        "pss_gb": now / 1e9,
+        "bound_gb": bound / 1e9,
+        "shared_store_gb": shared / 1e9,
+        "train_stores_gb": train / 1e9,
+        "over_bound_mb_per_site": round((now - bound) / len(sites) / 1e6, 3),
+        # all sites' PSS growth per step (MB, summed over the sites)
+        "steps_mb": {n: round((total(kinds[i + 1]) - total(kinds[i])) / 1e6, 3) for i, n in enumerate(SITE_STEPS)},
+        # the growth by mapping kind (MB, summed over the sites): the stores' maps against one copy of each store
+        "growth_mb_by_kind": {
+            k: round(sum(a[k] - b[k] for a, b in zip(kinds[-1], kinds[0])) / 1e6, 3) for k in kinds[0][0]
+        },
+        "stores_one_copy_mb": round((shared + train) / 1e6, 3),
+        "label_arrays_mb_per_site": round(sum(a["label_bytes"] for a in after) / len(after) / 1e6, 3),
+    }
 
 
 def format_compare(store_folder: Path, work: Path, n: int, seconds: float = 3.0) -> dict:
@@ -390,8 +463,10 @@ def format_compare(store_folder: Path, work: Path, n: int, seconds: float = 3.0)
             k += 32
         return k / (time.perf_counter() - t0)
 
-    out["memmap"] = {"bytes_per_image": (store_folder / "images.npy").stat().st_size / len(s),
-                     "batch32_img_per_s": rate(lambda idx: s.batch(idx))}
+    out["memmap"] = {
+        "bytes_per_image": (store_folder / "images.npy").stat().st_size / len(s),
+        "batch32_img_per_s": rate(lambda idx: s.batch(idx)),
+    }
     try:
         import lmdb
     except ImportError:
@@ -436,6 +511,7 @@ def dicom_ms(n: int = 60) -> float:
 
 # -------------------------------------------------------------------------------------------------------- main
 
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (<= 3 min), keys printed as JSON")
@@ -457,10 +533,18 @@ def main(argv=None) -> int:
     distinct = args.distinct or (40 if q else 400)
     workers = len(os.sched_getaffinity(0))
     size = 224
-    res: dict = {"command": "python benchmarks/scale_data.py" + (" --quick" if q else ""),
-                 "sizes": {"nih_1024px_png": n_nih, "mimic_2500x3000_jpg": n_mimic, "rows_release": rows,
-                           "distinct_encoded": distinct, "image_size": size, "cores": workers},
-                 "machine": {"cores": workers, "load_1min_at_start": os.getloadavg()[0]}}
+    res: dict = {
+        "command": "python benchmarks/scale_data.py" + (" --quick" if q else ""),
+        "sizes": {
+            "nih_1024px_png": n_nih,
+            "mimic_2500x3000_jpg": n_mimic,
+            "rows_release": rows,
+            "distinct_encoded": distinct,
+            "image_size": size,
+            "cores": workers,
+        },
+        "machine": {"cores": workers, "load_1min_at_start": os.getloadavg()[0]},
+    }
     t_start = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="fedpartial_scale_"))
     cache = work / "cache"
@@ -474,16 +558,19 @@ def main(argv=None) -> int:
         built = build_all_stores(work / "nih_prepared", size, cache / "stores")
         if built["decoded"] != n_nih:
             raise RuntimeError(f"the stores decoded {built['decoded']} images, the release has {n_nih}")
-        sample = sorted((nih / "images").glob("*.png"))[:min(n_nih, distinct)]
+        sample = sorted((nih / "images").glob("*.png"))[: min(n_nih, distinct)]
         plain = plain_decode_s(sample, size)
         per_image = (prep_cpu + built["cpu_s_pool"] + built["parent_cpu_s"]) / n_nih  # every process, once each
         stores = sorted(p for p in (cache / "stores").iterdir() if p.is_dir())
         total_bytes = sum((p / "images.npy").stat().st_size for p in stores)
         res["bytes_per_image"] = total_bytes / n_nih
         res["prepare_ratio_to_decode"] = per_image / plain
-        res["per_image_ms"] = {"plain_decode_png_1024": plain * 1e3, "prepare_png_1024": per_image * 1e3,
-                               "prepare_cli_png": prep_cpu / n_nih * 1e3,
-                               "store_build_wall_per_image": built["wall_s"] / n_nih * 1e3}
+        res["per_image_ms"] = {
+            "plain_decode_png_1024": plain * 1e3,
+            "prepare_png_1024": per_image * 1e3,
+            "prepare_cli_png": prep_cpu / n_nih * 1e3,
+            "store_build_wall_per_image": built["wall_s"] / n_nih * 1e3,
+        }
         say("restart: every site opens its stores again")
         trace = work / "trace.txt"
         os.environ["FEDPARTIAL_STORE_TRACE"] = str(trace)
@@ -517,12 +604,16 @@ def main(argv=None) -> int:
         # -- MIMIC-like JPEGs: per-image figures
         say(f"MIMIC-like: {n_mimic} JPEGs 2500 x 3000")
         jpgs = mimic_release(work / "mimic", n_mimic, min(n_mimic, max(8, distinct // 4)), workers)
-        plain_jpg = plain_decode_s(jpgs[:min(n_mimic, 40 if q else 200)], size)
+        plain_jpg = plain_decode_s(jpgs[: min(n_mimic, 40 if q else 200)], size)
         b = build_store([str(p) for p in jpgs], Preprocessing(size, 1), work / "mimic_store", log_fn=lambda _: None)
         res["prepare_ratio_to_decode_jpg"] = b["cpu_s"] / n_mimic / plain_jpg
-        res["per_image_ms"].update({"plain_decode_jpg_2500x3000": plain_jpg * 1e3,
-                                    "store_jpg_2500x3000": b["cpu_s"] / n_mimic * 1e3,
-                                    "store_build_wall_per_image_jpg": b["wall_s"] / n_mimic * 1e3})
+        res["per_image_ms"].update(
+            {
+                "plain_decode_jpg_2500x3000": plain_jpg * 1e3,
+                "store_jpg_2500x3000": b["cpu_s"] / n_mimic * 1e3,
+                "store_build_wall_per_image_jpg": b["wall_s"] / n_mimic * 1e3,
+            }
+        )
         shutil.rmtree(work / "mimic")
         res["per_image_ms"]["store_dicom_512"] = dicom_ms(20 if q else 60)
 
@@ -548,8 +639,17 @@ def main(argv=None) -> int:
             say(f"kept {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
-    keys = ["bytes_per_image", "prepare_ratio_to_decode", "prepare_core_scaling", "restart_decodes",
-            "datacheck_s_112k", "resume_lost_fraction", "loader_img_per_s", "sites_pss_gb", "sites_pss_bound_gb"]
+    keys = [
+        "bytes_per_image",
+        "prepare_ratio_to_decode",
+        "prepare_core_scaling",
+        "restart_decodes",
+        "datacheck_s_112k",
+        "resume_lost_fraction",
+        "loader_img_per_s",
+        "sites_pss_gb",
+        "sites_pss_bound_gb",
+    ]
     res["targets_met"] = {
         "bytes_per_image": res["bytes_per_image"] <= 1.05 * size * size,
         "prepare_ratio_to_decode": res["prepare_ratio_to_decode"] <= 1.2,
@@ -558,7 +658,8 @@ def main(argv=None) -> int:
         "datacheck_s_112k": res["datacheck_s_112k"] <= 30,
         "resume_lost_fraction": res["resume_lost_fraction"] <= 0.05,
         "loader_img_per_s": res["loader_img_per_s"] >= 5000,
-        "sites_pss_gb": res["sites_pss_gb"] <= res["sites_pss_bound_gb"]}
+        "sites_pss_gb": res["sites_pss_gb"] <= res["sites_pss_bound_gb"],
+    }
     text = json.dumps({**{k: res[k] for k in keys}, **{k: v for k, v in res.items() if k not in keys}}, indent=1)
     print(text)
     out = Path(args.out) if args.out else (None if q else RESULTS)

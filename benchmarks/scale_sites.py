@@ -64,14 +64,40 @@ def sample_memory(root: psutil.Process, stop: threading.Event, out: dict) -> Non
 
 
 def run(n: int, rounds: int, per_site: int, threads: int, scratch: Path) -> dict:
-    job = customise_job(REPO / "jobs" / "fedavg_ich", scratch / f"n{n}" / "job", rounds, {
-        "dataset": {"image_size": 32, "prepare": {"num_sites": n, "k": None, "protocol": "random_s", "s": 2,
-                                                  "source_args": {"n_images": per_site * n + 80, "size": 32,
-                                                                  "seed": 0}}},
-        "evaluation": {"test_every": 0}, "train": {"batch_size": 16}}, seed=0, min_clients=n)
+    job = customise_job(
+        REPO / "jobs" / "fedavg_ich",
+        scratch / f"n{n}" / "job",
+        rounds,
+        {
+            "dataset": {
+                "image_size": 32,
+                "prepare": {
+                    "num_sites": n,
+                    "k": None,
+                    "protocol": "random_s",
+                    "s": 2,
+                    "source_args": {"n_images": per_site * n + 80, "size": 32, "seed": 0},
+                },
+            },
+            "evaluation": {"test_every": 0},
+            "train": {"batch_size": 16},
+        },
+        seed=0,
+        min_clients=n,
+    )
     ws = scratch / f"n{n}" / "ws"
     t = min(n, threads)
-    cmd = [str(Path(sys.executable).parent / "nvflare"), "simulator", str(job), "-w", str(ws), "-n", str(n), "-t", str(t)]
+    cmd = [
+        str(Path(sys.executable).parent / "nvflare"),
+        "simulator",
+        str(job),
+        "-w",
+        str(ws),
+        "-n",
+        str(n),
+        "-t",
+        str(t),
+    ]
     mem: dict = {}
     available_before = psutil.virtual_memory().available
     stop = threading.Event()
@@ -87,15 +113,24 @@ def run(n: int, rounds: int, per_site: int, threads: int, scratch: Path) -> dict
         raise RuntimeError(f"{n} sites failed (rc {proc.returncode}): {err[-2000:]}")
     res = json.loads(res_file.read_text())
     rounds_ = [r for r in res["rounds"] if r.get("seconds")]
-    local = [max(((t["train"] or 0) + (t["eval"] or 0) for t in r["site_seconds"].values()), default=0.0)
-             for r in rounds_]
+    local = [
+        max(((t["train"] or 0) + (t["eval"] or 0) for t in r["site_seconds"].values()), default=0.0) for r in rounds_
+    ]
     secs = [r["seconds"] for r in rounds_]
-    return {"sites": n, "threads": t, "rounds": len(rounds_), "s_per_round": sum(secs) / len(secs),
-            "slowest_site_s": sum(local) / len(local), "overhead_s": (sum(secs) - sum(local)) / len(secs),
-            "site_peak_rss_mb": mem.get("site_peak", 0) / 2**20, "total_peak_rss_mb": mem.get("total_peak", 0) / 2**20,
-            "total_peak_pss_mb": mem.get("pss_peak", 0) / 2**20, "available_before_mb": available_before / 2**20,
-            "available_min_mb": mem.get("available_min", 0) / 2**20,
-            "wall_s": time.time() - t0}
+    return {
+        "sites": n,
+        "threads": t,
+        "rounds": len(rounds_),
+        "s_per_round": sum(secs) / len(secs),
+        "slowest_site_s": sum(local) / len(local),
+        "overhead_s": (sum(secs) - sum(local)) / len(secs),
+        "site_peak_rss_mb": mem.get("site_peak", 0) / 2**20,
+        "total_peak_rss_mb": mem.get("total_peak", 0) / 2**20,
+        "total_peak_pss_mb": mem.get("pss_peak", 0) / 2**20,
+        "available_before_mb": available_before / 2**20,
+        "available_min_mb": mem.get("available_min", 0) / 2**20,
+        "wall_s": time.time() - t0,
+    }
 
 
 def main(argv=None) -> int:
@@ -111,16 +146,21 @@ def main(argv=None) -> int:
         for n in a.sites:
             rows.append(run(n, a.rounds, a.per_site, a.threads, Path(tmp)))
             print(json.dumps(rows[-1]), flush=True)
-    lines = [f"jobs/fedavg_ich, {a.per_site} training images per site, 32 px, {a.rounds} rounds, at most "
-             f"{a.threads} sites in parallel", "",
-             "| sites | -t | s / round | slowest site s | round / slowest site | FL overhead s / round | overhead per "
-             "site s | peak RSS one site (MB) | peak RSS all (MB) | peak PSS all (MB) | available before / lowest (MB) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['sites']} | {r['threads']} | {r['s_per_round']:.1f} | {r['slowest_site_s']:.2f} | "
-              f"{r['s_per_round'] / max(r['slowest_site_s'], 1e-9):.2f} | {r['overhead_s']:.1f} | "
-              f"{r['overhead_s'] / r['sites']:.3f} | {r['site_peak_rss_mb']:.0f} | {r['total_peak_rss_mb']:.0f} | "
-              f"{r['total_peak_pss_mb']:.0f} | {r['available_before_mb']:.0f} / {r['available_min_mb']:.0f} |"
-              for r in rows]
+    lines = [
+        f"jobs/fedavg_ich, {a.per_site} training images per site, 32 px, {a.rounds} rounds, at most "
+        f"{a.threads} sites in parallel",
+        "",
+        "| sites | -t | s / round | slowest site s | round / slowest site | FL overhead s / round | overhead per "
+        "site s | peak RSS one site (MB) | peak RSS all (MB) | peak PSS all (MB) | available before / lowest (MB) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['sites']} | {r['threads']} | {r['s_per_round']:.1f} | {r['slowest_site_s']:.2f} | "
+        f"{r['s_per_round'] / max(r['slowest_site_s'], 1e-9):.2f} | {r['overhead_s']:.1f} | "
+        f"{r['overhead_s'] / r['sites']:.3f} | {r['site_peak_rss_mb']:.0f} | {r['total_peak_rss_mb']:.0f} | "
+        f"{r['total_peak_pss_mb']:.0f} | {r['available_before_mb']:.0f} / {r['available_min_mb']:.0f} |"
+        for r in rows
+    ]
     print("\n".join(lines))
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)

@@ -37,8 +37,11 @@ def macro_aucs(path: Path, config: str, model: str) -> dict[str, float]:
         if config not in per_seed:
             raise SystemExit(f"{path}: no configuration {config!r} (have {', '.join(per_seed)})")
         tag = "last" if model == "last" else "best"
-        return {str(r["seed"]): 100.0 * float(r[tag]["auc"]) for r in per_seed[config]
-                if (r.get(tag) or {}).get("auc") is not None}
+        return {
+            str(r["seed"]): 100.0 * float(r[tag]["auc"])
+            for r in per_seed[config]
+            if (r.get(tag) or {}).get("auc") is not None
+        }
     runs = data["runs"]
     if config not in runs:
         raise SystemExit(f"{path}: no configuration {config!r} (have {', '.join(runs)})")
@@ -57,8 +60,9 @@ def _cell(values: list[float]) -> str:
     return f"{statistics.mean(values):.2f} ± {sd:.2f}"
 
 
-def sweep_table(files: list[Path], a: str, b: str, labels: list[str], label: str = "point",
-                model: str = "last") -> tuple[str, dict]:
+def sweep_table(
+    files: list[Path], a: str, b: str, labels: list[str], label: str = "point", model: str = "last"
+) -> tuple[str, dict]:
     """Markdown table (one row per point: A, B, A - B, seeds) and the paired comparison over all runs."""
     rows = [f"| {label} | {a} | {b} | {a} - {b} | seeds |", "|---|---|---|---|---|"]
     pa: dict[str, float] = {}
@@ -67,17 +71,22 @@ def sweep_table(files: list[Path], a: str, b: str, labels: list[str], label: str
         xa, xb = macro_aucs(path, a, model), macro_aucs(path, b, model)
         common = [s for s in xa if s in xb]
         diffs = [xa[s] - xb[s] for s in common]
-        rows.append(f"| {point} | {_cell(list(xa.values()))} | {_cell(list(xb.values()))} | "
-                    f"{_cell(diffs) if diffs else 'n/a'} | {len(common)} |")
+        rows.append(
+            f"| {point} | {_cell(list(xa.values()))} | {_cell(list(xb.values()))} | "
+            f"{_cell(diffs) if diffs else 'n/a'} | {len(common)} |"
+        )
         pa.update({f"{point}/{s}": xa[s] for s in common})
         pb.update({f"{point}/{s}": xb[s] for s in common})
     cmp = paired_comparison(pa, pb)
     p, sp = cmp["p"], cmp["shapiro_p"]
-    rows += ["", f"Paired t-test over {cmp['n']} runs (point x seed) of the macro test AUROC ({model} model): "
-                 f"{a} - {b} = {cmp['mean_diff']:+.2f}, t = {cmp['t'] if cmp['t'] is None else round(cmp['t'], 2)}, "
-                 f"p = {p if p is None else f'{p:.3g}'} ({stars(p)}); Shapiro-Wilk p of the differences = "
-                 f"{sp if sp is None else f'{sp:.3g}'}; Wilcoxon p = "
-                 f"{cmp['wilcoxon_p'] if cmp['wilcoxon_p'] is None else round(cmp['wilcoxon_p'], 3)}."]
+    rows += [
+        "",
+        f"Paired t-test over {cmp['n']} runs (point x seed) of the macro test AUROC ({model} model): "
+        f"{a} - {b} = {cmp['mean_diff']:+.2f}, t = {cmp['t'] if cmp['t'] is None else round(cmp['t'], 2)}, "
+        f"p = {p if p is None else f'{p:.3g}'} ({stars(p)}); Shapiro-Wilk p of the differences = "
+        f"{sp if sp is None else f'{sp:.3g}'}; Wilcoxon p = "
+        f"{cmp['wilcoxon_p'] if cmp['wilcoxon_p'] is None else round(cmp['wilcoxon_p'], 3)}.",
+    ]
     return "\n".join(rows), cmp
 
 

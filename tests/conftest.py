@@ -53,8 +53,13 @@ def one_round_first_stage(method) -> dict:
     return {k: 1 for k in SCHEDULE_KEYS if k in method.option_names()}
 
 
-def copy_job(job: str, dest: Path, num_rounds: int | None = None, executor_args: dict | None = None,
-             min_clients: int | None = None) -> Path:
+def copy_job(
+    job: str,
+    dest: Path,
+    num_rounds: int | None = None,
+    executor_args: dict | None = None,
+    min_clients: int | None = None,
+) -> Path:
     """Copy jobs/<job> to dest with the package built into its apps and the given overrides."""
     from fedpartial.tools.build_jobs import customise_job
 
@@ -73,8 +78,15 @@ def _start_failure(text: str) -> str | None:
     return next((line for line in text.splitlines() if any(f in line for f in START_FAILURES)), None)
 
 
-def run_watched(cmd: list[str], env: dict, timeout: int, logs: list[Path] = (), cwd: Path = REPO,
-                retries: int = START_RETRIES, before_retry=None) -> subprocess.CompletedProcess:
+def run_watched(
+    cmd: list[str],
+    env: dict,
+    timeout: int,
+    logs: list[Path] = (),
+    cwd: Path = REPO,
+    retries: int = START_RETRIES,
+    before_retry=None,
+) -> subprocess.CompletedProcess:
     """Run ``cmd`` like ``subprocess.run(capture_output=True, text=True)``, watching its output and ``logs`` (files
     it writes, e.g. the simulator's server log) for a :data:`START_FAILURES` line: then it is killed at once (its
     whole process group) and run again, at most ``retries`` times (``before_retry()`` first, e.g. to clear the
@@ -90,8 +102,9 @@ def run_watched(cmd: list[str], env: dict, timeout: int, logs: list[Path] = (), 
             # after, a line written at once was counted as old, and the attempt waited for its timeout: seen
             # under load); a log written anew (another inode, or shorter) is read from its start
             start = {f: (f.stat().st_size, f.stat().st_ino) if f.is_file() else (0, None) for f in logs}
-            proc = subprocess.Popen(cmd, env=env, cwd=str(cwd), stdout=out, stderr=err, text=True,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                cmd, env=env, cwd=str(cwd), stdout=out, stderr=err, text=True, start_new_session=True
+            )
             t0, failure = time.time(), None
 
             def written(f: Path) -> str:
@@ -124,8 +137,15 @@ def run_watched(cmd: list[str], env: dict, timeout: int, logs: list[Path] = (), 
     return subprocess.CompletedProcess(cmd, -9, stdout, f"{stderr}\nSTART FAILED: {failure.strip()}")
 
 
-def run_simulator(job_dir: Path, workspace: Path, n: int, env: dict | None = None, timeout: int = 600,
-                  threads: int | None = None, cli: bool = False) -> subprocess.CompletedProcess:
+def run_simulator(
+    job_dir: Path,
+    workspace: Path,
+    n: int,
+    env: dict | None = None,
+    timeout: int = 600,
+    threads: int | None = None,
+    cli: bool = False,
+) -> subprocess.CompletedProcess:
     """A job folder in NVFlare's simulator as ``job.py`` runs it (``python -m fedpartial.fl.simulator JOB -w WS -n
     N -t T``: its own ports, so the suite's simulators side by side never take each other's); ``cli``: through
     the classic ``nvflare simulator`` command the README shows. Retried once on a failed start
@@ -133,8 +153,11 @@ def run_simulator(job_dir: Path, workspace: Path, n: int, env: dict | None = Non
     import shutil
 
     args = [str(job_dir), "-w", str(workspace), "-n", str(n), "-t", str(threads or n)]
-    cmd = ([str(Path(sys.executable).parent / "nvflare"), "simulator", *args] if cli
-           else [sys.executable, "-m", "fedpartial.fl.simulator", *args])
+    cmd = (
+        [str(Path(sys.executable).parent / "nvflare"), "simulator", *args]
+        if cli
+        else [sys.executable, "-m", "fedpartial.fl.simulator", *args]
+    )
     full_env = {**os.environ, "FEDPARTIAL_DATA_DIR": str(REPO), **(env or {})}
     full_env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{full_env.get('PATH', '')}"
 
@@ -155,8 +178,14 @@ recipe.execute(SupervisedSimEnv(num_clients=recipe.num_sites, num_threads=recipe
 """
 
 
-def run_recipe(job: str, workspace_root: Path, overrides: dict | None = None, sites: int | None = None,
-               env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+def run_recipe(
+    job: str,
+    workspace_root: Path,
+    overrides: dict | None = None,
+    sites: int | None = None,
+    env: dict | None = None,
+    timeout: int = 600,
+) -> subprocess.CompletedProcess:
     """``jobs/<job>/job.py``'s recipe (with ``overrides``) run in NVFlare's SimEnv from the checkout, as
     ``python jobs/<job>/job.py`` does, WITHOUT ``FEDPARTIAL_DATA_DIR`` (the sites find data from the checkout);
     results in ``workspace_root/<job>`` (retried once on a failed start, :func:`run_watched`)."""
@@ -170,8 +199,13 @@ def run_recipe(job: str, workspace_root: Path, overrides: dict | None = None, si
     full_env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{full_env.get('PATH', '')}"
     cmd = [sys.executable, "-c", RECIPE_RUNNER, job, str(workspace_root), json.dumps(overrides)]
     name = overrides.get("name") or job
-    return run_watched(cmd, full_env, timeout, logs=[Path(workspace_root) / name / "server" / "log.txt"],
-                       before_retry=lambda: shutil.rmtree(Path(workspace_root) / name, ignore_errors=True))
+    return run_watched(
+        cmd,
+        full_env,
+        timeout,
+        logs=[Path(workspace_root) / name / "server" / "log.txt"],
+        before_retry=lambda: shutil.rmtree(Path(workspace_root) / name, ignore_errors=True),
+    )
 
 
 def results_of(workspace: Path) -> dict:

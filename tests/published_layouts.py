@@ -20,17 +20,61 @@ SHARED = SHARED_DATA
 NIH = SHARED / "nih_cxr14_1000"
 HAM = SHARED / "ham10000"
 
-NIH_ENTRY_HEADER = ("Image Index,Finding Labels,Follow-up #,Patient ID,Patient Age,Patient Gender,View Position,"
-                    "OriginalImage[Width,Height],OriginalImagePixelSpacing[x,y]")
-CHEXPERT_HEADER = ["Path", "Sex", "Age", "Frontal/Lateral", "AP/PA", "No Finding", "Enlarged Cardiomediastinum",
-                   "Cardiomegaly", "Lung Opacity", "Lung Lesion", "Edema", "Consolidation", "Pneumonia",
-                   "Atelectasis", "Pneumothorax", "Pleural Effusion", "Pleural Other", "Fracture", "Support Devices"]
-MIMIC_LABELS = ["Atelectasis", "Cardiomegaly", "Consolidation", "Edema", "Enlarged Cardiomediastinum", "Fracture",
-                "Lung Lesion", "Lung Opacity", "No Finding", "Pleural Effusion", "Pleural Other", "Pneumonia",
-                "Pneumothorax", "Support Devices"]
-MIMIC_META = ["dicom_id", "subject_id", "study_id", "PerformedProcedureStepDescription", "ViewPosition", "Rows",
-              "Columns", "StudyDate", "StudyTime", "ProcedureCodeSequence_CodeMeaning", "ViewCodeSequence_CodeMeaning",
-              "PatientOrientationCodeSequence_CodeMeaning"]
+NIH_ENTRY_HEADER = (
+    "Image Index,Finding Labels,Follow-up #,Patient ID,Patient Age,Patient Gender,View Position,"
+    "OriginalImage[Width,Height],OriginalImagePixelSpacing[x,y]"
+)
+CHEXPERT_HEADER = [
+    "Path",
+    "Sex",
+    "Age",
+    "Frontal/Lateral",
+    "AP/PA",
+    "No Finding",
+    "Enlarged Cardiomediastinum",
+    "Cardiomegaly",
+    "Lung Opacity",
+    "Lung Lesion",
+    "Edema",
+    "Consolidation",
+    "Pneumonia",
+    "Atelectasis",
+    "Pneumothorax",
+    "Pleural Effusion",
+    "Pleural Other",
+    "Fracture",
+    "Support Devices",
+]
+MIMIC_LABELS = [
+    "Atelectasis",
+    "Cardiomegaly",
+    "Consolidation",
+    "Edema",
+    "Enlarged Cardiomediastinum",
+    "Fracture",
+    "Lung Lesion",
+    "Lung Opacity",
+    "No Finding",
+    "Pleural Effusion",
+    "Pleural Other",
+    "Pneumonia",
+    "Pneumothorax",
+    "Support Devices",
+]
+MIMIC_META = [
+    "dicom_id",
+    "subject_id",
+    "study_id",
+    "PerformedProcedureStepDescription",
+    "ViewPosition",
+    "Rows",
+    "Columns",
+    "StudyDate",
+    "StudyTime",
+    "ProcedureCodeSequence_CodeMeaning",
+    "ViewCodeSequence_CodeMeaning",
+    "PatientOrientationCodeSequence_CodeMeaning",
+]
 ISIC2019 = ["MEL", "NV", "BCC", "AK", "BKL", "DF", "VASC", "SCC", "UNK"]
 HAM7 = ["MEL", "NV", "BCC", "AKIEC", "BKL", "DF", "VASC"]
 
@@ -61,8 +105,10 @@ def nih_release(dest: Path, n: int = 40) -> Path:
         folder = dest / ("images_001" if i < half else "images_002") / "images"
         folder.mkdir(parents=True, exist_ok=True)
         shutil.copy(NIH / "images" / r["Image Index"], folder / r["Image Index"])
-        rows.append(f"{r['Image Index']},{'|'.join(found) or 'No Finding'},{i % 3},{r['Patient ID']},"
-                    f"{40 + i % 30},{'MF'[i % 2]},{'PA' if i % 3 else 'AP'},2500,2048,0.143,0.143")
+        rows.append(
+            f"{r['Image Index']},{'|'.join(found) or 'No Finding'},{i % 3},{r['Patient ID']},"
+            f"{40 + i % 30},{'MF'[i % 2]},{'PA' if i % 3 else 'AP'},2500,2048,0.143,0.143"
+        )
     (dest / "Data_Entry_2017.csv").write_text(NIH_ENTRY_HEADER + "\n" + "\n".join(rows) + "\n")
     pids = sorted(df["Patient ID"].unique())
     test_pids = set(pids[::3])
@@ -94,8 +140,7 @@ def chexpert_release(parent: Path, n_patients: int = 16, name: str = "CheXpert-v
                 if split == "valid":
                     cells = rng.choice(["1.0", "0.0"], size=14)
                 cells[0] = "" if p % 5 else "1.0"  # No Finding
-                rows[split].append([f"{name}/{rel}", "Female" if p % 2 else "Male", str(50 + p % 30), fl, ap,
-                                    *cells])
+                rows[split].append([f"{name}/{rel}", "Female" if p % 2 else "Male", str(50 + p % 30), fl, ap, *cells])
     for split, file in (("train", "train.csv"), ("valid", "valid.csv")):
         pd.DataFrame(rows[split], columns=CHEXPERT_HEADER).to_csv(root / file, index=False)
     return root
@@ -118,19 +163,39 @@ def mimic_release(dest: Path, n_subjects: int = 12, seed: int = 0) -> Path:
             study = 50414267 + 1000 * s + st
             cells = rng.choice(["1.0", "0.0", "-1.0", ""], size=14, p=[0.3, 0.3, 0.15, 0.25])
             labels.append([str(subject), str(study), *cells])
-            for view in (["PA", "LATERAL"] if st == 0 else ["AP"]):
+            for view in ["PA", "LATERAL"] if st == 0 else ["AP"]:
                 d = _dicom_id(rng)
-                _jpeg(NIH / "images" / nih["Image Index"].iloc[k % len(nih)],
-                      dest / f"files/p{str(subject)[:2]}/p{subject}/s{study}/{d}.jpg")
+                _jpeg(
+                    NIH / "images" / nih["Image Index"].iloc[k % len(nih)],
+                    dest / f"files/p{str(subject)[:2]}/p{subject}/s{study}/{d}.jpg",
+                )
                 k += 1
-                meta.append([d, str(subject), str(study), "CHEST (PA AND LAT)", view, "3056", "2544", "21800506",
-                             "213014.531", "CHEST (PA AND LAT)", "postero-anterior", "Erect"])
+                meta.append(
+                    [
+                        d,
+                        str(subject),
+                        str(study),
+                        "CHEST (PA AND LAT)",
+                        view,
+                        "3056",
+                        "2544",
+                        "21800506",
+                        "213014.531",
+                        "CHEST (PA AND LAT)",
+                        "postero-anterior",
+                        "Erect",
+                    ]
+                )
                 split.append([d, str(study), str(subject), which])
-    _write_gz(pd.DataFrame(labels, columns=["subject_id", "study_id", *MIMIC_LABELS]),
-              dest / "mimic-cxr-2.0.0-chexpert.csv.gz")
+    _write_gz(
+        pd.DataFrame(labels, columns=["subject_id", "study_id", *MIMIC_LABELS]),
+        dest / "mimic-cxr-2.0.0-chexpert.csv.gz",
+    )
     _write_gz(pd.DataFrame(meta, columns=MIMIC_META), dest / "mimic-cxr-2.0.0-metadata.csv.gz")
-    _write_gz(pd.DataFrame(split, columns=["dicom_id", "study_id", "subject_id", "split"]),
-              dest / "mimic-cxr-2.0.0-split.csv.gz")
+    _write_gz(
+        pd.DataFrame(split, columns=["dicom_id", "study_id", "subject_id", "split"]),
+        dest / "mimic-cxr-2.0.0-split.csv.gz",
+    )
     return dest
 
 
@@ -149,12 +214,19 @@ def ham_sample(n: int, offset: int = 0) -> pd.DataFrame:
     return pd.DataFrame(rows).reset_index(drop=True)
 
 
-ISIC2019_CENTRES = {"BCN": "BCN", "HAM_vidir_molemax": "HAM", "HAM_vidir_modern": "HAM", "HAM_rosendahl": "HAM",
-                    "MSK": "MSK", "HAM_vienna_dias": "HAM"}
+ISIC2019_CENTRES = {
+    "BCN": "BCN",
+    "HAM_vidir_molemax": "HAM",
+    "HAM_vidir_modern": "HAM",
+    "HAM_rosendahl": "HAM",
+    "MSK": "MSK",
+    "HAM_vienna_dias": "HAM",
+}
 
 
-def isic2019_release(dest: Path, per_centre: int = 6, unknown_centre: int = 2, centres: list[str] | None = None
-                     ) -> Path:
+def isic2019_release(
+    dest: Path, per_centre: int = 6, unknown_centre: int = 2, centres: list[str] | None = None
+) -> Path:
     """``ISIC_2019_Training_GroundTruth.csv`` (one-hot 0.0 / 1.0 over 9 columns), ``ISIC_2019_Training_Metadata.csv``
     (blank lesion_id where the centre is unknown), ``ISIC_2019_Training_Input/*.jpg`` and a HAM10000 metadata with
     FLamby's ``dataset`` column (``HAM10000_metadata``); ``centres``: a subset of the six."""
@@ -177,9 +249,11 @@ def isic2019_release(dest: Path, per_centre: int = 6, unknown_centre: int = 2, c
         _jpeg(HAM / "images" / f"{r['image_id']}.jpg", dest / "ISIC_2019_Training_Input" / f"{image}.jpg", mode="RGB")
     pd.DataFrame(gt, columns=["image", *ISIC2019]).to_csv(dest / "ISIC_2019_Training_GroundTruth.csv", index=False)
     pd.DataFrame(meta, columns=["image", "age_approx", "anatom_site_general", "lesion_id", "sex"]).to_csv(
-        dest / "ISIC_2019_Training_Metadata.csv", index=False)
-    pd.DataFrame(hamrows, columns=["lesion_id", "image_id", "dx", "dx_type", "age", "sex", "localization",
-                                   "dataset"]).to_csv(dest / "HAM10000_metadata", index=False)
+        dest / "ISIC_2019_Training_Metadata.csv", index=False
+    )
+    pd.DataFrame(
+        hamrows, columns=["lesion_id", "image_id", "dx", "dx_type", "age", "sex", "localization", "dataset"]
+    ).to_csv(dest / "HAM10000_metadata", index=False)
     return dest
 
 
@@ -194,9 +268,9 @@ def isic2018_release(dest: Path, n: int = 28, groupings: bool = True) -> Path:
     gt.to_csv(dest / "ISIC2018_Task3_Training_GroundTruth/ISIC2018_Task3_Training_GroundTruth.csv", index=False)
     lesions = [f"HAM_{i // 2:07d}" for i in range(n)]  # two images per lesion
     if groupings:
-        pd.DataFrame({"image": ham["image_id"], "lesion_id": lesions,
-                      "diagnosis_confirm_type": "histopathology"}).to_csv(
-            dest / "ISIC2018_Task3_Training_LesionGroupings.csv", index=False)
+        pd.DataFrame(
+            {"image": ham["image_id"], "lesion_id": lesions, "diagnosis_confirm_type": "histopathology"}
+        ).to_csv(dest / "ISIC2018_Task3_Training_LesionGroupings.csv", index=False)
     for i in ham["image_id"]:
         _jpeg(HAM / "images" / f"{i}.jpg", dest / "ISIC2018_Task3_Training_Input" / f"{i}.jpg", mode="RGB")
     return dest

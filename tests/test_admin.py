@@ -11,21 +11,30 @@ import yaml
 
 from conftest import REPO
 from fedpartial.data.presets import resolve_dataset
-from fedpartial.data.site_config import (REQUIRE_ENV, SITE_CONFIG_ENV, SiteDataError, resolve_site_data,
-                                         site_config_required)
+from fedpartial.data.site_config import (
+    REQUIRE_ENV,
+    SITE_CONFIG_ENV,
+    SiteDataError,
+    resolve_site_data,
+    site_config_required,
+)
 from fedpartial.tools import admin
 
 
 def test_failure_lines_pick_the_sites_error(tmp_path):
     log = tmp_path / "job" / "workspace" / "log.txt"
     log.parent.mkdir(parents=True)
-    err = ("site 'hospital-2' failed task 'data_summary': SiteDataError: site 'hospital-2' has no data configured "
-           "for dataset 'ich_phantom'")
-    log.write_text("2026-01-01 10:00:00,000 - ServerRunner - INFO - [identity=x, run=1] - Round 0 started.\n"
-                   f"2026-01-01 10:00:01,000 - DataSummaryProcessor - ERROR - [identity=x, peer=hospital-2] - "
-                   f"DATA CHECK FAILED: {err}\n"
-                   f"2026-01-01 10:00:02,000 - DataSummaryProcessor - ERROR - [identity=x, peer=hospital-2] - "
-                   f"DATA CHECK FAILED: {err}\n")
+    err = (
+        "site 'hospital-2' failed task 'data_summary': SiteDataError: site 'hospital-2' has no data configured "
+        "for dataset 'ich_phantom'"
+    )
+    log.write_text(
+        "2026-01-01 10:00:00,000 - ServerRunner - INFO - [identity=x, run=1] - Round 0 started.\n"
+        f"2026-01-01 10:00:01,000 - DataSummaryProcessor - ERROR - [identity=x, peer=hospital-2] - "
+        f"DATA CHECK FAILED: {err}\n"
+        f"2026-01-01 10:00:02,000 - DataSummaryProcessor - ERROR - [identity=x, peer=hospital-2] - "
+        f"DATA CHECK FAILED: {err}\n"
+    )
     assert admin.failure_lines(tmp_path) == [f"DATA CHECK FAILED: {err}"]
 
 
@@ -34,8 +43,15 @@ def test_admin_cli_needs_a_kit_and_reads_results_offline(tmp_path, capsys):
     assert "--kit" in capsys.readouterr().err
     with pytest.raises(FileNotFoundError, match="not an admin startup kit"):
         admin.open_session(tmp_path)
-    res = {"method": "fedmlp", "dataset": "ich_phantom", "num_rounds": 2, "seconds_per_round": 1.5, "best": None,
-           "final": {}, "rounds": []}
+    res = {
+        "method": "fedmlp",
+        "dataset": "ich_phantom",
+        "num_rounds": 2,
+        "seconds_per_round": 1.5,
+        "best": None,
+        "final": {},
+        "rounds": [],
+    }
     (tmp_path / "dl" / "j1" / "workspace").mkdir(parents=True)
     (tmp_path / "dl" / "j1" / "workspace" / "results.json").write_text(json.dumps(res))
     assert admin.main(["results", str(tmp_path / "dl")]) == 0
@@ -44,12 +60,16 @@ def test_admin_cli_needs_a_kit_and_reads_results_offline(tmp_path, capsys):
     # a failed job's download: its error lines first, and no table
     log = tmp_path / "failed" / "j2" / "workspace" / "log.txt"
     log.parent.mkdir(parents=True)
-    log.write_text("2026-01-01 10:00:01,000 - DataSummaryProcessor - ERROR - [identity=x, peer=h2] - DATA CHECK "
-                   "FAILED: site 'h2' failed task 'data_summary': SiteDataError: no data\n")
+    log.write_text(
+        "2026-01-01 10:00:01,000 - DataSummaryProcessor - ERROR - [identity=x, peer=h2] - DATA CHECK "
+        "FAILED: site 'h2' failed task 'data_summary': SiteDataError: no data\n"
+    )
     assert admin.main(["results", str(tmp_path / "failed")]) == 1
     out = capsys.readouterr().out
-    assert out.startswith("error: DATA CHECK FAILED: site 'h2' failed task 'data_summary'") and \
-        "no results table: no results.json under" in out
+    assert (
+        out.startswith("error: DATA CHECK FAILED: site 'h2' failed task 'data_summary'")
+        and "no results table: no results.json under" in out
+    )
     assert admin.main(["--kit", str(tmp_path), "check", "jobs/fedavg_ich"]) == 1
     assert "not an admin startup kit" in capsys.readouterr().err
     for gone in ("submit", "status", "wait", "download", "list", "run"):  # NVFlare's own: nvflare job ...
@@ -66,8 +86,9 @@ def test_without_custom_and_resume_folder_write_the_folder_to_submit(tmp_path):
     assert list(job.rglob("custom/fedpartial"))
     bare = admin.without_custom(job, tmp_path / "bare")
     assert not list(bare.rglob("custom")) and (bare / "meta.json").is_file()
-    assert (bare / "app/config/config_fed_server.json").read_text() == \
-        (job / "app/config/config_fed_server.json").read_text()
+    assert (bare / "app/config/config_fed_server.json").read_text() == (
+        job / "app/config/config_fed_server.json"
+    ).read_text()
     with pytest.raises(FileExistsError):
         admin.without_custom(job, tmp_path / "bare")
     resumed = admin.resume_folder(job, tmp_path / "resumed", "job-a")
@@ -86,8 +107,11 @@ def test_real_sites_never_fall_back_to_a_simulated_split(tmp_path, monkeypatch):
     monkeypatch.delenv(REQUIRE_ENV, raising=False)
     ds = resolve_dataset("ich_phantom")
     assert site_config_required(ds, simulated=False) and not site_config_required(ds, simulated=True)
-    with pytest.raises(SiteDataError, match=r"site 'hospital-4' has no data configured for dataset 'ich_phantom'"
-                                            r": create .*hospital-4/local/fedpartial_data.json"):
+    with pytest.raises(
+        SiteDataError,
+        match=r"site 'hospital-4' has no data configured for dataset 'ich_phantom'"
+        r": create .*hospital-4/local/fedpartial_data.json",
+    ):
         resolve_site_data("hospital-4", ds, tmp_path / "hospital-4" / "local", simulated=False)
     monkeypatch.setenv(REQUIRE_ENV, "1")
     assert site_config_required(ds, simulated=True)
@@ -131,8 +155,13 @@ def test_allow_list_admits_the_jobs_classes(tmp_path):
     assert "fedpartial.fl.executor.PartialLabelExecutor" in paths and len(paths) > 10
 
     def refused():  # judged by NVFlare's own policy reader and matcher
-        res = json.loads((kit / "local" / next(n for n in ("resources.json", "resources.json.default")
-                                               if (kit / "local" / n).is_file())).read_text())
+        res = json.loads(
+            (
+                kit
+                / "local"
+                / next(n for n in ("resources.json", "resources.json.default") if (kit / "local" / n).is_file())
+            ).read_text()
+        )
         allow, _, _ = ComponentPathAuthorizer()._get_policy_from_resources(res)
         return sorted(p for p in paths if not any(ComponentPathAuthorizer._path_matches_prefix(p, a) for a in allow))
 
@@ -162,6 +191,7 @@ def test_site_check_names_the_hospitals_that_are_not_connected(tmp_path):
         def __init__(self, name, t):
             self.name, self.last_connect_time = name, t
 
-    sess = type("S", (), {"get_connected_client_list": lambda self: [Info("h1", time.time()),
-                                                                       Info("h3", time.time() - 600)]})()
+    sess = type(
+        "S", (), {"get_connected_client_list": lambda self: [Info("h1", time.time()), Info("h3", time.time() - 600)]}
+    )()
     assert connected_sites(sess) == ["h1"]  # h3: no heartbeat for 10 minutes, still listed by the server

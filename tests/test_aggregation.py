@@ -5,16 +5,25 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedpartial.aggregation import (aggregate_states, check_update, masked_class_weights, rowwise_average,
-                                    weighted_average)
+from fedpartial.aggregation import (
+    aggregate_states,
+    check_update,
+    masked_class_weights,
+    rowwise_average,
+    weighted_average,
+)
 from fedpartial.methods import Contribution, get_method
 
 KEYS = ["classifier.weight", "classifier.bias"]
 
 
 def site(w_rows, b, enc):
-    return {"encoder.w": np.array(enc, dtype=np.float32), "classifier.weight": np.array(w_rows, dtype=np.float32),
-            "classifier.bias": np.array(b, dtype=np.float32), "bn.num_batches_tracked": np.array(3, dtype=np.int64)}
+    return {
+        "encoder.w": np.array(enc, dtype=np.float32),
+        "classifier.weight": np.array(w_rows, dtype=np.float32),
+        "classifier.bias": np.array(b, dtype=np.float32),
+        "bn.num_batches_tracked": np.array(3, dtype=np.int64),
+    }
 
 
 A = site([[1.0, 1.0], [2.0, 2.0]], [0.0, 10.0], [1.0])
@@ -101,8 +110,10 @@ def test_check_update_catches_broken_updates():
 @pytest.mark.parametrize("method,expected_row1", [("fedavg", (2 + 6) / 2), ("fedavg_masked", 6.0)])
 def test_registered_rules(method, expected_row1):
     rule_cls = get_method(method).rule
-    contribs = [Contribution("site-1", A, 1.0, {"annotated": [True, False]}),
-                Contribution("site-2", B, 1.0, {"annotated": [True, True]})]
+    contribs = [
+        Contribution("site-1", A, 1.0, {"annotated": [True, False]}),
+        Contribution("site-2", B, 1.0, {"annotated": [True, True]}),
+    ]
     weights, meta = rule_cls().aggregate(A, contribs, {"classifier": KEYS}, 0)
     assert weights["classifier.weight"][1][0] == pytest.approx(expected_row1)
 

@@ -105,8 +105,12 @@ def test_every_import_goes_to_a_lower_floor():
     graph = import_graph()
     rooms = {room(m) for m in graph} - {""}
     assert rooms <= set(floor), f"rooms without a floor in docs/architecture.md: {sorted(rooms - set(floor))}"
-    upward = sorted(f"{a} -> {b}" for a, bs in graph.items() for b in bs
-                    if room(a) and room(b) and room(a) != room(b) and floor[room(b)] >= floor[room(a)])
+    upward = sorted(
+        f"{a} -> {b}"
+        for a, bs in graph.items()
+        for b in bs
+        if room(a) and room(b) and room(a) != room(b) and floor[room(b)] >= floor[room(a)]
+    )
     assert not upward, f"imports to a room on the same or a higher floor: {upward}"
 
 

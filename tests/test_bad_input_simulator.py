@@ -28,8 +28,12 @@ def _site_config(tmp_path, rows: list[str]) -> str:
 
 
 def _run(tmp_path, rows):
-    job = copy_job("fedavg_ich", tmp_path / "job", num_rounds=1,
-                   executor_args={"dataset": {"image_size": 16}, "evaluation": {"test_every": 1}})
+    job = copy_job(
+        "fedavg_ich",
+        tmp_path / "job",
+        num_rounds=1,
+        executor_args={"dataset": {"image_size": 16}, "evaluation": {"test_every": 1}},
+    )
     ws = tmp_path / "ws"
     proc = run_simulator(job, ws, n=2, env={"FEDPARTIAL_SITE_CONFIG": _site_config(tmp_path, rows)}, timeout=300)
     return proc, server_log(ws) + proc.stdout + proc.stderr, ws
@@ -70,5 +74,7 @@ def test_client_server_method_mismatch_stops_the_job(tmp_path):
     assert "data check failed" in log
     assert "differs from the server's: the server runs method 'fedavg', this site 'fedmlp'" in log
     assert "aggregated" not in log
-    assert not (ws / "server/simulate_job/results.json").is_file() or '"num_rounds": 0' in (
-        ws / "server/simulate_job/results.json").read_text()
+    assert (
+        not (ws / "server/simulate_job/results.json").is_file()
+        or '"num_rounds": 0' in (ws / "server/simulate_job/results.json").read_text()
+    )

@@ -9,21 +9,39 @@ import math
 import numpy as np
 import pytest
 import torch
-from monai.transforms import Affine, AdjustContrast, Flip, GaussianSmooth, MedianSmooth
+from monai.transforms import AdjustContrast, Affine, Flip, GaussianSmooth, MedianSmooth
 from scipy import stats
 
-from fedpartial.data.batch_views import (STRONG_AFFINE, WEAK_AFFINE, BatchAugment, adjust_contrast, affine_theta,
-                                         flip, gaussian_blur, median3, sample_affine, warp)
+from fedpartial.data.batch_views import (
+    STRONG_AFFINE,
+    WEAK_AFFINE,
+    BatchAugment,
+    adjust_contrast,
+    affine_theta,
+    flip,
+    gaussian_blur,
+    median3,
+    sample_affine,
+    warp,
+)
 from fedpartial.data.transforms import KINDS, augment_transforms, plain_tensors
 
 
-@pytest.mark.parametrize("angle,tx,ty,sx,sy", [(0.3, 0, 0, 1, 1), (0, 2, 0, 1, 1), (0, 0, -3, 1, 1),
-                                               (0, 0, 0, 1.1, 0.9), (-0.2, 1.5, -2, 1.05, 0.95)])
+@pytest.mark.parametrize(
+    "angle,tx,ty,sx,sy",
+    [(0.3, 0, 0, 1, 1), (0, 2, 0, 1, 1), (0, 0, -3, 1, 1), (0, 0, 0, 1.1, 0.9), (-0.2, 1.5, -2, 1.05, 0.95)],
+)
 def test_warp_equals_monai_affine_for_the_same_parameters(angle, tx, ty, sx, sy):
     x = torch.rand(1, 2, 16, 16, generator=torch.Generator().manual_seed(0))
     theta = affine_theta(torch.tensor([angle]), torch.tensor([[tx / 16, ty / 16]]), torch.tensor([[sx, sy]]))
-    ref = Affine(rotate_params=angle, translate_params=(ty, tx), scale_params=(sy, sx), mode="bilinear",
-                 padding_mode="zeros", image_only=True)(x[0])
+    ref = Affine(
+        rotate_params=angle,
+        translate_params=(ty, tx),
+        scale_params=(sy, sx),
+        mode="bilinear",
+        padding_mode="zeros",
+        image_only=True,
+    )(x[0])
     assert torch.allclose(warp(x, theta.float())[0], torch.as_tensor(ref), atol=1e-5)
 
 
@@ -161,8 +179,10 @@ def test_prefetching_view_loader_gives_the_same_batches_and_stops_when_left_earl
 
     from fedpartial.data.batch_views import ViewLoader
 
-    data = [{"source": torch.rand(3, 16, 16, generator=torch.Generator().manual_seed(i)), "index": torch.tensor(i)}
-            for i in range(40)]
+    data = [
+        {"source": torch.rand(3, 16, 16, generator=torch.Generator().manual_seed(i)), "index": torch.tensor(i)}
+        for i in range(40)
+    ]
     loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(1))
     views = {"image": "strong", "image_2": "weak"}
 
@@ -213,7 +233,9 @@ def test_batches_gathered_on_the_device_equal_the_loaders(tmp_path):
     labels = (rng.random((n, len(classes))) < 0.4).astype(float)
     mask = np.repeat((np.arange(len(classes)) < 3)[None], n, 0)
     write_manifest(tmp_path / "m.csv", [f"{i}.png" for i in range(n)], labels * mask, mask, classes)
-    site = SiteDatasets({"train": read_manifest(tmp_path / "m.csv", classes, data_root=tmp_path, task="multilabel")}, ds)
+    site = SiteDatasets(
+        {"train": read_manifest(tmp_path / "m.csv", classes, data_root=tmp_path, task="multilabel")}, ds
+    )
     for seed, bs, shuffle, drop in ((0, 8, True, False), (3, 5, True, True), (1, 16, False, False)):
         for views in ({"image": "weak"}, {"image": "strong", "image_2": "flip"}):
             off = list(site.train_loader(views, bs, shuffle, seed, drop, batched=True, on_device="off"))

@@ -19,10 +19,17 @@ def _run_jobs():
 
 def _run(f1_last: float, f1_best: float, setting: str) -> dict:
     def test(f1):
-        return {"task": "multiclass", "macro": {"auc": 0.8, "accuracy": 0.7, "f1": f1, "precision": 0.5, "recall": 0.5},
-                "per_class": {"a": {"auc": 0.8, "f1": f1}, "b": {"auc": 0.8, "f1": f1}}}
-    return {"setting": setting, "seconds_per_round": 2.0,
-            "final": {"FL_global_model.pt": {"test": test(f1_last)}, "best_FL_global_model.pt": {"test": test(f1_best)}}}
+        return {
+            "task": "multiclass",
+            "macro": {"auc": 0.8, "accuracy": 0.7, "f1": f1, "precision": 0.5, "recall": 0.5},
+            "per_class": {"a": {"auc": 0.8, "f1": f1}, "b": {"auc": 0.8, "f1": f1}},
+        }
+
+    return {
+        "setting": setting,
+        "seconds_per_round": 2.0,
+        "final": {"FL_global_model.pt": {"test": test(f1_last)}, "best_FL_global_model.pt": {"test": test(f1_best)}},
+    }
 
 
 RUNS = {  # seed means: lower 0.20 / 0.10, upper 0.40 / 0.30, method 0.25 / 0.25
@@ -42,12 +49,16 @@ def test_gap_closed_shares_by_hand():
 
 def test_class_subset_means_and_gap_by_hand():
     """--classes: the mean of per-class metrics over a subset of classes, seeds averaged, and the gap share on it."""
+
     def run(a, b, c):
         per = {"x": {"auc": a, "ap": 0.1}, "y": {"auc": b, "ap": 0.3}, "z": {"auc": c, "ap": 0.9}}
         return {"final": {m: {"test": {"per_class": per}} for m in ("FL_global_model.pt", "best_FL_global_model.pt")}}
 
-    runs = {"lo": [run(0.5, 0.7, 0.0)], "hi": [run(0.9, 0.9, 0.0)],
-            "m": [run(0.6, 0.8, 1.0), run(0.8, 0.8, 0.0)]}  # x, y means: 0.6 / 0.9 / (0.7 + 0.8) / 2 = 0.75
+    runs = {
+        "lo": [run(0.5, 0.7, 0.0)],
+        "hi": [run(0.9, 0.9, 0.0)],
+        "m": [run(0.6, 0.8, 1.0), run(0.8, 0.8, 0.0)],
+    }  # x, y means: 0.6 / 0.9 / (0.7 + 0.8) / 2 = 0.75
     text = _run_jobs().class_subset(runs, ["x", "y"], gap=["lo", "hi"])
     row = next(line for line in text.splitlines() if line.startswith("| m |"))
     # AUC: seed 0 (0.6 + 0.8) / 2 = 0.70, seed 1 0.80 -> 75.00 ± 5.00; AP (0.1 + 0.3) / 2 = 20; gap (0.75 - 0.6) / 0.3
@@ -85,8 +96,12 @@ def test_resume_runs_only_the_missing_pairs(tmp_path, monkeypatch):
     def fake_run_one(job, seed, rounds, sites, scratch, base, env, name=None, method_args=None):
         calls.append((name, seed))
         res = _run(0.1 * (seed + 1), 0.1, "full labels")
-        return {**res, "final": {k: {**v, "test": {**v["test"], "task": "multiclass"}} for k, v in res["final"].items()},
-                "wall_seconds_total": 1.0, "seed": seed}
+        return {
+            **res,
+            "final": {k: {**v, "test": {**v["test"], "task": "multiclass"}} for k, v in res["final"].items()},
+            "wall_seconds_total": 1.0,
+            "seed": seed,
+        }
 
     monkeypatch.setattr(mod, "run_one", fake_run_one)
     args = ["--jobs", "a", "b", "--rounds", "3", "--out", str(out)]
@@ -99,8 +114,12 @@ def test_resume_runs_only_the_missing_pairs(tmp_path, monkeypatch):
     assert [r["seed"] for r in runs["a"]] == [0, 1]
     assert [r["seed"] for r in json.loads(out.read_text())["final"]["a"]] == [0, 1]  # the tracked summary
     # a gap whose bounds have not run yet waits instead of stopping the benchmark
-    assert mod.main(["--jobs", "a", "--rounds", "3", "--seeds", "0", "2", "--out", str(out), "--resume",
-                     "--gap", "a", "zzz"]) == 0
+    assert (
+        mod.main(
+            ["--jobs", "a", "--rounds", "3", "--seeds", "0", "2", "--out", str(out), "--resume", "--gap", "a", "zzz"]
+        )
+        == 0
+    )
     assert calls == [("a", 1), ("b", 1), ("a", 2)]
     assert "(gap: waiting for zzz)" in out.with_suffix(".md").read_text()
     with pytest.raises(SystemExit, match="rounds=3"):  # another budget is another benchmark
@@ -129,24 +148,45 @@ def test_tail_mean_over_the_last_k_test_evaluations():
 
 
 def test_compact_keeps_curves_and_method_counters():
-    res = {"final": {"x": 1}, "rounds": [
-        {"round": 0, "val": {"macro": {"f1": 0.1}, "per_class": {}}, "test": None, "sites": ["site-1"],
-         "site_stats": {"site-1": {"fedlsm_pseudo": 3}}},
-        {"round": 1, "val": None, "test": {"macro": {"f1": 0.2}}, "missing": ["site-2"]}]}
+    res = {
+        "final": {"x": 1},
+        "rounds": [
+            {
+                "round": 0,
+                "val": {"macro": {"f1": 0.1}, "per_class": {}},
+                "test": None,
+                "sites": ["site-1"],
+                "site_stats": {"site-1": {"fedlsm_pseudo": 3}},
+            },
+            {"round": 1, "val": None, "test": {"macro": {"f1": 0.2}}, "missing": ["site-2"]},
+        ],
+    }
     out = _run_jobs().compact(res)
     assert "rounds" not in out and out["final"] == {"x": 1}
-    assert out["curves"] == [{"round": 0, "val": {"f1": 0.1}, "test": None, "site_stats": {"site-1": {"fedlsm_pseudo": 3}},
-                              "rejected": {}, "missing": []},
-                             {"round": 1, "val": None, "test": {"f1": 0.2}, "site_stats": {}, "rejected": {},
-                              "missing": ["site-2"]}]
+    assert out["curves"] == [
+        {
+            "round": 0,
+            "val": {"f1": 0.1},
+            "test": None,
+            "site_stats": {"site-1": {"fedlsm_pseudo": 3}},
+            "rejected": {},
+            "missing": [],
+        },
+        {"round": 1, "val": None, "test": {"f1": 0.2}, "site_stats": {}, "rejected": {}, "missing": ["site-2"]},
+    ]
 
 
 def test_levels_of_one_method_share_a_row_and_the_upper_bound_comes_last():
     rj = _run_jobs()
-    runs = {"upper": [_run(0.40, 0.30, "full labels")],
-            "m@2": [_run(0.20, 0.20, "missing 2 classes")], "m@4": [_run(0.10, 0.10, "missing 4 classes")],
-            "n@2": [_run(0.30, 0.30, "missing 2 classes")], "n@4": [_run(0.05, 0.05, "missing 4 classes")],
-            "o@2": [_run(0.25, 0.25, "missing 2 classes")], "o@4": [_run(0.15, 0.15, "missing 4 classes")]}
+    runs = {
+        "upper": [_run(0.40, 0.30, "full labels")],
+        "m@2": [_run(0.20, 0.20, "missing 2 classes")],
+        "m@4": [_run(0.10, 0.10, "missing 4 classes")],
+        "n@2": [_run(0.30, 0.30, "missing 2 classes")],
+        "n@4": [_run(0.05, 0.05, "missing 4 classes")],
+        "o@2": [_run(0.25, 0.25, "missing 2 classes")],
+        "o@4": [_run(0.15, 0.15, "missing 4 classes")],
+    }
     table = rj.tables(runs).split("\n\n")[1]
     rows = [line.split(" | ") for line in table.splitlines()[2:]]
     assert [r[0][2:] for r in rows] == ["m", "n", "o", "upper (all labels: upper bound)"]

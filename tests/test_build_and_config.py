@@ -59,8 +59,11 @@ def test_site_config_file_resolves_relative_paths(tmp_path, monkeypatch):
     monkeypatch.delenv(SITE_CONFIG_ENV, raising=False)
     local = tmp_path / "local"
     local.mkdir()
-    (local / "fedpartial_data.json").write_text(json.dumps(
-        {"datasets": {"rsna_ich": {"data_root": "../data", "train": "m/train.csv", "test": "/abs/test.csv"}}}))
+    (local / "fedpartial_data.json").write_text(
+        json.dumps(
+            {"datasets": {"rsna_ich": {"data_root": "../data", "train": "m/train.csv", "test": "/abs/test.csv"}}}
+        )
+    )
     sd = resolve_site_data("hospital-1", resolve_dataset("rsna_ich"), local)
     assert sd.data_root == (tmp_path / "data").resolve() and sd.train == (local / "m/train.csv").resolve()
     assert sd.val is None and str(sd.test) == "/abs/test.csv"
@@ -79,9 +82,18 @@ def test_paper_configuration_has_the_papers_settings(job):
     assert server["num_rounds"] == 500
     assert args["model"]["arch"] == "resnet18"
     t = args["train"]
-    assert (t["optimizer"], t["lr"], t["batch_size"], t["local_epochs"]) == ("adam", 3e-5, 32, 1) and t["weight_decay"] > 0
-    assert args["method_args"] == {"warmup_rounds": 50, "L": 0.3, "R": 0.7, "T0": 0.005, "T1": 0.01, "parity": "paper",
-                                   "cr_warmup": False}  # the paper: stage 1 is L_WPC only
+    assert (t["optimizer"], t["lr"], t["batch_size"], t["local_epochs"]) == ("adam", 3e-5, 32, 1) and t[
+        "weight_decay"
+    ] > 0
+    assert args["method_args"] == {
+        "warmup_rounds": 50,
+        "L": 0.3,
+        "R": 0.7,
+        "T0": 0.005,
+        "T1": 0.01,
+        "parity": "paper",
+        "cr_warmup": False,
+    }  # the paper: stage 1 is L_WPC only
     ds = resolve_dataset(args["dataset"])
     sites = 5 if "ich" in job else 8
     assert ds["image_size"] == 224 and ds["prepare"]["num_sites"] == sites == len(ds["classes"])
@@ -103,6 +115,12 @@ def test_the_repository_stays_light_to_clone():
     paths = [REPO / f for f in files.decode().split("\0") if f]
     total = sum(p.stat().st_size for p in paths if p.is_file())
     assert total < 8_000_000, f"tracked files take {total / 1e6:.1f} MB"
-    heavy = [p.name for p in paths if p.suffix == ".json" and "benchmarks/results" in str(p)
-             and p.is_file() and '"runs":' in p.read_text()[:200_000]]
+    heavy = [
+        p.name
+        for p in paths
+        if p.suffix == ".json"
+        and "benchmarks/results" in str(p)
+        and p.is_file()
+        and '"runs":' in p.read_text()[:200_000]
+    ]
     assert not heavy, f"benchmark files that hold their runs (keep them in X.runs.json): {heavy}"

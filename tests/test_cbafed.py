@@ -12,18 +12,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_fedlsm import _mc_site
+from test_fedmlp import _site
 
 from fedpartial.methods import Contribution, get_method
 from fedpartial.methods import cbafed as C
 from fedpartial.methods.common import whole_set_pass
 from fedpartial.models import PartialLabelNet
-from test_fedlsm import _mc_site
-from test_fedmlp import _site
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 # ------------------------------------------------------------------------------------------ maths
+
 
 def test_class_thresholds_and_share_by_hand():
     share = torch.tensor([0.5, 0.3, 0.2])
@@ -69,6 +70,7 @@ def test_mix_states_by_hand():
 
 # ------------------------------------------------------------------------------------------ trainer
 
+
 def test_warmup_counts_then_pseudo_labels_from_the_received_model(tmp_path):
     ctx = _site("s", [True, False, True], n=16, tmp=tmp_path)
     ctx.train = {"lr": 1e-2, "batch_size": 8, "local_epochs": 1}
@@ -98,8 +100,9 @@ def test_single_label_counts_and_an_unlabelled_site_sits_out_the_warmup(tmp_path
     share = [0.4, 0.3, 0.3]
     received = whole_set_pass(ctx.model, tr.loader({"image": "eval"}, shuffle=False), 30, "multiclass")[1]
     out = tr.train_round(0, 2, {C.META_SHARE: share})
-    targets, known = C.multiclass_pseudo(received, ctx.data.labels, ctx.data.mask,
-                                         C.class_thresholds(torch.tensor(share), 0.0, 0.0, 0.4))
+    targets, known = C.multiclass_pseudo(
+        received, ctx.data.labels, ctx.data.mask, C.class_thresholds(torch.tensor(share), 0.0, 0.0, 0.4)
+    )
     assert out.meta[C.META_COUNTS].tolist() == (targets * known[:, None]).sum(0).tolist()
     assert out.meta[C.META_TRAINED] == int(known.sum()) and out.steps == 3
 
@@ -115,8 +118,9 @@ def test_local_residual_connection_by_hand(tmp_path):
         torch.manual_seed(0)
         ctx.model = PartialLabelNet("small_cnn", 3, 3, width=4)
         ctx.train = {"lr": 5e-2, "batch_size": 8, "local_epochs": epochs}
-        tr = get_method("cbafed").make_trainer(ctx, {"local_residual_every": every, "local_residual_keep": 0.75,
-                                                      "view": "eval"})
+        tr = get_method("cbafed").make_trainer(
+            ctx, {"local_residual_every": every, "local_residual_keep": 0.75, "view": "eval"}
+        )
         out = tr.train_round(0, 1, {})
         return {k: v.clone() for k, v in ctx.model.state_dict().items()}, out
 
@@ -132,9 +136,14 @@ def test_local_residual_connection_by_hand(tmp_path):
 
 # ------------------------------------------------------------------------------------------ rule
 
+
 def _c(site, w, trained, n=10.0, counts=(1.0, 1.0)):
-    return Contribution(site=site, weights={"w": np.array(w, np.float32), "n": np.asarray(1, np.int64)}, n=n,
-                        meta={C.META_COUNTS: list(counts), C.META_TRAINED: trained})
+    return Contribution(
+        site=site,
+        weights={"w": np.array(w, np.float32), "n": np.asarray(1, np.int64)},
+        n=n,
+        meta={C.META_COUNTS: list(counts), C.META_TRAINED: trained},
+    )
 
 
 def test_rule_share_weights_and_global_residual_by_hand():

@@ -32,7 +32,6 @@ import pandas as pd
 import psutil
 import pytest
 import yaml
-
 from nvflare.apis.job_def import RunStatus
 
 from conftest import REPO
@@ -92,10 +91,12 @@ def _our_processes(marker: str) -> list[int]:
 #             python3 -u -m nvflare.private.fed.app.server.server_train -m <kit> -s fed_server.json ...
 #   worker    python3 -m nvflare.private.fed.app.client.worker_process -m <kit> -w <kit>/startup -n <job id> ...
 #             python3 -m nvflare.private.fed.app.server.runner_process -m <kit> -s fed_server.json ... -n <job id>
-ROLE_MODULES = {"nvflare.private.fed.app.client.client_train": "parent",
-                "nvflare.private.fed.app.server.server_train": "parent",
-                "nvflare.private.fed.app.client.worker_process": "worker",
-                "nvflare.private.fed.app.server.runner_process": "worker"}
+ROLE_MODULES = {
+    "nvflare.private.fed.app.client.client_train": "parent",
+    "nvflare.private.fed.app.server.server_train": "parent",
+    "nvflare.private.fed.app.client.worker_process": "worker",
+    "nvflare.private.fed.app.server.runner_process": "worker",
+}
 
 
 def participant_processes(kit: Path) -> dict[str, list[int]]:
@@ -114,7 +115,7 @@ def participant_processes(kit: Path) -> dict[str, list[int]]:
             continue
         i = cmd.index("-m")
         role = ROLE_MODULES.get(cmd[i + 1] if i + 1 < len(cmd) else "")
-        rest = cmd[i + 2:]
+        rest = cmd[i + 2 :]
         if role and "-m" in rest and rest.index("-m") + 1 < len(rest) and rest[rest.index("-m") + 1] == kit:
             out[role].append(proc.info["pid"])
     return out
@@ -148,8 +149,12 @@ class Deployment:
         self.home = root / "home"
         self.home.mkdir()
         self.groups: list[int] = []
-        self.env = {**os.environ, "HOME": str(self.home), "FEDPARTIAL_CACHE": str(root / "cache"),
-                    "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+        self.env = {
+            **os.environ,
+            "HOME": str(self.home),
+            "FEDPARTIAL_CACHE": str(root / "cache"),
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
         # sites find their data through their own kit only (a real site needs no FEDPARTIAL_REQUIRE_SITE_CONFIG:
         # outside the simulator there is no simulated fallback); the code comes with the job (BYOC)
         for var in ("FEDPARTIAL_SITE_CONFIG", "FEDPARTIAL_REQUIRE_SITE_CONFIG", "NVFL_WORKSPACE"):
@@ -164,43 +169,97 @@ class Deployment:
 
     def provision(self) -> Path:
         yml = _project_yml(self.root)
-        subprocess.run([sys.executable, "-m", "nvflare.cli", "provision", "-p", str(yml), "-w",
-                        str(self.root / "ws")], check=True, env=self.env, cwd=self.root, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "nvflare.cli", "provision", "-p", str(yml), "-w", str(self.root / "ws")],
+            check=True,
+            env=self.env,
+            cwd=self.root,
+            capture_output=True,
+        )
         self.kits = self.root / "ws" / "fedpartial" / "prod_00"
         # hardened as provisioning/README.md says (job store inside the server's kit, owner-only files, lead
         # without byoc), before anything starts
-        subprocess.run([sys.executable, "-m", "fedpartial.tools.harden_kits", str(self.kits)], check=True,
-                       env=self.env, cwd=self.root, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "fedpartial.tools.harden_kits", str(self.kits)],
+            check=True,
+            env=self.env,
+            cwd=self.root,
+            capture_output=True,
+        )
         return self.kits
 
     def prepare_hospital_data(self) -> None:
         """Each hospital's manifests (the hospital path: fedpartial-prepare, then local/fedpartial_data.json)."""
         data = self.root / "data"
-        subprocess.run([sys.executable, "-m", "fedpartial.data.prepare", "--source", "ich_phantom", "--out",
-                        str(data), "--sites", "3", "--protocol", "missing_k", "--k", "3", "--source-arg",
-                        "n_images=240", "--source-arg", "size=32", "--seed", "0"], check=True, env=self.env,
-                       capture_output=True, cwd=self.root)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "fedpartial.data.prepare",
+                "--source",
+                "ich_phantom",
+                "--out",
+                str(data),
+                "--sites",
+                "3",
+                "--protocol",
+                "missing_k",
+                "--k",
+                "3",
+                "--source-arg",
+                "n_images=240",
+                "--source-arg",
+                "size=32",
+                "--seed",
+                "0",
+            ],
+            check=True,
+            env=self.env,
+            capture_output=True,
+            cwd=self.root,
+        )
         for i, site in enumerate(HOSPITALS, start=1):
-            cfg = {"datasets": {"ich_phantom": {"data_root": str(data), "train": str(data / f"site-{i}.csv"),
-                                                "val": str(data / "val.csv"), "test": str(data / "test.csv")}}}
+            cfg = {
+                "datasets": {
+                    "ich_phantom": {
+                        "data_root": str(data),
+                        "train": str(data / f"site-{i}.csv"),
+                        "val": str(data / "val.csv"),
+                        "test": str(data / "test.csv"),
+                    }
+                }
+            }
             (self.kits / site / "local" / "fedpartial_data.json").write_text(json.dumps(cfg, indent=1))
 
     def start(self, participant: str) -> None:
         log = open(self.root / f"{participant}.out", "w")
-        proc = subprocess.Popen(["bash", str(self.kits / participant / "startup" / "start.sh")], env=self.env,
-                                cwd=self.kits / participant, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            ["bash", str(self.kits / participant / "startup" / "start.sh")],
+            env=self.env,
+            cwd=self.kits / participant,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.groups.append(proc.pid)
 
     def admin(self, *args: str, user: str = PROJECT_ADMIN, timeout: float = 200) -> subprocess.CompletedProcess:
-        cmd = [sys.executable, str(ADMIN_SCRIPT), "--kit", str(self.kits / user), "--connect-timeout", "90",
-               *args]
+        cmd = [sys.executable, str(ADMIN_SCRIPT), "--kit", str(self.kits / user), "--connect-timeout", "90", *args]
         return subprocess.run(cmd, env=self.env, cwd=self.root, capture_output=True, text=True, timeout=timeout)
 
     def nvflare(self, *args: str, user: str = PROJECT_ADMIN, timeout: float = 200) -> subprocess.CompletedProcess:
         """``nvflare job <args> --startup-kit <user's kit>`` (NVFlare's own job commands, as the docs use them)."""
-        cmd = [sys.executable, "-m", "nvflare.cli", "--connect-timeout", "90", "job", *args, "--startup-kit",
-               str(self.kits / user)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "nvflare.cli",
+            "--connect-timeout",
+            "90",
+            "job",
+            *args,
+            "--startup-kit",
+            str(self.kits / user),
+        ]
         return subprocess.run(cmd, env=self.env, cwd=self.root, capture_output=True, text=True, timeout=timeout)
 
     def submit(self, job: Path, user: str = PROJECT_ADMIN) -> tuple[subprocess.CompletedProcess, str | None]:
@@ -227,8 +286,17 @@ class Deployment:
     def follow(self, job_id: str, out: Path, timeout: int = 200) -> tuple[int, str]:
         """``nvflare job monitor`` until the job ends, ``nvflare job download -o OUT``, ``fedpartial-admin results
         OUT/<job id>``: the monitor's exit status and everything the three printed."""
-        monitor = self.nvflare("monitor", job_id, "--timeout", str(timeout), "--interval", "1", "--stats-target",
-                               "all", timeout=timeout + 60)
+        monitor = self.nvflare(
+            "monitor",
+            job_id,
+            "--timeout",
+            str(timeout),
+            "--interval",
+            "1",
+            "--stats-target",
+            "all",
+            timeout=timeout + 60,
+        )
         download = self.nvflare("download", job_id, "-o", str(out), timeout=120)
         assert download.returncode == 0, download.stdout + download.stderr
         shown = self.admin("results", str(out / job_id))
@@ -278,8 +346,13 @@ def _tiny_job(dest: Path, name: str, rounds: int) -> Path:
     from fedpartial.tools.build_jobs import customise_job
 
     dest.mkdir(exist_ok=True)
-    return customise_job(REPO / "jobs" / "fedmlp_ich", dest / name, num_rounds=rounds, min_clients=3,
-                         executor_args={"dataset": {"image_size": 32}, "evaluation": {"test_every": 1}})
+    return customise_job(
+        REPO / "jobs" / "fedmlp_ich",
+        dest / name,
+        num_rounds=rounds,
+        min_clients=3,
+        executor_args={"dataset": {"image_size": 32}, "evaluation": {"test_every": 1}},
+    )
 
 
 def test_submit_follow_download_predict(deployment):
@@ -305,9 +378,23 @@ def test_submit_follow_download_predict(deployment):
 
     # the downloaded global model predicts on the test manifest with the training preprocessing
     csv = dep.root / "pred.csv"
-    res = subprocess.run([sys.executable, "-m", "fedpartial.tools.predict", str(out), "--manifest",
-                          str(dep.root / "data" / "test.csv"), "-o", str(csv)], env=dep.env, capture_output=True,
-                         text=True, timeout=120, cwd=dep.root)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedpartial.tools.predict",
+            str(out),
+            "--manifest",
+            str(dep.root / "data" / "test.csv"),
+            "-o",
+            str(csv),
+        ],
+        env=dep.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=dep.root,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     df = pd.read_csv(csv)
     test_rows = len(pd.read_csv(dep.root / "data" / "test.csv"))
@@ -330,8 +417,12 @@ def test_installed_package_site_without_data_config_fails_naming_the_site(deploy
     dep = deployment
     job = _tiny_job(dep.root / "jobs", "fedmlp_ich_installed", rounds=1)
     kits = [str(dep.kits / p) for p in ["localhost", *HOSPITALS]]
-    subprocess.run([sys.executable, "-m", "fedpartial.tools.allow_list", *kits, "--jobs", str(job)], check=True,
-                   env=dep.env, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "fedpartial.tools.allow_list", *kits, "--jobs", str(job)],
+        check=True,
+        env=dep.env,
+        capture_output=True,
+    )
     bare = dep.admin("without-custom", str(job), str(dep.root / "jobs" / "fedmlp_ich_bare"))
     assert bare.returncode == 0, bare.stdout + bare.stderr
     cfg = dep.kits / "hospital-2" / "local" / "fedpartial_data.json"
@@ -365,16 +456,23 @@ def test_recipe_runs_on_the_federation(deployment):
     from fedpartial.tools.build_jobs import job_recipe
 
     dep = deployment
-    recipe = job_recipe(REPO / "jobs" / "fedavg_ich", num_rounds=1, num_sites=3,
-                        dataset={"preset": "ich_phantom", "image_size": 32}, evaluation={"test_every": 1})
-    run = recipe.execute(ProdEnv(startup_kit_location=str(dep.kits / PROJECT_ADMIN), username=PROJECT_ADMIN,
-                                 login_timeout=30))
+    recipe = job_recipe(
+        REPO / "jobs" / "fedavg_ich",
+        num_rounds=1,
+        num_sites=3,
+        dataset={"preset": "ich_phantom", "image_size": 32},
+        evaluation={"test_every": 1},
+    )
+    run = recipe.execute(
+        ProdEnv(startup_kit_location=str(dep.kits / PROJECT_ADMIN), username=PROJECT_ADMIN, login_timeout=30)
+    )
     result = run.get_result(timeout=240)
     assert result is not None and "FINISHED" in str(run.get_status()), run.get_status()
     results = json.loads(next(Path(result).rglob("results.json")).read_text())
     assert results["method"] == "fedavg" and sorted(results["rounds"][0]["sites"]) == HOSPITALS
     assert {s: i["n_train"] for s, i in results["data"]["sites"].items()} == {
-        h: len(pd.read_csv(dep.root / "data" / f"site-{i}.csv")) for i, h in enumerate(HOSPITALS, start=1)}
+        h: len(pd.read_csv(dep.root / "data" / f"site-{i}.csv")) for i, h in enumerate(HOSPITALS, start=1)
+    }
 
 
 def test_three_hospitals_prepare_their_own_exports_alone_and_train_one_federation(deployment):
@@ -384,8 +482,9 @@ def test_three_hospitals_prepare_their_own_exports_alone_and_train_one_federatio
     naming its folder, the federation's own job (``new_job --dataset derm_consortium --classes ...``) submitted
     with ``nvflare job submit``, followed and downloaded; each hospital trains on what it annotates and scores its
     own test set, and the results name each hospital's data."""
-    from fedpartial.tools import new_job
     from test_site_alone import ISIC, hospital_exports, prepare_alone
+
+    from fedpartial.tools import new_job
 
     dep = deployment
     prepared = prepare_alone(hospital_exports(dep.root / "exports", per_site=60), dep.root / "exports")
@@ -393,13 +492,38 @@ def test_three_hospitals_prepare_their_own_exports_alone_and_train_one_federatio
         cfg_file = dep.kits / hospital / "local" / "fedpartial_data.json"
         cfg = json.loads(cfg_file.read_text())
         info = json.loads((prepared[h] / "dataset.json").read_text())
-        cfg["datasets"]["derm_consortium"] = {"data_root": info["data_root"], "train": str(prepared[h] / "site-1.csv"),
-                                              "val": str(prepared[h] / "val.csv"), "test": str(prepared[h] / "test.csv")}
+        cfg["datasets"]["derm_consortium"] = {
+            "data_root": info["data_root"],
+            "train": str(prepared[h] / "site-1.csv"),
+            "val": str(prepared[h] / "val.csv"),
+            "test": str(prepared[h] / "test.csv"),
+        }
         cfg_file.write_text(json.dumps(cfg, indent=1))
     job = dep.root / "jobs" / "derm_consortium"
-    assert new_job.main([str(job), "--method", "fedavg_pl", "--dataset", "derm_consortium", "--classes", *ISIC,
-                         "--task", "multiclass", "--channels", "3", "--image-size", "32", "--sites", "3",
-                         "--rounds", "2"]) == 0
+    assert (
+        new_job.main(
+            [
+                str(job),
+                "--method",
+                "fedavg_pl",
+                "--dataset",
+                "derm_consortium",
+                "--classes",
+                *ISIC,
+                "--task",
+                "multiclass",
+                "--channels",
+                "3",
+                "--image-size",
+                "32",
+                "--sites",
+                "3",
+                "--rounds",
+                "2",
+            ]
+        )
+        == 0
+    )
     proc, job_id = dep.submit(job)
     assert proc.returncode == 0 and job_id, proc.stdout + proc.stderr
     rc, log = dep.follow(job_id, dep.root / "results_derm", timeout=200)
@@ -407,8 +531,11 @@ def test_three_hospitals_prepare_their_own_exports_alone_and_train_one_federatio
     res = json.loads(next((dep.root / "results_derm").rglob("results.json")).read_text())
     assert sorted(res["rounds"][-1]["sites"]) == HOSPITALS and not res["rounds"][-1]["missing"]
     annotated = {s: [ISIC[j] for j in d["annotated"]] for s, d in res["data"]["sites"].items()}
-    assert annotated == {"hospital-1": ["MEL", "NV", "BCC"], "hospital-2": ["NV", "AKIEC", "BKL", "VASC"],
-                         "hospital-3": ["MEL", "NV", "DF"]}
+    assert annotated == {
+        "hospital-1": ["MEL", "NV", "BCC"],
+        "hospital-2": ["NV", "AKIEC", "BKL", "VASC"],
+        "hospital-3": ["MEL", "NV", "DF"],
+    }
     assert res["dataset"] == "csv (export.csv) + csv (labels.csv) + folder (c)"
     assert res["job_dataset"] == "derm_consortium"
     final = next(v for k, v in res["final"].items() if k.startswith("FL_global_model"))
@@ -478,8 +605,11 @@ def wait_training(kit: Path, job_id: str, timeout: float = 120) -> None:
     server job process exits (failing the job) when an update it was receiving cannot be downloaded."""
     log, t0 = kit / job_id / "log.txt", time.time()
     while time.time() - t0 < timeout:
-        lines = [ln for ln in (log.read_text(errors="replace").splitlines() if log.is_file() else [])
-                 if "task_name=train" in ln and ("invoking task executor" in ln or "finished processing task" in ln)]
+        lines = [
+            ln
+            for ln in (log.read_text(errors="replace").splitlines() if log.is_file() else [])
+            if "task_name=train" in ln and ("invoking task executor" in ln or "finished processing task" in ln)
+        ]
         if lines and "invoking task executor" in lines[-1]:
             return
         time.sleep(0.05)
@@ -560,15 +690,19 @@ def test_a_hospital_killed_mid_job_does_not_end_it(deployment):
         wait_clients(sess, ["hospital-3"], present=False, timeout=90)  # no heartbeat for STALE_AFTER (35 s)
         check = dep.admin("check", str(job), "--sites", ",".join(HOSPITALS))
         out = check.stdout + check.stderr
-        assert "warning: 2 of the job's 3 site(s) are connected (hospital-1, hospital-2); not connected: hospital-3" in out
+        assert (
+            "warning: 2 of the job's 3 site(s) are connected (hospital-1, hospital-2); not connected: hospital-3" in out
+        )
         assert check.returncode == 0 and "can start" in out, out  # max_missing_sites 1: NVFlare starts it
         proc, down_id = dep.submit(job)
         assert proc.returncode == 0 and down_id, proc.stdout + proc.stderr
         rc, out = dep.follow(down_id, dep.root / "results_down", timeout=150)
         print(out)
         assert rc == 1, out
-        assert ("are annotated by no site present (hospital-1, hospital-2; sites absent from this job may annotate "
-                "them) (class_without_annotator: stop;") in out, out
+        assert (
+            "are annotated by no site present (hospital-1, hospital-2; sites absent from this job may annotate "
+            "them) (class_without_annotator: stop;"
+        ) in out, out
     finally:
         dep.start("hospital-3")  # back for the other tests
         try:

@@ -31,8 +31,11 @@ def no_cuda(monkeypatch):
 
 def test_cuda_without_a_gpu_is_a_clear_error_naming_the_site(no_cuda):
     for requested in ("cuda", "cuda:1", "CUDA"):
-        with pytest.raises(RuntimeError, match=r"site 'h1': device '(cuda|cuda:1|CUDA)' was asked for but CUDA is "
-                                               r"not available: .*(CPU-only build|sees no GPU).*'auto' / 'cpu'"):
+        with pytest.raises(
+            RuntimeError,
+            match=r"site 'h1': device '(cuda|cuda:1|CUDA)' was asked for but CUDA is "
+            r"not available: .*(CPU-only build|sees no GPU).*'auto' / 'cpu'",
+        ):
             resolve_device(requested, "site 'h1'")
     with pytest.raises(ValueError, match="unknown device 'gpu'"):
         resolve_device("gpu")
@@ -51,8 +54,14 @@ def test_auto_falls_back_to_the_cpu_with_a_warning_and_the_site_logs_its_device(
     assert ex.torch_device == torch.device("cpu")
     assert logged[0][0] == "warning" and "no CUDA" in logged[0][1]
     assert logged[1] == ("info", "site h1: training on cpu (cpu, torch " + torch.__version__ + ") with amp")
-    assert ex.device_info == {"device": "cpu", "name": "cpu", "torch": torch.__version__, "cuda": torch.version.cuda,
-                              "amp": True, "deterministic": False}
+    assert ex.device_info == {
+        "device": "cpu",
+        "name": "cpu",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "amp": True,
+        "deterministic": False,
+    }
     ex.device = "cuda"
     with pytest.raises(RuntimeError, match="site 'h1': device 'cuda' was asked for"):
         ex._select_device(FLContext(), "h1")
@@ -64,8 +73,11 @@ def test_results_record_each_sites_device():
     for site in ("h1", "h2"):
         peer = FLContext()
         peer.set_prop(ReservedKey.IDENTITY_NAME, site, private=False)
-        peer.set_prop(FLContextKey.SHAREABLE, DXO(DataKind.WEIGHTS, data={}, meta={"device": record, "train_loss": 1.0})
-                      .to_shareable(), private=False)
+        peer.set_prop(
+            FLContextKey.SHAREABLE,
+            DXO(DataKind.WEIGHTS, data={}, meta={"device": record, "train_loss": 1.0}).to_shareable(),
+            private=False,
+        )
         ctx = FLContext()
         ctx.set_peer_context(peer)
         ctx.set_prop(AppConstants.CURRENT_ROUND, 0, private=False)
@@ -102,15 +114,26 @@ DETERMINISTIC_RUN = textwrap.dedent("""
 
 def _run(deterministic: bool) -> dict:
     env = {"PYTHONPATH": str(REPO / "custom"), "PATH": ""}
-    out = subprocess.run([sys.executable, "-c", DETERMINISTIC_RUN, "1" if deterministic else "0"], env=env,
-                         capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", DETERMINISTIC_RUN, "1" if deterministic else "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_deterministic_sets_the_switches_and_runs_repeat_exactly():
     a, b, plain = _run(True), _run(True), _run(False)
-    assert a["settings"] == {"use_deterministic_algorithms": True, "cudnn_deterministic": True,
-                             "cudnn_benchmark": False, "cublas_workspace_config": ":4096:8", "tf32": False}
+    assert a["settings"] == {
+        "use_deterministic_algorithms": True,
+        "cudnn_deterministic": True,
+        "cudnn_benchmark": False,
+        "cublas_workspace_config": ":4096:8",
+        "tf32": False,
+    }
     assert plain["settings"]["use_deterministic_algorithms"] is False and plain["settings"]["tf32"] is True
     assert plain["settings"]["cublas_workspace_config"] is None
     assert a["weights"] == b["weights"]  # bit for bit

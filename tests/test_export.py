@@ -15,12 +15,10 @@ import pandas as pd
 import pytest
 import torch
 from PIL import Image
-
-from conftest import REPO, check_two_rounds, real_data, results_of, run_recipe, server_log
 from test_predict import _run_folder
 from test_transforms import write_dicom
 
-from fedpartial.data.manifest import Manifest
+from conftest import check_two_rounds, real_data, results_of, run_recipe, server_log
 from fedpartial.data.presets import ICH_CLASSES, ISIC_CLASSES
 from fedpartial.data.sitedata import SiteDatasets
 from fedpartial.tools import export as E
@@ -49,8 +47,19 @@ runpy.run_module("monai.bundle", run_name="__main__", alter_sys=True)
 def run_bundle(bundle: Path, images: Path, out: Path, cwd: Path) -> subprocess.CompletedProcess:
     """``python -m monai.bundle run --config_file B/configs/inference.json --dataset_dir D --output_dir O`` in an
     isolated interpreter (``-I``: no PYTHONPATH, no user site) where ``import fedpartial`` fails."""
-    cmd = [sys.executable, "-I", "-c", BLOCKED_RUNNER, "run", "--config_file",
-           str(bundle / "configs" / "inference.json"), "--dataset_dir", str(images), "--output_dir", str(out)]
+    cmd = [
+        sys.executable,
+        "-I",
+        "-c",
+        BLOCKED_RUNNER,
+        "run",
+        "--config_file",
+        str(bundle / "configs" / "inference.json"),
+        "--dataset_dir",
+        str(images),
+        "--output_dir",
+        str(out),
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=str(cwd))
 
 
@@ -74,6 +83,7 @@ def relative(paths, root: Path) -> list[str]:
 
 
 # ------------------------------------------------------------------------------- unit: no training needed
+
 
 @pytest.fixture
 def random_run(tmp_path):
@@ -100,8 +110,12 @@ def test_bundle_preprocessing_equals_the_predict_pipeline(random_run, tmp_path):
         pre = parser.get_parsed_content("preprocessing")
         ts = parser.get_parsed_content("network")
         # an inference workflow in MONAI's sense (what MONAI Label / Deploy look up): its required properties
-        workflow = ConfigWorkflow(config_file=str(bundle / "configs" / "inference.json"), workflow_type="infer",
-                                  logging_file=False, dataset_dir=str(images))
+        workflow = ConfigWorkflow(
+            config_file=str(bundle / "configs" / "inference.json"),
+            workflow_type="infer",
+            logging_file=False,
+            dataset_dir=str(images),
+        )
         workflow.initialize()
         assert workflow.check_properties() in (None, [])
     finally:
@@ -125,8 +139,15 @@ def test_metadata_has_monai_keys_thresholds_and_the_pipeline(random_run, tmp_pat
     from monai.bundle.properties import MetaProperties
 
     run, _ = random_run
-    thresholds = {"models": {P.BEST_MODEL: {"criterion": "youden", "thresholds": dict(zip(
-        ICH_CLASSES, [0.3, None, 0.7, 0.5, 0.9])), "n_val": dict.fromkeys(ICH_CLASSES, 10)}}}
+    thresholds = {
+        "models": {
+            P.BEST_MODEL: {
+                "criterion": "youden",
+                "thresholds": dict(zip(ICH_CLASSES, [0.3, None, 0.7, 0.5, 0.9])),
+                "n_val": dict.fromkeys(ICH_CLASSES, 10),
+            }
+        }
+    }
     (run / "app_server" / "thresholds.json").write_text(json.dumps(thresholds))
     bundle = E.export_bundle(run, tmp_path / "b")
     for f in E.BUNDLE_FILES:
@@ -134,11 +155,30 @@ def test_metadata_has_monai_keys_thresholds_and_the_pipeline(random_run, tmp_pat
     meta = json.loads((bundle / "configs" / "metadata.json").read_text())
     required = [p for p, spec in MetaProperties.items() if spec.get("required")]
     assert required and all(k in meta for k in required), [k for k in required if k not in meta]
-    for key in ("version", "monai_version", "pytorch_version", "numpy_version", "optional_packages_version", "task",
-                "description", "authors", "copyright", "network_data_format"):  # the specification's list
+    for key in (
+        "version",
+        "monai_version",
+        "pytorch_version",
+        "numpy_version",
+        "optional_packages_version",
+        "task",
+        "description",
+        "authors",
+        "copyright",
+        "network_data_format",
+    ):  # the specification's list
         assert key in meta
-    spec_keys = {"type", "format", "modality", "num_channels", "spatial_shape", "dtype", "value_range",
-                 "is_patch_data", "channel_def"}
+    spec_keys = {
+        "type",
+        "format",
+        "modality",
+        "num_channels",
+        "spatial_shape",
+        "dtype",
+        "value_range",
+        "is_patch_data",
+        "channel_def",
+    }
     image, pred = meta["network_data_format"]["inputs"]["image"], meta["network_data_format"]["outputs"]["pred"]
     assert spec_keys <= set(image) and spec_keys <= set(pred)
     assert image["num_channels"] == 3 and image["spatial_shape"] == [16, 16] and image["modality"] == "CT"
@@ -192,18 +232,31 @@ def test_export_errors_and_onnx(random_run, tmp_path, capsys):
 
 # ------------------------------------------------------------------- integration: a trained run, MONAI's run
 
-TINY = {"ich": {"dataset": {"preset": "ich_phantom", "image_size": 32,
-                            "prepare": {"num_sites": 3, "k": 2, "source_args": {"n_images": 240, "size": 64, "seed": 0}}},
-                "warmup_rounds": 1},
-        "ham10000": {"dataset": {"preset": "ham10000", "image_size": 32,
-                                 "prepare": {"val_frac": 0.03, "test_frac": 0.05, "site_sizes": 60}}}}  # 5 sites (FedLSM's table)
+TINY = {
+    "ich": {
+        "dataset": {
+            "preset": "ich_phantom",
+            "image_size": 32,
+            "prepare": {"num_sites": 3, "k": 2, "source_args": {"n_images": 240, "size": 64, "seed": 0}},
+        },
+        "warmup_rounds": 1,
+    },
+    "ham10000": {
+        "dataset": {
+            "preset": "ham10000",
+            "image_size": 32,
+            "prepare": {"val_frac": 0.03, "test_frac": 0.05, "site_sizes": 60},
+        }
+    },
+}  # 5 sites (FedLSM's table)
 FAST = {"num_rounds": 2, "evaluation": {"test_every": 1}, "train": {"batch_size": 16}}
 
 
 def _trained(job: str, kind: str, root: Path, cache: Path) -> Path:
     """``python jobs/<job>/job.py --rounds 2``'s recipe (SimEnv) on tiny data; returns the workspace."""
-    proc = run_recipe(job, root, {**FAST, **TINY[kind]}, sites=3 if kind == "ich" else None,
-                      env={"FEDPARTIAL_CACHE": str(cache)})
+    proc = run_recipe(
+        job, root, {**FAST, **TINY[kind]}, sites=3 if kind == "ich" else None, env={"FEDPARTIAL_CACHE": str(cache)}
+    )
     ws = root / job
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(ws)[-3000:]
     return ws
@@ -242,7 +295,7 @@ def _bundle_matches_predict(ws: Path, tmp_path: Path, multilabel: bool) -> tuple
     meta = json.loads((bundle / "configs" / "metadata.json").read_text())
     classes = list(meta["network_data_format"]["outputs"]["pred"]["channel_def"].values())
     probs = [f"prob_{c}" for c in classes]
-    assert list(ours.columns[:1 + len(classes)]) == list(theirs.columns[:1 + len(classes)]) == ["image", *probs]
+    assert list(ours.columns[: 1 + len(classes)]) == list(theirs.columns[: 1 + len(classes)]) == ["image", *probs]
     assert relative(ours["image"], images) == relative(theirs["image"], images)
     assert any(p.endswith(".dcm") for p in ours["image"]) and any(p.endswith(".png") for p in ours["image"])
     np.testing.assert_allclose(ours[probs].to_numpy(), theirs[probs].to_numpy(), atol=1e-5, rtol=0)
@@ -262,8 +315,9 @@ def test_multilabel_bundle_runs_without_the_package_and_equals_predict(ich_ws, t
     train = meta["training"]
     assert train["job"] == "fedmlp_ich" and train["method"] == "fedmlp" and train["rounds"] == 2
     assert train["model_file"] == P.BEST_MODEL and train["data_fingerprint"].startswith("sha256:")
-    assert {s: i["annotated_classes"] for s, i in train["sites"].items()} == \
-        {s: [ICH_CLASSES[k] for k in i["annotated"]] for s, i in res["data"]["sites"].items()}
+    assert {s: i["annotated_classes"] for s, i in train["sites"].items()} == {
+        s: [ICH_CLASSES[k] for k in i["annotated"]] for s, i in res["data"]["sites"].items()
+    }
     assert set(train["privacy"]) == set(res.get("privacy") or {})
     card = (tmp_path / "B" / "docs" / "README.md").read_text()
     for section in ("## Input", "## Output and thresholds", "## Training", "## Metrics", "## Known limits"):
@@ -297,11 +351,17 @@ def test_the_card_gives_counts_intervals_and_warnings_a_clinician_needs():
     predictions piled on one class; the privacy line in words."""
     from fedpartial.tools.model_card import metrics_table, privacy_lines, warnings_for
 
-    per_class = {"MEL": {"auc": 0.9, "sensitivity": 1.0, "specificity": 0.5, "f1": 0.4},
-                 "NV": {"auc": 0.8, "sensitivity": 0.5, "specificity": 1.0, "f1": 0.66}}
-    test = {"task": "multiclass", "n": 40, "per_class": per_class,
-            "macro": {"auc": 0.85, "sensitivity": 0.75, "specificity": 0.75, "f1": 0.53},
-            "counts": {"MEL": {"pos": 8, "neg": 32, "pred": 24}, "NV": {"pos": 32, "neg": 8, "pred": 16}}}
+    per_class = {
+        "MEL": {"auc": 0.9, "sensitivity": 1.0, "specificity": 0.5, "f1": 0.4},
+        "NV": {"auc": 0.8, "sensitivity": 0.5, "specificity": 1.0, "f1": 0.66},
+    }
+    test = {
+        "task": "multiclass",
+        "n": 40,
+        "per_class": per_class,
+        "macro": {"auc": 0.85, "sensitivity": 0.75, "specificity": 0.75, "f1": 0.53},
+        "counts": {"MEL": {"pos": 8, "neg": 32, "pred": 24}, "NV": {"pos": 32, "neg": 8, "pred": 16}},
+    }
     table = "\n".join(metrics_table(test))
     assert "| MEL | 8 / 32 | 90.0 | 100.0 [67.6, 100.0] | 50.0 [33.6, 66.4] |" in table
     assert "| **macro** | 40 images | 85.0 |" in table
@@ -311,8 +371,11 @@ def test_the_card_gives_counts_intervals_and_warnings_a_clinician_needs():
     assert "Fewer than 30 positive test images: MEL (8)" in warns
     assert "Predictions concentrate on MEL: 60 % of the test images are predicted MEL, 20 % are MEL" not in warns
     test["counts"]["MEL"]["pred"] = 36
-    assert "Predictions concentrate on MEL: 90 % of the test images are predicted MEL, 20 % are MEL" in \
-        "\n".join(warnings_for(meta, {"test": test}))
+    assert "Predictions concentrate on MEL: 90 % of the test images are predicted MEL, 20 % are MEL" in "\n".join(
+        warnings_for(meta, {"test": test})
+    )
     line = privacy_lines({"hospital-1": {"releases": 4, "scope": None, "min_count": 5, "epsilon": None}})[0]
-    assert line == ("- hospital-1: 4 release(s) of per-class statistics; no privacy scope (the job's defaults); counts "
-                    "below 5 withheld; no formal differential-privacy guarantee (statistics left without noise).")
+    assert line == (
+        "- hospital-1: 4 release(s) of per-class statistics; no privacy scope (the job's defaults); counts "
+        "below 5 withheld; no formal differential-privacy guarantee (statistics left without noise)."
+    )

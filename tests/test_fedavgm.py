@@ -12,8 +12,12 @@ GROUPS = {"encoder": ["w"], "norm": ["bn.num_batches_tracked"], "head": [], "cla
 
 
 def _c(site: str, w: float, n: float, steps: int = 1) -> Contribution:
-    return Contribution(site=site, weights={"w": np.array([w], np.float32),
-                                            "bn.num_batches_tracked": np.array(steps, np.int64)}, n=n, meta={})
+    return Contribution(
+        site=site,
+        weights={"w": np.array([w], np.float32), "bn.num_batches_tracked": np.array(steps, np.int64)},
+        n=n,
+        meta={},
+    )
 
 
 def _prev(w: float) -> dict:
@@ -50,7 +54,9 @@ def test_momentum_survives_a_checkpoint(tmp_path):
     fresh = get_method("fedavgm").make_rule({})
     fresh.load_state_dict(read_file(tmp_path / "checkpoint.pt")["rule"])
     assert fresh.velocity["w"].dtype == np.float64
-    assert fresh.aggregate(w1, [_c("a", 1.0, 1), _c("b", 1.0, 3)], GROUPS, 1)[0]["w"][0] == pytest.approx(1.45, abs=1e-6)
+    assert fresh.aggregate(w1, [_c("a", 1.0, 1), _c("b", 1.0, 3)], GROUPS, 1)[0]["w"][0] == pytest.approx(
+        1.45, abs=1e-6
+    )
 
 
 def test_bad_momentum_is_an_option_error():

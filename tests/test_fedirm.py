@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_fedmlp import _FakeData
 
 from fedpartial.methods import Contribution, SiteContext, get_method
 from fedpartial.methods import fedirm as R
 from fedpartial.methods.common import mc_dropout_probs
 from fedpartial.models import PartialLabelNet
-from test_fedmlp import _FakeData
 
 LN2 = math.log(2.0)
 REPO = Path(__file__).resolve().parents[1]
@@ -28,6 +28,7 @@ def _softmax(v):
 
 
 # ------------------------------------------------------------------------------------------ Eq. 2-3
+
 
 def test_relation_matrix_with_temperature_by_hand():
     logits = torch.tensor([[2.0, 0.0], [4.0, 2.0], [0.0, 6.0]])
@@ -68,6 +69,7 @@ def test_average_relations_over_the_rounds_batches():
 
 # ------------------------------------------------------------------------------------------ server
 
+
 def _contribution(site, matrix, valid, annotated, n=10.0, weights=None):
     meta = {"annotated": annotated, R.META_RELATION: np.asarray(matrix), R.META_RELATION_VALID: valid}
     return Contribution(site, weights or {"w": np.full((2,), n, dtype=np.float32)}, n, meta)
@@ -78,8 +80,11 @@ def test_server_averages_labelled_sites_only_uniform_and_by_samples(tmp_path):
     m2 = [[0.6, 0.4], [0.2, 0.8]]
     # an unlabelled site sending a matrix is ignored by the server
     rogue = _contribution("u", [[0.0, 1.0], [1.0, 0.0]], [1, 1], [False, False], n=100.0)
-    cons = [_contribution("a", m1, [1, 1], [True, True], 10.0), _contribution("b", m2, [1, 0], [True, True], 30.0),
-            rogue]
+    cons = [
+        _contribution("a", m1, [1, 1], [True, True], 10.0),
+        _contribution("b", m2, [1, 0], [True, True], 30.0),
+        rogue,
+    ]
     rule = R.FedIRMRule()
     weights, meta = rule.aggregate(None, cons, {}, 0)
     g = np.asarray(meta[R.META_GLOBAL_RELATION])
@@ -88,7 +93,9 @@ def test_server_averages_labelled_sites_only_uniform_and_by_samples(tmp_path):
     # the weights: FedAvg by n_k over every contributor: (10*10 + 30*30 + 100*100) / 140
     assert np.allclose(weights["w"], (100 + 900 + 10000) / 140)
     by_n = R.FedIRMRule(relation_weighting="samples").aggregate(None, cons, {}, 0)[1]
-    assert np.allclose(np.asarray(by_n[R.META_GLOBAL_RELATION])[0], [(0.8 * 10 + 0.6 * 30) / 40, (0.2 * 10 + 0.4 * 30) / 40])
+    assert np.allclose(
+        np.asarray(by_n[R.META_GLOBAL_RELATION])[0], [(0.8 * 10 + 0.6 * 30) / 40, (0.2 * 10 + 0.4 * 30) / 40]
+    )
     # a row nobody estimates in a later round keeps its value; the matrix survives a restart of the rule
     _, meta2 = rule.aggregate(None, [_contribution("b", m2, [1, 0], [True, True])], {}, 1)
     assert np.allclose(meta2[R.META_GLOBAL_RELATION], [[0.6, 0.4], [0.4, 0.6]])
@@ -115,6 +122,7 @@ def test_check_federation_names_the_sites():
 
 # ------------------------------------------------------------------------------------------ Eq. 6
 
+
 def test_symmetric_kl_by_hand():
     p = torch.tensor([[0.5, 0.5], [0.9, 0.1]])
     q = torch.tensor([[0.25, 0.75], [0.9, 0.1]])
@@ -127,11 +135,17 @@ def test_symmetric_kl_by_hand():
     assert R.symmetric_kl(p, q).item() == pytest.approx(R.symmetric_kl(q, p).item(), abs=1e-7)  # symmetric
     # Bernoulli form (multi-label rows): entry (0.5 vs 0.25): KL(B(.5)||B(.25)) + KL(B(.25)||B(.5))
     ps, qs = torch.tensor([[0.5]]), torch.tensor([[0.25]])
-    b = 0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75) + 0.25 * math.log(0.25 / 0.5) + 0.75 * math.log(0.75 / 0.5)
+    b = (
+        0.5 * math.log(0.5 / 0.25)
+        + 0.5 * math.log(0.5 / 0.75)
+        + 0.25 * math.log(0.25 / 0.5)
+        + 0.75 * math.log(0.75 / 0.5)
+    )
     assert R.symmetric_kl(ps, qs, kind="sigmoid").item() == pytest.approx(b, abs=1e-6)
 
 
 # ------------------------------------------------------------------------------------------ Eq. 4-5
+
 
 def test_uncertainty_filter_at_ln2_by_hand():
     # one pass = the mean; entropies: h(0.9) = 0.325 < ln2 kept; [0.5, 0.5] = ln 2 exactly: NOT below -> dropped;
@@ -145,7 +159,12 @@ def test_uncertainty_filter_at_ln2_by_hand():
     assert R.uncertainty_filter(probs[None], 2.0)[1].all()
     # ... and its confidence >= 0.3 test on the training pass
     conf = torch.tensor([[0.29, 0.2, 0.51], [0.5, 0.5, 0.0], [0.2, 0.3, 0.5], [0.1, 0.1, 0.1]])
-    assert R.uncertainty_filter(probs[None], 2.0, confidence=conf, min_confidence=0.3)[1].tolist() == [True, True, True, False]
+    assert R.uncertainty_filter(probs[None], 2.0, confidence=conf, min_confidence=0.3)[1].tolist() == [
+        True,
+        True,
+        True,
+        False,
+    ]
     # entropy of the MEAN of the passes (Eq. 4): two confident passes that disagree average to [0.5, 0.5]
     passes = torch.tensor([[[1.0, 0.0]], [[0.0, 1.0]]])
     assert R.uncertainty_filter(passes, LN2)[1].tolist() == [False]
@@ -184,6 +203,7 @@ def test_mc_dropout_filter_filters_at_ln2_with_dropout_active():
 
 # ------------------------------------------------------------------------------------------ Eq. 1, EMA, ramp-up
 
+
 def test_consistency_ema_decay_and_rampup_by_hand():
     s = torch.tensor([[0.0, 0.0], [math.log(3.0), 0.0]])  # softmax [.5, .5], [.75, .25]
     t = torch.tensor([[math.log(3.0), 0.0], [math.log(3.0), 0.0]])  # [.75, .25] twice
@@ -203,7 +223,9 @@ def test_supervised_loss_label_smoothing_by_hand():
     assert R.supervised_loss(logits, targets, known).item() == pytest.approx(nll, abs=1e-6)
     # (1 - eps) nll + eps * mean_c(-log p_c): row 1 mean = (ln 2 + ln 2)/2, row 2 = (ln(4/3) + ln 4)/2
     smooth = ((LN2 + LN2) / 2 + (math.log(4 / 3) + math.log(4.0)) / 2) / 2
-    assert R.supervised_loss(logits, targets, known, label_smoothing=0.1).item() == pytest.approx(0.9 * nll + 0.1 * smooth, abs=1e-6)
+    assert R.supervised_loss(logits, targets, known, label_smoothing=0.1).item() == pytest.approx(
+        0.9 * nll + 0.1 * smooth, abs=1e-6
+    )
     assert R.supervised_loss(logits, targets, torch.tensor([False, False])).item() == 0.0
 
 
@@ -211,6 +233,7 @@ def test_supervised_loss_label_smoothing_by_hand():
 # A deterministic site: a linear model (no dropout, no BatchNorm; mc_passes 1), two fixed views (view 2 is view 1
 # reversed), one full batch, plain SGD: the update of one step is -lr * the gradient of the loss of Eq. 7, which
 # the tests below compose from the paper's terms (each term's function has its own hand-computed test above).
+
 
 class _Lin(torch.nn.Module):
     """``(B, 1, 1, D)`` images -> ``Linear(D, C)`` logits (optional dropout on the input)."""
@@ -253,8 +276,16 @@ class _TwoViewData:
         return torch.utils.data.DataLoader(self.dataset("train", views), batch_size=batch_size, shuffle=False)
 
 
-X6 = torch.tensor([[2.0, 0.0, 0.0, 1.0], [0.0, 3.0, 0.0, 0.0], [0.0, 0.0, 2.5, 0.5], [1.0, 1.0, 0.0, 0.0],
-                   [0.2, 0.1, 2.0, 0.0], [0.0, 0.0, 0.0, 0.3]])
+X6 = torch.tensor(
+    [
+        [2.0, 0.0, 0.0, 1.0],
+        [0.0, 3.0, 0.0, 0.0],
+        [0.0, 0.0, 2.5, 0.5],
+        [1.0, 1.0, 0.0, 0.0],
+        [0.2, 0.1, 2.0, 0.0],
+        [0.0, 0.0, 0.0, 0.3],
+    ]
+)
 Y6 = torch.tensor([0, 1, 2, 0, 2, 1])
 
 
@@ -262,15 +293,25 @@ def _linear_site(labelled: bool, optimizer="sgd", lr=0.5, dropout=0.0) -> SiteCo
     torch.manual_seed(5)
     model = _Lin(4, 3, dropout)
     with torch.no_grad():
-        model.classifier.weight.copy_(torch.tensor([[1.5, -0.5, 0.2, 0.4], [-0.3, 1.2, 0.1, -0.6], [0.1, -0.2, 1.4, 0.3]]))
+        model.classifier.weight.copy_(
+            torch.tensor([[1.5, -0.5, 0.2, 0.4], [-0.3, 1.2, 0.1, -0.6], [0.1, -0.2, 1.4, 0.3]])
+        )
         model.classifier.bias.copy_(torch.tensor([0.1, -0.1, 0.05]))
     onehot = torch.nn.functional.one_hot(Y6, 3).float()
     annotated = np.full(3, labelled)
     mask = torch.full((6, 3), labelled)
-    return SiteContext(site="s", task="multiclass", classes=["a", "b", "c"], annotated=annotated, model=model,
-                       data=_TwoViewData(X6[:, None, None, :], onehot * mask, mask), device=torch.device("cpu"),
-                       state_dir=Path("."), seed=0,
-                       train={"optimizer": optimizer, "momentum": 0.0, "lr": lr, "batch_size": 6, "local_steps": 1})
+    return SiteContext(
+        site="s",
+        task="multiclass",
+        classes=["a", "b", "c"],
+        annotated=annotated,
+        model=model,
+        data=_TwoViewData(X6[:, None, None, :], onehot * mask, mask),
+        device=torch.device("cpu"),
+        state_dir=Path("."),
+        seed=0,
+        train={"optimizer": optimizer, "momentum": 0.0, "lr": lr, "batch_size": 6, "local_steps": 1},
+    )
 
 
 def _params(model):
@@ -399,8 +440,13 @@ def test_learning_rate_per_role_and_round():
     change of one step IS the learning rate used (code: labelled 2e-4 then 3e-4 after the warm rounds,
     unlabelled 2e-4; default: train.lr everywhere)."""
     opts = {"labelled_lr": 0.02, "labelled_lr_after_warm": 0.03, "unlabelled_lr": 0.04, "warm_rounds": 2}
-    cases = [(True, {}, 0, 0.1), (True, opts, 1, 0.02), (True, opts, 2, 0.03), (False, opts, 2, 0.04),
-             (False, {}, 2, 0.1)]
+    cases = [
+        (True, {}, 0, 0.1),
+        (True, opts, 1, 0.02),
+        (True, opts, 2, 0.03),
+        (False, opts, 2, 0.04),
+        (False, {}, 2, 0.1),
+    ]
     for labelled, o, rnd, lr in cases:
         ctx = _linear_site(labelled, optimizer="adam", lr=0.1)
         tr = R.FedIRMTrainer(ctx, mc_passes=1, rampup_rounds=0, **o)
@@ -434,6 +480,7 @@ def test_optimizer_fresh_each_round_or_kept_as_the_released_code():
 
 # ------------------------------------------------------------------------------------------ the site
 
+
 def _site(name, labelled, n=24, C=3, seed=0, task="multiclass", dropout=0.5, tmp=None):
     g = torch.Generator().manual_seed(seed)
     y = torch.randint(0, C, (n,), generator=g)
@@ -442,14 +489,23 @@ def _site(name, labelled, n=24, C=3, seed=0, task="multiclass", dropout=0.5, tmp
         full = torch.maximum(full, (torch.rand(n, C, generator=g) < 0.3).float())
     images = torch.randn(n, 3, 16, 16, generator=g) * 0.3
     for c in range(C):
-        images[:, c % 3] += full[:, c:c + 1, None]
+        images[:, c % 3] += full[:, c : c + 1, None]
     annotated = np.full(C, bool(labelled))
     mask = torch.as_tensor(annotated)[None, :].expand(n, C).clone()
     torch.manual_seed(123)
     model = PartialLabelNet("small_cnn", C, 3, width=4, dropout=dropout)
-    return SiteContext(site=name, task=task, classes=[f"c{i}" for i in range(C)], annotated=annotated, model=model,
-                       data=_FakeData(images, full * mask, mask), device=torch.device("cpu"), state_dir=tmp or Path("."),
-                       train={"lr": 1e-2, "batch_size": 8, "local_steps": 3}, seed=seed)
+    return SiteContext(
+        site=name,
+        task=task,
+        classes=[f"c{i}" for i in range(C)],
+        annotated=annotated,
+        model=model,
+        data=_FakeData(images, full * mask, mask),
+        device=torch.device("cpu"),
+        state_dir=tmp or Path("."),
+        train={"lr": 1e-2, "batch_size": 8, "local_steps": 3},
+        seed=seed,
+    )
 
 
 def _weights(model):
@@ -545,10 +601,18 @@ def test_schedule_and_baselines_switches():
     # self-training: confident pseudo labels of the received model (threshold 0 keeps every row)
     st = get_method("fed_selftraining").make_trainer(_site("unl", False), {"pseudo_threshold": 0.0, "rampup_rounds": 0})
     assert st.train_round(0, 3, {}).meta[R.META_PSEUDO] == 24
-    assert get_method("fed_selftraining").make_trainer(_site("unl", False), {"pseudo_threshold": 1.0}).train_round(
-        0, 3, {}).meta[R.META_PSEUDO] == 0
+    assert (
+        get_method("fed_selftraining")
+        .make_trainer(_site("unl", False), {"pseudo_threshold": 1.0})
+        .train_round(0, 3, {})
+        .meta[R.META_PSEUDO]
+        == 0
+    )
     # one method_args dict, each side its own keys; FedIRM needs the model's dropout at unlabelled sites
-    assert fedirm.split_options({"tau": 3.0, "relation_weighting": "samples"}) == ({"tau": 3.0}, {"relation_weighting": "samples"})
+    assert fedirm.split_options({"tau": 3.0, "relation_weighting": "samples"}) == (
+        {"tau": 3.0},
+        {"relation_weighting": "samples"},
+    )
     with pytest.raises(ValueError, match="dropout"):
         R.FedIRMTrainer(_site("unl", False, dropout=0.0))
     R.FedIRMTrainer(_site("unl", False, dropout=0.0), irm=False)  # Fed-Consistency does not need it
@@ -574,8 +638,15 @@ def test_three_rounds_two_labelled_two_unlabelled(task, label_mode):
                 assert out.meta[R.META_RECEIVED] == int(rnd > 0)
                 if rnd > 0:
                     assert out.meta[R.META_SELECTED] > 0 and math.isfinite(out.meta[R.META_DISTANCE])
-            cons.append(Contribution(ctx.site, {k: v.numpy().copy() for k, v in _weights(ctx.model).items()}, 24.0,
-                                     {**out.meta, "annotated": ctx.annotated.tolist()}, out.weight))
+            cons.append(
+                Contribution(
+                    ctx.site,
+                    {k: v.numpy().copy() for k, v in _weights(ctx.model).items()},
+                    24.0,
+                    {**out.meta, "annotated": ctx.annotated.tolist()},
+                    out.weight,
+                )
+            )
         weights, meta = rule.aggregate(None, [c for c in cons if c.weight > 0], ctxs[0].model.parameter_groups(), rnd)
         global_w = {k: torch.as_tensor(v) for k, v in weights.items()}
         assert np.asarray(meta[R.META_GLOBAL_RELATION]).shape == (3, 3)
@@ -583,17 +654,21 @@ def test_three_rounds_two_labelled_two_unlabelled(task, label_mode):
 
 # ------------------------------------------------------------------------------------------ jobs
 
+
 def _client_args(job):
     cfg = json.loads((REPO / "jobs" / job / "app/config/config_fed_client.json").read_text())
     return cfg["method"], cfg["executors"][0]["executor"]["args"]
 
 
-@pytest.mark.parametrize("job,method,protocol", [
-    ("fedavg_labelled_isic", "fedavg_labelled", "labeled_unlabeled"),
-    ("fed_consistency_isic", "fed_consistency", "labeled_unlabeled"),
-    ("fed_selftraining_isic", "fed_selftraining", "labeled_unlabeled"),
-    ("fedavg_labelled_full_isic", "fedavg_labelled", "full"),
-])
+@pytest.mark.parametrize(
+    "job,method,protocol",
+    [
+        ("fedavg_labelled_isic", "fedavg_labelled", "labeled_unlabeled"),
+        ("fed_consistency_isic", "fed_consistency", "labeled_unlabeled"),
+        ("fed_selftraining_isic", "fed_selftraining", "labeled_unlabeled"),
+        ("fedavg_labelled_full_isic", "fedavg_labelled", "full"),
+    ],
+)
 def test_baseline_jobs_match_fedirm_isic(job, method, protocol):
     """The baselines run on FedIRM's split with FedIRM's model, budget and seed (only the method differs; the
     all-labelled upper bound also the protocol)."""
@@ -603,37 +678,47 @@ def test_baseline_jobs_match_fedirm_isic(job, method, protocol):
     assert ref_method == "fedirm" and got_method == server["method"] == method
     assert server["num_rounds"] == 30 and server["min_clients"] == 10
     assert args["dataset"]["prepare"]["protocol"] == protocol and args["dataset"]["prepare"]["num_sites"] == 10
-    strip = lambda a: {k: v for k, v in a.items() if k not in ("dataset", "method_args", "run_name")}  # run_name: the folder
+    strip = lambda a: {
+        k: v for k, v in a.items() if k not in ("dataset", "method_args", "run_name")
+    }  # run_name: the folder
     assert strip(args) == strip(ref)
-    assert {k: v for k, v in args["dataset"]["prepare"].items() if k not in ("protocol", "m")} == \
-        {k: v for k, v in ref["dataset"]["prepare"].items() if k not in ("protocol", "m")}
+    assert {k: v for k, v in args["dataset"]["prepare"].items() if k not in ("protocol", "m")} == {
+        k: v for k, v in ref["dataset"]["prepare"].items() if k not in ("protocol", "m")
+    }
     get_method(method).split_options(args["method_args"])
 
 
 # ------------------------------------------------------------------------------------------ simulator
 
+
 @pytest.mark.integration
-@pytest.mark.parametrize("job", ["fedirm_isic"])  # the paper's task; fedirm_ich's multi-label rounds: test_method_zoo.py
+@pytest.mark.parametrize(
+    "job", ["fedirm_isic"]
+)  # the paper's task; fedirm_ich's multi-label rounds: test_method_zoo.py
 def test_job_three_rounds_in_the_simulator(job, tmp_path, data_cache):
     """3 rounds of each FedIRM job through `nvflare simulator` on tiny data, 4 of its sites (2 labelled; the job's
     10 in the benchmarks, 4 here to keep CI within its budget): round 0 is a
     warm round (unlabelled sites sit out), the global matrix travels from round 0 on, the unlabelled sites use it
     and keep their teacher as site state."""
-    from conftest import copy_job, real_data, results_of, run_simulator, server_log
     from test_jobs_simulator import TINY
+
+    from conftest import real_data, results_of, run_simulator, server_log
 
     kind = "ham10000" if job == "fedirm_isic" else "ich"
     if kind == "ham10000":
         real_data("ham10000")
-    args = {**TINY[kind], "train": {"batch_size": 16, "local_steps": 2},
-            "method_args": {"warm_rounds": 1, "entropy_threshold": 2.0, "ml_entropy_threshold": 0.7}}
+    args = {
+        **TINY[kind],
+        "train": {"batch_size": 16, "local_steps": 2},
+        "method_args": {"warm_rounds": 1, "entropy_threshold": 2.0, "ml_entropy_threshold": 0.7},
+    }
     prepare = {**args["dataset"].get("prepare", {}), "num_sites": 4}
     if kind == "ham10000":
         prepare["site_sizes"] = 30
     args["dataset"] = {**args["dataset"], "prepare": prepare}
+    from conftest import REPO
     from fedpartial.tools.build_jobs import customise_job
 
-    from conftest import REPO
     job_dir = customise_job(REPO / "jobs" / job, tmp_path / job, 3, args, min_clients=4)
     ws = tmp_path / "ws"
     proc = run_simulator(job_dir, ws, n=4, env={"FEDPARTIAL_CACHE": str(data_cache)})

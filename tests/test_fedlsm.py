@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_fedmlp import _FakeData, _FakeDataset, _site
 
 from fedpartial.methods import Contribution, SiteContext, TrainOptions, get_method
 from fedpartial.methods import fedlsm as L
 from fedpartial.models import PartialLabelNet
-from test_fedmlp import _FakeData, _FakeDataset, _site
 
 LN2 = math.log(2.0)
 
@@ -24,6 +24,7 @@ def h2(p: float) -> float:
 
 
 # ------------------------------------------------------------------------------------------ UE
+
 
 def test_softmax_entropy_eq3():
     probs = torch.tensor([[0.5, 0.5, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.25, 0.25, 0.25, 0.25]])
@@ -74,14 +75,19 @@ def test_split_pools_by_entropy():
 
 # ------------------------------------------------------------------------------------------ pseudo labels
 
+
 def _mc_batch():
     # 3 classes, the site annotates class 0 only (U = {1, 2})
-    labels = torch.tensor([[1., 0., 0.], [0., 0., 0.], [0., 0., 0.], [0., 0., 0.]])
+    labels = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
     mask = torch.tensor([[True, False, False]] * 4)
-    teacher = torch.tensor([[0.10, 0.80, 0.10],   # labelled row: its label wins
-                            [0.02, 0.96, 0.02],   # unlabelled, 0.96 >= 0.95 on class 1 in U -> pseudo 1
-                            [0.30, 0.40, 0.30],   # unlabelled, not confident -> nothing
-                            [0.97, 0.02, 0.01]])  # unlabelled, confident on class 0 which is NOT in U
+    teacher = torch.tensor(
+        [
+            [0.10, 0.80, 0.10],  # labelled row: its label wins
+            [0.02, 0.96, 0.02],  # unlabelled, 0.96 >= 0.95 on class 1 in U -> pseudo 1
+            [0.30, 0.40, 0.30],  # unlabelled, not confident -> nothing
+            [0.97, 0.02, 0.01],
+        ]
+    )  # unlabelled, confident on class 0 which is NOT in U
     return labels, mask, teacher
 
 
@@ -110,7 +116,7 @@ def test_pseudo_ce_eq4_normalised_by_unlabelled_rows():
 
 
 def test_multilabel_targets_positive_negative_thresholds():
-    labels = torch.tensor([[1., 0., 0., 0., 0.]])
+    labels = torch.tensor([[1.0, 0.0, 0.0, 0.0, 0.0]])
     mask = torch.tensor([[True, True, False, False, False]])
     teacher = torch.tensor([[0.01, 0.99, 0.90, 0.003, 0.007]])
     t, known, pseudo = L.multilabel_targets(labels, mask, teacher, tau_p=0.85, tau_n=0.005)
@@ -129,10 +135,10 @@ def test_multilabel_targets_positive_negative_thresholds():
 
 def test_negative_positive_ratio_and_weighted_bce():
     # class 0: 8 / 2 = 4; class 1 has no positive and class 2 no negative -> 1
-    w = L.negative_positive_ratio(torch.tensor([2., 0., 5.]), torch.tensor([8., 10., 0.]))
+    w = L.negative_positive_ratio(torch.tensor([2.0, 0.0, 5.0]), torch.tensor([8.0, 10.0, 0.0]))
     assert w.tolist() == [4.0, 1.0, 1.0]
     logits = torch.zeros(2, 2)  # sigmoid 0.5: BCE ln 2 for either target
-    targets = torch.tensor([[1., 0.], [0., 1.]])
+    targets = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     known = torch.tensor([[True, True], [True, False]])
     cw = torch.tensor([3.0, 1.0])
     # positive-term weight: (3 ln2 + ln2 + ln2) / B=2
@@ -146,6 +152,7 @@ def test_negative_positive_ratio_and_weighted_bce():
 
 
 # ------------------------------------------------------------------------------------------ EMA, MixUp
+
 
 def test_ema_update_parameters_and_buffers():
     torch.manual_seed(0)
@@ -181,6 +188,7 @@ def test_mixup_eq6_and_soft_ce():
 
 # ------------------------------------------------------------------------------------------ AWPA
 
+
 def test_awpa_weights_with_zero_count_fallback():
     q = np.array([[10.0, 0.0, 0.0], [30.0, 5.0, 0.0]])
     w = L.awpa_weights(q, [100.0, 300.0])
@@ -191,12 +199,21 @@ def test_awpa_weights_with_zero_count_fallback():
 
 
 def _states():
-    s1 = {"body.w": np.array([1.0]), "classifier.weight": np.array([[1.0], [2.0], [3.0]]),
-          "classifier.bias": np.array([1.0, 2.0, 3.0])}
-    s2 = {"body.w": np.array([5.0]), "classifier.weight": np.array([[5.0], [6.0], [7.0]]),
-          "classifier.bias": np.array([5.0, 6.0, 7.0])}
-    prev = {"body.w": np.array([0.0]), "classifier.weight": np.array([[9.0], [9.0], [9.0]]),
-            "classifier.bias": np.array([9.0, 9.0, 9.0])}
+    s1 = {
+        "body.w": np.array([1.0]),
+        "classifier.weight": np.array([[1.0], [2.0], [3.0]]),
+        "classifier.bias": np.array([1.0, 2.0, 3.0]),
+    }
+    s2 = {
+        "body.w": np.array([5.0]),
+        "classifier.weight": np.array([[5.0], [6.0], [7.0]]),
+        "classifier.bias": np.array([5.0, 6.0, 7.0]),
+    }
+    prev = {
+        "body.w": np.array([0.0]),
+        "classifier.weight": np.array([[9.0], [9.0], [9.0]]),
+        "classifier.bias": np.array([9.0, 9.0, 9.0]),
+    }
     c1 = Contribution("site-1", s1, 100.0, {"annotated": [True, False, True], L.META_Q: [10.0, 0.0, 0.0]})
     c2 = Contribution("site-2", s2, 300.0, {"annotated": [True, True, False], L.META_Q: [30.0, 5.0, 0.0]})
     return prev, [c1, c2]
@@ -226,6 +243,7 @@ def test_rule_adaptive_masked_fedavg():
 
 # ------------------------------------------------------------------------------------------ trainer pieces
 
+
 def _mc_site(name, annotated, n=30, C=3, seed=0, model=None, tmp: Path | None = None):
     """A single-label fake site: one-hot rows, labelled only where the class is annotated here."""
     g = torch.Generator().manual_seed(seed)
@@ -233,14 +251,23 @@ def _mc_site(name, annotated, n=30, C=3, seed=0, model=None, tmp: Path | None = 
     full = torch.nn.functional.one_hot(y, C).float()
     images = torch.randn(n, 3, 16, 16, generator=g) * 0.3
     for c in range(min(C, 3)):
-        images[:, c] += full[:, c:c + 1, None]
+        images[:, c] += full[:, c : c + 1, None]
     annotated = np.asarray(annotated, bool)
     mask = torch.as_tensor(annotated)[None, :].expand(n, C).clone()
     labels = full * mask
     model = model or PartialLabelNet("small_cnn", C, 3, width=4)
-    return SiteContext(site=name, task="multiclass", classes=[f"c{i}" for i in range(C)], annotated=annotated,
-                       model=model, data=_FakeData(images, labels, mask), device=torch.device("cpu"),
-                       state_dir=tmp or Path("."), train={"lr": 1e-3, "batch_size": 10, "local_steps": 3}, seed=seed)
+    return SiteContext(
+        site=name,
+        task="multiclass",
+        classes=[f"c{i}" for i in range(C)],
+        annotated=annotated,
+        model=model,
+        data=_FakeData(images, labels, mask),
+        device=torch.device("cpu"),
+        state_dir=tmp or Path("."),
+        train={"lr": 1e-3, "batch_size": 10, "local_steps": 3},
+        seed=seed,
+    )
 
 
 def test_estimated_counts_labelled_plus_pseudo_positives():
@@ -250,7 +277,7 @@ def test_estimated_counts_labelled_plus_pseudo_positives():
     # one labelled positive of class 0, one pseudo positive of class 1 (row 3's class 0 is not in U)
     assert tr.estimated_counts(labels, mask, t, known).tolist() == [1.0, 1.0, 0.0]
     ml = L.FedLSMTrainer(_site("y", [True, False, False], n=4, C=3))
-    labels = torch.tensor([[1., 0., 0.], [1., 0., 0.], [0., 0., 0.]])
+    labels = torch.tensor([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
     mask = torch.tensor([[True, False, False]] * 3)
     teacher = torch.tensor([[0.5, 0.9, 0.001], [0.5, 0.9, 0.9], [0.99, 0.5, 0.001]])
     t, known, _ = ml.targets(labels, mask, teacher)
@@ -261,8 +288,13 @@ def test_estimated_counts_labelled_plus_pseudo_positives():
 
 def test_class_weights_from_the_server_summary():
     ctx = _site("y", [True, False, False], n=4, C=3)
-    ctx.summary = {"classes": ["c0", "c1", "c2"], "sites": {
-        "a": {"positives": [2, 1, 0], "negatives": [6, 3, 0]}, "b": {"positives": [0, 1, 5], "negatives": [0, 3, 15]}}}
+    ctx.summary = {
+        "classes": ["c0", "c1", "c2"],
+        "sites": {
+            "a": {"positives": [2, 1, 0], "negatives": [6, 3, 0]},
+            "b": {"positives": [0, 1, 5], "negatives": [0, 3, 15]},
+        },
+    }
     tr = L.FedLSMTrainer(ctx)
     # class 0: 6/2 = 3; class 1: (3+3)/(1+1) = 3; class 2: 15/5 = 3 -> change one to see the sum
     ctx.summary["sites"]["b"]["negatives"][0] = 2  # class 0: (6 + 2) / 2 = 4
@@ -288,12 +320,14 @@ def test_registered_with_options_and_validation():
 
 # ------------------------------------------------------------------------------------------ end to end
 
+
 @pytest.mark.parametrize("task", ["multiclass", "multilabel"])
 def test_end_to_end_three_rounds_with_state(task, tmp_path):
     torch.manual_seed(0)
     # thresholds loose enough for an untrained net (sigmoid outputs near 0.5): pseudo labels must appear
-    opts = dict(tau=0.3, tau_l=0.2, tau_p=0.5, tau_n=0.5, tau_lp=0.5, tau_ln=0.5, n_uncertain=0.2,
-                n_confident=0.3, n_mix=2)
+    opts = dict(
+        tau=0.3, tau_l=0.2, tau_p=0.5, tau_n=0.5, tau_lp=0.5, tau_ln=0.5, n_uncertain=0.2, n_confident=0.3, n_mix=2
+    )
 
     def make(i):
         if task == "multiclass":
@@ -323,8 +357,14 @@ def test_end_to_end_three_rounds_with_state(task, tmp_path):
             assert out.meta[L.META_POOLS] == [9, 15, 6]
             q = np.asarray(out.meta[L.META_Q])
             assert q.shape == (3,) and (q >= 0).all()
-            cons.append(Contribution(ctx.site, {k: v.detach().numpy().copy() for k, v in ctx.model.state_dict().items()},
-                                     30.0, {**out.meta, "annotated": ctx.annotated.tolist()}))
+            cons.append(
+                Contribution(
+                    ctx.site,
+                    {k: v.detach().numpy().copy() for k, v in ctx.model.state_dict().items()},
+                    30.0,
+                    {**out.meta, "annotated": ctx.annotated.tolist()},
+                )
+            )
         # Adam state persists: step count = 3 steps per round x rounds so far (also across the restart)
         adam_steps = trainers[0].optimizer.state_dict()["state"][0]["step"]
         assert int(adam_steps) == 3 * (rnd + 1)
@@ -336,14 +376,16 @@ def test_end_to_end_three_rounds_with_state(task, tmp_path):
 
 # ------------------------------------------------------------------------------------------ simulator
 
+
 @pytest.mark.integration
 @pytest.mark.parametrize("job", ["fedlsm_isic"])  # fedlsm_cxr14: same glue; multi-label rounds in process below
-def test_job_three_rounds_in_the_simulator(job, tmp_path, data_cache):                # and in test_method_zoo.py
+def test_job_three_rounds_in_the_simulator(job, tmp_path, data_cache):  # and in test_method_zoo.py
     """3 rounds of each FedLSM job through `nvflare simulator` on tiny real data: every site contributes every
     round, the AWPA rule aggregates, the Adam state survives as site state, and results.json holds the
     best-on-validation model's test metrics (the paper's layout)."""
-    from conftest import copy_job, real_data, results_of, run_simulator, server_log
     from test_jobs_simulator import TINY
+
+    from conftest import copy_job, real_data, results_of, run_simulator, server_log
 
     kind = "ham10000" if job == "fedlsm_isic" else "cxr14"
     real_data("ham10000" if kind == "ham10000" else "nih_cxr14_1000")
@@ -387,7 +429,8 @@ def test_fresh_sample_order_every_round_not_a_replay():
 
     data = ctx.data
     data.dataset = lambda split, views: (Recording if "strong" in views.values() else _FakeDataset)(
-        data.images, data.labels, data.mask, views)
+        data.images, data.labels, data.mask, views
+    )
     tr = L.FedLSMTrainer(ctx, n_mix=0, n_uncertain=0, n_confident=0)
     orders = []
     for rnd in range(2):
@@ -399,6 +442,7 @@ def test_fresh_sample_order_every_round_not_a_replay():
 
 
 # ------------------------------------------------------------------------------------------ behaviour
+
 
 def test_uncertain_samples_get_pseudo_labels_with_the_lower_thresholds():
     """UDE (Eq. 6): confident samples are labelled with tau_p / tau_n (0.85 / 0.005), uncertain ones with the
@@ -469,7 +513,6 @@ def test_teacher_sees_the_weak_view_student_the_strong_one_and_the_ema_moves(wea
     teachers = []
     real = lsm_trainer.frozen_copy
 
-
     def copy_of(model):
         teachers.append(real(model))
         teachers[-1].seen = []  # the copy's own record starts empty
@@ -508,7 +551,8 @@ def test_estimated_class_counts_in_both_modes(mode):
             return super().__getitem__(i)
 
     data.dataset = lambda split, views: (Recording if "strong" in views.values() else _FakeDataset)(
-        data.images, data.labels, data.mask, views)
+        data.images, data.labels, data.mask, views
+    )
     tr = L.FedLSMTrainer(ctx, tau_p=0.0, tau_n=0.0, n_mix=0, n_uncertain=0, n_confident=0, q_counts=mode)
     q = np.asarray(tr.train_round(0, 1, {}).meta[L.META_Q])
     pos = data.labels[:, 0]
@@ -523,9 +567,13 @@ def test_entry_weighting_counts_every_zero_as_a_negative_and_ude_is_unweighted()
     """class_weighting 'entry' (released code, missing labels stored as 0): w_c = (sum_k n_k - pos_c) / pos_c;
     'positive' uses the annotated negatives. L_UDE carries no class weights by default (ude_weighting)."""
     ctx = _site("y", [True, False, False], n=4, C=3)
-    ctx.summary = {"classes": ["c0", "c1", "c2"], "sites": {
-        "a": {"n_train": 8, "positives": [2, 1, 0], "negatives": [6, 3, 0]},
-        "b": {"n_train": 12, "positives": [0, 1, 4], "negatives": [0, 3, 8]}}}
+    ctx.summary = {
+        "classes": ["c0", "c1", "c2"],
+        "sites": {
+            "a": {"n_train": 8, "positives": [2, 1, 0], "negatives": [6, 3, 0]},
+            "b": {"n_train": 12, "positives": [0, 1, 4], "negatives": [0, 3, 8]},
+        },
+    }
     # annotated counts: class 0: 6 / 2 = 3; class 1: 6 / 2 = 3; class 2: 8 / 4 = 2
     assert L.FedLSMTrainer(ctx).class_weights(None, None).tolist() == [3.0, 3.0, 2.0]
     # every zero of the 20 images: class 0: (20 - 2) / 2 = 9; class 1: (20 - 2) / 2 = 9; class 2: (20 - 4) / 4 = 4
@@ -533,7 +581,7 @@ def test_entry_weighting_counts_every_zero_as_a_negative_and_ude_is_unweighted()
     assert code.class_weights(None, None).tolist() == [9.0, 9.0, 4.0]
     # without a summary: the site's own table, missing entries as zeros: 4 rows, class 0 labels [1, 0, 0, 0]
     ctx.summary = None
-    labels = torch.tensor([[1., 0., 0.], [0., 0., 0.], [0., 0., 0.], [0., 0., 0.]])
+    labels = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
     mask = torch.tensor([[True, False, False]] * 4)
     assert code.class_weights(labels, mask).tolist() == [3.0, 1.0, 1.0]  # 3 / 1; no positive -> 1
     # UDE: logits 0 -> ln 2 per known entry, / 2 rows; class weights [3, 1] would make it (3 + 1) ln2 / 2

@@ -6,11 +6,11 @@ import math
 
 import pytest
 import torch
+from test_fedirm import _site as _site_mc
+from test_fedmlp import _site
 
 from fedpartial.methods import OptionError, get_method
 from fedpartial.methods import fedlsr as L
-from test_fedirm import _site as _site_mc
-from test_fedmlp import _site
 
 
 def _sig(x):
@@ -24,11 +24,12 @@ def _softmax(v):
 
 # ------------------------------------------------------------------------------------------------ L_ce
 
+
 def test_single_label_sharpened_mixed_prediction_and_ce_by_hand():
     z1, z2 = torch.tensor([[1.0, 0.0, -1.0]]), torch.tensor([[0.0, 2.0, 0.0]])
     lam, T = 0.3, 0.5
     p = [lam * a + (1 - lam) * b for a, b in zip(_softmax([1.0, 0.0, -1.0]), _softmax([0.0, 2.0, 0.0]))]
-    ps = [x ** 2 / sum(y ** 2 for y in p) for x in p]  # p^(1/T) normalised
+    ps = [x**2 / sum(y**2 for y in p) for x in p]  # p^(1/T) normalised
     s = L.sharpened_log_probs(z1, z2, lam, T, "multiclass")
     assert s.exp()[0].tolist() == pytest.approx(ps, abs=1e-6)
     labels, mask = torch.tensor([[1.0, 0.0, 0.0]]), torch.ones(1, 3, dtype=torch.bool)
@@ -39,14 +40,16 @@ def test_single_label_sharpened_mixed_prediction_and_ce_by_hand():
     # an unlabelled row (its class is not annotated here) does not enter L_ce
     rows = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
     s2 = torch.cat([s, s])
-    assert L.ce_term(s2, rows, torch.ones(2, 3, dtype=torch.bool), "multiclass").item() == pytest.approx(-math.log(ps[0]), abs=1e-6)
+    assert L.ce_term(s2, rows, torch.ones(2, 3, dtype=torch.bool), "multiclass").item() == pytest.approx(
+        -math.log(ps[0]), abs=1e-6
+    )
 
 
 def test_multi_label_binary_sharpening_and_ce_by_hand():
     z1, z2 = torch.tensor([[1.0, -0.5]]), torch.tensor([[-1.0, 0.5]])
     lam, T = 0.25, 0.5
     p = [lam * _sig(a) + (1 - lam) * _sig(b) for a, b in ((1.0, -1.0), (-0.5, 0.5))]
-    ps = [x ** 2 / (x ** 2 + (1 - x) ** 2) for x in p]
+    ps = [x**2 / (x**2 + (1 - x) ** 2) for x in p]
     s = L.sharpened_log_probs(z1, z2, lam, T, "multilabel")
     assert torch.sigmoid(s)[0].tolist() == pytest.approx(ps, abs=1e-6)
     labels, mask = torch.tensor([[1.0, 0.0]]), torch.tensor([[True, False]])  # class 1 not annotated: stored 0
@@ -54,7 +57,9 @@ def test_multi_label_binary_sharpening_and_ce_by_hand():
     assert L.ce_term(s, labels, mask, "multilabel", "negatives").item() == pytest.approx((e0 + e1) / 2, abs=1e-6)
     assert L.ce_term(s, labels, mask, "multilabel", "partial").item() == pytest.approx(e0, abs=1e-6)
     pw = torch.tensor([4.0, 1.0])  # FedMLP's N / n_c on the positive term
-    assert L.ce_term(s, labels, mask, "multilabel", "negatives", pw).item() == pytest.approx((4 * e0 + e1) / 2, abs=1e-6)
+    assert L.ce_term(s, labels, mask, "multilabel", "negatives", pw).item() == pytest.approx(
+        (4 * e0 + e1) / 2, abs=1e-6
+    )
     # FedMLP's code: BCE-with-logits applied to the probability p_s
     c0, c1 = -math.log(_sig(ps[0])), -math.log(1 - _sig(ps[1]))
     assert L.ce_term(s, labels, mask, "multilabel", parity="code").item() == pytest.approx((c0 + c1) / 2, abs=1e-6)
@@ -68,11 +73,13 @@ def test_inverse_frequency_weights_by_hand():
 
 # ------------------------------------------------------------------------------------------------ L_sd, L_e
 
+
 def test_js_divergence_by_hand():
     q1, q2 = torch.tensor([[0.7, 0.3]]), torch.tensor([[0.4, 0.6]])
     m = [0.55, 0.45]
     js = 0.5 * sum(a * math.log(a / c) for a, c in zip([0.7, 0.3], m)) + 0.5 * sum(
-        b * math.log(b / c) for b, c in zip([0.4, 0.6], m))
+        b * math.log(b / c) for b, c in zip([0.4, 0.6], m)
+    )
     assert L.js_term(q1, q2, "multiclass").item() == pytest.approx(js, abs=1e-6)
     assert L.js_term(q1, q2, "multiclass", parity="code").item() == pytest.approx(js / 2, abs=1e-6)  # mean over C
     assert L.js_term(q1, q1, "multiclass").item() == pytest.approx(0.0, abs=1e-7)
@@ -94,11 +101,14 @@ def test_distill_probs_and_entropy_by_hand():
     # the notebook: entropy of softmax(q1), view 1 twice
     sq = _softmax(q[0].tolist())
     assert L.entropy_term(q, q2, "multiclass", parity="code").item() == pytest.approx(
-        -sum(x * math.log(x) for x in sq), abs=1e-6)
+        -sum(x * math.log(x) for x in sq), abs=1e-6
+    )
     qb = L.distill_probs(torch.tensor([[0.3]]), 1 / 3, "multilabel")
     assert qb.item() == pytest.approx(_sig(0.9), abs=1e-6)
     hb = -(_sig(0.9) * math.log(_sig(0.9)) + (1 - _sig(0.9)) * math.log(1 - _sig(0.9)))
-    assert L.entropy_term(qb, torch.tensor([[0.5]]), "multilabel").item() == pytest.approx((hb + math.log(2)) / 2, abs=1e-6)
+    assert L.entropy_term(qb, torch.tensor([[0.5]]), "multilabel").item() == pytest.approx(
+        (hb + math.log(2)) / 2, abs=1e-6
+    )
 
 
 def test_sd_weight_ramp_and_total_loss_by_hand():
@@ -119,6 +129,7 @@ def test_sd_weight_ramp_and_total_loss_by_hand():
 
 
 # ------------------------------------------------------------------------------------------------ the site
+
 
 def test_one_round_on_two_different_views_of_the_same_images():
     ctx = _site("s", [True, False, True], n=16)

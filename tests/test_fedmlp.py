@@ -19,6 +19,7 @@ LN2 = math.log(2.0)
 
 # ------------------------------------------------------------------------------------------------ Eq. 3
 
+
 def test_logit_adjust_matches_eq3():
     # logits l = [0, ln 3]  ->  y = sigmoid(l) = [0.5, 0.75]
     # pi1 = [0.25, 0.5], pi0 = [0.75, 0.5]
@@ -43,25 +44,30 @@ def test_class_rates_and_summary_rates():
     # class 0: labelled entries [1, 0, 0, 1] -> pi1 = 2/4 = 0.5
     # class 1: labelled entries [1, 0, 0, -] -> pi1 = 1/3
     # class 2: nothing labelled -> 0.5 (no adjustment)
-    labels = torch.tensor([[1., 1., 0.], [0., 0., 0.], [0., 0., 0.], [1., 1., 0.]])
+    labels = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [1.0, 1.0, 0.0]])
     mask = torch.tensor([[1, 1, 0], [1, 1, 0], [1, 1, 0], [1, 0, 0]], dtype=torch.bool)
     pi1, pi0 = M.class_rates(labels, mask)
     assert torch.allclose(pi1, torch.tensor([0.5, 1 / 3, 0.5]), atol=1e-6)
     assert torch.allclose(pi0, 1 - pi1)
     # global: class 0: (3 + 1) / (3 + 1 + 5 + 7) = 4/16 = 0.25; class 1: 2 / (2 + 6) = 0.25; class 2: none -> 0.5
-    summary = {"classes": ["a", "b", "c"], "sites": {
-        "s1": {"n_train": 8, "annotated": [True, True, False], "positives": [3, 2, 0], "negatives": [5, 6, 0]},
-        "s2": {"n_train": 8, "annotated": [True, False, False], "positives": [1, 0, 0], "negatives": [7, 0, 0]}}}
+    summary = {
+        "classes": ["a", "b", "c"],
+        "sites": {
+            "s1": {"n_train": 8, "annotated": [True, True, False], "positives": [3, 2, 0], "negatives": [5, 6, 0]},
+            "s2": {"n_train": 8, "annotated": [True, False, False], "positives": [1, 0, 0], "negatives": [7, 0, 0]},
+        },
+    }
     g1, _ = M.summary_rates(summary, 3)
     assert torch.allclose(g1, torch.tensor([0.25, 0.25, 0.5]), atol=1e-6)
 
 
 # ------------------------------------------------------------------------------------------------ Eq. 4
 
+
 def test_wpc_loss_hand_values():
     # C = 2, B = 2, logits 0 -> p = 0.5, BCE = ln 2 per entry.
     logits = torch.zeros(2, 2)
-    labels = torch.tensor([[1., 0.], [0., 1.]])
+    labels = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     mask = torch.tensor([[True, False], [True, True]])
     # no adjustment: sample 1: ln2 / C = ln2/2; sample 2: 2 ln2 / 2 = ln2 -> mean = 0.75 ln 2
     assert M.wpc_loss(logits, labels, mask).item() == pytest.approx(0.75 * LN2, abs=1e-6)
@@ -92,35 +98,39 @@ def test_consistency_loss_only_on_mask():
 
 # ------------------------------------------------------------------------------------------------ Eq. 5
 
+
 def test_class_prototypes_hand_values():
     # f0 = [1,0], f1 = [3,0], f2 = [0,2], f3 = [0,4]
-    feats = torch.tensor([[1., 0.], [3., 0.], [0., 2.], [0., 4.]])
-    labels = torch.tensor([[1., 0., 0.], [1., 1., 0.], [0., 1., 0.], [0., 0., 0.]])
+    feats = torch.tensor([[1.0, 0.0], [3.0, 0.0], [0.0, 2.0], [0.0, 4.0]])
+    labels = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
     # class 1: entry of f3 not annotated; class 2: missing at this site (no entry)
     mask = torch.tensor([[1, 1, 0], [1, 1, 0], [1, 1, 0], [1, 0, 0]], dtype=torch.bool)
     p0, p1, counts = M.class_prototypes(feats, labels, mask)
     # class 0: P1 = mean(f0, f1) = [2, 0]; P0 = mean(f2, f3) = [0, 3]
     # class 1: P1 = mean(f1, f2) = [1.5, 1]; P0 = f0 = [1, 0] (f3 unannotated)
     # class 2: no sample -> zero rows, counts 0
-    assert torch.allclose(p1, torch.tensor([[2., 0.], [1.5, 1.], [0., 0.]]))
-    assert torch.allclose(p0, torch.tensor([[0., 3.], [1., 0.], [0., 0.]]))
+    assert torch.allclose(p1, torch.tensor([[2.0, 0.0], [1.5, 1.0], [0.0, 0.0]]))
+    assert torch.allclose(p0, torch.tensor([[0.0, 3.0], [1.0, 0.0], [0.0, 0.0]]))
     assert counts.tolist() == [[2, 2], [1, 2], [0, 0]]
 
 
 # ------------------------------------------------------------------------------------------------ Eq. 6
 
+
 def _three_sites():
     # site A annotates {0, 1}; B annotates {0} (its class-1 rows are garbage and must be ignored);
     # C annotates {1} (its class-0 rows are garbage) and has no positive of class 1 (count 0).
-    p0 = torch.tensor([[[0., 0.], [2., 2.]],       # A
-                       [[2., 0.], [100., 100.]],   # B
-                       [[50., 50.], [4., 0.]]])    # C
-    p1 = torch.tensor([[[4., 0.], [0., 4.]],
-                       [[0., 2.], [100., 100.]],
-                       [[50., 50.], [9., 9.]]])
+    p0 = torch.tensor(
+        [
+            [[0.0, 0.0], [2.0, 2.0]],  # A
+            [[2.0, 0.0], [100.0, 100.0]],  # B
+            [[50.0, 50.0], [4.0, 0.0]],
+        ]
+    )  # C
+    p1 = torch.tensor([[[4.0, 0.0], [0.0, 4.0]], [[0.0, 2.0], [100.0, 100.0]], [[50.0, 50.0], [9.0, 9.0]]])
     counts = torch.tensor([[[5, 5], [5, 5]], [[5, 5], [7, 7]], [[3, 3], [6, 0]]])
     annotated = torch.tensor([[True, True], [True, False], [False, True]])
-    n = torch.tensor([100., 300., 600.])
+    n = torch.tensor([100.0, 300.0, 600.0])
     return p0, p1, counts, annotated, n
 
 
@@ -129,15 +139,15 @@ def test_aggregate_prototypes_over_annotating_sites():
     g0, g1, valid = M.aggregate_prototypes(p0, p1, counts, annotated)
     # uniform (Eq. 6): class 0 over {A, B}: P0 = ([0,0] + [2,0]) / 2 = [1, 0]; P1 = ([4,0] + [0,2]) / 2 = [2, 1]
     #                  class 1 over {A, C}: P0 = ([2,2] + [4,0]) / 2 = [3, 1]; P1 = A only (C has count 0) = [0, 4]
-    assert torch.allclose(g0, torch.tensor([[1., 0.], [3., 1.]]))
-    assert torch.allclose(g1, torch.tensor([[2., 1.], [0., 4.]]))
+    assert torch.allclose(g0, torch.tensor([[1.0, 0.0], [3.0, 1.0]]))
+    assert torch.allclose(g1, torch.tensor([[2.0, 1.0], [0.0, 4.0]]))
     assert valid.all()
     # n_k weights (released code): class 0: P0 = (100*[0,0] + 300*[2,0]) / 400 = [1.5, 0]
     #                                       P1 = (100*[4,0] + 300*[0,2]) / 400 = [1, 1.5]
     #                              class 1: P0 = (100*[2,2] + 600*[4,0]) / 700 = [26/7, 2/7]; P1 = [0, 4]
     g0, g1, _ = M.aggregate_prototypes(p0, p1, counts, annotated, n)
-    assert torch.allclose(g0, torch.tensor([[1.5, 0.], [26 / 7, 2 / 7]]), atol=1e-6)
-    assert torch.allclose(g1, torch.tensor([[1., 1.5], [0., 4.]]), atol=1e-6)
+    assert torch.allclose(g0, torch.tensor([[1.5, 0.0], [26 / 7, 2 / 7]]), atol=1e-6)
+    assert torch.allclose(g1, torch.tensor([[1.0, 1.5], [0.0, 4.0]]), atol=1e-6)
     # a class nobody annotates: zero rows, not valid
     g0, g1, valid = M.aggregate_prototypes(p0, p1, counts, torch.tensor([[True, False]] * 3))
     assert valid.tolist() == [[True, True], [False, False]] and torch.equal(g0[1], torch.zeros(2))
@@ -145,19 +155,21 @@ def test_aggregate_prototypes_over_annotating_sites():
 
 # ------------------------------------------------------------------------------------------------ Eq. 7
 
+
 def test_prototype_scores_hand_values():
-    feats = torch.tensor([[1., 0.], [1., 1.], [0., 2.], [3., 4.]])
+    feats = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 2.0], [3.0, 4.0]])
     # class 0: P0 = [1,0], P1 = [0,1]
     #   f=[1,0]: 1 - 0 = 1; f=[1,1]: 1/sqrt2 - 1/sqrt2 = 0; f=[0,2]: 0 - 1 = -1; f=[3,4]: 3/5 - 4/5 = -0.2
     # class 1: P0 = [0,5], P1 = [5,0] (cosine ignores the scale): the negatives of class 0's scores
-    p0 = torch.tensor([[1., 0.], [0., 5.]])
-    p1 = torch.tensor([[0., 1.], [5., 0.]])
+    p0 = torch.tensor([[1.0, 0.0], [0.0, 5.0]])
+    p1 = torch.tensor([[0.0, 1.0], [5.0, 0.0]])
     z = M.prototype_scores(feats, p0, p1)
-    expected = torch.tensor([[1., -1.], [0., 0.], [-1., 1.], [-0.2, 0.2]])
+    expected = torch.tensor([[1.0, -1.0], [0.0, 0.0], [-1.0, 1.0], [-0.2, 0.2]])
     assert torch.allclose(z, expected, atol=1e-6)
 
 
 # ------------------------------------------------------------------------------------------------ Eq. 8-9
+
 
 def test_select_pseudo_labels_residual_pool_and_accumulation():
     # Reading of Eq. 8-9 + "In later rounds, Z only includes residual samples": every round the shares tau0 /
@@ -194,7 +206,14 @@ def test_select_pseudo_labels_floor_and_per_class_shares():
     # class 1: 3 negative candidates {2,3,4}, share 0.5 -> floor(1.5) = 1 -> index 2;
     #          3 positive candidates {0,1,5}, share 1.0 -> all three
     neg, pos = M.select_pseudo_labels(z, none, torch.tensor([0.2, 0.5]), torch.tensor([0.5, 1.0]))
-    assert neg.tolist() == [[True, False], [False, False], [False, True], [False, False], [False, False], [False, False]]
+    assert neg.tolist() == [
+        [True, False],
+        [False, False],
+        [False, True],
+        [False, False],
+        [False, False],
+        [False, False],
+    ]
     assert pos.tolist() == [[False, True], [False, True], [False, False], [False, False], [False, False], [False, True]]
     tags = torch.full((6, 2), -1, dtype=torch.int8)
     tags[0, 1] = 0
@@ -203,6 +222,7 @@ def test_select_pseudo_labels_floor_and_per_class_shares():
 
 
 # ------------------------------------------------------------------------------------------------ Eq. 10
+
 
 def test_learning_degree_hand_values():
     # L = 0.3, R = 0.7 (strict): col 0 [0.1 y, 0.3 n, 0.5 n, 0.7 n, 0.9 y] -> 2/5 = 0.4
@@ -215,7 +235,7 @@ def test_aggregate_learning_degree_over_missing_sites_with_fallback():
     # missing: A misses {0}, B misses {0, 1}, C misses nothing (its degrees must not count); class 2 missed nowhere
     degrees = torch.tensor([[0.2, 0.9, 0.3], [0.6, 0.4, 0.3], [0.99, 0.99, 0.99]])
     missing = torch.tensor([[True, False, False], [True, True, False], [False, False, False]])
-    n = torch.tensor([100., 300., 1000.])
+    n = torch.tensor([100.0, 300.0, 1000.0])
     d = M.aggregate_learning_degree(degrees, n, missing)
     # class 0: (100*0.2 + 300*0.6) / 400 = 200/400 = 0.5; class 1: B only = 0.4; class 2: fallback 1
     assert torch.allclose(d, torch.tensor([0.5, 0.4, 1.0], dtype=torch.float64))
@@ -233,9 +253,15 @@ def test_selection_ratios_self_adaptive_and_fixed():
 
 # ------------------------------------------------------------------------------------------------ server rule
 
+
 def _contribution(site, w, n, annotated, p0, p1, counts, degree):
-    meta = {"annotated": list(annotated), M.META_P0: np.asarray(p0, np.float32), M.META_P1: np.asarray(p1, np.float32),
-            M.META_COUNTS: np.asarray(counts, np.int64), M.META_DEGREE: np.asarray(degree, np.float64)}
+    meta = {
+        "annotated": list(annotated),
+        M.META_P0: np.asarray(p0, np.float32),
+        M.META_P1: np.asarray(p1, np.float32),
+        M.META_COUNTS: np.asarray(counts, np.int64),
+        M.META_DEGREE: np.asarray(degree, np.float64),
+    }
     return Contribution(site=site, weights={"w": np.asarray(w, np.float32)}, n=n, meta=meta)
 
 
@@ -243,27 +269,40 @@ def test_rule_prototypes_degree_and_previous_kept():
     p0, p1, counts, annotated, n = _three_sites()
     # degrees: A misses nothing (its values 0.0 must not count); B misses class 1 (0.4); C misses class 0 (0.7)
     deg = [[0.0, 0.0], [0.9, 0.4], [0.7, 0.9]]
-    cons = [_contribution(s, [i + 1.0], float(n[i]), annotated[i].tolist(), p0[i], p1[i], counts[i], deg[i])
-            for i, s in enumerate("ABC")]
+    cons = [
+        _contribution(s, [i + 1.0], float(n[i]), annotated[i].tolist(), p0[i], p1[i], counts[i], deg[i])
+        for i, s in enumerate("ABC")
+    ]
     rule = M.FedMLPRule()
     weights, meta = rule.aggregate(None, cons, {}, 0)
     # FedAvg: (100*1 + 300*2 + 600*3) / 1000 = 2.5
     assert weights["w"][0] == pytest.approx(2.5)
-    assert np.allclose(meta[M.META_GLOBAL_P0], [[1., 0.], [3., 1.]])
-    assert np.allclose(meta[M.META_GLOBAL_P1], [[2., 1.], [0., 4.]])
+    assert np.allclose(meta[M.META_GLOBAL_P0], [[1.0, 0.0], [3.0, 1.0]])
+    assert np.allclose(meta[M.META_GLOBAL_P1], [[2.0, 1.0], [0.0, 4.0]])
     assert meta[M.META_GLOBAL_VALID] == [[True, True], [True, True]]
     # d_0^G = C only (0.7); d_1^G = B only (0.4)
     assert meta[M.META_GLOBAL_DEGREE] == pytest.approx([0.7, 0.4])
     # round 1: only B contributes (annotates class 0 only, new class-0 prototypes, misses class 1 with 0.2)
-    b = _contribution("B", [5.0], 300.0, [True, False], [[6., 0.], [0., 0.]], [[0., 6.], [0., 0.]],
-                      [[4, 4], [0, 0]], [0.3, 0.2])
+    b = _contribution(
+        "B",
+        [5.0],
+        300.0,
+        [True, False],
+        [[6.0, 0.0], [0.0, 0.0]],
+        [[0.0, 6.0], [0.0, 0.0]],
+        [[4, 4], [0, 0]],
+        [0.3, 0.2],
+    )
     _, meta = rule.aggregate(None, [b], {}, 1)
-    assert np.allclose(meta[M.META_GLOBAL_P0], [[6., 0.], [3., 1.]])  # class 1 kept from round 0
-    assert np.allclose(meta[M.META_GLOBAL_P1], [[0., 6.], [0., 4.]])
+    assert np.allclose(meta[M.META_GLOBAL_P0], [[6.0, 0.0], [3.0, 1.0]])  # class 1 kept from round 0
+    assert np.allclose(meta[M.META_GLOBAL_P1], [[0.0, 6.0], [0.0, 4.0]])
     # class 0 is missed by no contributor this round: previous 0.7 kept; class 1: B's 0.2
     assert meta[M.META_GLOBAL_DEGREE] == pytest.approx([0.7, 0.2])
     # before any prototype was sent (warm-up), the rule sends no meta
-    assert M.FedMLPRule().aggregate(None, [Contribution("A", {"w": np.ones(1)}, 1.0, {"annotated": [True]})], {}, 0)[1] == {}
+    assert (
+        M.FedMLPRule().aggregate(None, [Contribution("A", {"w": np.ones(1)}, 1.0, {"annotated": [True]})], {}, 0)[1]
+        == {}
+    )
 
 
 def test_rule_meta_serialisable_by_nvflare():
@@ -272,8 +311,10 @@ def test_rule_meta_serialisable_by_nvflare():
 
     common_decomposers.register()
     p0, p1, counts, annotated, n = _three_sites()
-    cons = [_contribution(s, [1.0], float(n[i]), annotated[i].tolist(), p0[i], p1[i], counts[i], [0.5, 0.5])
-            for i, s in enumerate("ABC")]
+    cons = [
+        _contribution(s, [1.0], float(n[i]), annotated[i].tolist(), p0[i], p1[i], counts[i], [0.5, 0.5])
+        for i, s in enumerate("ABC")
+    ]
     _, meta = M.FedMLPRule().aggregate(None, cons, {}, 0)
     back = fobs.loads(fobs.dumps(meta))
     assert np.allclose(back[M.META_GLOBAL_P0], meta[M.META_GLOBAL_P0])
@@ -281,6 +322,7 @@ def test_rule_meta_serialisable_by_nvflare():
 
 
 # ------------------------------------------------------------------------------------------------ fake site
+
 
 class _FakeDataset(torch.utils.data.Dataset):
     def __init__(self, images, labels, mask, views):
@@ -309,8 +351,9 @@ class _FakeData:
 
     def train_loader(self, views, batch_size, shuffle=True, seed=0, drop_last=False, **_):
         g = torch.Generator().manual_seed(int(seed))
-        return torch.utils.data.DataLoader(self.dataset("train", views), batch_size=batch_size, shuffle=shuffle,
-                                           generator=g, drop_last=drop_last)
+        return torch.utils.data.DataLoader(
+            self.dataset("train", views), batch_size=batch_size, shuffle=shuffle, generator=g, drop_last=drop_last
+        )
 
     def fetcher(self, views, seed, batched=False, device="cpu", on_device="off"):
         ds = self.dataset("train", views)
@@ -322,14 +365,23 @@ def _site(name, annotated, n=24, C=3, seed=0, tmp: Path | None = None, model=Non
     labels = (torch.rand(n, C, generator=g) < 0.5).float()
     images = torch.randn(n, 3, 16, 16, generator=g) * 0.3
     for c in range(min(C, 3)):  # some class signal: class c brightens channel c
-        images[:, c] += labels[:, c:c + 1, None]
+        images[:, c] += labels[:, c : c + 1, None]
     annotated = np.asarray(annotated, bool)
     mask = torch.as_tensor(annotated)[None, :].expand(n, C).clone()
     labels = labels * mask  # missing entries stored as 0
     model = model or PartialLabelNet("small_cnn", C, 3, width=4)
-    return SiteContext(site=name, task="multilabel", classes=[f"c{i}" for i in range(C)], annotated=annotated,
-                       model=model, data=_FakeData(images, labels, mask), device=torch.device("cpu"),
-                       state_dir=tmp or Path("."), train={"lr": 1e-3, "batch_size": 8, "local_epochs": 1}, seed=seed)
+    return SiteContext(
+        site=name,
+        task="multilabel",
+        classes=[f"c{i}" for i in range(C)],
+        annotated=annotated,
+        model=model,
+        data=_FakeData(images, labels, mask),
+        device=torch.device("cpu"),
+        state_dir=tmp or Path("."),
+        train={"lr": 1e-3, "batch_size": 8, "local_epochs": 1},
+        seed=seed,
+    )
 
 
 def _tiny_ctx(annotated=(True, False)):
@@ -338,21 +390,24 @@ def _tiny_ctx(annotated=(True, False)):
 
 # ------------------------------------------------------------------------------------------------ parity switch
 
+
 def test_parity_switch_loss_cr_and_threshold():
     logits = torch.zeros(2, 2)
-    labels = torch.tensor([[1., 0.], [0., 1.]])
+    labels = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     lab = torch.tensor([[True, False], [True, True]])
     pi1 = torch.tensor([0.25, 0.5])
     paper = M.FedMLPTrainer(_tiny_ctx())  # the default balance: Eq. 4
     code = M.FedMLPTrainer(_tiny_ctx(), parity="code")
     # paper: WPC + Eq. 3 = ln(32/3)/4 (see test_wpc_loss_hand_values)
-    assert paper.supervised_loss(logits, labels, lab, pi1, 1 - pi1).item() == pytest.approx(math.log(32 / 3) / 4, abs=1e-6)
+    assert paper.supervised_loss(logits, labels, lab, pi1, 1 - pi1).item() == pytest.approx(
+        math.log(32 / 3) / 4, abs=1e-6
+    )
     # code: plain BCE averaged over the 3 labelled entries, no adjustment: 3 ln2 / 3 = ln 2
     assert code.supervised_loss(logits, labels, lab, pi1, 1 - pi1).item() == pytest.approx(LN2, abs=1e-6)
     # wpc off (Table 3 FedAvg term): Eq. 1 over all 4 entries, missing as 0: logits 0 -> ln 2 each -> ln 2;
     # with logits [[0, 2], ...] the unlabelled (0,1) entry counts as a negative: softplus(2) enters the mean
     nowpc = M.FedMLPTrainer(_tiny_ctx(), wpc=False)
-    lg = torch.tensor([[0., 2.], [0., 0.]])
+    lg = torch.tensor([[0.0, 2.0], [0.0, 0.0]])
     expected = (3 * LN2 + math.log1p(math.exp(2.0))) / 4
     assert nowpc.supervised_loss(lg, labels, lab, pi1, 1 - pi1).item() == pytest.approx(expected, abs=1e-6)
     # wpc off is honoured under parity code too (it was ignored there): the same Eq. 1 value
@@ -361,7 +416,8 @@ def test_parity_switch_loss_cr_and_threshold():
     # the released code's balance: the same terms as Eq. 4 averaged over the 3 labelled entries, not / C per sample
     per_term = M.FedMLPTrainer(_tiny_ctx(), loss_balance="per_term")
     assert per_term.supervised_loss(logits, labels, lab, pi1, 1 - pi1).item() == pytest.approx(
-        math.log(32 / 3) / 3, abs=1e-6)
+        math.log(32 / 3) / 3, abs=1e-6
+    )
     # consistency: the paper only in stage 2 (Sec. 2.2: stage 1 is L_WPC alone), the code only in the warm-up;
     # cr_warmup=True / False overrides the stage-1 choice
     assert not paper.use_cr(False) and paper.use_cr(True)
@@ -390,9 +446,13 @@ def test_registered_and_multilabel_only():
 
 def test_global_rates_from_summary():
     ctx = _tiny_ctx()
-    ctx.summary = {"classes": ["c0", "c1"], "sites": {
-        "a": {"n_train": 4, "annotated": [True, False], "positives": [1, 0], "negatives": [3, 0]},
-        "b": {"n_train": 4, "annotated": [False, True], "positives": [0, 3], "negatives": [0, 1]}}}
+    ctx.summary = {
+        "classes": ["c0", "c1"],
+        "sites": {
+            "a": {"n_train": 4, "annotated": [True, False], "positives": [1, 0], "negatives": [3, 0]},
+            "b": {"n_train": 4, "annotated": [False, True], "positives": [0, 3], "negatives": [0, 1]},
+        },
+    }
     t = M.FedMLPTrainer(ctx, global_rates=True)
     pi1, _ = t.rates(torch.zeros(4, 2), torch.zeros(4, 2, dtype=torch.bool))
     # class 0: 1/4; class 1: 3/4
@@ -401,11 +461,14 @@ def test_global_rates_from_summary():
 
 # ------------------------------------------------------------------------------------------------ end to end
 
+
 def test_end_to_end_three_rounds(tmp_path):
     torch.manual_seed(0)
     opts = dict(warmup_rounds=1, T0=0.5, T1=0.5, L=0.5, R=0.5)  # L = R = 0.5: d ~ 1, so tau ~ 0.5 on 24 samples
-    ctxs = [_site("site-1", [True, True, False], seed=1, tmp=tmp_path),
-            _site("site-2", [False, True, True], seed=2, tmp=tmp_path)]
+    ctxs = [
+        _site("site-1", [True, True, False], seed=1, tmp=tmp_path),
+        _site("site-2", [False, True, True], seed=2, tmp=tmp_path),
+    ]
     trainers = [M.FedMLPTrainer(c, **opts) for c in ctxs]
     rule = M.FedMLPRule()
     global_w = {k: v.detach().clone() for k, v in ctxs[0].model.state_dict().items()}
@@ -424,8 +487,14 @@ def test_end_to_end_three_rounds(tmp_path):
             ctx.model.load_state_dict(global_w)
             out = tr.train_round(rnd, 3, meta)
             assert out.steps == 3 and math.isfinite(out.loss)
-            cons.append(Contribution(ctx.site, {k: v.detach().numpy().copy() for k, v in ctx.model.state_dict().items()},
-                                     24.0, {**out.meta, "annotated": ctx.annotated.tolist()}))
+            cons.append(
+                Contribution(
+                    ctx.site,
+                    {k: v.detach().numpy().copy() for k, v in ctx.model.state_dict().items()},
+                    24.0,
+                    {**out.meta, "annotated": ctx.annotated.tolist()},
+                )
+            )
             if rnd == 0:  # end of the warm-up: prototypes and degrees in the meta
                 assert out.meta[M.META_P0].shape == (3, 32) and out.meta[M.META_P1].shape == (3, 32)
                 assert out.meta[M.META_COUNTS].shape == (3, 2) and out.meta[M.META_DEGREE].shape == (3,)
@@ -471,6 +540,7 @@ def test_training_loader_drops_a_trailing_single_image_batch():
 
 # ------------------------------------------------------------------------------------------------ behaviour
 
+
 def _tags_from(state: dict, ctx, p0, p1, degree, T0, T1, tags=None, adaptive=True) -> torch.Tensor:
     """The tags Eq. 7-9 give with the features of the model whose weights are ``state`` (eval view = the cached
     image of the fake site), computed outside the trainer from the tested pure functions: ``(N, C)`` int8."""
@@ -489,8 +559,12 @@ def _tags_from(state: dict, ctx, p0, p1, degree, T0, T1, tags=None, adaptive=Tru
 
 def _global_meta(p0, p1, degree):
     C = p0.shape[0]
-    return {M.META_GLOBAL_P0: p0.numpy(), M.META_GLOBAL_P1: p1.numpy(), M.META_GLOBAL_VALID: [[True, True]] * C,
-            M.META_GLOBAL_DEGREE: list(degree)}
+    return {
+        M.META_GLOBAL_P0: p0.numpy(),
+        M.META_GLOBAL_P1: p1.numpy(),
+        M.META_GLOBAL_VALID: [[True, True]] * C,
+        M.META_GLOBAL_DEGREE: list(degree),
+    }
 
 
 def test_stage2_tags_use_the_received_global_models_features():
@@ -527,8 +601,11 @@ def test_consistency_target_is_the_frozen_received_model_on_untagged_missing_ent
     received = frozen_copy(ctx.model)
     calls, batches = [], []
     real = mlp_trainer.consistency_loss
-    monkeypatch.setattr(mlp_trainer, "consistency_loss",
-                        lambda pl, pg, m: calls.append((pg.detach().clone(), m.clone())) or real(pl, pg, m))
+    monkeypatch.setattr(
+        mlp_trainer,
+        "consistency_loss",
+        lambda pl, pg, m: calls.append((pg.detach().clone(), m.clone())) or real(pl, pg, m),
+    )
     orig = tr.batches
 
     def recording(views, rnd):
@@ -578,15 +655,23 @@ def test_learning_degree_scales_the_selection_end_to_end():
                 assert out.meta["fedmlp_tau0"] == pytest.approx([0.9 * v * m for v, m in zip(d, ~ctx.annotated)])
                 totals[0] += int((fixed >= 0).sum())
                 totals[1] += int((expected >= 0).sum())
-            cons.append(Contribution(ctx.site, {k: v.detach().numpy().copy() for k, v in ctx.model.state_dict().items()},
-                                     24.0, {**out.meta, "annotated": ctx.annotated.tolist()}))
+            cons.append(
+                Contribution(
+                    ctx.site,
+                    {k: v.detach().numpy().copy() for k, v in ctx.model.state_dict().items()},
+                    24.0,
+                    {**out.meta, "annotated": ctx.annotated.tolist()},
+                )
+            )
         weights, meta = rule.aggregate(None, cons, {}, rnd)
         global_w = {k: torch.as_tensor(v) for k, v in weights.items()}
         if rnd == 0:
             d = np.asarray(meta[M.META_GLOBAL_DEGREE])
             # every class is missing at one site: d_c^G is that site's d_c^k (here [1, 1, 0.29]: one class below 1)
             assert ((d > 0.05) & (d < 0.95)).any(), d
-            assert d[0] == pytest.approx(cons[1].meta[M.META_DEGREE][0]) and d[1] == pytest.approx(cons[0].meta[M.META_DEGREE][1])
+            assert d[0] == pytest.approx(cons[1].meta[M.META_DEGREE][0]) and d[1] == pytest.approx(
+                cons[0].meta[M.META_DEGREE][1]
+            )
     assert totals[0] > totals[1] > 0  # tau = T would have tagged more
 
 
@@ -605,9 +690,13 @@ def test_missing_class_rates_follow_prevalence_not_the_tag_ratio():
     pi1, pi0 = tr.rates(labels, mask)
     assert torch.allclose(pi1, torch.tensor([0.3, 1 / 12]), atol=1e-6) and torch.allclose(pi0, 1 - pi1)
     # with the summary: class 1 = 6 positives / (6 + 24) annotated entries elsewhere = 0.2; class 0 stays local
-    ctx.summary = {"classes": ["c0", "c1"], "sites": {
-        "x": {"n_train": 10, "annotated": [True, False], "positives": [3, 0], "negatives": [7, 0]},
-        "y": {"n_train": 30, "annotated": [False, True], "positives": [0, 6], "negatives": [0, 24]}}}
+    ctx.summary = {
+        "classes": ["c0", "c1"],
+        "sites": {
+            "x": {"n_train": 10, "annotated": [True, False], "positives": [3, 0], "negatives": [7, 0]},
+            "y": {"n_train": 30, "annotated": [False, True], "positives": [0, 6], "negatives": [0, 24]},
+        },
+    }
     pi1, _ = tr.rates(labels, mask)
     assert torch.allclose(pi1, torch.tensor([0.3, 0.2]), atol=1e-6)
     # the earlier reading (missing_rates: tags): 0 positives of 4 tags -> clamped to 1e-4
@@ -626,10 +715,10 @@ def test_aggregator_fallback_keeps_fedmlp_prototypes_and_tagging_goes_on():
     from nvflare.apis.dxo import DXO, DataKind, from_shareable
     from nvflare.apis.fl_constant import ReservedKey
     from nvflare.apis.fl_context import FLContext
+    from test_framework import _ctx
 
     from fedpartial.fl.aggregator import PartialLabelAggregator
     from fedpartial.fl.keys import META_GROUPS, META_N_TRAIN, META_WEIGHT
-    from test_framework import _ctx
 
     g = torch.Generator().manual_seed(0)
     annotated = {"site-1": [True, False, False], "site-2": [False, True, True]}
@@ -640,9 +729,16 @@ def test_aggregator_fallback_keeps_fedmlp_prototypes_and_tagging_goes_on():
         peer.set_prop(ReservedKey.IDENTITY_NAME, site, private=True, sticky=False)
         fl_ctx.set_peer_context(peer)
         counts = np.asarray([[5, 5] if a else [0, 0] for a in annotated[site]], np.int64)
-        meta = {META_N_TRAIN: 24, META_WEIGHT: weight, META_GROUPS: {"classifier": []}, "annotated": annotated[site],
-                M.META_P0: torch.randn(3, 32, generator=g).numpy(), M.META_P1: torch.randn(3, 32, generator=g).numpy(),
-                M.META_COUNTS: counts, M.META_DEGREE: np.full(3, 0.5)}
+        meta = {
+            META_N_TRAIN: 24,
+            META_WEIGHT: weight,
+            META_GROUPS: {"classifier": []},
+            "annotated": annotated[site],
+            M.META_P0: torch.randn(3, 32, generator=g).numpy(),
+            M.META_P1: torch.randn(3, 32, generator=g).numpy(),
+            M.META_COUNTS: counts,
+            M.META_DEGREE: np.full(3, 0.5),
+        }
         assert agg.accept(DXO(DataKind.WEIGHTS, {"w": np.ones(1, np.float32)}, meta).to_shareable(), fl_ctx)
 
     fl_ctx = _ctx({"w": np.zeros(1, np.float32)}, 5)
@@ -660,8 +756,7 @@ def test_aggregator_fallback_keeps_fedmlp_prototypes_and_tagging_goes_on():
             assert np.array_equal(np.asarray(meta[key]), np.asarray(first[key])), key
     # a site in stage 2 receiving the fallback meta tags as usual
     tr = M.FedMLPTrainer(_site("site-1", annotated["site-1"], seed=1), warmup_rounds=0, T0=0.5, T1=0.5)
-    assert \
-        tr.train_round(7, 8, empty).meta["fedmlp_new_pseudo"] > 0
+    assert tr.train_round(7, 8, empty).meta["fedmlp_new_pseudo"] > 0
 
 
 def test_tag_audit_counts_and_precisions_by_hand():
@@ -678,7 +773,9 @@ def test_tag_audit_counts_and_precisions_by_hand():
     rows = summarise(c, ["a", "b", "c"])
     assert [r["class"] for r in rows] == ["b", "c"]  # no missing entry of class a
     b, cc = rows
-    assert b["prevalence"] == 0.25 and b["pos_precision"] == 0.0 and b["neg_precision"] == 0.5 and b["pos_recall"] == 0.0
+    assert (
+        b["prevalence"] == 0.25 and b["pos_precision"] == 0.0 and b["neg_precision"] == 0.5 and b["pos_recall"] == 0.0
+    )
     assert cc["prevalence"] == 0.75 and cc["pos_precision"] == 1.0 and cc["neg_precision"] == 1.0
     assert cc["pos_recall"] == 2 / 3
     with pytest.raises(ValueError, match="shape"):
@@ -709,7 +806,7 @@ def test_selection_counts_carry_the_fraction_so_small_sites_still_tag():
 def test_schedule_share_matches_the_paper_schedule_total():
     """T' = 1 - (1 - T)^(S / S'): tagging T' for S' rounds leaves the same untagged share as T for S rounds."""
     t = M.schedule_share(0.01, 450, 25)
-    assert abs((1 - t) ** 25 - 0.99 ** 450) < 1e-12 and abs(t - (1 - 0.99 ** 18)) < 1e-12
+    assert abs((1 - t) ** 25 - 0.99**450) < 1e-12 and abs(t - (1 - 0.99**18)) < 1e-12
     assert M.schedule_share(0.01, None, 25) == 0.01 and M.schedule_share(0.01, 450, 0) == 0.01
     assert M.schedule_share(0.01, 25, 25) == pytest.approx(0.01)
 
@@ -721,8 +818,11 @@ def test_fedmlp_small_site_tags_with_carry_not_with_floor_and_T_rounds_compresse
     g = torch.Generator().manual_seed(0)
     p0, p1 = torch.randn(3, 32, generator=g), torch.randn(3, 32, generator=g)
     tagged = {}
-    for name, opts in (("floor", {}), ("carry", {"pseudo_label_rounding": "carry"}),
-                       ("schedule", {"pseudo_label_rounding": "carry", "T_rounds": 100})):
+    for name, opts in (
+        ("floor", {}),
+        ("carry", {"pseudo_label_rounding": "carry"}),
+        ("schedule", {"pseudo_label_rounding": "carry", "T_rounds": 100}),
+    ):
         torch.manual_seed(0)
         ctx = _site("s", [True, False, False], n=24, seed=3)
         tr = M.FedMLPTrainer(ctx, warmup_rounds=0, T0=0.02, T1=0.02, st=False, cr=False, **opts)
@@ -732,7 +832,9 @@ def test_fedmlp_small_site_tags_with_carry_not_with_floor_and_T_rounds_compresse
         if name == "carry":
             again = M.FedMLPTrainer(_site("s", [True, False, False], n=24, seed=3), warmup_rounds=0)
             again.load_state_dict(tr.state_dict())
-            assert torch.equal(again.pseudo_label_carry, tr.pseudo_label_carry) and float(tr.pseudo_label_carry.sum()) > 0
+            assert (
+                torch.equal(again.pseudo_label_carry, tr.pseudo_label_carry) and float(tr.pseudo_label_carry.sum()) > 0
+            )
     assert tagged["floor"] == 0 and tagged["carry"] > 0 and tagged["schedule"] > 2 * tagged["carry"], tagged
 
 
@@ -774,10 +876,18 @@ def test_rule_prototypes_survive_a_checkpoint_through_the_sent_meta(tmp_path):
 
     def site(name: str, annotated: list[bool], value: float) -> Contribution:
         a = np.asarray(annotated)
-        return Contribution(site=name, weights={"w": np.zeros(1, np.float32)}, n=10, meta={
-            "annotated": a.tolist(), M.META_P0: np.full((C, D), value, np.float32) * a[:, None],
-            M.META_P1: np.full((C, D), value + 1, np.float32) * a[:, None],
-            M.META_COUNTS: np.repeat(a[:, None].astype(np.int64) * 5, 2, 1), M.META_DEGREE: np.full(C, 0.5)})
+        return Contribution(
+            site=name,
+            weights={"w": np.zeros(1, np.float32)},
+            n=10,
+            meta={
+                "annotated": a.tolist(),
+                M.META_P0: np.full((C, D), value, np.float32) * a[:, None],
+                M.META_P1: np.full((C, D), value + 1, np.float32) * a[:, None],
+                M.META_COUNTS: np.repeat(a[:, None].astype(np.int64) * 5, 2, 1),
+                M.META_DEGREE: np.full(C, 0.5),
+            },
+        )
 
     prev, groups = {"w": np.zeros(1, np.float32)}, {"classifier": []}
     round0 = [site("a", [True, True, False], 1.0), site("b", [False, True, True], 3.0)]

@@ -8,11 +8,11 @@ import math
 import numpy as np
 import pytest
 import torch
+from test_fedirm import _site as _site_mc
+from test_fedmlp import _site
 
 from fedpartial.methods import Contribution, OptionError, get_method
 from fedpartial.methods import fednoro as N
-from test_fedirm import _site as _site_mc
-from test_fedmlp import _site
 
 
 def _sig(x):
@@ -20,6 +20,7 @@ def _sig(x):
 
 
 # ------------------------------------------------------------------------------------------------ detection
+
 
 def test_normalisation_fills_missing_with_column_min_then_min_max_by_hand():
     losses = np.array([[1.0, 0.2], [3.0, np.nan], [2.0, 0.6]])  # site 1 has no sample of class 1
@@ -31,10 +32,14 @@ def test_normalisation_fills_missing_with_column_min_then_min_max_by_hand():
 
 
 def test_gmm_marks_the_two_sites_with_clearly_higher_losses_noisy():
-    losses = np.array([[0.20, 0.30, 0.25],
-                       [0.90, 1.10, 0.95],  # noisy
-                       [0.22, 0.28, 0.27],
-                       [0.85, 1.05, 1.00]])  # noisy
+    losses = np.array(
+        [
+            [0.20, 0.30, 0.25],
+            [0.90, 1.10, 0.95],  # noisy
+            [0.22, 0.28, 0.27],
+            [0.85, 1.05, 1.00],
+        ]
+    )  # noisy
     noisy, normalised = N.detect_noisy(losses)
     assert noisy.tolist() == [False, True, False, True]
     assert normalised.shape == (4, 3) and normalised.min() == 0.0 and normalised.max() == 1.0
@@ -45,10 +50,7 @@ def test_gmm_marks_the_two_sites_with_clearly_higher_losses_noisy():
 def test_gmm_does_not_mark_the_sites_that_are_only_high_on_one_large_scale_class():
     # sites 0 and 1 lose about 1 nat more on class 0 (a class with large losses everywhere); sites 2 and 3 have
     # higher losses on classes 1 and 2. Per-class normalisation makes every class count the same: 2 and 3 are noisy.
-    losses = np.array([[2.0, 0.10, 0.20],
-                       [2.1, 0.11, 0.21],
-                       [1.0, 0.50, 0.60],
-                       [1.1, 0.52, 0.62]])
+    losses = np.array([[2.0, 0.10, 0.20], [2.1, 0.11, 0.21], [1.0, 0.50, 0.60], [1.1, 0.52, 0.62]])
     noisy, _ = N.detect_noisy(losses)
     assert noisy.tolist() == [False, False, True, True]
     # the example discriminates: on the raw losses the mixture would have picked sites 0 and 1
@@ -89,6 +91,7 @@ def test_class_mean_losses_by_hand():
 
 # ------------------------------------------------------------------------------------------------ LA loss
 
+
 def test_la_loss_single_label_by_hand_and_absent_class_leaves_the_softmax():
     labels = torch.tensor([[1.0, 0, 0], [1.0, 0, 0], [1.0, 0, 0], [0, 1.0, 0]])
     mask = torch.ones(4, 3, dtype=torch.bool)
@@ -103,8 +106,13 @@ def test_la_loss_single_label_by_hand_and_absent_class_leaves_the_softmax():
     loss.backward()
     assert torch.isfinite(logits.grad).all() and logits.grad[0, 2] == 0  # the absent class gets no push
     # tau 0: plain cross-entropy over every class
-    plain = N.la_loss(logits, torch.tensor([[0.0, 1.0, 0.0]]), torch.ones(1, 3, dtype=torch.bool),
-                      N.la_adjustment(labels, mask, "multiclass", tau=0.0), "multiclass")
+    plain = N.la_loss(
+        logits,
+        torch.tensor([[0.0, 1.0, 0.0]]),
+        torch.ones(1, 3, dtype=torch.bool),
+        N.la_adjustment(labels, mask, "multiclass", tau=0.0),
+        "multiclass",
+    )
     assert plain.item() == pytest.approx(torch.nn.functional.cross_entropy(logits, torch.tensor([1])).item())
 
 
@@ -123,6 +131,7 @@ def test_la_loss_multi_label_by_hand():
 
 
 # ------------------------------------------------------------------------------------------------ KD term
+
 
 def test_kd_single_label_by_hand_with_the_absent_class_constant():
     z = torch.tensor([[1.0, 0.0, 2.0]], requires_grad=True)
@@ -172,9 +181,13 @@ def test_kd_rampup_by_hand():
 
 # ------------------------------------------------------------------------------------------------ DaAgg
 
+
 def _state(w, b):
-    return {"w": np.array([w, 0.0], dtype=np.float32), "b": np.array([b], dtype=np.float32),
-            "steps": np.array(7, dtype=np.int64)}  # integer buffers are not part of the distance
+    return {
+        "w": np.array([w, 0.0], dtype=np.float32),
+        "b": np.array([b], dtype=np.float32),
+        "steps": np.array(7, dtype=np.int64),
+    }  # integer buffers are not part of the distance
 
 
 def test_model_distance_and_daagg_weights_by_hand():
@@ -227,6 +240,7 @@ def test_rule_detects_once_sends_the_verdict_and_aggregates_with_daagg(tmp_path)
 
 
 # ------------------------------------------------------------------------------------------------ the site
+
 
 def test_site_sends_the_received_models_class_losses_in_the_last_warmup_round():
     ctx = _site("s0", [True, False, True], n=16)

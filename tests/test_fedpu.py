@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-from fedpartial.methods import get_method
-from fedpartial.methods import fedpu as P
 from test_fedlsm import _mc_site
 from test_fedmlp import _site
+
+from fedpartial.methods import fedpu as P
+from fedpartial.methods import get_method
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -97,8 +97,10 @@ def test_released_code_form_by_hand():
 
     pu3 = sum(code_nl(PROBS[r][i]) for r in (2, 3) for i in (0, 1)) / 2 / 2
     pu1 = sum(code_nl(PROBS[r][i]) for r in (0, 1) for i in (0, 1)) * 0.3 / 2 / (3 - 2)  # pi of the first positive
-    pu2 = -sum(float(PRIOR[c]) * code_nl(PROBS[r][c] if c == yc else 0.0) for r, yc in ((0, 0), (1, 1))
-               for c in range(3)) / 2
+    pu2 = (
+        -sum(float(PRIOR[c]) * code_nl(PROBS[r][c] if c == yc else 0.0) for r, yc in ((0, 0), (1, 1)) for c in range(3))
+        / 2
+    )
     got = P.pu_risk_code(_logits(), y, POSITIVE, PRIOR).detach()
     assert float(got) == pytest.approx(pu1 + pu2 + pu3, abs=1e-6)
     # it differs from the paper form (pu1, and pu3 divided by |P|)
@@ -116,8 +118,12 @@ def test_class_priors_unlabelled_site_summary():
     # the share of each class in U: none of the annotated classes among the unlabelled rows; every row: site shares
     assert P.class_priors("unlabelled", labels, mask, None, 3).tolist() == [0.0, 0.0, 0.0]
     assert P.class_priors("unlabelled", labels, mask, None, 3, all_rows=True).tolist() == pytest.approx([0.4, 0.2, 0.0])
-    summary = {"sites": {"a": {"positives": [2, 1, 0], "negatives": [3, 4, 0]},
-                         "b": {"positives": [1, 0, 5], "negatives": [0, 0, 5]}}}
+    summary = {
+        "sites": {
+            "a": {"positives": [2, 1, 0], "negatives": [3, 4, 0]},
+            "b": {"positives": [1, 0, 5], "negatives": [0, 0, 5]},
+        }
+    }
     # positives / (positives + negatives) over the sites annotating each class: 3/6, 1/5, 5/10
     assert P.class_priors("summary", labels, mask, summary, 3).tolist() == pytest.approx([0.5, 0.2, 0.5])
 
@@ -133,7 +139,8 @@ def test_trainer_loss_is_ce_plus_weighted_pu_risk():
     code.prior = PRIOR.clone()
     y = P.row_classes(LABELS, MASK)
     assert float(code.label_loss(_logits(), {"label": LABELS, "mask": MASK}).detach()) == pytest.approx(
-        ce + float(P.pu_risk_code(_logits(), y, POSITIVE, PRIOR).detach()), abs=1e-6)
+        ce + float(P.pu_risk_code(_logits(), y, POSITIVE, PRIOR).detach()), abs=1e-6
+    )
 
 
 def test_round_counters_priors_and_training(tmp_path):

@@ -9,15 +9,22 @@ import math
 import numpy as np
 import pytest
 import torch
+from test_fedlsm import _mc_site, _ViewData  # a single-label fake site; views as constant markers
+from test_fedmlp import _site  # a multi-label fake site
 from torch import nn
 
 from fedpartial.methods import Contribution, OptionError, TrainOptions, get_method
-from fedpartial.methods.fixmatch import (META_CANDIDATES, META_NEGATIVES, META_POSITIVES, META_PSEUDO, META_RATE,
-                                         FixMatchTrainer, pseudo_labels, unsupervised_loss)
+from fedpartial.methods.fixmatch import (
+    META_CANDIDATES,
+    META_NEGATIVES,
+    META_POSITIVES,
+    META_PSEUDO,
+    META_RATE,
+    FixMatchTrainer,
+    pseudo_labels,
+    unsupervised_loss,
+)
 from fedpartial.methods.fpsl import META_POS_WEIGHT, FPSLTrainer, fpsl_class_weights, fpsl_loss
-
-from test_fedlsm import _mc_site, _ViewData  # a single-label fake site; views as constant markers
-from test_fedmlp import _site  # a multi-label fake site
 
 LN2 = math.log(2.0)
 
@@ -27,6 +34,7 @@ def softplus(x: float) -> float:
 
 
 # ------------------------------------------------------------------------------------------ FPSL
+
 
 def test_fpsl_weighted_partial_bce_by_hand():
     logits = torch.tensor([[0.0, 2.0, -1.0], [1.0, 0.0, 3.0]])
@@ -48,15 +56,20 @@ def test_fpsl_weighted_partial_bce_by_hand():
 def test_fpsl_class_weights_global_site_none_and_single_label_loss():
     ctx = _site("s", [True, True, False], n=12, seed=3)
     labels, mask = ctx.data.labels, ctx.data.mask
-    ctx.summary = {"sites": {"s": {"positives": [2, 1, 0], "negatives": [6, 1, 0]},
-                             "t": {"positives": [2, 0, 5], "negatives": [2, 0, 15]}}}
+    ctx.summary = {
+        "sites": {
+            "s": {"positives": [2, 1, 0], "negatives": [6, 1, 0]},
+            "t": {"positives": [2, 0, 5], "negatives": [2, 0, 15]},
+        }
+    }
     tr = FPSLTrainer(ctx)
     assert tr.class_weights().tolist() == [2.0, 1.0, 3.0]  # (6 + 2) / (2 + 2), 1 / 1, 15 / 5: every site's counts
     tr.start_round(0, {})
     batch = {"label": labels[:4], "mask": mask[:4]}
     logits = torch.randn(4, 3)
     assert float(tr.label_loss(logits, batch)) == pytest.approx(
-        float(fpsl_loss(logits, labels[:4], mask[:4], torch.tensor([2.0, 1.0, 3.0]))))
+        float(fpsl_loss(logits, labels[:4], mask[:4], torch.tensor([2.0, 1.0, 3.0])))
+    )
     own = fpsl_class_weights(labels, mask)
     assert torch.equal(FPSLTrainer(ctx, class_weights="site").class_weights(), own)
     assert FPSLTrainer(ctx, class_weights="none").class_weights() is None
@@ -100,10 +113,14 @@ def test_fpsl_trains_as_fedavg_masked_where_it_has_no_class_weights(task, args):
 def _rows_after_aggregation(method: str) -> np.ndarray:
     """Class 1 is annotated only at site a (row 1.0), not at site b (row 5.0); equal sizes."""
     rule = get_method(method).make_rule({})
-    states = [{"enc": np.array([0.0]), "cls": np.array([[1.0], [1.0]])},
-              {"enc": np.array([2.0]), "cls": np.array([[3.0], [5.0]])}]
-    contribs = [Contribution("a", states[0], 10.0, {"annotated": [True, True]}),
-                Contribution("b", states[1], 10.0, {"annotated": [True, False]})]
+    states = [
+        {"enc": np.array([0.0]), "cls": np.array([[1.0], [1.0]])},
+        {"enc": np.array([2.0]), "cls": np.array([[3.0], [5.0]])},
+    ]
+    contribs = [
+        Contribution("a", states[0], 10.0, {"annotated": [True, True]}),
+        Contribution("b", states[1], 10.0, {"annotated": [True, False]}),
+    ]
     out, _ = rule.aggregate(None, contribs, {"classifier": ["cls"]}, 0)
     assert out["enc"].tolist() == [1.0]
     return out["cls"][:, 0]
@@ -117,11 +134,16 @@ def test_fpsl_and_fixmatch_masked_use_the_task_dependent_aggregation_fixmatch_fe
 
 # ------------------------------------------------------------------------------------------ FixMatch masking
 
+
 def test_single_label_pseudo_labels_on_unlabelled_rows_above_tau():
-    probs = torch.tensor([[0.99, 0.005, 0.005],   # labelled row: no pseudo label however confident
-                          [0.02, 0.96, 0.02],     # unlabelled, 0.96 >= 0.95 -> class 1
-                          [0.94, 0.03, 0.03],     # unlabelled, 0.94 < 0.95 -> none
-                          [0.01, 0.04, 0.95]])    # unlabelled, exactly tau -> class 2
+    probs = torch.tensor(
+        [
+            [0.99, 0.005, 0.005],  # labelled row: no pseudo label however confident
+            [0.02, 0.96, 0.02],  # unlabelled, 0.96 >= 0.95 -> class 1
+            [0.94, 0.03, 0.03],  # unlabelled, 0.94 < 0.95 -> none
+            [0.01, 0.04, 0.95],
+        ]
+    )  # unlabelled, exactly tau -> class 2
     labels = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
     mask = torch.tensor([[True, False, False]] * 4)
     targets, pseudo, cand = pseudo_labels(probs, labels, mask, "multiclass", 0.95)
@@ -131,9 +153,7 @@ def test_single_label_pseudo_labels_on_unlabelled_rows_above_tau():
 
 
 def test_multi_label_pseudo_labels_per_unannotated_entry():
-    probs = torch.tensor([[0.99, 0.97, 0.50],
-                          [0.01, 0.03, 0.94],
-                          [0.50, 0.96, 0.04]])
+    probs = torch.tensor([[0.99, 0.97, 0.50], [0.01, 0.03, 0.94], [0.50, 0.96, 0.04]])
     mask = torch.tensor([[True, False, False]] * 3)  # class 0 annotated: never pseudo-labelled
     labels = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
     targets, pseudo, cand = pseudo_labels(probs, labels, mask, "multilabel", 0.95)
@@ -159,14 +179,16 @@ def test_unsupervised_and_step_loss_by_hand():
     ce1 = -math.log(math.e / (math.e + 2))
     ce3 = -math.log(1 / (math.exp(2) + 2))
     assert float(unsupervised_loss(logits_s, targets, pseudo, cand, "multiclass")) == pytest.approx(
-        (ce1 + ce3) / 3, rel=1e-6)
+        (ce1 + ce3) / 3, rel=1e-6
+    )
     # multi-label: pseudo entries (0, 1) -> 1 and (1, 1) -> 0 among 4 unannotated entries
     ls = torch.tensor([[0.0, 2.0], [0.0, -1.0]])
     tg = torch.tensor([[0.0, 1.0], [0.0, 0.0]])
     ps = torch.tensor([[False, True], [False, True]])
     cd = torch.tensor([[True, True], [True, True]])
     assert float(unsupervised_loss(ls, tg, ps, cd, "multilabel")) == pytest.approx(
-        (softplus(-2.0) + softplus(-1.0)) / 4, rel=1e-6)
+        (softplus(-2.0) + softplus(-1.0)) / 4, rel=1e-6
+    )
     assert float(unsupervised_loss(ls, tg, torch.zeros_like(ps), cd, "multilabel")) == 0.0
     # one step: partial BCE on the weak view's annotated entries + lambda_u * l_u on the strong view
     tr = FixMatchTrainer(_site("x", [True, False], n=4, C=2), lambda_u=0.5)
@@ -180,6 +202,7 @@ def test_unsupervised_and_step_loss_by_hand():
 
 
 # ------------------------------------------------------------------------------------------ views and counters
+
 
 class _Affine(nn.Module):
     """``logits = mean(x) * a + b`` per class: with constant view markers the output of each view is set by hand."""
@@ -206,7 +229,7 @@ def test_target_from_the_weak_view_loss_on_the_strong_view_and_the_counters(task
     ctx.data = _ViewData(ctx.data.images, ctx.data.labels, ctx.data.mask)
     ctx.train = TrainOptions(optimizer="sgd", lr=0.0, momentum=0.0, batch_size=6, local_steps=1)
     out = get_method("fixmatch").make_trainer(ctx, {}).train_round(0, 1, {})
-    labelled = (ctx.data.labels[:, 0] > 0)
+    labelled = ctx.data.labels[:, 0] > 0
     if task == "multilabel":  # class 0 logit 0 in both views: BCE ln 2 on each annotated entry
         assert out.loss == pytest.approx(LN2 + softplus(2.0), rel=1e-5)
         assert out.meta[META_CANDIDATES] == 6 and out.meta[META_PSEUDO] == 6 and out.meta[META_RATE] == 1.0

@@ -17,6 +17,7 @@ from nvflare.apis.fl_constant import ReservedKey
 from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.model import ModelLearnableKey
 from nvflare.app_common.app_constant import AppConstants
+from test_fedmlp import _site  # a fake multi-label site (images with class signal)
 from torch import nn
 
 from fedpartial.fl.aggregator import PartialLabelAggregator
@@ -28,10 +29,8 @@ from fedpartial.methods.baselines import SupervisedTrainer
 from fedpartial.models import PartialLabelNet, parameter_groups
 from fedpartial.seeding import site_seed
 
-from test_fedmlp import _site  # a fake multi-label site (images with class signal)
-
-
 # ------------------------------------------------------------------------------------------ options
+
 
 def test_misspelled_method_option_names_key_and_closest():
     m = get_method("fedmlp")
@@ -41,18 +40,39 @@ def test_misspelled_method_option_names_key_and_closest():
     assert "job 'fedmlp_ich'" in msg and "executor" in msg and "'warmup_round'" in msg
     assert "did you mean 'warmup_rounds'" in msg
     assert m.split_options({"warmup_rounds": 5, "proto_weighting": "samples"}) == (
-        {"warmup_rounds": 5}, {"proto_weighting": "samples"})
+        {"warmup_rounds": 5},
+        {"proto_weighting": "samples"},
+    )
 
 
-@pytest.mark.parametrize("key,closest", [("local_epoch", "local_epochs"), ("optimiser", "optimizer"),
-                                         ("batchsize", "batch_size")])
+@pytest.mark.parametrize(
+    "key,closest", [("local_epoch", "local_epochs"), ("optimiser", "optimizer"), ("batchsize", "batch_size")]
+)
 def test_misspelled_train_option_is_an_error(key, closest):
     with pytest.raises(OptionError, match=f"'{key}'.*did you mean '{closest}'"):
-        SiteContext(site="s", task="multilabel", classes=["a"], annotated=np.ones(1, bool), model=None, data=None,
-                    device=torch.device("cpu"), state_dir=Path("."), train={key: 1})
+        SiteContext(
+            site="s",
+            task="multilabel",
+            classes=["a"],
+            annotated=np.ones(1, bool),
+            model=None,
+            data=None,
+            device=torch.device("cpu"),
+            state_dir=Path("."),
+            train={key: 1},
+        )
     with pytest.raises(OptionError, match="learning_rate"):  # no close name: the valid ones are listed
-        SiteContext(site="s", task="multilabel", classes=["a"], annotated=np.ones(1, bool), model=None, data=None,
-                    device=torch.device("cpu"), state_dir=Path("."), train={"learning_rate": 0.1})
+        SiteContext(
+            site="s",
+            task="multilabel",
+            classes=["a"],
+            annotated=np.ones(1, bool),
+            model=None,
+            data=None,
+            device=torch.device("cpu"),
+            state_dir=Path("."),
+            train={"learning_rate": 0.1},
+        )
 
 
 def test_option_types_and_choices_are_checked():
@@ -101,6 +121,7 @@ def test_unknown_method_suggests_the_closest():
 
 # ------------------------------------------------------------------------------------------ job spec
 
+
 def test_spec_mismatch_between_server_and_site():
     server = job_spec("fedavg", {}, {"arch": "small_cnn", "in_channels": 3})
     assert spec_mismatch(server, job_spec("fedavg", {}, {"arch": "small_cnn"})) is None  # defaults filled in
@@ -112,6 +133,7 @@ def test_spec_mismatch_between_server_and_site():
 
 # ------------------------------------------------------------------------------------------ seeds
 
+
 def test_site_seeds_from_a_stable_hash_of_the_name():
     a, b = site_seed(0, "hospital-a"), site_seed(0, "hospital-b")
     assert a != b  # the old digit-based seed gave both 0
@@ -120,6 +142,7 @@ def test_site_seeds_from_a_stable_hash_of_the_name():
 
 
 # ------------------------------------------------------------------------------------------ parameter groups
+
 
 class _OddNames(nn.Module):
     """Names that would fool a name-based split: a conv called 'bn', a norm called 'classifier_norm'."""
@@ -136,10 +159,20 @@ class _OddNames(nn.Module):
 def test_parameter_groups_by_module_type():
     g = parameter_groups(_OddNames())
     assert g["encoder"] == ["bn.weight", "bn.bias"]
-    assert set(g["norm"]) == {"classifier_norm.weight", "classifier_norm.bias", "inorm.weight", "inorm.bias",
-                              "inorm.running_mean", "inorm.running_var", "inorm.num_batches_tracked",
-                              "hidden.1.weight", "hidden.1.bias", "hidden.1.running_mean", "hidden.1.running_var",
-                              "hidden.1.num_batches_tracked"}
+    assert set(g["norm"]) == {
+        "classifier_norm.weight",
+        "classifier_norm.bias",
+        "inorm.weight",
+        "inorm.bias",
+        "inorm.running_mean",
+        "inorm.running_var",
+        "inorm.num_batches_tracked",
+        "hidden.1.weight",
+        "hidden.1.bias",
+        "hidden.1.running_mean",
+        "hidden.1.running_var",
+        "hidden.1.num_batches_tracked",
+    }
     assert g["head"] == ["hidden.0.weight", "hidden.0.bias"]
     assert g["classifier"] == ["classifier.weight", "classifier.bias"]
 
@@ -160,6 +193,7 @@ def test_surgical_head_is_a_model_option():
 
 # ------------------------------------------------------------------------------------------ site hooks
 
+
 def _global_like(model: nn.Module, value: float) -> dict:
     return {k: np.full(tuple(v.shape), value, dtype=v.detach().numpy().dtype) for k, v in model.state_dict().items()}
 
@@ -173,8 +207,9 @@ def test_fedbn_receive_keeps_the_sites_norm_statistics_across_rounds():
     tr.train_round(0, 2, {})
     tr.has_local_state = True  # as the executor marks it after a round
     local_norm = {k: ctx.model.state_dict()[k].clone() for k in groups["norm"]}
-    assert any(not torch.allclose(v.float(), torch.full_like(v.float(), 0.5)) for k, v in local_norm.items()
-               if "running" in k)
+    assert any(
+        not torch.allclose(v.float(), torch.full_like(v.float(), 0.5)) for k, v in local_norm.items() if "running" in k
+    )
     tr.receive(_global_like(ctx.model, 2.0))  # round 2: a new encoder, the site's own norm layers
     state = ctx.model.state_dict()
     for k in groups["norm"]:
@@ -185,7 +220,9 @@ def test_fedbn_receive_keeps_the_sites_norm_statistics_across_rounds():
     plain = SupervisedTrainer(_site("site-2", [True, True, False], n=16))
     plain.has_local_state = True
     plain.receive(_global_like(plain.ctx.model, 2.0))
-    assert all(np.allclose(plain.ctx.model.state_dict()[k].numpy(), 2.0) for k in groups["norm"] if "num_batches" not in k)
+    assert all(
+        np.allclose(plain.ctx.model.state_dict()[k].numpy(), 2.0) for k in groups["norm"] if "num_batches" not in k
+    )
 
 
 def test_pfl_keeps_the_local_classifier():
@@ -225,6 +262,7 @@ def test_site_weighting_uniform_and_participation():
 
 
 # ------------------------------------------------------------------------------------------ the aggregator
+
 
 class _Engine:
     def __init__(self, components=None):
@@ -304,11 +342,13 @@ def test_option_errors_reach_the_server_side_too():
     fl_ctx.set_prop(ReservedKey.JOB_META, {"name": "fedavg_masked_ich"}, private=True, sticky=False)
     agg.handle_event("_start_run", fl_ctx)
     assert agg.rule is None and len(panics) == 1
-    assert re.search("job 'fedavg_masked_ich'.*server aggregator.*'row_weight'.*did you mean 'row_weighting'",
-                     panics[0])
+    assert re.search(
+        "job 'fedavg_masked_ich'.*server aggregator.*'row_weight'.*did you mean 'row_weighting'", panics[0]
+    )
 
 
 # ------------------------------------------------------------------------------------------ site roles
+
 
 def _manifest(tmp_path: Path, header: str, rows: list[str]) -> Path:
     from PIL import Image
@@ -356,6 +396,7 @@ def test_new_job_writes_one_checked_spec_to_both_sides(tmp_path):
 
 # ------------------------------------------------------------------------------------------ FedProx
 
+
 def test_fedprox_term_and_gradient_by_hand():
     from fedpartial.methods.fedprox import FedProxTrainer
 
@@ -391,13 +432,22 @@ def test_what_the_global_model_holds_is_stated():
 
 # ------------------------------------------------------------------------------------------ shared building blocks
 
+
 def test_class_average_over_the_sites_holding_each_class_by_hand():
     from fedpartial.aggregation import class_average
 
-    values = np.array([[[1.0, 1.0], [2.0, 2.0], [9.0, 9.0]],   # site A: (C=3, D=2)
-                       [[3.0, 5.0], [0.0, 0.0], [7.0, 7.0]]])  # site B
-    holds = np.array([[1.0, 2.0, 0.0],    # A holds classes 0, 1 (weight 2 on class 1)
-                      [3.0, 0.0, 0.0]])   # B holds class 0 only; nobody holds class 2
+    values = np.array(
+        [
+            [[1.0, 1.0], [2.0, 2.0], [9.0, 9.0]],  # site A: (C=3, D=2)
+            [[3.0, 5.0], [0.0, 0.0], [7.0, 7.0]],
+        ]
+    )  # site B
+    holds = np.array(
+        [
+            [1.0, 2.0, 0.0],  # A holds classes 0, 1 (weight 2 on class 1)
+            [3.0, 0.0, 0.0],
+        ]
+    )  # B holds class 0 only; nobody holds class 2
     avg, held = class_average(values, holds)
     assert np.allclose(avg[0], [(1 * 1 + 3 * 3) / 4, (1 * 1 + 3 * 5) / 4]) and np.allclose(avg[1], [2.0, 2.0])
     assert np.allclose(avg[2], 0.0) and held.tolist() == [True, True, False]
@@ -408,7 +458,9 @@ def test_mc_dropout_predictive_entropy_by_hand():
 
     p = torch.tensor([[0.5, 0.5], [1.0, 0.0]])
     assert torch.allclose(softmax_entropy(p), torch.tensor([np.log(2.0), 0.0], dtype=torch.float32))
-    assert torch.allclose(binary_entropy(torch.tensor([0.5, 0.0])), torch.tensor([np.log(2.0), 0.0], dtype=torch.float32))
+    assert torch.allclose(
+        binary_entropy(torch.tensor([0.5, 0.0])), torch.tensor([np.log(2.0), 0.0], dtype=torch.float32)
+    )
     assert torch.allclose(predictive_entropy(p, "multiclass"), softmax_entropy(p))
 
     class Net(nn.Module):
@@ -436,21 +488,32 @@ def test_mc_dropout_predictive_entropy_by_hand():
 
 def test_a_shared_evaluation_set_is_scored_by_one_site_and_a_local_one_by_its_own():
     from fedpartial.data.manifest import Manifest
-    from fedpartial.fl.scoring import scorer_of
     from fedpartial.fl.results import data_record
+    from fedpartial.fl.scoring import scorer_of
 
     def manifest(paths, labels):
         labels = np.asarray(labels, np.float32)
-        return Manifest(paths=paths, labels=labels, mask=np.ones_like(labels, bool), classes=["a", "b"],
-                        patient_ids=[""] * len(paths), splits=["val"] * len(paths), lines=list(range(2, 2 + len(paths))))
+        return Manifest(
+            paths=paths,
+            labels=labels,
+            mask=np.ones_like(labels, bool),
+            classes=["a", "b"],
+            patient_ids=[""] * len(paths),
+            splits=["val"] * len(paths),
+            lines=list(range(2, 2 + len(paths))),
+        )
 
     central = manifest(["/d/1.png", "/d/2.png"], [[1, 0], [0, 1]])
     same = manifest(["/d/1.png", "/d/2.png"], [[1, 0], [0, 1]])
     relabelled = manifest(["/d/1.png", "/d/2.png"], [[1, 0], [1, 1]])  # same images, other labels: another set
     own = manifest(["/h/9.png"], [[0, 1]])
     assert central.fingerprint() == same.fingerprint() != relabelled.fingerprint()
-    sites = {"site-b": {"eval_sets": {"val": central.fingerprint()}}, "site-a": {"eval_sets": {"val": same.fingerprint()}},
-             "site-c": {"eval_sets": {"val": own.fingerprint()}}, "site-d": {"eval_sets": {}}}
+    sites = {
+        "site-b": {"eval_sets": {"val": central.fingerprint()}},
+        "site-a": {"eval_sets": {"val": same.fingerprint()}},
+        "site-c": {"eval_sets": {"val": own.fingerprint()}},
+        "site-d": {"eval_sets": {}},
+    }
     assert scorer_of("val", central.fingerprint(), sites) == "site-a"  # first by name, whatever the order
     assert scorer_of("val", own.fingerprint(), sites) == "site-c"  # a site's own set is its own
     assert scorer_of("test", central.fingerprint(), sites) is None  # nobody reports it: score where it is
@@ -465,10 +528,12 @@ def test_mean_local_validation_loss_over_each_sites_own_classes_by_hand():
     classes = ["a", "b", "c"]
     shared = {"per_class": {"a": {"bce": 0.2}, "b": {"bce": 0.4}, "c": {"bce": 0.9}}}
     own = {"per_class": {"a": {"bce": 1.0}, "b": {"bce": None}, "c": {"bce": 3.0}}}
-    sites = {"s1": {"annotated": [True, True, False], "eval_sets": {"val": "F"}},  # scored the shared set
-             "s2": {"annotated": [False, False, True], "eval_sets": {"val": "F"}},  # same set, scored by s1
-             "s3": {"annotated": [True, True, True], "eval_sets": {"val": "G"}},  # its own set; b undefined
-             "s4": {"annotated": [True, False, False], "eval_sets": {}}}  # no validation data: left out
+    sites = {
+        "s1": {"annotated": [True, True, False], "eval_sets": {"val": "F"}},  # scored the shared set
+        "s2": {"annotated": [False, False, True], "eval_sets": {"val": "F"}},  # same set, scored by s1
+        "s3": {"annotated": [True, True, True], "eval_sets": {"val": "G"}},  # its own set; b undefined
+        "s4": {"annotated": [True, False, False], "eval_sets": {}},
+    }  # no validation data: left out
     # s1: (0.2 + 0.4) / 2 = 0.3; s2: 0.9 (class c on the shared set); s3: (1.0 + 3.0) / 2 = 2.0
     assert mean_site_loss({"s1": shared, "s3": own}, sites, classes) == pytest.approx((0.3 + 0.9 + 2.0) / 3)
     assert mean_site_loss({}, sites, classes) is None
@@ -478,15 +543,22 @@ def test_early_stopping_ends_training_after_patience_rounds_without_a_better_mod
     """lr 0: the global model never changes, so after the first scored round (round 1) nothing is better; with
     patience 1 and selection by the mean local validation loss the job stops after round 2 of 5, and still runs
     the final evaluation."""
-    from conftest import copy_job, results_of, run_simulator, server_log
-
+    from conftest import REPO, results_of, run_simulator, server_log
     from fedpartial.tools.build_jobs import customise_job
 
-    from conftest import REPO
-    job = customise_job(REPO / "jobs" / "fedavg_pl_ich", tmp_path / "job", 5, {
-        "dataset": {"image_size": 32, "prepare": {"num_sites": 2, "k": 1,
-                                                  "source_args": {"n_images": 120, "size": 32, "seed": 0}}},
-        "train": {"batch_size": 16, "lr": 0.0}}, min_clients=2)
+    job = customise_job(
+        REPO / "jobs" / "fedavg_pl_ich",
+        tmp_path / "job",
+        5,
+        {
+            "dataset": {
+                "image_size": 32,
+                "prepare": {"num_sites": 2, "k": 1, "source_args": {"n_images": 120, "size": 32, "seed": 0}},
+            },
+            "train": {"batch_size": 16, "lr": 0.0},
+        },
+        min_clients=2,
+    )
     server = job / "app" / "config" / "config_fed_server.json"
     cfg = json.loads(server.read_text())
     for comp in cfg["components"]:
@@ -544,7 +616,9 @@ def test_moon_contrastive_term_by_hand_and_previous_model_kept_as_site_state(tmp
     assert float(model_contrastive_loss(z, z_glob, z_prev, tau=0.5)) == pytest.approx(expected)
     # closer to the global representation at the same similarity to the previous one -> lower loss
     g, prev = torch.tensor([[1.0, 1.0, 0.0]]), torch.tensor([[0.0, 0.0, 1.0]])
-    assert model_contrastive_loss(g, g, prev, 0.5) < model_contrastive_loss(torch.tensor([[1.0, 0.0, 0.0]]), g, prev, 0.5)
+    assert model_contrastive_loss(g, g, prev, 0.5) < model_contrastive_loss(
+        torch.tensor([[1.0, 0.0, 0.0]]), g, prev, 0.5
+    )
 
     from test_fedmlp import _site
 
@@ -580,9 +654,8 @@ def test_a_step_count_meant_for_a_large_site_is_named_on_a_small_one_and_capped_
 def test_jobs_readme_lists_every_training_option():
     import dataclasses
 
-    from fedpartial.methods.base import TrainOptions
-
     from conftest import REPO
+    from fedpartial.methods.base import TrainOptions
 
     text = (REPO / "jobs" / "README.md").read_text()
     missing = [f.name for f in dataclasses.fields(TrainOptions) if f"| `{f.name}` |" not in text]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -19,10 +18,9 @@ import psutil
 import pytest
 import torch
 from PIL import Image
-
-from conftest import REPO, real_data
 from test_export import random_run, run_bundle  # noqa: F401 - random_run is a fixture
 
+from conftest import REPO, real_data
 from fedpartial.fl import simulator as S
 from fedpartial.models import PartialLabelNet, load_weights, read_state
 from fedpartial.processes import stop_tree
@@ -30,20 +28,39 @@ from fedpartial.tools import export as E
 from fedpartial.tools import predict as P
 
 JOB = "fedavg_ich"
-TINY = ["--sites", "3", "--set", "dataset.prepare.k=2", "--set", "dataset.image_size=32",
-        "--set", "dataset.prepare.source_args.n_images=240", "--set", "dataset.prepare.source_args.size=64",
-        "--set", "train.batch_size=16"]
+TINY = [
+    "--sites",
+    "3",
+    "--set",
+    "dataset.prepare.k=2",
+    "--set",
+    "dataset.image_size=32",
+    "--set",
+    "dataset.prepare.source_args.n_images=240",
+    "--set",
+    "dataset.prepare.source_args.size=64",
+    "--set",
+    "train.batch_size=16",
+]
 
 
 # ------------------------------------------------------------------------------------------ job.py's processes
+
 
 def _start(ws: Path, *args: str, env: dict | None = None, log: Path) -> subprocess.Popen:
     """``python jobs/fedavg_ich/job.py --workspace WS ... TINY`` from the checkout, in a session of its own (as a
     terminal starts it: its process group is its pid)."""
     cmd = [sys.executable, f"jobs/{JOB}/job.py", "--workspace", str(ws), *TINY, *args]
     out = open(log, "w")
-    return subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT,
-                            start_new_session=True, text=True)
+    return subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        text=True,
+    )
 
 
 def _wait_for(cond, timeout: float, what: str, proc: subprocess.Popen, log: Path):
@@ -104,8 +121,14 @@ def test_ctrl_c_stops_every_process_of_the_run_says_what_was_kept_and_the_run_re
     # the printed command, one more round
     args = resume[2:]
     args[args.index("--rounds") + 1] = str(done + 1)
-    again = subprocess.run([sys.executable, f"jobs/{JOB}/job.py", *args], cwd=REPO, env={**os.environ, **env},
-                           capture_output=True, text=True, timeout=600)
+    again = subprocess.run(
+        [sys.executable, f"jobs/{JOB}/job.py", *args],
+        cwd=REPO,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     server_log = (ws / JOB / "server" / "log.txt").read_text()
     assert f"resuming from the checkpoint of round {done - 1} of job simulate_job" in server_log
@@ -125,11 +148,11 @@ def test_sigkill_of_job_py_leaves_no_process_of_the_run(tmp_path, data_cache):
     assert not _alive(alive), [p.cmdline() for p in _alive(alive)]
 
 
-SITE_WONT_START = '''
+SITE_WONT_START = """
 import os, sys
 if "--client" in sys.argv and sys.argv[sys.argv.index("--client") + 1] == "site-2":
     os._exit(3)  # TEST ONLY: site-2's simulator worker dies at start, before it connects
-'''
+"""
 
 
 @pytest.mark.integration
@@ -142,8 +165,16 @@ def test_runs_started_together_finish_and_a_site_that_cannot_start_fails_its_run
     env = {"FEDPARTIAL_CACHE": str(data_cache)}
     broken = {**env, "PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     t0 = time.time()
-    procs = {k: _start(tmp_path / k, "--rounds", "1" if k != "c" else "2", env=broken if k == "c" else env,
-                       log=tmp_path / f"{k}.log") for k in ("a", "b", "c")}
+    procs = {
+        k: _start(
+            tmp_path / k,
+            "--rounds",
+            "1" if k != "c" else "2",
+            env=broken if k == "c" else env,
+            log=tmp_path / f"{k}.log",
+        )
+        for k in ("a", "b", "c")
+    }
     assert procs["c"].wait(timeout=120) == 2
     assert time.time() - t0 < 120
     last = (tmp_path / "c.log").read_text().strip().splitlines()[-1]
@@ -154,6 +185,7 @@ def test_runs_started_together_finish_and_a_site_that_cannot_start_fails_its_run
 
 
 # ------------------------------------------------------------------------------------------------ ports
+
 
 def test_reserved_ports_lie_below_the_ephemeral_range_and_are_never_handed_out_twice(tmp_path, monkeypatch):
     monkeypatch.setattr(S.tempfile, "tempdir", str(tmp_path))  # a ledger of this test's own
@@ -170,8 +202,9 @@ def test_reserved_ports_lie_below_the_ephemeral_range_and_are_never_handed_out_t
         S.reserve_ports(1)
     ledger = S._ledger()
     held = json.loads(ledger.read_text())
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    ).stdout.strip()
     held[str(free)][0] = int(dead)
     ledger.write_text(json.dumps(held))
     assert S.reserve_ports(1) == [free]
@@ -195,8 +228,13 @@ def test_the_patched_nvflare_names_exist():
 def test_stop_tree_stops_children_and_grandchildren():
     sleeper = "import time; time.sleep(60)"
     spawn = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {sleeper!r}]); time.sleep(60)"
-    top = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys, time; "
-                                                  f"subprocess.Popen([sys.executable, '-c', {spawn!r}]); time.sleep(60)"])
+    top = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {spawn!r}]); time.sleep(60)",
+        ]
+    )
     t0 = time.time()
     while len(_tree(top.pid)) < 2 and time.time() - t0 < 30:  # its child and grandchild
         time.sleep(0.1)
@@ -211,15 +249,32 @@ def test_stop_tree_stops_children_and_grandchildren():
 
 # --------------------------------------------------------------------------- the image store's pool
 
+
 @pytest.mark.realdata
 def test_store_build_stops_on_sigterm_keeps_its_chunks_and_sigkill_leaves_no_worker(tmp_path):
     root = real_data("nih_cxr14_1000")
     env = {**os.environ, "FEDPARTIAL_CACHE": str(tmp_path / "cache")}
     prep = tmp_path / "prep"
     bin_ = Path(sys.executable).parent
-    subprocess.run([str(bin_ / "fedpartial-prepare"), "--source", "nih_cxr14", "--root", str(root), "--out",
-                    str(prep), "--sites", "1", "--protocol", "full", "--no-decode"], env=env, check=True,
-                   capture_output=True)
+    subprocess.run(
+        [
+            str(bin_ / "fedpartial-prepare"),
+            "--source",
+            "nih_cxr14",
+            "--root",
+            str(root),
+            "--out",
+            str(prep),
+            "--sites",
+            "1",
+            "--protocol",
+            "full",
+            "--no-decode",
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
     cmd = [str(bin_ / "fedpartial-store"), str(prep), "--image-size", "384", "--channels", "1", "--workers", "2"]
 
     def start():
@@ -252,6 +307,7 @@ def test_store_build_stops_on_sigterm_keeps_its_chunks_and_sigkill_leaves_no_wor
 
 # --------------------------------------------------------------------------- bad input: one line each
 
+
 def _hostile(path: Path, marker: Path) -> None:
     class Payload:
         def __reduce__(self):
@@ -267,7 +323,7 @@ def test_a_bad_model_file_is_one_line_exit_2(random_run, tmp_path, kind, capsys)
     good = model.read_bytes()
     marker = tmp_path / "pwned"
     if kind == "truncated":
-        model.write_bytes(good[:len(good) // 3])
+        model.write_bytes(good[: len(good) // 3])
     elif kind == "random":
         model.write_bytes(np.random.default_rng(0).bytes(5000))
     elif kind == "text":
@@ -286,9 +342,14 @@ def test_a_bad_model_file_is_one_line_exit_2(random_run, tmp_path, kind, capsys)
     assert err[-1].startswith(f"fedpartial-predict: error: model file {model}"), err
     assert "Traceback" not in "\n".join(err) and "weights_only" not in "\n".join(err)
     assert not marker.exists()  # nothing in the file ran
-    expect = {"truncated": "truncated or damaged", "random": "not a PyTorch file", "text": "not a PyTorch file",
-              "empty": "is empty (0 bytes)", "hostile": "refused because loading it would run code",
-              "another_job": "is not a model of this job: classifier"}[kind]
+    expect = {
+        "truncated": "truncated or damaged",
+        "random": "not a PyTorch file",
+        "text": "not a PyTorch file",
+        "empty": "is empty (0 bytes)",
+        "hostile": "refused because loading it would run code",
+        "another_job": "is not a model of this job: classifier",
+    }[kind]
     assert expect in err[-1], err[-1]
     assert E.main([str(run), "-o", str(tmp_path / "bundle")]) == 2  # the export says the same, writes nothing
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("fedpartial-export: error: model file")
@@ -352,7 +413,7 @@ def test_pixel_limit_is_read_from_the_header(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="1,600 pixels, above the limit of 1,000"):
         open_image(str(small))
     with pytest.raises(ValueError, match="far above"):  # past Pillow's own bomb error, still our line
-        monkeypatch.setenv(MAX_PIXELS_ENV, str(10 ** 12))
+        monkeypatch.setenv(MAX_PIXELS_ENV, str(10**12))
         monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)
         open_image(str(small))
 
@@ -394,8 +455,12 @@ def _read_only_folder(tmp_path: Path) -> Path:
     folder = tmp_path / "ro"
     folder.mkdir()
     if os.geteuid() == 0:
-        ok = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)],
-                            capture_output=True).returncode == 0
+        ok = (
+            subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)], capture_output=True
+            ).returncode
+            == 0
+        )
         if not ok:
             pytest.skip("root without mount: no read-only folder can be made here")
     else:
@@ -416,8 +481,20 @@ def test_a_read_only_cache_folder_is_one_line(tmp_path, monkeypatch, capsys):
             for i in range(6):
                 Image.fromarray(np.full((16, 16), 20 * i, np.uint8)).save(src / c / f"{i}.png")
         monkeypatch.setenv("FEDPARTIAL_CACHE", str(folder))
-        rc = prepare.main(["--source", "folder", "--root", str(src), "--out", str(tmp_path / "out"), "--sites", "1",
-                           "--protocol", "full"])
+        rc = prepare.main(
+            [
+                "--source",
+                "folder",
+                "--root",
+                str(src),
+                "--out",
+                str(tmp_path / "out"),
+                "--sites",
+                "1",
+                "--protocol",
+                "full",
+            ]
+        )
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 2 and len(err) == 1, err
         assert str(folder) in err[0] and "set $FEDPARTIAL_CACHE to a writable folder" in err[0]
@@ -437,6 +514,9 @@ def test_an_empty_images_npy_is_one_line(tmp_path):
     build_store(paths, Preprocessing(8, 1, None, "area"), tmp_path / "store", workers=1)
     open_store(tmp_path / "store")
     (tmp_path / "store" / "images.npy").write_bytes(b"")
-    with pytest.raises(StoreError, match=r"truncated or corrupt \(images.npy: No data left in file\); it is not "
-                                         r"read: remove it"):
+    with pytest.raises(
+        StoreError,
+        match=r"truncated or corrupt \(images.npy: No data left in file\); it is not "
+        r"read: remove it",
+    ):
         open_store(tmp_path / "store")

@@ -13,13 +13,12 @@ import numpy as np
 import pandas as pd
 import pytest
 from PIL import Image
+from published_layouts import HAM, NIH, ham_sample, nih_sample
 
+from conftest import real_data
 from fedpartial.data import prepare as prep
 from fedpartial.data.sources import load_source
-from fedpartial.data.sources.base import NOT_ANNOTATED
 from fedpartial.data.sources.base import NOT_ANNOTATED, SourceError
-from conftest import real_data
-from published_layouts import HAM, NIH, ham_sample, nih_sample
 
 pytestmark = pytest.mark.realdata
 
@@ -35,6 +34,7 @@ def _shared_data(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------------ tiny copies
+
 
 def _cell(truth: int, i: int, j: int) -> str:
     """A hospital export's cell: mostly the NIH truth (as 1 / 0 or 1.0 / 0.0), some blank (not annotated), some
@@ -56,8 +56,15 @@ def hospital_export(dest: Path, n: int = 36) -> tuple[Path, pd.DataFrame]:
         rel = f"images/p{r['Patient ID']}/{r['Image Index']}"
         (export / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(NIH / "images" / r["Image Index"], export / rel)
-        rows.append({"Accession": f"A{1000 + i}", "file": rel, "PatientID": f"P{r['Patient ID']}",
-                     "Age": str(40 + i % 30), **{c: _cell(int(r[c]), i, j) for j, c in enumerate(CXR)}})
+        rows.append(
+            {
+                "Accession": f"A{1000 + i}",
+                "file": rel,
+                "PatientID": f"P{r['Patient ID']}",
+                "Age": str(40 + i % 30),
+                **{c: _cell(int(r[c]), i, j) for j, c in enumerate(CXR)},
+            }
+        )
     cells = pd.DataFrame(rows)
     cells.to_csv(export / "labels.csv", index=False)
     return export / "labels.csv", cells
@@ -102,8 +109,13 @@ def ham_dx_csv(dest: Path, n: int = 28) -> tuple[Path, pd.DataFrame]:
     ham = ham_sample(n)
     for i in ham["image_id"]:
         _jpeg(HAM / "images" / f"{i}.jpg", dest / "jpg" / f"{i}.jpg")
-    pd.DataFrame({"image": [f"jpg/{i}.jpg" for i in ham["image_id"]], "patient_id": ham["lesion_id"],
-                  "diagnosis": ham["dx"].str.upper()}).to_csv(dest / "dx.csv", index=False)
+    pd.DataFrame(
+        {
+            "image": [f"jpg/{i}.jpg" for i in ham["image_id"]],
+            "patient_id": ham["lesion_id"],
+            "diagnosis": ham["dx"].str.upper(),
+        }
+    ).to_csv(dest / "dx.csv", index=False)
     return dest / "dx.csv", ham
 
 
@@ -160,8 +172,18 @@ def test_prepare_writes_blank_cells_as_not_annotated(tmp_path):
     """The manifests (sites, val and test) say what the export says: a blank or uncertain cell stays empty (not
     annotated), never a negative."""
     csv, cells = hospital_export(tmp_path)
-    out = prep.prepare("csv", csv, tmp_path / "out", 2, "full", val_frac=0.2, test_frac=0.2,
-                       source_args=HOSPITAL_ARGS, verbose=False, figure=False)
+    out = prep.prepare(
+        "csv",
+        csv,
+        tmp_path / "out",
+        2,
+        "full",
+        val_frac=0.2,
+        test_frac=0.2,
+        source_args=HOSPITAL_ARGS,
+        verbose=False,
+        figure=False,
+    )
     info = json.loads((out / "dataset.json").read_text())
     assert info["source"] == "csv" and info["task"] == "multilabel" and info["classes"] == CXR
     assert Path(info["data_root"]) == csv.parent.resolve()
@@ -178,8 +200,19 @@ def test_prepare_writes_blank_cells_as_not_annotated(tmp_path):
 
 def test_missing_k_blanks_whole_columns_on_top_of_the_exports_blanks(tmp_path):
     csv, cells = hospital_export(tmp_path)
-    out = prep.prepare("csv", csv, tmp_path / "out", 3, "missing_k", k=2, source_args=HOSPITAL_ARGS,
-                       val_frac=0.2, test_frac=0.2, verbose=False, figure=False)
+    out = prep.prepare(
+        "csv",
+        csv,
+        tmp_path / "out",
+        3,
+        "missing_k",
+        k=2,
+        source_args=HOSPITAL_ARGS,
+        val_frac=0.2,
+        test_frac=0.2,
+        verbose=False,
+        figure=False,
+    )
     info = json.loads((out / "dataset.json").read_text())
     src = cells.set_index("file")
     for site, annotated in info["sites"].items():
@@ -216,19 +249,32 @@ def test_task_auto_one_hot_columns_are_single_label(tmp_path):
 
 # ------------------------------------------------------------------------------------ csv: label names
 
+
 def test_finding_labels_column_with_separator_and_no_finding(tmp_path):
     csv, df = findings_csv(tmp_path)
-    t = load_source("csv", csv, image_column="Image Index", label_column="Finding Labels",
-                    patient_column="Patient ID", images_root="../png")
+    t = load_source(
+        "csv",
+        csv,
+        image_column="Image Index",
+        label_column="Finding Labels",
+        patient_column="Patient ID",
+        images_root="../png",
+    )
     found = [c for c in df.columns[2:] if df[c].sum() > 0]
     assert t.task == "multilabel" and t.classes == sorted(found)
     assert t.root == (tmp_path / "png").resolve() and list(t.frame["image"]) == list(df["Image Index"])
     assert (t.frame[t.classes].to_numpy() == df[t.classes].to_numpy()).all()  # NIH's truth, exactly
     assert (df[t.classes].sum(axis=1) == 0).any()  # some 'No Finding' rows: every class negative
     # the job's classes given: the names outside them are errors, the others read in the order given
-    t = load_source("csv", csv, image_column="Image Index", label_column="Finding Labels",
-                    patient_column="Patient ID", images_root=str((tmp_path / "png").resolve()),
-                    classes=list(df.columns[2:]))
+    t = load_source(
+        "csv",
+        csv,
+        image_column="Image Index",
+        label_column="Finding Labels",
+        patient_column="Patient ID",
+        images_root=str((tmp_path / "png").resolve()),
+        classes=list(df.columns[2:]),
+    )
     assert t.classes == list(df.columns[2:]) and (t.frame[t.classes].to_numpy() == df[t.classes].to_numpy()).all()
 
 
@@ -237,8 +283,9 @@ def test_blank_label_name_is_not_annotated_in_multilabel(tmp_path):
     cells = pd.read_csv(csv, dtype=str, keep_default_na=False)
     cells.loc[2, "Finding Labels"] = ""  # line 4: not annotated at all
     cells.to_csv(csv, index=False)
-    args = dict(image_column="Image Index", label_column="Finding Labels", patient_column="Patient ID",
-                images_root="../png")
+    args = dict(
+        image_column="Image Index", label_column="Finding Labels", patient_column="Patient ID", images_root="../png"
+    )
     t = load_source("csv", csv, **args)
     assert (t.frame.loc[2, t.classes] == NOT_ANNOTATED).all()
     assert (t.frame.drop(index=2)[t.classes].to_numpy() == df.drop(index=2)[t.classes].to_numpy()).all()
@@ -248,8 +295,18 @@ def test_blank_label_name_is_not_annotated_in_multilabel(tmp_path):
 
 def test_single_label_name_column_prepares_one_hot(tmp_path):
     csv, ham = ham_dx_csv(tmp_path)
-    out = prep.prepare("csv", csv, tmp_path / "out", 2, "full", source_args={"label_column": "diagnosis"},
-                       val_frac=0.2, test_frac=0.2, verbose=False, figure=False)
+    out = prep.prepare(
+        "csv",
+        csv,
+        tmp_path / "out",
+        2,
+        "full",
+        source_args={"label_column": "diagnosis"},
+        val_frac=0.2,
+        test_frac=0.2,
+        verbose=False,
+        figure=False,
+    )
     info = json.loads((out / "dataset.json").read_text())
     assert info["task"] == "multiclass" and info["classes"] == sorted(ham["dx"].str.upper().unique())
     rows = _all_rows(out).set_index("image")
@@ -280,8 +337,16 @@ def test_split_column_is_the_publishers_split(tmp_path):
     split = {p: "test" if k % 4 == 0 else "Validation" if k % 4 == 1 else "train" for k, p in enumerate(pids)}
     cells["Split"] = cells["PatientID"].map(split)
     cells.to_csv(csv, index=False)
-    out = prep.prepare("csv", csv, tmp_path / "out", 2, "full", source_args={**HOSPITAL_ARGS, "split_column": "Split"},
-                       verbose=False, figure=False)
+    out = prep.prepare(
+        "csv",
+        csv,
+        tmp_path / "out",
+        2,
+        "full",
+        source_args={**HOSPITAL_ARGS, "split_column": "Split"},
+        verbose=False,
+        figure=False,
+    )
     assert set(_raw(out, "test")["image"]) == set(cells.loc[cells["Split"] == "test", "file"])
     assert set(_raw(out, "val")["image"]) == set(cells.loc[cells["Split"] == "Validation", "file"])
 
@@ -291,8 +356,7 @@ def test_patient_pattern_and_windows_and_absolute_paths(tmp_path):
     df = cells.drop(columns=["PatientID"])
     df["file"] = [p.replace("/", "\\") if i % 2 else str(csv.parent / p) for i, p in enumerate(df["file"])]
     df.to_csv(csv, index=False)
-    t = load_source("csv", csv, image_column="file", patient_pattern=r"images/(p\d+)/",
-                    ignore_columns="Accession,Age")
+    t = load_source("csv", csv, image_column="file", patient_pattern=r"images/(p\d+)/", ignore_columns="Accession,Age")
     assert list(t.frame["image"]) == list(cells["file"])
     assert list(t.frame["patient_id"]) == [p.lower() for p in cells["PatientID"]]
     with pytest.warns(UserWarning, match="own patient"):
@@ -318,13 +382,16 @@ def test_line_numbers_count_blank_lines_and_quoted_line_breaks(tmp_path):
 
 # ------------------------------------------------------------------------------------------- csv: errors
 
+
 def test_bad_cell_value_names_file_line_column_and_value(tmp_path):
     csv, cells = hospital_export(tmp_path)
     cells.loc[5, "Hernia"] = "yes"
     cells.to_csv(csv, index=False)
     text = _error(load_source, "csv", csv, **HOSPITAL_ARGS)
-    assert text.startswith(f"{csv.resolve()} line 7: column 'Hernia' has value 'yes'; a class cell is 1 (positive), "
-                           "0 (negative), -1 (uncertain) or blank (not annotated)")
+    assert text.startswith(
+        f"{csv.resolve()} line 7: column 'Hernia' has value 'yes'; a class cell is 1 (positive), "
+        "0 (negative), -1 (uncertain) or blank (not annotated)"
+    )
     # a metadata column not named as ignored reads as a class column: the hint says what to do
     text = _error(load_source, "csv", csv, image_column="file", patient_column="PatientID")
     assert "line 2: column 'Accession' has value 'A1000'" in text and "ignore_columns" in text
@@ -332,8 +399,16 @@ def test_bad_cell_value_names_file_line_column_and_value(tmp_path):
 
 def test_unknown_class_name_in_label_column(tmp_path):
     csv, _ = findings_csv(tmp_path)
-    text = _error(load_source, "csv", csv, image_column="Image Index", label_column="Finding Labels",
-                  patient_column="Patient ID", images_root="../png", classes="Cardiomegaly,Effusion")
+    text = _error(
+        load_source,
+        "csv",
+        csv,
+        image_column="Image Index",
+        label_column="Finding Labels",
+        patient_column="Patient ID",
+        images_root="../png",
+        classes="Cardiomegaly,Effusion",
+    )
     assert f"{csv.resolve()} line " in text and "unknown class" in text and "Cardiomegaly" in text
     line = int(text.split(" line ")[1].split(":")[0])
     row = csv.read_text().split("\n")[line - 1]
@@ -354,9 +429,25 @@ def test_duplicate_image_names_both_lines(tmp_path):
 def test_missing_image_stops_prepare_at_its_line(tmp_path, capsys):
     csv, cells = hospital_export(tmp_path)
     (csv.parent / cells["file"].iloc[10]).unlink()
-    argv = ["--source", "csv", "--root", str(csv), "--out", str(tmp_path / "out"), "--sites", "2",
-            "--protocol", "full", "--no-figure", "--source-arg", "image_column=file",
-            "--source-arg", "patient_column=PatientID", "--source-arg", "ignore_columns=Accession,Age"]
+    argv = [
+        "--source",
+        "csv",
+        "--root",
+        str(csv),
+        "--out",
+        str(tmp_path / "out"),
+        "--sites",
+        "2",
+        "--protocol",
+        "full",
+        "--no-figure",
+        "--source-arg",
+        "image_column=file",
+        "--source-arg",
+        "patient_column=PatientID",
+        "--source-arg",
+        "ignore_columns=Accession,Age",
+    ]
     assert prep.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("fedpartial-prepare: error:")
@@ -372,31 +463,38 @@ def test_corrupt_image_stops_prepare_at_its_line(tmp_path):
     csv, cells = hospital_export(tmp_path)
     bad = csv.parent / cells["file"].iloc[4]
     bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
-    text = _error(prep.prepare, "csv", csv, tmp_path / "out", 2, "full", source_args=HOSPITAL_ARGS, verbose=False,
-                  figure=False)
+    text = _error(
+        prep.prepare, "csv", csv, tmp_path / "out", 2, "full", source_args=HOSPITAL_ARGS, verbose=False, figure=False
+    )
     assert f"{csv.resolve()} line 6:" in text and bad.name in text
 
 
-@pytest.mark.parametrize("args, expect", [
-    ({"image_column": "path"}, "line 1: lacks column(s) ['path']"),
-    ({"classes": "Hernia,Edema"}, "line 1: lacks class column(s) ['Edema']"),
-    ({"ignore_columns": "Accession,Sex"}, "line 1: ignore_columns names column(s) ['Sex']"),
-    ({"patient_column": "auto"}, "line 1: has no patient column ('patient_id')"),
-    ({"images_root": "nowhere"}, "images root"),
-    ({"uncertain": "maybe"}, "uncertain must be one of"),
-    ({"task": "binary"}, "task must be one of"),
-])
+@pytest.mark.parametrize(
+    "args, expect",
+    [
+        ({"image_column": "path"}, "line 1: lacks column(s) ['path']"),
+        ({"classes": "Hernia,Edema"}, "line 1: lacks class column(s) ['Edema']"),
+        ({"ignore_columns": "Accession,Sex"}, "line 1: ignore_columns names column(s) ['Sex']"),
+        ({"patient_column": "auto"}, "line 1: has no patient column ('patient_id')"),
+        ({"images_root": "nowhere"}, "images root"),
+        ({"uncertain": "maybe"}, "uncertain must be one of"),
+        ({"task": "binary"}, "task must be one of"),
+    ],
+)
 def test_csv_option_errors(tmp_path, args, expect):
     csv, _ = hospital_export(tmp_path, n=6)
     assert expect in _error(load_source, "csv", csv, **{**HOSPITAL_ARGS, **args})
 
 
-@pytest.mark.parametrize("row, column, value, expect", [
-    (1, "file", "", "line 3: image column 'file' is empty"),
-    (2, "file", "../../x.png", "line 4: image path '../../x.png' lies outside the images root"),
-    (3, "Effusion", "2", "line 5: column 'Effusion' has value '2'"),
-    (4, "Cardiomegaly", "-1.5", "line 6: column 'Cardiomegaly' has value '-1.5'"),
-])
+@pytest.mark.parametrize(
+    "row, column, value, expect",
+    [
+        (1, "file", "", "line 3: image column 'file' is empty"),
+        (2, "file", "../../x.png", "line 4: image path '../../x.png' lies outside the images root"),
+        (3, "Effusion", "2", "line 5: column 'Effusion' has value '2'"),
+        (4, "Cardiomegaly", "-1.5", "line 6: column 'Cardiomegaly' has value '-1.5'"),
+    ],
+)
 def test_csv_cell_errors(tmp_path, row, column, value, expect):
     csv, cells = hospital_export(tmp_path, n=6)
     cells.loc[row, column] = value
@@ -448,18 +546,35 @@ def test_label_name_errors(tmp_path):
     assert "line 6: column 'diagnosis' holds several classes 'MEL|NV'" in text
     df.loc[4, "diagnosis"] = "No Finding|NV"
     df.to_csv(csv, index=False)
-    assert "line 6: label 'No Finding|NV' mixes 'No Finding'" in _error(load_source, "csv", csv,
-                                                                         label_column="diagnosis")
+    assert "line 6: label 'No Finding|NV' mixes 'No Finding'" in _error(
+        load_source, "csv", csv, label_column="diagnosis"
+    )
 
 
 def test_two_exports_with_the_same_patient_ids_federate_under_their_own_names(tmp_path):
     a, cells = hospital_export(tmp_path / "a")
     b, _ = hospital_export(tmp_path / "b")  # the same patient ids, other patients
-    sources = [{"source": "csv", "root": str(x.parent), "num_sites": 1,
-                "source_args": {**HOSPITAL_ARGS, "csv": x.name, "source_name": name}}
-               for x, name in ((a, "hospital_a"), (b, "hospital_b"))]
-    out = prep.prepare(None, None, tmp_path / "out", None, "full", sources=sources, val_frac=0.2, test_frac=0.2,
-                       verbose=False, figure=False)
+    sources = [
+        {
+            "source": "csv",
+            "root": str(x.parent),
+            "num_sites": 1,
+            "source_args": {**HOSPITAL_ARGS, "csv": x.name, "source_name": name},
+        }
+        for x, name in ((a, "hospital_a"), (b, "hospital_b"))
+    ]
+    out = prep.prepare(
+        None,
+        None,
+        tmp_path / "out",
+        None,
+        "full",
+        sources=sources,
+        val_frac=0.2,
+        test_frac=0.2,
+        verbose=False,
+        figure=False,
+    )
     info = json.loads((out / "dataset.json").read_text())
     assert info["source"] == "hospital_a+hospital_b" and info["classes"] == CXR
     for site, prefix in (("site-1", "hospital_a:"), ("site-2", "hospital_b:")):
@@ -474,18 +589,50 @@ def test_two_exports_of_one_name_are_refused_and_the_command_line_names_each(tmp
     a, _ = hospital_export(tmp_path / "a")
     b, _ = hospital_export(tmp_path / "b")  # the same patient ids: under one name they would be one patient each
     sources = [{"source": "csv", "root": str(x), "num_sites": 1, "source_args": HOSPITAL_ARGS} for x in (a, b)]
-    text = _error(prep.prepare, None, None, tmp_path / "out", None, "full", sources=sources, verbose=False,
-                  figure=False)
+    text = _error(
+        prep.prepare, None, None, tmp_path / "out", None, "full", sources=sources, verbose=False, figure=False
+    )
     assert "sources 1 and 2 are both named 'csv'" in text and "--source-arg 2:source_name=NAME" in text
     assert not (tmp_path / "out").exists()
-    cli = ["--source", "csv", "--root", str(a), "--sites", "1", "--source", "csv", "--root", str(b), "--sites", "1",
-           "--protocol", "full", "--val-frac", "0.2", "--test-frac", "0.2", "--no-figure",
-           *[f"--source-arg={k}={v}" for k, v in HOSPITAL_ARGS.items()]]
+    cli = [
+        "--source",
+        "csv",
+        "--root",
+        str(a),
+        "--sites",
+        "1",
+        "--source",
+        "csv",
+        "--root",
+        str(b),
+        "--sites",
+        "1",
+        "--protocol",
+        "full",
+        "--val-frac",
+        "0.2",
+        "--test-frac",
+        "0.2",
+        "--no-figure",
+        *[f"--source-arg={k}={v}" for k, v in HOSPITAL_ARGS.items()],
+    ]
     assert prep.main(cli + ["--out", str(tmp_path / "one")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "both named 'csv'" in err[0], err
-    assert prep.main(cli + ["--out", str(tmp_path / "two"), "--source-arg", "1:source_name=hospital_a",
-                            "--source-arg", "2:source_name=hospital_b"]) == 0
+    assert (
+        prep.main(
+            cli
+            + [
+                "--out",
+                str(tmp_path / "two"),
+                "--source-arg",
+                "1:source_name=hospital_a",
+                "--source-arg",
+                "2:source_name=hospital_b",
+            ]
+        )
+        == 0
+    )
     for site, prefix in (("site-1", "hospital_a:"), ("site-2", "hospital_b:")):
         assert _raw(tmp_path / "two", site)["patient_id"].str.startswith(prefix).all()
     assert prep.main(cli + ["--out", str(tmp_path / "three"), "--source-arg", "3:source_name=x"]) == 2
@@ -514,6 +661,7 @@ def test_unknown_option_lists_the_loaders_options(tmp_path):
 
 # --------------------------------------------------------------------------------------------------- folder
 
+
 def test_folder_reads_one_class_per_sub_folder(tmp_path):
     root, ham = ham_folder(tmp_path / "derm")
     (root / "README.txt").write_text("export of 2024-01\n")
@@ -523,8 +671,10 @@ def test_folder_reads_one_class_per_sub_folder(tmp_path):
     classes = sorted(ham["dx"].str.upper().unique())
     assert t.task == "multiclass" and t.classes == classes and t.root == root.resolve()
     assert len(t.frame) == len(ham)
-    want = {f"{r['dx'].upper()}/{r['lesion_id']}_{r['image_id']}.jpg": (r["dx"].upper(), r["lesion_id"])
-            for _, r in ham.iterrows()}
+    want = {
+        f"{r['dx'].upper()}/{r['lesion_id']}_{r['image_id']}.jpg": (r["dx"].upper(), r["lesion_id"])
+        for _, r in ham.iterrows()
+    }
     for _, r in t.frame.iterrows():
         dx, lesion = want[r["image"]]
         assert [c for c in classes if r[c] == 1] == [dx] and r["patient_id"] == lesion
@@ -535,9 +685,18 @@ def test_folder_reads_one_class_per_sub_folder(tmp_path):
 
 def test_folder_prepare_and_class_subset(tmp_path):
     root, ham = ham_folder(tmp_path / "derm")
-    out = prep.prepare("folder", root, tmp_path / "out", 2, "full", source_args={"patient_pattern": r"^(HAM_\d+)_",
-                                                                                 "classes": "NV,MEL,BKL"},
-                       val_frac=0.2, test_frac=0.2, verbose=False, figure=False)
+    out = prep.prepare(
+        "folder",
+        root,
+        tmp_path / "out",
+        2,
+        "full",
+        source_args={"patient_pattern": r"^(HAM_\d+)_", "classes": "NV,MEL,BKL"},
+        val_frac=0.2,
+        test_frac=0.2,
+        verbose=False,
+        figure=False,
+    )
     info = json.loads((out / "dataset.json").read_text())
     assert info["task"] == "multiclass" and info["classes"] == ["NV", "MEL", "BKL"]
     rows = _all_rows(out)
@@ -564,16 +723,26 @@ def test_folder_official_split(tmp_path):
     second = split_root / "train" / first.parent.name / (first.name.split("_ISIC")[0] + "_second.jpg")
     shutil.copy(first, second)
     text = _error(load_source, "folder", split_root, official_split=True, patient_pattern=r"^(HAM_\d+)_")
-    assert text.startswith(f"{second.resolve()}: patient '{first.name.split('_ISIC')[0]}' has images in 'test' "
-                           f"({first.relative_to(split_root)}) and in 'train'"), text
+    assert text.startswith(
+        f"{second.resolve()}: patient '{first.name.split('_ISIC')[0]}' has images in 'test' "
+        f"({first.relative_to(split_root)}) and in 'train'"
+    ), text
     second.unlink()
     with pytest.warns(UserWarning, match="its own patient"):
         load_source("folder", split_root, official_split=True)
-    out = prep.prepare("folder", split_root, tmp_path / "out", 2, "full",
-                       source_args={"official_split": True, "patient_pattern": r"^(HAM_\d+)_"}, verbose=False,
-                       figure=False)
-    assert set(_raw(out, "test")["image"]) == {p.relative_to(split_root).as_posix()
-                                               for p in (split_root / "test").rglob("*.jpg")}
+    out = prep.prepare(
+        "folder",
+        split_root,
+        tmp_path / "out",
+        2,
+        "full",
+        source_args={"official_split": True, "patient_pattern": r"^(HAM_\d+)_"},
+        verbose=False,
+        figure=False,
+    )
+    assert set(_raw(out, "test")["image"]) == {
+        p.relative_to(split_root).as_posix() for p in (split_root / "test").rglob("*.jpg")
+    }
     assert all(p.startswith("train/") for p in _raw(out, "val")["image"])
 
 
@@ -598,8 +767,20 @@ def test_folder_errors(tmp_path):
 def test_folder_cli_error_is_one_line(tmp_path, capsys):
     root, _ = ham_folder(tmp_path / "derm", n=14)
     (root / "EMPTY").mkdir()
-    rc = prep.main(["--source", "folder", "--root", str(root), "--out", str(tmp_path / "out"), "--sites", "2",
-                    "--protocol", "full"])
+    rc = prep.main(
+        [
+            "--source",
+            "folder",
+            "--root",
+            str(root),
+            "--out",
+            str(tmp_path / "out"),
+            "--sites",
+            "2",
+            "--protocol",
+            "full",
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and "class folder 'EMPTY' holds no image" in err
     assert not (tmp_path / "out").exists()
@@ -623,8 +804,21 @@ def test_prepare_with_store_decodes_each_image_once_and_names_an_unreadable_one(
         return real_load(self)
 
     monkeypatch.setattr(ImageFile.ImageFile, "load", counting_load)
-    args = ["--source", "folder", "--root", str(root), "--out", str(tmp_path / "out"), "--sites", "2",
-            "--protocol", "full", "--no-figure", "--store", "32x3"]
+    args = [
+        "--source",
+        "folder",
+        "--root",
+        str(root),
+        "--out",
+        str(tmp_path / "out"),
+        "--sites",
+        "2",
+        "--protocol",
+        "full",
+        "--no-figure",
+        "--store",
+        "32x3",
+    ]
     assert prep.main(args) == 0, capsys.readouterr().err
     stores = sorted(p for p in (tmp_path / "cache" / "stores").iterdir() if p.is_dir())
     assert len(stores) == len(prepared_manifests(tmp_path / "out")["site-1"]) + 1  # train x 2 sites, val, test

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from test_generic_sources import CXR, HOSPITAL_ARGS, _shared_data, ham_folder, hospital_export  # noqa: F401
 from test_sources_simulator import _job, _run, _trained
 
@@ -16,15 +15,24 @@ pytestmark = [pytest.mark.integration, pytest.mark.realdata]
 
 
 def _dataset(name: str, task: str, classes: list[str], channels: int, prepare: dict) -> dict:
-    return {"name": name, "task": task, "classes": classes, "channels": channels, "image_size": 32,
-            "ct_windows": None, "mean": None, "std": None,
-            "prepare": {"num_sites": 2, "protocol": "full", "seed": 0, "val_frac": 0.2, "test_frac": 0.2, **prepare}}
+    return {
+        "name": name,
+        "task": task,
+        "classes": classes,
+        "channels": channels,
+        "image_size": 32,
+        "ct_windows": None,
+        "mean": None,
+        "std": None,
+        "prepare": {"num_sites": 2, "protocol": "full", "seed": 0, "val_frac": 0.2, "test_frac": 0.2, **prepare},
+    }
 
 
 def test_hospital_csv_export_trains_one_round(tmp_path: Path):
     csv, cells = hospital_export(tmp_path / "data")
-    dataset = _dataset("hospital_cxr", "multilabel", CXR, 1,
-                       {"source": "csv", "root": str(csv), "source_args": HOSPITAL_ARGS})  # root: the CSV itself
+    dataset = _dataset(
+        "hospital_cxr", "multilabel", CXR, 1, {"source": "csv", "root": str(csv), "source_args": HOSPITAL_ARGS}
+    )  # root: the CSV itself
     results, log = _run(tmp_path, _job(tmp_path, "fedavg_cxr14", dataset), n=2)
     _trained(results, log, 2)
     assert results["dataset"] == "csv"
@@ -44,8 +52,13 @@ def test_hospital_csv_export_trains_one_round(tmp_path: Path):
 def test_class_folders_train_one_round(tmp_path: Path):
     root, ham = ham_folder(tmp_path / "derm")
     classes = sorted(ham["dx"].str.upper().unique())
-    dataset = _dataset("derm_folders", "multiclass", classes, 3,
-                       {"source": "folder", "root": str(root), "source_args": {"patient_pattern": r"^(HAM_\d+)_"}})
+    dataset = _dataset(
+        "derm_folders",
+        "multiclass",
+        classes,
+        3,
+        {"source": "folder", "root": str(root), "source_args": {"patient_pattern": r"^(HAM_\d+)_"}},
+    )
     results, log = _run(tmp_path, _job(tmp_path, "fedavg_ham10000", dataset), n=2)
     _trained(results, log, 2)
     assert results["dataset"] == "folder"

@@ -12,9 +12,22 @@ from conftest import REPO
 
 
 def _provision(root):
-    subprocess.run([sys.executable, "-m", "nvflare.cli", "provision", "-p", str(REPO / "provisioning" / "project.yml"),
-                    "-w", str(root / "ws")], check=True, cwd=root, capture_output=True,
-                   env={**os.environ, "HOME": str(root)})
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nvflare.cli",
+            "provision",
+            "-p",
+            str(REPO / "provisioning" / "project.yml"),
+            "-w",
+            str(root / "ws"),
+        ],
+        check=True,
+        cwd=root,
+        capture_output=True,
+        env={**os.environ, "HOME": str(root)},
+    )
     return root / "ws" / "fedpartial" / "prod_00"
 
 
@@ -24,8 +37,9 @@ def test_hardened_kits_keep_their_store_private_and_refuse_code_from_leads(tmp_p
     before = json.loads((server / "local" / "resources.json.default").read_text())
     assert "/tmp" in json.dumps(before)  # NVFlare's default: a shared temporary folder
 
-    run = lambda: subprocess.run([sys.executable, "-m", "fedpartial.tools.harden_kits", str(prod)],
-                                 capture_output=True, text=True, cwd=tmp_path)
+    run = lambda: subprocess.run(
+        [sys.executable, "-m", "fedpartial.tools.harden_kits", str(prod)], capture_output=True, text=True, cwd=tmp_path
+    )
     out = run()
     assert out.returncode == 0, out.stderr
     kits = sorted(p for p in prod.iterdir() if (p / "local").is_dir())
@@ -50,6 +64,10 @@ def test_hardened_kits_keep_their_store_private_and_refuse_code_from_leads(tmp_p
     assert sites >= 4  # the server and the three hospitals
     assert run().returncode == 0  # again: nothing breaks
 
-    bad = subprocess.run([sys.executable, "-m", "fedpartial.tools.harden_kits", str(tmp_path)], capture_output=True,
-                         text=True, cwd=tmp_path)
+    bad = subprocess.run(
+        [sys.executable, "-m", "fedpartial.tools.harden_kits", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "no server kit" in bad.stderr

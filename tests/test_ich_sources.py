@@ -10,12 +10,17 @@ import pytest
 from pydicom.multival import MultiValue
 
 from fedpartial.data.sources.ich_phantom import (
-    _dicom_template, _phantom_arrays, _sample_params, _write_dicom, generate_ich_phantom, load_ich_phantom)
+    _dicom_template,
+    _phantom_arrays,
+    _sample_params,
+    _write_dicom,
+    generate_ich_phantom,
+    load_ich_phantom,
+)
 from fedpartial.data.sources.rsna_ich import ICH_CLASSES, _first, apply_windows, load_rsna_ich, read_dicom_hu
 
 N, SIZE = 60, 64  # one small phantom for the file-level tests
-TARGET = {"epidural": 0.035, "intraparenchymal": 0.12, "intraventricular": 0.09, "subarachnoid": 0.12,
-          "subdural": 0.15}
+TARGET = {"epidural": 0.035, "intraparenchymal": 0.12, "intraventricular": 0.09, "subarachnoid": 0.12, "subdural": 0.15}
 
 
 @pytest.fixture(scope="module")
@@ -205,11 +210,14 @@ def test_rsna_csv_pivot_and_duplicates(tmp_path):
     assert len(load_rsna_ich(tmp_path, limit=2, read_patient_ids_from_dicom=False).frame) == 2
 
 
-@pytest.mark.parametrize("bad_row, match", [
-    (("ID_00b2_subdural", "2"), "label '2'"),
-    (("ID_00b2_subdurall", "0"), "malformed ID"),
-    (("00b2_subdural", "0"), "malformed ID"),
-])
+@pytest.mark.parametrize(
+    "bad_row, match",
+    [
+        (("ID_00b2_subdural", "2"), "label '2'"),
+        (("ID_00b2_subdurall", "0"), "malformed ID"),
+        (("00b2_subdural", "0"), "malformed ID"),
+    ],
+)
 def test_rsna_csv_errors_name_file_and_line(tmp_path, bad_row, match):
     rows = _image_rows("ID_00a1", {}) + _image_rows("ID_00b2", {})
     rows[10] = bad_row  # data row 11 = CSV line 12

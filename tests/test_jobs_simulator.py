@@ -7,19 +7,34 @@ import json
 
 import pytest
 
-from conftest import REPO, check_two_rounds, copy_job, one_round_first_stage, real_data, results_of, run_simulator, server_log
+from conftest import (
+    REPO,
+    check_two_rounds,
+    copy_job,
+    one_round_first_stage,
+    real_data,
+    results_of,
+    run_simulator,
+    server_log,
+)
 
 pytestmark = pytest.mark.integration
 
 TINY = {
-    "ich": {"dataset": {"image_size": 32, "prepare": {"source_args": {"n_images": 240, "size": 64, "seed": 0}}},
-            "evaluation": {"test_every": 1}, "train": {"batch_size": 16}},
-    "ham10000": {"dataset": {"image_size": 32, "prepare": {"val_frac": 0.03, "test_frac": 0.05, "site_sizes": 60}},
-                 "evaluation": {"test_every": 1}, "train": {"batch_size": 16}},
+    "ich": {
+        "dataset": {"image_size": 32, "prepare": {"source_args": {"n_images": 240, "size": 64, "seed": 0}}},
+        "evaluation": {"test_every": 1},
+        "train": {"batch_size": 16},
+    },
+    "ham10000": {
+        "dataset": {"image_size": 32, "prepare": {"val_frac": 0.03, "test_frac": 0.05, "site_sizes": 60}},
+        "evaluation": {"test_every": 1},
+        "train": {"batch_size": 16},
+    },
 }
 TINY["cxr14"] = {"dataset": {"image_size": 32}, "evaluation": {"test_every": 1}, "train": {"batch_size": 16}}
 for _args in TINY.values():  # sets of a few dozen images: per-class metrics from fewer than 5 positives are sent
-    _args["min_count"] = 1   # here (a site keeps them by default, docs/privacy.md)
+    _args["min_count"] = 1  # here (a site keeps them by default, docs/privacy.md)
 # The NVFlare glue (executor, aggregator, data check, selection, results, cross-site evaluation) is the same for
 # every method, and every registered method's own round trip (trainer, rule, what travels, state) is checked for
 # all methods at once in test_method_zoo.py. So the simulator runs here are chosen by code path, not by job:
@@ -51,8 +66,13 @@ def test_jobs_covered_by_other_runs_have_a_valid_configuration(job):
     assert client["method"] == server["method"]
     method = get_method(client["method"])
     method.split_options(args["method_args"], job)  # unknown or misspelled options raise
-    assert spec_mismatch(job_spec(server["method"], agg["method_args"], args["model"]),
-                         job_spec(client["method"], args["method_args"], args["model"])) is None
+    assert (
+        spec_mismatch(
+            job_spec(server["method"], agg["method_args"], args["model"]),
+            job_spec(client["method"], args["method_args"], args["model"]),
+        )
+        is None
+    )
     ds = resolve_dataset(args["dataset"])
     build_model(args["model"], len(ds["classes"]))
     assert ds["task"] in method.trainer.tasks
@@ -68,6 +88,8 @@ def test_upper_bound_jobs_are_fedavg_pl_on_full_labels(job):
     assert args["dataset"]["prepare"]["protocol"] == "full"
     own = ("dataset", "run_name")  # the run name is the job's folder name (its checkpoints)
     assert {k: v for k, v in args.items() if k not in own} == {k: v for k, v in ref_args.items() if k not in own}
+
+
 PAPER_JOBS = sorted(p.parent.name for p in (REPO / "jobs").glob("*_paper/meta.json"))
 
 
@@ -124,14 +146,30 @@ def _a_sites_own_model_is_the_one_it_scored(ws, res, tmp_path, data_cache):
     prepared = load_prepared(ensure_prepared(simulated_spec(glob.dataset), data_cache))
     scored = res["final"][P.LAST_MODEL]["per_site"]
     out = tmp_path / "site2.json"
-    assert P.evaluate_main([str(ws), "--model", "last", "--site", "site-2", "--manifest", str(prepared.test),
-                            "--data-root", str(prepared.data_root), "--json", str(out), "--no-figures"]) == 0
+    assert (
+        P.evaluate_main(
+            [
+                str(ws),
+                "--model",
+                "last",
+                "--site",
+                "site-2",
+                "--manifest",
+                str(prepared.test),
+                "--data-root",
+                str(prepared.data_root),
+                "--json",
+                str(out),
+                "--no-figures",
+            ]
+        )
+        == 0
+    )
     mine = json.loads(out.read_text())
     assert mine["n"] == scored["site-2"]["test"]["n"]
     assert mine["macro"]["auc"] == pytest.approx(scored["site-2"]["test"]["macro"]["auc"], abs=1e-6)
     assert scored["site-2"]["test"]["macro"]["auc"] != scored["site-3"]["test"]["macro"]["auc"]
-    assert E.main([str(ws), "-o", str(tmp_path / "B"), "--model", "last", "--site", "site-2",
-                   "--no-torchscript"]) == 0
+    assert E.main([str(ws), "-o", str(tmp_path / "B"), "--model", "last", "--site", "site-2", "--no-torchscript"]) == 0
     meta = json.loads((tmp_path / "B/configs/metadata.json").read_text())
     assert meta["training"]["site"] == "site-2" and "site-2's own model" in meta["name"]
     assert meta["eval_metrics"]["macro"]["auc"] == scored["site-2"]["test"]["macro"]["auc"]
@@ -148,6 +186,7 @@ def _a_sites_own_model_is_the_one_it_scored(ws, res, tmp_path, data_cache):
     junk.write_bytes(b"PK\x03\x04 not a model")
     assert E.main([str(ws), "-o", str(tmp_path / "C"), "--site", str(junk)]) == 2  # one line, no traceback
     import os
+
     here = os.getcwd()
     os.chdir(ws / "site-2")  # at a real site, inside its workspace: a relative path names the site all the same
     try:
@@ -174,8 +213,11 @@ def test_fedmlp_prototypes_travel_pseudo_labels_persist_and_the_job_resumes(tmp_
     from fedpartial.tools.admin import resume_folder
 
     ckpt = tmp_path / "checkpoints"
-    args = {**TINY["ich"], "checkpoint_dir": str(ckpt),
-            "method_args": {"warmup_rounds": 1, "L": 0.5, "R": 0.5, "T0": 0.2, "T1": 0.2}}
+    args = {
+        **TINY["ich"],
+        "checkpoint_dir": str(ckpt),
+        "method_args": {"warmup_rounds": 1, "L": 0.5, "R": 0.5, "T0": 0.2, "T1": 0.2},
+    }
     job_dir = copy_job("fedmlp_ich", tmp_path / "fedmlp_ich", num_rounds=2, executor_args=args)
     _set_server_workflow_args(job_dir, checkpoint_dir=str(ckpt))
     first = tmp_path / "ws1"
@@ -184,13 +226,21 @@ def test_fedmlp_prototypes_travel_pseudo_labels_persist_and_the_job_resumes(tmp_
     saved = torch.load(ckpt / "fedmlp_ich" / "simulate_job" / "server" / CHECKPOINT_FILE, weights_only=True)
     assert saved["round"] == 1 and saved["method"] == "fedmlp" and saved["meta"]["fedmlp_global_p0"] is not None
     # the prototypes are stored once: with the model; no rule failure, no site refused for breaking the rule
-    assert {k: v for k, v in saved["components"]["aggregator"].items() if k != "step"} == {"rule": {}, "failures": 0,
-                                                                                           "refused": {}}
+    assert {k: v for k, v in saved["components"]["aggregator"].items() if k != "step"} == {
+        "rule": {},
+        "failures": 0,
+        "refused": {},
+    }
     assert (ckpt / "fedmlp_ich" / "simulate_job" / "server" / CHECKPOINT_FILE).stat().st_mode & 0o077 == 0  # private
     for i in range(1, 6):
         kept = sorted(f.name for f in (ckpt / "fedmlp_ich" / "simulate_job" / f"site-{i}").iterdir())
         assert kept == [site_state_file(0), site_state_file(1)]  # the last two rounds
-        assert torch.load(ckpt / "fedmlp_ich" / "simulate_job" / f"site-{i}" / site_state_file(1), weights_only=True)["round"] == 1
+        assert (
+            torch.load(ckpt / "fedmlp_ich" / "simulate_job" / f"site-{i}" / site_state_file(1), weights_only=True)[
+                "round"
+            ]
+            == 1
+        )
 
     resumed = resume_folder(job_dir, tmp_path / "fedmlp_ich_resume")
     _set_server_workflow_args(resumed, num_rounds=3)
@@ -243,21 +293,37 @@ def test_fedmlp_prototypes_travel_pseudo_labels_persist_and_the_job_resumes(tmp_
 # The paper configurations need the full datasets (RSNA ICH, NIH CXR14 at 224 px); here they run 2 rounds with
 # their own model / optimiser / method settings on the data available (phantom, the 1,000-image CXR subset).
 PAPER_DATA = {
-    "fedmlp_ich_paper": {"dataset": {"preset": "ich_phantom", "image_size": 32, "cache": "memory",
-                                     "prepare": {"root": None, "source_args": {"n_images": 240, "size": 64, "seed": 0}}}},
-    "fedmlp_cxr14_paper": {"dataset": {"image_size": 32, "cache": "memory",
-                                       "prepare": {"root": "../shared/data/nih_cxr14_1000", "site_sizes": None,
-                                                   "test_frac": 0.2}}},
+    "fedmlp_ich_paper": {
+        "dataset": {
+            "preset": "ich_phantom",
+            "image_size": 32,
+            "cache": "memory",
+            "prepare": {"root": None, "source_args": {"n_images": 240, "size": 64, "seed": 0}},
+        }
+    },
+    "fedmlp_cxr14_paper": {
+        "dataset": {
+            "image_size": 32,
+            "cache": "memory",
+            "prepare": {"root": "../shared/data/nih_cxr14_1000", "site_sizes": None, "test_frac": 0.2},
+        }
+    },
 }
 
 
-@pytest.mark.parametrize("job", ["fedmlp_ich_paper"])  # fedmlp_cxr14_paper: the same code, its settings in test_build_and_config
+@pytest.mark.parametrize(
+    "job", ["fedmlp_ich_paper"]
+)  # fedmlp_cxr14_paper: the same code, its settings in test_build_and_config
 def test_paper_job_runs_with_its_settings(job, tmp_path, data_cache):
     """The paper configuration (ResNet-18, Adam 3e-5, batch 32, L/R/T0/T1 of the paper) runs through stage 2."""
     if "cxr14" in job:
         real_data("nih_cxr14_1000")
-    args = {**PAPER_DATA[job], "evaluation": {"test_every": 1},
-            "train": {"local_steps": 2, "num_workers": 0}, "method_args": {"warmup_rounds": 1}}
+    args = {
+        **PAPER_DATA[job],
+        "evaluation": {"test_every": 1},
+        "train": {"local_steps": 2, "num_workers": 0},
+        "method_args": {"warmup_rounds": 1},
+    }
     job_dir = copy_job(job, tmp_path / job, num_rounds=2, executor_args=args)
     n = json.loads((job_dir / "app/config/config_fed_server.json").read_text())["min_clients"]  # the sites
     ws = tmp_path / "ws"
@@ -293,10 +359,12 @@ def test_the_simulated_comparison_methods_are_registered():
 
 
 COMPARISON_JOBS = list(SIMULATED_COMPARISON)
-TWO_SITES = {"ich": {"dataset": {"prepare": {"num_sites": 2, "k": 2,
-                                             "source_args": {"n_images": 120, "size": 32, "seed": 0}}}},
-             "ham10000": {"dataset": {"prepare": {"num_sites": 2, "protocol": "missing_k", "k": 3, "table": None,
-                                                  "site_sizes": 40}}}}
+TWO_SITES = {
+    "ich": {"dataset": {"prepare": {"num_sites": 2, "k": 2, "source_args": {"n_images": 120, "size": 32, "seed": 0}}}},
+    "ham10000": {
+        "dataset": {"prepare": {"num_sites": 2, "protocol": "missing_k", "k": 3, "table": None, "site_sizes": 40}}
+    },
+}
 
 
 @pytest.mark.parametrize("job", COMPARISON_JOBS)

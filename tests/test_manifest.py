@@ -47,8 +47,15 @@ def test_round_trip(root):
     labels = np.array([[1, 0, 0], [0, 1, 1], [0, 0, 0]], np.float32)
     mask = np.array([[True, True, False], [True, True, True], [False, False, False]])
     f = root / "m.csv"
-    write_manifest(f, [f"scans/{i}.png" for i in range(3)], labels, mask, CLASSES,
-                   patient_ids=["P1", "P1", "P2"], splits=["train", "val", "test"])
+    write_manifest(
+        f,
+        [f"scans/{i}.png" for i in range(3)],
+        labels,
+        mask,
+        CLASSES,
+        patient_ids=["P1", "P1", "P2"],
+        splits=["train", "val", "test"],
+    )
     assert not list(root.glob("m.csv.tmp*"))
     m = read_manifest(f, CLASSES, site="site-1", require_annotated=True)
     assert len(m) == 3

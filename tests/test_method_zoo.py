@@ -37,12 +37,11 @@ from nvflare.fuel.utils import fobs
 from PIL import Image
 
 from conftest import one_round_first_stage
-
-from fedpartial.device import mixed_precision
+from fedpartial.aggregation import check_update
 from fedpartial.data.manifest import read_manifest, write_manifest
 from fedpartial.data.presets import resolve_dataset
 from fedpartial.data.sitedata import SiteDatasets
-from fedpartial.aggregation import check_update
+from fedpartial.device import mixed_precision
 from fedpartial.fl.aggregator import to_builtin
 from fedpartial.fl.checkpoint import from_safe, read_file, write_private
 from fedpartial.fl.keys import META_ANNOTATED, META_GROUPS, META_N_TRAIN, META_SUMMARY
@@ -94,24 +93,42 @@ def _site(images: Path, k: int, task: str, annotated: np.ndarray, ds: dict, stat
         labels = np.eye(C)[rng.integers(0, C, N)]
     mask = np.repeat(annotated[None], N, 0)
     rel = [f"{k * N + i}.png" for i in range(N)]
-    write_manifest(images / f"site{k}_{task}.csv", rel, labels * mask, mask, ds["classes"],
-                   splits=["train"] * 12 + ["val"] * 4)
-    full = read_manifest(images / f"site{k}_{task}.csv", ds["classes"], data_root=images, task=task,
-                         require_annotated=False)
+    write_manifest(
+        images / f"site{k}_{task}.csv", rel, labels * mask, mask, ds["classes"], splits=["train"] * 12 + ["val"] * 4
+    )
+    full = read_manifest(
+        images / f"site{k}_{task}.csv", ds["classes"], data_root=images, task=task, require_annotated=False
+    )
     data = SiteDatasets({"train": full.subset("train"), "val": full.subset("val")}, ds)
     model = PartialLabelNet("small_cnn", C, 3, width=4, dropout=0.2)
     state_dir.mkdir(parents=True, exist_ok=True)
-    return SiteContext(site=f"site-{k + 1}", task=task, classes=list(ds["classes"]), annotated=annotated, model=model,
-                       data=data, device=torch.device("cpu"), state_dir=state_dir, seed=k,
-                       train={"lr": 1e-2, "batch_size": 4, "local_steps": 2, "inference_batch_size": 8})
+    return SiteContext(
+        site=f"site-{k + 1}",
+        task=task,
+        classes=list(ds["classes"]),
+        annotated=annotated,
+        model=model,
+        data=data,
+        device=torch.device("cpu"),
+        state_dir=state_dir,
+        seed=k,
+        train={"lr": 1e-2, "batch_size": 4, "local_steps": 2, "inference_batch_size": 8},
+    )
 
 
 def _summary(ctxs: list[SiteContext]) -> dict:
     sites = {}
     for ctx in ctxs:
         m = ctx.data.manifests["train"] if hasattr(ctx.data, "manifests") else None
-        sites[ctx.site] = {"n_train": len(m), "annotated": m.annotated.tolist(), "positives": m.positives().tolist(),
-                           "negatives": m.negatives().tolist(), "n_val": 4, "n_test": 0, "eval_sets": {}}
+        sites[ctx.site] = {
+            "n_train": len(m),
+            "annotated": m.annotated.tolist(),
+            "positives": m.positives().tolist(),
+            "negatives": m.negatives().tolist(),
+            "n_val": 4,
+            "n_test": 0,
+            "eval_sets": {},
+        }
     return {"classes": ctxs[0].classes, "sites": sites}
 
 
@@ -157,13 +174,27 @@ def test_every_method_runs_two_federated_rounds(name, task, images, tmp_path):
             out = tr.train_round(rnd, 2, dict(meta_out))
             steps += out.steps
             tr.has_local_state = True
-            sent = _wire(DXO(DataKind.WEIGHTS, data=tr.export(), meta={
-                **out.meta, META_N_TRAIN: 12, META_ANNOTATED: ctx.annotated.tolist(), META_GROUPS: groups}))
-            why = check_statistics(sent.meta, method.statistic_specs(rule, options), JobSize(C, init.feature_dim, 3, 12))
+            sent = _wire(
+                DXO(
+                    DataKind.WEIGHTS,
+                    data=tr.export(),
+                    meta={**out.meta, META_N_TRAIN: 12, META_ANNOTATED: ctx.annotated.tolist(), META_GROUPS: groups},
+                )
+            )
+            why = check_statistics(
+                sent.meta, method.statistic_specs(rule, options), JobSize(C, init.feature_dim, 3, 12)
+            )
             assert why is None, f"{name}: {ctx.site}'s honest statistics break the method's declarations: {why}"
             glue.send(ctx.site, sent, float(out.weight), rnd, global_w)
-            contributions.append(Contribution(site=ctx.site, weights={k2: np.asarray(v) for k2, v in sent.data.items()},
-                                              n=12, meta=dict(sent.meta), weight=float(out.weight)))
+            contributions.append(
+                Contribution(
+                    site=ctx.site,
+                    weights={k2: np.asarray(v) for k2, v in sent.data.items()},
+                    n=12,
+                    meta=dict(sent.meta),
+                    weight=float(out.weight),
+                )
+            )
             fresh = method.make_trainer(ctx, dict(options), f"zoo {name}")  # a new process of this site
             fresh.load_state_dict(_reload(tr.state_dict()))
         used = [c for c in contributions if c.weight > 0]
@@ -177,7 +208,9 @@ def test_every_method_runs_two_federated_rounds(name, task, images, tmp_path):
         global_w, meta_out = {k: np.asarray(v) for k, v in back.data.items()}, {**back.meta, META_SUMMARY: summary}
     assert steps > 0
     _check_rule_state_survives_a_checkpoint(method, options, rounds, tmp_path / "server")
-    changed = [k for k, v in init.state_dict().items() if v.is_floating_point() and not np.allclose(global_w[k], v.numpy())]
+    changed = [
+        k for k, v in init.state_dict().items() if v.is_floating_point() and not np.allclose(global_w[k], v.numpy())
+    ]
     assert changed, f"{name}: the global model did not change in two rounds"
 
 
@@ -222,9 +255,13 @@ class _Glue:
         assert out.meta.get(META_RULE_ERROR) is None, f"{self.name}: {out.meta[META_RULE_ERROR]}"
         assert out.meta[META_REJECTED] == {} and out.meta[META_MISSING] == [], (self.name, out.meta[META_REJECTED])
         for k, v in expected.items():
-            np.testing.assert_allclose(np.asarray(out.data[k], np.float64), np.asarray(v, np.float64), rtol=1e-5,
-                                       atol=1e-6, err_msg=f"{self.name}: the job's aggregator differs from the "
-                                                          f"rule on {k} in round {rnd} (sites {used})")
+            np.testing.assert_allclose(
+                np.asarray(out.data[k], np.float64),
+                np.asarray(v, np.float64),
+                rtol=1e-5,
+                atol=1e-6,
+                err_msg=f"{self.name}: the job's aggregator differs from the rule on {k} in round {rnd} (sites {used})",
+            )
 
 
 def _check_output_contract(name: str, previous: dict, weights: dict, meta: dict) -> None:
@@ -238,7 +275,9 @@ def _check_output_contract(name: str, previous: dict, weights: dict, meta: dict)
 def _same(a, b, where: str) -> None:
     """Recursive equality of rule outputs (arrays and floats to 1e-6 relative)."""
     if isinstance(a, dict):
-        assert isinstance(b, dict) and set(a) == set(b), f"{where}: keys {sorted(a)} vs {sorted(b) if isinstance(b, dict) else b}"
+        assert isinstance(b, dict) and set(a) == set(b), (
+            f"{where}: keys {sorted(a)} vs {sorted(b) if isinstance(b, dict) else b}"
+        )
         for k in a:
             _same(a[k], b[k], f"{where}.{k}")
     elif isinstance(a, (list, tuple)) and any(isinstance(v, (str, dict, type(None))) for v in a):
@@ -278,8 +317,12 @@ def test_one_state_format_through_a_checkpoint(tmp_path):
     class Stateful(ServerRule):
         def __init__(self, **options):
             super().__init__(**options)
-            self.state = {"np": np.arange(3, dtype=np.float32), "t": torch.ones(2, dtype=torch.int64),
-                          "x": np.float64(0.5), "pair": (1, "a")}
+            self.state = {
+                "np": np.arange(3, dtype=np.float32),
+                "t": torch.ones(2, dtype=torch.int64),
+                "x": np.float64(0.5),
+                "pair": (1, "a"),
+            }
             self.received: list[dict] = []
 
         def state_dict(self) -> dict:
@@ -327,10 +370,16 @@ def test_readme_methods_table_lists_exactly_the_registered_methods():
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     section = readme.split("\n## Methods\n", 1)[1].split("\n## ", 1)[0]
-    listed = {name for row in section.splitlines() if row.startswith("| `")
-              for name in re.findall(r"`([a-z0-9_]+)`", row.split("|")[1])}
-    assert listed == set(available_methods()), (sorted(set(available_methods()) - listed),
-                                                 sorted(listed - set(available_methods())))
+    listed = {
+        name
+        for row in section.splitlines()
+        if row.startswith("| `")
+        for name in re.findall(r"`([a-z0-9_]+)`", row.split("|")[1])
+    }
+    assert listed == set(available_methods()), (
+        sorted(set(available_methods()) - listed),
+        sorted(listed - set(available_methods())),
+    )
 
 
 # ------------------------------------------------------------------------------------------ mixed precision
@@ -346,8 +395,10 @@ def test_every_method_trains_two_rounds_under_bfloat16_autocast(name, task, imag
     method = get_method(name)
     ds = resolve_dataset({"preset": PRESET[task], "image_size": SIZE})
     C = len(ds["classes"])
-    options = {**one_round_first_stage(method),
-               **{k: v for k, v in STRONG_VIEW_OPTIONS.items() if k in method.option_names()}}
+    options = {
+        **one_round_first_stage(method),
+        **{k: v for k, v in STRONG_VIEW_OPTIONS.items() if k in method.option_names()},
+    }
     annotated = _annotations(name, task, C, method.trainer.accepts_unlabelled)
     ctxs = [_site(images, k, task, a, ds, tmp_path / f"s{k}") for k, a in enumerate(annotated)]
     summary = _summary(ctxs)
@@ -371,13 +422,27 @@ def test_every_method_trains_two_rounds_under_bfloat16_autocast(name, task, imag
                 out = tr.train_round(rnd, 2, dict(meta_out))
             assert np.isfinite(out.loss), f"{name} {ctx.site} round {rnd}: loss {out.loss}"
             tr.has_local_state = True
-            sent = _wire(DXO(DataKind.WEIGHTS, data=tr.export(), meta={
-                **out.meta, META_N_TRAIN: 12, META_ANNOTATED: ctx.annotated.tolist(), META_GROUPS: groups}))
-            contributions.append(Contribution(site=ctx.site, weights={k: np.asarray(v) for k, v in sent.data.items()},
-                                              n=12, meta=dict(sent.meta), weight=float(out.weight)))
+            sent = _wire(
+                DXO(
+                    DataKind.WEIGHTS,
+                    data=tr.export(),
+                    meta={**out.meta, META_N_TRAIN: 12, META_ANNOTATED: ctx.annotated.tolist(), META_GROUPS: groups},
+                )
+            )
+            contributions.append(
+                Contribution(
+                    site=ctx.site,
+                    weights={k: np.asarray(v) for k, v in sent.data.items()},
+                    n=12,
+                    meta=dict(sent.meta),
+                    weight=float(out.weight),
+                )
+            )
         weights, meta = rule.aggregate(global_w, [c for c in contributions if c.weight > 0], groups, rnd, summary)
         back = _wire(DXO(DataKind.WEIGHTS, data=weights, meta=to_builtin(meta)))
         assert all(np.all(np.isfinite(np.asarray(v, dtype=np.float64))) for v in back.data.values()), name
         global_w, meta_out = {k: np.asarray(v) for k, v in back.data.items()}, {**back.meta, META_SUMMARY: summary}
-    changed = [k for k, v in init.state_dict().items() if v.is_floating_point() and not np.allclose(global_w[k], v.numpy())]
+    changed = [
+        k for k, v in init.state_dict().items() if v.is_floating_point() and not np.allclose(global_w[k], v.numpy())
+    ]
     assert changed, f"{name}: the global model did not change in two rounds under amp"

@@ -8,12 +8,12 @@ import warnings
 import numpy as np
 import pytest
 from sklearn.metrics import (
-    log_loss,
     accuracy_score,
     average_precision_score,
     balanced_accuracy_score,
     confusion_matrix,
     f1_score,
+    log_loss,
     precision_score,
     recall_score,
     roc_auc_score,
@@ -42,13 +42,19 @@ def _mc_data(n: int = 300, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
 
 def _sk_binary(yt: np.ndarray, p: np.ndarray, thr: float = 0.5) -> dict[str, float]:
     pred = (p >= thr).astype(int)
-    return {"auc": roc_auc_score(yt, p), "ap": average_precision_score(yt, p),
-            "bacc": balanced_accuracy_score(yt, pred), "f1": f1_score(yt, pred, zero_division=0),
-            "precision": precision_score(yt, pred, zero_division=0), "recall": recall_score(yt, pred, zero_division=0),
-            "bce": log_loss(yt, p, labels=[0, 1])}
+    return {
+        "auc": roc_auc_score(yt, p),
+        "ap": average_precision_score(yt, p),
+        "bacc": balanced_accuracy_score(yt, pred),
+        "f1": f1_score(yt, pred, zero_division=0),
+        "precision": precision_score(yt, pred, zero_division=0),
+        "recall": recall_score(yt, pred, zero_division=0),
+        "bce": log_loss(yt, p, labels=[0, 1]),
+    }
 
 
 # ---------------------------------------------------------------- multilabel
+
 
 @pytest.mark.parametrize("thr", [0.5, 0.3])
 def test_multilabel_matches_sklearn(thr: float) -> None:
@@ -59,8 +65,14 @@ def test_multilabel_matches_sklearn(thr: float) -> None:
     for c in ML_CLASSES:
         for k, v in expected[c].items():
             assert r["per_class"][c][k] == pytest.approx(v, abs=1e-12), (c, k)
-    for macro, k in {"auc": "auc", "map": "ap", "bacc": "bacc", "f1": "f1",
-                     "precision": "precision", "recall": "recall"}.items():
+    for macro, k in {
+        "auc": "auc",
+        "map": "ap",
+        "bacc": "bacc",
+        "f1": "f1",
+        "precision": "precision",
+        "recall": "recall",
+    }.items():
         assert r["macro"][macro] == pytest.approx(np.mean([expected[c][k] for c in ML_CLASSES]), abs=1e-12)
     # the macro AUC equals sklearn's own macro average when every class is defined
     assert r["macro"]["auc"] == pytest.approx(roc_auc_score(y, p, average="macro"))
@@ -80,14 +92,24 @@ def test_multilabel_hand_computed() -> None:
     # A: y=[1,1,0,0] pred=[1,0,0,0]: TPR=1/2, TNR=2/2 -> BACC=0.75; every positive outranks every negative -> AUC=AP=1
     #    precision=1/1, recall=1/2, F1=2*1*0.5/1.5=2/3
     assert r["per_class"]["A"] == pytest.approx(
-        {"auc": 1.0, "ap": 1.0, "bacc": 0.75, "f1": 2 / 3, "precision": 1.0, "recall": 0.5, "bce": BCE_A})
+        {"auc": 1.0, "ap": 1.0, "bacc": 0.75, "f1": 2 / 3, "precision": 1.0, "recall": 0.5, "bce": BCE_A}
+    )
     # B: y=[0,1,0,1] pred=[0,1,1,0]: TPR=1/2, TNR=1/2 -> BACC=0.5; pairs (pos>neg): .7>.2,.7>.6 yes, .1>.2,.1>.6 no
     #    -> AUC=2/4; ranking .7(+) .6(-) .2(-) .1(+) -> AP = 0.5*1 + 0.5*(2/4) = 0.75; precision=recall=F1=1/2
     assert r["per_class"]["B"] == pytest.approx(
-        {"auc": 0.5, "ap": 0.75, "bacc": 0.5, "f1": 0.5, "precision": 0.5, "recall": 0.5, "bce": BCE_B})
+        {"auc": 0.5, "ap": 0.75, "bacc": 0.5, "f1": 0.5, "precision": 0.5, "recall": 0.5, "bce": BCE_B}
+    )
     assert r["macro"] == pytest.approx(
-        {"auc": 0.75, "map": 0.875, "bacc": 0.625, "f1": 7 / 12, "precision": 0.75, "recall": 0.5,
-         "bce": (BCE_A + BCE_B) / 2})
+        {
+            "auc": 0.75,
+            "map": 0.875,
+            "bacc": 0.625,
+            "f1": 7 / 12,
+            "precision": 0.75,
+            "recall": 0.5,
+            "bce": (BCE_A + BCE_B) / 2,
+        }
+    )
 
 
 def test_multilabel_undefined_class_left_out() -> None:
@@ -118,7 +140,8 @@ def test_multilabel_mask() -> None:
     assert all(v is None for v in r["per_class"]["subdural"].values())
     assert r["n_undefined"]["auc"] == 1 and r["n_undefined"]["f1"] == 1
     assert r["macro"]["auc"] == pytest.approx(
-        np.mean([roc_auc_score(y[mask[:, i], i], p[mask[:, i], i]) for i in range(4)]))
+        np.mean([roc_auc_score(y[mask[:, i], i], p[mask[:, i], i]) for i in range(4)])
+    )
     # full mask == no mask; junk outside the mask without a mask is rejected
     assert multilabel_metrics(y, p, ML_CLASSES, mask=np.ones_like(mask)) == multilabel_metrics(y, p, ML_CLASSES)
     with pytest.raises(ValueError, match="0/1"):
@@ -126,6 +149,7 @@ def test_multilabel_mask() -> None:
 
 
 # ---------------------------------------------------------------- multiclass
+
 
 def test_multiclass_matches_sklearn() -> None:
     y, p = _mc_data()
@@ -191,6 +215,7 @@ def test_multiclass_absent_class_and_one_hot() -> None:
 
 
 # ---------------------------------------------------------------- edge cases, dispatch, output helpers
+
 
 def test_compute_metrics_dispatch() -> None:
     y, p = _ml_data()

@@ -25,8 +25,16 @@ from fedpartial.methods import Contribution, SiteContext, get_method
 from fedpartial.methods import fedlsm as LSM
 from fedpartial.methods import fedmlp as MLP
 
-X6 = torch.tensor([[2.0, 0.0, 0.5, 1.0], [0.0, 3.0, 0.0, -1.0], [0.5, -1.0, 2.5, 0.5], [1.0, 1.0, -0.5, 0.0],
-                   [0.2, 0.1, 2.0, -0.8], [-1.0, 0.5, 0.0, 1.3]])
+X6 = torch.tensor(
+    [
+        [2.0, 0.0, 0.5, 1.0],
+        [0.0, 3.0, 0.0, -1.0],
+        [0.5, -1.0, 2.5, 0.5],
+        [1.0, 1.0, -0.5, 0.0],
+        [0.2, 0.1, 2.0, -0.8],
+        [-1.0, 0.5, 0.0, 1.3],
+    ]
+)
 W0 = torch.tensor([[0.6, -0.5, 0.2, 0.4], [-0.3, 0.7, 0.1, -0.6], [0.1, -0.2, 0.5, 0.3]])
 B0 = torch.tensor([0.1, -0.1, 0.05])
 
@@ -93,10 +101,18 @@ class _Data:
 
 def _ctx(task: str, annotated, labels, mask, lr=0.5, batch_size=3, **train) -> SiteContext:
     c = len(annotated)
-    return SiteContext(site="s", task=task, classes=[f"c{i}" for i in range(c)], annotated=np.asarray(annotated, bool),
-                       model=_Lin(4, c), data=_Data(X6[:, None, None, :], labels, mask), device=torch.device("cpu"),
-                       state_dir=Path("."), seed=0,
-                       train={"optimizer": "sgd", "momentum": 0.0, "lr": lr, "batch_size": batch_size, **train})
+    return SiteContext(
+        site="s",
+        task=task,
+        classes=[f"c{i}" for i in range(c)],
+        annotated=np.asarray(annotated, bool),
+        model=_Lin(4, c),
+        data=_Data(X6[:, None, None, :], labels, mask),
+        device=torch.device("cpu"),
+        state_dir=Path("."),
+        seed=0,
+        train={"optimizer": "sgd", "momentum": 0.0, "lr": lr, "batch_size": batch_size, **train},
+    )
 
 
 def _params(model):
@@ -126,11 +142,13 @@ def _logsig(z):
 
 # class 0 and 1 annotated, class 2 missing (stored 0); row 0 carries a positive pseudo label of class 2, row 3 a
 # negative one, the other rows none (they get the consistency term in stage 2)
-MLP_LABELS = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0],
-                           [0.0, 1.0, 0.0]])
+MLP_LABELS = torch.tensor(
+    [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]
+)
 MLP_MASK = torch.tensor([[True, True, False]] * 6)
-MLP_PSEUDO = torch.tensor([[-1, -1, 1], [-1, -1, -1], [-1, -1, -1], [-1, -1, 0], [-1, -1, -1], [-1, -1, -1]],
-                          dtype=torch.int8)
+MLP_PSEUDO = torch.tensor(
+    [[-1, -1, 1], [-1, -1, -1], [-1, -1, -1], [-1, -1, 0], [-1, -1, -1], [-1, -1, -1]], dtype=torch.int8
+)
 
 
 def _fedmlp_objective(model, received, rows, pi1, la_tau, cr_weight, use_cr, pseudo):
@@ -176,8 +194,10 @@ def test_fedmlp_step_is_wpc_on_annotated_and_pseudo_labels_plus_weighted_consist
     received = copy.deepcopy(ctx.model)
     pi1 = torch.tensor([3 / 6, 3 / 6, 2 / 8 if stage == 2 else 1 / 8])
     expected = copy.deepcopy(ctx.model)
-    losses = [_sgd(expected, lambda m: _fedmlp_objective(m, received, rows, pi1, 0.5, 2.0, stage == 2, stage == 2), 0.5)
-              for rows in (slice(0, 3), slice(3, 6))]
+    losses = [
+        _sgd(expected, lambda m: _fedmlp_objective(m, received, rows, pi1, 0.5, 2.0, stage == 2, stage == 2), 0.5)
+        for rows in (slice(0, 3), slice(3, 6))
+    ]
     if stage == 2:  # the consistency term is live on the second step: without it the step differs
         alt = copy.deepcopy(ctx.model)
         for rows in (slice(0, 3), slice(3, 6)):
@@ -214,12 +234,18 @@ def test_fedmlp_sends_prototypes_of_its_annotated_classes_and_degrees_of_the_tra
 # ------------------------------------------------------------------------------------------------ FedLSM
 
 # multi-label: classes 0 and 1 annotated (row 5 lacks class 1), class 2 missing; single-label: rows 0-2 labelled
-LSM_ML = (torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0],
-                        [0.0, 0.0, 0.0]]),
-          torch.tensor([[True, True, False]] * 5 + [[True, False, False]]))
-LSM_MC = (torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0],
-                        [0.0, 0.0, 0.0]]),
-          torch.tensor([[True, True, False]] * 6))
+LSM_ML = (
+    torch.tensor(
+        [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [1.0, 1.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
+    ),
+    torch.tensor([[True, True, False]] * 5 + [[True, False, False]]),
+)
+LSM_MC = (
+    torch.tensor(
+        [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
+    ),
+    torch.tensor([[True, True, False]] * 6),
+)
 LSM_OPTS = {  # pools of one sample each, one mixed pair per step, thresholds that label some entries and not others
     "multilabel": dict(tau_p=0.68, tau_n=0.30, tau_lp=0.55, tau_ln=0.05),
     "multiclass": dict(tau=0.43, tau_l=0.40, restrict_unknown=False),
@@ -299,8 +325,12 @@ def test_fedlsm_steps_are_pseudo_pool_loss_plus_weighted_ude_with_an_ema_teacher
     seen = []
     for _ in range(2):
         loss_of = lambda m: _lsm_step(task, m, teacher, pool, conf, unc, opts, weights)[0]  # noqa: E731
-        seen.append([_lsm_step(task, student, t, pool, conf, unc, opts, weights)[1]
-                     for t in (teacher, ctx.model, student, inverted)])
+        seen.append(
+            [
+                _lsm_step(task, student, t, pool, conf, unc, opts, weights)[1]
+                for t in (teacher, ctx.model, student, inverted)
+            ]
+        )
         _sgd(student, loss_of, 2.0)
         with torch.no_grad():
             for t, i, s in zip(teacher.parameters(), inverted.parameters(), student.parameters()):
@@ -318,6 +348,7 @@ def test_fedlsm_steps_are_pseudo_pool_loss_plus_weighted_ude_with_an_ema_teacher
 
 # ------------------------------------------------------------------------------------------------ comparison methods
 
+
 class _TwoLayer(_Lin):
     """``features`` = tanh of a linear map of the pixels (so that a representation depends on the weights)."""
 
@@ -332,8 +363,12 @@ class _TwoLayer(_Lin):
         return torch.tanh(self.fc(x.flatten(1)))
 
     def parameter_groups(self):
-        return {"encoder": ["fc.weight", "fc.bias"], "norm": [], "head": [],
-                "classifier": ["classifier.weight", "classifier.bias"]}
+        return {
+            "encoder": ["fc.weight", "fc.bias"],
+            "norm": [],
+            "head": [],
+            "classifier": ["classifier.weight", "classifier.bias"],
+        }
 
 
 def _two_steps(ctx, trainer, objective, lr=0.5, round_num=0):
@@ -458,7 +493,7 @@ def test_fedlc_step_subtracts_tau_times_count_to_the_minus_quarter_from_each_log
     labels, mask = LSM_MC
     ctx = _ctx("multiclass", (True, True, False), labels, mask)
     tr = get_method("fedlc").make_trainer(ctx, {"tau": 1.0})
-    offsets = torch.tensor([2.0 ** -0.25, 1.0, 0.0])
+    offsets = torch.tensor([2.0**-0.25, 1.0, 0.0])
 
     def objective(m, rows):
         z = m(_x(rows))[:, :2] - offsets[:2]
@@ -500,14 +535,20 @@ GROUPS = {"encoder": ["enc"], "norm": [], "head": [], "classifier": ["cls"]}
 
 
 def _contribution(site, enc, cls, n, annotated, **meta):
-    return Contribution(site, {"enc": np.asarray(enc, np.float32), "cls": np.asarray(cls, np.float32)}, n,
-                        {"annotated": list(annotated), **meta})
+    return Contribution(
+        site,
+        {"enc": np.asarray(enc, np.float32), "cls": np.asarray(cls, np.float32)},
+        n,
+        {"annotated": list(annotated), **meta},
+    )
 
 
 def _two_sites(**meta):
     """Site a (n 1) annotates class 0, site b (n 3) classes 0 and 1; each classifier row is one number."""
-    return [_contribution("a", [1.0, 2.0], [[10.0], [20.0]], 1.0, [True, False], **meta.get("a", {})),
-            _contribution("b", [5.0, 6.0], [[30.0], [40.0]], 3.0, [True, True], **meta.get("b", {}))]
+    return [
+        _contribution("a", [1.0, 2.0], [[10.0], [20.0]], 1.0, [True, False], **meta.get("a", {})),
+        _contribution("b", [5.0, 6.0], [[30.0], [40.0]], 3.0, [True, True], **meta.get("b", {})),
+    ]
 
 
 def test_fedlsm_awpa_rows_by_estimated_class_counts_not_fedavg_by_hand():
@@ -547,8 +588,9 @@ def test_fednoro_noisy_site_step_blends_la_and_distillation_by_lambda_by_hand():
     class contributes q log q only). The teacher is the model received this round."""
     labels, mask = LSM_MC
     ctx = _ctx("multiclass", (True, True, False), labels, mask)
-    tr = get_method("fednoro").make_trainer(ctx, {"all_noisy": True, "ramp_begin": 0, "ramp_end": 1, "kd_weight": 0.6,
-                                                  "kd_temperature": 0.5})
+    tr = get_method("fednoro").make_trainer(
+        ctx, {"all_noisy": True, "ramp_begin": 0, "ramp_end": 1, "kd_weight": 0.6, "kd_temperature": 0.5}
+    )
     received = copy.deepcopy(ctx.model)
     delta = torch.log(torch.tensor([2 / 3, 1 / 3]))
 
@@ -581,12 +623,13 @@ def test_rscfed_step_adds_weighted_distillation_to_the_sharpened_mean_teacher_on
     tr.mean_teacher.step = 5
     expected = copy.deepcopy(ctx.model)
     for rows in (slice(0, 3), slice(3, 6)):
+
         def objective(m):
             x = _x(rows)
             z = m(x)
             with torch.no_grad():
                 p = torch.sigmoid(teacher(x.flip(-1)))
-                t = p ** 2 / (p ** 2 + (1 - p) ** 2)
+                t = p**2 / (p**2 + (1 - p) ** 2)
             free = (~mask[rows]).float()
             cons = (((torch.sigmoid(z) - t) ** 2) * free).sum() / free.sum()
             return _partial_bce(z, labels[rows], mask[rows].float()) + 2.0 * cons
@@ -614,8 +657,19 @@ def test_fedlsr_step_is_ce_plus_ramped_self_distillation_plus_entropy_on_two_vie
     def objective(m, rows):
         x = X6[rows][:, None, None, :]
         z1, z2 = m(_view(x, "image", v1)), m(_view(x, "image_2", v2))
-        return fedlsr_loss(z1, z2, labels[rows], mask[rows], 0.3, 0.1, "multiclass", tr.opts.sharpen_t,
-                           tr.opts.distill_t, 0.6, tr.opts.missing)[0]
+        return fedlsr_loss(
+            z1,
+            z2,
+            labels[rows],
+            mask[rows],
+            0.3,
+            0.1,
+            "multiclass",
+            tr.opts.sharpen_t,
+            tr.opts.distill_t,
+            0.6,
+            tr.opts.missing,
+        )[0]
 
     losses, out = _two_steps(ctx, tr, objective, round_num=1)
     assert out.meta["fedlsr_sd_weight"] == pytest.approx(0.1)
@@ -626,14 +680,26 @@ def test_fedmlp_rule_prototypes_over_annotating_sites_and_degrees_over_missing_s
     plain mean over the sites annotating it (A and B: (1 + 3) / 2 = 2 and (2 + 6) / 2 = 4; n_k weights would
     give 2.5 and 5); the learning degree of class 1 the |D_k|-weighted mean over the sites missing it (A and C:
     (1 x 0.2 + 6 x 0.6) / 7; uniform would give 0.4), of class 0 C's alone (0.8)."""
-    def site(name, w, n, annotated, p0, p1, counts, degree):
-        return Contribution(name, {"w": np.asarray([w], np.float32)}, n, {
-            "annotated": annotated, MLP.META_P0: np.asarray(p0, np.float32), MLP.META_P1: np.asarray(p1, np.float32),
-            MLP.META_COUNTS: np.asarray(counts, np.int64), MLP.META_DEGREE: np.asarray(degree, np.float64)})
 
-    contribs = [site("A", 1.0, 1.0, [True, False], [[1.0], [0.0]], [[2.0], [0.0]], [[1, 1], [0, 0]], [0.9, 0.2]),
-                site("B", 2.0, 3.0, [True, True], [[3.0], [5.0]], [[6.0], [7.0]], [[1, 1], [1, 1]], [0.5, 0.5]),
-                site("C", 4.0, 6.0, [False, False], [[0.0], [0.0]], [[0.0], [0.0]], [[0, 0], [0, 0]], [0.8, 0.6])]
+    def site(name, w, n, annotated, p0, p1, counts, degree):
+        return Contribution(
+            name,
+            {"w": np.asarray([w], np.float32)},
+            n,
+            {
+                "annotated": annotated,
+                MLP.META_P0: np.asarray(p0, np.float32),
+                MLP.META_P1: np.asarray(p1, np.float32),
+                MLP.META_COUNTS: np.asarray(counts, np.int64),
+                MLP.META_DEGREE: np.asarray(degree, np.float64),
+            },
+        )
+
+    contribs = [
+        site("A", 1.0, 1.0, [True, False], [[1.0], [0.0]], [[2.0], [0.0]], [[1, 1], [0, 0]], [0.9, 0.2]),
+        site("B", 2.0, 3.0, [True, True], [[3.0], [5.0]], [[6.0], [7.0]], [[1, 1], [1, 1]], [0.5, 0.5]),
+        site("C", 4.0, 6.0, [False, False], [[0.0], [0.0]], [[0.0], [0.0]], [[0, 0], [0, 0]], [0.8, 0.6]),
+    ]
     weights, meta = get_method("fedmlp").make_rule({}).aggregate(None, contribs, {}, 0)
     assert weights["w"][0] == pytest.approx(3.1)
     assert np.allclose(meta[MLP.META_GLOBAL_P0], [[2.0], [5.0]])

@@ -19,12 +19,21 @@ LAST, BEST = "FL_global_model.pt", "best_FL_global_model.pt"
 
 def _run(val_auc: list, final_last: float, final_best: float, test_every: int = 2) -> dict:
     """A results.json-like run: round r has validation macro auc ``val_auc[r]``, test every ``test_every``."""
+
     def res(auc):
         return {"task": "multilabel", "macro": {"auc": auc, "bacc": auc - 0.1, "map": auc - 0.2}, "per_class": {}}
-    rounds = [{"round": r, "val": res(v), "test": res(v - 0.05) if r % test_every == 0 else None}
-              for r, v in enumerate(val_auc)]
-    return {"method": "m", "dataset": "d", "best": {"trained_rounds": 2}, "rounds": rounds,
-            "final": {LAST: {"test": res(final_last)}, BEST: {"test": res(final_best)}}}
+
+    rounds = [
+        {"round": r, "val": res(v), "test": res(v - 0.05) if r % test_every == 0 else None}
+        for r, v in enumerate(val_auc)
+    ]
+    return {
+        "method": "m",
+        "dataset": "d",
+        "best": {"trained_rounds": 2},
+        "rounds": rounds,
+        "final": {LAST: {"test": res(final_last)}, BEST: {"test": res(final_best)}},
+    }
 
 
 RUNS = {
@@ -98,10 +107,25 @@ def test_single_run_figure_and_show_results_writes_it(tmp_path, capsys):
 
     ws = tmp_path / "ws" / "server" / "simulate_job"
     ws.mkdir(parents=True)
-    full = {**run, "key_metric": "auc", "setting": "full labels", "num_rounds": 3, "seconds_per_round": 1.0,
-            "final": {k: {**v, "test": {**v["test"], "per_class": {"a": dict.fromkeys(
-                ("auc", "ap", "bacc", "f1", "precision", "recall"), 0.5)},
-                                       "n": 4, "undefined_classes": {}}} for k, v in run["final"].items()}}
+    full = {
+        **run,
+        "key_metric": "auc",
+        "setting": "full labels",
+        "num_rounds": 3,
+        "seconds_per_round": 1.0,
+        "final": {
+            k: {
+                **v,
+                "test": {
+                    **v["test"],
+                    "per_class": {"a": dict.fromkeys(("auc", "ap", "bacc", "f1", "precision", "recall"), 0.5)},
+                    "n": 4,
+                    "undefined_classes": {},
+                },
+            }
+            for k, v in run["final"].items()
+        },
+    }
     (ws / "results.json").write_text(json.dumps(full))
     assert show_results.main([str(tmp_path / "ws")]) == 0
     assert (ws / show_results.CURVES_FILE).read_bytes()[:4] == b"\x89PNG"
@@ -126,6 +150,7 @@ def test_run_jobs_writes_the_plots_beside_its_tables(tmp_path):
 
 
 # ------------------------------------------------------------------ a final model's per-class figures
+
 
 def _hand_curve():
     from fedpartial.plots import binary_curve
@@ -200,15 +225,21 @@ def test_roc_pr_figures_plot_the_points_and_mark_the_thresholds():
 def test_auc_interval_and_site_heat_map_figures():
     from fedpartial.plots import auc_ci_figure, site_heatmap_figure
 
-    res = {"n": 40, "macro": {"auc": 0.7}, "per_class": {"a": {"auc": 0.8}, "b": {"auc": None}},
-           "ci": {"auc": {"per_class": {"a": [0.7, 0.9], "b": None}, "macro": [0.6, 0.8]}}}
+    res = {
+        "n": 40,
+        "macro": {"auc": 0.7},
+        "per_class": {"a": {"auc": 0.8}, "b": {"auc": None}},
+        "ci": {"auc": {"per_class": {"a": [0.7, 0.9], "b": None}, "macro": [0.6, 0.8]}},
+    }
     ax = auc_ci_figure(res, "t").axes[0]
     bars = [line for line in ax.get_lines() if line.get_linewidth() == 2.5]
     assert [tuple(b.get_xdata()) for b in bars] == [(0.7, 0.9), (0.6, 0.8)]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["a", "b", "macro"]
     assert any("n/a" in t.get_text() for t in ax.texts) and any(t.get_text() == "0.800 [0.70, 0.90]" for t in ax.texts)
-    per_site = {"site-1": {"per_class": {"a": {"auc": 0.9}, "b": {"auc": 0.6}}},
-                "site-2": {"per_class": {"a": {"auc": None}, "b": {"auc": 0.75}}}}
+    per_site = {
+        "site-1": {"per_class": {"a": {"auc": 0.9}, "b": {"auc": 0.6}}},
+        "site-2": {"per_class": {"a": {"auc": None}, "b": {"auc": 0.75}}},
+    }
     fig = site_heatmap_figure(per_site, ["a", "b"], annotated={"site-1": ["a"], "site-2": ["a", "b"]})
     ax = fig.axes[0]
     data = ax.get_images()[0].get_array()
@@ -224,15 +255,30 @@ def test_show_results_draws_the_final_model_and_results_md_shows_it(tmp_path, ca
     run = RUNS["fedavg"][0]
     rng = np.random.default_rng(0)
     y, p = rng.integers(0, 2, (30, 2)), rng.random((30, 2))
-    res = {"task": "multilabel", "n": 30, "macro": {"auc": 0.6, "bacc": 0.5, "map": 0.4},
-           "per_class": {c: dict.fromkeys(("auc", "ap", "bacc", "f1", "precision", "recall"), 0.6) for c in "ab"},
-           "undefined_classes": {}, "ci": {"auc": {"per_class": {"a": [0.4, 0.8], "b": None}, "macro": [0.5, 0.7]}}}
-    final = {"test": res, "sites": ["site-1"], "per_site": {},
-             "thresholds": {"criterion": "youden", "thresholds": {"a": 0.3, "b": None}},
-             "test_score_hist": score_histogram(y, p, ["a", "b"])}
-    full = {**run, "key_metric": "auc", "setting": "s", "num_rounds": 3, "seconds_per_round": 1.0,
-            "data": {"sites": {"site-1": {"annotated": [0]}}, "shared_eval_sets": {"test": [["site-1", "site-2"]]}},
-            "final": {LAST: final, BEST: final}}
+    res = {
+        "task": "multilabel",
+        "n": 30,
+        "macro": {"auc": 0.6, "bacc": 0.5, "map": 0.4},
+        "per_class": {c: dict.fromkeys(("auc", "ap", "bacc", "f1", "precision", "recall"), 0.6) for c in "ab"},
+        "undefined_classes": {},
+        "ci": {"auc": {"per_class": {"a": [0.4, 0.8], "b": None}, "macro": [0.5, 0.7]}},
+    }
+    final = {
+        "test": res,
+        "sites": ["site-1"],
+        "per_site": {},
+        "thresholds": {"criterion": "youden", "thresholds": {"a": 0.3, "b": None}},
+        "test_score_hist": score_histogram(y, p, ["a", "b"]),
+    }
+    full = {
+        **run,
+        "key_metric": "auc",
+        "setting": "s",
+        "num_rounds": 3,
+        "seconds_per_round": 1.0,
+        "data": {"sites": {"site-1": {"annotated": [0]}}, "shared_eval_sets": {"test": [["site-1", "site-2"]]}},
+        "final": {LAST: final, BEST: final},
+    }
     ws = tmp_path / "ws" / "server" / "simulate_job"
     ws.mkdir(parents=True)
     (ws / "results.json").write_text(json.dumps(full))
@@ -241,19 +287,24 @@ def test_show_results_draws_the_final_model_and_results_md_shows_it(tmp_path, ca
     assert show_results.main([str(tmp_path / "ws")]) == 0  # twice: one Figures section
     md = (ws / "results.md").read_text()
     assert md.startswith("# the run\n") and md.count("## Figures") == 1
-    for name in ("results_curves.png", "results_auc_ci.png", "results_site_auc.png", "results_roc.png",
-                 "results_pr.png"):
+    for name in (
+        "results_curves.png",
+        "results_auc_ci.png",
+        "results_site_auc.png",
+        "results_roc.png",
+        "results_pr.png",
+    ):
         assert f"]({name})" in md and (ws / name).read_bytes()[:4] == b"\x89PNG", name
     assert "best_FL_global_model.pt: " in capsys.readouterr().out
 
 
 def test_evaluate_writes_its_figures_beside_its_table(tmp_path):
+    from PIL import Image
     from test_predict import _run_folder
 
     from fedpartial.data.manifest import write_manifest
     from fedpartial.data.presets import ICH_CLASSES
     from fedpartial.tools import predict as P
-    from PIL import Image
 
     _run_folder(tmp_path / "run" / "app_server")
     rng = np.random.default_rng(0)
@@ -264,8 +315,12 @@ def test_evaluate_writes_its_figures_beside_its_table(tmp_path):
     labels = np.tile([[1, 0, 1, 0, 1], [0, 1, 0, 1, 0]], (6, 1))
     write_manifest(d / "test.csv", [f"{i}.png" for i in range(12)], labels, np.ones_like(labels, bool), ICH_CLASSES)
     out = tmp_path / "scores"
-    assert P.evaluate_main([str(tmp_path / "run"), "--manifest", str(d / "test.csv"), "--figures", str(out),
-                            "--thresholds", "0.4"]) == 0
+    assert (
+        P.evaluate_main(
+            [str(tmp_path / "run"), "--manifest", str(d / "test.csv"), "--figures", str(out), "--thresholds", "0.4"]
+        )
+        == 0
+    )
     md = (out / "test_evaluation.md").read_text()
     for name in ("test_roc.png", "test_pr.png", "test_auc_ci.png"):
         assert f"]({name})" in md and (out / name).read_bytes()[:4] == b"\x89PNG"
@@ -278,8 +333,10 @@ def test_pooled_histograms_of_a_final_model():
 
     rng = np.random.default_rng(0)
     h = [score_histogram(rng.integers(0, 2, (5, 1)), rng.random((5, 1)), ["a"]) for _ in range(2)]
-    per_site = {"site-1": {"test": {"score_hist": h[0]}, "val": {"score_hist": h[0]}},
-                "site-2": {"test": {"score_hist": h[1]}, "val": {}}}
+    per_site = {
+        "site-1": {"test": {"score_hist": h[0]}, "val": {"score_hist": h[0]}},
+        "site-2": {"test": {"score_hist": h[1]}, "val": {}},
+    }
     out = pooled_histograms(per_site)
     assert set(out) == {"test_score_hist", "val_score_hist"}
     np.testing.assert_array_equal(out["test_score_hist"]["pos"], np.add(h[0]["pos"], h[1]["pos"]))

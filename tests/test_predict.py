@@ -12,10 +12,9 @@ import pandas as pd
 import pytest
 import torch
 from PIL import Image
-
-from conftest import REPO
 from test_transforms import write_dicom
 
+from conftest import REPO
 from fedpartial.data.manifest import read_manifest, write_manifest
 from fedpartial.data.presets import ICH_CLASSES, resolve_dataset
 from fedpartial.data.sitedata import SiteDatasets
@@ -39,8 +38,9 @@ def _run_folder(app_server, image_size: int = 16, seed: int = 0):
     for i, name in enumerate((P.LAST_MODEL, P.BEST_MODEL)):
         torch.manual_seed(seed + i)
         net = PartialLabelNet("small_cnn", num_classes=5, in_channels=3)
-        torch.save({"model": net.state_dict(), "train_conf": {"train": {"model": "PartialLabelNet"}}},
-                   app_server / name)
+        torch.save(
+            {"model": net.state_dict(), "train_conf": {"train": {"model": "PartialLabelNet"}}}, app_server / name
+        )
         nets[name] = net.eval()
     return nets
 
@@ -143,8 +143,9 @@ def test_predict_manifest_split_and_data_root(sim_ws, images, tmp_path):
     shutil.copy(labelled, moved)
     (tmp_path / "elsewhere").mkdir()
     out = tmp_path / "p.csv"
-    assert P.main([str(ws), "--manifest", str(moved), "--data-root", str(folder), "--split", "test",
-                   "-o", str(out)]) == 0
+    assert (
+        P.main([str(ws), "--manifest", str(moved), "--data-root", str(folder), "--split", "test", "-o", str(out)]) == 0
+    )
     df = pd.read_csv(out)
     assert len(df) == 4 and df["image"].iloc[0].endswith("imgs/a.png")
 
@@ -153,13 +154,11 @@ def test_evaluate_scores_with_project_metrics(sim_ws, images, tmp_path, capsys):
     ws, nets = sim_ws
     folder, labelled = images
     out = tmp_path / "scores.json"
-    assert P.evaluate_main([str(ws), "--manifest", str(labelled), "--data-root", str(folder), "--json",
-                            str(out)]) == 0
+    assert P.evaluate_main([str(ws), "--manifest", str(labelled), "--data-root", str(folder), "--json", str(out)]) == 0
     assert "best_FL_global_model.pt on" in capsys.readouterr().out
     res = json.loads(out.read_text())
     m = read_manifest(labelled, ICH_CLASSES, data_root=folder)
-    want = compute_metrics("multilabel", m.labels, _expected(nets[P.BEST_MODEL], labelled), ICH_CLASSES,
-                           mask=m.mask)
+    want = compute_metrics("multilabel", m.labels, _expected(nets[P.BEST_MODEL], labelled), ICH_CLASSES, mask=m.mask)
     assert res["n"] == 5
     for c in ICH_CLASSES:
         a, b = res["per_class"][c]["auc"], want["per_class"][c]["auc"]

@@ -75,7 +75,8 @@ def tiny_ham(tmp_path: Path) -> Path:
         _png(root / "images" / f"{image_id}.jpg", 3)
     rows.append(("HAM_9999999", "ISIC_9999999", "nv"))  # image absent: dropped
     pd.DataFrame(rows, columns=["lesion_id", "image_id", "dx"]).assign(dx_type="histo").to_csv(
-        root / "HAM10000_metadata.csv", index=False)
+        root / "HAM10000_metadata.csv", index=False
+    )
     return root
 
 
@@ -94,6 +95,7 @@ def _prep(src: str, root: Path, out: Path, **kw) -> Path:
 
 
 # ----------------------------------------------------------------------------------------------- the loaders
+
 
 def test_ham_loader(tiny_ham):
     t = load_ham10000(tiny_ham)
@@ -153,15 +155,17 @@ def test_nih_official_layout(tmp_path):
     views = ["PA" if i % 3 else "AP" for i in range(len(names))]
     for i, n in enumerate(names):
         _png(root / f"images_{1 + i % 2:03d}" / "images" / n)
-    pd.DataFrame({"Image Index": names, "Finding Labels": findings, "Follow-up #": 0, "Patient ID": pids,
-                  "View Position": views}).to_csv(root / "Data_Entry_2017.csv", index=False)
+    pd.DataFrame(
+        {"Image Index": names, "Finding Labels": findings, "Follow-up #": 0, "Patient ID": pids, "View Position": views}
+    ).to_csv(root / "Data_Entry_2017.csv", index=False)
     t = load_nih_cxr14(root)
     assert (t.frame[NIH_CLASSES].to_numpy() == labels).all()
     assert t.frame.loc[1, "image"] == f"images_002/images/{names[1]}"
     pa = load_nih_cxr14(root, view="PA")
     assert len(pa.frame) == sum(v == "PA" for v in views) and set(pa.frame["view"]) == {"PA"}
     pd.DataFrame({"Image Index": names[:1], "Finding Labels": ["Covid"], "Patient ID": pids[:1]}).to_csv(
-        root / "bad.csv", index=False)
+        root / "bad.csv", index=False
+    )
     with pytest.raises(ValueError, match="Covid"):
         load_nih_cxr14(root, labels_csv="bad.csv")
 
@@ -177,13 +181,24 @@ def test_most_frequent_classes(tiny_nih):
 
 
 def test_registry():
-    assert set(sources.SOURCES) == {"ham10000", "isic2018", "isic2019", "nih_cxr14", "chexpert", "mimic_cxr",
-                                    "rsna_ich", "ich_phantom", "csv", "folder"}
+    assert set(sources.SOURCES) == {
+        "ham10000",
+        "isic2018",
+        "isic2019",
+        "nih_cxr14",
+        "chexpert",
+        "mimic_cxr",
+        "rsna_ich",
+        "ich_phantom",
+        "csv",
+        "folder",
+    }
     with pytest.raises(ValueError, match="unknown source"):
         sources.load_source("mnist", ".")
 
 
 # ---------------------------------------------------------------------------------------------- prepare: nih
+
 
 def test_prepare_multilabel_invariants(tiny_nih, tmp_path):
     out = _prep("nih_cxr14", tiny_nih, tmp_path / "out", num_sites=4, protocol="missing_k", k=9, seed=3)
@@ -193,7 +208,8 @@ def test_prepare_multilabel_invariants(tiny_nih, tmp_path):
     assert ds.data_root == tiny_nih.resolve() and info["data_root"] == str(tiny_nih.resolve())
     assert list(ds.sites) == ["site-1", "site-2", "site-3", "site-4"]
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["dataset.json", "val.csv", "test.csv"] + [f"site-{i}.csv" for i in range(1, 5)])
+        ["dataset.json", "val.csv", "test.csv"] + [f"site-{i}.csv" for i in range(1, 5)]
+    )
     expected = assign("missing_k", NIH_CLASSES, 4, 3, k=9)
     source = load_nih_cxr14(tiny_nih).frame.set_index("image")
     patients, images = {}, {}
@@ -210,11 +226,10 @@ def test_prepare_multilabel_invariants(tiny_nih, tmp_path):
         assert info["sites"].get(name, NIH_CLASSES) == [NIH_CLASSES[j] for j in annotated]
         m = read_manifest(out / f"{name}.csv", ds.classes, ds.data_root, site=name)
         counts = info["counts"][name]
-        assert [counts[c] for c in ds.classes] == [
-            int(p) if a else None for p, a in zip(m.positives(), m.annotated)]
+        assert [counts[c] for c in ds.classes] == [int(p) if a else None for p, a in zip(m.positives(), m.annotated)]
     names = list(patients)
     for i, a in enumerate(names):  # patient-level: no patient (hence no image) in two parts
-        for b in names[i + 1:]:
+        for b in names[i + 1 :]:
             assert not patients[a] & patients[b], (a, b)
             assert not images[a] & images[b]
     assert set().union(*images.values()) == set(source.index)  # nothing lost without site_sizes
@@ -233,8 +248,7 @@ def test_prepare_deterministic_and_seed_dependent(tiny_nih, tmp_path):
 
 
 def test_prepare_site_sizes_and_class_subset(tiny_nih, tmp_path, capsys):
-    out = prep.prepare("nih_cxr14", tiny_nih, tmp_path / "o", 3, "random_s", s=2, site_sizes=5,
-                       top_k_classes=4)
+    out = prep.prepare("nih_cxr14", tiny_nih, tmp_path / "o", 3, "random_s", s=2, site_sizes=5, top_k_classes=4)
     ds = prep.load_prepared(out)
     top = most_frequent_classes(load_nih_cxr14(tiny_nih), 4)
     assert ds.classes == top
@@ -243,8 +257,7 @@ def test_prepare_site_sizes_and_class_subset(tiny_nih, tmp_path, capsys):
     assert list(_raw(out, "test").columns) == ["image", "patient_id", "split", *top]
     printed = capsys.readouterr().out
     assert "site-3" in printed and "test" in printed and top[0] in printed and " -" in printed
-    out2 = prep.prepare("nih_cxr14", tiny_nih, tmp_path / "o2", 2, "full", classes=["Hernia", "Edema"],
-                        verbose=False)
+    out2 = prep.prepare("nih_cxr14", tiny_nih, tmp_path / "o2", 2, "full", classes=["Hernia", "Edema"], verbose=False)
     assert prep.load_prepared(out2).classes == ["Hernia", "Edema"]  # --classes sets the order too
 
 
@@ -258,6 +271,7 @@ def test_prepare_labeled_unlabeled(tiny_nih, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- prepare: ham
+
 
 def test_prepare_multiclass_table(tiny_ham, tmp_path):
     out = _prep("ham10000", tiny_ham, tmp_path / "h", num_sites=5, protocol="table", table="fedlsm_isic")
@@ -289,6 +303,7 @@ def test_prepare_multiclass_subset_drops_rows(tiny_ham, tmp_path):
 
 # -------------------------------------------------------------------------------------- atomicity and errors
 
+
 def _leftovers(parent: Path) -> list[str]:
     return [p.name for p in parent.iterdir() if p.name.startswith(".")]
 
@@ -311,6 +326,7 @@ def test_failure_in_loader_leaves_nothing(tmp_path, monkeypatch):
         Path(root).mkdir(parents=True, exist_ok=True)
         (Path(root) / "half.png").write_bytes(b"x")
         raise RuntimeError("generator crashed")
+
     monkeypatch.setitem(sources.SOURCES, "broken", broken)
     with pytest.raises(RuntimeError, match="crashed"):
         prep.prepare("broken", None, tmp_path / "out", 2, "full", verbose=False)
@@ -333,6 +349,7 @@ def test_existing_output(tiny_nih, tmp_path):
 
 def _generator(calls: list | None = None):
     """A fake generated source (like ich_phantom): writes PNGs into root on demand."""
+
     def load(root, n=30, **kw):
         if calls is not None:
             calls.append(str(root))
@@ -345,6 +362,7 @@ def _generator(calls: list | None = None):
             rows.append((rel, f"p{i // 2}", i % 3 == 0, i % 2 == 0))
         frame = pd.DataFrame(rows, columns=["image", "patient_id", "a", "b"]).astype({"a": int, "b": int})
         return SourceTable("gen", "multilabel", ["a", "b"], root, frame, synthetic=True)
+
     return load
 
 
@@ -371,15 +389,24 @@ def test_source_inside_output(tmp_path, monkeypatch):
 
 # --------------------------------------------------------------------------------------------- caching / CLI
 
+
 def test_ensure_prepared_reuses(tiny_nih, tmp_path, monkeypatch):
-    spec = {"source": "nih_cxr14", "root": str(tiny_nih), "num_sites": 3, "protocol": "missing_k", "k": 5,
-            "seed": 0, "verbose": False}
+    spec = {
+        "source": "nih_cxr14",
+        "root": str(tiny_nih),
+        "num_sites": 3,
+        "protocol": "missing_k",
+        "k": 5,
+        "seed": 0,
+        "verbose": False,
+    }
     calls = []
     real = prep.prepare
 
     def counting(*a, **kw):
         calls.append(1)
         return real(*a, **kw)
+
     monkeypatch.setattr(prep, "prepare", counting)
     threads = [threading.Thread(target=prep.ensure_prepared, args=(spec, tmp_path / "cache")) for _ in range(5)]
     for t in threads:
@@ -410,9 +437,34 @@ def test_ensure_prepared_generated(tmp_path, monkeypatch):
 
 def test_cli(tiny_nih, tmp_path, capsys):
     out = tmp_path / "cli"
-    assert prep.main(["--source", "nih_cxr14", "--root", str(tiny_nih), "--out", str(out), "--sites", "2",
-                      "--protocol", "missing_k", "--k", "1", "--classes", "Mass,Hernia", "Edema",
-                      "--seed", "4", "--site-size", "10", "--source-arg", "view=all"]) == 0
+    assert (
+        prep.main(
+            [
+                "--source",
+                "nih_cxr14",
+                "--root",
+                str(tiny_nih),
+                "--out",
+                str(out),
+                "--sites",
+                "2",
+                "--protocol",
+                "missing_k",
+                "--k",
+                "1",
+                "--classes",
+                "Mass,Hernia",
+                "Edema",
+                "--seed",
+                "4",
+                "--site-size",
+                "10",
+                "--source-arg",
+                "view=all",
+            ]
+        )
+        == 0
+    )
     ds = prep.load_prepared(out)
     assert ds.classes == ["Mass", "Hernia", "Edema"] and ds.info["seed"] == 4
     assert ds.info["source_args"] == {"view": "all"} and ds.info["site_sizes"] == 10
@@ -433,7 +485,11 @@ def test_a_folder_prepared_again_is_never_absent_to_a_reader(tmp_path):
     final.mkdir()
     (final / "dataset.json").write_text('{"v": 0}')
     (tmp_path / "stop").mkdir()
-    reader = subprocess.Popen([sys.executable, "-c", """
+    reader = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            """
 import json, os, sys
 f, stop, seen, bad = sys.argv[1], sys.argv[2], 0, 0
 while os.path.isdir(stop) or not seen:
@@ -442,7 +498,13 @@ while os.path.isdir(stop) or not seen:
     except (OSError, ValueError, KeyError):
         bad += 1
 print(seen, bad)
-""", str(final / "dataset.json"), str(tmp_path / "stop")], stdout=subprocess.PIPE, text=True)
+""",
+            str(final / "dataset.json"),
+            str(tmp_path / "stop"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         for v in range(1, 1500):
             tmp = tmp_path / f".prepared.tmp{v}"

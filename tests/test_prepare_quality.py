@@ -13,13 +13,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from published_layouts import HAM, NIH, ham10000_release, nih_release
 
+from conftest import real_data
 from fedpartial.data import prepare as prep
 from fedpartial.data import quality
 from fedpartial.data.site_config import SITE_CONFIG_ENV, SiteDataError, resolve_site_data
 from fedpartial.data.sources.base import SourceError
-from conftest import real_data
-from published_layouts import HAM, NIH, ham10000_release, nih_release
 
 pytestmark = pytest.mark.realdata
 
@@ -43,8 +43,9 @@ def _image(root: Path, image_id: str) -> Path:
 
 def _cli(args: list[str]) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(Path(prep.__file__).parents[2])}
-    return subprocess.run([sys.executable, "-m", "fedpartial.data.prepare", *args], capture_output=True, text=True,
-                          env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "fedpartial.data.prepare", *args], capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 def _nothing_written(tmp_path: Path, name: str = "out") -> None:
@@ -78,20 +79,36 @@ def test_truncated_jpeg_stops_prepare_naming_the_csv_line(tmp_path):
     assert f"{meta} line {_line_of(meta, bad)}" in msg and bad in msg and "truncated" in msg
     assert "--exclude" in msg and "--drop-unreadable" in msg
     _nothing_written(tmp_path)
-    proc = _cli(["--source", "ham10000", "--root", str(root), "--out", str(tmp_path / "out"), "--sites", "2",
-                 "--protocol", "full"])
+    proc = _cli(
+        [
+            "--source",
+            "ham10000",
+            "--root",
+            str(root),
+            "--out",
+            str(tmp_path / "out"),
+            "--sites",
+            "2",
+            "--protocol",
+            "full",
+        ]
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("fedpartial-prepare: error: ")
     assert f"line {_line_of(meta, bad)}" in proc.stderr
     _nothing_written(tmp_path)
     # the two ways on: leave it out explicitly, or drop every unreadable image with a report
     (tmp_path / "exclude.txt").write_text(f"# broken scan\n{bad}\n")
-    out = prep.prepare("ham10000", root, tmp_path / "ex", 2, "full", exclude=tmp_path / "exclude.txt",
-                       verbose=False, figure=False)
+    out = prep.prepare(
+        "ham10000", root, tmp_path / "ex", 2, "full", exclude=tmp_path / "exclude.txt", verbose=False, figure=False
+    )
     info = json.loads((out / "dataset.json").read_text())
-    assert [(d["reason"], d["first"]) for d in info["dropped"]] == [("were excluded", [img.relative_to(root).as_posix()])]
-    out = prep.prepare("ham10000", root, tmp_path / "drop", 2, "full", drop_unreadable=True, verbose=False,
-                       figure=False)
+    assert [(d["reason"], d["first"]) for d in info["dropped"]] == [
+        ("were excluded", [img.relative_to(root).as_posix()])
+    ]
+    out = prep.prepare(
+        "ham10000", root, tmp_path / "drop", 2, "full", drop_unreadable=True, verbose=False, figure=False
+    )
     info = json.loads((out / "dataset.json").read_text())
     assert info["dropped"][0]["count"] == 1 and sum(info["sizes"].values()) == 27
     with pytest.raises(SourceError, match="does not have"):
@@ -104,17 +121,14 @@ def test_images_are_decoded_once_and_again_when_they_change(tmp_path, monkeypatc
     calls = []
     real = quality.decode_error
     monkeypatch.setattr(quality, "decode_error", lambda p: calls.append(p.name) or real(p))
-    prep.prepare("ham10000", root, tmp_path / "a", 2, "full", verbose=False, figure=False, val_frac=0.2,
-                 test_frac=0.2)
+    prep.prepare("ham10000", root, tmp_path / "a", 2, "full", verbose=False, figure=False, val_frac=0.2, test_frac=0.2)
     assert len(calls) == 14
     calls.clear()
-    prep.prepare("ham10000", root, tmp_path / "b", 2, "full", verbose=False, figure=False, val_frac=0.2,
-                 test_frac=0.2)
+    prep.prepare("ham10000", root, tmp_path / "b", 2, "full", verbose=False, figure=False, val_frac=0.2, test_frac=0.2)
     assert calls == []
     img = next(root.glob("HAM10000_images_part_1/*.jpg"))
     os.utime(img, ns=(img.stat().st_atime_ns, img.stat().st_mtime_ns + 10**9))
-    prep.prepare("ham10000", root, tmp_path / "c", 2, "full", verbose=False, figure=False, val_frac=0.2,
-                 test_frac=0.2)
+    prep.prepare("ham10000", root, tmp_path / "c", 2, "full", verbose=False, figure=False, val_frac=0.2, test_frac=0.2)
     assert calls == [img.name]
 
 
@@ -124,8 +138,20 @@ def test_dx_typo_names_the_metadata_line(tmp_path):
     df = pd.read_csv(meta)
     df.loc[12, "dx"] = "mell"
     df.to_csv(meta, index=False)
-    proc = _cli(["--source", "ham10000", "--root", str(root), "--out", str(tmp_path / "out"), "--sites", "2",
-                 "--protocol", "full"])
+    proc = _cli(
+        [
+            "--source",
+            "ham10000",
+            "--root",
+            str(root),
+            "--out",
+            str(tmp_path / "out"),
+            "--sites",
+            "2",
+            "--protocol",
+            "full",
+        ]
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert f"{meta} line 14: unknown dx value 'mell'" in proc.stderr
     _nothing_written(tmp_path)
@@ -133,8 +159,15 @@ def test_dx_typo_names_the_metadata_line(tmp_path):
 
 def test_corrected_label_in_the_source_csv_is_picked_up_by_the_cache(tmp_path, monkeypatch):
     root = ham10000_release(tmp_path / "ham")
-    spec = {"source": "ham10000", "root": str(root), "num_sites": 2, "protocol": "full", "seed": 0,
-            "figure": False, "verbose": False}
+    spec = {
+        "source": "ham10000",
+        "root": str(root),
+        "num_sites": 2,
+        "protocol": "full",
+        "seed": 0,
+        "figure": False,
+        "verbose": False,
+    }
     cache = tmp_path / "cache"
     out = prep.ensure_prepared(spec, cache)
     meta = root / "HAM10000_metadata.csv"
@@ -166,8 +199,9 @@ def test_corrected_label_in_the_source_csv_is_picked_up_by_the_cache(tmp_path, m
 
 def test_site_config_with_a_bom_is_read(tmp_path, monkeypatch):
     cfg = tmp_path / "fedpartial_data.json"
-    cfg.write_text(json.dumps({"datasets": {"ham10000": {"data_root": ".", "train": "train.csv"}}}),
-                   encoding="utf-8-sig")
+    cfg.write_text(
+        json.dumps({"datasets": {"ham10000": {"data_root": ".", "train": "train.csv"}}}), encoding="utf-8-sig"
+    )
     assert cfg.read_bytes()[:3] == b"\xef\xbb\xbf"
     monkeypatch.setenv(SITE_CONFIG_ENV, str(cfg))
     sd = resolve_site_data("site-1", {"name": "ham10000"}, simulated=False)
@@ -179,9 +213,19 @@ def test_top_k_classes_that_differ_from_the_job_class_list_are_caught_at_prepare
     table = prep.load_source("nih_cxr14", root)
     top = prep.subset_classes(table, top_k=3).classes
     job_classes = [c for c in table.classes if c not in top][:3]
-    dataset = {"name": "nih_cxr14", "classes": job_classes,
-               "prepare": {"source": "nih_cxr14", "root": str(root), "num_sites": 2, "protocol": "full",
-                           "top_k_classes": 3, "figure": False, "verbose": False}}
+    dataset = {
+        "name": "nih_cxr14",
+        "classes": job_classes,
+        "prepare": {
+            "source": "nih_cxr14",
+            "root": str(root),
+            "num_sites": 2,
+            "protocol": "full",
+            "top_k_classes": 3,
+            "figure": False,
+            "verbose": False,
+        },
+    }
     with pytest.raises(SiteDataError) as e:
         resolve_site_data("site-1", dataset, simulated=True)
     msg = str(e.value)
@@ -191,8 +235,22 @@ def test_top_k_classes_that_differ_from_the_job_class_list_are_caught_at_prepare
 
 def test_unknown_source_option_is_one_line(tmp_path):
     root = ham10000_release(tmp_path / "ham", n=14)
-    proc = _cli(["--source", "ham10000", "--root", str(root), "--out", str(tmp_path / "out"), "--sites", "2",
-                 "--protocol", "full", "--source-arg", "veiw=PA"])
+    proc = _cli(
+        [
+            "--source",
+            "ham10000",
+            "--root",
+            str(root),
+            "--out",
+            str(tmp_path / "out"),
+            "--sites",
+            "2",
+            "--protocol",
+            "full",
+            "--source-arg",
+            "veiw=PA",
+        ]
+    )
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
     assert "source 'ham10000' takes no option(s) ['veiw']" in proc.stderr
     _nothing_written(tmp_path)
@@ -227,8 +285,22 @@ def test_missing_dicom_names_the_rsna_csv_line_not_a_temporary_manifest(tmp_path
     image = ids.iloc[10].rsplit("_", 1)[0]
     line = int(np.flatnonzero(ids.str.startswith(image + "_"))[0]) + 2  # the image's first row
     (root / "stage_2_train" / f"{image}.dcm").unlink()
-    proc = _cli(["--source", "rsna_ich", "--root", str(root), "--out", str(tmp_path / "out"), "--sites", "2",
-                 "--protocol", "missing_k", "--k", "1"])
+    proc = _cli(
+        [
+            "--source",
+            "rsna_ich",
+            "--root",
+            str(root),
+            "--out",
+            str(tmp_path / "out"),
+            "--sites",
+            "2",
+            "--protocol",
+            "missing_k",
+            "--k",
+            "1",
+        ]
+    )
     last = proc.stderr.strip().splitlines()[-1]  # (the loader also logs that the missing file has no PatientID)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and last.startswith("fedpartial-prepare: error:")
     assert f"{csv} line {line}: image stage_2_train/{image}.dcm cannot be used: image file not found" in last
@@ -242,8 +314,13 @@ def test_a_generated_source_is_prepared_once_and_then_reused(tmp_path):
     read a folder another site is rewriting)."""
     from fedpartial.data.prepare import DATASET_JSON, ensure_prepared, stale_sources
 
-    spec = {"source": "ich_phantom", "num_sites": 2, "protocol": "missing_k", "k": 2,
-            "source_args": {"n_images": 40, "size": 32, "seed": 0}}
+    spec = {
+        "source": "ich_phantom",
+        "num_sites": 2,
+        "protocol": "missing_k",
+        "k": 2,
+        "source_args": {"n_images": 40, "size": 32, "seed": 0},
+    }
     out = ensure_prepared(spec, tmp_path, verbose=False)
     stamp = (out / DATASET_JSON).stat().st_mtime_ns
     assert stale_sources(out) == []

@@ -12,8 +12,17 @@ from nvflare.apis.dxo import DXO, DataKind
 from nvflare.apis.fl_constant import FLContextKey
 from nvflare.apis.fl_context import FLContext
 
-from fedpartial.privacy import (ClassStat, clip_rows, epsilon_spent, noise_multiplier, release, stat_sensitivity,
-                                strip_paths, suppress_metrics, suppress_small)
+from fedpartial.privacy import (
+    ClassStat,
+    clip_rows,
+    epsilon_spent,
+    noise_multiplier,
+    release,
+    stat_sensitivity,
+    strip_paths,
+    suppress_metrics,
+    suppress_small,
+)
 
 PROTO = (ClassStat("counts", "count"), ClassStat("p0", "mean", "counts", 0), ClassStat("p1", "mean", "counts", 1))
 
@@ -22,8 +31,10 @@ PROTO = (ClassStat("counts", "count"), ClassStat("p0", "mean", "counts", 0), Cla
 def test_every_method_that_sends_per_class_statistics_declares_them():
     from fedpartial.methods import get_method
 
-    declared = {m: {s.key for s in get_method(m).trainer.per_class_metadata}
-                for m in ("fedmlp", "fedlsm", "fedirm", "fednoro", "cbafed")}
+    declared = {
+        m: {s.key for s in get_method(m).trainer.per_class_metadata}
+        for m in ("fedmlp", "fedlsm", "fedirm", "fednoro", "cbafed")
+    }
     assert declared["fedmlp"] == {"fedmlp_p0", "fedmlp_p1", "fedmlp_proto_counts"}
     assert declared["fedlsm"] == {"fedlsm_q"} and declared["fedirm"] == {"fedirm_relation"}
     assert declared["fednoro"] == {"fednoro_class_loss", "fednoro_class_count"}
@@ -114,15 +125,18 @@ def test_sensitivity_and_noise_scale_by_hand():
     assert out["counts"].tolist() == exp_counts.astype(int).tolist()
     assert out["counts"][1, 0] == 0 and out["p0"][1].tolist() == [0, 0, 0]  # an empty row stays below min_count
     assert [e["name"] for e in ledger] == ["counts", "p0", "p1"]
-    assert ledger[0]["noise_std"] == pytest.approx(z * math.sqrt(2)) and ledger[1]["noise_std"] == pytest.approx(z * math.sqrt(2))
+    assert ledger[0]["noise_std"] == pytest.approx(z * math.sqrt(2)) and ledger[1]["noise_std"] == pytest.approx(
+        z * math.sqrt(2)
+    )
     assert ledger[1]["shape"] == [2, 3] and all(e["noise_multiplier"] == z for e in ledger)
 
 
 def test_noise_has_the_stated_standard_deviation():
     stats = (ClassStat("q", "count"),)
     q = np.full(4, 5000.0)
-    draws = np.stack([release({"q": q}, stats, 1.5, 10**6, 1, None, np.random.default_rng(i))[0]["q"]
-                      for i in range(1500)])
+    draws = np.stack(
+        [release({"q": q}, stats, 1.5, 10**6, 1, None, np.random.default_rng(i))[0]["q"] for i in range(1500)]
+    )
     assert draws.std() == pytest.approx(1.5 * 2.0, rel=0.05)  # z * sqrt(C), C = 4
     assert abs(draws.mean() - 5000) < 0.3
 
@@ -187,11 +201,22 @@ def _ctx(props: dict | None, scope: str = "strict", site: str = "hospital-3") ->
 def _update(counts, p1, rnd=0, num_rounds=4):
     from fedpartial.privacy import as_dicts
 
-    entry = {"round": rnd, "num_rounds": num_rounds, "scope": "", "min_count": 5, "declared": as_dicts(PROTO),
-             "released": [{"name": k, "noise_multiplier": 0.0} for k in ("counts", "p0", "p1")]}
-    meta = {"counts": np.asarray(counts), "p0": np.zeros_like(p1), "p1": p1, "n_train": 200,
-            "fedpartial_privacy": entry,
-            "fedpartial_results": {"val": {"macro": {}, "per_class": {}, "score_hist": {"pos": [[1]]}}}}
+    entry = {
+        "round": rnd,
+        "num_rounds": num_rounds,
+        "scope": "",
+        "min_count": 5,
+        "declared": as_dicts(PROTO),
+        "released": [{"name": k, "noise_multiplier": 0.0} for k in ("counts", "p0", "p1")],
+    }
+    meta = {
+        "counts": np.asarray(counts),
+        "p0": np.zeros_like(p1),
+        "p1": p1,
+        "n_train": 200,
+        "fedpartial_privacy": entry,
+        "fedpartial_results": {"val": {"macro": {}, "per_class": {}, "score_hist": {"pos": [[1]]}}},
+    }
     return DXO(data_kind=DataKind.WEIGHTS, data={"w": np.zeros(2)}, meta=meta)
 
 
@@ -219,8 +244,9 @@ def test_standard_scope_thresholds_without_noise():
     from fedpartial.fl.privacy import SitePrivacyFilter
 
     p1 = np.full((2, 8), 0.3, np.float32)
-    dxo = SitePrivacyFilter().process_dxo(_update([[100, 100], [100, 7]], p1),
-                                         None, _ctx({"min_count": 10, "score_histograms": True}, "standard"))
+    dxo = SitePrivacyFilter().process_dxo(
+        _update([[100, 100], [100, 7]], p1), None, _ctx({"min_count": 10, "score_histograms": True}, "standard")
+    )
     meta = dxo.meta
     assert meta["p1"][0].tolist() == pytest.approx([0.3] * 8) and meta["p1"][1].tolist() == [0] * 8
     assert meta["counts"].tolist() == [[100, 100], [100, 0]]
@@ -233,7 +259,9 @@ def test_data_check_answer_reports_small_counts_as_zero():
 
     info = {"positives": [2, 30, 0], "negatives": [50, 5, 9], "annotated": [True, True, False]}
     dxo = DXO(data_kind=DataKind.COLLECTION, data={}, meta={"fedpartial_data_summary": info})
-    out = SitePrivacyFilter().process_dxo(dxo, None, _ctx({"min_count": 10}, "standard")).meta["fedpartial_data_summary"]
+    out = (
+        SitePrivacyFilter().process_dxo(dxo, None, _ctx({"min_count": 10}, "standard")).meta["fedpartial_data_summary"]
+    )
     assert out["positives"] == [0, 30, 0] and out["negatives"] == [50, 0, 0] and out["min_count"] == 10
 
 
@@ -247,8 +275,13 @@ def test_method_that_cannot_be_noised_stops_with_a_clear_message():
     check_method_under_policy(irm, {"min_count": 5}, "fedirm", "hospital-3", "standard")
     check_method_under_policy(get_method("fedmlp").trainer.per_class_metadata, STRICT, "fedmlp", "h", "strict")
     with pytest.raises(ValueError, match="feature_clip"):
-        check_method_under_policy(get_method("fedmlp").trainer.per_class_metadata,
-                                  {k: v for k, v in STRICT.items() if k != "feature_clip"}, "fedmlp", "h", "strict")
+        check_method_under_policy(
+            get_method("fedmlp").trainer.per_class_metadata,
+            {k: v for k, v in STRICT.items() if k != "feature_clip"},
+            "fedmlp",
+            "h",
+            "strict",
+        )
 
 
 def test_bad_scope_properties_name_the_scope():
@@ -266,11 +299,26 @@ def test_each_site_receives_only_federation_totals_and_which_sets_it_scores():
     from fedpartial.fl.data_check import site_summary
     from fedpartial.methods.base import summary_counts
 
-    summary = {"classes": ["a", "b"], "sites": {
-        "h1": {"n_train": 30, "annotated": [True, False], "positives": [10, 0], "negatives": [20, 0],
-               "eval_sets": {"val": "V", "test": "T1"}, "origin": "site-config"},
-        "h2": {"n_train": 40, "annotated": [True, True], "positives": [0, 25], "negatives": [33, 15],
-               "eval_sets": {"val": "V", "test": "T2"}}}}
+    summary = {
+        "classes": ["a", "b"],
+        "sites": {
+            "h1": {
+                "n_train": 30,
+                "annotated": [True, False],
+                "positives": [10, 0],
+                "negatives": [20, 0],
+                "eval_sets": {"val": "V", "test": "T1"},
+                "origin": "site-config",
+            },
+            "h2": {
+                "n_train": 40,
+                "annotated": [True, True],
+                "positives": [0, 25],
+                "negatives": [33, 15],
+                "eval_sets": {"val": "V", "test": "T2"},
+            },
+        },
+    }
     out = site_summary(summary, "h2")
     assert set(out["sites"]) == {"federation"} and "h1" not in json.dumps(out)
     fed = out["sites"]["federation"]
@@ -287,11 +335,18 @@ def test_ledger_totals_compose_what_was_released():
     from fedpartial.tools.show_results import privacy_table
 
     z = 3.0
-    noised = {"scope": "strict", "min_count": 20, "budget": {"epsilon": 4.0, "delta": 1e-5, "planned_rounds": 3},
-              "released": [{"name": "q", "noise_multiplier": z}]}
+    noised = {
+        "scope": "strict",
+        "min_count": 20,
+        "budget": {"epsilon": 4.0, "delta": 1e-5, "planned_rounds": 3},
+        "released": [{"name": "q", "noise_multiplier": z}],
+    }
     plain = {"scope": "standard", "min_count": 5, "released": [{"name": "q", "noise_multiplier": 0.0}]}
-    rounds = [{"privacy": {"h1": noised, "h2": plain}}, {"privacy": {"h1": noised, "h2": plain}},
-              {"privacy": {"h2": plain}}]  # h1 sat the last round out
+    rounds = [
+        {"privacy": {"h1": noised, "h2": plain}},
+        {"privacy": {"h1": noised, "h2": plain}},
+        {"privacy": {"h2": plain}},
+    ]  # h1 sat the last round out
     t = ledger_totals(rounds)
     assert t["h1"]["releases"] == 2 and t["h1"]["epsilon"] == pytest.approx(epsilon_spent([z, z], 1e-5))
     assert t["h2"]["releases"] == 3 and t["h2"]["epsilon"] is None  # no noise: no formal guarantee
@@ -299,8 +354,9 @@ def test_ledger_totals_compose_what_was_released():
 
     rounds = json.loads(json.dumps(rounds))
     add_cumulative_epsilon(rounds)
-    assert [r["privacy"]["h1"]["cumulative_epsilon"] for r in rounds[:2]] == \
-        pytest.approx([epsilon_spent([z], 1e-5), epsilon_spent([z, z], 1e-5)])
+    assert [r["privacy"]["h1"]["cumulative_epsilon"] for r in rounds[:2]] == pytest.approx(
+        [epsilon_spent([z], 1e-5), epsilon_spent([z, z], 1e-5)]
+    )
     assert rounds[2]["privacy"]["h2"]["cumulative_epsilon"] is None
     table = privacy_table({"privacy": t})
     assert f"{t['h1']['epsilon']:.3g}" in table and "inf" in table.splitlines()[-1]
@@ -341,16 +397,26 @@ def test_a_manifest_outside_the_data_root_leaves_by_file_name_only(tmp_path):
 
     ex = PartialLabelExecutor(dataset="ich_phantom")
     root, kit = tmp_path / "data", tmp_path / "kits" / "hospital-2"
-    ex.site_data = SiteData("hospital-2", "ich_phantom", root, tmp_path / "elsewhere" / "train.csv", None, None,
-                            origin="site-config:" + str(kit / "local" / "fedpartial_data.json"))
+    ex.site_data = SiteData(
+        "hospital-2",
+        "ich_phantom",
+        root,
+        tmp_path / "elsewhere" / "train.csv",
+        None,
+        None,
+        origin="site-config:" + str(kit / "local" / "fedpartial_data.json"),
+    )
     ex._ws_root = str(kit)
-    msg = ex._relative(f"bad row 4 of {tmp_path}/elsewhere/train.csv (image {root}/scans/1.png); "
-                       f"see {kit}/local/fedpartial_data.json")
+    msg = ex._relative(
+        f"bad row 4 of {tmp_path}/elsewhere/train.csv (image {root}/scans/1.png); see {kit}/local/fedpartial_data.json"
+    )
     assert str(tmp_path) not in msg
     assert msg == "bad row 4 of train.csv (image scans/1.png); see fedpartial_data.json"
     ex.site_data = None  # before the site's data configuration is found: paths relative to the kits' folder
-    assert ex._relative(f"no data configured: put it in {kit}/local/fedpartial_data.json") == \
-        "no data configured: put it in hospital-2/local/fedpartial_data.json"
+    assert (
+        ex._relative(f"no data configured: put it in {kit}/local/fedpartial_data.json")
+        == "no data configured: put it in hospital-2/local/fedpartial_data.json"
+    )
 
 
 def test_without_histograms_each_site_chooses_thresholds_on_its_own_validation_data():
@@ -378,18 +444,22 @@ def test_without_histograms_each_site_chooses_thresholds_on_its_own_validation_d
 def test_the_servers_table_shows_small_counts_as_below_the_minimum():
     from fedpartial.fl.data_check import summary_table
 
-    table = summary_table({"classes": ["a", "b", "c"], "sites": {
-        "h1": {"n_train": 50, "positives": [0, 30, 0], "annotated": [True, True, False], "min_count": 5}}})
+    table = summary_table(
+        {
+            "classes": ["a", "b", "c"],
+            "sites": {"h1": {"n_train": 50, "positives": [0, 30, 0], "annotated": [True, True, False], "min_count": 5}},
+        }
+    )
     row = table.splitlines()[1].split()
     assert row == ["h1", "50", "<5", "30", "-"]
 
 
 def test_fedmlp_prototypes_are_means_of_features_clipped_to_the_sites_bound(tmp_path):
     import torch
+    from test_fedmlp import _site
 
     from fedpartial.methods import fedmlp as M
     from fedpartial.methods.fedmlp.maths import class_prototypes
-    from test_fedmlp import _site
 
     ctx = _site("x", [True, True, False], tmp=tmp_path)
     tr = M.FedMLPTrainer(ctx, warmup_rounds=1)
@@ -401,7 +471,9 @@ def test_fedmlp_prototypes_are_means_of_features_clipped_to_the_sites_bound(tmp_
     ctx.privacy = {"feature_clip": bound}
     clipped = tr._local_statistics(ctx.model, labels, mask, n)
     p0, p1, counts = class_prototypes(clip_rows(feats, bound), labels, mask & torch.as_tensor(ctx.annotated)[None])
-    assert np.allclose(clipped[M.META_P1], p1.numpy(), atol=1e-6) and np.allclose(clipped[M.META_P0], p0.numpy(), atol=1e-6)
+    assert np.allclose(clipped[M.META_P1], p1.numpy(), atol=1e-6) and np.allclose(
+        clipped[M.META_P0], p0.numpy(), atol=1e-6
+    )
     assert (np.linalg.norm(clipped[M.META_P1], axis=1) <= bound + 1e-6).all()
     assert not np.allclose(plain[M.META_P1], clipped[M.META_P1])
     assert np.array_equal(plain[M.META_COUNTS], clipped[M.META_COUNTS])
@@ -419,7 +491,10 @@ def test_the_executor_keeps_per_class_metrics_of_small_classes(monkeypatch):
     ex = E.PartialLabelExecutor(dataset="ich_phantom")
     ex.manifests = {"val": SimpleNamespace(positives=lambda: y.sum(0), negatives=lambda: (1 - y).sum(0))}
     ex.scores = lambda split: True
-    ex.eval_opts, ex.data = SimpleNamespace(batch_size=4), SimpleNamespace(eval_loader=lambda split, batch_size, device=None: None)
+    ex.eval_opts, ex.data = (
+        SimpleNamespace(batch_size=4),
+        SimpleNamespace(eval_loader=lambda split, batch_size, device=None: None),
+    )
     ex.net, ex.task_type, ex.classes, ex.torch_device, ex.min_count_eff = None, "multilabel", ["a", "b"], None, 5
     out = ex._evaluate_split("val")
     assert out["per_class"]["a"]["auc"] is None and out["per_class"]["b"]["auc"] == res["per_class"]["b"]["auc"]
@@ -440,8 +515,11 @@ def test_the_executor_ledger_entry_names_what_leaves():
     out, entry = ex._privacy_entry(meta, rnd=3, num_rounds=10)
     assert out["counts"].tolist() == [[40, 0], [9, 20]] and out["p1"][0].tolist() == [0] * 4
     assert entry["round"] == 3 and entry["num_rounds"] == 10 and entry["scope"] == "standard"
-    assert [(r["name"], r["shape"], r["min_count"], r["noise_std"]) for r in entry["released"]] == \
-        [("counts", [2, 2], 5, 0.0), ("p0", [2, 4], 5, 0.0), ("p1", [2, 4], 5, 0.0)]
+    assert [(r["name"], r["shape"], r["min_count"], r["noise_std"]) for r in entry["released"]] == [
+        ("counts", [2, 2], 5, 0.0),
+        ("p0", [2, 4], 5, 0.0),
+        ("p1", [2, 4], 5, 0.0),
+    ]
     ex.site_privacy = dict(STRICT)  # under noise: thresholded after the noise, by the site's filter
     out, _ = ex._privacy_entry(meta, rnd=3, num_rounds=10)
     assert out["counts"].tolist() == [[40, 3], [9, 20]]
@@ -456,10 +534,13 @@ def test_the_summary_goes_with_every_task_a_resent_one_included():
 
     from fedpartial.fl.data_check import SummaryFilter
 
-    summary = {"classes": ["a"], "sites": {"h1": {"n_train": 3, "positives": [1], "negatives": [2], "annotated": [True],
-                                                  "eval_sets": {"test": "fp"}},
-                                           "h2": {"n_train": 4, "positives": [0], "negatives": [4], "annotated": [True],
-                                                  "eval_sets": {"test": "fp"}}}}
+    summary = {
+        "classes": ["a"],
+        "sites": {
+            "h1": {"n_train": 3, "positives": [1], "negatives": [2], "annotated": [True], "eval_sets": {"test": "fp"}},
+            "h2": {"n_train": 4, "positives": [0], "negatives": [4], "annotated": [True], "eval_sets": {"test": "fp"}},
+        },
+    }
     comp = mock.Mock(summary=summary)
 
     def ctx(site):

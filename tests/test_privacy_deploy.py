@@ -17,9 +17,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from test_deploy_poc import FINISHED_OK, HOSPITALS, Deployment
 
 from conftest import REPO
-from test_deploy_poc import FINISHED_OK, HOSPITALS, Deployment
 
 pytestmark = pytest.mark.integration
 
@@ -84,8 +84,13 @@ def test_strict_hospital_sends_noised_thresholded_statistics_and_the_job_complet
     from fedpartial.tools.build_jobs import customise_job
 
     (dep.root / "jobs").mkdir(exist_ok=True)  # 3 hospitals, 2 rounds, 32 px, prototypes from round 0 on
-    job = customise_job(REPO / "jobs" / "fedmlp_ich", dep.root / "jobs" / "fedmlp_ich", num_rounds=2, min_clients=3,
-                        executor_args={"dataset": {"image_size": 32}, "method_args": {"warmup_rounds": 1}})
+    job = customise_job(
+        REPO / "jobs" / "fedmlp_ich",
+        dep.root / "jobs" / "fedmlp_ich",
+        num_rounds=2,
+        min_clients=3,
+        executor_args={"dataset": {"image_size": 32}, "method_args": {"warmup_rounds": 1}},
+    )
     set_privacy_scope(job, "standard")
     out = dep.root / "results"
     proc, job_id = dep.submit(job)  # nvflare job submit / monitor / download, fedpartial-admin results

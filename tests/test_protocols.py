@@ -22,9 +22,25 @@ def _coverage(sites: list[list[int]], num_classes: int) -> np.ndarray:
 
 # ------------------------------------------------------------------------------------------------- missing_k
 
-@pytest.mark.parametrize("num_classes,num_sites,k", [
-    (5, 5, 1), (5, 5, 2), (5, 5, 3), (5, 5, 4), (8, 8, 1), (8, 8, 3), (8, 8, 5), (8, 8, 7), (14, 8, 11),
-    (5, 10, 4), (7, 3, 4), (8, 4, 4), (5, 2, 2)])
+
+@pytest.mark.parametrize(
+    "num_classes,num_sites,k",
+    [
+        (5, 5, 1),
+        (5, 5, 2),
+        (5, 5, 3),
+        (5, 5, 4),
+        (8, 8, 1),
+        (8, 8, 3),
+        (8, 8, 5),
+        (8, 8, 7),
+        (14, 8, 11),
+        (5, 10, 4),
+        (7, 3, 4),
+        (8, 4, 4),
+        (5, 2, 2),
+    ],
+)
 def test_missing_k_exact_and_covering(num_classes, num_sites, k):
     for seed in range(5):
         sites = P.missing_k(num_classes, num_sites, k, seed)
@@ -61,6 +77,7 @@ def test_missing_k_impossible(num_classes, num_sites, k):
 
 # -------------------------------------------------------------------------------------------------- random_s
 
+
 @pytest.mark.parametrize("num_classes,num_sites,s", [(14, 8, 3), (7, 5, 3), (5, 5, 1), (5, 2, 3), (3, 4, 3)])
 def test_random_s_distinct_and_covering(num_classes, num_sites, s):
     for seed in range(10):
@@ -84,6 +101,7 @@ def test_random_s_impossible(num_classes, num_sites, s):
 
 
 # ----------------------------------------------------------------------------------------------------- table
+
 
 def test_fedlsm_isic_table():
     sites = P.table(HAM, P.FEDLSM_ISIC_TABLE)
@@ -112,6 +130,7 @@ def test_table_errors(per_site):
 
 # ------------------------------------------------------------------------------------ labeled_unlabeled, full
 
+
 def test_labeled_unlabeled():
     assert P.labeled_unlabeled(5, 10, 2) == [list(range(5))] * 2 + [[]] * 8
     for m in (0, 11):
@@ -127,6 +146,7 @@ def test_full():
 
 # ---------------------------------------------------------------------------------------------------- assign
 
+
 def test_assign_dispatch():
     assert P.assign("missing_k", HAM, 7, 3, k=6) == [[i] for i in range(7)]
     assert P.assign("random_s", 14, 8, 524, s=3) == P.random_s(14, 8, 3, 524)
@@ -135,13 +155,16 @@ def test_assign_dispatch():
     assert P.assign("full", HAM, 2) == P.full(7, 2)
 
 
-@pytest.mark.parametrize("call", [
-    lambda: P.assign("nope", HAM, 5, 0),
-    lambda: P.assign("missing_k", HAM, 5, 0),           # missing k
-    lambda: P.assign("full", HAM, 5, 0, k=1),           # unexpected parameter
-    lambda: P.assign("table", HAM, 4, 0, table="fedlsm_isic"),  # 5-site table, 4 sites
-    lambda: P.assign("table", 7, 5, 0, table="fedlsm_isic"),    # names needed
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: P.assign("nope", HAM, 5, 0),
+        lambda: P.assign("missing_k", HAM, 5, 0),  # missing k
+        lambda: P.assign("full", HAM, 5, 0, k=1),  # unexpected parameter
+        lambda: P.assign("table", HAM, 4, 0, table="fedlsm_isic"),  # 5-site table, 4 sites
+        lambda: P.assign("table", 7, 5, 0, table="fedlsm_isic"),  # names needed
+    ],
+)
 def test_assign_errors(call):
     with pytest.raises(ValueError):
         call()

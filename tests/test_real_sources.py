@@ -25,9 +25,22 @@ HAM = DATA / "ham10000"
 NIH = DATA / "nih_cxr14_1000"
 
 HAM_COUNTS = {"NV": 4323, "BKL": 583, "MEL": 491, "BCC": 264, "AKIEC": 183, "VASC": 80, "DF": 60}
-NIH_COUNTS = {"Atelectasis": 95, "Cardiomegaly": 83, "Effusion": 170, "Infiltration": 162, "Mass": 35,
-              "Nodule": 39, "Pneumonia": 11, "Pneumothorax": 40, "Consolidation": 42, "Edema": 31,
-              "Emphysema": 37, "Fibrosis": 32, "Pleural_Thickening": 29, "Hernia": 9}
+NIH_COUNTS = {
+    "Atelectasis": 95,
+    "Cardiomegaly": 83,
+    "Effusion": 170,
+    "Infiltration": 162,
+    "Mass": 35,
+    "Nodule": 39,
+    "Pneumonia": 11,
+    "Pneumothorax": 40,
+    "Consolidation": 42,
+    "Edema": 31,
+    "Emphysema": 37,
+    "Fibrosis": 32,
+    "Pleural_Thickening": 29,
+    "Hernia": 9,
+}
 
 
 def _need(folder: Path, marker: str) -> Path:
@@ -57,7 +70,7 @@ def _patients(out: Path, names: list[str]) -> dict[str, set[str]]:
 def _assert_clean(parts: dict[str, set[str]]) -> None:
     names = list(parts)
     for i, a in enumerate(names):
-        for b in names[i + 1:]:
+        for b in names[i + 1 :]:
             assert not parts[a] & parts[b], f"patients shared by {a} and {b}"
 
 
@@ -79,8 +92,16 @@ def test_nih_loads(nih_root):
     assert t.frame[NIH_CLASSES].sum().to_dict() == NIH_COUNTS
     assert (t.frame[NIH_CLASSES].sum(axis=1) == 0).sum() == 499
     assert (t.frame[NIH_CLASSES].sum(axis=1) >= 2).sum() == 213
-    assert most_frequent_classes(t, 8) == ["Atelectasis", "Cardiomegaly", "Effusion", "Infiltration", "Nodule",
-                                           "Pneumothorax", "Consolidation", "Emphysema"]
+    assert most_frequent_classes(t, 8) == [
+        "Atelectasis",
+        "Cardiomegaly",
+        "Effusion",
+        "Infiltration",
+        "Nodule",
+        "Pneumothorax",
+        "Consolidation",
+        "Emphysema",
+    ]
 
 
 def test_ham10000_fedlsm_table(ham_root, tmp_path):

@@ -45,13 +45,19 @@ def _entries(cfg: dict) -> dict:
             out[e["id"]] = (e["path"], {**_defaults(e["path"]), **_resolve(e.get("args", {}), variables)})
     for i, e in enumerate(cfg.get("executors", [])):
         ex = e["executor"]
-        out[f"executor-{i}"] = (ex["path"], {**_defaults(ex["path"]), **_resolve(ex.get("args", {}), variables)},
-                                sorted(e["tasks"]))
+        out[f"executor-{i}"] = (
+            ex["path"],
+            {**_defaults(ex["path"]), **_resolve(ex.get("args", {}), variables)},
+            sorted(e["tasks"]),
+        )
     for key in ("task_data_filters", "task_result_filters"):
         for g in cfg.get(key, []):
             for f in g["filters"]:
-                out[f"{key}:{f['path']}"] = (f["path"], {**_defaults(f["path"]), **f.get("args", {})},
-                                             sorted(g["tasks"]))
+                out[f"{key}:{f['path']}"] = (
+                    f["path"],
+                    {**_defaults(f["path"]), **f.get("args", {})},
+                    sorted(g["tasks"]),
+                )
     return out
 
 
@@ -64,7 +70,10 @@ def _reload_and_export(folder, dest):
 
     from fedpartial.recipes import _server_params, instantiate
 
-    server, client = load(folder, "app/config/config_fed_server.json"), load(folder, "app/config/config_fed_client.json")
+    server, client = (
+        load(folder, "app/config/config_fed_server.json"),
+        load(folder, "app/config/config_fed_client.json"),
+    )
     job = FedJob(name=folder.name, min_clients=load(folder, "meta.json")["min_clients"])
     job.set_app_packages(["fedpartial"])
     sv, cv = _server_params(server), _server_params(client)
@@ -79,7 +88,10 @@ def _reload_and_export(folder, dest):
     for e in client["components"]:
         job.to_clients(instantiate(e, cv), id=e["id"])
     for cfg, to in ((server, job.to_server), (client, job.to_clients)):
-        for key, ftype in (("task_data_filters", FilterType.TASK_DATA), ("task_result_filters", FilterType.TASK_RESULT)):
+        for key, ftype in (
+            ("task_data_filters", FilterType.TASK_DATA),
+            ("task_result_filters", FilterType.TASK_RESULT),
+        ):
             for g in cfg[key]:
                 for f in g["filters"]:
                     to(instantiate(f, sv if cfg is server else cv), filter_type=ftype, tasks=g["tasks"])
@@ -103,8 +115,9 @@ def test_export_load_export_gives_the_same_job(job, tmp_path):
     sites, missing = server["min_clients"], server["max_missing_sites"]
     sag = objects["scatter_and_gather"]
     assert sag._min_clients == sites - missing and sag.max_missing == missing
-    again_sag = next(w for w in load(again, "app/config/config_fed_server.json")["workflows"]
-                     if w["id"] == "scatter_and_gather")
+    again_sag = next(
+        w for w in load(again, "app/config/config_fed_server.json")["workflows"] if w["id"] == "scatter_and_gather"
+    )
     assert again_sag["args"]["min_clients"] == sites  # the job's sites, not sites - max_missing
     # meta.json: the sites that must stay connected (NVFlare's deployment policy tolerates max_missing dead ones)
     assert load(first, "meta.json")["min_clients"] == load(again, "meta.json")["min_clients"] == sites - missing
@@ -186,13 +199,17 @@ def test_experiment_tracking_composes(tmp_path):
 # ------------------------------------------------------------------------------------------ simulator runs
 
 TINY_ICH = {"image_size": 32, "prepare": {"source_args": {"n_images": 240, "size": 64, "seed": 0}}}
-FAST = {"evaluation": {"test_every": 1}, "train": {"optimizer": "adam", "lr": 0.001, "batch_size": 16,
-                                                    "local_epochs": 1}}
+FAST = {
+    "evaluation": {"test_every": 1},
+    "train": {"optimizer": "adam", "lr": 0.001, "batch_size": 16, "local_epochs": 1},
+}
 
 
 def _round_metrics(res: dict) -> list:
-    return [(r["round"], sorted(r["sites"]), r["val"]["macro"], r["test"]["macro"] if r["test"] else None)
-            for r in res["rounds"]] + [res["final"]["FL_global_model.pt"]["test"]["macro"]]
+    return [
+        (r["round"], sorted(r["sites"]), r["val"]["macro"], r["test"]["macro"] if r["test"] else None)
+        for r in res["rounds"]
+    ] + [res["final"]["FL_global_model.pt"]["test"]["macro"]]
 
 
 @pytest.mark.integration
@@ -200,9 +217,12 @@ def test_recipe_and_exported_folder_give_the_same_results(tmp_path, data_cache):
     """jobs/fedavg_ich through its recipe (``python job.py``'s SimEnv, from the checkout, no data variable) and
     the folder it exports through ``nvflare simulator``: the same results for the same seed; and everything a
     2-round run must leave (conftest.check_two_rounds: the phantom source's FedAvg simulator run)."""
-    overrides = {"num_rounds": 2, "num_sites": 3, "dataset": {"preset": "ich_phantom", **TINY_ICH,
-                                                              "prepare": {**TINY_ICH["prepare"], "num_sites": 3,
-                                                                          "k": 2}}, **FAST}
+    overrides = {
+        "num_rounds": 2,
+        "num_sites": 3,
+        "dataset": {"preset": "ich_phantom", **TINY_ICH, "prepare": {**TINY_ICH["prepare"], "num_sites": 3, "k": 2}},
+        **FAST,
+    }
     env = {"FEDPARTIAL_CACHE": str(data_cache)}
     proc = run_recipe("fedavg_ich", tmp_path / "ws_recipe", overrides, env=env)
     ws = tmp_path / "ws_recipe" / "fedavg_ich"
@@ -215,8 +235,9 @@ def test_recipe_and_exported_folder_give_the_same_results(tmp_path, data_cache):
     a, b = results_of(ws), check_two_rounds(sim, "fedavg")
     assert a["method"] == "fedavg" and len(a["rounds"]) == 2
     assert _round_metrics(a) == _round_metrics(b)
-    assert {s: i["n_train"] for s, i in a["data"]["sites"].items()} == \
-        {s: i["n_train"] for s, i in b["data"]["sites"].items()}
+    assert {s: i["n_train"] for s, i in a["data"]["sites"].items()} == {
+        s: i["n_train"] for s, i in b["data"]["sites"].items()
+    }
 
 
 # fedavg_ham10000's recipe runs from the checkout too, in tests/test_export.py (its single-label bundle is trained
@@ -236,8 +257,9 @@ def test_real_data_job_finds_its_data_from_the_checkout(job, tmp_path, data_cach
     recipe = job_recipe(REPO / "jobs" / job)
     prepare = {"site_sizes": 40} if "ham" in job else {"site_sizes": 30}
     dataset = {**recipe.dataset, "image_size": 32, "prepare": {**recipe.dataset.get("prepare", {}), **prepare}}
-    proc = run_recipe(job, tmp_path / "ws", {"num_rounds": 1, "dataset": dataset, **FAST},
-                      env={"FEDPARTIAL_CACHE": str(data_cache)})
+    proc = run_recipe(
+        job, tmp_path / "ws", {"num_rounds": 1, "dataset": dataset, **FAST}, env={"FEDPARTIAL_CACHE": str(data_cache)}
+    )
     ws = tmp_path / "ws" / job
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(ws)[-3000:]
     res = results_of(ws)
@@ -258,8 +280,11 @@ def test_a_missing_data_root_names_what_to_set(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the working folder plays no part
     assert data_anchor() == (REPO, "the checkout")
     ds = resolve_dataset({"preset": "ham10000", "prepare": {"root": "no/such/folder"}})
-    with pytest.raises(SiteDataError, match=rf"site 'site-2'.*'no/such/folder' -> {REPO}/no/such/folder does not "
-                                            rf"exist \(relative to {REPO} \(the checkout\)\); set \${DATA_DIR_ENV}"):
+    with pytest.raises(
+        SiteDataError,
+        match=rf"site 'site-2'.*'no/such/folder' -> {REPO}/no/such/folder does not "
+        rf"exist \(relative to {REPO} \(the checkout\)\); set \${DATA_DIR_ENV}",
+    ):
         resolve_site_data("site-2", ds, tmp_path / "local")
     monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path))
     with pytest.raises(SiteDataError, match=rf"-> {tmp_path}/no/such/folder .*\${DATA_DIR_ENV}\)"):
@@ -272,9 +297,13 @@ def test_a_missing_data_root_names_what_to_set(tmp_path, monkeypatch):
 def test_identical_training_manifests_are_found():
     from fedpartial.fl.data_check import same_training_rows
 
-    sites = {"site-1": {"train_set": "a", "n_train": 5}, "site-2": {"train_set": "b", "n_train": 4},
-             "site-3": {"train_set": "a", "n_train": 5}, "site-4": {"train_set": "c", "n_train": 0},
-             "site-5": {"train_set": "c", "n_train": 0}}
+    sites = {
+        "site-1": {"train_set": "a", "n_train": 5},
+        "site-2": {"train_set": "b", "n_train": 4},
+        "site-3": {"train_set": "a", "n_train": 5},
+        "site-4": {"train_set": "c", "n_train": 0},
+        "site-5": {"train_set": "c", "n_train": 0},
+    }
     assert same_training_rows(sites) == [["site-1", "site-3"]]
     assert same_training_rows({k: v for k, v in sites.items() if k != "site-3"}) == []
 
@@ -289,19 +318,40 @@ def test_prepared_folder_gives_each_site_its_own_data(tmp_path, data_cache):
     from fedpartial.data.prepare import prepare
 
     out = tmp_path / "prepared"
-    prepare("ich_phantom", None, out, 4, "missing_k", k=1, seed=0, site_sizes=[20, 30, 40, 25],
-            source_args={"n_images": 240, "size": 64, "seed": 0})
+    prepare(
+        "ich_phantom",
+        None,
+        out,
+        4,
+        "missing_k",
+        k=1,
+        seed=0,
+        site_sizes=[20, 30, 40, 25],
+        source_args={"n_images": 240, "size": 64, "seed": 0},
+    )
     shutil.copy(out / "site-3.csv", out / "site-4.csv")  # site-4 configured with site-3's data by mistake
     rows = {f"site-{i}": len(pd.read_csv(out / f"site-{i}.csv")) for i in (1, 2, 3, 4)}
     assert len({rows["site-1"], rows["site-2"], rows["site-3"]}) == 3
     # this run also tracks to a local MLflow store where MLflow is installed (requirements.txt)
     mlruns = tmp_path / "mlruns"
-    tracking = {"tracking": "mlflow", "tracking_config": {"tracking_uri": mlruns.as_uri()}} \
-        if importlib.util.find_spec("mlflow") else {}
-    proc = run_recipe("fedavg_ich", tmp_path / "ws", {"num_rounds": 1, "prepared": str(out),
-                                                       "dataset": {"preset": "ich_phantom", "image_size": 32},
-                                                       **FAST, **tracking}, sites=4,
-                      env={"FEDPARTIAL_CACHE": str(data_cache), "MLFLOW_ALLOW_FILE_STORE": "true"})
+    tracking = (
+        {"tracking": "mlflow", "tracking_config": {"tracking_uri": mlruns.as_uri()}}
+        if importlib.util.find_spec("mlflow")
+        else {}
+    )
+    proc = run_recipe(
+        "fedavg_ich",
+        tmp_path / "ws",
+        {
+            "num_rounds": 1,
+            "prepared": str(out),
+            "dataset": {"preset": "ich_phantom", "image_size": 32},
+            **FAST,
+            **tracking,
+        },
+        sites=4,
+        env={"FEDPARTIAL_CACHE": str(data_cache), "MLFLOW_ALLOW_FILE_STORE": "true"},
+    )
     ws = tmp_path / "ws" / "fedavg_ich"
     log = server_log(ws)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + log[-3000:]
@@ -309,8 +359,11 @@ def test_prepared_folder_gives_each_site_its_own_data(tmp_path, data_cache):
     assert {s: i["n_train"] for s, i in res["data"]["sites"].items()} == rows
     if tracking:  # the sites' metrics reached the server's MLflow store: one run per site, metrics written (a file
         # store cannot hold both "val/auc" and "val/auc/<class>", so some of a site's values may be refused)
-        runs = {m.read_text().split("run_name: ")[1].split("-")[:2][1]: m.parent for m in mlruns.glob("*/*/meta.yaml")
-                if "run_name: site-" in m.read_text()}
+        runs = {
+            m.read_text().split("run_name: ")[1].split("-")[:2][1]: m.parent
+            for m in mlruns.glob("*/*/meta.yaml")
+            if "run_name: site-" in m.read_text()
+        }
         assert sorted(runs) == ["1", "2", "3", "4"], sorted(str(p.relative_to(mlruns)) for p in mlruns.rglob("*"))[:20]
         assert any(p.is_file() for run in runs.values() for p in (run / "metrics").rglob("*"))
     # the data check names the two sites with the same rows, and only them
@@ -319,6 +372,7 @@ def test_prepared_folder_gives_each_site_its_own_data(tmp_path, data_cache):
 
 
 # ------------------------------------------------------------------------------------------ job.py options
+
 
 def _job_main_runs(monkeypatch, argv: list[str]) -> list[dict]:
     """Run ``jobs/fedavg_ich/job.py``'s command line with the simulator launcher replaced by a recorder of the
@@ -333,8 +387,16 @@ def _job_main_runs(monkeypatch, argv: list[str]) -> list[dict]:
     def supervise(cmd, env=None, **kwargs):
         assert cmd[1:3] == ["-m", "fedpartial.fl.simulator"] and (Path(cmd[3]) / "meta.json").is_file()
         opts = dict(zip(cmd[4::2], cmd[5::2]))
-        calls.append({"name": Path(cmd[3]).name, "workspace": opts["-w"], "n_clients": len(opts["-c"].split(",")),
-                      "threads": int(opts["-t"]), "gpu": opts.get("-gpu"), "parent": int(opts["--parent"])})
+        calls.append(
+            {
+                "name": Path(cmd[3]).name,
+                "workspace": opts["-w"],
+                "n_clients": len(opts["-c"].split(",")),
+                "threads": int(opts["-t"]),
+                "gpu": opts.get("-gpu"),
+                "parent": int(opts["--parent"]),
+            }
+        )
         return 0
 
     monkeypatch.setattr(simulator, "supervise", supervise)
@@ -394,9 +456,14 @@ def test_new_job_scaffolds_a_job_py_that_exports_the_same_job(tmp_path):
     from fedpartial.tools.build_jobs import JOB_FILES
     from fedpartial.tools.new_job import write_job
 
-    kw = dict(method="fedmlp", dataset={"preset": "nih_cxr14", "prepare": {"num_sites": 8, "k": 7}}, num_sites=8,
-              num_rounds=3, method_args={"warmup_rounds": 1}, train={"optimizer": "adam", "lr": 0.01, "batch_size": 8,
-                                                                     "local_epochs": 1})
+    kw = dict(
+        method="fedmlp",
+        dataset={"preset": "nih_cxr14", "prepare": {"num_sites": 8, "k": 7}},
+        num_sites=8,
+        num_rounds=3,
+        method_args={"warmup_rounds": 1},
+        train={"optimizer": "adam", "lr": 0.01, "batch_size": 8, "local_epochs": 1},
+    )
     plain = write_job(tmp_path / "a" / "j", **kw)
     scaffold = write_job(tmp_path / "b" / "j", **kw, job_py=True)
     text = (scaffold / "job.py").read_text()

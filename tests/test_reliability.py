@@ -10,9 +10,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedpartial.aggregation import (bound_changes, change_cosine, change_norms, change_scale, check_update,
-                                    clip_change_norms, lower_median, robust_combine, robust_rows, robust_states,
-                                    step_of, trim_count)
+from fedpartial.aggregation import (
+    bound_changes,
+    change_cosine,
+    change_norms,
+    change_scale,
+    check_update,
+    clip_change_norms,
+    lower_median,
+    robust_combine,
+    robust_rows,
+    robust_states,
+    step_of,
+    trim_count,
+)
 from fedpartial.data.manifest import ManifestError, read_manifest
 from fedpartial.methods import Contribution, get_method
 
@@ -30,9 +41,11 @@ def test_lower_median_by_hand():
 
 def _three():
     ref = {"w": np.zeros(2, np.float32), "b": np.zeros(1, np.float32), "n": np.array(7, np.int64)}
-    states = [{"w": np.array([3, 4], np.float32), "b": np.array([0.1], np.float32), "n": np.array(9, np.int64)},
-              {"w": np.array([0, 1], np.float32), "b": np.array([0.1], np.float32), "n": np.array(9, np.int64)},
-              {"w": np.array([0, 2], np.float32), "b": np.array([0.1], np.float32), "n": np.array(9, np.int64)}]
+    states = [
+        {"w": np.array([3, 4], np.float32), "b": np.array([0.1], np.float32), "n": np.array(9, np.int64)},
+        {"w": np.array([0, 1], np.float32), "b": np.array([0.1], np.float32), "n": np.array(9, np.int64)},
+        {"w": np.array([0, 2], np.float32), "b": np.array([0.1], np.float32), "n": np.array(9, np.int64)},
+    ]
     return ref, states
 
 
@@ -142,8 +155,11 @@ def test_bound_changes_floor_on_unchanged_tensors():
 
 def test_clip_change_norms_by_hand():
     ref = {"w": np.zeros(2), "k": np.array(1)}
-    states = [{"w": np.array([3.0, 4.0]), "k": np.array(5)}, {"w": np.array([0.0, 1.0]), "k": np.array(5)},
-              {"w": np.array([0.0, 2.0]), "k": np.array(5)}]
+    states = [
+        {"w": np.array([3.0, 4.0]), "k": np.array(5)},
+        {"w": np.array([0.0, 1.0]), "k": np.array(5)},
+        {"w": np.array([0.0, 2.0]), "k": np.array(5)},
+    ]
     out = clip_change_norms(states, ref, factor=1.0)  # tau = 1 x lower median (5, 1, 2) = 2
     np.testing.assert_allclose(out[0]["w"], [1.2, 1.6])  # (3, 4) * 2 / 5
     np.testing.assert_allclose(out[1]["w"], [0, 1])
@@ -198,8 +214,10 @@ def test_check_update_refuses_wrong_dtype():
 
 # ------------------------------------------------------------------------------------------ rule options
 def _contribs(values, n=(10, 10, 10)):
-    return [Contribution(site=f"s{i}", weights={"x": np.array([v], np.float32)}, n=float(k), meta={})
-            for i, (v, k) in enumerate(zip(values, n))]
+    return [
+        Contribution(site=f"s{i}", weights={"x": np.array([v], np.float32)}, n=float(k), meta={})
+        for i, (v, k) in enumerate(zip(values, n))
+    ]
 
 
 @pytest.mark.parametrize("method", ["fedavg", "fedavg_masked", "fedmlp", "fedlsm", "surgical"])
@@ -215,11 +233,15 @@ def test_rule_average_options_by_hand():
     fedavg = get_method("fedavg")
     assert fedavg.make_rule({}).average(prev, _contribs([1.0, 2.0, 9.0], (1, 1, 2)), {})["x"].tolist() == [5.25]
     # trimmed mean of 5 values with trim 0.2 drops one at each end
-    c5 = [Contribution(site=f"s{i}", weights={"x": np.array([v], np.float32)}, n=1.0, meta={})
-          for i, v in enumerate((1, 2, 3, 100, 4))]
+    c5 = [
+        Contribution(site=f"s{i}", weights={"x": np.array([v], np.float32)}, n=1.0, meta={})
+        for i, v in enumerate((1, 2, 3, 100, 4))
+    ]
     assert fedavg.make_rule({"robust": "trimmed_mean"}).average(prev, c5, {})["x"].tolist() == [3.0]
     # clipping alone: (1, 2, 9) with tau = 1 x 2 -> (1, 2, 2), weights (1, 1, 2): (1 + 2 + 4) / 4
-    assert fedavg.make_rule({"clip_norm": 1.0}).average(prev, _contribs([1.0, 2.0, 9.0], (1, 1, 2)), {})["x"].tolist() == [1.75]
+    assert fedavg.make_rule({"clip_norm": 1.0}).average(prev, _contribs([1.0, 2.0, 9.0], (1, 1, 2)), {})[
+        "x"
+    ].tolist() == [1.75]
     with pytest.raises(ValueError):
         fedavg.make_rule({"trim": 0.6})
     with pytest.raises(ValueError):
@@ -274,9 +296,17 @@ def _aggregator(sites=("site-1", "site-2", "site-3", "site-4"), n_train=20):
     return agg, _Engine({"data_summary": summary, "aggregator": agg}, sites)
 
 
-@pytest.mark.parametrize("n, why", [(1e12, "exceeds the 20 training images"), ("abc", "is not a number"),
-                                    (3.5, "not a positive integer"), (0, "not a positive integer"),
-                                    (float("nan"), "not a positive integer"), (-4, "not a positive integer")])
+@pytest.mark.parametrize(
+    "n, why",
+    [
+        (1e12, "exceeds the 20 training images"),
+        ("abc", "is not a number"),
+        (3.5, "not a positive integer"),
+        (0, "not a positive integer"),
+        (float("nan"), "not a positive integer"),
+        (-4, "not a positive integer"),
+    ],
+)
 def test_sample_count_checked_against_the_data_check(n, why):
     agg, engine = _aggregator()
     prev = {"x": np.zeros(2, np.float32)}
@@ -314,7 +344,10 @@ def test_aggregate_refuses_outliers_and_records_missing_sites():
     # round 1: the last step (0.05, 0.1), norm 0.112, is the scale: 25 x 0.112 = 2.8 (the 4 % floor is 0.06)
     prev = {"x": np.array([1.05, 1.1], np.float32)}
     out = _round(agg, engine, {"site-1": [1.1, 1.2], "site-2": [1.05, 4.0]}, prev, rnd=1)
-    assert list(out.meta[META_REJECTED]) == ["site-2"] and "its last global step (0.1118)" in out.meta[META_REJECTED]["site-2"]
+    assert (
+        list(out.meta[META_REJECTED]) == ["site-2"]
+        and "its last global step (0.1118)" in out.meta[META_REJECTED]["site-2"]
+    )
 
     clip, engine = _aggregator()
     clip.on_large_change = "clip"
@@ -376,8 +409,7 @@ def test_errors_leaving_a_site_name_paths_relative_to_the_data_root(tmp_path):
     ex = PartialLabelExecutor(dataset="ich_phantom")
     root = tmp_path / "hospital" / "data"
     cfg = tmp_path / "local" / "fedpartial_data.json"
-    ex.site_data = SiteData("site-1", "ich_phantom", root, root / "train.csv", None, None,
-                            origin=f"site-config:{cfg}")
+    ex.site_data = SiteData("site-1", "ich_phantom", root, root / "train.csv", None, None, origin=f"site-config:{cfg}")
     msg = ex._relative(f"cannot read image {root}/scans/1.png; manifest {cfg.parent}/train.csv")
     assert msg == "cannot read image scans/1.png; manifest train.csv" and str(tmp_path) not in msg
 
@@ -385,10 +417,24 @@ def test_errors_leaving_a_site_name_paths_relative_to_the_data_root(tmp_path):
 def test_summary_sent_to_sites_carries_no_configuration():
     from fedpartial.fl.data_check import shared_summary
 
-    summary = {"classes": CLASSES, "sites": {"site-1": {
-        "n_train": 3, "annotated": [True, False], "positives": [1, 0], "negatives": [2, 0], "n_val": 0, "n_test": 0,
-        "origin": "site-config:/secret/hospital/fedpartial_data.json", "vocabulary": {"columns": {"x": "a"}},
-        "synthetic": False, "classes": CLASSES, "eval_sets": {}}}}
+    summary = {
+        "classes": CLASSES,
+        "sites": {
+            "site-1": {
+                "n_train": 3,
+                "annotated": [True, False],
+                "positives": [1, 0],
+                "negatives": [2, 0],
+                "n_val": 0,
+                "n_test": 0,
+                "origin": "site-config:/secret/hospital/fedpartial_data.json",
+                "vocabulary": {"columns": {"x": "a"}},
+                "synthetic": False,
+                "classes": CLASSES,
+                "eval_sets": {},
+            }
+        },
+    }
     out = shared_summary(summary)
     assert "origin" not in out["sites"]["site-1"] and "vocabulary" not in out["sites"]["site-1"]
     assert "/secret" not in json.dumps(out) and out["sites"]["site-1"]["positives"] == [1, 0]
@@ -398,9 +444,13 @@ def test_summary_sent_to_sites_carries_no_configuration():
 def test_min_count_drops_small_per_class_statistics_by_hand():
     from fedpartial.fl.data_check import suppress_small_counts
 
-    meta = {"fedmlp_p0": np.ones((3, 2), np.float32), "fedmlp_p1": np.full((3, 2), 2, np.float32),
-            "fedmlp_proto_counts": np.array([[10, 4], [0, 5], [1, 7]]), "fedlsm_q": np.array([0.0, 4.5, 5.0]),
-            "other": [1, 2]}
+    meta = {
+        "fedmlp_p0": np.ones((3, 2), np.float32),
+        "fedmlp_p1": np.full((3, 2), 2, np.float32),
+        "fedmlp_proto_counts": np.array([[10, 4], [0, 5], [1, 7]]),
+        "fedlsm_q": np.array([0.0, 4.5, 5.0]),
+        "other": [1, 2],
+    }
     out, dropped = suppress_small_counts(meta, 5)
     # P1 of class 0 (4 images) and P0 of class 2 (1 image) dropped; counts of 0 and >= 5 kept
     assert out["fedmlp_proto_counts"].tolist() == [[10, 0], [0, 5], [0, 7]]
@@ -467,7 +517,7 @@ def test_truncated_png_and_corrupt_dicom_fail_the_data_check(site):
 
 
 def test_truncated_dicom_pixel_data_is_found():
-    pydicom = pytest.importorskip("pydicom")
+    pytest.importorskip("pydicom")
     from pydicom.dataset import FileDataset, FileMetaDataset
     from pydicom.uid import ExplicitVRLittleEndian
 
@@ -513,15 +563,31 @@ def test_new_job_tolerates_a_missing_site(tmp_path):
     wf = {w["id"]: w["args"] for w in cfg["workflows"]}
     assert cfg["max_missing_sites"] == 1 and cfg["min_clients"] == 4
     assert wf["scatter_and_gather"]["max_missing"] == "{max_missing_sites}"
-    assert wf["scatter_and_gather"]["train_timeout"] > 0 and wf["scatter_and_gather"]["wait_time_after_min_received"] > 0
+    assert (
+        wf["scatter_and_gather"]["train_timeout"] > 0 and wf["scatter_and_gather"]["wait_time_after_min_received"] > 0
+    )
     assert wf["data_check"]["timeout"] > 0 and wf["cross_site_validate"]["validation_timeout"] <= 1800
     client = json.loads((tmp_path / "j/app/config/config_fed_client.json").read_text())
     assert client["task_result_filters"][0]["filters"][0]["args"] == {"min_count": 5}
     before = {p.name: p.read_text() for p in (tmp_path / "j/app/config").iterdir()}
     harden_job(tmp_path / "j")  # idempotent
     assert before == {p.name: p.read_text() for p in (tmp_path / "j/app/config").iterdir()}
-    assert main([str(tmp_path / "k"), "--method", "fedavg", "--dataset", "ich_phantom", "--sites", "4",
-                 "--max-missing", "0"]) == 0
+    assert (
+        main(
+            [
+                str(tmp_path / "k"),
+                "--method",
+                "fedavg",
+                "--dataset",
+                "ich_phantom",
+                "--sites",
+                "4",
+                "--max-missing",
+                "0",
+            ]
+        )
+        == 0
+    )
     assert json.loads((tmp_path / "k/app/config/config_fed_server.json").read_text())["max_missing_sites"] == 0
     with pytest.raises(ValueError, match="num_rounds"):
         main([str(tmp_path / "z"), "--method", "fedavg", "--dataset", "ich_phantom", "--sites", "4", "--rounds", "0"])
@@ -550,8 +616,13 @@ def test_compact_results_keep_the_refused_updates():
     spec = importlib.util.spec_from_file_location("run_jobs_compact", REPO / "benchmarks" / "run_jobs.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    res = {"method": "fedavg", "rounds": [{"round": 0, "val": {"macro": {"auc": 0.5}}, "test": None,
-                                           "rejected": {"site-2": "round 0: too large"}}, {"round": 1}]}
+    res = {
+        "method": "fedavg",
+        "rounds": [
+            {"round": 0, "val": {"macro": {"auc": 0.5}}, "test": None, "rejected": {"site-2": "round 0: too large"}},
+            {"round": 1},
+        ],
+    }
     curves = mod.compact(res)["curves"]
     assert curves[0]["rejected"] == {"site-2": "round 0: too large"} and curves[1]["rejected"] == {}
 
@@ -570,8 +641,12 @@ def test_a_class_annotated_only_at_an_absent_site_follows_the_policy(policy):
         proc._sites[site] = {"classes": CLASSES, "annotated": [True, False], "n_train": 10, "positives": [3, 0]}
     ok = proc.final_process(_ctx(engine))
     if policy == "stop":
-        assert not ok and "class(es) ['b'] are annotated by none of the sites present (site-1, site-2), only by the " \
-                          "absent site(s) ['site-3'] (class_without_annotator: stop" in proc.error
+        assert (
+            not ok
+            and "class(es) ['b'] are annotated by none of the sites present (site-1, site-2), only by the "
+            "absent site(s) ['site-3'] (class_without_annotator: stop"
+            in proc.error
+        )
     else:
         assert ok and proc.summary["unannotated_classes"] == ["b"] and proc.error is None
     strict = DataSummaryProcessor(classes=CLASSES, max_missing=0, class_without_annotator="train_without")
@@ -587,17 +662,23 @@ def test_degradation_names_lost_sites_refused_updates_and_lost_classes():
     from fedpartial.fl.selection import degradation
 
     per_class = {"val": {"per_class": {"a": {}, "b": {}}}}
-    res = {"data": {"sites": {"h1": {"annotated": [0]}, "h2": {"annotated": [0]}, "h3": {"annotated": [1]}}},
-           "rounds": [{"round": 0, "missing": [], "rejected": {}, **per_class},
-                      {"round": 1, "missing": ["h3"], "rejected": {"h2": "too large"}},
-                      {"round": 2, "missing": ["h3"], "rejected": {}}]}
+    res = {
+        "data": {"sites": {"h1": {"annotated": [0]}, "h2": {"annotated": [0]}, "h3": {"annotated": [1]}}},
+        "rounds": [
+            {"round": 0, "missing": [], "rejected": {}, **per_class},
+            {"round": 1, "missing": ["h3"], "rejected": {"h2": "too large"}},
+            {"round": 2, "missing": ["h3"], "rejected": {}},
+        ],
+    }
     d = degradation(res)
     assert d["missing_sites"] == {"h3": [1, 2]} and d["rejected_sites"] == {"h2": [1]}
     assert d["final_without"] == ["h3"] and d["classes_without_annotator"] == ["b"]
-    assert d["reasons"] == ["site h3 sent no update in round(s) 1-2 of 3 (dead, slow or failed)",
-                            "site h2's update was refused in round(s) 1: too large",
-                            "the final evaluation ran without h3",
-                            "class(es) ['b'] had no annotating site at the end (not learnt from then on)"]
+    assert d["reasons"] == [
+        "site h3 sent no update in round(s) 1-2 of 3 (dead, slow or failed)",
+        "site h2's update was refused in round(s) 1: too large",
+        "the final evaluation ran without h3",
+        "class(es) ['b'] had no annotating site at the end (not learnt from then on)",
+    ]
     for r in res["rounds"]:
         r["missing"], r["rejected"] = [], {}
     assert degradation(res) is None
@@ -649,8 +730,9 @@ def test_a_deployed_round_does_not_wait_for_a_site_known_to_be_gone(monkeypatch)
         sag.log_warning = lambda ctx, msg: None
         task = SimpleNamespace(targets=["h1", "h2", "h3", "h4"], completion_status=None, client_tasks=[])
         sag.cancel_task = lambda t, completion_status, fl_ctx=None: setattr(t, "completion_status", completion_status)
-        cts = {n: SimpleNamespace(client=SimpleNamespace(name=n), task=task, result_received_time=None)
-               for n in fetched}
+        cts = {
+            n: SimpleNamespace(client=SimpleNamespace(name=n), task=task, result_received_time=None) for n in fetched
+        }
         task.client_tasks = list(cts.values())
         for n in answered:
             sag._process_train_result(cts[n], SimpleNamespace(get_job_id=lambda: job_id))

@@ -21,10 +21,16 @@ from fedpartial.tools.build_jobs import customise_job
 
 pytestmark = pytest.mark.integration
 
-TINY_HAM = {"dataset": {"image_size": 32, "prepare": {"val_frac": 0.03, "test_frac": 0.05}},
-            "evaluation": {"test_every": 1}, "train": {"batch_size": 16}}
-TINY_ICH = {"dataset": {"image_size": 32, "prepare": {"source_args": {"n_images": 240, "size": 64, "seed": 0}}},
-            "evaluation": {"test_every": 1}, "train": {"batch_size": 16}}
+TINY_HAM = {
+    "dataset": {"image_size": 32, "prepare": {"val_frac": 0.03, "test_frac": 0.05}},
+    "evaluation": {"test_every": 1},
+    "train": {"batch_size": 16},
+}
+TINY_ICH = {
+    "dataset": {"image_size": 32, "prepare": {"source_args": {"n_images": 240, "size": 64, "seed": 0}}},
+    "evaluation": {"test_every": 1},
+    "train": {"batch_size": 16},
+}
 
 FAULTS = '''
 """TEST ONLY: an executor that injects faults at chosen sites (written by tests/test_reliability_simulator.py)."""
@@ -67,8 +73,15 @@ class FaultyExecutor(PartialLabelExecutor):
 
 
 def _norm(state: dict) -> float:
-    return float(np.sqrt(sum(float((np.asarray(v, dtype=np.float64) ** 2).sum()) for v in state.values()
-                             if np.issubdtype(np.asarray(v).dtype, np.floating))))
+    return float(
+        np.sqrt(
+            sum(
+                float((np.asarray(v, dtype=np.float64) ** 2).sum())
+                for v in state.values()
+                if np.issubdtype(np.asarray(v).dtype, np.floating)
+            )
+        )
+    )
 
 
 def test_poisoned_and_failing_sites(tmp_path, data_cache):
@@ -91,12 +104,15 @@ def test_poisoned_and_failing_sites(tmp_path, data_cache):
         assert r["missing"] == ["site-5"], r  # its training raised: recorded, the round went on
         assert list(r["rejected"]) == ["site-2"], r  # 1e30, 100x, reversed
         assert set(r["sites"]) >= {"site-1", "site-3", "site-4"}
-    assert "non-finite" in res["rounds"][0]["rejected"]["site-2"] or "changed by" in res["rounds"][0]["rejected"]["site-2"]
+    assert (
+        "non-finite" in res["rounds"][0]["rejected"]["site-2"] or "changed by" in res["rounds"][0]["rejected"]["site-2"]
+    )
     assert "changed by" in res["rounds"][1]["rejected"]["site-2"]
     assert "points against the model's last step" in res["rounds"][2]["rejected"]["site-2"]
 
-    final = torch.load(ws / "server/simulate_job/app_server/FL_global_model.pt", map_location="cpu",
-                       weights_only=True)["model"]
+    final = torch.load(ws / "server/simulate_job/app_server/FL_global_model.pt", map_location="cpu", weights_only=True)[
+        "model"
+    ]
     final = {k: v.numpy() for k, v in final.items()}
     from fedpartial.models import build_model
 
@@ -116,9 +132,15 @@ def test_two_labelled_sites_of_very_different_size_are_both_averaged(tmp_path, d
     from conftest import copy_job, real_data
     from fedpartial.data.presets import deep_merge
 
-    args = deep_merge(TINY_HAM, {"train": {"local_steps": None, "local_epochs": 1},
-                                 "dataset": {"prepare": {"num_sites": 3, "m": 2, "site_sizes": [16, 400, 40],
-                                                         "root": str(real_data("ham10000"))}}})
+    args = deep_merge(
+        TINY_HAM,
+        {
+            "train": {"local_steps": None, "local_epochs": 1},
+            "dataset": {
+                "prepare": {"num_sites": 3, "m": 2, "site_sizes": [16, 400, 40], "root": str(real_data("ham10000"))}
+            },
+        },
+    )
     job = copy_job("fedavg_labelled_isic", tmp_path / "job", num_rounds=3, executor_args=args, min_clients=3)
     ws = tmp_path / "ws"
     proc = run_simulator(job, ws, n=3, env={"FEDPARTIAL_CACHE": str(data_cache)})

@@ -10,16 +10,26 @@ import pytest
 import torch
 
 from conftest import REPO
-from fedpartial.fl.checkpoint import (CHECKPOINT_FILE, check_resume, config_fingerprint, from_safe, read_file,
-                                      resume_source, run_folder, server_checkpoint, write_private)
+from fedpartial.fl.checkpoint import (
+    CHECKPOINT_FILE,
+    check_resume,
+    config_fingerprint,
+    from_safe,
+    read_file,
+    resume_source,
+    run_folder,
+    server_checkpoint,
+    write_private,
+)
 
 
 def _ckpt(round_num=1, total=3, method="fedmlp", shape=(2, 3), job_id="job-a", fingerprint="f00d"):
     weights = {"w": np.ones(shape, np.float32), "bn.num_batches_tracked": np.int64(4)}
     meta = {"fedmlp_global_degree": [0.5, 0.25], "sat_out": []}
     comps = {"aggregator": {"rule": {"p0": np.zeros((2, 4))}, "last_meta": meta}}
-    return weights, server_checkpoint(round_num, total, method, weights, meta, comps, dict(weights), 0, job_id,
-                                      fingerprint)
+    return weights, server_checkpoint(
+        round_num, total, method, weights, meta, comps, dict(weights), 0, job_id, fingerprint
+    )
 
 
 def test_checkpoint_round_trip_is_private_and_loads_weights_only(tmp_path):
@@ -35,14 +45,19 @@ def test_checkpoint_round_trip_is_private_and_loads_weights_only(tmp_path):
     assert back["job_id"] == "job-a" and back["fingerprint"] == "f00d"
 
 
-@pytest.mark.parametrize("change, expected", [
-    (dict(method="fedavg"), "method 'fedmlp', the job runs 'fedavg'"),
-    (dict(total=1), "has only 1 round(s)"),
-    (dict(shape=(3, 3)), "tensor shapes differ"),
-    (dict(job_id="job-b"), "belongs to job 'job-a', not to job 'job-b': refusing to continue a run from another"),
-    (dict(fingerprint="beef"), "job job-a ran another configuration (fingerprint f00d, the submitted job folder's "
-                               "is beef)"),
-])
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        (dict(method="fedavg"), "method 'fedmlp', the job runs 'fedavg'"),
+        (dict(total=1), "has only 1 round(s)"),
+        (dict(shape=(3, 3)), "tensor shapes differ"),
+        (dict(job_id="job-b"), "belongs to job 'job-a', not to job 'job-b': refusing to continue a run from another"),
+        (
+            dict(fingerprint="beef"),
+            "job job-a ran another configuration (fingerprint f00d, the submitted job folder's is beef)",
+        ),
+    ],
+)
 def test_a_checkpoint_that_cannot_continue_the_job_is_refused(tmp_path, change, expected):
     weights, _ = _ckpt()
     _, ckpt = _ckpt(**{k: v for k, v in change.items() if k == "shape"})
@@ -67,11 +82,14 @@ def test_missing_and_corrupt_checkpoints_are_named(tmp_path):
 
 def test_run_folder_layout_and_names():
     """Each job id has its own folder: two runs of one job folder (concurrent or not) never share a file."""
-    assert (str(run_folder("", "/ws/site-1", "fedmlp_ich", "7f3a", "site-1"))
-            == "/ws/site-1/fedpartial_checkpoints/fedmlp_ich/7f3a/site-1")
+    assert (
+        str(run_folder("", "/ws/site-1", "fedmlp_ich", "7f3a", "site-1"))
+        == "/ws/site-1/fedpartial_checkpoints/fedmlp_ich/7f3a/site-1"
+    )
     assert str(run_folder("/ckpt", "/ws", "fedmlp_ich", "7f3a", "server")) == "/ckpt/fedmlp_ich/7f3a/server"
-    assert run_folder("/ckpt", "/ws", "fedmlp_ich", "7f3a", "server") != run_folder("/ckpt", "/ws", "fedmlp_ich",
-                                                                                    "9c1b", "server")
+    assert run_folder("/ckpt", "/ws", "fedmlp_ich", "7f3a", "server") != run_folder(
+        "/ckpt", "/ws", "fedmlp_ich", "9c1b", "server"
+    )
     for bad in (("../etc", "7f3a"), ("fedmlp_ich", "../x"), ("fedmlp_ich", "")):
         with pytest.raises(ValueError, match="invalid run, job or participant name"):
             run_folder("", "/ws", *bad, "server")

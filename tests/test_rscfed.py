@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_fedlsm import _mc_site
+from test_fedmlp import _site
 
 from fedpartial.methods import Contribution, get_method
 from fedpartial.methods import rscfed as R
-from test_fedlsm import _mc_site
-from test_fedmlp import _site
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -25,6 +25,7 @@ def _state(w, nbt=0):
 
 
 # ------------------------------------------------------------------------------------------ server maths
+
 
 def test_model_distance_l2_and_sum_of_norms():
     ref = {"x": np.zeros(2, np.float32), "y": np.zeros(2, np.float32), "n": np.asarray(0)}
@@ -94,23 +95,32 @@ def test_rule_mean_of_sub_consensus_models_and_counters():
     expected = np.mean([R.dma_aggregate([states[i] for i in s], [1.0, 1.0], 1.0)[0]["w"] for s in subsets], 0)
     assert out["w"] == pytest.approx(expected, abs=1e-6)  # the plain mean of the M sub-consensus models
     assert meta[R.META_SITE_SHARE].sum() == pytest.approx(1.0)
-    again, _ = get_method("rscfed").make_rule({"subsets": 4, "subset_size": 2, "beta": 1.0, "seed": 3}).aggregate(
-        None, list(reversed(contribs)), {}, 5)
+    again, _ = (
+        get_method("rscfed")
+        .make_rule({"subsets": 4, "subset_size": 2, "beta": 1.0, "seed": 3})
+        .aggregate(None, list(reversed(contribs)), {}, 5)
+    )
     assert np.array_equal(again["w"], out["w"])  # reproducible: same seed and round, any arrival order
 
 
 def test_rule_norm_frozen_and_refused_robust_option():
     prev = {"w": np.array([9.0, 9.0], np.float32), "bn": np.array([1.0], np.float32)}
-    contribs = [Contribution(site=s, weights={"w": np.array(v, np.float32), "bn": np.array([5.0], np.float32)},
-                             n=1.0, meta={}) for s, v in (("a", [0, 0]), ("b", [2, 2]))]
-    out, _ = get_method("rscfed").make_rule({"norm": "frozen", "subsets": 1, "subset_size": 2}).aggregate(
-        prev, contribs, {"norm": ["bn"]}, 1)
+    contribs = [
+        Contribution(site=s, weights={"w": np.array(v, np.float32), "bn": np.array([5.0], np.float32)}, n=1.0, meta={})
+        for s, v in (("a", [0, 0]), ("b", [2, 2]))
+    ]
+    out, _ = (
+        get_method("rscfed")
+        .make_rule({"norm": "frozen", "subsets": 1, "subset_size": 2})
+        .aggregate(prev, contribs, {"norm": ["bn"]}, 1)
+    )
     assert out["bn"].tolist() == [1.0] and out["w"].tolist() == pytest.approx([1.0, 1.0])
     with pytest.raises(ValueError, match="robust"):
         get_method("rscfed").make_rule({"robust": "median"})
 
 
 # ------------------------------------------------------------------------------------------ site maths
+
 
 def test_sharpen_ema_decay_and_consistency_by_hand():
     p = torch.tensor([[0.6, 0.4]])
@@ -122,16 +132,17 @@ def test_sharpen_ema_decay_and_consistency_by_hand():
     student = torch.log(torch.tensor([[0.5, 0.5], [0.8, 0.2]]))  # softmax(log p) = p
     teacher = torch.tensor([[0.9, 0.1], [0.1, 0.9]])
     rows = torch.tensor([False, True])  # only row 2 is unlabelled
-    assert R.consistency_loss(student, teacher, rows, "softmax").item() == pytest.approx(0.7 ** 2 * 2)
+    assert R.consistency_loss(student, teacher, rows, "softmax").item() == pytest.approx(0.7**2 * 2)
     logits = torch.tensor([[0.0, math.log(3.0)]])  # sigmoid 0.5, 0.75
     t = torch.tensor([[0.1, 0.25]])
     entries = torch.tensor([[True, True]])
-    assert R.consistency_loss(logits, t, entries, "sigmoid").item() == pytest.approx((0.4 ** 2 + 0.5 ** 2) / 2)
+    assert R.consistency_loss(logits, t, entries, "sigmoid").item() == pytest.approx((0.4**2 + 0.5**2) / 2)
     assert R.consistency_loss(logits, t, torch.tensor([[False, True]]), "sigmoid").item() == pytest.approx(0.25)
     assert R.consistency_loss(logits, t, torch.zeros(1, 2, dtype=torch.bool), "sigmoid").item() == 0.0
 
 
 # ------------------------------------------------------------------------------------------ trainer
+
 
 def test_multilabel_round_teacher_counters_and_persistence(tmp_path):
     ctx = _site("s", [True, False, True], n=16, tmp=tmp_path)

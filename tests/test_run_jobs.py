@@ -25,8 +25,10 @@ def _run_jobs():
 
 R = _run_jobs()
 T = "2026-11-23 09:45:{:02d},{:03d}"
-NOISE = (" - CoreCell - ERROR - [ME=site-1.:ate_job O=site-1.:ate_job SEQ={}] cannot send to 'server.simulate_job': "
-         "target_unreachable")
+NOISE = (
+    " - CoreCell - ERROR - [ME=site-1.:ate_job O=site-1.:ate_job SEQ={}] cannot send to 'server.simulate_job': "
+    "target_unreachable"
+)
 CAUSE = "ValueError: protocol 'full' takes parameter(s) []; missing [], unexpected ['k']"
 
 
@@ -38,31 +40,40 @@ def _write(path: Path, lines: list[str]) -> None:
 def _fake_workspace(ws: Path) -> None:
     """The simulator's layout: the server's log (its own error after the site's), site-1 with shutdown noise
     only, site-2 with the cause (an ERROR record followed by its traceback) and then noise."""
-    _write(ws / "server" / "log.txt", [
-        T.format(1, 0) + " - SimulatorRunner - INFO - Create the Simulator Server.",
-        T.format(8, 0) + " - SimulatorRunner - INFO - site-2 ended",
-        "Traceback (most recent call last):",  # a plain Python traceback (no record prefix): at 09:45:08
-        '  File "/x/nvflare/private/fed/app/simulator/simulator_runner.py", line 90, in run',
-        "RuntimeError: simulator_server: site-2 ended abnormally",
-        T.format(9, 0) + " - ServerRunner - ERROR - [identity=simulator_server] - Aborting current RUN due to "
-                         "FATAL_SYSTEM_ERROR received: site-2 failed",
-    ])
-    _write(ws / "site-1" / "log.txt", [T.format(2, 0) + " - ClientRunner - INFO - started"]
-           + [T.format(10, i) + NOISE.format(i) for i in range(5)])
-    _write(ws / "site-2" / "log.txt", [
-        T.format(3, 0) + " - PartialLabelExecutor - INFO - site-2: reading the dataset",
-        T.format(4, 5) + " - ClientRunner - ERROR - [identity=site-2, run=simulate_job] - Processing error in task "
-                         f"execution: {CAUSE}",
-        T.format(4, 5) + " - ClientRunner - ERROR - [identity=site-2, run=simulate_job] - Traceback (most recent "
-                         "call last):",  # NVFlare's log_exception: the traceback as a second ERROR record
-        '  File "/x/nvflare/private/fed/client/client_runner.py", line 312, in _do_process_task',
-        "    reply = executor.execute(task.name, task.data, fl_ctx, self.task_abort_signal)",
-        '  File "/x/fedpartial/data/protocols.py", line 198, in assign',
-        '    raise ValueError(f"protocol {protocol!r} takes parameter(s) ...")',
-        CAUSE,
-        T.format(4, 6) + " - ClientRunner - ERROR - [identity=site-2, run=simulate_job] - Processing error in task "
-                         f"execution: {CAUSE}",  # the same message again: listed once
-    ] + [T.format(11, i) + NOISE.format(i) for i in range(3)])
+    _write(
+        ws / "server" / "log.txt",
+        [
+            T.format(1, 0) + " - SimulatorRunner - INFO - Create the Simulator Server.",
+            T.format(8, 0) + " - SimulatorRunner - INFO - site-2 ended",
+            "Traceback (most recent call last):",  # a plain Python traceback (no record prefix): at 09:45:08
+            '  File "/x/nvflare/private/fed/app/simulator/simulator_runner.py", line 90, in run',
+            "RuntimeError: simulator_server: site-2 ended abnormally",
+            T.format(9, 0) + " - ServerRunner - ERROR - [identity=simulator_server] - Aborting current RUN due to "
+            "FATAL_SYSTEM_ERROR received: site-2 failed",
+        ],
+    )
+    _write(
+        ws / "site-1" / "log.txt",
+        [T.format(2, 0) + " - ClientRunner - INFO - started"] + [T.format(10, i) + NOISE.format(i) for i in range(5)],
+    )
+    _write(
+        ws / "site-2" / "log.txt",
+        [
+            T.format(3, 0) + " - PartialLabelExecutor - INFO - site-2: reading the dataset",
+            T.format(4, 5) + " - ClientRunner - ERROR - [identity=site-2, run=simulate_job] - Processing error in task "
+            f"execution: {CAUSE}",
+            T.format(4, 5) + " - ClientRunner - ERROR - [identity=site-2, run=simulate_job] - Traceback (most recent "
+            "call last):",  # NVFlare's log_exception: the traceback as a second ERROR record
+            '  File "/x/nvflare/private/fed/client/client_runner.py", line 312, in _do_process_task',
+            "    reply = executor.execute(task.name, task.data, fl_ctx, self.task_abort_signal)",
+            '  File "/x/fedpartial/data/protocols.py", line 198, in assign',
+            '    raise ValueError(f"protocol {protocol!r} takes parameter(s) ...")',
+            CAUSE,
+            T.format(4, 6) + " - ClientRunner - ERROR - [identity=site-2, run=simulate_job] - Processing error in task "
+            f"execution: {CAUSE}",  # the same message again: listed once
+        ]
+        + [T.format(11, i) + NOISE.format(i) for i in range(3)],
+    )
 
 
 def test_first_errors_of_a_log_skip_noise_and_repeats_and_keep_the_traceback_end(tmp_path):
@@ -122,11 +133,20 @@ def test_run_one_reports_the_site_error_and_the_workspace(tmp_path, monkeypatch)
 def test_main_keeps_the_scratch_and_exits_1_when_a_run_fails(tmp_path, monkeypatch, capsys):
     def fake_run_one(job, seed, rounds, sites, scratch, base, env, name=None, method_args=None):
         if job == "b":
-            raise R.RunFailed(f"{job} seed {seed} failed (rc 2); workspace {scratch / 'b-s0/ws'}\n  site-2/log.txt:",
-                              scratch / "b-s0/ws")
-        return {"setting": "full labels", "seconds_per_round": 1.0, "wall_seconds_total": 1.0, "seed": seed,
-                "final": {m: {"test": {"task": "multiclass", "macro": {"auc": 0.8}, "per_class": {"x": {"auc": 0.8}}}}
-                          for m in (R.LAST_MODEL, R.BEST_MODEL)}}
+            raise R.RunFailed(
+                f"{job} seed {seed} failed (rc 2); workspace {scratch / 'b-s0/ws'}\n  site-2/log.txt:",
+                scratch / "b-s0/ws",
+            )
+        return {
+            "setting": "full labels",
+            "seconds_per_round": 1.0,
+            "wall_seconds_total": 1.0,
+            "seed": seed,
+            "final": {
+                m: {"test": {"task": "multiclass", "macro": {"auc": 0.8}, "per_class": {"x": {"auc": 0.8}}}}
+                for m in (R.LAST_MODEL, R.BEST_MODEL)
+            },
+        }
 
     monkeypatch.setattr(R, "run_one", fake_run_one)
     out = tmp_path / "bench.json"
@@ -152,44 +172,60 @@ def test_progress_counts_runs_and_estimates_the_time_left():
 
 def test_main_prints_run_k_of_n_and_leaves_out_the_resumed_runs(tmp_path, monkeypatch, capsys):
     def fake_run_one(job, seed, rounds, sites, scratch, base, env, name=None, method_args=None):
-        return {"setting": "full labels", "seconds_per_round": 1.0, "wall_seconds_total": 1.0, "seed": seed,
-                "final": {m: {"test": {"task": "multiclass", "macro": {"auc": 0.8}, "per_class": {"x": {"auc": 0.8}}}}
-                          for m in (R.LAST_MODEL, R.BEST_MODEL)}}
+        return {
+            "setting": "full labels",
+            "seconds_per_round": 1.0,
+            "wall_seconds_total": 1.0,
+            "seed": seed,
+            "final": {
+                m: {"test": {"task": "multiclass", "macro": {"auc": 0.8}, "per_class": {"x": {"auc": 0.8}}}}
+                for m in (R.LAST_MODEL, R.BEST_MODEL)
+            },
+        }
 
     monkeypatch.setattr(R, "run_one", fake_run_one)
     out = tmp_path / "bench.json"
     assert R.main(["--jobs", "a", "--out", str(out), "--no-plots", "--compact"]) == 0
-    assert R.main(["--jobs", "a", "b", "--seeds", "0", "1", "--out", str(out), "--no-plots", "--compact",
-                   "--resume"]) == 0
+    assert (
+        R.main(["--jobs", "a", "b", "--seeds", "0", "1", "--out", str(out), "--no-plots", "--compact", "--resume"]) == 0
+    )
     lines = capsys.readouterr().out.splitlines()
     starts = [line for line in lines if line.startswith("run ")]
     assert starts[0].startswith("run 1 / 1: a seed 0 (elapsed")
-    assert [line.split(" (")[0] for line in starts[1:]] == ["run 1 / 3: b seed 0", "run 2 / 3: a seed 1",
-                                                            "run 3 / 3: b seed 1"]  # a seed 0 was already done
+    assert [line.split(" (")[0] for line in starts[1:]] == [
+        "run 1 / 3: b seed 0",
+        "run 2 / 3: a seed 1",
+        "run 3 / 3: b seed 1",
+    ]  # a seed 0 was already done
     assert "a seed 0: already in" in "\n".join(lines) and "left)" in starts[2]
-    assert any(line.startswith("b seed 1: test") and line.endswith("3 / 3 done, elapsed 0 s, about 0 s left")
-               for line in lines)
+    assert any(
+        line.startswith("b seed 1: test") and line.endswith("3 / 3 done, elapsed 0 s, about 0 s left") for line in lines
+    )
 
 
 def test_simulate_prints_each_new_round_of_the_server_log(tmp_path, capsys):
     """A stand-in simulator writes NVFlare's round lines into the server log; ``simulate`` reports each new
     finished round while it runs and returns its captured output and exit status."""
     ws = tmp_path / "run" / "ws"
-    script = (f"import pathlib, sys, time; log = pathlib.Path({str(ws / 'server' / 'log.txt')!r}); "
-              "log.parent.mkdir(parents=True); print('hello'); sys.stdout.flush(); "
-              "[(log.open('a').write(f'x - ScatterAndGather - INFO - Round {r} started.\\nRound {r} finished.\\n'), "
-              "time.sleep(1.0)) for r in range(2)]; sys.exit(3)")
-    proc = R.simulate([R.sys.executable, "-c", script], dict(R.os.environ), str(tmp_path), ws, "j seed 0", 2,
-                      every=0.2)
+    script = (
+        f"import pathlib, sys, time; log = pathlib.Path({str(ws / 'server' / 'log.txt')!r}); "
+        "log.parent.mkdir(parents=True); print('hello'); sys.stdout.flush(); "
+        "[(log.open('a').write(f'x - ScatterAndGather - INFO - Round {r} started.\\nRound {r} finished.\\n'), "
+        "time.sleep(1.0)) for r in range(2)]; sys.exit(3)"
+    )
+    proc = R.simulate([R.sys.executable, "-c", script], dict(R.os.environ), str(tmp_path), ws, "j seed 0", 2, every=0.2)
     assert proc.returncode == 3 and proc.stdout.strip() == "hello"
     shown = [line.strip() for line in capsys.readouterr().out.splitlines()]
     assert [line.split(" (")[0] for line in shown] == ["j seed 0: round 1 / 2", "j seed 0: round 2 / 2"]
     assert R.rounds_done(ws / "server" / "log.txt") == 2 and R.rounds_done(tmp_path / "none.txt") == 0
 
 
-JOB_ARGS = {"method": "fedavg", "method_args": {"mu": 0.1, "beta": 2},
-            "dataset": {"preset": "nih_cxr14", "prepare": {"num_sites": 8, "k": 7}},
-            "train": {"lr": 0.001, "batch_size": 32}}
+JOB_ARGS = {
+    "method": "fedavg",
+    "method_args": {"mu": 0.1, "beta": 2},
+    "dataset": {"preset": "nih_cxr14", "prepare": {"num_sites": 8, "k": 7}},
+    "train": {"lr": 0.001, "batch_size": 32},
+}
 
 
 def test_unset_removes_a_key_after_the_merge_and_keeps_a_preset_value_from_coming_back():
@@ -201,8 +237,10 @@ def test_unset_removes_a_key_after_the_merge_and_keeps_a_preset_value_from_comin
     assert args["dataset"]["prepare"] == {"num_sites": 8, "k": None, "protocol": "full"}  # nih_cxr14 has k = 6
     assert resolve_dataset(args["dataset"])["prepare"]["k"] is None  # not the preset's 6
     # without the marker the leftover k stays (the failing run of the issue)
-    assert resolve_dataset(deep_merge(JOB_ARGS, {"dataset": {"prepare": {"protocol": "full"}}})["dataset"])[
-        "prepare"]["k"] == 7
+    assert (
+        resolve_dataset(deep_merge(JOB_ARGS, {"dataset": {"prepare": {"protocol": "full"}}})["dataset"])["prepare"]["k"]
+        == 7
+    )
     # keys no preset backs are deleted wherever they sit, lists walked too
     assert R.resolve_unset({"a": [{"b": R.UNSET, "c": 1}], "d": R.UNSET}) == {"a": [{"c": 1}]}
     assert R.merge_unset({"x": 1}, []) == {"x": 1}
@@ -259,8 +297,11 @@ def test_sweep_table_pairs_every_point_and_seed_by_hand(tmp_path):
     files = []
     for k in (2, 4):
         f = tmp_path / f"sweep_k{k}.json"
-        f.write_text(json.dumps({"runs": {"A": [run(s, v) for s, v in enumerate(a[k])],
-                                          "B": [run(s, v) for s, v in enumerate(b[k])]}}))
+        f.write_text(
+            json.dumps(
+                {"runs": {"A": [run(s, v) for s, v in enumerate(a[k])], "B": [run(s, v) for s, v in enumerate(b[k])]}}
+            )
+        )
         files.append(f)
     text, cmp = st.sweep_table(files, "A", "B", ["2", "4"], "K")
     for f in files:  # the summaries the repository keeps give the same table

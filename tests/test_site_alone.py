@@ -43,6 +43,7 @@ def _table(classes, rows, task="multiclass", name="csv") -> SourceTable:
 
 # ------------------------------------------------------------------------------------------------ vocabulary
 
+
 def test_a_site_alone_gets_the_federation_vocabulary_in_its_order_with_the_rest_not_annotated():
     t = _table(["bcc", "nv", "mel"], [[0, 1, 0], [1, 0, 0], [0, 0, 0], [-1, -1, -1]])
     out = prep.subset_classes(t, ISIC, alone=True, export=True)
@@ -82,8 +83,9 @@ def test_a_single_label_row_of_zeros_over_the_whole_vocabulary_is_an_error_at_it
 def test_manifest_columns_are_matched_by_name_in_any_order_and_case(tmp_path):
     (tmp_path / "a.png").write_bytes(b"x")
     (tmp_path / "m.csv").write_text("nv,image,Mel,age\n1,a.png,0,\n")
-    m = read_manifest(tmp_path / "m.csv", ISIC, data_root=tmp_path, task="multiclass", check_images=False,
-                      ignore_columns=["age"])
+    m = read_manifest(
+        tmp_path / "m.csv", ISIC, data_root=tmp_path, task="multiclass", check_images=False, ignore_columns=["age"]
+    )
     assert m.labels[0].tolist() == [0, 1, 0, 0, 0, 0, 0] and m.mask[0].tolist() == [True, True] + [False] * 5
     (tmp_path / "m.csv").write_text("image,Melanom\na.png,1\n")
     with pytest.raises(ManifestError, match="unknown class column.*Melanom.*closest: 'MEL'"):
@@ -93,6 +95,7 @@ def test_manifest_columns_are_matched_by_name_in_any_order_and_case(tmp_path):
 def test_a_prepared_folder_with_the_classes_in_another_order_is_the_job_s():
     class P:
         classes, info, path = list(reversed(ISIC)), {}, Path("x")
+
     check_job_classes(P, ISIC)
     with pytest.raises(SourceError, match="only in the job: \\['MEL'\\]"):
         P.classes = ISIC[1:]
@@ -110,6 +113,7 @@ def test_single_label_metrics_score_only_the_rows_whose_class_is_annotated():
 
 # ------------------------------------------------------------------------------------------- task=auto says
 
+
 def test_task_auto_says_what_it_chose_and_why(tmp_path):
     from fedpartial.data.sources import load_source
 
@@ -123,8 +127,7 @@ def test_task_auto_says_what_it_chose_and_why(tmp_path):
     assert "task=auto chose multilabel: line 3 (and 0 more) has no positive class" in auto.notes[0]
     assert "--task multiclass" in auto.notes[0]
     single = load_source("csv", csv_file, task="multiclass")  # never switched: the row of 0s and the blank stay
-    assert single.task == "multiclass" and single.frame[["MEL", "NV"]].to_numpy().tolist() == [[1, 0], [0, 0],
-                                                                                                  [-1, -1]]
+    assert single.task == "multiclass" and single.frame[["MEL", "NV"]].to_numpy().tolist() == [[1, 0], [0, 0], [-1, -1]]
     csv_file.write_text("image,patient_id,MEL,NV\na.png,1,1,0\nb.png,2,0,1\nc.png,3,,\n")
     auto = load_source("csv", csv_file)
     assert auto.task == "multiclass" and "1 unlabelled image(s)" in auto.notes[0]
@@ -132,32 +135,44 @@ def test_task_auto_says_what_it_chose_and_why(tmp_path):
 
 # ------------------------------------------------------------------------------------ three real exports
 
+
 def hospital_exports(dest: Path, per_site: int = 120) -> dict[str, Path]:
     """The three hospitals' exports (see the module docstring), real HAM10000 images copied in."""
     ham = real_data("ham10000")
-    meta = [r for r in csv.DictReader(open(ham / "HAM10000_metadata.csv"))
-            if (ham / "images" / f"{r['image_id']}.jpg").is_file()]
+    meta = [
+        r
+        for r in csv.DictReader(open(ham / "HAM10000_metadata.csv"))
+        if (ham / "images" / f"{r['image_id']}.jpg").is_file()
+    ]
     random.Random(3).shuffle(meta)
     by = {c: [r for r in meta if r["dx"] == c] for c in ("nv", "mel", "bcc", "akiec", "bkl", "df", "vasc")}
     a, b, c = dest / "a", dest / "b", dest / "c"
     for d in (a / "img", b / "img"):
         d.mkdir(parents=True)
-    rows_a = by["nv"][:per_site // 2] + by["mel"][:25] + by["bcc"][:25] + by["bkl"][:20]
+    rows_a = by["nv"][: per_site // 2] + by["mel"][:25] + by["bcc"][:25] + by["bkl"][:20]
     with open(a / "export.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["file", "bcc", "Patient", "nv", "mel", "age"])
         for r in rows_a:
             shutil.copy(ham / "images" / f"{r['image_id']}.jpg", a / "img")
-            w.writerow([f"img/{r['image_id']}.jpg", int(r["dx"] == "bcc"), r["lesion_id"], int(r["dx"] == "nv"),
-                        int(r["dx"] == "mel"), r["age"]])
-    rows_b = by["nv"][100:100 + per_site // 2] + by["akiec"][:25] + by["bkl"][30:55] + by["vasc"][:20]
+            w.writerow(
+                [
+                    f"img/{r['image_id']}.jpg",
+                    int(r["dx"] == "bcc"),
+                    r["lesion_id"],
+                    int(r["dx"] == "nv"),
+                    int(r["dx"] == "mel"),
+                    r["age"],
+                ]
+            )
+    rows_b = by["nv"][100 : 100 + per_site // 2] + by["akiec"][:25] + by["bkl"][30:55] + by["vasc"][:20]
     with open(b / "labels.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["patient_id", "image", "dx"])
         for i, r in enumerate(rows_b):
             shutil.copy(ham / "images" / f"{r['image_id']}.jpg", b / "img")
             w.writerow([r["lesion_id"], f"img/{r['image_id']}.jpg", "" if i % 6 == 0 else r["dx"]])
-    for cls, rows in (("nv", by["nv"][200:200 + per_site // 2]), ("mel", by["mel"][40:65]), ("df", by["df"][:25])):
+    for cls, rows in (("nv", by["nv"][200 : 200 + per_site // 2]), ("mel", by["mel"][40:65]), ("df", by["df"][:25])):
         (c / cls).mkdir(parents=True)
         for r in rows:
             shutil.copy(ham / "images" / f"{r['image_id']}.jpg", c / cls)
@@ -165,8 +180,18 @@ def hospital_exports(dest: Path, per_site: int = 120) -> dict[str, Path]:
 
 
 PREPARE_ARGS = {
-    "a": ["--source", "csv", "--task", "multiclass", "--source-arg", "image_column=file", "--source-arg",
-          "patient_column=Patient", "--source-arg", "ignore_columns=age"],
+    "a": [
+        "--source",
+        "csv",
+        "--task",
+        "multiclass",
+        "--source-arg",
+        "image_column=file",
+        "--source-arg",
+        "patient_column=Patient",
+        "--source-arg",
+        "ignore_columns=age",
+    ],
     "b": ["--source", "csv", "--source-arg", "label_column=dx"],
     "c": ["--source", "folder"],
 }
@@ -177,8 +202,20 @@ def prepare_alone(exports: dict[str, Path], dest: Path) -> dict[str, Path]:
     out = {}
     for h, root in exports.items():
         out[h] = dest / f"prepared_{h}"
-        cmd = [*PREPARE_ARGS[h], "--root", str(root), "--out", str(out[h]), "--sites", "1", "--protocol", "full",
-               "--classes", *ISIC, "--no-figure"]
+        cmd = [
+            *PREPARE_ARGS[h],
+            "--root",
+            str(root),
+            "--out",
+            str(out[h]),
+            "--sites",
+            "1",
+            "--protocol",
+            "full",
+            "--classes",
+            *ISIC,
+            "--no-figure",
+        ]
         assert prep.main(cmd) == 0, h
     return out
 
@@ -202,32 +239,69 @@ def test_each_hospital_prepares_its_own_export_alone(prepared_hospitals, capsys,
         not_here = [c for c in ISIC if c not in want[h]]
         assert (m[not_here] == "").all().all(), h
     # hospital A: its BKL images (a class it does not annotate) are rows of 0 in its three classes, kept
-    a = pd.concat(pd.read_csv(prepared["a"] / f, dtype=str, keep_default_na=False) for f in
-                  ("site-1.csv", "val.csv", "test.csv"))
+    a = pd.concat(
+        pd.read_csv(prepared["a"] / f, dtype=str, keep_default_na=False) for f in ("site-1.csv", "val.csv", "test.csv")
+    )
     assert len(a) == 130 and ((a[["MEL", "NV", "BCC"]] == "0").all(axis=1)).sum() == 20
     # hospital B: its blank labels are unlabelled training images (never val / test), counted and printed
     b = json.loads((prepared["b"] / "dataset.json").read_text())
     assert b["unlabelled"]["site-1"] == 22 and b["unlabelled"]["val"] == b["unlabelled"]["test"] == 0
     assert "task=auto chose multiclass" in b["notes"][0]
     # the printed lines, from a run of the command again
-    assert prep.main([*PREPARE_ARGS["b"], "--root", str(exports["b"]), "--out", str(tmp_path / "again"),
-                      "--sites", "1", "--protocol", "full", "--classes", *ISIC, "--no-figure"]) == 0
+    assert (
+        prep.main(
+            [
+                *PREPARE_ARGS["b"],
+                "--root",
+                str(exports["b"]),
+                "--out",
+                str(tmp_path / "again"),
+                "--sites",
+                "1",
+                "--protocol",
+                "full",
+                "--classes",
+                *ISIC,
+                "--no-figure",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
-    assert ("site-1 annotates 4 of 7 classes: NV, AKIEC, BKL, VASC; not annotated here: MEL, BCC, DF; unlabelled "
-            "training images: 22") in out
+    assert (
+        "site-1 annotates 4 of 7 classes: NV, AKIEC, BKL, VASC; not annotated here: MEL, BCC, DF; unlabelled "
+        "training images: 22"
+    ) in out
 
 
 def test_an_export_naming_a_class_outside_the_vocabulary_is_one_line(prepared_hospitals, tmp_path, capsys):
     exports, _ = prepared_hospitals
-    rc = prep.main([*PREPARE_ARGS["c"], "--root", str(exports["c"]), "--out", str(tmp_path / "o"), "--sites", "1",
-                    "--protocol", "full", "--classes", "MEL", "NV", "BCC", "--no-figure"])
+    rc = prep.main(
+        [
+            *PREPARE_ARGS["c"],
+            "--root",
+            str(exports["c"]),
+            "--out",
+            str(tmp_path / "o"),
+            "--sites",
+            "1",
+            "--protocol",
+            "full",
+            "--classes",
+            "MEL",
+            "NV",
+            "BCC",
+            "--no-figure",
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "class 'df' is not in the federation's classes" in err[0]
     assert not (tmp_path / "o").exists()
 
 
-def test_the_simulator_runs_separately_prepared_hospitals_each_scoring_its_own_sets(prepared_hospitals, tmp_path,
-                                                                                      data_cache):
+def test_the_simulator_runs_separately_prepared_hospitals_each_scoring_its_own_sets(
+    prepared_hospitals, tmp_path, data_cache
+):
     """The federation's own job (``new_job --dataset derm_consortium --classes ... --task multiclass``, no preset)
     run as ``python job.py --site-data ...``: three sites, each its own folder; each site's test set scored by that
     site, the pooled test the sets' size-weighted mean; the results name each site's data."""
@@ -235,13 +309,40 @@ def test_the_simulator_runs_separately_prepared_hospitals_each_scoring_its_own_s
 
     _, prepared = prepared_hospitals
     job = tmp_path / "jobs" / "derm_consortium"
-    assert new_job.main([str(job), "--method", "fedavg_pl", "--dataset", "derm_consortium", "--classes", *ISIC,
-                         "--task", "multiclass", "--channels", "3", "--image-size", "32", "--sites", "3"]) == 0
+    assert (
+        new_job.main(
+            [
+                str(job),
+                "--method",
+                "fedavg_pl",
+                "--dataset",
+                "derm_consortium",
+                "--classes",
+                *ISIC,
+                "--task",
+                "multiclass",
+                "--channels",
+                "3",
+                "--image-size",
+                "32",
+                "--sites",
+                "3",
+            ]
+        )
+        == 0
+    )
     env = {**os.environ, "FEDPARTIAL_CACHE": str(data_cache)}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     ws = tmp_path / "ws"
-    cmd = [sys.executable, str(job / "job.py"), "--rounds", "1", "--workspace", str(ws),
-           *[f"--site-data=site-{i}={prepared[h]}" for i, h in enumerate("abc", 1)]]
+    cmd = [
+        sys.executable,
+        str(job / "job.py"),
+        "--rounds",
+        "1",
+        "--workspace",
+        str(ws),
+        *[f"--site-data=site-{i}={prepared[h]}" for i, h in enumerate("abc", 1)],
+    ]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     tmp_path = ws
@@ -257,8 +358,11 @@ def test_the_simulator_runs_separately_prepared_hospitals_each_scoring_its_own_s
     md = (tmp_path / "derm_consortium/server/simulate_job/results.md").read_text()
     assert md.startswith("# fedavg_pl on csv (export.csv) + csv (labels.csv) + folder (c)")
     annotated = {s: [ISIC[j] for j in d["annotated"]] for s, d in res["data"]["sites"].items()}
-    assert annotated == {"site-1": ["MEL", "NV", "BCC"], "site-2": ["NV", "AKIEC", "BKL", "VASC"],
-                         "site-3": ["MEL", "NV", "DF"]}
+    assert annotated == {
+        "site-1": ["MEL", "NV", "BCC"],
+        "site-2": ["NV", "AKIEC", "BKL", "VASC"],
+        "site-3": ["MEL", "NV", "DF"],
+    }
     final = next(iter(res["final"].values()))
     per_site = {s: r["test"] for s, r in final["per_site"].items()}
     assert sorted(per_site) == ["site-1", "site-2", "site-3"]
@@ -277,5 +381,10 @@ def test_a_job_for_a_federation_s_own_classes_needs_them_said():
     with pytest.raises(ValueError, match="needs --task, --channels"):
         dataset_arg("derm_consortium", classes=["A,B", "C"])
     assert dataset_arg("derm_consortium", ["A,B", "C"], "multilabel", 1) == {
-        "name": "derm_consortium", "image_size": 64, "classes": ["A", "B", "C"], "task": "multilabel", "channels": 1}
+        "name": "derm_consortium",
+        "image_size": 64,
+        "classes": ["A", "B", "C"],
+        "task": "multilabel",
+        "channels": 1,
+    }
     assert dataset_arg("ham10000", ["MEL", "NV"]) == {"preset": "ham10000", "classes": ["MEL", "NV"]}

@@ -9,15 +9,23 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from published_layouts import (
+    HAM,
+    NIH,
+    chexpert_release,
+    ham10000_release,
+    isic2018_release,
+    isic2019_release,
+    mimic_release,
+    nih_release,
+)
 
+from conftest import real_data
 from fedpartial.data import prepare as prep
 from fedpartial.data.partition import dirichlet_label_skew, quantity_skew
 from fedpartial.data.sources import load_source
 from fedpartial.data.sources.chexpert import CHEXPERT_FINDINGS
 from fedpartial.data.sources.isic2019 import FLAMBY_CENTRES
-from conftest import real_data
-from published_layouts import (HAM, NIH, chexpert_release, ham10000_release, isic2018_release, isic2019_release,
-                               mimic_release, nih_release)
 
 pytestmark = pytest.mark.realdata
 
@@ -41,8 +49,18 @@ def _all_rows(out: Path) -> pd.DataFrame:
 @pytest.mark.parametrize("policy, code", [("ignore", ""), ("zeros", "0"), ("ones", "1")])
 def test_chexpert_small_uncertain_policy_and_frontal_view(tmp_path, policy, code):
     root = chexpert_release(tmp_path)
-    out = prep.prepare("chexpert", root, tmp_path / "out", 2, "full", val_frac=0.2, test_frac=0.2,
-                       source_args={"uncertain": policy, "view": "frontal"}, verbose=False, figure=False)
+    out = prep.prepare(
+        "chexpert",
+        root,
+        tmp_path / "out",
+        2,
+        "full",
+        val_frac=0.2,
+        test_frac=0.2,
+        source_args={"uncertain": policy, "view": "frontal"},
+        verbose=False,
+        figure=False,
+    )
     src = pd.read_csv(root / "train.csv", dtype=str, keep_default_na=False)
     src["image"] = src["Path"].str.replace("CheXpert-v1.0-small/", "", regex=False)
     rows = _all_rows(out).set_index("image")
@@ -70,8 +88,9 @@ def test_chexpert_small_uncertain_policy_and_frontal_view(tmp_path, policy, code
 
 def test_chexpert_official_valid_set_is_the_test_set(tmp_path):
     root = chexpert_release(tmp_path, name="CheXpert-v1.0")
-    out = prep.prepare("chexpert", root, tmp_path / "out", 2, "full", source_args={"official_split": True},
-                       verbose=False, figure=False)
+    out = prep.prepare(
+        "chexpert", root, tmp_path / "out", 2, "full", source_args={"official_split": True}, verbose=False, figure=False
+    )
     valid = pd.read_csv(root / "valid.csv", dtype=str)["Path"].str.replace("CheXpert-v1.0/", "", regex=False)
     assert set(_raw(out, "test")["image"]) == set(valid)
     assert not set(_raw(out, "val")["image"]) & set(valid)
@@ -79,9 +98,16 @@ def test_chexpert_official_valid_set_is_the_test_set(tmp_path):
 
 def test_mimic_cxr_jpg_official_split_and_view(tmp_path):
     root = mimic_release(tmp_path / "mimic-cxr-jpg" / "2.0.0")
-    out = prep.prepare("mimic_cxr", root, tmp_path / "out", 2, "full",
-                       source_args={"official_split": True, "view": "frontal", "uncertain": "zeros"},
-                       verbose=False, figure=False)
+    out = prep.prepare(
+        "mimic_cxr",
+        root,
+        tmp_path / "out",
+        2,
+        "full",
+        source_args={"official_split": True, "view": "frontal", "uncertain": "zeros"},
+        verbose=False,
+        figure=False,
+    )
     split = pd.read_csv(root / "mimic-cxr-2.0.0-split.csv.gz", dtype=str)
     meta = pd.read_csv(root / "mimic-cxr-2.0.0-metadata.csv.gz", dtype=str)
     frontal = set(meta[meta["ViewPosition"].isin(["PA", "AP"])]["dicom_id"])
@@ -102,8 +128,17 @@ def test_mimic_cxr_jpg_official_split_and_view(tmp_path):
 
 def test_isic2019_six_flamby_centres_from_the_metadata(tmp_path):
     root = isic2019_release(tmp_path / "isic2019")
-    out = prep.prepare("isic2019", root, tmp_path / "out", None, "full", partition="centre",
-                       source_args={"ham_metadata": "HAM10000_metadata"}, verbose=False, figure=False)
+    out = prep.prepare(
+        "isic2019",
+        root,
+        tmp_path / "out",
+        None,
+        "full",
+        partition="centre",
+        source_args={"ham_metadata": "HAM10000_metadata"},
+        verbose=False,
+        figure=False,
+    )
     info = json.loads((out / "dataset.json").read_text())
     assert list(info["centres"].values()) == FLAMBY_CENTRES  # FLamby's index order 0..5
     assert info["classes"] == ["MEL", "NV", "BCC", "AK", "BKL", "DF", "VASC", "SCC"]
@@ -112,8 +147,11 @@ def test_isic2019_six_flamby_centres_from_the_metadata(tmp_path):
     centre_of = {}
     for _, r in meta.iterrows():
         code = r["lesion_id"][:3]
-        centre_of[r["image"]] = ("HAM_" + ham.set_index("image_id").loc[r["image"], "dataset"]) if code == "HAM" \
+        centre_of[r["image"]] = (
+            ("HAM_" + ham.set_index("image_id").loc[r["image"], "dataset"])
+            if code == "HAM"
             else ("MSK" if code == "MSK" else code)
+        )
     for site, centre in info["centres"].items():
         images = [Path(p).stem for p in _raw(out, site)["image"]]
         assert images and {centre_of[i] for i in images} == {centre}
@@ -135,13 +173,34 @@ def test_isic2019_class_list_is_choosable(tmp_path):
     ak_scc = gt[(gt["AK"] == 1) | (gt["SCC"] == 1)]["image"]
     assert set(gone.names) == set(ak_scc) & known
     assert load_source("isic2019", root, classes=[*t.classes, "SCC", "AK"]).classes == [
-        "MEL", "NV", "BCC", "AK", "BKL", "DF", "VASC", "SCC"]  # the release's order
+        "MEL",
+        "NV",
+        "BCC",
+        "AK",
+        "BKL",
+        "DF",
+        "VASC",
+        "SCC",
+    ]  # the release's order
 
 
 def test_isic2018_task3_with_the_ham10000_command(tmp_path, capsys):
     root = isic2018_release(tmp_path / "isic2018")
-    rc = prep.main(["--source", "ham10000", "--root", str(root), "--out", str(tmp_path / "out"), "--sites", "2",
-                    "--protocol", "full", "--no-figure"])
+    rc = prep.main(
+        [
+            "--source",
+            "ham10000",
+            "--root",
+            str(root),
+            "--out",
+            str(tmp_path / "out"),
+            "--sites",
+            "2",
+            "--protocol",
+            "full",
+            "--no-figure",
+        ]
+    )
     assert rc == 0
     out = tmp_path / "out"
     info = json.loads((out / "dataset.json").read_text())
@@ -156,8 +215,20 @@ def test_isic2018_task3_with_the_ham10000_command(tmp_path, capsys):
 
 def test_isic2018_without_lesion_groupings_is_refused(tmp_path, capsys):
     root = isic2018_release(tmp_path / "isic2018", groupings=False)
-    rc = prep.main(["--source", "ham10000", "--root", str(root), "--out", str(tmp_path / "out"), "--sites", "2",
-                    "--protocol", "full"])
+    rc = prep.main(
+        [
+            "--source",
+            "ham10000",
+            "--root",
+            str(root),
+            "--out",
+            str(tmp_path / "out"),
+            "--sites",
+            "2",
+            "--protocol",
+            "full",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert "ISIC2018_Task3_Training_LesionGroupings.csv not found" in err and "lesion_groupings=none" in err
@@ -174,8 +245,16 @@ def test_ham10000_release_two_image_folders(tmp_path):
 
 def test_nih_official_split_lists(tmp_path):
     root = nih_release(tmp_path / "nih")
-    out = prep.prepare("nih_cxr14", root, tmp_path / "out", 2, "full", source_args={"official_split": True},
-                       verbose=False, figure=False)
+    out = prep.prepare(
+        "nih_cxr14",
+        root,
+        tmp_path / "out",
+        2,
+        "full",
+        source_args={"official_split": True},
+        verbose=False,
+        figure=False,
+    )
     test_list = set((root / "test_list.txt").read_text().split())
     assert {Path(p).name for p in _raw(out, "test")["image"]} == test_list
     assert not {Path(p).name for p in _raw(out, "val")["image"]} & test_list
@@ -187,21 +266,63 @@ def test_nih_and_chexpert_two_vocabulary_federation_in_one_command(tmp_path, cap
     nih = nih_release(tmp_path / "data" / "nih")
     chex = chexpert_release(tmp_path / "data")
     skip = (nih / "test_list.txt").read_text().split()[0]  # one NIH image left out; CheXpert has no such name
-    rc = prep.main(["--source", "nih_cxr14", "--root", str(nih), "--sites", "2",
-                    "--source", "chexpert", "--root", str(chex), "--sites", "2",
-                    "--source-arg", "chexpert:view=frontal", "--protocol", "full", "--out", str(tmp_path / "fed"),
-                    "--exclude", skip])
+    rc = prep.main(
+        [
+            "--source",
+            "nih_cxr14",
+            "--root",
+            str(nih),
+            "--sites",
+            "2",
+            "--source",
+            "chexpert",
+            "--root",
+            str(chex),
+            "--sites",
+            "2",
+            "--source-arg",
+            "chexpert:view=frontal",
+            "--protocol",
+            "full",
+            "--out",
+            str(tmp_path / "fed"),
+            "--exclude",
+            skip,
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     printed = capsys.readouterr().out
     out = tmp_path / "fed"
     info = json.loads((out / "dataset.json").read_text())
-    nih_names = ["Atelectasis", "Cardiomegaly", "Effusion", "Infiltration", "Mass", "Nodule", "Pneumonia",
-                 "Pneumothorax", "Consolidation", "Edema", "Emphysema", "Fibrosis", "Pleural_Thickening", "Hernia"]
+    nih_names = [
+        "Atelectasis",
+        "Cardiomegaly",
+        "Effusion",
+        "Infiltration",
+        "Mass",
+        "Nodule",
+        "Pneumonia",
+        "Pneumothorax",
+        "Consolidation",
+        "Edema",
+        "Emphysema",
+        "Fibrosis",
+        "Pleural_Thickening",
+        "Hernia",
+    ]
     assert info["classes"][:14] == nih_names and "Pleural Effusion" not in info["classes"]
-    assert set(info["classes"][14:]) == {"Enlarged Cardiomediastinum", "Lung Opacity", "Lung Lesion",
-                                         "Pleural Other", "Fracture", "Support Devices"}
-    assert info["vocabularies"] == {"site-3": {"Pleural Effusion": "Effusion"},
-                                    "site-4": {"Pleural Effusion": "Effusion"}}
+    assert set(info["classes"][14:]) == {
+        "Enlarged Cardiomediastinum",
+        "Lung Opacity",
+        "Lung Lesion",
+        "Pleural Other",
+        "Fracture",
+        "Support Devices",
+    }
+    assert info["vocabularies"] == {
+        "site-3": {"Pleural Effusion": "Effusion"},
+        "site-4": {"Pleural Effusion": "Effusion"},
+    }
     for site in ("site-1", "site-2"):
         df = _raw(out, site)
         assert df["image"].str.startswith("nih/images_00").all()

@@ -8,10 +8,10 @@ import os
 from pathlib import Path
 
 import pytest
+from published_layouts import HAM, NIH, chexpert_release, isic2019_release, mimic_release, nih_release
 
 from conftest import copy_job, results_of, run_simulator, server_log
 from fedpartial.data.presets import PRESETS
-from published_layouts import HAM, NIH, chexpert_release, isic2019_release, mimic_release, nih_release
 
 pytestmark = [pytest.mark.integration, pytest.mark.realdata]
 
@@ -59,12 +59,32 @@ def test_nih_and_chexpert_sites_train_one_round_each_in_its_own_vocabulary(tmp_p
     nih = nih_release(tmp_path / "data" / "nih")
     chex = chexpert_release(tmp_path / "data")
     classes = ["Atelectasis", "Cardiomegaly", "Effusion", "Edema", "Consolidation", "Lung Opacity"]
-    dataset = {"name": "nih_chexpert", "task": "multilabel", "classes": classes, "channels": 1, "image_size": 32,
-               "ct_windows": None, "mean": None, "std": None,
-               "prepare": {"sources": [{"source": "nih_cxr14", "root": str(nih), "num_sites": 1},
-                                       {"source": "chexpert", "root": str(chex), "num_sites": 1,
-                                        "source_args": {"view": "frontal", "uncertain": "ignore"}}],
-                           "classes": classes, "protocol": "full", "seed": 0, "val_frac": 0.2, "test_frac": 0.2}}
+    dataset = {
+        "name": "nih_chexpert",
+        "task": "multilabel",
+        "classes": classes,
+        "channels": 1,
+        "image_size": 32,
+        "ct_windows": None,
+        "mean": None,
+        "std": None,
+        "prepare": {
+            "sources": [
+                {"source": "nih_cxr14", "root": str(nih), "num_sites": 1},
+                {
+                    "source": "chexpert",
+                    "root": str(chex),
+                    "num_sites": 1,
+                    "source_args": {"view": "frontal", "uncertain": "ignore"},
+                },
+            ],
+            "classes": classes,
+            "protocol": "full",
+            "seed": 0,
+            "val_frac": 0.2,
+            "test_frac": 0.2,
+        },
+    }
     results, log = _run(tmp_path, _job(tmp_path, "fedavg_cxr14", dataset), n=2)
     _trained(results, log, 2)
     sites = results["data"]["sites"]
@@ -110,15 +130,18 @@ def test_truncated_image_stops_every_site_at_the_data_check(tmp_path):
     bad = jpg / names.iloc[3].replace(".png", ".jpg")
     bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
     classes = PRESETS["nih_cxr14"]["classes"]
-    rows = [f"img/{n.replace('.png', '.jpg')}," + ",".join("1" if j == i % 8 else "0" for j in range(8))
-            for i, n in enumerate(names)]
+    rows = [
+        f"img/{n.replace('.png', '.jpg')}," + ",".join("1" if j == i % 8 else "0" for j in range(8))
+        for i, n in enumerate(names)
+    ]
     (tmp_path / "site" / "train.csv").write_text("image," + ",".join(classes) + "\n" + "\n".join(rows) + "\n")
     cfg = tmp_path / "site" / "fedpartial_data.json"
     cfg.write_text(json.dumps({"datasets": {"nih_cxr14": {"data_root": ".", "train": "train.csv"}}}))
     job = copy_job("fedavg_cxr14", tmp_path / "job", num_rounds=1, executor_args={"dataset": {"image_size": 32}})
     ws = tmp_path / "ws"
-    proc = run_simulator(job, ws, n=2, env={"FEDPARTIAL_SITE_CONFIG": str(cfg),
-                                            "FEDPARTIAL_CACHE": str(tmp_path / "cache")}, timeout=300)
+    proc = run_simulator(
+        job, ws, n=2, env={"FEDPARTIAL_SITE_CONFIG": str(cfg), "FEDPARTIAL_CACHE": str(tmp_path / "cache")}, timeout=300
+    )
     log = server_log(ws) + proc.stdout + proc.stderr
     assert "data check failed" in log and "line 5" in log and bad.name in log and "truncated" in log
     assert "cannot be decoded" in log  # the full decode, not the header check, found it

@@ -51,8 +51,16 @@ def _aggregator(method: str, args: dict | None = None, n_train: dict | None = No
     agg = PartialLabelAggregator(method, args or {})
     assert agg.config_error is None, agg.config_error
     n_train, annotated = n_train or N_TRAIN, annotated or ANNOTATED
-    summary = type("Summary", (), {"summary": {"classes": CLASSES, "sites": {
-        s: {"n_train": n_train[s], "annotated": annotated[s]} for s in n_train}}})()
+    summary = type(
+        "Summary",
+        (),
+        {
+            "summary": {
+                "classes": CLASSES,
+                "sites": {s: {"n_train": n_train[s], "annotated": annotated[s]} for s in n_train},
+            }
+        },
+    )()
     model = type("Model", (), {"feature_dim": D})()
     return agg, _Engine({"data_summary": summary, "aggregator": agg, "model": model}, sorted(n_train))
 
@@ -82,14 +90,16 @@ def _honest(method: str, site: str, k: int) -> dict:
     """The statistics an honest site of ``method`` sends (shapes and ranges as its trainer's)."""
     rng = np.random.default_rng(100 + k)
     a = np.asarray(ANNOTATED[site])
-    n = N_TRAIN[site]
     if method == "fedlsm":
         return {"fedlsm_q": np.array([5.0, 3.0, 2.0]) * (k + 1)}
     if method == "fedmlp":
         counts = np.where(a[:, None], [[6, 4]], 0).astype(np.int64)
-        return {"fedmlp_p0": rng.standard_normal((C, D)).astype(np.float32) * a[:, None],
-                "fedmlp_p1": rng.standard_normal((C, D)).astype(np.float32) * a[:, None],
-                "fedmlp_proto_counts": counts, "fedmlp_degree": np.full(C, 0.25 * (k + 1))}
+        return {
+            "fedmlp_p0": rng.standard_normal((C, D)).astype(np.float32) * a[:, None],
+            "fedmlp_p1": rng.standard_normal((C, D)).astype(np.float32) * a[:, None],
+            "fedmlp_proto_counts": counts,
+            "fedmlp_degree": np.full(C, 0.25 * (k + 1)),
+        }
     if method == "fedirm":
         m = rng.random((C, C)) + 0.1
         return {"fedirm_relation": m / m.sum(1, keepdims=True), "fedirm_relation_valid": a.astype(int).tolist()}
@@ -100,7 +110,10 @@ def _honest(method: str, site: str, k: int) -> dict:
         return {"cbafed_counts": counts, "cbafed_pseudo_positives": counts / 2, "cbafed_trained": float(counts.sum())}
     if method == "fednoro":
         counts = np.where(a, 5, 0).astype(float)
-        return {"fednoro_class_loss": np.where(a, 0.3 + 0.1 * k, np.nan).tolist(), "fednoro_class_count": counts.tolist()}
+        return {
+            "fednoro_class_loss": np.where(a, 0.3 + 0.1 * k, np.nan).tolist(),
+            "fednoro_class_count": counts.tolist(),
+        }
     assert method in ("fedavg_masked", "fpsl", "fixmatch_masked"), method
     return {}
 
@@ -132,7 +145,9 @@ def _same_as_honest(method: str, out, args: dict | None = None):
         np.testing.assert_array_equal(out.data[key], honest.data[key], err_msg=key)
     for key, v in honest.meta.items():
         if key not in (META_REJECTED, META_MISSING):
-            np.testing.assert_array_equal(np.asarray(out.meta[key], dtype=object), np.asarray(v, dtype=object), err_msg=key)
+            np.testing.assert_array_equal(
+                np.asarray(out.meta[key], dtype=object), np.asarray(v, dtype=object), err_msg=key
+            )
 
 
 # the probes: (method, statistic, hostile values, words of the reason)
@@ -178,17 +193,29 @@ HOSTILE = [
 def test_hostile_statistics_are_refused_and_the_others_aggregate(method, key, value, why):
     accepted, out, _ = _round(method, {key: value})
     assert accepted == {"site-1": True, "site-2": True, "site-3": False}
-    assert list(out.meta[META_REJECTED]) == ["site-3"] and why in out.meta[META_REJECTED]["site-3"], out.meta[META_REJECTED]
+    assert list(out.meta[META_REJECTED]) == ["site-3"] and why in out.meta[META_REJECTED]["site-3"], out.meta[
+        META_REJECTED
+    ]
     assert key in out.meta[META_REJECTED]["site-3"]
     assert META_RULE_ERROR not in out.meta
     _same_as_honest(method, out)
 
 
-@pytest.mark.parametrize("method, key", [("fedmlp", "annotated"), ("fedlsm", "fedlsm_q"), ("fedlsm", "annotated"),
-                                         ("fedirm", "annotated"), ("cbafed", "cbafed_counts"),
-                                         ("surgical", "annotated"), ("fedmlp", "fedmlp_degree"),
-                                         ("fedmlp", "fedmlp_proto_counts"), ("fednoro", "fednoro_class_count"),
-                                         ("fedirm", "fedirm_relation_valid")])
+@pytest.mark.parametrize(
+    "method, key",
+    [
+        ("fedmlp", "annotated"),
+        ("fedlsm", "fedlsm_q"),
+        ("fedlsm", "annotated"),
+        ("fedirm", "annotated"),
+        ("cbafed", "cbafed_counts"),
+        ("surgical", "annotated"),
+        ("fedmlp", "fedmlp_degree"),
+        ("fedmlp", "fedmlp_proto_counts"),
+        ("fednoro", "fednoro_class_count"),
+        ("fedirm", "fedirm_relation_valid"),
+    ],
+)
 def test_a_missing_statistic_the_rule_reads_is_refused(method, key):
     """FedMLP without the annotated vector failed the whole round ('operands could not be broadcast'); a
     statistic that comes without its companions (prototypes without counts, losses without counts) too."""
@@ -218,17 +245,37 @@ def test_honest_sites_of_very_different_sizes_are_never_refused():
     annotated = {"site-1": [True, True, True], "site-2": [True, True, True]}
     for method, stats in [
         ("fedlsm", lambda n: {"fedlsm_q": np.array([n, 0.0, 1.0])}),
-        ("cbafed", lambda n: {"cbafed_counts": np.full(C, float(n)), "cbafed_pseudo_positives": np.zeros(C),
-                              "cbafed_trained": float(C * n)}),
-        ("fedmlp", lambda n: {"fedmlp_p0": np.full((C, D), 50.0, np.float32), "fedmlp_p1": np.zeros((C, D), np.float32),
-                              "fedmlp_proto_counts": np.array([[n, 0]] * C), "fedmlp_degree": np.array([0.0, 1.0, 0.5])}),
+        (
+            "cbafed",
+            lambda n: {
+                "cbafed_counts": np.full(C, float(n)),
+                "cbafed_pseudo_positives": np.zeros(C),
+                "cbafed_trained": float(C * n),
+            },
+        ),
+        (
+            "fedmlp",
+            lambda n: {
+                "fedmlp_p0": np.full((C, D), 50.0, np.float32),
+                "fedmlp_p1": np.zeros((C, D), np.float32),
+                "fedmlp_proto_counts": np.array([[n, 0]] * C),
+                "fedmlp_degree": np.array([0.0, 1.0, 0.5]),
+            },
+        ),
     ]:
         agg, engine = _aggregator(method, n_train=n_train, annotated=annotated)
         for k, site in enumerate(n_train):
-            meta = {META_N_TRAIN: n_train[site], META_WEIGHT: 1.0, META_GROUPS: GROUPS, "annotated": annotated[site],
-                    **stats(n_train[site])}
-            assert agg.accept(DXO(DataKind.WEIGHTS, _weights(k), meta).to_shareable(), _ctx(engine, 0, PREV, site)), \
-                (method, agg.rejected)
+            meta = {
+                META_N_TRAIN: n_train[site],
+                META_WEIGHT: 1.0,
+                META_GROUPS: GROUPS,
+                "annotated": annotated[site],
+                **stats(n_train[site]),
+            }
+            assert agg.accept(DXO(DataKind.WEIGHTS, _weights(k), meta).to_shareable(), _ctx(engine, 0, PREV, site)), (
+                method,
+                agg.rejected,
+            )
         out = from_shareable(agg.aggregate(_ctx(engine, 0, PREV)))
         assert out.meta[META_REJECTED] == {} and META_RULE_ERROR not in out.meta, method
 
@@ -294,8 +341,9 @@ def test_check_one_by_hand():
     assert job.value("C * n_train") == 30 and job.value(2.5) == 2.5 and JobSize().value("n_train") is None
     spec = StatSpec("q", ("C",), "float", 0.0, "n_train")
     assert check_one([0, 10, 3.5], spec, job) is None
-    assert check_one([0, 10.5, 3], spec, job) == ("statistic 'q' has 1 value(s) above 10 (the site's training images in "
-                                                  "the data check), e.g. 10.5 at [1]")
+    assert check_one([0, 10.5, 3], spec, job) == (
+        "statistic 'q' has 1 value(s) above 10 (the site's training images in the data check), e.g. 10.5 at [1]"
+    )
     assert "e.g. -1 at [2]" in check_one([0, 1, -1], spec, job)
     assert check_one([0, 1], spec, job) == "statistic 'q' has shape (2,), expected (C=3,)"
     assert check_one([1, 2], spec, JobSize()) is None  # C unknown: any length
@@ -311,25 +359,38 @@ def test_check_one_by_hand():
 
 
 def test_defaults_from_the_privacy_declarations_and_required_keys():
-    specs = statistic_specs([ClassStat("n", "count"), ClassStat("p", "mean", "n", 1),
-                             ClassStat("l", "mean", "k", fill=float("nan")), ClassStat("k", "count")],
-                            [StatSpec("x", (), high=1.0)], required=("annotated", "x"))
+    specs = statistic_specs(
+        [
+            ClassStat("n", "count"),
+            ClassStat("p", "mean", "n", 1),
+            ClassStat("l", "mean", "k", fill=float("nan")),
+            ClassStat("k", "count"),
+        ],
+        [StatSpec("x", (), high=1.0)],
+        required=("annotated", "x"),
+    )
     assert specs["n"].shape == ("C", 2) and specs["n"].high == "n_train" and specs["k"].shape == ("C",)
     assert specs["p"].shape == ("C", "D") and specs["p"].needs == ("n",) and specs["l"].nan_where_zero == "k"
     assert specs["annotated"].required and specs["x"].required and specs["x"].high == 1.0
     job = JobSize(C=2, D=3, n_train=5)
     assert "statistic 'annotated' is missing" in check_statistics({}, specs, job)
     assert "statistic 'x' is missing" in check_statistics({"annotated": [1, 0]}, specs, job)
-    assert "'p' came without 'n'" in check_statistics({"annotated": [1, 0], "x": 0.5, "p": np.zeros((2, 3))}, specs, job)
+    assert "'p' came without 'n'" in check_statistics(
+        {"annotated": [1, 0], "x": 0.5, "p": np.zeros((2, 3))}, specs, job
+    )
 
 
 def test_every_method_declares_what_its_rule_reads():
     """The keys each paper's rule reads are declared for it (so the server checks them)."""
-    want = {"fedlsm": {"fedlsm_q", "annotated"}, "fedmlp": {"fedmlp_p0", "fedmlp_p1", "fedmlp_proto_counts",
-                                                            "fedmlp_degree", "annotated"},
-            "fedirm": {"fedirm_relation", "fedirm_relation_valid", "annotated"},
-            "surgical": {"surgical_norm_from_warmup", "annotated"}, "cbafed": {"cbafed_counts", "cbafed_trained"},
-            "fednoro": {"fednoro_class_loss", "fednoro_class_count"}, "fedavg_masked": {"annotated"}}
+    want = {
+        "fedlsm": {"fedlsm_q", "annotated"},
+        "fedmlp": {"fedmlp_p0", "fedmlp_p1", "fedmlp_proto_counts", "fedmlp_degree", "annotated"},
+        "fedirm": {"fedirm_relation", "fedirm_relation_valid", "annotated"},
+        "surgical": {"surgical_norm_from_warmup", "annotated"},
+        "cbafed": {"cbafed_counts", "cbafed_trained"},
+        "fednoro": {"fednoro_class_loss", "fednoro_class_count"},
+        "fedavg_masked": {"annotated"},
+    }
     for name, keys in want.items():
         specs = get_method(name).statistic_specs()
         assert keys <= set(specs), (name, keys - set(specs))
@@ -352,9 +413,11 @@ def test_refusal_reasons_reach_results_admin_and_show_results(tmp_path, capsys, 
     results = {"rounds": rounds, "data": {"sites": {}}}
     results["degraded"] = degradation(results)
     line = degraded_lines(results)[0]
-    assert line.startswith("DEGRADED: site site-3's update was refused in round(s) 0-1: statistic 'fedlsm_q' has 3 "
-                           "value(s) above 40 (the site's training images in the data check), e.g. 1e+30 at [0]; "
-                           "statistic 'fedlsm_q' has 3 non-finite value(s)"), line
+    assert line.startswith(
+        "DEGRADED: site site-3's update was refused in round(s) 0-1: statistic 'fedlsm_q' has 3 "
+        "value(s) above 40 (the site's training images in the data check), e.g. 1e+30 at [0]; "
+        "statistic 'fedlsm_q' has 3 non-finite value(s)"
+    ), line
     (tmp_path / "results.json").write_text(json.dumps(results))
     monkeypatch.setattr(show_results, "render_tables", lambda r: "(tables)")
     assert show_results.main([str(tmp_path / "results.json"), "--no-plot"]) == 0
@@ -372,10 +435,19 @@ def test_robust_options_apply_to_fedmlp_prototypes_and_degrees():
             p = np.full((C, D), float(k + 1), np.float32)  # 1, 2, 3 per coordinate ...
             if site == "site-3":
                 p = np.full((C, D), 4500.0, np.float32)  # ... and a far one (row norm 9000)
-            stats = {"fedmlp_p0": p, "fedmlp_p1": p, "fedmlp_proto_counts": np.full((C, 2), 5),
-                     "fedmlp_degree": np.full(C, [0.2, 0.4, 1.0][k])}
-            meta = {META_N_TRAIN: N_TRAIN[site], META_WEIGHT: 1.0, META_GROUPS: GROUPS, "annotated": annotated[site],
-                    **stats}
+            stats = {
+                "fedmlp_p0": p,
+                "fedmlp_p1": p,
+                "fedmlp_proto_counts": np.full((C, 2), 5),
+                "fedmlp_degree": np.full(C, [0.2, 0.4, 1.0][k]),
+            }
+            meta = {
+                META_N_TRAIN: N_TRAIN[site],
+                META_WEIGHT: 1.0,
+                META_GROUPS: GROUPS,
+                "annotated": annotated[site],
+                **stats,
+            }
             assert agg.accept(DXO(DataKind.WEIGHTS, _weights(k), meta).to_shareable(), _ctx(engine, 0, PREV, site))
         outs[robust] = from_shareable(agg.aggregate(_ctx(engine, 0, PREV))).meta
     np.testing.assert_allclose(outs["none"]["fedmlp_global_p0"][:2], np.full((2, D), (1 + 2 + 4500) / 3), rtol=1e-6)
@@ -394,8 +466,14 @@ def test_robust_options_apply_to_fedirm_relation_rows():
         agg, engine = _aggregator("fedirm", {"robust": robust, "require_unlabelled": False}, annotated=annotated)
         for k, site in enumerate(N_TRAIN):
             m = np.full((C, C), [0.1, 0.2, 0.9][k])
-            meta = {META_N_TRAIN: N_TRAIN[site], META_WEIGHT: 1.0, META_GROUPS: GROUPS, "annotated": annotated[site],
-                    "fedirm_relation": m, "fedirm_relation_valid": [1, 1, 1]}
+            meta = {
+                META_N_TRAIN: N_TRAIN[site],
+                META_WEIGHT: 1.0,
+                META_GROUPS: GROUPS,
+                "annotated": annotated[site],
+                "fedirm_relation": m,
+                "fedirm_relation_valid": [1, 1, 1],
+            }
             assert agg.accept(DXO(DataKind.WEIGHTS, _weights(k), meta).to_shareable(), _ctx(engine, 0, PREV, site))
         outs[robust] = from_shareable(agg.aggregate(_ctx(engine, 0, PREV))).meta["fedirm_global_relation"]
     np.testing.assert_allclose(outs["none"], np.full((C, C), 0.4))
@@ -420,10 +498,17 @@ def test_parameter_groups_must_describe_the_update_and_the_server_uses_its_own()
     engine.components["model"] = net
     seen = []
     rule_aggregate = agg.rule.aggregate
-    agg.rule.aggregate = lambda previous, cs, groups, *a: (seen.append(groups), rule_aggregate(previous, cs, groups, *a))[1]
+    agg.rule.aggregate = lambda previous, cs, groups, *a: (
+        seen.append(groups),
+        rule_aggregate(previous, cs, groups, *a),
+    )[1]
     for k, site in enumerate(["site-1", "site-2"]):
-        meta = {META_N_TRAIN: N_TRAIN[site], META_WEIGHT: 1.0, "annotated": ANNOTATED[site],
-                META_GROUPS: {"classifier": []} if site == "site-1" else net.parameter_groups()}
+        meta = {
+            META_N_TRAIN: N_TRAIN[site],
+            META_WEIGHT: 1.0,
+            "annotated": ANNOTATED[site],
+            META_GROUPS: {"classifier": []} if site == "site-1" else net.parameter_groups(),
+        }
         w = {key: v + np.float32(0.01 * (k + 1)) if v.dtype.kind == "f" else v for key, v in prev.items()}
         assert agg.accept(DXO(DataKind.WEIGHTS, w, meta).to_shareable(), _ctx(engine, 0, prev, site)), agg.rejected
     agg.aggregate(_ctx(engine, 0, prev))

@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_jobs_simulator import TINY
 
 from conftest import copy_job, real_data, results_of, run_simulator, server_log
-from test_jobs_simulator import TINY
 
 pytestmark = pytest.mark.integration
 
@@ -51,11 +51,20 @@ class HostileStatistics(PartialLabelExecutor):
 '''
 
 CASES = {
-    "fedlsm_isic": ({**TINY["ham10000"], "train": {"batch_size": 16, "local_steps": 2}},
-                    ["fedlsm_q", "fedlsm_q"], ["above", "non-finite"]),
-    "fedmlp_ich": ({**TINY["ich"], "train": {"batch_size": 16, "local_steps": 2},
-                    "method_args": {"warmup_rounds": 1, "L": 0.5, "R": 0.5, "T0": 0.2, "T1": 0.2}},
-                   ["fedmlp_p0", "annotated"], ["non-finite", "is missing"]),
+    "fedlsm_isic": (
+        {**TINY["ham10000"], "train": {"batch_size": 16, "local_steps": 2}},
+        ["fedlsm_q", "fedlsm_q"],
+        ["above", "non-finite"],
+    ),
+    "fedmlp_ich": (
+        {
+            **TINY["ich"],
+            "train": {"batch_size": 16, "local_steps": 2},
+            "method_args": {"warmup_rounds": 1, "L": 0.5, "R": 0.5, "T0": 0.2, "T1": 0.2},
+        },
+        ["fedmlp_p0", "annotated"],
+        ["non-finite", "is missing"],
+    ),
 }
 
 

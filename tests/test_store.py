@@ -6,8 +6,8 @@ import json
 import os
 
 import numpy as np
-import torch
 import pytest
+import torch
 from PIL import Image
 
 from fedpartial.data import store as st
@@ -38,8 +38,9 @@ def test_gray_image_stays_one_channel_and_matches_a_plain_box_resize(tmp_path):
     rgb = _images(tmp_path / "c", 2, 40, "RGB")
     g = ensure_store(rgb, Preprocessing(16, 1), tmp_path / "stores", "g")
     assert g.channels == 1
-    assert np.array_equal(g.batch([0])[0, 0],
-                          np.asarray(Image.open(rgb[0]).convert("L").resize((16, 16), Image.Resampling.BOX)))
+    assert np.array_equal(
+        g.batch([0])[0, 0], np.asarray(Image.open(rgb[0]).convert("L").resize((16, 16), Image.Resampling.BOX))
+    )
     c = ensure_store(rgb, Preprocessing(16, 3), tmp_path / "stores", "c")
     assert c.channels == 3
     deep = tmp_path / "deep.png"
@@ -233,8 +234,9 @@ def _site(tmp_path, n=6, cache="store"):
     from fedpartial.data.sitedata import SiteDatasets
 
     _images(tmp_path, n, 24)
-    ds = resolve_dataset({"preset": "ich_phantom", "image_size": 8, "cache": cache,
-                          "cache_dir": str(tmp_path / "stores")})
+    ds = resolve_dataset(
+        {"preset": "ich_phantom", "image_size": 8, "cache": cache, "cache_dir": str(tmp_path / "stores")}
+    )
     C = len(ds["classes"])
     labels, mask = np.eye(C)[np.arange(n) % C], np.ones((n, C), bool)
     write_manifest(tmp_path / "m.csv", [f"img{i}.png" for i in range(n)], labels, mask, ds["classes"])

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 from types import SimpleNamespace
 
 import numpy as np
@@ -11,18 +10,23 @@ import pytest
 import torch
 from scipy import stats as st
 from sklearn.metrics import roc_auc_score
-
-from fedpartial.methods import Contribution, get_method
-from fedpartial.methods.surgical import SurgicalRule, SurgicalTrainer, local_bce
-from fedpartial.methods.surgical.trainer import META_NORM_FROM_WARMUP
-from fedpartial.models import PartialLabelNet
-from fedpartial.stats import (add_run_statistics, bootstrap_auc_ci, own_class_scores, paired_comparison,
-                              resample_counts, weighted_auc)
-
 from test_fedmlp import _FakeData, _site
 
+from fedpartial.methods import Contribution, get_method
+from fedpartial.methods.surgical import SurgicalTrainer, local_bce
+from fedpartial.methods.surgical.trainer import META_NORM_FROM_WARMUP
+from fedpartial.models import PartialLabelNet
+from fedpartial.stats import (
+    add_run_statistics,
+    bootstrap_auc_ci,
+    own_class_scores,
+    paired_comparison,
+    resample_counts,
+    weighted_auc,
+)
 
 # ------------------------------------------------------------------------------------------ the model's head
+
 
 @pytest.mark.parametrize("arch", ["small_cnn", "resnet18", "densenet121"])
 def test_paper_head_for_every_backbone_and_only_the_last_dense_is_the_task_block(arch):
@@ -37,15 +41,24 @@ def test_paper_head_for_every_backbone_and_only_the_last_dense_is_the_task_block
 
 # ------------------------------------------------------------------------------------------ the server rule
 
+
 def _state(v: float, cls: np.ndarray | None = None) -> dict:
     """A toy state: an encoder tensor, a norm layer (weight, running mean) and a 3-class classifier."""
-    return {"enc": np.full(2, v), "bn.weight": np.full(2, v), "bn.running_mean": np.full(2, v),
-            "classifier.weight": np.full((3, 2), v) if cls is None else np.repeat(cls[:, None], 2, axis=1),
-            "classifier.bias": np.full(3, v) if cls is None else cls.copy()}
+    return {
+        "enc": np.full(2, v),
+        "bn.weight": np.full(2, v),
+        "bn.running_mean": np.full(2, v),
+        "classifier.weight": np.full((3, 2), v) if cls is None else np.repeat(cls[:, None], 2, axis=1),
+        "classifier.bias": np.full(3, v) if cls is None else cls.copy(),
+    }
 
 
-GROUPS = {"encoder": ["enc"], "norm": ["bn.weight", "bn.running_mean"], "head": [],
-          "classifier": ["classifier.weight", "classifier.bias"]}
+GROUPS = {
+    "encoder": ["enc"],
+    "norm": ["bn.weight", "bn.running_mean"],
+    "head": [],
+    "classifier": ["classifier.weight", "classifier.bias"],
+}
 
 
 def _con(site, state, n, annotated, **meta):
@@ -56,8 +69,11 @@ def test_representation_is_the_unweighted_mean_and_samples_is_an_option():
     cons = [_con("a", _state(0.0), 10, [1, 1, 1]), _con("b", _state(3.0), 50, [1, 1, 1])]
     out, _ = get_method("surgical").make_rule({"norm": "average"}).aggregate(_state(9.0), cons, GROUPS, 1)
     assert out["enc"] == pytest.approx([1.5, 1.5])  # (0 + 3) / 2, not (10*0 + 50*3) / 60
-    out, _ = get_method("surgical").make_rule({"norm": "average", "site_weighting": "samples"}).aggregate(
-        _state(9.0), cons, GROUPS, 1)
+    out, _ = (
+        get_method("surgical")
+        .make_rule({"norm": "average", "site_weighting": "samples"})
+        .aggregate(_state(9.0), cons, GROUPS, 1)
+    )
     assert out["enc"] == pytest.approx([2.5, 2.5])
 
 
@@ -91,6 +107,7 @@ def test_fedbn_plus_norm_frozen_except_the_warmup_statistics_averaged_once():
 
 # ------------------------------------------------------------------------------------------ the site
 
+
 class _ValData(_FakeData):
     """_FakeData plus a validation split (the trainer's warm-up selects its epoch on it)."""
 
@@ -101,7 +118,9 @@ class _ValData(_FakeData):
 
     def eval_loader(self, split, batch_size=128):
         assert split == "val"
-        return torch.utils.data.DataLoader(_FakeData(*self.val).dataset("val", {"image": "eval"}), batch_size=batch_size)
+        return torch.utils.data.DataLoader(
+            _FakeData(*self.val).dataset("val", {"image": "eval"}), batch_size=batch_size
+        )
 
 
 class _Manifest(SimpleNamespace):
@@ -111,7 +130,9 @@ class _Manifest(SimpleNamespace):
 
 def _surgical_site(name="site-1", annotated=(True, True, False), val=True, **model_kw):
     torch.manual_seed(0)  # the model's initial weights: the same whatever ran before in this process
-    ctx = _site(name, list(annotated), n=24, model=PartialLabelNet("small_cnn", 3, 3, width=4, head_hidden=8, **model_kw))
+    ctx = _site(
+        name, list(annotated), n=24, model=PartialLabelNet("small_cnn", 3, 3, width=4, head_hidden=8, **model_kw)
+    )
     d = ctx.data
     v = (d.images[:12] + 0.01, d.labels[:12], torch.ones_like(d.mask[:12])) if val else None
     ctx.data = _ValData(d.images, d.labels, d.mask, v)
@@ -173,8 +194,11 @@ def test_local_bce_is_over_the_sites_own_annotated_classes_by_hand():
         def forward(self, x):
             return torch.stack([torch.zeros(len(x)), torch.full((len(x),), 2.0), torch.zeros(len(x))], 1)
 
-    batch = {"image": torch.zeros(2, 1), "label": torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 1.0]]),
-             "mask": torch.tensor([[True, True, True], [True, False, True]])}
+    batch = {
+        "image": torch.zeros(2, 1),
+        "label": torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 1.0]]),
+        "mask": torch.tensor([[True, True, True], [True, False, True]]),
+    }
     # own classes 0 and 1: entries (0,0) ln2, (0,1) softplus(-2), (1,0) ln2; class 2 ignored
     expected = (2 * np.log(2) + np.log1p(np.exp(-2.0))) / 3
     assert local_bce(Zero(), [batch], np.array([True, True, False])) == pytest.approx(expected)
@@ -263,7 +287,7 @@ def test_warmup_state_survives_a_restart():
 # ------------------------------------------------------------------------------------------ statistics
 
 Y = np.array([[1, 0], [0, 1], [1, 1], [0, 0], [1, 0], [0, 1], [0, 0], [1, 1]])
-P = np.array([[.9, .2], [.3, .6], [.7, .7], [.2, .1], [.4, .3], [.4, .8], [.1, .4], [.8, .5]])
+P = np.array([[0.9, 0.2], [0.3, 0.6], [0.7, 0.7], [0.2, 0.1], [0.4, 0.3], [0.4, 0.8], [0.1, 0.4], [0.8, 0.5]])
 
 
 def test_weighted_auc_equals_sklearn_on_the_resampled_rows():
@@ -318,14 +342,25 @@ def test_paired_comparison_matches_scipy():
 
 
 def test_own_class_scores_and_pooled_intervals_in_results():
-    per_site = {"s1": {"per_class": {"a": {"auc": 0.9}, "b": {"auc": 0.5}}},
-                "s2": {"per_class": {"a": {"auc": 0.7}, "b": {"auc": 0.8}}}}
+    per_site = {
+        "s1": {"per_class": {"a": {"auc": 0.9}, "b": {"auc": 0.5}}},
+        "s2": {"per_class": {"a": {"auc": 0.7}, "b": {"auc": 0.8}}},
+    }
     r = own_class_scores(per_site, {"s1": [True, False], "s2": [True, True]}, ["a", "b"])
     assert r["per_class"] == pytest.approx({"a": 0.8, "b": 0.8}) and r["sites"]["b"] == ["s2"]
-    results = {"method": "pfl", "local_parts": ["norm", "classifier"], "rounds": [
-        {"val": {"n_sites": 2, "ci": {"auc": {}}}, "test": {"n_sites": 1, "ci": {"auc": {"macro": [0.1, 0.2]}}}}],
-        "final": {"m": {"test": {"per_class": {"a": {}, "b": {}}, "n_sites": 2, "ci": {}},
-                        "per_site": {s: {"test": v} for s, v in per_site.items()}}}}
+    results = {
+        "method": "pfl",
+        "local_parts": ["norm", "classifier"],
+        "rounds": [
+            {"val": {"n_sites": 2, "ci": {"auc": {}}}, "test": {"n_sites": 1, "ci": {"auc": {"macro": [0.1, 0.2]}}}}
+        ],
+        "final": {
+            "m": {
+                "test": {"per_class": {"a": {}, "b": {}}, "n_sites": 2, "ci": {}},
+                "per_site": {s: {"test": v} for s, v in per_site.items()},
+            }
+        },
+    }
     add_run_statistics(results, {"s1": {"annotated": [True, False]}, "s2": {"annotated": [True, True]}})
     assert results["rounds"][0]["val"]["ci"] is None and results["rounds"][0]["test"]["ci"]["auc"]["macro"]
     assert results["final"]["m"]["test"]["ci"] is None
@@ -334,13 +369,15 @@ def test_own_class_scores_and_pooled_intervals_in_results():
 
 # ------------------------------------------------------------------------------------------ the simulator
 
+
 def _tiny_ich(prepare: dict | None = None) -> dict:
     from test_jobs_simulator import TINY
 
     from fedpartial.data.presets import deep_merge
 
-    return deep_merge(TINY["ich"], {"method_args": {"warmup_epochs": 2, "warmup_lr": 0.005},
-                                    "dataset": {"prepare": prepare or {}}})
+    return deep_merge(
+        TINY["ich"], {"method_args": {"warmup_epochs": 2, "warmup_lr": 0.005}, "dataset": {"prepare": prepare or {}}}
+    )
 
 
 @pytest.mark.integration
@@ -349,13 +386,21 @@ def test_surgical_ich_three_rounds_two_vocabularies_warmup_and_intervals(tmp_pat
     (the ICH abbreviations): the warm-up round, the vocabularies read as the job's classes, the union of every
     site's classes learnt, the shared sets scored once, the final test with its bootstrap intervals."""
     from conftest import REPO, results_of, run_simulator, server_log
-
     from fedpartial.tools.build_jobs import customise_job
 
-    table = [["epidural", "subdural", "intraventricular"], ["epidural", "subdural", "intraparenchymal"],
-             ["epidural", "subdural", "subarachnoid"], ["epidural", "subdural", "subarachnoid"]]
-    prepare = {"protocol": "table", "k": None, "table": table, "num_sites": 4,
-               "vocabularies": {"site-3": "ich_abbreviations", "site-4": "ich_abbreviations"}}
+    table = [
+        ["epidural", "subdural", "intraventricular"],
+        ["epidural", "subdural", "intraparenchymal"],
+        ["epidural", "subdural", "subarachnoid"],
+        ["epidural", "subdural", "subarachnoid"],
+    ]
+    prepare = {
+        "protocol": "table",
+        "k": None,
+        "table": table,
+        "num_sites": 4,
+        "vocabularies": {"site-3": "ich_abbreviations", "site-4": "ich_abbreviations"},
+    }
     # the job's default is FedBN (norm: local, measured better without pretrained weights); FedBN+ here
     args = _tiny_ich(prepare)
     args["method_args"]["norm"] = "frozen"

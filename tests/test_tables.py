@@ -33,13 +33,17 @@ def test_cell_mean_and_population_std_in_percent():
 
 def test_paper_table_rows_settings_and_average():
     res = {
-        "FedAvg": {"missing 1 class": [{"bacc": 0.7, "auc": 0.9, "map": 0.6}, {"bacc": 0.8, "auc": 0.8, "map": 0.6}],
-                   "missing 4 classes": [{"bacc": 0.5, "auc": 0.7, "map": 0.2}, {"bacc": 0.5, "auc": 0.8, "map": 0.4}]},
+        "FedAvg": {
+            "missing 1 class": [{"bacc": 0.7, "auc": 0.9, "map": 0.6}, {"bacc": 0.8, "auc": 0.8, "map": 0.6}],
+            "missing 4 classes": [{"bacc": 0.5, "auc": 0.7, "map": 0.2}, {"bacc": 0.5, "auc": 0.8, "map": 0.4}],
+        },
     }
     lines = paper_table(res, "multilabel").splitlines()
-    assert lines[0] == ("| Method | missing 1 class: BACC | missing 1 class: AUC | missing 1 class: mAP | "
-                        "missing 4 classes: BACC | missing 4 classes: AUC | missing 4 classes: mAP | "
-                        "Average: BACC | Average: AUC | Average: mAP |")
+    assert lines[0] == (
+        "| Method | missing 1 class: BACC | missing 1 class: AUC | missing 1 class: mAP | "
+        "missing 4 classes: BACC | missing 4 classes: AUC | missing 4 classes: mAP | "
+        "Average: BACC | Average: AUC | Average: mAP |"
+    )
     cells = [c.strip() for c in lines[2].strip("|").split("|")]
     # average over settings per seed: seed 0 bacc (0.7+0.5)/2 = 0.6, seed 1 (0.8+0.5)/2 = 0.65 -> 62.50 ± 2.50
     assert cells[0] == "FedAvg"
@@ -47,9 +51,12 @@ def test_paper_table_rows_settings_and_average():
     assert cells[7] == "62.50 ± 2.50"
     # auc: seed 0 (0.9+0.7)/2 = 0.8, seed 1 (0.8+0.8)/2 = 0.8
     assert cells[8] == "80.00 ± 0.00"
-    mc = paper_table({"m": {"s": [{"auc": 0.9, "accuracy": 0.8, "f1": 0.5, "precision": 0.6, "recall": 0.4}]}},
-                     "multiclass")
-    assert "s: Acc" in mc and "Average" not in mc and mc.splitlines()[2] == "| m | 90.00 | 80.00 | 50.00 | 60.00 | 40.00 |"
+    mc = paper_table(
+        {"m": {"s": [{"auc": 0.9, "accuracy": 0.8, "f1": 0.5, "precision": 0.6, "recall": 0.4}]}}, "multiclass"
+    )
+    assert (
+        "s: Acc" in mc and "Average" not in mc and mc.splitlines()[2] == "| m | 90.00 | 80.00 | 50.00 | 60.00 | 40.00 |"
+    )
 
 
 def test_per_class_table():
@@ -74,8 +81,14 @@ def test_init_seed_fixes_the_initial_model_without_touching_the_global_rng():
 
 
 def test_customise_job_sets_the_seed_on_both_sides_and_rule_args(tmp_path):
-    dest = customise_job(REPO / "jobs" / "fedmlp_ich", tmp_path / "j", num_rounds=3, seed=4,
-                         rule_args={"proto_weighting": "samples"}, executor_args={"method_args": {"T0": 0.1}})
+    dest = customise_job(
+        REPO / "jobs" / "fedmlp_ich",
+        tmp_path / "j",
+        num_rounds=3,
+        seed=4,
+        rule_args={"proto_weighting": "samples"},
+        executor_args={"method_args": {"T0": 0.1}},
+    )
     server = json.loads((dest / "app/config/config_fed_server.json").read_text())
     client = json.loads((dest / "app/config/config_fed_client.json").read_text())
     comps = {c["id"]: c for c in server["components"]}
@@ -94,10 +107,17 @@ def test_every_job_seeds_its_initial_global_model(job):
 
 def test_best_bold_second_underlined_upper_bound_not_ranked():
     mk = lambda auc: [{"auc": auc, "accuracy": 0.5, "f1": 0.5, "precision": 0.5, "recall": 0.5}]
-    res = {"a": {"s": mk(0.80)}, "b": {"s": mk(0.90)}, "c": {"s": mk(0.85)}, "d": {"s": mk(0.85)},
-           "upper": {"s": mk(0.99)}}
-    lines = {row.split(" | ")[0][2:]: row.split(" | ")[1] for row in
-             paper_table(res, "multiclass", not_ranked=["upper"]).splitlines()[2:]}
+    res = {
+        "a": {"s": mk(0.80)},
+        "b": {"s": mk(0.90)},
+        "c": {"s": mk(0.85)},
+        "d": {"s": mk(0.85)},
+        "upper": {"s": mk(0.99)},
+    }
+    lines = {
+        row.split(" | ")[0][2:]: row.split(" | ")[1]
+        for row in paper_table(res, "multiclass", not_ranked=["upper"]).splitlines()[2:]
+    }
     assert lines == {"a": "80.00", "b": "**90.00**", "c": "_85.00_", "d": "_85.00_", "upper": "99.00"}
     # equal means everywhere (the accuracy columns): every row is best, none second
     acc = paper_table(res, "multiclass", not_ranked=["upper"]).splitlines()[2].split(" | ")[2]
@@ -112,9 +132,13 @@ def test_per_class_table_takes_runs_whose_sites_kept_a_class():
     the table still lists it, from the runs that have it (n/a where none has)."""
     from fedpartial.tables import per_class_table
 
-    runs = {"m": [{"per_class": {"x": {"auc": 0.5}, "y": {"auc": 0.7}}, "macro": {"auc": 0.6}},
-                  {"per_class": {"x": {"auc": 0.6}}, "macro": {"auc": 0.6}}],
-            "n": [{"per_class": {"x": {"auc": 0.4}}, "macro": {"auc": 0.4}}]}
+    runs = {
+        "m": [
+            {"per_class": {"x": {"auc": 0.5}, "y": {"auc": 0.7}}, "macro": {"auc": 0.6}},
+            {"per_class": {"x": {"auc": 0.6}}, "macro": {"auc": 0.6}},
+        ],
+        "n": [{"per_class": {"x": {"auc": 0.4}}, "macro": {"auc": 0.4}}],
+    }
     lines = per_class_table(runs, task="multilabel").splitlines()
     assert lines[0] == "| Method | x: AUC | y: AUC | mean: AUC |"
     assert lines[2] == "| m | 55.00 ± 5.00 | 70.00 | 60.00 ± 0.00 |"

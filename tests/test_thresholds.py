@@ -12,9 +12,17 @@ import pytest
 
 from fedpartial.fl.keys import BEST_MODEL, LAST_MODEL
 from fedpartial.fl.results import THRESHOLDS_FILE, ResultsRecorder, model_thresholds, render_tables
-from fedpartial.metrics import (SCORE_GRID, apply_validation_thresholds, best_threshold, histogram_metrics,
-                                multiclass_metrics, multilabel_metrics, score_histogram, select_thresholds,
-                                thresholds_from_histogram)
+from fedpartial.metrics import (
+    SCORE_GRID,
+    apply_validation_thresholds,
+    best_threshold,
+    histogram_metrics,
+    multiclass_metrics,
+    multilabel_metrics,
+    score_histogram,
+    select_thresholds,
+    thresholds_from_histogram,
+)
 
 # Hand example (one class), scores sorted:  0.1  0.3  0.35  0.4  0.6  0.8
 #                                   labels:   0    0    1    0    1    1      P = 3, N = 3
@@ -123,8 +131,11 @@ TEST_A = ([1, 0, 1, 0], [70, 50, 45, 20])  # at grid[60]: TP 1 (70), FN 1 (45), 
 
 def test_server_pools_validation_histograms_and_scores_every_set_at_the_pooled_thresholds():
     assert thresholds_from_histogram(_result(*VAL_A)["score_hist"]) == [SCORE_GRID[35]]
-    per_site = {"site-1": {"val": _result(*VAL_A), "test": _result(*TEST_A)},
-                "site-2": {"val": _result(*VAL_B)}, "site-3": {}}
+    per_site = {
+        "site-1": {"val": _result(*VAL_A), "test": _result(*TEST_A)},
+        "site-2": {"val": _result(*VAL_B)},
+        "site-3": {},
+    }
     before = json.dumps(per_site)
     out, record = apply_validation_thresholds(per_site, "youden")
     assert json.dumps(per_site) == before  # inputs untouched
@@ -156,8 +167,10 @@ def _recorder_with_results() -> ResultsRecorder:
     rec = ResultsRecorder(method="fedavg", dataset="toy")
     site_results = {"site-1": {"val": _result(*VAL_A), "test": _result(*TEST_A)}, "site-2": {"val": _result(*VAL_B)}}
     rec.rounds = {1: {"sites": {s: {"results": r, "train_loss": 0.1} for s, r in site_results.items()}}}
-    rec.final = {f"SRV_{LAST_MODEL}": site_results,
-                 f"SRV_{BEST_MODEL}": {"site-1": {"val": _result(*VAL_A), "test": _result(*TEST_A)}}}
+    rec.final = {
+        f"SRV_{LAST_MODEL}": site_results,
+        f"SRV_{BEST_MODEL}": {"site-1": {"val": _result(*VAL_A), "test": _result(*TEST_A)}},
+    }
     return rec
 
 
@@ -197,12 +210,15 @@ def test_results_record_thresholds_per_round_and_final_model_beside_the_existing
 def test_single_label_run_says_why_it_has_no_thresholds():
     res = multiclass_metrics(np.array([0, 1]), np.array([[0.7, 0.3], [0.2, 0.8]]), ["x", "y"])
     assert model_thresholds({"final": {LAST_MODEL: {"test": res, "thresholds": None}}}) == {
-        "models": {}, "note": "single-label task: the prediction is the argmax, no threshold applies"}
+        "models": {},
+        "note": "single-label task: the prediction is the argmax, no threshold applies",
+    }
 
 
 # ----------------------------------------------------------------------------------- fedpartial-predict
 
 from test_predict import _expected, _run_folder, images, sim_ws  # noqa: E402,F401  (fixtures)
+
 from fedpartial.data.manifest import read_manifest  # noqa: E402
 from fedpartial.data.presets import ICH_CLASSES  # noqa: E402
 from fedpartial.tools import predict as P  # noqa: E402
@@ -218,8 +234,9 @@ def test_predict_with_validation_thresholds(sim_ws, images, tmp_path, capsys):  
     thr = (srt[1] + srt[2]) / 2
     chosen = {c: float(t) for c, t in zip(ICH_CLASSES, thr)}
     chosen[ICH_CLASSES[4]] = None  # none chosen for that class: 0.5
-    (app / THRESHOLDS_FILE).write_text(json.dumps({"models": {BEST_MODEL: {"criterion": "youden",
-                                                                           "thresholds": chosen}}}))
+    (app / THRESHOLDS_FILE).write_text(
+        json.dumps({"models": {BEST_MODEL: {"criterion": "youden", "thresholds": chosen}}})
+    )
     out = tmp_path / "p.csv"
     args = [str(ws), "--manifest", str(labelled), "--data-root", str(folder), "-o", str(out)]
     assert P.main(args + ["--thresholds", "validation"]) == 0
@@ -238,8 +255,22 @@ def test_predict_with_validation_thresholds(sim_ws, images, tmp_path, capsys):  
     assert "must be a number or 'validation'" in capsys.readouterr().err
     # fedpartial-evaluate: thresholded metrics at the chosen thresholds (AUC unchanged)
     js = tmp_path / "s.json"
-    assert P.evaluate_main([str(ws), "--manifest", str(labelled), "--data-root", str(folder), "--json", str(js),
-                            "--thresholds", "validation"]) == 0
+    assert (
+        P.evaluate_main(
+            [
+                str(ws),
+                "--manifest",
+                str(labelled),
+                "--data-root",
+                str(folder),
+                "--json",
+                str(js),
+                "--thresholds",
+                "validation",
+            ]
+        )
+        == 0
+    )
     res = json.loads(js.read_text())
     m = read_manifest(labelled, ICH_CLASSES, data_root=folder)
     want = multilabel_metrics(m.labels, probs, ICH_CLASSES, threshold=[*thr[:4], 0.5], mask=m.mask)
@@ -252,8 +283,9 @@ def test_predict_with_validation_thresholds(sim_ws, images, tmp_path, capsys):  
 def test_predict_thresholds_from_results_json_and_single_label_refusal(tmp_path):
     model_file = tmp_path / "run" / "app_server" / BEST_MODEL
     model_file.parent.mkdir(parents=True)
-    (tmp_path / "run" / "results.json").write_text(json.dumps(
-        {"thresholds": {"models": {BEST_MODEL: {"criterion": "f1", "thresholds": {"a": 0.2, "b": None}}}}}))
+    (tmp_path / "run" / "results.json").write_text(
+        json.dumps({"thresholds": {"models": {BEST_MODEL: {"criterion": "f1", "thresholds": {"a": 0.2, "b": None}}}}})
+    )
     assert P.find_thresholds(model_file)["thresholds"] == {"a": 0.2, "b": None}
     with pytest.raises(FileNotFoundError, match="use --thresholds 0.5"):
         P.find_thresholds(tmp_path / "elsewhere" / BEST_MODEL)

@@ -16,6 +16,7 @@ BRAIN = (40.0, 80.0)
 
 # ------------------------------------------------------------------------------------------------------ fixtures
 
+
 def write_dicom(path, stored: np.ndarray, slope: float = 1.0, intercept: float = -1024.0, preamble: bool = True):
     """A minimal CT slice: int16 pixels with RescaleSlope / RescaleIntercept."""
     pydicom = pytest.importorskip("pydicom")
@@ -44,8 +45,13 @@ def images(tmp_path):
     gray = rng.integers(0, 256, (20, 30), dtype=np.uint8)
     gray[0, 0], gray[0, 1] = 0, 255
     rgb = rng.integers(0, 256, (20, 30, 3), dtype=np.uint8)
-    p = {"gray": tmp_path / "gray.png", "rgb": tmp_path / "rgb.png", "jpg": tmp_path / "img.jpg",
-         "dcm": tmp_path / "ct.dcm", "dcm_noext": tmp_path / "ct_slice"}
+    p = {
+        "gray": tmp_path / "gray.png",
+        "rgb": tmp_path / "rgb.png",
+        "jpg": tmp_path / "img.jpg",
+        "dcm": tmp_path / "ct.dcm",
+        "dcm_noext": tmp_path / "ct_slice",
+    }
     Image.fromarray(gray, "L").save(p["gray"])
     Image.fromarray(rgb, "RGB").save(p["rgb"])
     yy, xx = np.mgrid[0:20, 0:30]
@@ -64,8 +70,15 @@ def make_manifest(paths, n_classes=3, seed=0) -> Manifest:
     labels = rng.integers(0, 2, (n, n_classes)).astype(np.float32)
     mask = rng.random((n, n_classes)) < 0.6
     mask[:, 0] = True
-    return Manifest(paths=list(paths), labels=labels * mask, mask=mask, classes=[f"c{i}" for i in range(n_classes)],
-                    patient_ids=[""] * n, splits=["train"] * n, lines=list(range(2, n + 2)))
+    return Manifest(
+        paths=list(paths),
+        labels=labels * mask,
+        mask=mask,
+        classes=[f"c{i}" for i in range(n_classes)],
+        patient_ids=[""] * n,
+        splits=["train"] * n,
+        lines=list(range(2, n + 2)),
+    )
 
 
 @pytest.fixture
@@ -83,6 +96,7 @@ def count_decodes(monkeypatch):
 
 
 # -------------------------------------------------------------------------------------------------------- loading
+
 
 def load(path, channels, ct_windows=None):
     return tf.LoadImageAnyd("image", channels, ct_windows)({"image": path})["image"]
@@ -143,6 +157,7 @@ def test_missing_or_unreadable_file_names_it(tmp_path, images):
 
 
 # -------------------------------------------------------------------------------------------------------- pipelines
+
 
 def test_resize_and_eval_is_deterministic(images):
     p = images[0]
@@ -222,6 +237,7 @@ def test_plain_tensors_same_draws_and_restores_flag():
 
 
 # ---------------------------------------------------------------------------------------------------------- datasets
+
 
 def test_dataset_items(images):
     p = images[0]

@@ -11,8 +11,17 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fedpartial.data.store import (DecodedImages, Preprocessing, StoreError, build_store, decode_resized,
-                                   ensure_store, open_store, png_significant_bits, sixteen_bit_scale)
+from fedpartial.data.store import (
+    DecodedImages,
+    Preprocessing,
+    StoreError,
+    build_store,
+    decode_resized,
+    ensure_store,
+    open_store,
+    png_significant_bits,
+    sixteen_bit_scale,
+)
 from fedpartial.data.transforms import read_image
 
 PREP = Preprocessing(32, 1, None, "area")
@@ -39,10 +48,10 @@ def _sbit_png(path, arr16: np.ndarray, bits: int | None) -> None:
 def test_a_deep_png_decodes_as_its_8_bit_rendering(tmp_path, bits, sbit):
     g8 = _gradient()
     Image.fromarray(g8).save(tmp_path / "g8.png")
-    deep = np.rint(g8.astype(np.float64) * (2 ** bits - 1) / 255).astype(np.uint16)
+    deep = np.rint(g8.astype(np.float64) * (2**bits - 1) / 255).astype(np.uint16)
     _sbit_png(tmp_path / "deep.png", deep, bits if sbit else None)
     assert png_significant_bits(str(tmp_path / "deep.png")) == (bits if sbit else None)
-    assert sixteen_bit_scale(deep, str(tmp_path / "deep.png")) == 2 ** bits - 1
+    assert sixteen_bit_scale(deep, str(tmp_path / "deep.png")) == 2**bits - 1
     want = decode_resized(tmp_path / "g8.png", PREP, 1).astype(int)
     got = decode_resized(tmp_path / "deep.png", PREP, 1).astype(int)
     assert np.abs(got - want).max() <= 1
@@ -60,8 +69,10 @@ def test_sbit_wins_over_the_images_own_depth(tmp_path):
     assert sixteen_bit_scale(dark, str(tmp_path / "nosbit.png")) == 4095
 
 
-@pytest.mark.parametrize("orientation,turn", [(6, Image.Transpose.ROTATE_90), (8, Image.Transpose.ROTATE_270),
-                                              (3, Image.Transpose.ROTATE_180)])
+@pytest.mark.parametrize(
+    "orientation,turn",
+    [(6, Image.Transpose.ROTATE_90), (8, Image.Transpose.ROTATE_270), (3, Image.Transpose.ROTATE_180)],
+)
 def test_an_exif_rotated_jpeg_decodes_as_the_upright_file(tmp_path, orientation, turn):
     rng = np.random.default_rng(0)
     upright = np.kron(rng.integers(0, 255, (6, 4, 3)), np.ones((16, 16, 1))).astype(np.uint8)  # 96 x 64 blocks
@@ -158,8 +169,14 @@ def test_byte_identical_files_are_found_by_size_then_content(tmp_path):
     big = rng.integers(0, 256, 300_000, dtype=np.uint8).tobytes()
     middle = bytearray(big)
     middle[150_000] ^= 1  # same size, same first and last 64 KiB: only the full hash tells them apart
-    files = {"a.dcm": big, "b.dcm": big, "c.dcm": bytes(middle), "d.png": b"x" * 10, "e.png": b"x" * 10,
-             "f.png": b"y" * 10}
+    files = {
+        "a.dcm": big,
+        "b.dcm": big,
+        "c.dcm": bytes(middle),
+        "d.png": b"x" * 10,
+        "e.png": b"x" * 10,
+        "f.png": b"y" * 10,
+    }
     paths = []
     for name, data in files.items():
         (tmp_path / name).write_bytes(data)
@@ -182,8 +199,16 @@ def test_a_copy_under_another_name_and_patient_lands_in_the_split_of_its_origina
     rows.append("copy.png,Q7,1,0")
     (tmp_path / "labels.csv").write_text("\n".join(rows) + "\n")
     for seed in range(2):
-        out = prep.prepare("csv", tmp_path / "labels.csv", tmp_path / f"out{seed}", 2, "full", seed=seed,
-                           figure=False, decode_images=False)
+        out = prep.prepare(
+            "csv",
+            tmp_path / "labels.csv",
+            tmp_path / f"out{seed}",
+            2,
+            "full",
+            seed=seed,
+            figure=False,
+            decode_images=False,
+        )
         where = {}
         for f in ("site-1.csv", "site-2.csv", "val.csv", "test.csv"):
             for line in (out / f).read_text().splitlines()[1:]:

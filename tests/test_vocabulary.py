@@ -26,14 +26,20 @@ def _csv(path, header, rows):
 
 
 def test_synonym_and_ignored_columns_are_read_as_global_classes(tmp_path):
-    f = _csv(tmp_path / "chexpert.csv", ["image", "Pleural Effusion", "Atelectasis", "Support Devices"],
-             [["a.png", "1", "", "1"], ["a.png", "0", "1", "0"]])
+    f = _csv(
+        tmp_path / "chexpert.csv",
+        ["image", "Pleural Effusion", "Atelectasis", "Support Devices"],
+        [["a.png", "1", "", "1"], ["a.png", "0", "1", "0"]],
+    )
     m = read_manifest(f, CLASSES, columns={"Pleural Effusion": "Effusion"}, ignore_columns=["Support Devices"])
     assert m.annotated_classes() == ["Atelectasis", "Effusion"]  # Edema: not annotated here
     assert m.labels[:, 1].tolist() == [1, 0] and m.mask[:, 0].tolist() == [False, True]
     # without the vocabulary the same file is the clear "unknown column" error, with a hint
-    with pytest.raises(ManifestError, match=r"line 1: unknown class column\(s\) \['Pleural Effusion', 'Support "
-                                            r"Devices'\].*'columns' in its fedpartial_data.json"):
+    with pytest.raises(
+        ManifestError,
+        match=r"line 1: unknown class column\(s\) \['Pleural Effusion', 'Support "
+        r"Devices'\].*'columns' in its fedpartial_data.json",
+    ):
         read_manifest(f, CLASSES)
     # a mapped column but another unknown one left: still an error naming it
     with pytest.raises(ManifestError, match=r"unknown class column\(s\) \['Support Devices'\]"):
@@ -74,11 +80,23 @@ def test_site_config_carries_the_vocabulary_and_checks_it(tmp_path, monkeypatch)
 
 def test_prepare_two_vocabularies_and_the_simulator_site_reads_them(tmp_path, monkeypatch):
     monkeypatch.delenv(SITE_CONFIG_ENV, raising=False)
-    out = prep.prepare("ich_phantom", None, tmp_path / "two", 4, "table", seed=0, verbose=False,
-                       source_args={"n_images": 80, "size": 32, "seed": 0},
-                       table=[["epidural", "subdural", "intraventricular"], ["epidural", "subdural", "intraparenchymal"],
-                              ["epidural", "subdural", "subarachnoid"], ["epidural", "subdural", "subarachnoid"]],
-                       vocabularies={"site-3": "ich_abbreviations", "site-4": "ich_abbreviations"})
+    out = prep.prepare(
+        "ich_phantom",
+        None,
+        tmp_path / "two",
+        4,
+        "table",
+        seed=0,
+        verbose=False,
+        source_args={"n_images": 80, "size": 32, "seed": 0},
+        table=[
+            ["epidural", "subdural", "intraventricular"],
+            ["epidural", "subdural", "intraparenchymal"],
+            ["epidural", "subdural", "subarachnoid"],
+            ["epidural", "subdural", "subarachnoid"],
+        ],
+        vocabularies={"site-3": "ich_abbreviations", "site-4": "ich_abbreviations"},
+    )
     ds = prep.load_prepared(out)
     classes = ds.classes
     header = pd.read_csv(ds.sites["site-3"], nrows=0).columns.tolist()
@@ -97,7 +115,9 @@ def test_prepare_two_vocabularies_and_the_simulator_site_reads_them(tmp_path, mo
 def test_prepare_centralise_pools_the_sites_partial_labels(tmp_path):
     kw = dict(seed=0, verbose=False, source_args={"n_images": 80, "size": 32, "seed": 0}, k=3)
     split = prep.load_prepared(prep.prepare("ich_phantom", None, tmp_path / "fed", 3, "missing_k", **kw))
-    central = prep.load_prepared(prep.prepare("ich_phantom", None, tmp_path / "c", 3, "missing_k", centralise=True, **kw))
+    central = prep.load_prepared(
+        prep.prepare("ich_phantom", None, tmp_path / "c", 3, "missing_k", centralise=True, **kw)
+    )
     assert list(central.sites) == ["site-1"] and central.info["centralised_from"] == 3
     pooled = read_manifest(central.sites["site-1"], central.classes, central.data_root)
     parts = [read_manifest(split.sites[s], split.classes, split.data_root) for s in sorted(split.sites)]
@@ -117,8 +137,18 @@ def test_nih_images_split_into_nih_and_chexpert_vocabularies_read_as_the_union(t
     nih = shared + ["Nodule", "Emphysema", "Fibrosis", "Hernia"]
     chx = shared + ["Mass", "Infiltration", "Pleural_Thickening"]
     classes = sorted(set(nih) | set(chx))
-    out = prep.prepare("nih_cxr14", root, tmp_path / "two", 4, "table", seed=0, verbose=False, classes=classes,
-                       table=[nih, nih, chx, chx], vocabularies={"site-3": "chexpert", "site-4": "chexpert"})
+    out = prep.prepare(
+        "nih_cxr14",
+        root,
+        tmp_path / "two",
+        4,
+        "table",
+        seed=0,
+        verbose=False,
+        classes=classes,
+        table=[nih, nih, chx, chx],
+        vocabularies={"site-3": "chexpert", "site-4": "chexpert"},
+    )
     ds = prep.load_prepared(out)
     header3 = pd.read_csv(ds.sites["site-3"], nrows=0).columns.tolist()
     assert {"Pleural Effusion", "Lung Lesion", "Lung Opacity", "Pleural Other"} <= set(header3)

@@ -38,8 +38,7 @@ def _add_scaled(out: np.ndarray, x: np.ndarray, a: float) -> None:
     """``out += a * x`` in place: one BLAS axpy pass when both are C-contiguous arrays of out's float dtype (the
     usual case: float32 model tensors), else numpy (a temporary for ``a * x``: integers, strided views)."""
     axpy = _axpy(out.dtype)
-    if (axpy is not None and x.dtype == out.dtype and out.flags.c_contiguous and x.flags.c_contiguous
-            and out.size > 0):
+    if axpy is not None and x.dtype == out.dtype and out.flags.c_contiguous and x.flags.c_contiguous and out.size > 0:
         axpy(x.reshape(-1), out.reshape(-1), a=a)  # in place on out's memory (checked in tests/test_aggregation)
     else:
         out += np.multiply(x, a, dtype=out.dtype)
@@ -67,7 +66,9 @@ def weighted_average(arrays: Sequence[np.ndarray], weights: Sequence[float]) -> 
     return out.astype(dtype, copy=False)
 
 
-def class_average(values: Sequence[np.ndarray] | np.ndarray, class_weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def class_average(
+    values: Sequence[np.ndarray] | np.ndarray, class_weights: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Per-class average of site metadata over the sites that hold each class (classifier rows, FedMLP's
     prototypes, FedIRM's relation-matrix rows, ...).
 
@@ -231,7 +232,7 @@ def change_norm(a: np.ndarray, ref: np.ndarray) -> float:
     total = 0.0
     with np.errstate(over="ignore", invalid="ignore"):
         for i in range(0, x.size, _CHUNK):
-            d = np.subtract(x[i:i + _CHUNK], r[i:i + _CHUNK], out=buf[:min(_CHUNK, x.size - i)])
+            d = np.subtract(x[i : i + _CHUNK], r[i : i + _CHUNK], out=buf[: min(_CHUNK, x.size - i)])
             total += float(np.dot(d, d))
     return float(np.sqrt(total))
 
@@ -244,8 +245,14 @@ def _norm(d: np.ndarray) -> float:
     return float(np.sqrt(np.dot(flat, flat)))
 
 
-def change_scale(ref_norm: float, size: int, step_norm: float | None, floor: float = 0.04,
-                 abs_floor: float = 0.01, first_floor: float = 0.2) -> float:
+def change_scale(
+    ref_norm: float,
+    size: int,
+    step_norm: float | None,
+    floor: float = 0.04,
+    abs_floor: float = 0.01,
+    first_floor: float = 0.2,
+) -> float:
     """The size of one tensor's change the bound is measured in (a site's change may be ``max_ratio`` times it).
 
     - first round of a run (``step_norm`` None: no earlier global step): the tensor's own size in the global
@@ -265,9 +272,16 @@ def change_scale(ref_norm: float, size: int, step_norm: float | None, floor: flo
     return max(float(step_norm), float(floor) * float(ref_norm), float(abs_floor) * root)
 
 
-def bound_changes(states: Sequence[State], reference: State, max_ratio: float, mode: str = "reject",
-                  steps: Mapping[str, float] | None = None, norms: Mapping[str, np.ndarray] | None = None,
-                  floor: float = 0.04, abs_floor: float = 0.01) -> tuple[list[dict[str, np.ndarray]], dict[int, str]]:
+def bound_changes(
+    states: Sequence[State],
+    reference: State,
+    max_ratio: float,
+    mode: str = "reject",
+    steps: Mapping[str, float] | None = None,
+    norms: Mapping[str, np.ndarray] | None = None,
+    floor: float = 0.04,
+    abs_floor: float = 0.01,
+) -> tuple[list[dict[str, np.ndarray]], dict[int, str]]:
     """Bound each site's change of each tensor by ``max_ratio`` times :func:`change_scale` of that tensor.
 
     Args:
@@ -301,8 +315,7 @@ def bound_changes(states: Sequence[State], reference: State, max_ratio: float, m
         bound = float(max_ratio) * scale
         for k in np.flatnonzero(nk > bound):
             if k not in why:
-                why[int(k)] = (f"tensor '{key}' changed by {nk[k]:.4g}, more than {max_ratio:g} x {what} "
-                               f"({scale:.4g})")
+                why[int(k)] = f"tensor '{key}' changed by {nk[k]:.4g}, more than {max_ratio:g} x {what} ({scale:.4g})"
             if mode == "clip":
                 ref64 = np.asarray(reference[key], dtype=np.float64)
                 d = np.asarray(states[k][key], dtype=np.float64) - ref64
@@ -314,8 +327,11 @@ def bound_changes(states: Sequence[State], reference: State, max_ratio: float, m
 
 def step_of(new: State, old: State) -> dict[str, np.ndarray]:
     """The global step ``{key: new[key] - old[key]}`` (float32) of every floating-point tensor."""
-    return {k: (np.asarray(new[k], dtype=np.float64) - np.asarray(v, dtype=np.float64)).astype(np.float32)
-            for k, v in old.items() if is_float(v) and k in new}
+    return {
+        k: (np.asarray(new[k], dtype=np.float64) - np.asarray(v, dtype=np.float64)).astype(np.float32)
+        for k, v in old.items()
+        if is_float(v) and k in new
+    }
 
 
 def change_cosine(state: State, reference: State, step: Mapping[str, np.ndarray]) -> float | None:
@@ -342,7 +358,7 @@ def clip_change_norms(states: Sequence[State], reference: State, factor: float) 
     if factor <= 0 or not states:
         return [dict(s) for s in states]
     per_key = change_norms(states, reference)
-    total = np.sqrt(sum(v ** 2 for v in per_key.values())) if per_key else np.zeros(len(states))
+    total = np.sqrt(sum(v**2 for v in per_key.values())) if per_key else np.zeros(len(states))
     tau = float(factor) * lower_median(total)
     out = []
     for k, s in enumerate(states):
@@ -374,7 +390,7 @@ def robust_combine(arrays: Sequence[np.ndarray], how: str, trim: float = 0.2) ->
     elif how == "trimmed_mean":
         t = trim_count(len(arrays), trim)
         s = np.sort(stacked, axis=0)
-        out = s[t:len(arrays) - t].mean(axis=0)
+        out = s[t : len(arrays) - t].mean(axis=0)
     else:
         raise ValueError(f"how must be 'median' or 'trimmed_mean', got {how!r}")
     dtype = np.asarray(arrays[0]).dtype
@@ -383,8 +399,9 @@ def robust_combine(arrays: Sequence[np.ndarray], how: str, trim: float = 0.2) ->
     return out.astype(dtype)
 
 
-def robust_rows(rows: Sequence[np.ndarray], class_weights: np.ndarray, fallback: np.ndarray, how: str,
-                trim: float = 0.2) -> np.ndarray:
+def robust_rows(
+    rows: Sequence[np.ndarray], class_weights: np.ndarray, fallback: np.ndarray, how: str, trim: float = 0.2
+) -> np.ndarray:
     """Row c = :func:`robust_combine` of the rows of the sites with ``class_weights[k, c] > 0`` (the weights
     only choose who takes part); ``fallback[c]`` where no site does."""
     a = np.asarray(class_weights, dtype=np.float64)
@@ -396,9 +413,16 @@ def robust_rows(rows: Sequence[np.ndarray], class_weights: np.ndarray, fallback:
     return out
 
 
-def robust_states(states: Sequence[State], site_weights: Sequence[float], how: str, trim: float = 0.2,
-                  row_keys: Sequence[str] = (), class_weights: np.ndarray | None = None,
-                  previous: State | None = None, zero_rows: str = "previous") -> dict[str, np.ndarray]:
+def robust_states(
+    states: Sequence[State],
+    site_weights: Sequence[float],
+    how: str,
+    trim: float = 0.2,
+    row_keys: Sequence[str] = (),
+    class_weights: np.ndarray | None = None,
+    previous: State | None = None,
+    zero_rows: str = "previous",
+) -> dict[str, np.ndarray]:
     """:func:`aggregate_states` with :func:`robust_combine` in place of the weighted mean: every tensor over the
     sites with a positive site weight, classifier rows (with ``class_weights``) over the sites holding the class
     (:func:`robust_rows`); a class nobody holds keeps the previous row (``zero_rows="previous"``) or gets the

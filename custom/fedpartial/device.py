@@ -30,9 +30,11 @@ def resolve_device(requested: str, where: str = "") -> tuple[torch.device, str |
         raise ValueError(f"{prefix}unknown device {requested!r}; use one of {DEVICE_CHOICES}") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise RuntimeError(f"{prefix}device {requested!r} was asked for but CUDA is not available: "
-                               f"{cuda_unavailable_reason()}. Install a CUDA build of torch, or set device 'auto' / "
-                               "'cpu' to train on the CPU")
+            raise RuntimeError(
+                f"{prefix}device {requested!r} was asked for but CUDA is not available: "
+                f"{cuda_unavailable_reason()}. Install a CUDA build of torch, or set device 'auto' / "
+                "'cpu' to train on the CPU"
+            )
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise RuntimeError(f"{prefix}device {requested!r}: only {torch.cuda.device_count()} GPU(s) visible")
     elif dev.type != "cpu":
@@ -52,16 +54,25 @@ def device_record(device: torch.device, amp: bool = False, deterministic: bool =
         name = "cpu"
     cuda = torch.version.cuda
     # plain str: torch.__version__ is a TorchVersion, which NVFlare's FOBS cannot serialise in a site's meta
-    return {"device": str(dev), "name": str(name), "torch": str(torch.__version__),
-            "cuda": None if cuda is None else str(cuda), "amp": bool(amp), "deterministic": bool(deterministic)}
+    return {
+        "device": str(dev),
+        "name": str(name),
+        "torch": str(torch.__version__),
+        "cuda": None if cuda is None else str(cuda),
+        "amp": bool(amp),
+        "deterministic": bool(deterministic),
+    }
 
 
 def describe(record: dict) -> str:
     """One log line of :func:`device_record`."""
     extra = [k for k in ("amp", "deterministic") if record.get(k)]
-    return (f"training on {record['device']} ({record['name']}, torch {record['torch']}"
-            + (f", CUDA {record['cuda']}" if record.get("cuda") else "") + ")"
-            + (f" with {' + '.join(extra)}" if extra else ""))
+    return (
+        f"training on {record['device']} ({record['name']}, torch {record['torch']}"
+        + (f", CUDA {record['cuda']}" if record.get("cuda") else "")
+        + ")"
+        + (f" with {' + '.join(extra)}" if extra else "")
+    )
 
 
 def mixed_precision(device_type: str, enabled: bool = True):

@@ -15,8 +15,9 @@ def probabilities(logits: torch.Tensor, task: str) -> torch.Tensor:
 
 
 @torch.no_grad()
-def predict(model: torch.nn.Module, loader, task: str, device: torch.device | str = "cpu",
-            key: str = "image") -> dict[str, np.ndarray]:
+def predict(
+    model: torch.nn.Module, loader, task: str, device: torch.device | str = "cpu", key: str = "image"
+) -> dict[str, np.ndarray]:
     """Probabilities for every item of ``loader``.
 
     Returns:
@@ -34,8 +35,7 @@ def predict(model: torch.nn.Module, loader, task: str, device: torch.device | st
     return {k: torch.cat(v).numpy() if v else np.zeros((0,)) for k, v in out.items()}
 
 
-def evaluate(model: torch.nn.Module, loader, task: str, classes: list[str],
-             device: torch.device | str = "cpu") -> dict:
+def evaluate(model: torch.nn.Module, loader, task: str, classes: list[str], device: torch.device | str = "cpu") -> dict:
     """Metrics of ``model`` on a (fully or partially) labelled loader (``fedpartial.metrics`` result dict, plus
     ``ci``: bootstrap confidence intervals of the AUROC, :func:`fedpartial.stats.bootstrap_auc_ci`)."""
     return scores_metrics(predict(model, loader, task, device), task, classes)
@@ -50,8 +50,9 @@ def scored_mask(pred: dict[str, np.ndarray], task: str) -> np.ndarray:
     return pred["mask"].astype(bool)
 
 
-def scores_metrics(pred: dict[str, np.ndarray], task: str, classes: list[str],
-                   threshold: float | list[float] = 0.5) -> dict:
+def scores_metrics(
+    pred: dict[str, np.ndarray], task: str, classes: list[str], threshold: float | list[float] = 0.5
+) -> dict:
     """:func:`evaluate`'s metrics of :func:`predict`'s output (multi-label thresholded metrics at ``threshold``:
     one value or ``C``)."""
     mask = scored_mask(pred, task)

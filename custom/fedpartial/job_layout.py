@@ -58,16 +58,25 @@ def harden(cfg: dict, max_missing: int) -> dict:
         if path.endswith("BroadcastAndProcess") and args.get("task_name") == "data_summary":
             args["timeout"] = DATA_CHECK_TIMEOUT
         elif path.endswith("ScatterAndGather"):
-            args.update({"max_missing": "{max_missing_sites}", "train_timeout": TRAIN_TIMEOUT,
-                         "wait_time_after_min_received": WAIT_AFTER_MIN})
+            args.update(
+                {
+                    "max_missing": "{max_missing_sites}",
+                    "train_timeout": TRAIN_TIMEOUT,
+                    "wait_time_after_min_received": WAIT_AFTER_MIN,
+                }
+            )
         elif path.endswith(("CrossSiteModelEval", "CrossSiteEval")):
             args.update({"submit_model_timeout": SUBMIT_MODEL_TIMEOUT, "validation_timeout": VALIDATION_TIMEOUT})
     return cfg
 
 
 MIN_COUNT = 5
-CLIENT_RESULT_FILTERS = [{"tasks": ["train"], "filters": [
-    {"path": "fedpartial.fl.data_check.MinCountFilter", "args": {"min_count": MIN_COUNT}}]}]
+CLIENT_RESULT_FILTERS = [
+    {
+        "tasks": ["train"],
+        "filters": [{"path": "fedpartial.fl.data_check.MinCountFilter", "args": {"min_count": MIN_COUNT}}],
+    }
+]
 
 
 def harden_client(cfg: dict) -> dict:
@@ -99,8 +108,11 @@ def harden_job(folder: str | Path, max_missing: int | None = None) -> Path:
     folder = Path(folder)
     for path in sorted(folder.glob("*/config/config_fed_server.json")):
         cfg = json.loads(path.read_text())
-        k = max_missing if max_missing is not None else cfg.get("max_missing_sites",
-                                                                  default_max_missing(int(cfg.get("min_clients", 0))))
+        k = (
+            max_missing
+            if max_missing is not None
+            else cfg.get("max_missing_sites", default_max_missing(int(cfg.get("min_clients", 0))))
+        )
         _rewrite(path, set_run_name(harden(cfg, int(k)), folder.name))
     for path in sorted(folder.glob("*/config/config_fed_client.json")):
         _rewrite(path, set_run_name(harden_client(json.loads(path.read_text())), folder.name))
@@ -113,8 +125,16 @@ def _rewrite(path: Path, cfg: dict) -> None:
         path.write_text(json.dumps(cfg, indent=2) + "\n")
 
 
-def server_config(method: str, dataset: dict, model: dict, num_rounds: int, min_clients: int,
-                  method_args: dict, key_metric: str = "auc", max_missing: int | None = None) -> dict:
+def server_config(
+    method: str,
+    dataset: dict,
+    model: dict,
+    num_rounds: int,
+    min_clients: int,
+    method_args: dict,
+    key_metric: str = "auc",
+    max_missing: int | None = None,
+) -> dict:
     """The server configuration of a job: the initial model, persistor, the method's aggregator, the data check
     (``DataSummaryProcessor`` + ``BroadcastAndProcess``), ``ScatterAndGather``, cross-site evaluation, the model
     selector and the results recorder, with the job-level values as ``"{var}"`` references, :func:`harden`-ed
@@ -122,57 +142,134 @@ def server_config(method: str, dataset: dict, model: dict, num_rounds: int, min_
     ds = resolve_dataset(dataset)
     if max_missing is None:
         max_missing = default_max_missing(min_clients)
-    return harden({
-        "format_version": 2, "num_rounds": num_rounds, "min_clients": min_clients, "method": method,
-        "server": {"task_request_interval": 0.1},
-        "task_data_filters": [{"tasks": ["train", "validate"], "filters": [
-            {"path": "fedpartial.fl.data_check.SummaryFilter", "args": {"summary_id": "data_summary"}}]}],
-        "task_result_filters": [],
-        "components": [
-            {"id": "model", "path": "fedpartial.models.PartialLabelNet",
-             "args": {**model, "num_classes": len(ds["classes"])}},
-            {"id": "persistor", "path": f"{PT}.file_model_persistor.PTFileModelPersistor", "args": {"model": "model"}},
-            {"id": "shareable_generator", "args": {},
-             "path": "nvflare.app_common.shareablegenerators.full_model_shareable_generator.FullModelShareableGenerator"},
-            {"id": "aggregator", "path": "fedpartial.fl.aggregator.PartialLabelAggregator",
-             "args": {"method": "{method}", "method_args": method_args}},
-            {"id": "data_summary", "path": "fedpartial.fl.data_check.DataSummaryProcessor",
-             "args": {"classes": ds["classes"]}},
-            {"id": "model_selector", "path": "fedpartial.fl.selection.ModelSelector",
-             "args": {"key_metric": key_metric}},
-            {"id": "model_locator", "path": f"{PT}.file_model_locator.PTFileModelLocator",
-             "args": {"pt_persistor_id": "persistor"}},
-            {"id": "results", "path": "fedpartial.fl.results.ResultsRecorder",
-             "args": {"key_metric": key_metric, "method": "{method}", "dataset": ds["name"]}},
-            {"id": "tb_receiver", "path": "nvflare.app_opt.tracking.tb.tb_receiver.TBAnalyticsReceiver",
-             "args": {"events": ["fed.analytix_log_stats"]}},
-        ],
-        "workflows": [
-            {"id": "data_check", "path": f"{WF}.broadcast_and_process.BroadcastAndProcess",
-             "args": {"processor": "data_summary", "task_name": "data_summary", "timeout": 0}},
-            {"id": "scatter_and_gather", "path": "fedpartial.fl.selection.ScatterAndGather",
-             "args": {"min_clients": "{min_clients}", "num_rounds": "{num_rounds}", "wait_time_after_min_received": 0,
-                      "aggregator_id": "aggregator", "persistor_id": "persistor",
-                      "shareable_generator_id": "shareable_generator", "train_task_name": "train",
-                      "train_timeout": 0}},
-            {"id": "cross_site_validate", "path": "fedpartial.fl.selection.CrossSiteEval",
-             "args": {"model_locator_id": "model_locator", "submit_model_task_name": ""}},
-        ],
-    }, max_missing)
+    return harden(
+        {
+            "format_version": 2,
+            "num_rounds": num_rounds,
+            "min_clients": min_clients,
+            "method": method,
+            "server": {"task_request_interval": 0.1},
+            "task_data_filters": [
+                {
+                    "tasks": ["train", "validate"],
+                    "filters": [
+                        {"path": "fedpartial.fl.data_check.SummaryFilter", "args": {"summary_id": "data_summary"}}
+                    ],
+                }
+            ],
+            "task_result_filters": [],
+            "components": [
+                {
+                    "id": "model",
+                    "path": "fedpartial.models.PartialLabelNet",
+                    "args": {**model, "num_classes": len(ds["classes"])},
+                },
+                {
+                    "id": "persistor",
+                    "path": f"{PT}.file_model_persistor.PTFileModelPersistor",
+                    "args": {"model": "model"},
+                },
+                {
+                    "id": "shareable_generator",
+                    "args": {},
+                    "path": "nvflare.app_common.shareablegenerators.full_model_shareable_generator.FullModelShareableGenerator",
+                },
+                {
+                    "id": "aggregator",
+                    "path": "fedpartial.fl.aggregator.PartialLabelAggregator",
+                    "args": {"method": "{method}", "method_args": method_args},
+                },
+                {
+                    "id": "data_summary",
+                    "path": "fedpartial.fl.data_check.DataSummaryProcessor",
+                    "args": {"classes": ds["classes"]},
+                },
+                {
+                    "id": "model_selector",
+                    "path": "fedpartial.fl.selection.ModelSelector",
+                    "args": {"key_metric": key_metric},
+                },
+                {
+                    "id": "model_locator",
+                    "path": f"{PT}.file_model_locator.PTFileModelLocator",
+                    "args": {"pt_persistor_id": "persistor"},
+                },
+                {
+                    "id": "results",
+                    "path": "fedpartial.fl.results.ResultsRecorder",
+                    "args": {"key_metric": key_metric, "method": "{method}", "dataset": ds["name"]},
+                },
+                {
+                    "id": "tb_receiver",
+                    "path": "nvflare.app_opt.tracking.tb.tb_receiver.TBAnalyticsReceiver",
+                    "args": {"events": ["fed.analytix_log_stats"]},
+                },
+            ],
+            "workflows": [
+                {
+                    "id": "data_check",
+                    "path": f"{WF}.broadcast_and_process.BroadcastAndProcess",
+                    "args": {"processor": "data_summary", "task_name": "data_summary", "timeout": 0},
+                },
+                {
+                    "id": "scatter_and_gather",
+                    "path": "fedpartial.fl.selection.ScatterAndGather",
+                    "args": {
+                        "min_clients": "{min_clients}",
+                        "num_rounds": "{num_rounds}",
+                        "wait_time_after_min_received": 0,
+                        "aggregator_id": "aggregator",
+                        "persistor_id": "persistor",
+                        "shareable_generator_id": "shareable_generator",
+                        "train_task_name": "train",
+                        "train_timeout": 0,
+                    },
+                },
+                {
+                    "id": "cross_site_validate",
+                    "path": "fedpartial.fl.selection.CrossSiteEval",
+                    "args": {"model_locator_id": "model_locator", "submit_model_task_name": ""},
+                },
+            ],
+        },
+        max_missing,
+    )
 
 
-def client_config(method: str, dataset: dict, model: dict, train: dict, evaluation: dict, method_args: dict,
-                  seed: int = 0) -> dict:
+def client_config(
+    method: str, dataset: dict, model: dict, train: dict, evaluation: dict, method_args: dict, seed: int = 0
+) -> dict:
     """The client configuration of a job: the site executor (data check, training, validation, model submission)
     with the whole job spec, the site's :class:`~fedpartial.fl.data_check.MinCountFilter` and the metrics sent as
     federated events."""
     return {
-        "format_version": 2, "method": method,
-        "executors": [{"tasks": ["data_summary", "train", "validate", "submit_model"], "executor": {
-            "id": "executor", "path": "fedpartial.fl.executor.PartialLabelExecutor",
-            "args": {"method": "{method}", "method_args": method_args, "dataset": dataset, "model": model,
-                     "train": train, "evaluation": evaluation, "seed": seed}}}],
-        "task_result_filters": CLIENT_RESULT_FILTERS, "task_data_filters": [],
-        "components": [{"id": "event_to_fed", "path": "nvflare.app_common.widgets.convert_to_fed_event.ConvertToFedEvent",
-                        "args": {"events_to_convert": ["analytix_log_stats"], "fed_event_prefix": "fed."}}],
+        "format_version": 2,
+        "method": method,
+        "executors": [
+            {
+                "tasks": ["data_summary", "train", "validate", "submit_model"],
+                "executor": {
+                    "id": "executor",
+                    "path": "fedpartial.fl.executor.PartialLabelExecutor",
+                    "args": {
+                        "method": "{method}",
+                        "method_args": method_args,
+                        "dataset": dataset,
+                        "model": model,
+                        "train": train,
+                        "evaluation": evaluation,
+                        "seed": seed,
+                    },
+                },
+            }
+        ],
+        "task_result_filters": CLIENT_RESULT_FILTERS,
+        "task_data_filters": [],
+        "components": [
+            {
+                "id": "event_to_fed",
+                "path": "nvflare.app_common.widgets.convert_to_fed_event.ConvertToFedEvent",
+                "args": {"events_to_convert": ["analytix_log_stats"], "fed_event_prefix": "fed."},
+            }
+        ],
     }

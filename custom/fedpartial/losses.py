@@ -18,14 +18,17 @@ import torch
 import torch.nn.functional as F
 
 
-def bce_missing_as_negative(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+def bce_missing_as_negative(
+    logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """Mean BCE over all ``B*C`` entries with unannotated entries as negatives."""
     target = labels if mask is None else labels * mask.float()
     return F.binary_cross_entropy_with_logits(logits, target)
 
 
-def masked_bce(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor,
-               pos_weight: torch.Tensor | None = None) -> torch.Tensor:
+def masked_bce(
+    logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, pos_weight: torch.Tensor | None = None
+) -> torch.Tensor:
     """Mean BCE over annotated entries only; 0 (with gradient) when nothing is annotated.
 
     ``pos_weight``: optional ``(C,)`` weight of the positive term per class (as torch's BCE ``pos_weight``).
@@ -44,7 +47,9 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return kept.sum() / mask.sum().clamp_min(1).to(values.dtype)
 
 
-def row_ce(logits: torch.Tensor, target: torch.Tensor, rows: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+def row_ce(
+    logits: torch.Tensor, target: torch.Tensor, rows: torch.Tensor, label_smoothing: float = 0.0
+) -> torch.Tensor:
     """Cross-entropy ``(B, C)`` logits vs class indices ``(B,)``, averaged over ``rows`` ``(B,)`` bool (as
     ``F.cross_entropy(logits[rows], target[rows])``); 0 with a gradient when no row is selected."""
     per = F.cross_entropy(logits, target, reduction="none", label_smoothing=float(label_smoothing))
@@ -53,7 +58,7 @@ def row_ce(logits: torch.Tensor, target: torch.Tensor, rows: torch.Tensor, label
 
 def labelled_rows(labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``(B,)`` bool: single-label rows whose class is known here (a 1 among the annotated entries)."""
-    return ((labels * mask.float()).sum(dim=1) > 0)
+    return (labels * mask.float()).sum(dim=1) > 0
 
 
 def ce_labelled(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -84,5 +89,6 @@ def supervised_loss(task: str, kind: str):
     try:
         return SUPERVISED_LOSSES[(task, kind)]
     except KeyError:
-        raise ValueError(f"no supervised loss for task={task!r}, kind={kind!r}; "
-                         f"choose from {sorted(SUPERVISED_LOSSES)}") from None
+        raise ValueError(
+            f"no supervised loss for task={task!r}, kind={kind!r}; choose from {sorted(SUPERVISED_LOSSES)}"
+        ) from None

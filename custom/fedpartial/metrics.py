@@ -85,9 +85,23 @@ def roc_auc_score(*args, **kwargs):
 
 def roc_curve(*args, **kwargs):
     return _sklearn_metrics().roc_curve(*args, **kwargs)
-__all__ = ["multilabel_metrics", "multiclass_metrics", "compute_metrics", "flatten_metrics", "format_table",
-           "best_threshold", "select_thresholds", "score_histogram", "thresholds_from_histogram",
-           "histogram_metrics", "apply_validation_thresholds", "format_thresholds", "SCORE_GRID"]
+
+
+__all__ = [
+    "multilabel_metrics",
+    "multiclass_metrics",
+    "compute_metrics",
+    "flatten_metrics",
+    "format_table",
+    "best_threshold",
+    "select_thresholds",
+    "score_histogram",
+    "thresholds_from_histogram",
+    "histogram_metrics",
+    "apply_validation_thresholds",
+    "format_thresholds",
+    "SCORE_GRID",
+]
 
 DEFAULT_THRESHOLD = 0.5
 ML_CLASS_METRICS = ("auc", "ap", "bacc", "f1", "precision", "recall", "bce")
@@ -103,11 +117,15 @@ def _check_probs(probs: Any, n_classes: int) -> np.ndarray:
         raise ValueError(f"probs must have shape (N, {n_classes}), got {probs.shape}")
     if np.isnan(probs).any():
         bad = np.argwhere(np.isnan(probs))
-        raise ValueError(f"probs contains {len(bad)} NaN value(s) (first at row {bad[0][0]}, column {bad[0][1]}); "
-                         "the model output diverged or the input was not normalised")
+        raise ValueError(
+            f"probs contains {len(bad)} NaN value(s) (first at row {bad[0][0]}, column {bad[0][1]}); "
+            "the model output diverged or the input was not normalised"
+        )
     if probs.size and (probs.min() < -1e-6 or probs.max() > 1 + 1e-6):
-        raise ValueError(f"probs must lie in [0, 1] (got range [{probs.min():.4g}, {probs.max():.4g}]); "
-                         "pass sigmoid / softmax outputs, not logits")
+        raise ValueError(
+            f"probs must lie in [0, 1] (got range [{probs.min():.4g}, {probs.max():.4g}]); "
+            "pass sigmoid / softmax outputs, not logits"
+        )
     return probs
 
 
@@ -121,13 +139,24 @@ def _result(task: str, n: int, classes: Sequence[str], per_class: dict, macro: d
     functions add ``counts``: per class the scored positives (``pos``), negatives (``neg``) and predicted
     positives (``pred``; at the threshold, or the argmax), which pool across sets by summing."""
     undef = {m: [c for c in classes if per_class[c][pm] is None] for m, pm in undefined_for.items()}
-    return {"task": task, "n": int(n), "macro": macro, "per_class": per_class,
-            "n_undefined": {m: len(v) for m, v in undef.items()}, "undefined_classes": undef}
+    return {
+        "task": task,
+        "n": int(n),
+        "macro": macro,
+        "per_class": per_class,
+        "n_undefined": {m: len(v) for m, v in undef.items()},
+        "undefined_classes": undef,
+    }
 
 
-def multilabel_metrics(y_true: np.ndarray, probs: np.ndarray, classes: Sequence[str],
-                       threshold: float | Sequence[float | None] = 0.5, mask: np.ndarray | None = None,
-                       histogram: bool = True) -> dict:
+def multilabel_metrics(
+    y_true: np.ndarray,
+    probs: np.ndarray,
+    classes: Sequence[str],
+    threshold: float | Sequence[float | None] = 0.5,
+    mask: np.ndarray | None = None,
+    histogram: bool = True,
+) -> dict:
     """Per-class and macro metrics for multilabel (one binary problem per class) predictions.
 
     Args:
@@ -192,8 +221,9 @@ def _per_class_thresholds(threshold: float | Sequence[float | None], n_classes: 
     return thr
 
 
-def multiclass_metrics(y_true: np.ndarray, probs: np.ndarray, classes: Sequence[str],
-                       mask: np.ndarray | None = None) -> dict:
+def multiclass_metrics(
+    y_true: np.ndarray, probs: np.ndarray, classes: Sequence[str], mask: np.ndarray | None = None
+) -> dict:
     """Per-class and macro metrics for single-label multiclass predictions (argmax of ``probs``).
 
     Args:
@@ -225,13 +255,18 @@ def multiclass_metrics(y_true: np.ndarray, probs: np.ndarray, classes: Sequence[
     per_class = {name: dict.fromkeys(MC_CLASS_METRICS) for name in classes}
     counts = {name: {"pos": 0, "neg": n, "pred": 0} for name in classes}
     macro: dict[str, float | None] = dict.fromkeys(
-        ("auc", "accuracy", "bacc", "f1", "precision", "recall", "sensitivity", "specificity"))
+        ("auc", "accuracy", "bacc", "f1", "precision", "recall", "sensitivity", "specificity")
+    )
     if n:
         pred = probs.argmax(1)
         labels = list(range(C))
         cm = confusion_matrix(y_true, pred, labels=labels)
         kw = dict(labels=labels, average=None, zero_division=0)
-        f1, prec, rec = f1_score(y_true, pred, **kw), precision_score(y_true, pred, **kw), recall_score(y_true, pred, **kw)
+        f1, prec, rec = (
+            f1_score(y_true, pred, **kw),
+            precision_score(y_true, pred, **kw),
+            recall_score(y_true, pred, **kw),
+        )
         for c, name in enumerate(classes):
             tp, pos, pred_pos = cm[c, c], cm[c].sum(), cm[:, c].sum()
             tn = n - pos - pred_pos + tp
@@ -248,18 +283,32 @@ def multiclass_metrics(y_true: np.ndarray, probs: np.ndarray, classes: Sequence[
             auc=_mean([per_class[c]["auc"] for c in classes]),
             accuracy=float(accuracy_score(y_true, pred)),
             bacc=_mean([per_class[c]["sensitivity"] for c in classes]),  # == sklearn balanced_accuracy_score
-            f1=float(f1.mean()), precision=float(prec.mean()), recall=float(rec.mean()),
+            f1=float(f1.mean()),
+            precision=float(prec.mean()),
+            recall=float(rec.mean()),
             sensitivity=_mean([per_class[c]["sensitivity"] for c in classes]),
             specificity=_mean([per_class[c]["specificity"] for c in classes]),
         )
-    out = _result("multiclass", n, classes, per_class, macro,
-                  {"auc": "auc", "sensitivity": "sensitivity", "specificity": "specificity"})
+    out = _result(
+        "multiclass",
+        n,
+        classes,
+        per_class,
+        macro,
+        {"auc": "auc", "sensitivity": "sensitivity", "specificity": "specificity"},
+    )
     out["counts"] = counts
     return out
 
 
-def compute_metrics(task: str, y_true: np.ndarray, probs: np.ndarray, classes: Sequence[str],
-                    mask: np.ndarray | None = None, threshold: float | Sequence[float | None] = 0.5) -> dict:
+def compute_metrics(
+    task: str,
+    y_true: np.ndarray,
+    probs: np.ndarray,
+    classes: Sequence[str],
+    mask: np.ndarray | None = None,
+    threshold: float | Sequence[float | None] = 0.5,
+) -> dict:
     """Dispatch on ``task``: ``"multilabel"`` -> :func:`multilabel_metrics` (``mask`` ``(N, C)``, ``threshold`` one
     value or ``C``),
     ``"multiclass"`` -> :func:`multiclass_metrics` (``y_true`` ``(N,)`` indices or ``(N, C)`` one-hot,
@@ -286,11 +335,23 @@ def flatten_metrics(result: dict, prefix: str = "") -> dict[str, float]:
 def format_table(result: dict, title: str = "") -> str:
     """Per-class table in percent (2 decimals), one row per class plus a ``mean`` row; ``n/a`` = undefined."""
     if result["task"] == "multilabel":
-        cols = [("BACC", "bacc", "bacc"), ("AUC", "auc", "auc"), ("AP", "ap", "map"),
-                ("F1", "f1", "f1"), ("Prec", "precision", "precision"), ("Rec", "recall", "recall")]
+        cols = [
+            ("BACC", "bacc", "bacc"),
+            ("AUC", "auc", "auc"),
+            ("AP", "ap", "map"),
+            ("F1", "f1", "f1"),
+            ("Prec", "precision", "precision"),
+            ("Rec", "recall", "recall"),
+        ]
     else:
-        cols = [("AUC", "auc", "auc"), ("Sens", "sensitivity", "sensitivity"), ("Spec", "specificity", "specificity"),
-                ("F1", "f1", "f1"), ("Prec", "precision", "precision"), ("Rec", "recall", "recall")]
+        cols = [
+            ("AUC", "auc", "auc"),
+            ("Sens", "sensitivity", "sensitivity"),
+            ("Spec", "specificity", "specificity"),
+            ("F1", "f1", "f1"),
+            ("Prec", "precision", "precision"),
+            ("Rec", "recall", "recall"),
+        ]
 
     def fmt(v: Any) -> str:
         return f"{100 * v:.2f}" if _finite(v) else "n/a"
@@ -307,8 +368,14 @@ def format_table(result: dict, title: str = "") -> str:
         out.append(f"accuracy: {fmt(result['macro']['accuracy'])}   balanced accuracy: {fmt(result['macro']['bacc'])}")
     undef = {c: [k for k, v in result["undefined_classes"].items() if c in v] for c in result["per_class"]}
     undef = {c: ks for c, ks in undef.items() if ks}
-    out.append(f"n = {result['n']}" + ("; undefined, left out of the mean: " + ", ".join(
-        f"{c} ({'/'.join(ks)})" for c, ks in undef.items()) if undef else ""))
+    out.append(
+        f"n = {result['n']}"
+        + (
+            "; undefined, left out of the mean: " + ", ".join(f"{c} ({'/'.join(ks)})" for c, ks in undef.items())
+            if undef
+            else ""
+        )
+    )
     return "\n".join(out)
 
 
@@ -321,8 +388,9 @@ VAL_THR_METRICS = ("bacc", "f1", "precision", "recall")
 VAL_THR = "_val_thr"  # suffix of the metrics at the thresholds chosen on validation, e.g. "bacc_val_thr"
 
 
-def best_threshold(y_true: Any, scores: Any, criterion: str = "youden",
-                   sample_weight: Any | None = None) -> float | None:
+def best_threshold(
+    y_true: Any, scores: Any, criterion: str = "youden", sample_weight: Any | None = None
+) -> float | None:
     """The operating threshold of one binary problem (predict positive when ``score >= threshold``) that
     maximises ``criterion``, among the thresholds of ``sklearn.metrics.roc_curve`` (the distinct scores).
 
@@ -359,8 +427,9 @@ def best_threshold(y_true: Any, scores: Any, criterion: str = "youden",
     return float(thr[int(np.flatnonzero(value >= value.max() - 1e-12)[0])])
 
 
-def select_thresholds(y_true: Any, probs: Any, mask: Any | None = None,
-                      criterion: str = "youden") -> list[float | None]:
+def select_thresholds(
+    y_true: Any, probs: Any, mask: Any | None = None, criterion: str = "youden"
+) -> list[float | None]:
     """Per class, :func:`best_threshold` over its annotated rows.
 
     Args:
@@ -412,8 +481,10 @@ def pool_histograms(hists: Sequence[Mapping]) -> dict:
         _check_hist(h)
         if list(h["classes"]) != list(first["classes"]):
             raise ValueError(f"score histograms of different classes: {h['classes']} != {first['classes']}")
-    return {"classes": list(first["classes"]),
-            **{k: np.sum([np.asarray(h[k], dtype=np.int64) for h in hists], axis=0).tolist() for k in ("pos", "neg")}}
+    return {
+        "classes": list(first["classes"]),
+        **{k: np.sum([np.asarray(h[k], dtype=np.int64) for h in hists], axis=0).tolist() for k in ("pos", "neg")},
+    }
 
 
 def thresholds_from_histogram(hist: Mapping, criterion: str = "youden") -> list[float | None]:
@@ -448,22 +519,23 @@ def histogram_metrics(hist: Mapping, thresholds: Sequence[float | None]) -> dict
     return out
 
 
-def with_threshold_metrics(result: Mapping, thresholds: Sequence[float | None],
-                           hist: Mapping | None = None) -> dict:
+def with_threshold_metrics(result: Mapping, thresholds: Sequence[float | None], hist: Mapping | None = None) -> dict:
     """A copy of a multi-label ``result`` with ``<metric>_val_thr`` (``VAL_THR_METRICS`` at ``thresholds``) added
     to ``per_class`` and ``macro`` (mean over the classes where defined), from ``hist`` (default: the result's
     own ``score_hist``), without ``score_hist``."""
     hist = hist if hist is not None else result["score_hist"]
     at = histogram_metrics(hist, thresholds)
     out = {k: v for k, v in result.items() if k != "score_hist"}
-    out["per_class"] = {c: {**ms, **{m + VAL_THR: at[c][m] for m in VAL_THR_METRICS}}
-                        for c, ms in result["per_class"].items()}
+    out["per_class"] = {
+        c: {**ms, **{m + VAL_THR: at[c][m] for m in VAL_THR_METRICS}} for c, ms in result["per_class"].items()
+    }
     out["macro"] = {**result["macro"], **{m + VAL_THR: _mean([at[c][m] for c in at]) for m in VAL_THR_METRICS}}
     return out
 
 
-def apply_validation_thresholds(per_site: Mapping[str, Mapping | None], criterion: str = "youden"
-                                ) -> tuple[dict, dict | None]:
+def apply_validation_thresholds(
+    per_site: Mapping[str, Mapping | None], criterion: str = "youden"
+) -> tuple[dict, dict | None]:
     """Choose per-class thresholds on the pooled validation histograms of ``per_site`` and score every set at
     them.
 
@@ -479,15 +551,22 @@ def apply_validation_thresholds(per_site: Mapping[str, Mapping | None], criterio
         "val_sets": number of validation sets pooled}``, or None when no validation set has a histogram
         (single-label task, or no validation data).
     """
-    hists = [r["val"]["score_hist"] for r in per_site.values()
-             if r and isinstance(r.get("val"), Mapping) and r["val"].get("score_hist")]
+    hists = [
+        r["val"]["score_hist"]
+        for r in per_site.values()
+        if r and isinstance(r.get("val"), Mapping) and r["val"].get("score_hist")
+    ]
     record, thr = None, None
     if hists:
         pooled = pool_histograms(hists)
         thr = thresholds_from_histogram(pooled, criterion)
         n_val = {c: int(sum(p) + sum(n)) for c, p, n in zip(pooled["classes"], pooled["pos"], pooled["neg"])}
-        record = {"criterion": criterion, "thresholds": dict(zip(pooled["classes"], thr)), "n_val": n_val,
-                  "val_sets": len(hists)}
+        record = {
+            "criterion": criterion,
+            "thresholds": dict(zip(pooled["classes"], thr)),
+            "n_val": n_val,
+            "val_sets": len(hists),
+        }
     out = {}
     for site, r in per_site.items():
         if not isinstance(r, Mapping):
@@ -496,8 +575,11 @@ def apply_validation_thresholds(per_site: Mapping[str, Mapping | None], criterio
         out[site] = {}
         for split, res in r.items():
             if isinstance(res, Mapping) and "score_hist" in res:
-                res = (with_threshold_metrics(res, thr) if thr is not None
-                       else {k: v for k, v in res.items() if k != "score_hist"})
+                res = (
+                    with_threshold_metrics(res, thr)
+                    if thr is not None
+                    else {k: v for k, v in res.items() if k != "score_hist"}
+                )
             out[site][split] = res
     return out, record
 
@@ -505,16 +587,22 @@ def apply_validation_thresholds(per_site: Mapping[str, Mapping | None], criterio
 def format_thresholds(result: Mapping, record: Mapping, title: str = "") -> str:
     """Per class: the threshold chosen on validation and the BACC / F1 of ``result`` (e.g. the test set) at 0.5
     and at that threshold, in percent; ``n/a`` = undefined."""
+
     def fmt(v: Any) -> str:
         return f"{100 * v:.2f}" if _finite(v) else "n/a"
 
     lines = ([title] if title else []) + [
-        f"thresholds chosen on validation ({record['criterion']}; none chosen = 0.5):", "",
-        "| class | threshold | BACC @ 0.5 | BACC @ thr | F1 @ 0.5 | F1 @ thr |", "|---|---|---|---|---|---|"]
+        f"thresholds chosen on validation ({record['criterion']}; none chosen = 0.5):",
+        "",
+        "| class | threshold | BACC @ 0.5 | BACC @ thr | F1 @ 0.5 | F1 @ thr |",
+        "|---|---|---|---|---|---|",
+    ]
     rows = [(c, ms, record["thresholds"].get(c)) for c, ms in result["per_class"].items()]
     rows.append(("mean", result["macro"], None))
     for c, ms, t in rows:
         thr = "" if c == "mean" else ("0.5 (none)" if t is None else f"{t:.4g}")
-        lines.append(f"| {c} | {thr} | {fmt(ms.get('bacc'))} | {fmt(ms.get('bacc' + VAL_THR))} | "
-                     f"{fmt(ms.get('f1'))} | {fmt(ms.get('f1' + VAL_THR))} |")
+        lines.append(
+            f"| {c} | {thr} | {fmt(ms.get('bacc'))} | {fmt(ms.get('bacc' + VAL_THR))} | "
+            f"{fmt(ms.get('f1'))} | {fmt(ms.get('f1' + VAL_THR))} |"
+        )
     return "\n".join(lines)

@@ -76,8 +76,12 @@ class SmallCNN(nn.Module):
         chans = [in_channels, width, width * 2, width * 4, width * 8]
         layers: list[nn.Module] = []
         for a, b in zip(chans[:-1], chans[1:]):
-            layers += [nn.Conv2d(a, b, 3, padding=1, bias=False), nn.BatchNorm2d(b), nn.ReLU(inplace=True),
-                       nn.MaxPool2d(2)]
+            layers += [
+                nn.Conv2d(a, b, 3, padding=1, bias=False),
+                nn.BatchNorm2d(b),
+                nn.ReLU(inplace=True),
+                nn.MaxPool2d(2),
+            ]
         self.body = nn.Sequential(*layers)
         self.pool = GlobalAvgPool()
         self.out_dim = chans[-1]
@@ -102,14 +106,16 @@ def _monai_densenet121(in_channels: int) -> tuple[nn.Module, int]:
     return net, 1024
 
 
-_DENSE_KEY = re.compile(r"^(.*denselayer\d+)(\.(?:norm|relu|conv))\.((?:[12])\.(?:weight|bias|running_mean|running_var))$")
+_DENSE_KEY = re.compile(
+    r"^(.*denselayer\d+)(\.(?:norm|relu|conv))\.((?:[12])\.(?:weight|bias|running_mean|running_var))$"
+)
 
 
 def _to_encoder_keys(state: dict, arch: str) -> dict:
     """Map a torchvision-style ImageNet state dict onto the encoder's keys (classifier keys dropped)."""
     out = {}
     for k, v in state.items():
-        k = k[len("module."):] if k.startswith("module.") else k
+        k = k[len("module.") :] if k.startswith("module.") else k
         if k.startswith(("fc.", "classifier.")):
             continue
         if arch == "densenet121":
@@ -137,9 +143,18 @@ class PartialLabelNet(nn.Module):
             RNG so the caller's random state is untouched; None uses the global RNG.
     """
 
-    def __init__(self, arch: str = "small_cnn", num_classes: int = 2, in_channels: int = 3,
-                 dropout: float = 0.0, width: int = 16, pretrained: str | None = None,
-                 init_seed: int | None = None, head_hidden: int = 0, head_dropout: float = 0.0):
+    def __init__(
+        self,
+        arch: str = "small_cnn",
+        num_classes: int = 2,
+        in_channels: int = 3,
+        dropout: float = 0.0,
+        width: int = 16,
+        pretrained: str | None = None,
+        init_seed: int | None = None,
+        head_hidden: int = 0,
+        head_dropout: float = 0.0,
+    ):
         super().__init__()
         # constructor args kept as attributes: NVFlare's job export reads them back
         self.arch, self.num_classes, self.in_channels = arch, num_classes, in_channels
@@ -165,8 +180,11 @@ class PartialLabelNet(nn.Module):
         self.feature_dim = dim
         self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         if self.head_hidden > 0:
-            self.hidden = nn.Sequential(nn.Linear(dim, self.head_hidden), nn.ReLU(inplace=True),
-                                        nn.Dropout(self.head_dropout) if self.head_dropout > 0 else nn.Identity())
+            self.hidden = nn.Sequential(
+                nn.Linear(dim, self.head_hidden),
+                nn.ReLU(inplace=True),
+                nn.Dropout(self.head_dropout) if self.head_dropout > 0 else nn.Identity(),
+            )
             dim = self.head_hidden
         else:
             self.hidden = nn.Identity()
@@ -235,8 +253,10 @@ def read_state(path: str | Path, what: str = "model file") -> dict:
         if head[:2] != b"PK" and head[:1] != b"\x80":  # torch.save writes a zip (legacy: a pickle)
             why = f"is not a PyTorch file (it starts with {head!r})"
         elif "Weights only load failed" in text or "weights_only" in text:
-            why = ("holds pickled Python objects besides tensors; it was refused because loading it would run code "
-                   "from the file (save the model's state_dict with torch.save instead)")
+            why = (
+                "holds pickled Python objects besides tensors; it was refused because loading it would run code "
+                "from the file (save the model's state_dict with torch.save instead)"
+            )
         else:
             why = f"is truncated or damaged ({size:,} bytes; {type(e).__name__})"
         raise ValueError(f"{what} {path} {why}") from None
@@ -262,9 +282,11 @@ def load_weights(net: nn.Module, state: dict, source: str | Path, what: str = "m
             first = f"{k} is {tuple(state[k].shape)} in the file, {tuple(own[k].shape)} in this job's model"
         else:
             first = f"{'missing' if missing else 'unexpected'} key {(missing or extra)[0]}"
-        raise ValueError(f"{what} {source} is not a model of this job: {first} ({len(shapes)} shapes differ, "
-                         f"{len(missing)} keys missing, {len(extra)} unexpected; another job's or another "
-                         "architecture's model?)")
+        raise ValueError(
+            f"{what} {source} is not a model of this job: {first} ({len(shapes)} shapes differ, "
+            f"{len(missing)} keys missing, {len(extra)} unexpected; another job's or another "
+            "architecture's model?)"
+        )
     net.load_state_dict(state)
 
 
@@ -283,7 +305,9 @@ def parameter_groups(model: nn.Module) -> dict[str, list[str]]:
     owner: dict[str, str] = {}
     for name, module in model.named_modules():
         prefix = f"{name}." if name else ""
-        own = [n for n, _ in module.named_parameters(recurse=False)] + [n for n, _ in module.named_buffers(recurse=False)]
+        own = [n for n, _ in module.named_parameters(recurse=False)] + [
+            n for n, _ in module.named_buffers(recurse=False)
+        ]
         for key in (prefix + n for n in own):
             if isinstance(module, NORM_TYPES):
                 owner[key] = "norm"

@@ -107,8 +107,11 @@ def describe(cls: type) -> list[tuple[str, str, Any, str]]:
     hints = get_type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)  # type: ignore[misc]
+        default = (
+            f.default
+            if f.default is not dataclasses.MISSING
+            else (f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        )  # type: ignore[misc]
         out.append((f.name, _describe(hints[f.name]), default, f.metadata.get("doc", "")))
     return out
 
@@ -116,6 +119,7 @@ def describe(cls: type) -> list[tuple[str, str, Any, str]]:
 def opt(default: Any, doc: str) -> Any:
     """A dataclass field with a default and a one-line doc."""
     if isinstance(default, (list, dict, set)):
-        return dataclasses.field(default_factory=lambda: typing.cast(Any, type(default))(default),
-                                 metadata={"doc": doc})
+        return dataclasses.field(
+            default_factory=lambda: typing.cast(Any, type(default))(default), metadata={"doc": doc}
+        )
     return dataclasses.field(default=default, metadata={"doc": doc})

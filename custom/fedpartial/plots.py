@@ -22,8 +22,16 @@ import numpy as np
 
 from .tables import save_figure
 
-__all__ = ["Curve", "binary_curve", "curves_from_scores", "curves_from_histogram", "roc_pr_figures",
-           "auc_ci_figure", "site_heatmap_figure", "save_figure"]
+__all__ = [
+    "Curve",
+    "binary_curve",
+    "curves_from_scores",
+    "curves_from_histogram",
+    "roc_pr_figures",
+    "auc_ci_figure",
+    "site_heatmap_figure",
+    "save_figure",
+]
 
 NCOLS = 4  # panels per row of the per-class figures
 
@@ -81,12 +89,19 @@ def binary_curve(y: np.ndarray, scores: np.ndarray, weights: np.ndarray | None =
     last = np.r_[np.flatnonzero(np.diff(s) != 0), len(s) - 1]  # the last row of each distinct score
     tp = np.cumsum(w * (y == 1))[last]
     fp = np.cumsum(w * (y == 0))[last]
-    return Curve(thresholds=s[last], tpr=tp / pos, fpr=fp / neg, precision=tp / np.maximum(tp + fp, 1e-300),
-                 positives=pos, negatives=neg)
+    return Curve(
+        thresholds=s[last],
+        tpr=tp / pos,
+        fpr=fp / neg,
+        precision=tp / np.maximum(tp + fp, 1e-300),
+        positives=pos,
+        negatives=neg,
+    )
 
 
-def curves_from_scores(y_true: np.ndarray, probs: np.ndarray, classes: Sequence[str],
-                       mask: np.ndarray | None = None) -> dict[str, Curve | None]:
+def curves_from_scores(
+    y_true: np.ndarray, probs: np.ndarray, classes: Sequence[str], mask: np.ndarray | None = None
+) -> dict[str, Curve | None]:
     """Per class, :func:`binary_curve` over its annotated rows. ``y_true``, ``probs``: ``(N, C)``; ``mask``:
     optional ``(N, C)`` bool. A single-label task passes one-hot labels: each class one-vs-rest."""
     probs = np.asarray(probs, dtype=np.float64)
@@ -122,10 +137,15 @@ def _fmt_ci(ci: Sequence[float] | None) -> str:
     return f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
 
 
-def roc_pr_figures(curves: Mapping[str, Curve | None], thresholds: Mapping[str, float | None] | None = None,
-                   ci: Mapping[str, Sequence[float] | None] | None = None, title: str = "",
-                   default_threshold: float | None = 0.5, auc: Mapping[str, float | None] | None = None,
-                   note: str = ""):
+def roc_pr_figures(
+    curves: Mapping[str, Curve | None],
+    thresholds: Mapping[str, float | None] | None = None,
+    ci: Mapping[str, Sequence[float] | None] | None = None,
+    title: str = "",
+    default_threshold: float | None = 0.5,
+    auc: Mapping[str, float | None] | None = None,
+    note: str = "",
+):
     """Two figures, ROC and precision-recall, one panel per class (4 per row).
 
     Args:
@@ -156,8 +176,14 @@ def roc_pr_figures(curves: Mapping[str, Curve | None], thresholds: Mapping[str, 
                 continue
             if kind == "roc":
                 ax.plot([0, 1], [0, 1], ":", color="grey", linewidth=1)
-                ax.plot(np.r_[0.0, cur.fpr], np.r_[0.0, cur.tpr], color="C0", linewidth=1.6,
-                        marker="." if len(cur.fpr) < 30 else None, label="ROC")
+                ax.plot(
+                    np.r_[0.0, cur.fpr],
+                    np.r_[0.0, cur.tpr],
+                    color="C0",
+                    linewidth=1.6,
+                    marker="." if len(cur.fpr) < 30 else None,
+                    label="ROC",
+                )
                 ax.set_xlabel("1 - specificity (FPR)", fontsize="small")
                 ax.set_ylabel("sensitivity (TPR)", fontsize="small")
                 value = auc.get(name, cur.auc)
@@ -166,8 +192,14 @@ def roc_pr_figures(curves: Mapping[str, Curve | None], thresholds: Mapping[str, 
             else:
                 prevalence = cur.positives / (cur.positives + cur.negatives)
                 ax.axhline(prevalence, linestyle=":", color="grey", linewidth=1)
-                ax.plot(cur.tpr, cur.precision, color="C1", linewidth=1.6,  # (no made-up point at recall 0)
-                        marker="." if len(cur.tpr) < 30 else None, label="PR")
+                ax.plot(
+                    cur.tpr,
+                    cur.precision,
+                    color="C1",
+                    linewidth=1.6,  # (no made-up point at recall 0)
+                    marker="." if len(cur.tpr) < 30 else None,
+                    label="PR",
+                )
                 ax.set_xlabel("recall (TPR)", fontsize="small")
                 ax.set_ylabel("precision (PPV)", fontsize="small")
                 ax.set_title(f"{name}\nprevalence {prevalence:.2f}", fontsize="small")
@@ -177,15 +209,31 @@ def roc_pr_figures(curves: Mapping[str, Curve | None], thresholds: Mapping[str, 
             if t is not None:
                 fpr, tpr, prec = cur.at(t)
                 x, yv = (fpr, tpr) if kind == "roc" else (tpr, prec)
-                ax.plot([x], [yv], "o", markersize=7, color="C3", markerfacecolor="C3" if chosen else "white",
-                        label=f"t={t:.2f}" + ("" if chosen else " (default)"))
-                ax.annotate(f"t={t:.2f}", (x, yv), xytext=(6, -12 if kind == "roc" else 6),
-                            textcoords="offset points", fontsize="x-small", color="C3")
+                ax.plot(
+                    [x],
+                    [yv],
+                    "o",
+                    markersize=7,
+                    color="C3",
+                    markerfacecolor="C3" if chosen else "white",
+                    label=f"t={t:.2f}" + ("" if chosen else " (default)"),
+                )
+                ax.annotate(
+                    f"t={t:.2f}",
+                    (x, yv),
+                    xytext=(6, -12 if kind == "roc" else 6),
+                    textcoords="offset points",
+                    fontsize="x-small",
+                    color="C3",
+                )
         what = "ROC curves" if kind == "roc" else "precision-recall curves"
-        marks = "" if default_threshold is None and not thresholds else " (dot: operating threshold" + (
-            f"; open: {default_threshold:g} where none was chosen)" if default_threshold is not None else ")")
-        fig.suptitle(f"{title + ': ' if title else ''}{what}{marks}" + (f"\n{note}" if note else ""),
-                     fontsize="medium")
+        marks = (
+            ""
+            if default_threshold is None and not thresholds
+            else " (dot: operating threshold"
+            + (f"; open: {default_threshold:g} where none was chosen)" if default_threshold is not None else ")")
+        )
+        fig.suptitle(f"{title + ': ' if title else ''}{what}{marks}" + (f"\n{note}" if note else ""), fontsize="medium")
         fig.tight_layout()
         figs.append(fig)
     return figs[0], figs[1]
@@ -198,7 +246,7 @@ def auc_ci_figure(result: Mapping, title: str = ""):
     from matplotlib.figure import Figure
 
     per_class = result.get("per_class") or {}
-    ci = ((result.get("ci") or {}).get("auc") or {})
+    ci = (result.get("ci") or {}).get("auc") or {}
     names = list(per_class) + ["macro"]
     values = [(per_class[c] or {}).get("auc") for c in per_class] + [(result.get("macro") or {}).get("auc")]
     intervals = [(ci.get("per_class") or {}).get(c) for c in per_class] + [ci.get("macro")]
@@ -209,8 +257,16 @@ def auc_ci_figure(result: Mapping, title: str = ""):
     for y, name, v, iv in zip(ys, names, values, intervals):
         marker = "D" if name == "macro" else "o"
         if v is None or not math.isfinite(v):
-            ax.text(0.5, y, "n/a (one outcome only, or kept at the sites)", va="center", ha="center", color="grey",
-                    fontsize="small", bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
+            ax.text(
+                0.5,
+                y,
+                "n/a (one outcome only, or kept at the sites)",
+                va="center",
+                ha="center",
+                color="grey",
+                fontsize="small",
+                bbox={"facecolor": "white", "edgecolor": "none", "pad": 1},
+            )
             continue
         if iv:  # (an interval is shown only beside a defined value)
             ax.plot(iv, [y, y], color="C0", linewidth=2.5, alpha=0.6, solid_capstyle="butt")
@@ -230,8 +286,13 @@ def auc_ci_figure(result: Mapping, title: str = ""):
     return fig
 
 
-def site_heatmap_figure(per_site: Mapping[str, Mapping | None], classes: Sequence[str], metric: str = "auc",
-                        title: str = "", annotated: Mapping[str, Sequence[str]] | None = None):
+def site_heatmap_figure(
+    per_site: Mapping[str, Mapping | None],
+    classes: Sequence[str],
+    metric: str = "auc",
+    title: str = "",
+    annotated: Mapping[str, Sequence[str]] | None = None,
+):
     """Each site's ``metric`` per class as a heat map (rows = sites, columns = classes, value written in each
     cell; ``n/a``: undefined there or kept at the site by its minimum count). ``per_site``: ``{site: result}``
     (``fedpartial.metrics`` results). ``annotated``: ``{site: [classes it labels]}``, such cells are framed."""
@@ -251,15 +312,24 @@ def site_heatmap_figure(per_site: Mapping[str, Mapping | None], classes: Sequenc
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     cmap = _cmap()
-    im = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=0.5 if metric == "auc" else 0.0, vmax=1.0,
-                   aspect="auto")
+    im = ax.imshow(
+        np.ma.masked_invalid(values), cmap=cmap, vmin=0.5 if metric == "auc" else 0.0, vmax=1.0, aspect="auto"
+    )
     for i in range(len(sites)):
         for j in range(len(classes)):
             v = values[i, j]
             r, g, b, _ = cmap(im.norm(v)) if math.isfinite(v) else (0.87, 0.87, 0.87, 1.0)
             dark = 0.299 * r + 0.587 * g + 0.114 * b < 0.5  # white text on a dark cell
-            ax.text(j, i, "n/a" if not math.isfinite(v) else f"{v:.2f}", ha="center", va="center",
-                    fontsize="small", color="white" if dark else "black", fontweight="bold")
+            ax.text(
+                j,
+                i,
+                "n/a" if not math.isfinite(v) else f"{v:.2f}",
+                ha="center",
+                va="center",
+                fontsize="small",
+                color="white" if dark else "black",
+                fontweight="bold",
+            )
             if annotated and classes[j] in (annotated.get(sites[i]) or []):
                 ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="black", linewidth=1.5))
     ax.set_xticks(range(len(classes)))
@@ -267,7 +337,8 @@ def site_heatmap_figure(per_site: Mapping[str, Mapping | None], classes: Sequenc
     ax.set_yticks(range(len(sites)))
     ax.set_yticklabels(sites, fontsize="small")
     fig.colorbar(im, ax=ax, fraction=0.04, pad=0.02).set_label(
-        "AUROC (0.5 and below: darkest)" if metric == "auc" else metric)
+        "AUROC (0.5 and below: darkest)" if metric == "auc" else metric
+    )
     note = " (framed: classes the site annotates)" if annotated else ""
     ax.set_title((title or f"test {metric.upper()} per site and class") + note, fontsize="medium")
     fig.tight_layout()
@@ -286,8 +357,10 @@ FIGURE_NAMES = {"roc": "roc.png", "pr": "pr.png", "auc_ci": "auc_ci.png", "sites
 
 
 def _annotated(results: Mapping, classes: Sequence[str]) -> dict[str, list[str]]:
-    return {s: [classes[k] for k in (i.get("annotated") or []) if k < len(classes)]
-            for s, i in (((results.get("data") or {}).get("sites")) or {}).items()}
+    return {
+        s: [classes[k] for k in (i.get("annotated") or []) if k < len(classes)]
+        for s, i in (((results.get("data") or {}).get("sites")) or {}).items()
+    }
 
 
 def final_figures(results: Mapping, model_file: str, split: str = "test") -> dict[str, object]:
@@ -307,27 +380,44 @@ def final_figures(results: Mapping, model_file: str, split: str = "test") -> dic
         rows = {s: (r or {}).get(split) for s, r in per_site.items()}
     else:
         scorers = final.get("sites") or []
-        shared = [g for g in (((results.get("data") or {}).get("shared_eval_sets")) or {}).get(split, [])
-                  if scorers and scorers[0] in g]
-        name = (f"{scorers[0]} (set shared by {len(shared[0])} sites)" if shared else
-                (scorers[0] if len(scorers) == 1 else "pooled")) if scorers else "pooled"
+        shared = [
+            g
+            for g in (((results.get("data") or {}).get("shared_eval_sets")) or {}).get(split, [])
+            if scorers and scorers[0] in g
+        ]
+        name = (
+            (
+                f"{scorers[0]} (set shared by {len(shared[0])} sites)"
+                if shared
+                else (scorers[0] if len(scorers) == 1 else "pooled")
+            )
+            if scorers
+            else "pooled"
+        )
         rows = {name: res}
     annotated = _annotated(results, classes) if per_site else None  # a shared set belongs to no one site
-    figs["sites"] = site_heatmap_figure(rows, classes, "auc", title=f"{split} AUROC per site and class ({model_file})",
-                                        annotated=annotated)
+    figs["sites"] = site_heatmap_figure(
+        rows, classes, "auc", title=f"{split} AUROC per site and class ({model_file})", annotated=annotated
+    )
     hist = final.get(f"{split}_score_hist")
     if hist and res.get("task", "multilabel") == "multilabel":
         thr = ((final.get("thresholds") or {}).get("thresholds")) or {}
         ci = (((res.get("ci") or {}).get("auc") or {}).get("per_class")) or {}
         exact = {c: (m or {}).get("auc") for c, m in (res.get("per_class") or {}).items()}
         figs["roc"], figs["pr"] = roc_pr_figures(
-            curves_from_histogram(hist), thr, ci, title=label, auc=exact,
-            note="curves from the sites' pooled score histograms (bins of 0.1 in logit); AUROC from the sites' scores")
+            curves_from_histogram(hist),
+            thr,
+            ci,
+            title=label,
+            auc=exact,
+            note="curves from the sites' pooled score histograms (bins of 0.1 in logit); AUROC from the sites' scores",
+        )
     return figs
 
 
-def write_final_figures(results: Mapping, model_file: str, folder, prefix: str = "",
-                        split: str = "test") -> dict[str, str]:
+def write_final_figures(
+    results: Mapping, model_file: str, folder, prefix: str = "", split: str = "test"
+) -> dict[str, str]:
     """:func:`final_figures` as PNG files ``folder/<prefix><name>.png``; returns ``{name: path}``."""
     from pathlib import Path
 

@@ -37,8 +37,20 @@ from typing import Literal, Sequence
 
 import numpy as np
 
-__all__ = ["ClassStat", "suppress_small", "suppress_metrics", "noise_multiplier", "epsilon_spent", "release",
-           "clip_rows", "stat_sensitivity", "as_dicts", "from_dicts", "strip_paths", "DEFAULT_MIN_COUNT"]
+__all__ = [
+    "ClassStat",
+    "suppress_small",
+    "suppress_metrics",
+    "noise_multiplier",
+    "epsilon_spent",
+    "release",
+    "clip_rows",
+    "stat_sensitivity",
+    "as_dicts",
+    "from_dicts",
+    "strip_paths",
+    "DEFAULT_MIN_COUNT",
+]
 
 DEFAULT_MIN_COUNT = 5
 
@@ -92,8 +104,9 @@ def _row_counts(meta: dict, stat: ClassStat, support: np.ndarray | None) -> np.n
     return c[:, stat.column] if stat.column is not None else c
 
 
-def suppress_small(meta: dict, stats: Sequence[ClassStat], min_count: int,
-                   support: np.ndarray | None = None) -> tuple[dict, list[str]]:
+def suppress_small(
+    meta: dict, stats: Sequence[ClassStat], min_count: int, support: np.ndarray | None = None
+) -> tuple[dict, list[str]]:
     """Drop every row of a declared statistic computed from fewer than ``min_count`` images (but at least one).
 
     ``count`` entries in ``(0, min_count)`` become 0; ``mean`` rows whose count is in ``(0, min_count)`` become
@@ -144,7 +157,9 @@ def suppress_small(meta: dict, stats: Sequence[ClassStat], min_count: int,
     return out, dropped
 
 
-def suppress_metrics(result: dict, positives: np.ndarray, negatives: np.ndarray, min_count: int) -> tuple[dict, list[str]]:
+def suppress_metrics(
+    result: dict, positives: np.ndarray, negatives: np.ndarray, min_count: int
+) -> tuple[dict, list[str]]:
     """A multi-label evaluation result (:mod:`fedpartial.metrics` layout) without what comes from fewer than
     ``min_count`` annotated positives or negatives of a class: the class's per-class metrics and its bootstrap
     interval become None, its score-histogram row zeros, and the macro averages are recomputed over the classes
@@ -167,17 +182,25 @@ def suppress_metrics(result: dict, positives: np.ndarray, negatives: np.ndarray,
     out["per_class"] = {c: (dict.fromkeys(m) if c in small else m) for c, m in result["per_class"].items()}
     macro = dict(result.get("macro") or {})
     for k in macro:
-        vals = [m.get(k) for m in out["per_class"].values() if isinstance(m.get(k), (int, float))
-                and math.isfinite(m.get(k))]
+        vals = [
+            m.get(k)
+            for m in out["per_class"].values()
+            if isinstance(m.get(k), (int, float)) and math.isfinite(m.get(k))
+        ]
         if any(k in m for m in result["per_class"].values()):
             macro[k] = float(np.mean(vals)) if vals else None
     out["macro"] = macro
     ci = result.get("ci")
     if ci and isinstance(ci.get("auc"), dict):
         auc = ci["auc"]
-        out["ci"] = {**ci, "auc": {**auc, "macro": None,
-                                   "per_class": {c: (None if c in small else v)
-                                                 for c, v in (auc.get("per_class") or {}).items()}}}
+        out["ci"] = {
+            **ci,
+            "auc": {
+                **auc,
+                "macro": None,
+                "per_class": {c: (None if c in small else v) for c, v in (auc.get("per_class") or {}).items()},
+            },
+        }
     if isinstance(result.get("counts"), dict):
         out["counts"] = {c: (dict.fromkeys(v) if c in small else v) for c, v in result["counts"].items()}
     if "score_hist" in result:
@@ -201,8 +224,12 @@ def _gaussian_events(multipliers: Sequence[float]):
 
     import dp_accounting
 
-    return dp_accounting.ComposedDpEvent([dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z), n)
-                                          for z, n in sorted(Counter(float(z) for z in multipliers).items())])
+    return dp_accounting.ComposedDpEvent(
+        [
+            dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z), n)
+            for z, n in sorted(Counter(float(z) for z in multipliers).items())
+        ]
+    )
 
 
 def noise_multiplier(epsilon: float, delta: float, rounds: int, releases_per_round: int) -> float:
@@ -213,9 +240,15 @@ def noise_multiplier(epsilon: float, delta: float, rounds: int, releases_per_rou
     if not (epsilon > 0 and 0 < delta < 1):
         raise ValueError(f"privacy budget: need epsilon > 0 and 0 < delta < 1, got ({epsilon}, {delta})")
     k = max(int(rounds), 1) * max(int(releases_per_round), 1)
-    return float(dp_accounting.calibrate_dp_mechanism(
-        _accountant, lambda z: dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z), k),
-        float(epsilon), float(delta), bracket_interval=dp_accounting.LowerEndpointAndGuess(1e-3, 1.0)))
+    return float(
+        dp_accounting.calibrate_dp_mechanism(
+            _accountant,
+            lambda z: dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z), k),
+            float(epsilon),
+            float(delta),
+            bracket_interval=dp_accounting.LowerEndpointAndGuess(1e-3, 1.0),
+        )
+    )
 
 
 def epsilon_spent(multipliers: Sequence[float], delta: float) -> float:
@@ -254,9 +287,16 @@ def stat_sensitivity(stat: ClassStat, num_classes: int, feature_clip: float | No
     return float(feature_clip) * math.sqrt(num_classes)
 
 
-def release(meta: dict, stats: Sequence[ClassStat], z: float, n_train: int, min_count: int,
-            feature_clip: float | None, rng: np.random.Generator,
-            support: np.ndarray | None = None) -> tuple[dict, list[dict]]:
+def release(
+    meta: dict,
+    stats: Sequence[ClassStat],
+    z: float,
+    n_train: int,
+    min_count: int,
+    feature_clip: float | None,
+    rng: np.random.Generator,
+    support: np.ndarray | None = None,
+) -> tuple[dict, list[dict]]:
     """The Gaussian mechanism on every declared statistic present in ``meta`` (see the module docstring).
 
     Args:
@@ -276,8 +316,9 @@ def release(meta: dict, stats: Sequence[ClassStat], z: float, n_train: int, min_
     present = [s for s in stats if s.key in meta]
     blocked = [s.key for s in present if not s.dp]
     if blocked:
-        raise ValueError(f"statistic(s) {blocked} cannot be released with noise (the method does not clip them "
-                         "per image)")
+        raise ValueError(
+            f"statistic(s) {blocked} cannot be released with noise (the method does not clip them per image)"
+        )
     true = {s.key: np.asarray(meta[s.key], dtype=np.float64) for s in present}
     noised: dict[str, np.ndarray] = {}
     for s in present:  # counts first: the means are divided by the noised counts
@@ -295,8 +336,10 @@ def release(meta: dict, stats: Sequence[ClassStat], z: float, n_train: int, min_
         v = true[s.key]
         C = v.shape[0]
         if s.counts == "support" or s.counts not in true:
-            raise ValueError(f"statistic '{s.key}': its counts '{s.counts}' are not released with it; a mean needs "
-                             "released counts to be noised")
+            raise ValueError(
+                f"statistic '{s.key}': its counts '{s.counts}' are not released with it; a mean needs "
+                "released counts to be noised"
+            )
         n_true = true[s.counts][:, s.column] if s.column is not None else true[s.counts]
         n_noisy = noised[s.counts][:, s.column] if s.column is not None else noised[s.counts]
         sens = stat_sensitivity(s, C, feature_clip)
@@ -319,8 +362,14 @@ def release(meta: dict, stats: Sequence[ClassStat], z: float, n_train: int, min_
 
 
 def _entry(s: ClassStat, shape, min_count: int, z: float, sens: float) -> dict:
-    return {"name": s.key, "shape": list(shape), "min_count": int(min_count), "noise_multiplier": float(z),
-            "sensitivity": float(sens), "noise_std": float(z * sens)}
+    return {
+        "name": s.key,
+        "shape": list(shape),
+        "min_count": int(min_count),
+        "noise_multiplier": float(z),
+        "sensitivity": float(sens),
+        "noise_std": float(z * sens),
+    }
 
 
 # ------------------------------------------------------------------------------------------ paths

@@ -34,6 +34,7 @@ def interruptible():
     """Within the block, SIGTERM and SIGHUP raise :class:`Interrupted` in the main thread (as Ctrl-C raises
     ``KeyboardInterrupt``), so ``finally`` blocks and pools' shutdowns run; the previous handlers come back
     after it. Outside the main thread it does nothing."""
+
     def raise_(signum, _frame):
         raise Interrupted(signum)
 

@@ -41,7 +41,7 @@ import re
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from nvflare.job_config.api import FedJob
 from nvflare.job_config.defs import FilterType
@@ -50,6 +50,10 @@ from nvflare.recipe.spec import ExecEnv, Recipe
 
 from .data.presets import deep_merge, resolve_dataset
 from .data.site_config import DATA_DIR_ENV
+
+if TYPE_CHECKING:  # annotations only: the simulator adapter is imported when a job runs
+    from .fl.simulator import Stopped
+
 from .job_layout import client_config, default_max_missing, server_config, set_run_name, training_entries
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -132,8 +136,11 @@ class _BundleJob(FedJob):
 
 
 def _server_params(cfg: dict) -> dict:
-    return {k: v for k, v in cfg.items() if k not in ("components", "workflows", "task_data_filters",
-                                                       "task_result_filters", "format_version")}
+    return {
+        k: v
+        for k, v in cfg.items()
+        if k not in ("components", "workflows", "task_data_filters", "task_result_filters", "format_version")
+    }
 
 
 def build_fed_job(name: str, server: dict, client: dict, min_sites: int) -> FedJob:
@@ -151,8 +158,9 @@ def build_fed_job(name: str, server: dict, client: dict, min_sites: int) -> FedJ
     for key, ftype in (("task_data_filters", FilterType.TASK_DATA), ("task_result_filters", FilterType.TASK_RESULT)):
         for group in server.get(key, []):
             for f in group["filters"]:
-                job.to_server(writer.record(instantiate(f, sv), f.get("args", {})), filter_type=ftype,
-                              tasks=list(group["tasks"]))
+                job.to_server(
+                    writer.record(instantiate(f, sv), f.get("args", {})), filter_type=ftype, tasks=list(group["tasks"])
+                )
     job.to_clients(cv)
     for e in client.get("executors", []):
         ex = e["executor"]
@@ -162,19 +170,19 @@ def build_fed_job(name: str, server: dict, client: dict, min_sites: int) -> FedJ
     for key, ftype in (("task_data_filters", FilterType.TASK_DATA), ("task_result_filters", FilterType.TASK_RESULT)):
         for group in client.get(key, []):
             for f in group["filters"]:
-                job.to_clients(writer.record(instantiate(f, cv), f.get("args", {})), filter_type=ftype,
-                               tasks=list(group["tasks"]))
+                job.to_clients(
+                    writer.record(instantiate(f, cv), f.get("args", {})), filter_type=ftype, tasks=list(group["tasks"])
+                )
     return job
 
 
-def check_job_options(name: str, method: str, model: dict, train: dict, evaluation: dict,
-                      method_args: dict) -> None:
+def check_job_options(name: str, method: str, model: dict, train: dict, evaluation: dict, method_args: dict) -> None:
     """The checks a site and the server make before training, made when the job is built: the method, its
     options (keys and types, against the method's option classes), ``train``, ``evaluation`` and ``model``."""
     from .fl.executor import EvalOptions
     from .methods import TrainOptions, get_method
-    from .options import build
     from .models import build_model
+    from .options import build
 
     where = f"job '{name}'"
     spec = get_method(method)
@@ -216,13 +224,29 @@ class PartialLabelRecipe(Recipe):
             ``WORKSPACE/<name>.checkpoints``).
     """
 
-    def __init__(self, *, name: str, method: str, dataset: dict | str, num_sites: int, num_rounds: int = 20,
-                 model: dict | None = None, train: dict | None = None, evaluation: dict | None = None,
-                 method_args: dict | None = None, seed: int = 0, max_missing: int | None = None,
-                 key_metric: str = "auc", tracking: str | None = TRACKING_DEFAULT,
-                 tracking_config: dict | None = None, prepared: str | os.PathLike | None = None,
-                 data_dir: str | os.PathLike | None = None, resume: bool = False,
-                 checkpoint_dir: str | os.PathLike | None = None, site_data: dict | None = None):
+    def __init__(
+        self,
+        *,
+        name: str,
+        method: str,
+        dataset: dict | str,
+        num_sites: int,
+        num_rounds: int = 20,
+        model: dict | None = None,
+        train: dict | None = None,
+        evaluation: dict | None = None,
+        method_args: dict | None = None,
+        seed: int = 0,
+        max_missing: int | None = None,
+        key_metric: str = "auc",
+        tracking: str | None = TRACKING_DEFAULT,
+        tracking_config: dict | None = None,
+        prepared: str | os.PathLike | None = None,
+        data_dir: str | os.PathLike | None = None,
+        resume: bool = False,
+        checkpoint_dir: str | os.PathLike | None = None,
+        site_data: dict | None = None,
+    ):
         if not isinstance(num_rounds, int) or num_rounds < 1:
             raise ValueError(f"job '{name}': num_rounds must be an integer >= 1, got {num_rounds!r}")
         dataset = {"preset": dataset} if isinstance(dataset, str) else copy.deepcopy(dataset)
@@ -231,14 +255,17 @@ class PartialLabelRecipe(Recipe):
         if site_data:
             names = [f"site-{i}" for i in range(1, int(num_sites) + 1)]
             if sorted(site_data) != sorted(names):
-                raise ValueError(f"job '{name}': site_data names {sorted(site_data)}; the job's {num_sites} simulated "
-                                 f"sites are {names}")
+                raise ValueError(
+                    f"job '{name}': site_data names {sorted(site_data)}; the job's {num_sites} simulated "
+                    f"sites are {names}"
+                )
             dataset["site_data"] = {s: str(Path(f).expanduser().resolve()) for s, f in site_data.items()}
         ds = resolve_dataset(dataset)
         model = copy.deepcopy(model) if model else {"arch": "small_cnn", "in_channels": int(ds["channels"])}
         model = {**model, "init_seed": model.get("init_seed", seed)}  # the server's initial global model
-        train = copy.deepcopy(train) if train else {"optimizer": "adam", "lr": 0.001, "batch_size": 32,
-                                                     "local_epochs": 1}
+        train = (
+            copy.deepcopy(train) if train else {"optimizer": "adam", "lr": 0.001, "batch_size": 32, "local_epochs": 1}
+        )
         evaluation = copy.deepcopy(evaluation) if evaluation else {"test_every": 5}
         method_args = copy.deepcopy(method_args or {})
         check_job_options(name, method, model, train, evaluation, method_args)
@@ -247,10 +274,15 @@ class PartialLabelRecipe(Recipe):
         self.seed, self.key_metric = seed, key_metric
         self.max_missing = default_max_missing(self.num_sites) if max_missing is None else int(max_missing)
         self.data_dir = None if data_dir is None else str(Path(data_dir).expanduser().resolve())
-        self.server_config = set_run_name(server_config(method, dataset, model, num_rounds, self.num_sites,
-                                                        method_args, key_metric, self.max_missing), name)
-        self.client_config = set_run_name(client_config(method, dataset, model, train, evaluation, method_args,
-                                                        seed), name)
+        self.server_config = set_run_name(
+            server_config(
+                method, dataset, model, num_rounds, self.num_sites, method_args, key_metric, self.max_missing
+            ),
+            name,
+        )
+        self.client_config = set_run_name(
+            client_config(method, dataset, model, train, evaluation, method_args, seed), name
+        )
         self.server_config["components"] = [c for c in self.server_config["components"] if c["id"] != "tb_receiver"]
         self.resume = bool(resume)
         self.checkpoint_dir = None if checkpoint_dir is None else str(Path(checkpoint_dir).expanduser().resolve())
@@ -274,8 +306,13 @@ class PartialLabelRecipe(Recipe):
         if isinstance(env, SimEnv) and self.data_dir:
             os.environ[DATA_DIR_ENV] = self.data_dir
 
-    def export(self, job_dir: str, server_exec_params: dict | None = None, client_exec_params: dict | None = None,
-               env: ExecEnv | None = None):
+    def export(
+        self,
+        job_dir: str,
+        server_exec_params: dict | None = None,
+        client_exec_params: dict | None = None,
+        env: ExecEnv | None = None,
+    ):
         """Export into ``<job_dir>/<name>/`` as NVFlare does, replacing only ``meta.json`` and the app folders:
         the folder's own files (``job.py``, ``README.md``) stay."""
         import tempfile
@@ -300,76 +337,132 @@ class _MethodRecipe(PartialLabelRecipe):
     """A recipe of one method whose options are keyword arguments (checked against the method's options)."""
 
     METHOD = ""
-    COMMON = ("name", "dataset", "num_sites", "num_rounds", "model", "train", "evaluation", "seed", "max_missing",
-              "key_metric", "tracking", "tracking_config", "prepared", "data_dir", "resume",
-              "checkpoint_dir", "site_data")
+    COMMON = (
+        "name",
+        "dataset",
+        "num_sites",
+        "num_rounds",
+        "model",
+        "train",
+        "evaluation",
+        "seed",
+        "max_missing",
+        "key_metric",
+        "tracking",
+        "tracking_config",
+        "prepared",
+        "data_dir",
+        "resume",
+        "checkpoint_dir",
+        "site_data",
+    )
 
     def __init__(self, *, name: str, dataset: dict | str, num_sites: int, **kwargs):
         common = {k: kwargs.pop(k) for k in self.COMMON if k in kwargs}
-        super().__init__(name=name, method=self.METHOD, dataset=dataset, num_sites=num_sites, method_args=kwargs,
-                         **common)
+        super().__init__(
+            name=name, method=self.METHOD, dataset=dataset, num_sites=num_sites, method_args=kwargs, **common
+        )
 
 
 class FedMLPRecipe(_MethodRecipe):
     """FedMLP (Sun et al., MICCAI 2024); method options as keywords: ``warmup_rounds``, ``L``, ``R``, ``T0``,
     ``T1``, ``cr_warmup``, ``parity``, ... (``fedpartial.methods.fedmlp``)."""
+
     METHOD = "fedmlp"
 
 
 class FedLSMRecipe(_MethodRecipe):
     """FedLSM (Deng, Luo, Chen: federated learning for label set mismatch); its options (``n_uncertain``,
     ``n_confident``, ``awpa``, ...) as keywords (``fedpartial.methods.fedlsm``)."""
+
     METHOD = "fedlsm"
 
 
 class FedIRMRecipe(_MethodRecipe):
     """FedIRM (Liu, Yang, Dou, Heng: federated semi-supervised classification via inter-client relation
     matching); its options as keywords (``fedpartial.methods.fedirm``)."""
+
     METHOD = "fedirm"
 
 
 class SurgicalRecipe(_MethodRecipe):
     """Surgical aggregation (Kulkarni, Kanhere, Yi, Parekh: federated class-heterogeneous learning); its options
     (``warmup_epochs``, ``norm``, ...) as keywords (``fedpartial.methods.surgical``)."""
+
     METHOD = "surgical"
 
 
 # ------------------------------------------------------------------------------------------ job.py entry point
 
+
 def _parser(name: str) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog=f"python jobs/{name}/job.py",
         description=f"Run the job '{name}' in NVFlare's simulator (SimEnv). NVFlare's own flags: --export "
-                    f"[--export-dir DIR] writes the job folder DIR/{name} instead of running it.")
+        f"[--export-dir DIR] writes the job folder DIR/{name} instead of running it.",
+    )
     ap.add_argument("--rounds", type=int, default=None, help="training rounds (default: the job's)")
-    ap.add_argument("--sites", type=int, default=None,
-                    help="simulated sites (default: the job's); the simulated split is dealt over as many, so its "
-                         "protocol must allow it (e.g. missing_k: every class still annotated somewhere)")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="sites training at once (default: all; with two or more GPU groups NVFlare runs one site "
-                         "at a time per group)")
-    ap.add_argument("--gpu", default=None, metavar="GPUS",
-                    help="GPUs of the simulated sites (NVFlare's SimEnv gpu_config, the simulator's -gpu): '0,1' "
-                         "deals the sites over GPUs 0 and 1 in turn (site-1 on 0, site-2 on 1, site-3 on 0, ...), "
-                         "each GPU training its sites one after the other; '0,0' two such slots on GPU 0; "
-                         "'[0,1],[2]' groups. Default: every site on the default device")
+    ap.add_argument(
+        "--sites",
+        type=int,
+        default=None,
+        help="simulated sites (default: the job's); the simulated split is dealt over as many, so its "
+        "protocol must allow it (e.g. missing_k: every class still annotated somewhere)",
+    )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="sites training at once (default: all; with two or more GPU groups NVFlare runs one site "
+        "at a time per group)",
+    )
+    ap.add_argument(
+        "--gpu",
+        default=None,
+        metavar="GPUS",
+        help="GPUs of the simulated sites (NVFlare's SimEnv gpu_config, the simulator's -gpu): '0,1' "
+        "deals the sites over GPUs 0 and 1 in turn (site-1 on 0, site-2 on 1, site-3 on 0, ...), "
+        "each GPU training its sites one after the other; '0,0' two such slots on GPU 0; "
+        "'[0,1],[2]' groups. Default: every site on the default device",
+    )
     ap.add_argument("--seed", type=int, default=None, help="seed of the sites and of the initial global model")
-    ap.add_argument("--data", default=None, metavar="PREPARED_DIR",
-                    help="a fedpartial-prepare output folder: site-<i> trains on its own site-<i>.csv")
-    ap.add_argument("--site-data", action="append", default=[], metavar="[SITE=]FOLDER",
-                    help="a site's own fedpartial-prepare --sites 1 folder (repeat, one per site: site-1=D1 "
-                         "site-2=D2 ..., or the folders in site order); each site trains and scores its own sets, "
-                         "as separately prepared hospitals do")
-    ap.add_argument("--data-dir", default=None,
-                    help=f"folder relative data roots resolve against (default: ${DATA_DIR_ENV}, else the checkout)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="override one of the job's settings (JSON value; dots reach into dataset / model / train / "
-                         "evaluation), e.g. --set dataset.image_size=32 --set model.arch=small_cnn; repeatable")
-    ap.add_argument("--resume", action="store_true",
-                    help="continue the run in WORKSPACE from its last round's checkpoint (after Ctrl-C, or for more "
-                         "--rounds); a checkpoint of another configuration is refused")
-    ap.add_argument("--workspace", default="workspaces",
-                    help=f"results go to WORKSPACE/{name} (default: workspaces/{name})")
+    ap.add_argument(
+        "--data",
+        default=None,
+        metavar="PREPARED_DIR",
+        help="a fedpartial-prepare output folder: site-<i> trains on its own site-<i>.csv",
+    )
+    ap.add_argument(
+        "--site-data",
+        action="append",
+        default=[],
+        metavar="[SITE=]FOLDER",
+        help="a site's own fedpartial-prepare --sites 1 folder (repeat, one per site: site-1=D1 "
+        "site-2=D2 ..., or the folders in site order); each site trains and scores its own sets, "
+        "as separately prepared hospitals do",
+    )
+    ap.add_argument(
+        "--data-dir",
+        default=None,
+        help=f"folder relative data roots resolve against (default: ${DATA_DIR_ENV}, else the checkout)",
+    )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one of the job's settings (JSON value; dots reach into dataset / model / train / "
+        "evaluation), e.g. --set dataset.image_size=32 --set model.arch=small_cnn; repeatable",
+    )
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in WORKSPACE from its last round's checkpoint (after Ctrl-C, or for more "
+        "--rounds); a checkpoint of another configuration is refused",
+    )
+    ap.add_argument(
+        "--workspace", default="workspaces", help=f"results go to WORKSPACE/{name} (default: workspaces/{name})"
+    )
     return ap
 
 
@@ -423,10 +516,12 @@ def job_main(make_recipe: Callable[..., PartialLabelRecipe], argv: list[str] | N
     if not args.resume and checkpoints.is_dir():  # a fresh run: the simulator empties the run's workspace too
         shutil.rmtree(checkpoints)
     if args.data and args.site_data:
-        parser.error("--data (one folder split over the sites) and --site-data (a folder per site) exclude each "
-                     "other")
-    sites = args.sites or (len(kwargs["site_data"]) if args.site_data else None) or \
-        (prepared_sites(args.data) if args.data else None)
+        parser.error("--data (one folder split over the sites) and --site-data (a folder per site) exclude each other")
+    sites = (
+        args.sites
+        or (len(kwargs["site_data"]) if args.site_data else None)
+        or (prepared_sites(args.data) if args.data else None)
+    )
     if sites is not None and sites != base.num_sites:
         kwargs.update(num_sites=sites, dataset=with_sites(base.dataset, sites))
     for item in args.set:
@@ -440,8 +535,12 @@ def job_main(make_recipe: Callable[..., PartialLabelRecipe], argv: list[str] | N
             parser.error(str(e))
         for group, sites in groups.items():
             print(f"GPU {group}: {', '.join(sites)}")
-    env = SupervisedSimEnv(num_clients=n, num_threads=args.threads or n, gpu_config=args.gpu,
-                           workspace_root=str(Path(args.workspace).resolve()))
+    env = SupervisedSimEnv(
+        num_clients=n,
+        num_threads=args.threads or n,
+        gpu_config=args.gpu,
+        workspace_root=str(Path(args.workspace).resolve()),
+    )
     try:
         run = recipe.execute(env)
     except Stopped as e:
@@ -463,8 +562,10 @@ def stopped_lines(name: str, workspace: Path, stop: Stopped, argv: list[str] | N
 
     argv = list(sys.argv[1:] if argv is None else argv)
     ckpts = sorted((workspace.resolve() / f"{name}.checkpoints").glob(f"*/*/server/{CHECKPOINT_FILE}"))
-    out = [f"\n{name}: stopped ({signal_name(stop.signum)}); the simulator and its site processes are gone "
-           f"({stop.stopped} stopped)."]
+    out = [
+        f"\n{name}: stopped ({signal_name(stop.signum)}); the simulator and its site processes are gone "
+        f"({stop.stopped} stopped)."
+    ]
     if ckpts:
         try:
             rounds = f" after round {int(read_file(ckpts[-1]).get('round', -1)) + 1}"
@@ -498,8 +599,9 @@ def gpu_sites(gpu_config: str, num_sites: int) -> dict[str, list[str]]:
     if not groups or not all(g.replace(",", "").isdigit() and "" not in g.split(",") for g in groups):
         raise ValueError(f"--gpu {gpu_config!r}: GPU ids are whole numbers, e.g. 0,1 or [0,1],[2]")
     if len(groups) > num_sites:
-        raise ValueError(f"--gpu {gpu_config!r}: {len(groups)} GPU groups for {num_sites} sites (at most one group "
-                         f"per site)")
+        raise ValueError(
+            f"--gpu {gpu_config!r}: {len(groups)} GPU groups for {num_sites} sites (at most one group per site)"
+        )
     out: dict[str, list[str]] = {}
     for slot, group in enumerate(groups):
         key = group if group not in out else f"{group} (slot {slot + 1})"
@@ -520,8 +622,10 @@ def setting_override(base: PartialLabelRecipe, kwargs: dict, item: str) -> dict:
     top, *rest = key.strip().split(".")
     if not rest:
         return {top: value}
-    current = kwargs.get(top, getattr(base, top, None) if top in ("dataset", "model", "train", "evaluation") else
-                         base.method_args.get(top))
+    current = kwargs.get(
+        top,
+        getattr(base, top, None) if top in ("dataset", "model", "train", "evaluation") else base.method_args.get(top),
+    )
     current = {"preset": current} if isinstance(current, str) else (current or {})
     for k in reversed(rest):
         value = {k: value}

@@ -48,16 +48,23 @@ def set_deterministic(enabled: bool = True) -> dict:
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     torch.backends.cuda.matmul.allow_tf32 = False  # the legacy flags: torch >= 2.9 maps them onto fp32_precision,
-    torch.backends.cudnn.allow_tf32 = False         # and mixing them with the new API is an error there
+    torch.backends.cudnn.allow_tf32 = False  # and mixing them with the new API is an error there
     torch.use_deterministic_algorithms(True)
-    return {"deterministic": True, "cublas_workspace_config": os.environ["CUBLAS_WORKSPACE_CONFIG"],
-            "cudnn_deterministic": True, "cudnn_benchmark": False, "tf32": False}
+    return {
+        "deterministic": True,
+        "cublas_workspace_config": os.environ["CUBLAS_WORKSPACE_CONFIG"],
+        "cudnn_deterministic": True,
+        "cudnn_benchmark": False,
+        "tf32": False,
+    }
 
 
 def deterministic_settings() -> dict:
     """The current state of the settings :func:`set_deterministic` changes."""
-    return {"use_deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-            "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
-            "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
-            "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
-            "tf32": bool(torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32)}
+    return {
+        "use_deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "cudnn_deterministic": bool(torch.backends.cudnn.deterministic),
+        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+        "cublas_workspace_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+        "tf32": bool(torch.backends.cuda.matmul.allow_tf32 or torch.backends.cudnn.allow_tf32),
+    }

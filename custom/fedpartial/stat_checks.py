@@ -113,13 +113,19 @@ def spec_of_class_stat(stat: ClassStat, columns: int = 0) -> StatSpec:
     if stat.kind == "count":
         return StatSpec(stat.key, ("C", columns) if columns else ("C",), "float", 0.0, "n_train")
     needs = () if stat.counts in (None, "support") else (stat.counts,)
-    nan = stat.counts if (math.isnan(stat.fill) and stat.counts not in (None, "support") and stat.column is None) else None
-    return StatSpec(stat.key, ("C", "D"), "float", needs=needs + ((stat.valid,) if stat.valid else ()),
-                    nan_where_zero=nan)
+    nan = (
+        stat.counts
+        if (math.isnan(stat.fill) and stat.counts not in (None, "support") and stat.column is None)
+        else None
+    )
+    return StatSpec(
+        stat.key, ("C", "D"), "float", needs=needs + ((stat.valid,) if stat.valid else ()), nan_where_zero=nan
+    )
 
 
-def statistic_specs(per_class: Sequence[ClassStat] = (), declared: Sequence[StatSpec] = (),
-                    required: Iterable[str] = ()) -> dict[str, StatSpec]:
+def statistic_specs(
+    per_class: Sequence[ClassStat] = (), declared: Sequence[StatSpec] = (), required: Iterable[str] = ()
+) -> dict[str, StatSpec]:
     """Every declaration of a method by key: the classes a site annotates (``(C,)`` bool, every method), the
     defaults of its per-class statistics (:func:`spec_of_class_stat`), then its own declarations (a key declared
     both ways takes its own), with the keys its rule reads from every contribution (``required``) made required."""
@@ -159,8 +165,14 @@ def check_one(value, spec: StatSpec, job: JobSize, meta: Mapping | None = None) 
     for axis in spec.shape:
         want.append(axis if isinstance(axis, int) else getattr(job, axis))
     if a.ndim != len(want) or any(w is not None and int(w) != n for w, n in zip(want, a.shape)):
-        shown = "(" + ", ".join(f"{ax}={w}" if isinstance(ax, str) and w is not None else str(ax)
-                                for ax, w in zip(spec.shape, want)) + ("," if len(want) == 1 else "") + ")"
+        shown = (
+            "("
+            + ", ".join(
+                f"{ax}={w}" if isinstance(ax, str) and w is not None else str(ax) for ax, w in zip(spec.shape, want)
+            )
+            + ("," if len(want) == 1 else "")
+            + ")"
+        )
         return f"{name} has shape {tuple(a.shape)}, expected {shown}"
     if a.size == 0:
         return None
@@ -176,8 +188,7 @@ def check_one(value, spec: StatSpec, job: JobSize, meta: Mapping | None = None) 
         if wrong.any():
             i = int(np.flatnonzero(wrong)[0])
             extra = f" (NaN only where '{spec.nan_where_zero}' is 0)" if spec.nan_where_zero else ""
-            return (f"{name} has {int(wrong.sum())} non-finite value(s){extra}, e.g. {x.flat[i]} at "
-                    f"{_where(i, a.shape)}")
+            return f"{name} has {int(wrong.sum())} non-finite value(s){extra}, e.g. {x.flat[i]} at {_where(i, a.shape)}"
         x = np.where(bad, 0.0, x)
     if spec.dtype == "bool" and not np.isin(x, (0.0, 1.0)).all():
         i = int(np.flatnonzero(~np.isin(x, (0.0, 1.0)))[0])
@@ -192,16 +203,20 @@ def check_one(value, spec: StatSpec, job: JobSize, meta: Mapping | None = None) 
         out = x < v if side == "below" else x > v
         if out.any():
             i = int(np.flatnonzero(out)[0])
-            return (f"{name} has {int(out.sum())} value(s) {side} {job.describe(bound)}, e.g. {x.flat[i]:g} at "
-                    f"{_where(i, a.shape)}")
+            return (
+                f"{name} has {int(out.sum())} value(s) {side} {job.describe(bound)}, e.g. {x.flat[i]:g} at "
+                f"{_where(i, a.shape)}"
+            )
     if spec.max_row_norm is not None and a.ndim >= 1:
         with np.errstate(over="ignore"):
             norms = np.linalg.norm(x, axis=-1)  # inf where the squares overflow: above any bound
         over = norms > float(spec.max_row_norm)
         if np.any(over):
             i = int(np.flatnonzero(over)[0])
-            return (f"{name} has {int(np.sum(over))} row(s) of L2 norm above {spec.max_row_norm:g}, e.g. "
-                    f"{float(np.ravel(norms)[i]):.4g} at row {_where(i, norms.shape) or '[]'}")
+            return (
+                f"{name} has {int(np.sum(over))} row(s) of L2 norm above {spec.max_row_norm:g}, e.g. "
+                f"{float(np.ravel(norms)[i]):.4g} at row {_where(i, norms.shape) or '[]'}"
+            )
     return None
 
 

@@ -65,8 +65,15 @@ def resample_counts(n: int, n_resamples: int = N_RESAMPLES, seed: int = 0) -> np
     return counts
 
 
-def bootstrap_auc_ci(y_true: np.ndarray, probs: np.ndarray, classes: Sequence[str], mask: np.ndarray | None = None,
-                     n_resamples: int = N_RESAMPLES, seed: int = 0, level: float = LEVEL) -> dict:
+def bootstrap_auc_ci(
+    y_true: np.ndarray,
+    probs: np.ndarray,
+    classes: Sequence[str],
+    mask: np.ndarray | None = None,
+    n_resamples: int = N_RESAMPLES,
+    seed: int = 0,
+    level: float = LEVEL,
+) -> dict:
     """Bootstrap confidence intervals of the per-class and macro AUROC.
 
     Args:
@@ -100,8 +107,12 @@ def bootstrap_auc_ci(y_true: np.ndarray, probs: np.ndarray, classes: Sequence[st
         with np.errstate(invalid="ignore"), _quiet():
             mean = np.nanmean(np.stack(draws), axis=0)
         macro = _interval(mean, lo_q, hi_q)
-    return {"auc": {"per_class": per_class, "macro": macro}, "n_resamples": int(n_resamples), "seed": int(seed),
-            "level": float(level)}
+    return {
+        "auc": {"per_class": per_class, "macro": macro},
+        "n_resamples": int(n_resamples),
+        "seed": int(seed),
+        "level": float(level),
+    }
 
 
 def _interval(values: np.ndarray, lo_q: float, hi_q: float) -> list[float] | None:
@@ -134,8 +145,9 @@ def wilson_interval(k: float, n: int, z: float = 1.959964) -> list[float] | None
     return [max(0.0, centre - half), min(1.0, centre + half)]
 
 
-def f1_interval(sensitivity: float, specificity: float, n_pos: int, n_neg: int, draws: int = 2000,
-                seed: int = 0) -> list[float] | None:
+def f1_interval(
+    sensitivity: float, specificity: float, n_pos: int, n_neg: int, draws: int = 2000, seed: int = 0
+) -> list[float] | None:
     """95 % parametric-bootstrap interval of a class's F1 from its confusion counts: ``TP ~ Bin(n_pos, sens)``,
     ``FP ~ Bin(n_neg, 1 - spec)``, F1 = 2 TP / (2 TP + FP + FN) per draw (seeded); None without positives."""
     if not n_pos or sensitivity is None or specificity is None:
@@ -150,8 +162,11 @@ def f1_interval(sensitivity: float, specificity: float, n_pos: int, n_neg: int, 
 
 def per_class_auc(result: Mapping) -> dict[str, float]:
     """``{class: auc}`` of a ``fedpartial.metrics`` result, defined classes only."""
-    return {c: float(v["auc"]) for c, v in (result.get("per_class") or {}).items()
-            if v.get("auc") is not None and math.isfinite(v["auc"])}
+    return {
+        c: float(v["auc"])
+        for c, v in (result.get("per_class") or {}).items()
+        if v.get("auc") is not None and math.isfinite(v["auc"])
+    }
 
 
 def paired_comparison(a: Mapping[str, float], b: Mapping[str, float], alpha: float = 0.05) -> dict:
@@ -169,10 +184,20 @@ def paired_comparison(a: Mapping[str, float], b: Mapping[str, float], alpha: flo
     x = np.asarray([a[c] for c in classes], dtype=np.float64)
     y = np.asarray([b[c] for c in classes], dtype=np.float64)
     d = x - y
-    out = {"classes": classes, "n": len(classes), "mean_a": _f(x.mean()) if len(x) else None,
-           "mean_b": _f(y.mean()) if len(y) else None, "mean_diff": _f(d.mean()) if len(d) else None,
-           "t": None, "p": None, "shapiro_w": None, "shapiro_p": None, "normal": None, "wilcoxon_p": None,
-           "significant": None}
+    out = {
+        "classes": classes,
+        "n": len(classes),
+        "mean_a": _f(x.mean()) if len(x) else None,
+        "mean_b": _f(y.mean()) if len(y) else None,
+        "mean_diff": _f(d.mean()) if len(d) else None,
+        "t": None,
+        "p": None,
+        "shapiro_w": None,
+        "shapiro_p": None,
+        "normal": None,
+        "wilcoxon_p": None,
+        "significant": None,
+    }
     if len(d) >= 2 and np.ptp(d) > 0:
         t = _st().ttest_rel(x, y)
         out.update(t=_f(t.statistic), p=_f(t.pvalue), significant=bool(t.pvalue < alpha))
@@ -196,8 +221,12 @@ def stars(p: float | None) -> str:
     return "***" if p < 1e-3 else "**" if p < 1e-2 else "*" if p < 0.05 else "ns"
 
 
-def own_class_scores(per_site: Mapping[str, Mapping], annotated: Mapping[str, Sequence[bool]],
-                     classes: Sequence[str], metric: str = "auc") -> dict:
+def own_class_scores(
+    per_site: Mapping[str, Mapping],
+    annotated: Mapping[str, Sequence[bool]],
+    classes: Sequence[str],
+    metric: str = "auc",
+) -> dict:
     """Class c scored by the sites that annotate it: the mean of their own models' ``metric`` on c.
 
     Args:

@@ -56,9 +56,13 @@ def cell(values: Sequence[float | None]) -> str:
     return f"{100 * mean:.2f}" if n == 1 else f"{100 * mean:.2f} ± {100 * std:.2f}"
 
 
-def paper_table(results: Mapping[str, Mapping[str, Sequence[Mapping[str, float | None]]]], task: str,
-                settings: Sequence[str] | None = None, average: bool = True,
-                not_ranked: Sequence[str] = ()) -> str:
+def paper_table(
+    results: Mapping[str, Mapping[str, Sequence[Mapping[str, float | None]]]],
+    task: str,
+    settings: Sequence[str] | None = None,
+    average: bool = True,
+    not_ranked: Sequence[str] = (),
+) -> str:
     """Markdown table: rows = methods, column groups = settings (each with the task's metrics), plus an
     ``Average`` group over the settings (per seed index, then mean ± std) when there are several settings. As in
     the papers, the best mean of each column is **bold** and the second best _underlined_ (italic in markdown),
@@ -104,14 +108,19 @@ def paper_table(results: Mapping[str, Mapping[str, Sequence[Mapping[str, float |
                 marks[c][i] = "**" if m == best else ("_" if m == second else "")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r, method in enumerate(names):
-        cells = [method] + [f"{marks[c][r]}{cell(col[r])}{marks[c][r]}" if cell(col[r]) != "n/a" else "n/a"
-                            for c, col in enumerate(columns)]
+        cells = [method] + [
+            f"{marks[c][r]}{cell(col[r])}{marks[c][r]}" if cell(col[r]) != "n/a" else "n/a"
+            for c, col in enumerate(columns)
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def per_class_table(results: Mapping[str, Sequence[Mapping]], metric_keys: Sequence[tuple[str, str]] | None = None,
-                    task: str = "multilabel") -> str:
+def per_class_table(
+    results: Mapping[str, Sequence[Mapping]],
+    metric_keys: Sequence[tuple[str, str]] | None = None,
+    task: str = "multilabel",
+) -> str:
     """Markdown table of per-class metrics, rows = methods, columns = ``class: metric`` plus the macro mean.
 
     Args:
@@ -122,7 +131,11 @@ def per_class_table(results: Mapping[str, Sequence[Mapping]], metric_keys: Seque
     macro_of = {"ap": "map"}
     classes = list(dict.fromkeys(c for runs in results.values() for r in runs for c in r["per_class"]))  # a class
     # whose metrics a run's sites kept (fewer than the minimum count) is absent from that run: "n/a" there
-    head = ["Method"] + [f"{c}: {lab}" for c in classes for lab, _ in metric_keys] + [f"mean: {lab}" for lab, _ in metric_keys]
+    head = (
+        ["Method"]
+        + [f"{c}: {lab}" for c in classes for lab, _ in metric_keys]
+        + [f"mean: {lab}" for lab, _ in metric_keys]
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for method, runs in results.items():
         cells = [method]
@@ -166,11 +179,16 @@ def curve_stats(runs: Sequence[Mapping], metric: str, split: str = "val") -> dic
     return out
 
 
-def final_stats(runs: Mapping[str, Sequence[Mapping]], metric: str, model: str = PLOT_LAST,
-                split: str = "test") -> dict[str, tuple[float, float, int] | None]:
+def final_stats(
+    runs: Mapping[str, Sequence[Mapping]], metric: str, model: str = PLOT_LAST, split: str = "test"
+) -> dict[str, tuple[float, float, int] | None]:
     """Per configuration, :func:`mean_std` over seeds of the final ``model``'s macro ``metric`` on ``split``."""
-    return {name: mean_std([(((r.get("final") or {}).get(model) or {}).get(split) or {}).get("macro", {}).get(metric)
-                            for r in rs]) for name, rs in runs.items()}
+    return {
+        name: mean_std(
+            [(((r.get("final") or {}).get(model) or {}).get(split) or {}).get("macro", {}).get(metric) for r in rs]
+        )
+        for name, rs in runs.items()
+    }
 
 
 def _figure(width: float = 7.0, height: float = 4.5):
@@ -196,7 +214,7 @@ def curves_figure(runs: Mapping[str, Sequence[Mapping]], metric: str = "auc", sp
         s = curve_stats(rs, metric, split)
         if not s["rounds"]:
             continue
-        line, = ax.plot(s["rounds"], s["mean"], marker="o", markersize=3, label=name)
+        (line,) = ax.plot(s["rounds"], s["mean"], marker="o", markersize=3, label=name)
         if any(n > 1 for n in s["n"]):
             lo = [m - d for m, d in zip(s["mean"], s["std"])]
             hi = [m + d for m, d in zip(s["mean"], s["std"])]
@@ -212,8 +230,11 @@ def curves_figure(runs: Mapping[str, Sequence[Mapping]], metric: str = "auc", sp
     return fig
 
 
-def final_bar_figure(runs: Mapping[str, Sequence[Mapping]], metric: str = "auc",
-                     models: Sequence[tuple[str, str]] = ((PLOT_LAST, "last round"), (PLOT_BEST, "best on val"))):
+def final_bar_figure(
+    runs: Mapping[str, Sequence[Mapping]],
+    metric: str = "auc",
+    models: Sequence[tuple[str, str]] = ((PLOT_LAST, "last round"), (PLOT_BEST, "best on val")),
+):
     """Bars of the final test macro ``metric`` per configuration (one bar per model of ``models``, labelled with
     its label), height = mean over seeds, error bar = population std. Returns the matplotlib ``Figure``."""
     fig, ax = _figure(max(6.0, 1.2 * len(runs) + 2), 4.5)
@@ -251,8 +272,15 @@ def run_figure(result: Mapping, metrics: Sequence[str] | None = None):
             rounds, values = run_curve(result, metric, split)
             pts = [(r, v) for r, v in zip(rounds, values) if v is not None]
             if pts:
-                line, = ax.plot([r for r, _ in pts], [v for _, v in pts], style, marker="o", markersize=3,
-                                color=color, label=f"{split} {metric}")
+                (line,) = ax.plot(
+                    [r for r, _ in pts],
+                    [v for _, v in pts],
+                    style,
+                    marker="o",
+                    markersize=3,
+                    color=color,
+                    label=f"{split} {metric}",
+                )
                 color = line.get_color()
     best = (result.get("best") or {}).get("trained_rounds")
     if best is not None:
@@ -260,8 +288,10 @@ def run_figure(result: Mapping, metrics: Sequence[str] | None = None):
     ax.set_xlabel("round (global model received)")
     _integer_rounds(ax)
     ax.set_ylabel("macro metric")
-    ax.set_title(f"{result.get('method', '?')} on {result.get('dataset', '?')}"
-                 + (f" (best on validation: round {best})" if best is not None else ""))
+    ax.set_title(
+        f"{result.get('method', '?')} on {result.get('dataset', '?')}"
+        + (f" (best on validation: round {best})" if best is not None else "")
+    )
     ax.grid(alpha=0.3)
     if ax.get_lines():
         ax.legend(fontsize="small")
@@ -283,6 +313,5 @@ def save_figure(fig, path) -> str:
     fig.savefig(buf, format="png", dpi=120)
     buf.seek(0)
     with Image.open(buf) as img:
-        img.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(path, format="PNG",
-                                                                                      optimize=True)
+        img.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(path, format="PNG", optimize=True)
     return str(path)

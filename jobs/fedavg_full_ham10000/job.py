@@ -9,8 +9,12 @@ from functools import partial
 from fedpartial.recipes import PartialLabelRecipe, job_main
 from fedpartial.table_settings import ham10000_fedlsm_split
 
-recipe = partial(PartialLabelRecipe, **{**ham10000_fedlsm_split.SETTINGS, "dataset": ham10000_fedlsm_split.ALL_LABELS},
-                 name="fedavg_full_ham10000", method="fedavg_pl")
+recipe = partial(
+    PartialLabelRecipe,
+    **{**ham10000_fedlsm_split.SETTINGS, "dataset": ham10000_fedlsm_split.ALL_LABELS},
+    name="fedavg_full_ham10000",
+    method="fedavg_pl",
+)
 
 if __name__ == "__main__":
     job_main(recipe)

@@ -9,8 +9,12 @@ from functools import partial
 from fedpartial.recipes import PartialLabelRecipe, job_main
 from fedpartial.table_settings import ich_phantom
 
-recipe = partial(PartialLabelRecipe, **{**ich_phantom.SETTINGS, "dataset": ich_phantom.ALL_LABELS},
-                 name="fedavg_full_ich", method="fedavg_pl")
+recipe = partial(
+    PartialLabelRecipe,
+    **{**ich_phantom.SETTINGS, "dataset": ich_phantom.ALL_LABELS},
+    name="fedavg_full_ich",
+    method="fedavg_pl",
+)
 
 if __name__ == "__main__":
     job_main(recipe)

@@ -8,8 +8,13 @@ from functools import partial
 from fedpartial.recipes import PartialLabelRecipe, job_main
 from fedpartial.table_settings import ham10000_fedlsm_split
 
-recipe = partial(PartialLabelRecipe, **ham10000_fedlsm_split.SETTINGS, name="fedlc_ham10000",
-                 method="fedlc", method_args={"tau": 1.0})
+recipe = partial(
+    PartialLabelRecipe,
+    **ham10000_fedlsm_split.SETTINGS,
+    name="fedlc_ham10000",
+    method="fedlc",
+    method_args={"tau": 1.0},
+)
 
 if __name__ == "__main__":
     job_main(recipe)

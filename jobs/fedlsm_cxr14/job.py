@@ -9,11 +9,21 @@ from fedpartial.data.presets import NIH_CLASSES
 from fedpartial.recipes import FedLSMRecipe, job_main
 from fedpartial.table_settings import fedlsm
 
-recipe = partial(FedLSMRecipe, name="fedlsm_cxr14", num_sites=8, num_rounds=20,
-                 dataset={"preset": "nih_cxr14", "classes": NIH_CLASSES,
-                          "prepare": {"num_sites": 8, "protocol": "random_s", "s": 3, "k": None, "seed": 524,
-                                      "classes": None}},
-                 train=fedlsm.train(local_steps=10), n_uncertain=0.05, n_confident=0.2, awpa=fedlsm.AWPA)
+recipe = partial(
+    FedLSMRecipe,
+    name="fedlsm_cxr14",
+    num_sites=8,
+    num_rounds=20,
+    dataset={
+        "preset": "nih_cxr14",
+        "classes": NIH_CLASSES,
+        "prepare": {"num_sites": 8, "protocol": "random_s", "s": 3, "k": None, "seed": 524, "classes": None},
+    },
+    train=fedlsm.train(local_steps=10),
+    n_uncertain=0.05,
+    n_confident=0.2,
+    awpa=fedlsm.AWPA,
+)
 
 if __name__ == "__main__":
     job_main(recipe)

@@ -8,8 +8,13 @@ from functools import partial
 from fedpartial.recipes import PartialLabelRecipe, job_main
 from fedpartial.table_settings import ich_phantom
 
-recipe = partial(PartialLabelRecipe, **ich_phantom.SETTINGS, name="fedlsr_ich", method="fedlsr",
-                 method_args={"views": ["weak", "weak"], "lambda_e": 0.0, "t_w": 2, "class_weighting": "inverse"})
+recipe = partial(
+    PartialLabelRecipe,
+    **ich_phantom.SETTINGS,
+    name="fedlsr_ich",
+    method="fedlsr",
+    method_args={"views": ["weak", "weak"], "lambda_e": 0.0, "t_w": 2, "class_weighting": "inverse"},
+)
 
 if __name__ == "__main__":
     job_main(recipe)

@@ -9,11 +9,25 @@ from functools import partial
 from fedpartial.recipes import FedMLPRecipe, job_main
 from fedpartial.table_settings import fedmlp_paper
 
-recipe = partial(FedMLPRecipe, **fedmlp_paper.settings(in_channels=1), name="fedmlp_cxr14_paper", num_sites=8,
-                 dataset={"preset": "nih_cxr14", "image_size": 224,
-                          "prepare": {"root": "data/nih-cxr14", "num_sites": 8, "k": 7, "test_frac": 0.3,
-                                      "val_frac": 0.1, "site_sizes": 5889},
-                          "cache": "disk"})
+recipe = partial(
+    FedMLPRecipe,
+    **fedmlp_paper.settings(in_channels=1),
+    name="fedmlp_cxr14_paper",
+    num_sites=8,
+    dataset={
+        "preset": "nih_cxr14",
+        "image_size": 224,
+        "prepare": {
+            "root": "data/nih-cxr14",
+            "num_sites": 8,
+            "k": 7,
+            "test_frac": 0.3,
+            "val_frac": 0.1,
+            "site_sizes": 5889,
+        },
+        "cache": "disk",
+    },
+)
 
 if __name__ == "__main__":
     job_main(recipe)

@@ -9,8 +9,13 @@ from functools import partial
 from fedpartial.recipes import FedMLPRecipe, job_main
 from fedpartial.table_settings import fedmlp_paper
 
-recipe = partial(FedMLPRecipe, **fedmlp_paper.settings(in_channels=3), name="fedmlp_ich_paper", num_sites=5,
-                 dataset={"preset": "rsna_ich", "prepare": {"root": "data/rsna-ich"}, "cache": "disk"})
+recipe = partial(
+    FedMLPRecipe,
+    **fedmlp_paper.settings(in_channels=3),
+    name="fedmlp_ich_paper",
+    num_sites=5,
+    dataset={"preset": "rsna_ich", "prepare": {"root": "data/rsna-ich"}, "cache": "disk"},
+)
 
 if __name__ == "__main__":
     job_main(recipe)

@@ -8,8 +8,13 @@ from functools import partial
 from fedpartial.recipes import PartialLabelRecipe, job_main
 from fedpartial.table_settings import ich_phantom
 
-recipe = partial(PartialLabelRecipe, **ich_phantom.SETTINGS, name="fednoro_ich", method="fednoro",
-                 method_args={"all_noisy": True, "ramp_begin": 0, "ramp_end": 19})
+recipe = partial(
+    PartialLabelRecipe,
+    **ich_phantom.SETTINGS,
+    name="fednoro_ich",
+    method="fednoro",
+    method_args={"all_noisy": True, "ramp_begin": 0, "ramp_end": 19},
+)
 
 if __name__ == "__main__":
     job_main(recipe)

@@ -8,8 +8,9 @@ from functools import partial
 from fedpartial.recipes import PartialLabelRecipe, job_main
 from fedpartial.table_settings import ich_phantom
 
-recipe = partial(PartialLabelRecipe, **ich_phantom.SETTINGS, name="fedprox_ich", method="fedprox",
-                 method_args={"mu": 0.01})
+recipe = partial(
+    PartialLabelRecipe, **ich_phantom.SETTINGS, name="fedprox_ich", method="fedprox", method_args={"mu": 0.01}
+)
 
 if __name__ == "__main__":
     job_main(recipe)

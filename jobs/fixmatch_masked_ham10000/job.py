@@ -8,8 +8,9 @@ from functools import partial
 from fedpartial.recipes import PartialLabelRecipe, job_main
 from fedpartial.table_settings import ham10000_fedlsm_split
 
-recipe = partial(PartialLabelRecipe, **ham10000_fedlsm_split.SETTINGS, name="fixmatch_masked_ham10000",
-                 method="fixmatch_masked")
+recipe = partial(
+    PartialLabelRecipe, **ham10000_fedlsm_split.SETTINGS, name="fixmatch_masked_ham10000", method="fixmatch_masked"
+)
 
 if __name__ == "__main__":
     job_main(recipe)

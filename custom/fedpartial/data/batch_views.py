@@ -89,8 +89,27 @@ def flip(x: torch.Tensor, which: torch.Tensor, dim: int) -> torch.Tensor:
 
 # Compare-exchange pairs of a 19-step sorting network whose slot 4 ends up holding the median of 9 values (the
 # classic "median of 9" network, Paeth 1990 / Devillard): slot a gets the minimum, slot b the maximum.
-_MEDIAN9 = ((1, 2), (4, 5), (7, 8), (0, 1), (3, 4), (6, 7), (1, 2), (4, 5), (7, 8), (0, 3), (5, 8), (4, 7), (3, 6),
-            (1, 4), (2, 5), (4, 7), (4, 2), (6, 4), (4, 2))
+_MEDIAN9 = (
+    (1, 2),
+    (4, 5),
+    (7, 8),
+    (0, 1),
+    (3, 4),
+    (6, 7),
+    (1, 2),
+    (4, 5),
+    (7, 8),
+    (0, 3),
+    (5, 8),
+    (4, 7),
+    (3, 6),
+    (1, 4),
+    (2, 5),
+    (4, 7),
+    (4, 2),
+    (6, 4),
+    (4, 2),
+)
 
 
 def median3(x: torch.Tensor) -> torch.Tensor:
@@ -100,7 +119,7 @@ def median3(x: torch.Tensor) -> torch.Tensor:
     the same values (ties included; ``tests/test_batch_views.py``), about 20x faster on a CPU."""
     h, w = x.shape[-2:]
     padded = F.pad(x, (1, 1, 1, 1), mode="replicate")
-    v = [padded[..., i:i + h, j:j + w] for i in range(3) for j in range(3)]
+    v = [padded[..., i : i + h, j : j + w] for i in range(3) for j in range(3)]
     for a, b in _MEDIAN9:
         v[a], v[b] = torch.minimum(v[a], v[b]), torch.maximum(v[a], v[b])
     return v[4].contiguous()
@@ -118,9 +137,9 @@ def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
     pos = torch.arange(-radius, radius + 1, dtype=torch.float32, device=x.device)
     out = x.reshape(1, b * c, h, w)
     for axis in (0, 1):  # x (width) then y (height)
-        t = 0.70710678 / sigma[:, axis:axis + 1]
+        t = 0.70710678 / sigma[:, axis : axis + 1]
         k = (0.5 * (torch.erf(t * (pos + 0.5)) - torch.erf(t * (pos - 0.5)))).clamp_min(0)
-        k = torch.where(pos.abs()[None] <= tails[:, axis:axis + 1], k, torch.zeros_like(k)).to(x.dtype)
+        k = torch.where(pos.abs()[None] <= tails[:, axis : axis + 1], k, torch.zeros_like(k)).to(x.dtype)
         k = k.repeat_interleave(c, 0)  # (B*C, K)
         weight = k.view(b * c, 1, 1, -1) if axis == 0 else k.view(b * c, 1, -1, 1)
         pad = (radius, radius, 0, 0) if axis == 0 else (0, 0, radius, radius)
@@ -153,8 +172,9 @@ class BatchAugment:
         channels: the model's input channels: a stored 1-channel batch is repeated to as many (:func:`as_float`).
     """
 
-    def __init__(self, mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
-                 channels: int | None = None):
+    def __init__(
+        self, mean: Sequence[float] | None = None, std: Sequence[float] | None = None, channels: int | None = None
+    ):
         self.channels = None if channels is None else int(channels)  # the model's input channels (as_float)
         self.mean = None if mean is None else torch.tensor([float(m) for m in mean])
         self.std = None if std is None else torch.tensor([float(s) for s in std])
@@ -198,8 +218,9 @@ class BatchAugment:
     def _filter(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
         """One of {3x3 median, Gaussian blur, Gaussian noise, nothing} per sample."""
         n = x.shape[0]
-        choice = torch.multinomial(torch.tensor([P_FILTER / 3] * 3 + [1 - P_FILTER]), n, replacement=True,
-                                   generator=gen)
+        choice = torch.multinomial(
+            torch.tensor([P_FILTER / 3] * 3 + [1 - P_FILTER]), n, replacement=True, generator=gen
+        )
         sigma = torch.stack([_uniform(n, 0.1, 1.0, gen) for _ in range(2)], 1)
         noise_seed = int(torch.randint(0, 2**62, (1,), generator=gen))
         out = x.clone()
@@ -249,8 +270,14 @@ def as_float(src: torch.Tensor, channels: int | None = None) -> torch.Tensor:
     return x
 
 
-def draw_views(batch: dict, views: Mapping[str, str], augment: BatchAugment, gen: torch.Generator,
-               device: torch.device | str = "cpu", pin_memory: bool = False) -> dict:
+def draw_views(
+    batch: dict,
+    views: Mapping[str, str],
+    augment: BatchAugment,
+    gen: torch.Generator,
+    device: torch.device | str = "cpu",
+    pin_memory: bool = False,
+) -> dict:
     """Replace a collated batch's ``"source"`` ``(B, c, S, S)`` (uint8 from the image store, or float in [0, 1]) by
     the requested views (key -> kind) on ``device``: the batch crosses to ``device`` as it is stored (uint8, its own
     channels) and is converted there (:func:`as_float`); the other entries are moved to ``device`` too."""
@@ -325,13 +352,24 @@ class ViewLoader:
     labels, mask and indices already on the device (:meth:`~fedpartial.data.sitedata.SiteDatasets.resident`);
     each batch is gathered there, nothing crosses from the host but the indices."""
 
-    def __init__(self, loader, views: Mapping[str, str], augment: BatchAugment, seed: int,
-                 device: torch.device | str = "cpu", pin_memory: bool = False, prefetch: int | None = None,
-                 order=None, resident: dict | None = None):
+    def __init__(
+        self,
+        loader,
+        views: Mapping[str, str],
+        augment: BatchAugment,
+        seed: int,
+        device: torch.device | str = "cpu",
+        pin_memory: bool = False,
+        prefetch: int | None = None,
+        order=None,
+        resident: dict | None = None,
+    ):
         self.loader, self.views, self.augment, self.seed = loader, dict(views), augment, int(seed)
         self.order, self.resident = order, resident
         self.device, self.pin_memory = torch.device(device), pin_memory
-        self.prefetch = int(prefetch) if prefetch is not None else (PREFETCH_ON_GPU if self.device.type == "cuda" else 0)
+        self.prefetch = (
+            int(prefetch) if prefetch is not None else (PREFETCH_ON_GPU if self.device.type == "cuda" else 0)
+        )
         self.dataset = loader.dataset
 
     def __len__(self) -> int:

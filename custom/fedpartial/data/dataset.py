@@ -55,8 +55,16 @@ class ManifestDataset(torch.utils.data.Dataset):
         image_size, channels, mean, std: passed to :func:`view_transforms`.
     """
 
-    def __init__(self, manifest: Manifest, base: torch.utils.data.Dataset, views: Mapping[str, str],
-                 image_size: int, channels: int, mean: Sequence[float] | None, std: Sequence[float] | None):
+    def __init__(
+        self,
+        manifest: Manifest,
+        base: torch.utils.data.Dataset,
+        views: Mapping[str, str],
+        image_size: int,
+        channels: int,
+        mean: Sequence[float] | None,
+        std: Sequence[float] | None,
+    ):
         bad = [k for k in views if k in RESERVED_KEYS]
         if bad:
             raise ValueError(f"view keys {bad} clash with item keys {RESERVED_KEYS}")
@@ -116,21 +124,38 @@ class ManifestDataset(torch.utils.data.Dataset):
         return self
 
 
-def _disk_cache_dir(cache_dir: str | os.PathLike, image_size: int, channels: int,
-                    ct_windows: Sequence[Window] | None, resize_mode: str) -> Path:
+def _disk_cache_dir(
+    cache_dir: str | os.PathLike, image_size: int, channels: int, ct_windows: Sequence[Window] | None, resize_mode: str
+) -> Path:
     """A sub-folder keyed by the preprocessing settings, so changed settings never read stale tensors."""
-    key = json.dumps({"v": _CACHE_VERSION, "size": image_size, "channels": channels, "resize": resize_mode,
-                      "windows": [list(map(float, w)) for w in ct_windows] if ct_windows else None}, sort_keys=True)
+    key = json.dumps(
+        {
+            "v": _CACHE_VERSION,
+            "size": image_size,
+            "channels": channels,
+            "resize": resize_mode,
+            "windows": [list(map(float, w)) for w in ct_windows] if ct_windows else None,
+        },
+        sort_keys=True,
+    )
     d = Path(cache_dir) / f"pre_{image_size}px_{channels}ch_{hashlib.sha1(key.encode()).hexdigest()[:12]}"
     d.mkdir(parents=True, exist_ok=True)
     return d
 
 
-def make_dataset(manifest: Manifest, image_size: int, channels: int, mean: Sequence[float] | None = None,
-                 std: Sequence[float] | None = None, ct_windows: Sequence[Window] | None = None,
-                 views: Mapping[str, str] | None = None, cache: str = "memory",
-                 cache_dir: str | os.PathLike | None = None, num_workers: int = 0,
-                 resize_mode: str = "area") -> ManifestDataset:
+def make_dataset(
+    manifest: Manifest,
+    image_size: int,
+    channels: int,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+    ct_windows: Sequence[Window] | None = None,
+    views: Mapping[str, str] | None = None,
+    cache: str = "memory",
+    cache_dir: str | os.PathLike | None = None,
+    num_workers: int = 0,
+    resize_mode: str = "area",
+) -> ManifestDataset:
     """Dataset over ``manifest`` with items ``{view keys: (channels, S, S) float32, label, mask, index}``.
 
     Args:
@@ -151,13 +176,15 @@ def make_dataset(manifest: Manifest, image_size: int, channels: int, mean: Seque
     data = [{"image": p} for p in manifest.paths]
     try:
         if cache == "memory":
-            base = CacheDataset(data, pre, cache_rate=1.0, num_workers=max(1, num_workers), progress=False,
-                                copy_cache=False)
+            base = CacheDataset(
+                data, pre, cache_rate=1.0, num_workers=max(1, num_workers), progress=False, copy_cache=False
+            )
         elif cache == "disk":
             if cache_dir is None:
                 raise ValueError("cache='disk' needs a cache_dir")
-            base = PersistentDataset(data, pre, cache_dir=_disk_cache_dir(cache_dir, image_size, channels,
-                                                                          ct_windows, resize_mode))
+            base = PersistentDataset(
+                data, pre, cache_dir=_disk_cache_dir(cache_dir, image_size, channels, ct_windows, resize_mode)
+            )
         else:
             base = MonaiDataset(data, pre)
     except Exception as e:
@@ -168,8 +195,14 @@ def make_dataset(manifest: Manifest, image_size: int, channels: int, mean: Seque
     return ManifestDataset(manifest, base, views or {"image": "eval"}, image_size, channels, mean, std)
 
 
-def make_loader(dataset: torch.utils.data.Dataset, batch_size: int, shuffle: bool, seed: int,
-                drop_last: bool = False, num_workers: int = 0) -> TorchDataLoader:
+def make_loader(
+    dataset: torch.utils.data.Dataset,
+    batch_size: int,
+    shuffle: bool,
+    seed: int,
+    drop_last: bool = False,
+    num_workers: int = 0,
+) -> TorchDataLoader:
     """A MONAI DataLoader with a seeded generator: the same ``seed`` gives the same order and, through MONAI's
     seeding of the dataset's random transforms (also in worker processes), the same augmentations.
     Use a different seed per round / epoch series to get fresh draws."""
@@ -177,8 +210,15 @@ def make_loader(dataset: torch.utils.data.Dataset, batch_size: int, shuffle: boo
     g.manual_seed(int(seed))
     from monai.data import DataLoader  # imported where used (see fedpartial.data.transforms)
 
-    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
-                      num_workers=num_workers, generator=g, persistent_workers=False)
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        drop_last=drop_last,
+        num_workers=num_workers,
+        generator=g,
+        persistent_workers=False,
+    )
 
 
 class StoreImages(torch.utils.data.Dataset):

@@ -42,8 +42,9 @@ TASKS = ("multilabel", "multiclass")
 class ManifestError(ValueError):
     """A bad site manifest: names the site, the file and the CSV line (header = line 1)."""
 
-    def __init__(self, message: str, site: str | None = None, file: str | os.PathLike | None = None,
-                 row: int | None = None):
+    def __init__(
+        self, message: str, site: str | None = None, file: str | os.PathLike | None = None, row: int | None = None
+    ):
         self.site, self.file, self.row, self.reason = site, None if file is None else str(file), row, message
         where = []
         if site:
@@ -95,9 +96,15 @@ class Manifest:
         """Rows of one split (a manifest without a split column is all 'train')."""
         idx = [i for i, s in enumerate(self.splits) if s == split]
         return Manifest(
-            paths=[self.paths[i] for i in idx], labels=self.labels[idx], mask=self.mask[idx],
-            classes=list(self.classes), patient_ids=[self.patient_ids[i] for i in idx],
-            splits=[split] * len(idx), lines=[self.lines[i] for i in idx], file=self.file, site=self.site,
+            paths=[self.paths[i] for i in idx],
+            labels=self.labels[idx],
+            mask=self.mask[idx],
+            classes=list(self.classes),
+            patient_ids=[self.patient_ids[i] for i in idx],
+            splits=[split] * len(idx),
+            lines=[self.lines[i] for i in idx],
+            file=self.file,
+            site=self.site,
             task=self.task,
         )
 
@@ -133,8 +140,8 @@ def _parse_cell(value, site, file, line, column) -> float:
     if s in ("0", "0.0", "0.00"):
         return 0.0
     raise ManifestError(
-        f"class column '{column}' has value {s!r}; allowed values are 1, 0 or empty (= not annotated)",
-        site, file, line)
+        f"class column '{column}' has value {s!r}; allowed values are 1, 0 or empty (= not annotated)", site, file, line
+    )
 
 
 def read_manifest(
@@ -208,7 +215,10 @@ def read_manifest(
             f"unknown class column(s) {unknown}{closest(unknown[0], classes)}; the job's classes are "
             f"{list(classes)} (a site naming a class "
             "differently maps it with 'columns' in its fedpartial_data.json; 'ignore_columns' skips a column)",
-            site, file, 1)
+            site,
+            file,
+            1,
+        )
     root_resolved = root.resolve()
     body, line_numbers = [], []
     for number, r in enumerate(rows[1:], start=2):  # csv line numbers as an editor shows them
@@ -240,8 +250,13 @@ def read_manifest(
         p = p if p.is_absolute() else root / p
         real = p.resolve()
         if confine and not real.is_relative_to(root_resolved):
-            raise ManifestError(f"image path {rel!r} resolves outside the site's data root (absolute paths, '..' "
-                                "and symbolic links must stay inside it)", site, file, line)
+            raise ManifestError(
+                f"image path {rel!r} resolves outside the site's data root (absolute paths, '..' "
+                "and symbolic links must stay inside it)",
+                site,
+                file,
+                line,
+            )
         if check_images:
             if not p.is_file():
                 raise ManifestError(f"image not found: {rel}", site, file, line)
@@ -260,7 +275,12 @@ def read_manifest(
             same = bool(np.array_equal(labels[j0], labels[i], equal_nan=True))
             raise ManifestError(
                 f"image {rel!r} is listed twice (lines {line_numbers[j0]} and {line}"
-                + (")" if same else f") with conflicting labels") + "; keep one row per image", site, file, line)
+                + (")" if same else ") with conflicting labels")
+                + "; keep one row per image",
+                site,
+                file,
+                line,
+            )
         seen[key] = i
         if task == "multiclass" and np.nansum(labels[i]) > 1:
             raise ManifestError("single-label task but the row has more than one positive class", site, file, line)
@@ -275,8 +295,18 @@ def read_manifest(
     if verify_images and check_images and paths:
         _decode_fully(paths, lines, site, file)
     mask = ~np.isnan(labels)
-    m = Manifest(paths=paths, labels=np.nan_to_num(labels, nan=0.0), mask=mask, classes=list(classes),
-                 patient_ids=pids, splits=splits, lines=lines, file=str(file), site=site or "", task=task)
+    m = Manifest(
+        paths=paths,
+        labels=np.nan_to_num(labels, nan=0.0),
+        mask=mask,
+        classes=list(classes),
+        patient_ids=pids,
+        splits=splits,
+        lines=lines,
+        file=str(file),
+        site=site or "",
+        task=task,
+    )
     if require_annotated and not m.annotated.any():
         raise ManifestError("no class is annotated in any row (all class cells empty)", site, file)
     return m
@@ -284,8 +314,8 @@ def read_manifest(
 
 def _decode_fully(paths: list[str], lines: list[int], site, file) -> None:
     """Decode every image (cached); the first that fails is a ManifestError at its line."""
-    from .quality import DecodeCache, decode_all
     from .cache import cache_dir
+    from .quality import DecodeCache, decode_all
 
     cache = DecodeCache(cache_dir() / "decoded.sqlite")
     try:
@@ -299,9 +329,15 @@ def _decode_fully(paths: list[str], lines: list[int], site, file) -> None:
             raise ManifestError(f"image {Path(p).name} cannot be decoded: {err}{more}", site, file, line)
 
 
-def write_manifest(file: str | os.PathLike, images: Iterable[str], labels: np.ndarray, mask: np.ndarray,
-                   classes: Sequence[str], patient_ids: Sequence[str] | None = None,
-                   splits: Sequence[str] | None = None) -> None:
+def write_manifest(
+    file: str | os.PathLike,
+    images: Iterable[str],
+    labels: np.ndarray,
+    mask: np.ndarray,
+    classes: Sequence[str],
+    patient_ids: Sequence[str] | None = None,
+    splits: Sequence[str] | None = None,
+) -> None:
     """Write a manifest atomically (temp file + rename): empty cells where ``mask`` is False."""
     images = list(images)
     data = {IMAGE_COL: images}
@@ -334,4 +370,5 @@ def check_coverage(annotated_by_site: dict[str, np.ndarray], classes: Sequence[s
     if missing:
         raise ManifestError(
             f"class(es) {missing} are annotated by no site (sites: {sorted(annotated_by_site)}); "
-            "every class must be labelled somewhere")
+            "every class must be labelled somewhere"
+        )

@@ -15,9 +15,8 @@ gets at least one patient.
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import warnings
+from typing import Sequence
 
 import numpy as np
 
@@ -44,19 +43,23 @@ def _rows(owner: np.ndarray, inverse: np.ndarray, num_sites: int) -> list[np.nda
     return [np.flatnonzero(owner[inverse] == s) for s in range(num_sites)]
 
 
-def by_centre(centres: Sequence[str], num_sites: int | None, order: Sequence[str] | None = None
-              ) -> tuple[list[np.ndarray], list[str]]:
+def by_centre(
+    centres: Sequence[str], num_sites: int | None, order: Sequence[str] | None = None
+) -> tuple[list[np.ndarray], list[str]]:
     """One site per centre (in ``order`` where given, else sorted); returns (rows per site, centre names)."""
     c = np.asarray([str(x) for x in centres])
     names = [n for n in (order or []) if n in set(c)] + sorted(set(c) - set(order or []))
     if num_sites is not None and num_sites != len(names):
-        raise ValueError(f"partition 'centre' gives one site per centre: the data have {len(names)} centres "
-                         f"({names}), not {num_sites}; pass --sites {len(names)}")
+        raise ValueError(
+            f"partition 'centre' gives one site per centre: the data have {len(names)} centres "
+            f"({names}), not {num_sites}; pass --sites {len(names)}"
+        )
     return [np.flatnonzero(c == n) for n in names], names
 
 
-def dirichlet_label_skew(patient_ids: Sequence[str], labels: np.ndarray, num_sites: int, alpha: float,
-                         seed: int) -> list[np.ndarray]:
+def dirichlet_label_skew(
+    patient_ids: Sequence[str], labels: np.ndarray, num_sites: int, alpha: float, seed: int
+) -> list[np.ndarray]:
     """Rows per site under label-distribution skew. ``labels``: ``(N, C)`` 0/1 (-1 = not annotated)."""
     if alpha <= 0:
         raise ValueError(f"alpha must be > 0, got {alpha}")
@@ -100,6 +103,7 @@ def quantity_skew(patient_ids: Sequence[str], num_sites: int, alpha: float, seed
 
 # ----------------------------------------------------------------------------------------- patient-level splits
 
+
 def _cut(cum: np.ndarray, target: float, lo: int, hi: int) -> int:
     """Number of leading groups whose cumulative size is closest to ``target``, clipped to ``lo..hi``."""
     i = int(np.argmin(np.abs(cum - target)))
@@ -133,8 +137,9 @@ def split_patients(patient_ids: Sequence[str], val_frac: float, test_frac: float
     return group_split[inverse].astype(str)
 
 
-def split_sites(patient_ids: Sequence[str], num_sites: int, seed: int,
-                site_sizes: int | Sequence[int] | None = None) -> list[np.ndarray]:
+def split_sites(
+    patient_ids: Sequence[str], num_sites: int, seed: int, site_sizes: int | Sequence[int] | None = None
+) -> list[np.ndarray]:
     """Deal patients IID over ``num_sites`` disjoint sites, balancing image counts.
 
     Patients are shuffled with the seed, then taken largest first (ties in shuffled order), each going to the

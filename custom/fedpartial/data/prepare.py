@@ -45,8 +45,6 @@ import shutil
 import sys
 import time
 import uuid
-import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -55,21 +53,47 @@ import pandas as pd
 
 from ..processes import Interrupted, exit_status, interruptible
 from .manifest import ManifestError, check_coverage, read_manifest, write_manifest
-from .partition import (PARTITIONS, _cut, by_centre, dirichlet_label_skew, quantity_skew,  # noqa: F401
-                        split_patients, split_sites)
-from .prepared import (_NOT_HASHED, DATASET_JSON, PreparedDataset, _stamps, canonical_spec, check_job_classes,  # noqa: F401
-                       load_prepared, prepared_path, site_name, spec_hash, stale_sources)
+from .partition import PARTITIONS, _cut, by_centre, dirichlet_label_skew, quantity_skew, split_patients, split_sites  # noqa: F401
+from .prepared import (  # noqa: F401
+    _NOT_HASHED,
+    DATASET_JSON,
+    PreparedDataset,
+    _stamps,
+    canonical_spec,
+    check_job_classes,
+    load_prepared,
+    prepared_path,
+    site_name,
+    spec_hash,
+    stale_sources,
+)
 from .protocols import assign
 from .quality import quality_pass, read_exclude
 from .sources import SourceTable, load_source
 from .sources.base import NOT_ANNOTATED, Dropped, SourceError
 from .sources.isic2019 import FLAMBY_CENTRES
 from .store_cli import main as store_main
-from .vocabulary import (CHEXPERT_SYNONYMS, VOCABULARIES, VocabularyError, closest, invert, match_classes,
-                         resolve_vocabulary)
+from .vocabulary import (
+    CHEXPERT_SYNONYMS,
+    VOCABULARIES,
+    VocabularyError,
+    closest,
+    invert,
+    match_classes,
+    resolve_vocabulary,
+)
 
-PUBLISHED_SOURCES = ("ham10000", "isic2018", "isic2019", "nih_cxr14", "chexpert", "mimic_cxr", "rsna_ich", "csv",
-                     "folder")
+PUBLISHED_SOURCES = (
+    "ham10000",
+    "isic2018",
+    "isic2019",
+    "nih_cxr14",
+    "chexpert",
+    "mimic_cxr",
+    "rsna_ich",
+    "csv",
+    "folder",
+)
 """Sources read from a release's folder (--root required); the others are generated into the output folder."""
 FORMAT_VERSION = 1
 
@@ -81,8 +105,13 @@ EXPORT_SOURCES = ("csv", "folder")
 are a subset choice)."""
 
 
-def subset_classes(table: SourceTable, classes: Sequence[str] | None = None, top_k: int | None = None,
-                   alone: bool = False, export: bool = False) -> SourceTable:
+def subset_classes(
+    table: SourceTable,
+    classes: Sequence[str] | None = None,
+    top_k: int | None = None,
+    alone: bool = False,
+    export: bool = False,
+) -> SourceTable:
     """The table in the federation's vocabulary: ``classes``, in that order, matched to the source's class names
     exactly or case-insensitively (renamed to the vocabulary's spelling).
 
@@ -115,20 +144,27 @@ def subset_classes(table: SourceTable, classes: Sequence[str] | None = None, top
         found = match_classes(wanted, table.classes)
         absent = [c for c, col in found.items() if col is None]
         if absent and not alone:
-            raise ValueError(f"unknown class(es) {absent}{closest(absent[0], table.classes)}; {table.name} has "
-                             f"{table.classes}")
+            raise ValueError(
+                f"unknown class(es) {absent}{closest(absent[0], table.classes)}; {table.name} has {table.classes}"
+            )
         used = {col for col in found.values() if col is not None}
         if not used:
-            raise ValueError(f"{table.name} has none of the classes {wanted} (it has {table.classes}): this site "
-                             "would annotate nothing")
+            raise ValueError(
+                f"{table.name} has none of the classes {wanted} (it has {table.classes}): this site "
+                "would annotate nothing"
+            )
         extra = [c for c in table.classes if c not in used]
         if alone and export and extra:
-            raise ValueError(f"{table.name}: class {extra[0]!r}{closest(extra[0], wanted)} is not in the "
-                             f"federation's classes {wanted}" + (f" ({len(extra) - 1} more: {extra[1:6]})"
-                                                                  if len(extra) > 1 else "")
-                             + ("; a folder of images of no class of the federation: move it out of --root"
-                                if table.name == "folder" else "; a column that is no class: --source-arg "
-                                "ignore_columns=NAME"))
+            raise ValueError(
+                f"{table.name}: class {extra[0]!r}{closest(extra[0], wanted)} is not in the "
+                f"federation's classes {wanted}"
+                + (f" ({len(extra) - 1} more: {extra[1:6]})" if len(extra) > 1 else "")
+                + (
+                    "; a folder of images of no class of the federation: move it out of --root"
+                    if table.name == "folder"
+                    else "; a column that is no class: --source-arg ignore_columns=NAME"
+                )
+            )
         renamed = {col: c for c, col in found.items() if col is not None}
         chosen = wanted
     frame = table.frame
@@ -138,9 +174,14 @@ def subset_classes(table: SourceTable, classes: Sequence[str] | None = None, top
         outside = (frame[dropped_cols] == 1).any(axis=1).to_numpy()
         if outside.any():
             gone = frame[outside]
-            table.dropped.append(Dropped(table.files[0] if table.files else table.name,
-                                         f"are of a class outside {chosen}", gone["image"].astype(str).tolist(),
-                                         gone["line"].astype(int).tolist() if "line" in gone else []))
+            table.dropped.append(
+                Dropped(
+                    table.files[0] if table.files else table.name,
+                    f"are of a class outside {chosen}",
+                    gone["image"].astype(str).tolist(),
+                    gone["line"].astype(int).tolist() if "line" in gone else [],
+                )
+            )
             lines = None if lines is None else [l for l, k in zip(lines, ~outside) if k]
             frame = frame[~outside]
     frame = frame.drop(columns=dropped_cols).rename(columns=renamed)
@@ -148,8 +189,18 @@ def subset_classes(table: SourceTable, classes: Sequence[str] | None = None, top
         frame[c] = NOT_ANNOTATED
     rest = [c for c in frame.columns if c not in chosen]
     frame = frame[rest + chosen].reset_index(drop=True)
-    sub = SourceTable(table.name, table.task, chosen, table.root, frame, table.synthetic, table.dropped,
-                      table.files, lines, table.notes)
+    sub = SourceTable(
+        table.name,
+        table.task,
+        chosen,
+        table.root,
+        frame,
+        table.synthetic,
+        table.dropped,
+        table.files,
+        lines,
+        table.notes,
+    )
     if top_k is not None:
         keep = most_frequent_classes(sub, int(top_k))
         sub = subset_classes(sub, keep)
@@ -166,12 +217,17 @@ def check_rows_have_class(table: SourceTable) -> None:
     if len(bad):
         i = int(bad[0])
         line = table.row_lines()[i]
-        raise SourceError(f"row of {table.frame['image'].iloc[i]!r} is 0 in every class {table.classes} but the task "
-                          "is single-label (a row needs its class)", table.files[0] if table.files else None, line,
-                          hint="give the row its class, or leave its cells blank (an unlabelled image)")
+        raise SourceError(
+            f"row of {table.frame['image'].iloc[i]!r} is 0 in every class {table.classes} but the task "
+            "is single-label (a row needs its class)",
+            table.files[0] if table.files else None,
+            line,
+            hint="give the row its class, or leave its cells blank (an unlabelled image)",
+        )
 
 
 # ---------------------------------------------------------------------------------------------------- prepare
+
 
 def _is_within(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
@@ -198,10 +254,12 @@ def annotated_line(info: dict, site: str = "site-1") -> str:
     unlabelled images: N``."""
     classes, ann = info["classes"], info["sites"][site]
     rest = [c for c in classes if c not in ann]
-    return (f"{site} annotates {len(ann)} of {len(classes)} classes: {', '.join(ann)}"
-            + (f"; not annotated here: {', '.join(rest)}" if rest else "")
-            + f"; unlabelled training images: {(info.get('unlabelled') or {}).get(site, 0)}"
-            + " (the job's data check verifies that every class is annotated by some site)")
+    return (
+        f"{site} annotates {len(ann)} of {len(classes)} classes: {', '.join(ann)}"
+        + (f"; not annotated here: {', '.join(rest)}" if rest else "")
+        + f"; unlabelled training images: {(info.get('unlabelled') or {}).get(site, 0)}"
+        + " (the job's data check verifies that every class is annotated by some site)"
+    )
 
 
 def format_counts(info: dict) -> str:
@@ -223,9 +281,15 @@ def _validate(folder: Path, info: dict, data_root: Path) -> None:
     annotated = {}
     patients: dict[str, set[str]] = {}
     for name, file in info["files"].items():
-        m = read_manifest(folder / file, classes, data_root=data_root, site=name, task=task,
-                          require_annotated=bool(info["sites"].get(name, True)),
-                          columns=(info.get("vocabularies") or {}).get(name))
+        m = read_manifest(
+            folder / file,
+            classes,
+            data_root=data_root,
+            site=name,
+            task=task,
+            require_annotated=bool(info["sites"].get(name, True)),
+            columns=(info.get("vocabularies") or {}).get(name),
+        )
         if name in info["sites"]:
             got = m.annotated_classes()
             if got != info["sites"][name]:
@@ -291,9 +355,19 @@ def _decode_cache_file() -> Path:
     return cache_dir() / "decoded.sqlite"
 
 
-def _load_one(source: str, root: Path, source_args: dict | None, classes, top_k_classes, exclude: set[str],
-              decode_images: bool, drop_unreadable: bool, matched: set[str] | None = None, alone: bool = False,
-              task: str | None = None) -> SourceTable:
+def _load_one(
+    source: str,
+    root: Path,
+    source_args: dict | None,
+    classes,
+    top_k_classes,
+    exclude: set[str],
+    decode_images: bool,
+    drop_unreadable: bool,
+    matched: set[str] | None = None,
+    alone: bool = False,
+    task: str | None = None,
+) -> SourceTable:
     """Load a source, put it in the federation's vocabulary (:func:`subset_classes`) and run the quality pass
     (``matched`` collects the ``exclude`` entries found, for a federation of several sources). ``task``: the
     federation's task, given to a CSV export's loader (its ``task``), checked against the others."""
@@ -304,13 +378,22 @@ def _load_one(source: str, root: Path, source_args: dict | None, classes, top_k_
         args["task"] = task
     table = load_source(source, root, **args)
     if task is not None and table.task != task:
-        raise SourceError(f"{table.name} is {table.task} (" + ("one class folder per image" if source == "folder"
-                          else "as published") + f") but --task says {task}")
+        raise SourceError(
+            f"{table.name} is {table.task} ("
+            + ("one class folder per image" if source == "folder" else "as published")
+            + f") but --task says {task}"
+        )
     if table.lines is not None and "line" not in table.frame.columns:
         table.frame = table.frame.assign(line=table.lines)
     table = subset_classes(table, classes, top_k_classes, alone=alone, export=source in EXPORT_SOURCES)
-    return quality_pass(table, decode=decode_images, drop_unreadable=drop_unreadable, exclude=exclude,
-                        cache_file=_decode_cache_file() if decode_images else None, matched_out=matched)
+    return quality_pass(
+        table,
+        decode=decode_images,
+        drop_unreadable=drop_unreadable,
+        exclude=exclude,
+        cache_file=_decode_cache_file() if decode_images else None,
+        matched_out=matched,
+    )
 
 
 def _group_vocabulary(source: str, given, multi: bool) -> dict[str, str]:
@@ -331,16 +414,21 @@ def _distinct_names(names: list[str], loaders: list[str]) -> None:
             first[name] = k
             continue
         j = first[name]
-        how = (f"give each its own source_name (--source-arg {k}:source_name=NAME names source {k}, counting the "
-               "--source options; in a job, its source_args.source_name)"
-               if {loaders[j - 1], loader} & {"csv", "folder"} else
-               "a release is federated once: give it more sites (--sites) instead")
-        raise SourceError(f"sources {j} and {k} are both named {name!r}, the prefix of their patient ids (a patient "
-                          f"id both hold would be one patient): {how}")
+        how = (
+            f"give each its own source_name (--source-arg {k}:source_name=NAME names source {k}, counting the "
+            "--source options; in a job, its source_args.source_name)"
+            if {loaders[j - 1], loader} & {"csv", "folder"}
+            else "a release is federated once: give it more sites (--sites) instead"
+        )
+        raise SourceError(
+            f"sources {j} and {k} are both named {name!r}, the prefix of their patient ids (a patient "
+            f"id both hold would be one patient): {how}"
+        )
 
 
-def _combine(tables: list[SourceTable], vocabs: list[dict[str, str]], classes: Sequence[str] | None
-             ) -> tuple[SourceTable, list[np.ndarray]]:
+def _combine(
+    tables: list[SourceTable], vocabs: list[dict[str, str]], classes: Sequence[str] | None
+) -> tuple[SourceTable, list[np.ndarray]]:
     """Several sources -> one table over global classes (cells a source lacks = ``NOT_ANNOTATED``), images
     relative to the sources' common folder, patient ids prefixed by source; returns (table, row mask per source)."""
     tasks = {t.task for t in tables}
@@ -360,11 +448,16 @@ def _combine(tables: list[SourceTable], vocabs: list[dict[str, str]], classes: S
     for k, (t, m) in enumerate(zip(tables, mapped)):
         f = t.frame
         prefix = (t.root.resolve()).relative_to(common)
-        part = pd.DataFrame({
-            "image": [(prefix / p).as_posix() for p in f["image"]],
-            "patient_id": [f"{t.name}:{p}" for p in f["patient_id"]],
-            "official_split": f["official_split"] if "official_split" in f.columns else "",
-            "line": t.row_lines(), "label_file": t.row_files(), "group": k})
+        part = pd.DataFrame(
+            {
+                "image": [(prefix / p).as_posix() for p in f["image"]],
+                "patient_id": [f"{t.name}:{p}" for p in f["patient_id"]],
+                "official_split": f["official_split"] if "official_split" in f.columns else "",
+                "line": t.row_lines(),
+                "label_file": t.row_files(),
+                "group": k,
+            }
+        )
         for c in union:
             part[c] = f[t.classes[m.index(c)]].to_numpy() if c in m else NOT_ANNOTATED
         parts.append(part)
@@ -372,8 +465,16 @@ def _combine(tables: list[SourceTable], vocabs: list[dict[str, str]], classes: S
         dropped += t.dropped
     frame = pd.concat(parts, ignore_index=True)
     masks = [(frame["group"] == k).to_numpy() for k in range(len(tables))]
-    table = SourceTable("+".join(t.name for t in tables), tables[0].task, union, common, frame,
-                        any(t.synthetic for t in tables), dropped, files)
+    table = SourceTable(
+        "+".join(t.name for t in tables),
+        tables[0].task,
+        union,
+        common,
+        frame,
+        any(t.synthetic for t in tables),
+        dropped,
+        files,
+    )
     return table, masks
 
 
@@ -405,9 +506,17 @@ def _group_split(frame: pd.DataFrame, rows: np.ndarray, val_frac: float, test_fr
     return out.astype(str)
 
 
-def _partition(frame: pd.DataFrame, train: np.ndarray, n: int | None, partition: str, seed: int, site_sizes,
-               classes: list[str], alpha: float, centre_order: Sequence[str] | None
-               ) -> tuple[list[np.ndarray], list[str] | None]:
+def _partition(
+    frame: pd.DataFrame,
+    train: np.ndarray,
+    n: int | None,
+    partition: str,
+    seed: int,
+    site_sizes,
+    classes: list[str],
+    alpha: float,
+    centre_order: Sequence[str] | None,
+) -> tuple[list[np.ndarray], list[str] | None]:
     """Training rows per site of one group (positions into the frame), and the centre names (centre partition)."""
     pids = frame["patient_id"].astype(str).to_numpy()[train]
     if partition == "iid":
@@ -429,8 +538,10 @@ def _structure(labels: np.ndarray, mask: np.ndarray, classes: Sequence[str]) -> 
     """Per class: positives, annotated rows and unlabelled rows."""
     ann = mask.sum(axis=0)
     pos = (labels * mask).sum(axis=0)
-    return {c: {"positives": int(pos[j]), "annotated": int(ann[j]), "unlabelled": int(len(mask) - ann[j])}
-            for j, c in enumerate(classes)}
+    return {
+        c: {"positives": int(pos[j]), "annotated": int(ann[j]), "unlabelled": int(len(mask) - ann[j])}
+        for j, c in enumerate(classes)
+    }
 
 
 def format_structure(info: dict) -> str:
@@ -456,8 +567,9 @@ def plot_structure(info: dict, file: Path) -> Path | None:
         return None
     sites = list(info["structure"])
     classes = info["classes"]
-    fig, axes = plt.subplots(len(sites), 1, figsize=(max(6, 0.6 * len(classes) + 2), 1.8 * len(sites) + 0.8),
-                             sharex=True, squeeze=False)
+    fig, axes = plt.subplots(
+        len(sites), 1, figsize=(max(6, 0.6 * len(classes) + 2), 1.8 * len(sites) + 0.8), sharex=True, squeeze=False
+    )
     x = np.arange(len(classes))
     for ax, site in zip(axes[:, 0], sites):
         per = info["structure"][site]
@@ -471,26 +583,52 @@ def plot_structure(info: dict, file: Path) -> Path | None:
         ax.set_ylabel(f"{site}\n{centre}" if centre else site, rotation=0, ha="right", va="center")
     handles, labels = axes[0, 0].get_legend_handles_labels()
     axes[-1, 0].set_xticks(x, classes, rotation=45, ha="right")
-    fig.suptitle(f"{info['source']}: label structure per site ({info['protocol']}, {info.get('partition', 'iid')})",
-                 fontsize="medium")
+    fig.suptitle(
+        f"{info['source']}: label structure per site ({info['protocol']}, {info.get('partition', 'iid')})",
+        fontsize="medium",
+    )
     top = 1 - 0.9 / fig.get_figheight()
-    fig.legend(handles, labels, ncol=3, fontsize="small", loc="upper center", bbox_to_anchor=(0.5, top + 0.35 /
-                                                                                             fig.get_figheight()))
+    fig.legend(
+        handles,
+        labels,
+        ncol=3,
+        fontsize="small",
+        loc="upper center",
+        bbox_to_anchor=(0.5, top + 0.35 / fig.get_figheight()),
+    )
     fig.tight_layout(rect=(0, 0, 1, top))
     fig.savefig(file, dpi=100)
     plt.close(fig)
     return file
 
 
-def prepare(source: str | None, source_root: str | os.PathLike | None, out_dir: str | os.PathLike,
-            num_sites: int | None, protocol: str, seed: int = 0, val_frac: float = 0.1, test_frac: float = 0.2,
-            site_sizes: int | Sequence[int] | None = None, classes: Sequence[str] | None = None,
-            source_args: dict | None = None, top_k_classes: int | None = None, overwrite: bool = False,
-            verbose: bool = True, vocabularies: dict | None = None, centralise: bool = False,
-            sources: Sequence[dict] | None = None, partition: str = "iid", alpha: float = 0.5,
-            exclude: str | os.PathLike | Sequence[str] | None = None, decode_images: bool = True,
-            drop_unreadable: bool = False, figure: bool = True, task: str | None = None,
-            **protocol_params: Any) -> Path:
+def prepare(
+    source: str | None,
+    source_root: str | os.PathLike | None,
+    out_dir: str | os.PathLike,
+    num_sites: int | None,
+    protocol: str,
+    seed: int = 0,
+    val_frac: float = 0.1,
+    test_frac: float = 0.2,
+    site_sizes: int | Sequence[int] | None = None,
+    classes: Sequence[str] | None = None,
+    source_args: dict | None = None,
+    top_k_classes: int | None = None,
+    overwrite: bool = False,
+    verbose: bool = True,
+    vocabularies: dict | None = None,
+    centralise: bool = False,
+    sources: Sequence[dict] | None = None,
+    partition: str = "iid",
+    alpha: float = 0.5,
+    exclude: str | os.PathLike | Sequence[str] | None = None,
+    decode_images: bool = True,
+    drop_unreadable: bool = False,
+    figure: bool = True,
+    task: str | None = None,
+    **protocol_params: Any,
+) -> Path:
     """Prepare a federated partial-label dataset; returns the output folder.
 
     Args:
@@ -551,58 +689,116 @@ def prepare(source: str | None, source_root: str | os.PathLike | None, out_dir: 
             tables, vocabs, groups, matched = [], [], [], set()
             # the names the loaders will give (a CSV / folder: its source_name), refused before any is read
             if all(isinstance(s, dict) for s in sources):
-                _distinct_names([str((s.get("source_args") or {}).get("source_name") or s.get("source"))
-                                 for s in sources], [str(s.get("source")) for s in sources])
+                _distinct_names(
+                    [str((s.get("source_args") or {}).get("source_name") or s.get("source")) for s in sources],
+                    [str(s.get("source")) for s in sources],
+                )
             for spec in sources:
                 unknown = sorted(set(spec) - {"source", "root", "num_sites", "source_args", "vocabulary"})
                 if unknown or "source" not in spec or "root" not in spec:
-                    raise SourceError(f"a federation source needs 'source' and 'root' (and 'num_sites', "
-                                      f"'source_args', 'vocabulary'); got {sorted(spec)}")
-                t = _load_one(spec["source"], Path(spec["root"]).expanduser().resolve(), spec.get("source_args"),
-                              None, None, excluded, decode_images, drop_unreadable, matched, task=task)
+                    raise SourceError(
+                        f"a federation source needs 'source' and 'root' (and 'num_sites', "
+                        f"'source_args', 'vocabulary'); got {sorted(spec)}"
+                    )
+                t = _load_one(
+                    spec["source"],
+                    Path(spec["root"]).expanduser().resolve(),
+                    spec.get("source_args"),
+                    None,
+                    None,
+                    excluded,
+                    decode_images,
+                    drop_unreadable,
+                    matched,
+                    task=task,
+                )
                 tables.append(t)
                 vocabs.append(_group_vocabulary(spec["source"], spec.get("vocabulary"), True))
                 groups.append(int(spec.get("num_sites", 1)))
             _distinct_names([t.name for t in tables], [spec["source"] for spec in sources])  # the names loaded
             if excluded - matched:
-                raise SourceError(f"--exclude names {len(excluded - matched)} image(s) none of the sources has: "
-                                  f"{sorted(excluded - matched)[:5]}")
+                raise SourceError(
+                    f"--exclude names {len(excluded - matched)} image(s) none of the sources has: "
+                    f"{sorted(excluded - matched)[:5]}"
+                )
             table, masks = _combine(tables, vocabs, classes)
             if num_sites is not None and num_sites != sum(groups):
                 raise SourceError(f"the sources' num_sites add up to {sum(groups)}, not {num_sites}")
-            group_specs = [(n, m, {g: l for l, g in vocabs[k].items() if g in table.classes})
-                           for k, (n, m) in enumerate(zip(groups, masks))]
+            group_specs = [
+                (n, m, {g: l for l, g in vocabs[k].items() if g in table.classes})
+                for k, (n, m) in enumerate(zip(groups, masks))
+            ]
             source = table.name
             local, alone = False, False
         else:
             if root is None and source in PUBLISHED_SOURCES:
-                raise SourceError(f"source {source!r} needs its folder: --root (a job's dataset.prepare.root), the "
-                                  "folder of the published release", hint="see docs/datasets.md for each layout")
+                raise SourceError(
+                    f"source {source!r} needs its folder: --root (a job's dataset.prepare.root), the "
+                    "folder of the published release",
+                    hint="see docs/datasets.md for each layout",
+                )
             if root is None:
                 root = tmp / "source"
             alone = num_sites == 1 and not centralise
-            table = _load_one(source, root, source_args, classes, top_k_classes, excluded, decode_images,
-                              drop_unreadable, alone=alone, task=task)
+            table = _load_one(
+                source,
+                root,
+                source_args,
+                classes,
+                top_k_classes,
+                excluded,
+                decode_images,
+                drop_unreadable,
+                alone=alone,
+                task=task,
+            )
             group_specs = [(num_sites, np.ones(len(table.frame), bool), {})]
             local = source_root is None or inside
         check_rows_have_class(table)
         base = final if inside else tmp  # folder the manifests' image paths are relative to, before publishing
-        info = _build(table, tmp, base, local, group_specs, protocol, seed, val_frac, test_frac, site_sizes,
-                      source, source_args, protocol_params, vocabularies, centralise, partition, alpha, alone)
+        info = _build(
+            table,
+            tmp,
+            base,
+            local,
+            group_specs,
+            protocol,
+            seed,
+            val_frac,
+            test_frac,
+            site_sizes,
+            source,
+            source_args,
+            protocol_params,
+            vocabularies,
+            centralise,
+            partition,
+            alpha,
+            alone,
+        )
         info["top_k_classes"] = top_k_classes
         if alone:  # one site, prepared on its own: coverage of the vocabulary is the job's data check's to know
             info["alone"] = True
         info["notes"] = list(table.notes)
-        info["sources"] = [{"source": s["source"], "root": str(Path(s["root"]).expanduser().resolve()),
-                            "num_sites": int(s.get("num_sites", 1)), "source_args": s.get("source_args") or {}}
-                           for s in (sources or [])]
+        info["sources"] = [
+            {
+                "source": s["source"],
+                "root": str(Path(s["root"]).expanduser().resolve()),
+                "num_sites": int(s.get("num_sites", 1)),
+                "source_args": s.get("source_args") or {},
+            }
+            for s in (sources or [])
+        ]
         # the release's own label files; a generated source's files live in the folder being written (they move
         # with it, and recording their temporary path would make every later use look stale and prepare again)
-        info["source_files"] = _stamps([f for f in table.files if not Path(f).resolve().is_relative_to(tmp.resolve())]
-                                       + ([str(exclude)] if isinstance(exclude, (str, os.PathLike))
-                                          and Path(exclude).is_file() else []))
-        info["dropped"] = [{"file": d.file, "reason": d.reason, "count": len(d.names), "first": d.names[:10],
-                            "lines": d.lines[:10]} for d in table.dropped]
+        info["source_files"] = _stamps(
+            [f for f in table.files if not Path(f).resolve().is_relative_to(tmp.resolve())]
+            + ([str(exclude)] if isinstance(exclude, (str, os.PathLike)) and Path(exclude).is_file() else [])
+        )
+        info["dropped"] = [
+            {"file": d.file, "reason": d.reason, "count": len(d.names), "first": d.names[:10], "lines": d.lines[:10]}
+            for d in table.dropped
+        ]
         _validate(tmp, info, base if local else table.root.resolve())
         info["fingerprint"] = manifests_fingerprint(tmp, info)
         if figure:
@@ -615,8 +811,10 @@ def prepare(source: str | None, source_root: str | os.PathLike | None, out_dir: 
         raise
     if verbose:
         synthetic = " (SYNTHETIC data)" if info["synthetic"] else ""
-        print(f"prepared {final}{synthetic}: {source}, protocol {protocol} {protocol_params}, "
-              f"partition {partition}, seed {seed}")
+        print(
+            f"prepared {final}{synthetic}: {source}, protocol {protocol} {protocol_params}, "
+            f"partition {partition}, seed {seed}"
+        )
         for note in info.get("notes") or []:
             print(note)
         for d in table.dropped:
@@ -625,18 +823,36 @@ def prepare(source: str | None, source_root: str | os.PathLike | None, out_dir: 
             print(annotated_line(info))
         print("labelled positives per class ('-' = not annotated):")
         print(format_counts(info))
-        print("label structure per site: positives/annotated per class ('-' = not annotated); unlabelled = rows "
-              "without a label for the class")
+        print(
+            "label structure per site: positives/annotated per class ('-' = not annotated); unlabelled = rows "
+            "without a label for the class"
+        )
         print(format_structure(info))
         if info.get("figure"):
             print(f"figure: {final / info['figure']}")
     return final
 
 
-def _build(table: SourceTable, tmp: Path, base: Path, local: bool, groups: list, protocol: str, seed: int,
-           val_frac: float, test_frac: float, site_sizes, source: str, source_args, protocol_params,
-           vocabularies: dict | None = None, centralise: bool = False, partition: str = "iid",
-           alpha: float = 0.5, alone: bool = False) -> dict:
+def _build(
+    table: SourceTable,
+    tmp: Path,
+    base: Path,
+    local: bool,
+    groups: list,
+    protocol: str,
+    seed: int,
+    val_frac: float,
+    test_frac: float,
+    site_sizes,
+    source: str,
+    source_args,
+    protocol_params,
+    vocabularies: dict | None = None,
+    centralise: bool = False,
+    partition: str = "iid",
+    alpha: float = 0.5,
+    alone: bool = False,
+) -> dict:
     """Split, deal, assign and write the manifests into ``tmp``; returns the dataset.json content.
 
     ``groups``: per source of the federation ``(number of sites or None, (N,) row mask, {global class: its
@@ -657,8 +873,17 @@ def _build(table: SourceTable, tmp: Path, base: Path, local: bool, groups: list,
         rows = np.flatnonzero(rows_mask)
         split[rows] = _group_split(frame, rows, val_frac, test_frac, seed)
         train = rows[split[rows] == "train"]
-        parts, names = _partition(frame, train, n, partition, seed, site_sizes, classes, alpha,
-                                  FLAMBY_CENTRES if partition == "centre" else None)
+        parts, names = _partition(
+            frame,
+            train,
+            n,
+            partition,
+            seed,
+            site_sizes,
+            classes,
+            alpha,
+            FLAMBY_CENTRES if partition == "centre" else None,
+        )
         for k, part in enumerate(parts):
             if names is not None:
                 centres[site_name(len(site_rows))] = names[k]
@@ -674,12 +899,27 @@ def _build(table: SourceTable, tmp: Path, base: Path, local: bool, groups: list,
     num_sites = len(site_rows)
     per_site = assign(protocol, classes, num_sites, seed, **protocol_params)
     info: dict[str, Any] = {
-        "format_version": FORMAT_VERSION, "source": source, "task": table.task, "classes": classes,
-        "data_root": "." if local else str(table.root.resolve()), "protocol": protocol,
-        "protocol_params": protocol_params, "seed": seed, "num_sites": num_sites, "val_frac": val_frac,
-        "test_frac": test_frac, "site_sizes": site_sizes, "source_args": source_args or {},
-        "partition": partition, "synthetic": bool(table.synthetic), "sites": {}, "files": {}, "sizes": {},
-        "counts": {}, "structure": {}, "unlabelled": {},
+        "format_version": FORMAT_VERSION,
+        "source": source,
+        "task": table.task,
+        "classes": classes,
+        "data_root": "." if local else str(table.root.resolve()),
+        "protocol": protocol,
+        "protocol_params": protocol_params,
+        "seed": seed,
+        "num_sites": num_sites,
+        "val_frac": val_frac,
+        "test_frac": test_frac,
+        "site_sizes": site_sizes,
+        "source_args": source_args or {},
+        "partition": partition,
+        "synthetic": bool(table.synthetic),
+        "sites": {},
+        "files": {},
+        "sizes": {},
+        "counts": {},
+        "structure": {},
+        "unlabelled": {},
     }
     if partition in ("dirichlet", "quantity"):
         info["alpha"] = alpha
@@ -698,8 +938,11 @@ def _build(table: SourceTable, tmp: Path, base: Path, local: bool, groups: list,
         parts = [(site_name(0), np.concatenate([p[1] for p in parts]), "train", np.concatenate([p[3] for p in parts]))]
         info["centralised_from"] = num_sites
         site_group = [0]
-    parts += [(s, rows, s, masked(rows, list(range(len(classes)))))
-              for s in ("val", "test") for rows in [np.flatnonzero(split == s)]]
+    parts += [
+        (s, rows, s, masked(rows, list(range(len(classes)))))
+        for s in ("val", "test")
+        for rows in [np.flatnonzero(split == s)]
+    ]
     renames = {}
     if not centralise:
         for i, g in enumerate(site_group):
@@ -714,8 +957,15 @@ def _build(table: SourceTable, tmp: Path, base: Path, local: bool, groups: list,
         info["vocabularies"] = {site: invert(r) for site, r in renames.items()}
     for name, rows, split_name, mask in parts:
         columns = [renames.get(name, {}).get(c, c) for c in classes]
-        write_manifest(tmp / f"{name}.csv", images.iloc[rows], labels[rows], mask, columns,
-                       patient_ids=pids[rows], splits=[split_name] * len(rows))
+        write_manifest(
+            tmp / f"{name}.csv",
+            images.iloc[rows],
+            labels[rows],
+            mask,
+            columns,
+            patient_ids=pids[rows],
+            splits=[split_name] * len(rows),
+        )
         if split_name == "train":
             annotated = np.flatnonzero(mask.any(axis=0)) if len(mask) else []
             info["sites"][name] = [classes[j] for j in annotated]
@@ -781,6 +1031,7 @@ def ensure_prepared(spec: dict, cache_dir: str | os.PathLike, verbose: bool = Tr
 
 # -------------------------------------------------------------------------------------------------------- CLI
 
+
 def _parse_value(text: str) -> Any:
     """JSON value if it parses (numbers, true/false, lists), else the string."""
     try:
@@ -790,19 +1041,35 @@ def _parse_value(text: str) -> Any:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fedpartial-prepare", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--source", action="append", required=True,
-                   help="ham10000, isic2018, isic2019, nih_cxr14, chexpert, mimic_cxr, rsna_ich, ich_phantom, csv (any "
-                        "label CSV), folder (one sub-folder per class); repeat "
-                        "--source / --root (and --sites) to federate several published sources")
-    p.add_argument("--root", action="append", default=[],
-                   help="source folder (the label CSV for csv; omit for generated sources)")
+    p = argparse.ArgumentParser(
+        prog="fedpartial-prepare",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--source",
+        action="append",
+        required=True,
+        help="ham10000, isic2018, isic2019, nih_cxr14, chexpert, mimic_cxr, rsna_ich, ich_phantom, csv (any "
+        "label CSV), folder (one sub-folder per class); repeat "
+        "--source / --root (and --sites) to federate several published sources",
+    )
+    p.add_argument(
+        "--root", action="append", default=[], help="source folder (the label CSV for csv; omit for generated sources)"
+    )
     p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--sites", type=int, action="append", default=[],
-                   help="number of sites (one per --source when several; omit with --partition centre)")
-    p.add_argument("--protocol", required=True,
-                   help="missing_k (--k), random_s (--s), table (--table), labeled_unlabeled (--m), full")
+    p.add_argument(
+        "--sites",
+        type=int,
+        action="append",
+        default=[],
+        help="number of sites (one per --source when several; omit with --partition centre)",
+    )
+    p.add_argument(
+        "--protocol",
+        required=True,
+        help="missing_k (--k), random_s (--s), table (--table), labeled_unlabeled (--m), full",
+    )
     p.add_argument("--k", type=int, help="missing_k: classes missing per site")
     p.add_argument("--s", type=int, help="random_s: classes per site")
     p.add_argument("--m", type=int, help="labeled_unlabeled: number of fully labelled sites")
@@ -811,32 +1078,55 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--val-frac", type=float, default=0.1)
     p.add_argument("--test-frac", type=float, default=0.2)
     p.add_argument("--site-size", type=int, nargs="+", help="cap on training images per site (one or per site)")
-    p.add_argument("--classes", nargs="+",
-                   help="the federation's classes, in the job's order (space or comma separated), matched to the "
-                        "source's names exactly or case-insensitively; with --sites 1 (a site preparing its own "
-                        "export) a class the export lacks or leaves blank is not annotated here")
-    p.add_argument("--task", choices=("multilabel", "multiclass"),
-                   help="the federation's task: a CSV export is read as such (otherwise task=auto says what it "
-                        "chose and why); other sources must be of it")
+    p.add_argument(
+        "--classes",
+        nargs="+",
+        help="the federation's classes, in the job's order (space or comma separated), matched to the "
+        "source's names exactly or case-insensitively; with --sites 1 (a site preparing its own "
+        "export) a class the export lacks or leaves blank is not annotated here",
+    )
+    p.add_argument(
+        "--task",
+        choices=("multilabel", "multiclass"),
+        help="the federation's task: a CSV export is read as such (otherwise task=auto says what it "
+        "chose and why); other sources must be of it",
+    )
     p.add_argument("--top-k-classes", type=int, help="keep the k most frequent classes")
-    p.add_argument("--source-arg", action="append", default=[], metavar="[SOURCE:|N:]KEY=VALUE",
-                   help="loader keyword, e.g. view=PA, uncertain=zeros, official_split=true (repeatable; prefix "
-                        "SOURCE: or N: (the N-th --source, from 1) to address one source of a federation)")
-    p.add_argument("--partition", default="iid", choices=list(PARTITIONS),
-                   help="how training patients are dealt over sites (centre: one site per centre)")
+    p.add_argument(
+        "--source-arg",
+        action="append",
+        default=[],
+        metavar="[SOURCE:|N:]KEY=VALUE",
+        help="loader keyword, e.g. view=PA, uncertain=zeros, official_split=true (repeatable; prefix "
+        "SOURCE: or N: (the N-th --source, from 1) to address one source of a federation)",
+    )
+    p.add_argument(
+        "--partition",
+        default="iid",
+        choices=list(PARTITIONS),
+        help="how training patients are dealt over sites (centre: one site per centre)",
+    )
     p.add_argument("--alpha", type=float, default=0.5, help="Dirichlet concentration (dirichlet / quantity)")
     p.add_argument("--exclude", help="images to leave out: a file (one name per line) or comma-separated names")
     p.add_argument("--drop-unreadable", action="store_true", help="leave unreadable images out instead of stopping")
     p.add_argument("--no-decode", action="store_true", help="skip the full decode of every image")
-    p.add_argument("--store", metavar="PREPROCESSING",
-                   help="then build the sites' image stores for the job's preprocessing (a dataset preset, "
-                        "PRESET:SIZE such as nih_cxr14:224, or SIZExCHANNELS such as 224x1), as fedpartial-store "
-                        "does: each image is decoded once, by the store build, which is then the decode check")
+    p.add_argument(
+        "--store",
+        metavar="PREPROCESSING",
+        help="then build the sites' image stores for the job's preprocessing (a dataset preset, "
+        "PRESET:SIZE such as nih_cxr14:224, or SIZExCHANNELS such as 224x1), as fedpartial-store "
+        "does: each image is decoded once, by the store build, which is then the decode check",
+    )
     p.add_argument("--no-figure", action="store_true", help="do not save label_structure.png")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
-    p.add_argument("--vocabulary", action="append", default=[], metavar="SITES=VOCAB",
-                   help="these sites' manifests use another vocabulary: site-3,site-4=chexpert (a name, or a JSON "
-                        "{global class: column name}); repeatable")
+    p.add_argument(
+        "--vocabulary",
+        action="append",
+        default=[],
+        metavar="SITES=VOCAB",
+        help="these sites' manifests use another vocabulary: site-3,site-4=chexpert (a name, or a JSON "
+        "{global class: column name}); repeatable",
+    )
     p.add_argument("--centralise", action="store_true", help="pool every site's rows into one site (central baseline)")
     return p
 
@@ -869,8 +1159,10 @@ def _source_args(items: Sequence[str], names: Sequence[str]) -> list[dict]:
         elif target in names:
             by_name.setdefault(target, {})[key.strip()] = _parse_value(value)
         else:
-            raise UsageError(f"--source-arg {item!r} names source {target!r}, which is not one of {list(names)} "
-                             f"(nor a number 1-{len(names)})")
+            raise UsageError(
+                f"--source-arg {item!r} names source {target!r}, which is not one of {list(names)} "
+                f"(nor a number 1-{len(names)})"
+            )
     return [{**common, **by_name.get(n, {}), **by_index.get(i, {})} for i, n in enumerate(names, 1)]
 
 
@@ -883,8 +1175,7 @@ def _run(args: argparse.Namespace) -> Path:
     site_sizes = None
     if args.site_size:
         site_sizes = args.site_size[0] if len(args.site_size) == 1 else args.site_size
-    params = {k: v for k, v in (("k", args.k), ("s", args.s), ("m", args.m), ("table", args.table))
-              if v is not None}
+    params = {k: v for k, v in (("k", args.k), ("s", args.s), ("m", args.m), ("table", args.table)) if v is not None}
     vocabularies = {}
     for item in args.vocabulary:
         sites, sep, vocab = item.partition("=")
@@ -892,11 +1183,24 @@ def _run(args: argparse.Namespace) -> Path:
             raise UsageError(f"--vocabulary expects SITES=VOCAB, got {item!r}")
         for site in sites.split(","):
             vocabularies[site.strip()] = _parse_value(vocab)
-    common = dict(seed=args.seed, val_frac=args.val_frac, test_frac=args.test_frac, site_sizes=site_sizes,
-                  classes=classes, overwrite=args.overwrite, vocabularies=vocabularies or None,
-                  centralise=args.centralise, partition=args.partition, alpha=args.alpha, exclude=args.exclude,
-                  drop_unreadable=args.drop_unreadable, decode_images=not args.no_decode,
-                  figure=not args.no_figure, task=args.task, **params)
+    common = dict(
+        seed=args.seed,
+        val_frac=args.val_frac,
+        test_frac=args.test_frac,
+        site_sizes=site_sizes,
+        classes=classes,
+        overwrite=args.overwrite,
+        vocabularies=vocabularies or None,
+        centralise=args.centralise,
+        partition=args.partition,
+        alpha=args.alpha,
+        exclude=args.exclude,
+        drop_unreadable=args.drop_unreadable,
+        decode_images=not args.no_decode,
+        figure=not args.no_figure,
+        task=args.task,
+        **params,
+    )
     if len(names) == 1:
         if len(args.root) > 1 or len(args.sites) > 1:
             raise UsageError("one --source takes one --root and one --sites")
@@ -904,15 +1208,24 @@ def _run(args: argparse.Namespace) -> Path:
         if sites is None and args.partition != "centre":
             raise UsageError("--sites is required (except with --partition centre)")
         args_one = per_source[0]
-        return prepare(names[0], args.root[0] if args.root else None, args.out, sites, args.protocol,
-                       source_args=args_one or None, top_k_classes=args.top_k_classes, **common)
+        return prepare(
+            names[0],
+            args.root[0] if args.root else None,
+            args.out,
+            sites,
+            args.protocol,
+            source_args=args_one or None,
+            top_k_classes=args.top_k_classes,
+            **common,
+        )
     if len(args.root) != len(names) or len(args.sites) not in (0, len(names)):
         raise UsageError(f"{len(names)} --source need {len(names)} --root and as many --sites (one per source)")
     if args.top_k_classes:
         raise UsageError("--top-k-classes works on one source; give the federation's classes with --classes")
-    sources = [{"source": n, "root": r, "num_sites": args.sites[i] if args.sites else 1,
-                "source_args": per_source[i]}
-               for i, (n, r) in enumerate(zip(names, args.root))]
+    sources = [
+        {"source": n, "root": r, "num_sites": args.sites[i] if args.sites else 1, "source_args": per_source[i]}
+        for i, (n, r) in enumerate(zip(names, args.root))
+    ]
     return prepare(None, None, args.out, None, args.protocol, sources=sources, **common)
 
 
@@ -928,8 +1241,10 @@ def _store_args(spec: str) -> list[str]:
     size, x, channels = spec.lower().partition("x")
     if x and size.isdigit() and channels.isdigit():
         return ["--image-size", size, "--channels", channels]
-    raise UsageError(f"--store expects a dataset preset, PRESET:SIZE (e.g. nih_cxr14:224) or SIZExCHANNELS (e.g. "
-                     f"224x1), got {spec!r} (presets: {', '.join(sorted(PRESETS))})")
+    raise UsageError(
+        f"--store expects a dataset preset, PRESET:SIZE (e.g. nih_cxr14:224) or SIZExCHANNELS (e.g. "
+        f"224x1), got {spec!r} (presets: {', '.join(sorted(PRESETS))})"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -941,9 +1256,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         with interruptible():
             return _main(args)
     except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: nothing half-written is left as done
-        print(f"fedpartial-prepare: stopped ({'Ctrl-C' if not isinstance(e, Interrupted) else e}); an output "
-              "folder is only ever replaced whole, so it holds the previous result or this one; run the same "
-              "command again (a store build goes on from its kept chunks)", file=sys.stderr)
+        print(
+            f"fedpartial-prepare: stopped ({'Ctrl-C' if not isinstance(e, Interrupted) else e}); an output "
+            "folder is only ever replaced whole, so it holds the previous result or this one; run the same "
+            "command again (a store build goes on from its kept chunks)",
+            file=sys.stderr,
+        )
         return exit_status(e)
 
 
@@ -952,8 +1270,10 @@ def _main(args) -> int:
         if args.store:
             store = _store_args(args.store)
             if args.drop_unreadable:
-                raise UsageError("--drop-unreadable needs the decode pass: leave out --store, then run "
-                                 "fedpartial-store on the prepared folder")
+                raise UsageError(
+                    "--drop-unreadable needs the decode pass: leave out --store, then run "
+                    "fedpartial-store on the prepared folder"
+                )
             args.no_decode = True  # the store build decodes every image, and names an unreadable one
         out = _run(args)
         if args.store:

@@ -77,9 +77,15 @@ def load_prepared(out_dir: str | os.PathLike) -> PreparedDataset:
     data_root = data_root if data_root.is_absolute() else (folder / data_root).resolve()
     files = info["files"]
     return PreparedDataset(
-        classes=list(info["classes"]), task=info["task"], data_root=data_root,
-        sites={s: folder / files[s] for s in info["sites"]}, val=folder / files["val"],
-        test=folder / files["test"], info=info, path=folder)
+        classes=list(info["classes"]),
+        task=info["task"],
+        data_root=data_root,
+        sites={s: folder / files[s] for s in info["sites"]},
+        val=folder / files["val"],
+        test=folder / files["test"],
+        info=info,
+        path=folder,
+    )
 
 
 def canonical_spec(spec: dict) -> dict:
@@ -95,8 +101,10 @@ def canonical_spec(spec: dict) -> dict:
     if spec.get("root") is not None:
         spec["root"] = str(Path(spec["root"]).expanduser().resolve())
     if spec.get("sources"):
-        spec["sources"] = [{**s, "root": str(Path(s["root"]).expanduser().resolve())} if s.get("root") else dict(s)
-                           for s in spec["sources"]]
+        spec["sources"] = [
+            {**s, "root": str(Path(s["root"]).expanduser().resolve())} if s.get("root") else dict(s)
+            for s in spec["sources"]
+        ]
     return spec
 
 
@@ -137,10 +145,11 @@ def check_job_classes(prepared: "PreparedDataset", classes: Sequence[str] | None
     spec = prepared.info
     extra = [c for c in prepared.classes if c not in classes]
     missing = [c for c in classes if c not in prepared.classes]
-    how = (f"top_k_classes={spec.get('top_k_classes')} picked them from the data; "
-           if spec.get("top_k_classes") else "")
-    raise SourceError(f"{where}the prepared data ({prepared.path}) have classes {list(prepared.classes)} but the "
-                      f"job's class list is {list(classes)} (only in the data: {extra}; only in the job: "
-                      f"{missing}); {how}prepare with the job's classes",
-                      hint="give the job's class list to prepare ('classes') instead of 'top_k_classes', or set the "
-                           "job's 'classes' to the prepared ones")
+    how = f"top_k_classes={spec.get('top_k_classes')} picked them from the data; " if spec.get("top_k_classes") else ""
+    raise SourceError(
+        f"{where}the prepared data ({prepared.path}) have classes {list(prepared.classes)} but the "
+        f"job's class list is {list(classes)} (only in the data: {extra}; only in the job: "
+        f"{missing}); {how}prepare with the job's classes",
+        hint="give the job's class list to prepare ('classes') instead of 'top_k_classes', or set the "
+        "job's 'classes' to the prepared ones",
+    )

@@ -55,7 +55,8 @@ def missing_k(num_classes: int, num_sites: int, k: int, seed: int = 0) -> list[l
     if num_sites * n < num_classes:
         raise ValueError(
             f"missing_k: {num_sites} sites annotating {n} class(es) each cannot cover {num_classes} classes "
-            f"(need num_sites * (C - k) >= C)")
+            f"(need num_sites * (C - k) >= C)"
+        )
     if n == 1 and num_sites == num_classes:
         return [[i] for i in range(num_classes)]
     perm = np.random.default_rng(seed).permutation(num_classes)
@@ -112,8 +113,9 @@ def _site_sort_key(name: str) -> tuple:
     return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(name)))
 
 
-def resolve_table(per_site: str | Sequence[Sequence[str]] | Mapping[str, Sequence[str]]
-                  ) -> list[list[str]] | Mapping[str, Sequence[str]]:
+def resolve_table(
+    per_site: str | Sequence[Sequence[str]] | Mapping[str, Sequence[str]],
+) -> list[list[str]] | Mapping[str, Sequence[str]]:
     """A table given by name (``NAMED_TABLES``) or JSON file path, else the table itself."""
     if isinstance(per_site, (str, Path)):
         if str(per_site) in NAMED_TABLES:
@@ -125,8 +127,9 @@ def resolve_table(per_site: str | Sequence[Sequence[str]] | Mapping[str, Sequenc
     return per_site
 
 
-def table(classes: Sequence[str], per_site: str | Sequence[Sequence[str]] | Mapping[str, Sequence[str]]
-          ) -> list[list[int]]:
+def table(
+    classes: Sequence[str], per_site: str | Sequence[Sequence[str]] | Mapping[str, Sequence[str]]
+) -> list[list[int]]:
     """Explicit class names per site -> class indices.
 
     Args:
@@ -169,8 +172,7 @@ PROTOCOLS: dict[str, Callable[..., list[list[int]]]] = {
 _PARAMS = {"missing_k": ("k",), "random_s": ("s",), "table": ("table",), "labeled_unlabeled": ("m",), "full": ()}
 
 
-def assign(protocol: str, classes: Sequence[str] | int, num_sites: int, seed: int = 0,
-           **params) -> list[list[int]]:
+def assign(protocol: str, classes: Sequence[str] | int, num_sites: int, seed: int = 0, **params) -> list[list[int]]:
     """Annotated class indices per site for a protocol given by name.
 
     Args:
@@ -191,8 +193,9 @@ def assign(protocol: str, classes: Sequence[str] | int, num_sites: int, seed: in
     missing = [p for p in expected if params.get(p) is None]
     unexpected = [p for p in params if p not in expected]
     if missing or unexpected:
-        raise ValueError(f"protocol {protocol!r} takes parameter(s) {list(expected)}; "
-                         f"missing {missing}, unexpected {unexpected}")
+        raise ValueError(
+            f"protocol {protocol!r} takes parameter(s) {list(expected)}; missing {missing}, unexpected {unexpected}"
+        )
     num_classes = classes if isinstance(classes, int) else len(classes)
     if protocol == "table":
         if isinstance(classes, int):

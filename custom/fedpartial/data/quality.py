@@ -43,8 +43,10 @@ class DecodeCache:
             self.file.parent.mkdir(parents=True, exist_ok=True)
             try:
                 self._db = sqlite3.connect(str(self.file), timeout=60)
-                self._db.execute("CREATE TABLE IF NOT EXISTS decoded (path TEXT, size INTEGER, mtime INTEGER, "
-                                 "error TEXT, PRIMARY KEY (path, size, mtime))")
+                self._db.execute(
+                    "CREATE TABLE IF NOT EXISTS decoded (path TEXT, size INTEGER, mtime INTEGER, "
+                    "error TEXT, PRIMARY KEY (path, size, mtime))"
+                )
             except sqlite3.Error as e:
                 raise OSError(f"cannot open the decode cache {self.file} ({e}){cache_hint(self.file)}") from None
 
@@ -63,8 +65,7 @@ class DecodeCache:
         if self._db is None:
             return
         with self._db:
-            self._db.executemany("INSERT OR REPLACE INTO decoded VALUES (?, ?, ?, ?)",
-                                 [(*k, e) for k, e in items])
+            self._db.executemany("INSERT OR REPLACE INTO decoded VALUES (?, ?, ?, ?)", [(*k, e) for k, e in items])
 
     def close(self) -> None:
         if self._db is not None:
@@ -153,12 +154,15 @@ def merge_duplicate_patients(table: SourceTable, keep: np.ndarray, paths: Sequen
             merged += 1
     if merged:
         table.frame = table.frame.assign(patient_id=pid)
-    shown = "; ".join(" = ".join(f"{names[i]}" + (f" (line {lines[i]})" if lines[i] else "") for i in g)
-                      for g in groups[:3])
+    shown = "; ".join(
+        " = ".join(f"{names[i]}" + (f" (line {lines[i]})" if lines[i] else "") for i in g) for g in groups[:3]
+    )
     more = f"; ... {len(groups) - 3} more group(s)" if len(groups) > 3 else ""
-    table.notes.append(f"{table.name}: {sum(len(g) for g in groups)} image(s) are byte-identical copies in "
-                       f"{len(groups)} group(s): {shown}{more}; each group is kept in one split (its patients are "
-                       "one patient); remove the copies or --exclude them")
+    table.notes.append(
+        f"{table.name}: {sum(len(g) for g in groups)} image(s) are byte-identical copies in "
+        f"{len(groups)} group(s): {shown}{more}; each group is kept in one split (its patients are "
+        "one patient); remove the copies or --exclude them"
+    )
 
 
 def read_exclude(exclude: str | os.PathLike | Sequence[str] | None) -> set[str]:
@@ -175,9 +179,14 @@ def read_exclude(exclude: str | os.PathLike | Sequence[str] | None) -> set[str]:
     return {s.split("#", 1)[0].strip() for s in items} - {""}
 
 
-def quality_pass(table: SourceTable, decode: bool = True, drop_unreadable: bool = False,
-                 exclude: set[str] | None = None, cache_file: str | os.PathLike | None = None,
-                 matched_out: set[str] | None = None) -> SourceTable:
+def quality_pass(
+    table: SourceTable,
+    decode: bool = True,
+    drop_unreadable: bool = False,
+    exclude: set[str] | None = None,
+    cache_file: str | os.PathLike | None = None,
+    matched_out: set[str] | None = None,
+) -> SourceTable:
     """Apply ``exclude``, check that every image exists and (``decode``) fully decodes.
 
     Returns:
@@ -205,11 +214,14 @@ def quality_pass(table: SourceTable, decode: bool = True, drop_unreadable: bool 
         if matched_out is not None:
             matched_out |= exclude & matched
         elif unused:
-            raise SourceError(f"--exclude names {len(unused)} image(s) the source does not have: {unused[:5]}",
-                              hint="give file names, ids or paths relative to --root as the release writes them")
+            raise SourceError(
+                f"--exclude names {len(unused)} image(s) the source does not have: {unused[:5]}",
+                hint="give file names, ids or paths relative to --root as the release writes them",
+            )
         if hit.any():
-            table.dropped.append(Dropped("--exclude", "were excluded", names[hit].tolist(),
-                                         [lines[i] for i in np.flatnonzero(hit)]))
+            table.dropped.append(
+                Dropped("--exclude", "were excluded", names[hit].tolist(), [lines[i] for i in np.flatnonzero(hit)])
+            )
         keep = ~hit
         keep = keep.copy()
     else:
@@ -235,18 +247,36 @@ def quality_pass(table: SourceTable, decode: bool = True, drop_unreadable: bool 
     if bad and not drop_unreadable:
         b = bad[0]
         more = f" ({len(bad) - 1} more unreadable image(s): {[x.image for x in bad[1:4]]})" if len(bad) > 1 else ""
-        raise SourceError(f"image {b.image} cannot be used: {b.error}{more}", b.file or None, b.line,
-                          hint="replace the file, list it in --exclude, or pass --drop-unreadable")
+        raise SourceError(
+            f"image {b.image} cannot be used: {b.error}{more}",
+            b.file or None,
+            b.line,
+            hint="replace the file, list it in --exclude, or pass --drop-unreadable",
+        )
     if bad:
-        table.dropped.append(Dropped(bad[0].file, "have an unreadable or missing image (--drop-unreadable)",
-                                     [b.image for b in bad], [b.line or 0 for b in bad]))
+        table.dropped.append(
+            Dropped(
+                bad[0].file,
+                "have an unreadable or missing image (--drop-unreadable)",
+                [b.image for b in bad],
+                [b.line or 0 for b in bad],
+            )
+        )
         unreadable = {b.image for b in bad}
         keep &= ~names.isin(unreadable).to_numpy()
     if not keep.all():
-        table = SourceTable(table.name, table.task, table.classes, table.root, frame[keep].reset_index(drop=True),
-                            table.synthetic, table.dropped, table.files,
-                            None if table.lines is None else [l for l, k in zip(table.lines, keep) if k],
-                            table.notes)
+        table = SourceTable(
+            table.name,
+            table.task,
+            table.classes,
+            table.root,
+            frame[keep].reset_index(drop=True),
+            table.synthetic,
+            table.dropped,
+            table.files,
+            None if table.lines is None else [l for l, k in zip(table.lines, keep) if k],
+            table.notes,
+        )
     if table.frame.empty:
         raise SourceError(f"{table.name}: no usable image is left", hint="check --exclude and the image folders")
     return table

@@ -38,8 +38,18 @@ from pathlib import Path
 from .cache import CACHE_ENV, cache_dir  # noqa: F401 - where prepared splits and stores are kept
 from .prepare import ensure_prepared
 from .prepared import DATASET_JSON, check_job_classes, load_prepared
-from .site_files import (DATA_DIR_ENV, SITE_CONFIG_ENV, SITE_CONFIG_FILE, SiteData, SiteDataError,  # noqa: F401
-                         data_anchor, data_source, missing_root, read_site_config, resolve_path)
+from .site_files import (  # noqa: F401
+    DATA_DIR_ENV,
+    SITE_CONFIG_ENV,
+    SITE_CONFIG_FILE,
+    SiteData,
+    SiteDataError,
+    data_anchor,
+    data_source,
+    missing_root,
+    read_site_config,
+    resolve_path,
+)
 from .sources.base import SourceError
 
 REQUIRE_ENV = "FEDPARTIAL_REQUIRE_SITE_CONFIG"
@@ -72,24 +82,37 @@ def _from_site_data(site: str, dataset: dict) -> SiteData:
 
     given = dataset["site_data"]
     if site not in given:
-        raise SiteDataError(f"site '{site}' has no folder in the job's site data (sites: {sorted(given)}); run with "
-                            f"{len(given)} sites, or give it one: --site-data {site}=FOLDER")
+        raise SiteDataError(
+            f"site '{site}' has no folder in the job's site data (sites: {sorted(given)}); run with "
+            f"{len(given)} sites, or give it one: --site-data {site}=FOLDER"
+        )
     folder = resolve_path(given[site])
     if not (folder / DATASET_JSON).is_file():
         raise missing_root(site, dataset["name"], f"site_data[{site!r}]", given[site], folder / DATASET_JSON)
     prepared = load_prepared(folder)
     if len(prepared.sites) != 1:
-        raise SiteDataError(f"site '{site}': {folder} holds {len(prepared.sites)} sites {sorted(prepared.sites)}; "
-                            "--site-data takes a folder prepared for one site (fedpartial-prepare --sites 1)")
+        raise SiteDataError(
+            f"site '{site}': {folder} holds {len(prepared.sites)} sites {sorted(prepared.sites)}; "
+            "--site-data takes a folder prepared for one site (fedpartial-prepare --sites 1)"
+        )
     try:
         check_job_classes(prepared, dataset.get("classes"), f"site '{site}', dataset '{dataset['name']}': ")
     except SourceError as e:
         raise SiteDataError(str(e)) from None
     (train,) = prepared.sites.values()
     vocab = next(iter((prepared.info.get("vocabularies") or {}).values()), {})
-    return SiteData(site, dataset["name"], prepared.data_root, train, prepared.val, prepared.test,
-                    origin=f"site-data:{folder}", synthetic=bool(prepared.info.get("synthetic")),
-                    columns=dict(vocab), source=data_source(train, prepared.info))
+    return SiteData(
+        site,
+        dataset["name"],
+        prepared.data_root,
+        train,
+        prepared.val,
+        prepared.test,
+        origin=f"site-data:{folder}",
+        synthetic=bool(prepared.info.get("synthetic")),
+        columns=dict(vocab),
+        source=data_source(train, prepared.info),
+    )
 
 
 def simulated_site_data(site: str, dataset: dict) -> SiteData:
@@ -115,11 +138,21 @@ def simulated_site_data(site: str, dataset: dict) -> SiteData:
         raise SiteDataError(
             f"site '{site}' is not one of the simulated sites {sorted(prepared.sites)} of dataset "
             f"'{dataset['name']}' (prepared in {folder}); run with that many clients or give this site a "
-            f"{SITE_CONFIG_FILE}")
+            f"{SITE_CONFIG_FILE}"
+        )
     vocab = (prepared.info.get("vocabularies") or {}).get(site) or {}  # a split written in several vocabularies
-    return SiteData(site, dataset["name"], prepared.data_root, prepared.sites[site], prepared.val, prepared.test,
-                    origin=f"simulated:{folder}", synthetic=bool(prepared.info.get("synthetic")),
-                    columns=dict(vocab), source=data_source(prepared.sites[site], prepared.info))
+    return SiteData(
+        site,
+        dataset["name"],
+        prepared.data_root,
+        prepared.sites[site],
+        prepared.val,
+        prepared.test,
+        origin=f"simulated:{folder}",
+        synthetic=bool(prepared.info.get("synthetic")),
+        columns=dict(vocab),
+        source=data_source(prepared.sites[site], prepared.info),
+    )
 
 
 def site_config_required(dataset: dict, simulated: bool = True) -> bool:
@@ -130,8 +163,9 @@ def site_config_required(dataset: dict, simulated: bool = True) -> bool:
     return False if env in ("0", "false", "no") else not simulated
 
 
-def resolve_site_data(site: str, dataset: dict, local_dir: str | os.PathLike | None = None,
-                      simulated: bool = True) -> SiteData:
+def resolve_site_data(
+    site: str, dataset: dict, local_dir: str | os.PathLike | None = None, simulated: bool = True
+) -> SiteData:
     """Resolve the job's dataset for this site (see the module docstring for the order).
 
     ``simulated``: the site runs in NVFlare's simulator (only then may it fall back to a simulated split).
@@ -140,11 +174,13 @@ def resolve_site_data(site: str, dataset: dict, local_dir: str | os.PathLike | N
     file = _site_config_file(local_dir)
     if file is not None:
         return read_site_config(site, name, file, dataset.get("classes"))
-    if (dataset.get("prepare") or dataset.get("prepared") or dataset.get("site_data")) \
-            and not site_config_required(dataset, simulated):
+    if (dataset.get("prepare") or dataset.get("prepared") or dataset.get("site_data")) and not site_config_required(
+        dataset, simulated
+    ):
         return simulated_site_data(site, dataset)
     where = f"{Path(local_dir) / SITE_CONFIG_FILE}" if local_dir else f"local/{SITE_CONFIG_FILE}"
     raise SiteDataError(
         f"site '{site}' has no data configured for dataset '{name}': create {where} "
         f"(or point ${SITE_CONFIG_ENV} at such a file) with "
-        f'{{"datasets": {{"{name}": {{"data_root": ..., "train": ..., "val": ..., "test": ...}}}}}}')
+        f'{{"datasets": {{"{name}": {{"data_root": ..., "train": ..., "val": ..., "test": ...}}}}}}'
+    )

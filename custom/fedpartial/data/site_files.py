@@ -84,7 +84,8 @@ def missing_root(site: str, dataset: str, key: str, value: str, path: Path) -> S
     how = f"relative to {anchor} ({what})" if not Path(value).expanduser().is_absolute() else "absolute"
     return SiteDataError(
         f"site '{site}': dataset '{dataset}': {key} {value!r} -> {path} does not exist ({how}); set "
-        f"${DATA_DIR_ENV} (job.py: --data-dir) to the folder it is relative to, or give an absolute path")
+        f"${DATA_DIR_ENV} (job.py: --data-dir) to the folder it is relative to, or give an absolute path"
+    )
 
 
 def read_site_config(site: str, name: str, file: Path, classes=None) -> SiteData:
@@ -98,24 +99,37 @@ def read_site_config(site: str, name: str, file: Path, classes=None) -> SiteData
         raise SiteDataError(f"site '{site}': {file} is not valid JSON ({e})") from e
     entry = (cfg.get("datasets") or {}).get(name)
     if entry is None:
-        raise SiteDataError(f"site '{site}': {file} has no entry for dataset '{name}' "
-                            f"(it lists {sorted((cfg.get('datasets') or {}))})")
+        raise SiteDataError(
+            f"site '{site}': {file} has no entry for dataset '{name}' (it lists {sorted((cfg.get('datasets') or {}))})"
+        )
     if "train" not in entry:
         raise SiteDataError(f"site '{site}': dataset '{name}' in {file} lacks the 'train' manifest")
     base = file.parent.resolve()
     root = resolve_path(entry.get("data_root", "."), base)
     columns, ignore = _vocabulary(entry, classes, f"site '{site}', {file}, dataset '{name}'")
     train = resolve_path(entry["train"], base)
-    return SiteData(site, name, root, train, resolve_path(entry.get("val"), base),
-                    resolve_path(entry.get("test"), base), origin=f"site-config:{file}", columns=columns,
-                    ignore_columns=ignore, source=data_source(train))
+    return SiteData(
+        site,
+        name,
+        root,
+        train,
+        resolve_path(entry.get("val"), base),
+        resolve_path(entry.get("test"), base),
+        origin=f"site-config:{file}",
+        columns=columns,
+        ignore_columns=ignore,
+        source=data_source(train),
+    )
 
 
 def _vocabulary(entry: dict, classes, where: str) -> tuple[dict, list]:
     from .vocabulary import VocabularyError, check_vocabulary
 
     try:
-        return check_vocabulary(entry.get("columns"), entry.get("ignore_columns"), classes or [], where) \
-            if classes is not None else (dict(entry.get("columns") or {}), list(entry.get("ignore_columns") or []))
+        return (
+            check_vocabulary(entry.get("columns"), entry.get("ignore_columns"), classes or [], where)
+            if classes is not None
+            else (dict(entry.get("columns") or {}), list(entry.get("ignore_columns") or []))
+        )
     except VocabularyError as e:
         raise SiteDataError(str(e)) from None

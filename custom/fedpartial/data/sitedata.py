@@ -25,7 +25,7 @@ import torch
 from .batch_views import BatchAugment, IndexDataset, ViewLoader, draw_views, gather
 from .dataset import SOURCE_VIEW, ManifestDataset, StoreImages, make_loader
 from .manifest import Manifest, ManifestError
-from .store import DecodeFailure, DecodedImages, ImageStore, Preprocessing, ensure_store, release_free_heap
+from .store import DecodedImages, DecodeFailure, ImageStore, Preprocessing, ensure_store, release_free_heap
 
 __all__ = ["SiteDatasets", "IndexDataset", "gather", "STORE_MODES"]
 STORE_MODES = ("store", "disk", "memory")  # every cache mode but 'none' reads the image store
@@ -57,8 +57,12 @@ def fetch_rows(images, labels: torch.Tensor, mask: torch.Tensor, idx) -> dict[st
         src = images.batch(idx.numpy())
     else:
         src = np.asarray(images)[idx.numpy()]
-    return {"source": torch.from_numpy(src), "label": labels.index_select(0, idx), "mask": mask.index_select(0, idx),
-            "index": idx.clone()}
+    return {
+        "source": torch.from_numpy(src),
+        "label": labels.index_select(0, idx),
+        "mask": mask.index_select(0, idx),
+        "index": idx.clone(),
+    }
 
 
 def index_batches(n: int, batch_size: int, shuffle: bool, seed: int, drop_last: bool = False):
@@ -66,8 +70,9 @@ def index_batches(n: int, batch_size: int, shuffle: bool, seed: int, drop_last: 
     arguments (the same seeded ``RandomSampler``), without MONAI or worker processes."""
     g = torch.Generator()
     g.manual_seed(int(seed))
-    return torch.utils.data.DataLoader(IndexDataset(n), batch_size=batch_size, shuffle=shuffle, drop_last=drop_last,
-                                       generator=g)
+    return torch.utils.data.DataLoader(
+        IndexDataset(n), batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, generator=g
+    )
 
 
 class SiteDatasets:
@@ -77,8 +82,14 @@ class SiteDatasets:
     ``log_fn``: where build progress goes (``k / N`` lines; a tqdm bar on a terminal when None).
     """
 
-    def __init__(self, manifests: dict[str, Manifest], dataset: dict, cache_dir: str | Path | None = None,
-                 num_workers: int = 0, log_fn: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        manifests: dict[str, Manifest],
+        dataset: dict,
+        cache_dir: str | Path | None = None,
+        num_workers: int = 0,
+        log_fn: Callable[[str], None] | None = None,
+    ):
         self.manifests, self.cfg = manifests, dataset
         self.cache_dir, self.num_workers, self.log_fn = cache_dir, num_workers, log_fn
         self.mode = dataset.get("cache", "store")
@@ -111,13 +122,24 @@ class SiteDatasets:
             m = self.manifests[split]
             try:
                 self._stores[split] = ensure_store(
-                    m.paths, Preprocessing.of(self.cfg), self.cfg.get("cache_dir") or self.cache_dir,
-                    self.store_name(split), m.labels, m.mask, log_fn=self.log_fn, budget_s=budget_s)
+                    m.paths,
+                    Preprocessing.of(self.cfg),
+                    self.cfg.get("cache_dir") or self.cache_dir,
+                    self.store_name(split),
+                    m.labels,
+                    m.mask,
+                    log_fn=self.log_fn,
+                    budget_s=budget_s,
+                )
             except DecodeFailure as e:
                 row, msg = e.failures[0]
                 more = f" ({len(e.failures) - 1} more undecodable image(s))" if len(e.failures) > 1 else ""
-                raise ManifestError(f"image {Path(m.paths[row]).name} cannot be decoded: {msg}{more}", m.site or None,
-                                    m.file or None, m.lines[row] if m.lines else None) from None
+                raise ManifestError(
+                    f"image {Path(m.paths[row]).name} cannot be decoded: {msg}{more}",
+                    m.site or None,
+                    m.file or None,
+                    m.lines[row] if m.lines else None,
+                ) from None
         return self._stores[split]
 
     def open_stores(self, budget_s: float | None = None) -> dict[str, ImageStore]:
@@ -147,9 +169,15 @@ class SiteDatasets:
         if split not in self._base:
             c = self.cfg
             m = self.manifests[split]
-            self._base[split] = ManifestDataset(m, StoreImages(self.images(split), self.channels),
-                                                {"image": "eval"}, int(c["image_size"]), self.channels,
-                                                c.get("mean"), c.get("std"))
+            self._base[split] = ManifestDataset(
+                m,
+                StoreImages(self.images(split), self.channels),
+                {"image": "eval"},
+                int(c["image_size"]),
+                self.channels,
+                c.get("mean"),
+                c.get("std"),
+            )
         return self._base[split].with_views(views)
 
     def _augment(self) -> BatchAugment:
@@ -161,9 +189,18 @@ class SiteDatasets:
         order = index_batches(len(ds), batch_size, shuffle, seed, drop_last)
         return StoreBatches(self.images(split), ds.labels, ds.mask, order, dataset=ds)
 
-    def train_loader(self, views: dict[str, str], batch_size: int, shuffle: bool = True, seed: int = 0,
-                     drop_last: bool = False, batched: bool = False, device: torch.device | str = "cpu",
-                     pin_memory: bool = False, on_device: str = "off"):
+    def train_loader(
+        self,
+        views: dict[str, str],
+        batch_size: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        batched: bool = False,
+        device: torch.device | str = "cpu",
+        pin_memory: bool = False,
+        on_device: str = "off",
+    ):
         """A loader over the training images with the given views (key -> 'eval' / 'weak' / 'strong').
 
         ``batched``: the views are drawn per batch on ``device`` (:class:`~.batch_views.ViewLoader`: same kinds
@@ -172,8 +209,14 @@ class SiteDatasets:
         gathered from the training images kept on ``device`` (:meth:`resident`), in the order the loader would
         give."""
         if not batched:
-            return make_loader(self.dataset("train", views), batch_size, shuffle, seed, drop_last=drop_last,
-                               num_workers=self.num_workers)
+            return make_loader(
+                self.dataset("train", views),
+                batch_size,
+                shuffle,
+                seed,
+                drop_last=drop_last,
+                num_workers=self.num_workers,
+            )
         loader = self._batches("train", batch_size, shuffle, seed, drop_last)
         data, order = self.resident("train", device, on_device), None
         if data is not None:  # the same index batches, without the images
@@ -199,7 +242,7 @@ class SiteDatasets:
             if device.type != "cuda" or self.num_workers > 0 or not self.uses_store:
                 return None
             store = self.store(split)
-            need = len(ds) * store.channels * store.image_size ** 2  # uint8
+            need = len(ds) * store.channels * store.image_size**2  # uint8
             free, total = torch.cuda.mem_get_info(device)
             if need > 0.25 * free or need > 0.1 * total:  # simulated sites may share the GPU: each takes little
                 return None
@@ -207,19 +250,30 @@ class SiteDatasets:
         arr = src.images if isinstance(src, (ImageStore, DecodedImages)) else src
         images = torch.empty(tuple(arr.shape), dtype=torch.uint8, device=device)
         for a in range(0, len(arr), 1024):
-            images[a:a + 1024] = torch.from_numpy(np.array(arr[a:a + 1024])).to(device)
-        self._resident[key] = {"source": images, "label": ds.labels.to(device),
-                               "mask": ds.mask.to(device), "index": torch.arange(len(ds), device=device)}
+            images[a : a + 1024] = torch.from_numpy(np.array(arr[a : a + 1024])).to(device)
+        self._resident[key] = {
+            "source": images,
+            "label": ds.labels.to(device),
+            "mask": ds.mask.to(device),
+            "index": torch.arange(len(ds), device=device),
+        }
         return self._resident[key]
 
     def eval_loader(self, split: str, batch_size: int = 128, device: torch.device | str = "cpu"):
         """The split in order, ``{"image": (B, channels, S, S) float32 normalised, "label", "mask", "index"}`` on
         ``device``: read from the store in batches of ``batch_size``, converted and normalised on ``device``."""
-        return ViewLoader(self._batches(split, batch_size, False, 0, False), {"image": "eval"}, self._augment(), 0,
-                          device)
+        return ViewLoader(
+            self._batches(split, batch_size, False, 0, False), {"image": "eval"}, self._augment(), 0, device
+        )
 
-    def fetcher(self, views: dict[str, str], seed: int, batched: bool = False, device: torch.device | str = "cpu",
-                on_device: str = "off"):
+    def fetcher(
+        self,
+        views: dict[str, str],
+        seed: int,
+        batched: bool = False,
+        device: torch.device | str = "cpu",
+        on_device: str = "off",
+    ):
         """``fetch(indices (B,)) -> device batch`` of chosen training rows with the given views, for methods that
         pick their own samples (FedLSM's pools); the views are reproducible from ``seed``. ``on_device``: as
         :meth:`train_loader` (batched only)."""
@@ -232,6 +286,7 @@ class SiteDatasets:
             images = self.images("train")
             return lambda idx: draw_views(fetch_rows(images, ds.labels, ds.mask, idx), views, augment, gen, device)
         ds = self.dataset("train", views).set_random_state(seed=int(seed))
-        return lambda idx: {k: v.to(device) if torch.is_tensor(v) else v
-                            for k, v in torch.utils.data.default_collate([ds[int(i)] for i in idx]).items()}
-
+        return lambda idx: {
+            k: v.to(device) if torch.is_tensor(v) else v
+            for k, v in torch.utils.data.default_collate([ds[int(i)] for i in idx]).items()
+        }

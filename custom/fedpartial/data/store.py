@@ -48,8 +48,12 @@ FORMAT = "fedpartial-image-store"
 VERSION = 2  # 2: EXIF orientation applied, 16-bit images scaled by their significant bits
 TRACE_ENV = "FEDPARTIAL_STORE_TRACE"  # a file each decoded row is appended to (benchmarks count decodes with it)
 CHUNK_ROWS = 64  # rows per committed chunk (a killed build loses at most the chunks being decoded)
-RESIZE_FILTERS = {"area": Image.Resampling.BOX, "bilinear": Image.Resampling.BILINEAR,
-                  "bicubic": Image.Resampling.BICUBIC, "nearest": Image.Resampling.NEAREST}
+RESIZE_FILTERS = {
+    "area": Image.Resampling.BOX,
+    "bilinear": Image.Resampling.BILINEAR,
+    "bicubic": Image.Resampling.BICUBIC,
+    "nearest": Image.Resampling.NEAREST,
+}
 log = logging.getLogger("fedpartial.store")
 
 
@@ -83,12 +87,22 @@ class Preprocessing:
     def of(cls, cfg: dict) -> "Preprocessing":
         """From a resolved dataset config (``image_size``, ``channels``, ``ct_windows``, ``resize_mode``)."""
         w = cfg.get("ct_windows")
-        return cls(int(cfg["image_size"]), int(cfg["channels"]),
-                   tuple((float(a), float(b)) for a, b in w) if w else None, str(cfg.get("resize_mode", "area")))
+        return cls(
+            int(cfg["image_size"]),
+            int(cfg["channels"]),
+            tuple((float(a), float(b)) for a, b in w) if w else None,
+            str(cfg.get("resize_mode", "area")),
+        )
 
     def key(self) -> dict:
-        return {"format": FORMAT, "version": VERSION, "size": self.image_size, "gray": self.channels == 1,
-                "windows": [list(w) for w in self.ct_windows] if self.ct_windows else None, "resize": self.resize_mode}
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "size": self.image_size,
+            "gray": self.channels == 1,
+            "windows": [list(w) for w in self.ct_windows] if self.ct_windows else None,
+            "resize": self.resize_mode,
+        }
 
 
 def store_key(paths: Sequence[str], prep: Preprocessing) -> str:
@@ -99,14 +113,16 @@ def store_key(paths: Sequence[str], prep: Preprocessing) -> str:
     return h.hexdigest()
 
 
-def store_folder(paths: Sequence[str], prep: Preprocessing, root: str | os.PathLike | None = None,
-                 name: str = "") -> Path:
+def store_folder(
+    paths: Sequence[str], prep: Preprocessing, root: str | os.PathLike | None = None, name: str = ""
+) -> Path:
     """``<root>/<name>-<S>px-<key>``: the folder of the store of these images under this preprocessing."""
     slug = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name)[:40] or "rows"
     return store_root(root) / f"{slug}-{prep.image_size}px-{store_key(paths, prep)[:16]}"
 
 
 # ------------------------------------------------------------------------------------------------------- decoding
+
 
 def _is_dicom(path: str) -> bool:
     """A ``.dcm`` file or the DICOM magic at byte 128 (as :func:`fedpartial.data.transforms.is_dicom`, without
@@ -142,8 +158,9 @@ def open_image(path: str):
         size = "" if im is None else f"{im.size[0]:,} x {im.size[1]:,} = {im.size[0] * im.size[1]:,} pixels, "
         if im is not None:
             im.close()
-        raise ValueError(f"{path}: {size or 'far '}above the limit of {limit:,} pixels per image (set "
-                         f"{MAX_PIXELS_ENV} to raise it)")
+        raise ValueError(
+            f"{path}: {size or 'far '}above the limit of {limit:,} pixels per image (set {MAX_PIXELS_ENV} to raise it)"
+        )
     return im
 
 
@@ -175,8 +192,8 @@ def sixteen_bit_scale(arr, path: str) -> float:
     bits = png_significant_bits(path)
     if not bits or bits > 16:
         top = int(arr.max(initial=0))
-        bits = next(b for b in (8, 10, 12, 14, 16) if top < 2 ** b)
-    return float(2 ** bits - 1)
+        bits = next(b for b in (8, 10, 12, 14, 16) if top < 2**b)
+    return float(2**bits - 1)
 
 
 def upright(im):
@@ -211,8 +228,9 @@ def _kind_or_gray(path: str, prep: Preprocessing) -> int:
         return 1
 
 
-def manifest_channels(paths: Sequence[str], prep: Preprocessing, desc: str = "image kinds",
-                      log_fn: Callable[[str], None] | None = None) -> int:
+def manifest_channels(
+    paths: Sequence[str], prep: Preprocessing, desc: str = "image kinds", log_fn: Callable[[str], None] | None = None
+) -> int:
     """A store's channels: 1 when the job is grayscale or every image is (headers read until a colour image is
     found: about 0.1 ms each), else the job's; a grayscale image in a colour store is repeated, so every row
     equals its file decoded alone in its own channels and repeated (:class:`DecodedImages`, an exported bundle)."""
@@ -221,12 +239,11 @@ def manifest_channels(paths: Sequence[str], prep: Preprocessing, desc: str = "im
     from concurrent.futures import ThreadPoolExecutor
 
     step = 4096
-    update, close = _progress(len(paths), 0, desc, log_fn) if len(paths) > 8 * step else (lambda k: None,
-                                                                                          lambda: None)
+    update, close = _progress(len(paths), 0, desc, log_fn) if len(paths) > 8 * step else (lambda k: None, lambda: None)
     try:
         with ThreadPoolExecutor(max_workers=min(8, default_workers())) as pool:
             for a in range(0, len(paths), step):
-                part = paths[a:a + step]
+                part = paths[a : a + step]
                 if any(c != 1 for c in pool.map(lambda p: _kind_or_gray(p, prep), part)):
                     return prep.channels
                 update(len(part))
@@ -237,8 +254,7 @@ def manifest_channels(paths: Sequence[str], prep: Preprocessing, desc: str = "im
 
 def _resize_float(x: np.ndarray, size: int, flt) -> np.ndarray:
     """``(c, H, W)`` float in [0, 1] -> ``(c, S, S)`` uint8 (per channel through Pillow's float mode)."""
-    out = [np.asarray(Image.fromarray(np.ascontiguousarray(ch, np.float32), "F").resize((size, size), flt))
-           for ch in x]
+    out = [np.asarray(Image.fromarray(np.ascontiguousarray(ch, np.float32), "F").resize((size, size), flt)) for ch in x]
     return np.clip(np.rint(np.stack(out) * 255.0), 0, 255).astype(np.uint8)
 
 
@@ -292,8 +308,11 @@ def decode_resized(path: str | os.PathLike, prep: Preprocessing, channels: int) 
     if c == 1:
         return np.repeat(out, channels, axis=0)
     if channels == 1:  # a colour image (or several CT windows) in a gray store: luma / mean
-        return np.rint(out.astype(np.float32).mean(0, keepdims=True)).astype(np.uint8) if c != 3 else \
-            np.asarray(Image.fromarray(out.transpose(1, 2, 0)).convert("L"))[None]
+        return (
+            np.rint(out.astype(np.float32).mean(0, keepdims=True)).astype(np.uint8)
+            if c != 3
+            else np.asarray(Image.fromarray(out.transpose(1, 2, 0)).convert("L"))[None]
+        )
     raise ValueError(f"cannot store a {c}-channel image in a {channels}-channel store")
 
 
@@ -344,8 +363,9 @@ class DecodedImages:
         return np.stack(out)
 
 
-def _decode_chunk(images: str, chunk: int, start: int, paths: Sequence[str], prep: Preprocessing,
-                  channels: int) -> tuple[int, int | None, list[tuple[int, str]], float]:
+def _decode_chunk(
+    images: str, chunk: int, start: int, paths: Sequence[str], prep: Preprocessing, channels: int
+) -> tuple[int, int | None, list[tuple[int, str]], float]:
     """Worker: decode rows ``start ..`` into the memory map, flush. Returns (chunk, crc32 of the chunk's bytes or
     None when a row failed, failures, CPU seconds)."""
     t0 = time.process_time()
@@ -361,12 +381,13 @@ def _decode_chunk(images: str, chunk: int, start: int, paths: Sequence[str], pre
             with open(trace, "a") as f:
                 f.write(f"{start + i}\n")
     mm.flush()
-    crc = None if failures else zlib.crc32(memoryview(mm[start:start + len(paths)]).cast("B"))
+    crc = None if failures else zlib.crc32(memoryview(mm[start : start + len(paths)]).cast("B"))
     del mm
     return chunk, crc, failures, time.process_time() - t0
 
 
 # -------------------------------------------------------------------------------------------------- the store
+
 
 def _stamps(paths: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each file's size, mtime and ctime (ns; -1 for a file that is gone). The ctime is the one a replaced file
@@ -435,8 +456,14 @@ class ImageStore:
         self._all = False  # every chunk verified: nothing left to check
 
     def __getstate__(self):
-        return {"folder": self.folder, "meta": self.meta, "_images": None, "_crcs": None, "_verified": None,
-                "_all": False}
+        return {
+            "folder": self.folder,
+            "meta": self.meta,
+            "_images": None,
+            "_crcs": None,
+            "_verified": None,
+            "_all": False,
+        }
 
     @property
     def index(self) -> dict[str, np.ndarray]:
@@ -472,13 +499,16 @@ class ImageStore:
         if self._verified is None:
             self._crcs = _read_log(self.folder / "chunks.log")
             self._verified = np.zeros(-(-n // per) if n else 0, bool)
-        chunks = np.arange(len(self._verified)) if rows is None else np.unique(np.asarray(rows, np.int64) % max(n, 1) // per)
+        chunks = (
+            np.arange(len(self._verified)) if rows is None else np.unique(np.asarray(rows, np.int64) % max(n, 1) // per)
+        )
         mm = self._map()
         for c in chunks[~self._verified[chunks]]:
             c = int(c)
-            if zlib.crc32(memoryview(mm[c * per:(c + 1) * per]).cast("B")) != self._crcs.get(c):
-                raise _refuse(self.folder, f"corrupt (rows {c * per}..{min(n, (c + 1) * per) - 1} do not match their "
-                                           "checksum)")
+            if zlib.crc32(memoryview(mm[c * per : (c + 1) * per]).cast("B")) != self._crcs.get(c):
+                raise _refuse(
+                    self.folder, f"corrupt (rows {c * per}..{min(n, (c + 1) * per) - 1} do not match their checksum)"
+                )
             self._verified[c] = True
         self._all = bool(self._verified.all())
 
@@ -521,8 +551,10 @@ class ImageStore:
 
 
 def _refuse(folder: Path, why: str) -> StoreError:
-    return StoreError(f"image store {folder} is {why}; it is not read: remove it (rm -r '{folder}') and start "
-                      "the job again, or rebuild it first with fedpartial-store (docs/datasets.md, 'Image store')")
+    return StoreError(
+        f"image store {folder} is {why}; it is not read: remove it (rm -r '{folder}') and start "
+        "the job again, or rebuild it first with fedpartial-store (docs/datasets.md, 'Image store')"
+    )
 
 
 def open_store(folder: str | os.PathLike, key: str | None = None, check_chunks: int = 4) -> ImageStore:
@@ -536,8 +568,10 @@ def open_store(folder: str | os.PathLike, key: str | None = None, check_chunks: 
     except (OSError, json.JSONDecodeError) as e:
         raise _refuse(folder, f"not a readable store (store.json: {type(e).__name__})") from None
     if meta.get("format") != FORMAT or meta.get("version") != VERSION:
-        raise _refuse(folder, f"foreign (format {meta.get('format')!r} version {meta.get('version')!r}, expected "
-                              f"{FORMAT!r} {VERSION})")
+        raise _refuse(
+            folder,
+            f"foreign (format {meta.get('format')!r} version {meta.get('version')!r}, expected {FORMAT!r} {VERSION})",
+        )
     if key is not None and meta.get("key") != key:
         raise _refuse(folder, "foreign (built for other images or other preprocessing)")
     if not meta.get("complete"):
@@ -567,9 +601,10 @@ def open_store(folder: str | os.PathLike, key: str | None = None, check_chunks: 
     if len(crcs) != n_chunks:
         raise _refuse(folder, f"corrupt (chunks.log lists {len(crcs)} of {n_chunks} chunks)")
     for c in sorted({int(c) for c in np.linspace(0, n_chunks - 1, max(2, check_chunks))} if n_chunks else ()):
-        if zlib.crc32(memoryview(mm[c * rows:(c + 1) * rows]).cast("B")) != crcs[c]:  # rows: contiguous, no copy
-            raise _refuse(folder, f"corrupt (rows {c * rows}..{min(n, (c + 1) * rows) - 1} do not match their "
-                                  "checksum)")
+        if zlib.crc32(memoryview(mm[c * rows : (c + 1) * rows]).cast("B")) != crcs[c]:  # rows: contiguous, no copy
+            raise _refuse(
+                folder, f"corrupt (rows {c * rows}..{min(n, (c + 1) * rows) - 1} do not match their checksum)"
+            )
     del mm
     if set(n_index.values()) != {shape[0]}:
         raise _refuse(folder, f"corrupt (index.npz has {sorted(set(n_index.values()))} rows, images.npy {shape[0]})")
@@ -639,10 +674,20 @@ def default_workers() -> int:
         return os.cpu_count() or 1
 
 
-def build_store(paths: Sequence[str], prep: Preprocessing, folder: str | os.PathLike,
-                labels: np.ndarray | None = None, mask: np.ndarray | None = None, workers: int | None = None,
-                chunk_rows: int = CHUNK_ROWS, desc: str = "image store", log_fn: Callable[[str], None] | None = None,
-                budget_s: float | None = None, redo: Sequence[int] = (), stop_after: int | None = None) -> dict:
+def build_store(
+    paths: Sequence[str],
+    prep: Preprocessing,
+    folder: str | os.PathLike,
+    labels: np.ndarray | None = None,
+    mask: np.ndarray | None = None,
+    workers: int | None = None,
+    chunk_rows: int = CHUNK_ROWS,
+    desc: str = "image store",
+    log_fn: Callable[[str], None] | None = None,
+    budget_s: float | None = None,
+    redo: Sequence[int] = (),
+    stop_after: int | None = None,
+) -> dict:
     """Build (or finish, or refresh) the store of ``paths`` in ``folder``; returns build statistics
     ``{"decoded", "cpu_s" (decoding, every process), "cpu_s_pool" (of it in the pool's processes), "wall_s",
     "workers"}``.
@@ -666,8 +711,9 @@ def build_store(paths: Sequence[str], prep: Preprocessing, folder: str | os.Path
             meta = json.loads(meta_file.read_text())
         except (OSError, json.JSONDecodeError):
             meta = None
-        if meta is not None and (meta.get("format") != FORMAT or meta.get("version") != VERSION
-                                 or meta.get("key") != key):
+        if meta is not None and (
+            meta.get("format") != FORMAT or meta.get("version") != VERSION or meta.get("key") != key
+        ):
             raise _refuse(folder, "foreign (built for other images or other preprocessing)")
     if meta is None:  # a new store: index, empty image file, no chunk
         folder.mkdir(parents=True, exist_ok=True)
@@ -675,8 +721,16 @@ def build_store(paths: Sequence[str], prep: Preprocessing, folder: str | os.Path
         shape = (n, channels, prep.image_size, prep.image_size)
         np.lib.format.open_memmap(images, mode="w+", dtype=np.uint8, shape=shape).flush()  # sparse until written
         (folder / "chunks.log").write_text("")
-        meta = {"format": FORMAT, "version": VERSION, "key": key, "shape": list(shape), "chunk_rows": int(chunk_rows),
-                "preprocessing": prep.key(), "complete": False, "created": time.time()}
+        meta = {
+            "format": FORMAT,
+            "version": VERSION,
+            "key": key,
+            "shape": list(shape),
+            "chunk_rows": int(chunk_rows),
+            "preprocessing": prep.key(),
+            "complete": False,
+            "created": time.time(),
+        }
         _write_index(folder, meta, paths, labels, mask)
         _write_json(meta_file, meta)
     rows, channels = int(meta["chunk_rows"]), int(meta["shape"][1])
@@ -711,18 +765,21 @@ def build_store(paths: Sequence[str], prep: Preprocessing, folder: str | os.Path
         update(k)
 
     def args(c: int):
-        return str(images), c, c * rows, paths[c * rows:(c + 1) * rows], prep, channels
+        return str(images), c, c * rows, paths[c * rows : (c + 1) * rows], prep, channels
 
     try:
         first = todo.pop(0)  # in this process: its time tells whether the rest fits the budget
         if stop_after is not None:
-            todo = todo[:max(0, stop_after - 1)]
+            todo = todo[: max(0, stop_after - 1)]
         parallel = workers > 1 and len(todo) > 1
-        with (_pool(workers) if parallel else contextlib.nullcontext()) as pool:
+        with _pool(workers) if parallel else contextlib.nullcontext() as pool:
             # the pool's processes start, and decode the next chunks, while this process decodes the first one
             queue = list(todo)
-            pending = {pool.submit(_decode_chunk, *args(queue.pop(0))) for _ in range(min(2 * workers, len(queue)))} \
-                if parallel else set()
+            pending = (
+                {pool.submit(_decode_chunk, *args(queue.pop(0))) for _ in range(min(2 * workers, len(queue)))}
+                if parallel
+                else set()
+            )
             t_first = time.perf_counter()
             result = _decode_chunk(*args(first))
             commit(result)
@@ -740,7 +797,8 @@ def build_store(paths: Sequence[str], prep: Preprocessing, folder: str | os.Path
                     f"image store {folder}: {rest} images left to decode, about {per_image * rest / workers / 60:.0f} "
                     f"min on {workers} process(es), more than the {budget_s / 60:.0f} min this step may take; build it "
                     f"before the job: fedpartial-store PREPARED_FOLDER (or --site-config FILE --dataset NAME) "
-                    f"--image-size {prep.image_size} --channels {prep.channels} (docs/datasets.md, 'Image store')")
+                    f"--image-size {prep.image_size} --channels {prep.channels} (docs/datasets.md, 'Image store')"
+                )
             if not parallel:
                 for c in queue:
                     commit(_decode_chunk(*args(c)))
@@ -763,8 +821,9 @@ def build_store(paths: Sequence[str], prep: Preprocessing, folder: str | os.Path
                     raise
     except KeyboardInterrupt:
         kept = len(_read_log(folder / "chunks.log"))
-        (log_fn or (lambda m: print(m, file=sys.stderr, flush=True)))(f"{desc}: stopped; {kept} of {n_chunks} chunks are kept in {folder} (the same command goes on after "
-            "them)")
+        (log_fn or (lambda m: print(m, file=sys.stderr, flush=True)))(
+            f"{desc}: stopped; {kept} of {n_chunks} chunks are kept in {folder} (the same command goes on after them)"
+        )
         raise
     finally:
         close()
@@ -782,9 +841,16 @@ def _write_index(folder: Path, meta: dict, paths: list[str], labels, mask) -> No
     labels = np.zeros((n, 0), np.float32) if labels is None else np.asarray(labels, np.float32)
     mask = np.zeros(labels.shape, bool) if mask is None else np.asarray(mask, bool)
     tmp = folder / f"index.tmp{os.getpid()}.npz"
-    np.savez(tmp, paths=np.asarray(paths, dtype=str), size=size, mtime_ns=mtime, ctime_ns=ctime, labels=labels,
-             mask=mask,
-             position=np.arange(n, dtype=np.int64))
+    np.savez(
+        tmp,
+        paths=np.asarray(paths, dtype=str),
+        size=size,
+        mtime_ns=mtime,
+        ctime_ns=ctime,
+        labels=labels,
+        mask=mask,
+        position=np.arange(n, dtype=np.int64),
+    )
     os.replace(tmp, folder / "index.npz")
     meta["index_sha256"] = _index_digest(folder / "index.npz")
 
@@ -796,14 +862,18 @@ def _finish(folder: Path, meta: dict, meta_file: Path) -> None:
         _write_json(meta_file, meta)
 
 
-def relabel(store: ImageStore, labels: np.ndarray, mask: np.ndarray,
-            index: dict[str, np.ndarray] | None = None) -> bool:
+def relabel(
+    store: ImageStore, labels: np.ndarray, mask: np.ndarray, index: dict[str, np.ndarray] | None = None
+) -> bool:
     """Record the manifest's label vectors in the store's index when they differ (a corrected label: nothing is
     decoded again). Returns whether the index changed. ``index``: ``store.index`` when the caller has read it."""
     labels, mask = np.asarray(labels, np.float32), np.asarray(mask, bool)
     index = store.index if index is None else index
-    if index["labels"].shape == labels.shape and np.array_equal(index["labels"], labels) \
-            and np.array_equal(index["mask"], mask):
+    if (
+        index["labels"].shape == labels.shape
+        and np.array_equal(index["labels"], labels)
+        and np.array_equal(index["mask"], mask)
+    ):
         return False
     tmp = store.folder / f"index.tmp{os.getpid()}.npz"
     np.savez(tmp, **{**index, "paths": store.paths, "labels": labels, "mask": mask})
@@ -813,10 +883,17 @@ def relabel(store: ImageStore, labels: np.ndarray, mask: np.ndarray,
     return True
 
 
-def ensure_store(paths: Sequence[str], prep: Preprocessing, root: str | os.PathLike | None = None,
-                 name: str = "", labels: np.ndarray | None = None, mask: np.ndarray | None = None,
-                 workers: int | None = None, log_fn: Callable[[str], None] | None = None,
-                 budget_s: float | None = None) -> ImageStore:
+def ensure_store(
+    paths: Sequence[str],
+    prep: Preprocessing,
+    root: str | os.PathLike | None = None,
+    name: str = "",
+    labels: np.ndarray | None = None,
+    mask: np.ndarray | None = None,
+    workers: int | None = None,
+    log_fn: Callable[[str], None] | None = None,
+    budget_s: float | None = None,
+) -> ImageStore:
     """The complete, current store of ``paths``: opened when it exists (no image decoded: the index's sizes and
     mtimes are compared with the files), its changed rows decoded again (named), built when absent or unfinished
     (under a file lock: simulated sites opening the same validation store wait for the first).
@@ -849,15 +926,28 @@ def ensure_store(paths: Sequence[str], prep: Preprocessing, root: str | os.PathL
                     relabel(store, labels, mask if mask is not None else np.ones_like(labels, bool), index)
                 return store
             names = [Path(paths[i]).name for i in stale[:5]]
-            say(f"image store {folder.name}: {len(stale)} source file(s) changed since it was built "
-                f"({', '.join(names)}{', ...' if len(stale) > 5 else ''}): decoding them again")
-            build_store(paths, prep, folder, labels, mask, workers, desc=name or "image store", log_fn=log_fn,
-                        budget_s=budget_s, redo=stale)
+            say(
+                f"image store {folder.name}: {len(stale)} source file(s) changed since it was built "
+                f"({', '.join(names)}{', ...' if len(stale) > 5 else ''}): decoding them again"
+            )
+            build_store(
+                paths,
+                prep,
+                folder,
+                labels,
+                mask,
+                workers,
+                desc=name or "image store",
+                log_fn=log_fn,
+                budget_s=budget_s,
+                redo=stale,
+            )
         else:
             if meta_file.is_file():
                 say(f"image store {folder.name}: resuming an unfinished build")
-            build_store(paths, prep, folder, labels, mask, workers, desc=name or "image store", log_fn=log_fn,
-                        budget_s=budget_s)
+            build_store(
+                paths, prep, folder, labels, mask, workers, desc=name or "image store", log_fn=log_fn, budget_s=budget_s
+            )
         store = open_store(folder, key)
         if labels is not None:
             relabel(store, labels, mask if mask is not None else np.ones_like(labels, bool))

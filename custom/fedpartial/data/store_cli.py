@@ -34,17 +34,32 @@ def prepared_manifests(folder: str | os.PathLike, task: str | None = None) -> di
     p = load_prepared(folder)
     vocab = p.info.get("vocabularies") or {}
     out: dict[str, dict[str, Manifest]] = {}
-    shared = {s: read_manifest(getattr(p, s), p.classes, data_root=p.data_root, site="shared", task=p.task,
-                               require_annotated=False) for s in ("val", "test")}
+    shared = {
+        s: read_manifest(
+            getattr(p, s), p.classes, data_root=p.data_root, site="shared", task=p.task, require_annotated=False
+        )
+        for s in ("val", "test")
+    }
     for site, file in p.sites.items():
-        m = read_manifest(file, p.classes, data_root=p.data_root, site=site, task=task or p.task,
-                          require_annotated=False, columns=vocab.get(site))
+        m = read_manifest(
+            file,
+            p.classes,
+            data_root=p.data_root,
+            site=site,
+            task=task or p.task,
+            require_annotated=False,
+            columns=vocab.get(site),
+        )
         out[site] = {"train": m.subset("train"), **shared}
     return out
 
 
-def build_all(manifests: dict[str, dict[str, Manifest]], dataset: dict, workers: int | None = None,
-              log_fn: Callable[[str], None] | None = None) -> dict[str, ImageStore]:
+def build_all(
+    manifests: dict[str, dict[str, Manifest]],
+    dataset: dict,
+    workers: int | None = None,
+    log_fn: Callable[[str], None] | None = None,
+) -> dict[str, ImageStore]:
     """Open or build the store of every (site, split) manifest (a set shared by several sites once).
     Returns ``{"<site>/<split>": store}``."""
     from .sitedata import SiteDatasets
@@ -70,8 +85,11 @@ def _header_classes(file: Path) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fedpartial-store", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="fedpartial-store",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("prepared", nargs="?", help="a fedpartial-prepare output folder")
     p.add_argument("--site-config", help="a site's fedpartial_data.json (with --dataset)")
     p.add_argument("--dataset", help="the dataset entry of --site-config")
@@ -86,8 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _dataset(args) -> dict:
     cfg: dict = {"preset": args.preset} if args.preset else {"name": "store", "task": "multilabel", "classes": []}
-    for key, value in (("image_size", args.image_size), ("channels", args.channels),
-                       ("resize_mode", args.resize_mode), ("cache_dir", args.cache_dir)):
+    for key, value in (
+        ("image_size", args.image_size),
+        ("channels", args.channels),
+        ("resize_mode", args.resize_mode),
+        ("cache_dir", args.cache_dir),
+    ):
         if value is not None:
             cfg[key] = value
     if not args.preset and (args.image_size is None or args.channels is None):
@@ -101,8 +123,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         with interruptible():
             return _main(args)
     except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: the pool is stopped, the finished chunks kept
-        print(f"fedpartial-store: stopped ({'Ctrl-C' if not isinstance(e, Interrupted) else e}); run the same "
-              "command again to go on from the kept chunks", file=sys.stderr)
+        print(
+            f"fedpartial-store: stopped ({'Ctrl-C' if not isinstance(e, Interrupted) else e}); run the same "
+            "command again to go on from the kept chunks",
+            file=sys.stderr,
+        )
         return exit_status(e)
 
 
@@ -113,8 +138,7 @@ def _main(args) -> int:
             name = args.dataset or ds.get("name")
             sd = read_site_config("local", name, Path(args.site_config))
             classes = ds["classes"] or _header_classes(sd.train)
-            read = dict(data_root=sd.data_root, site="local", task=ds["task"], require_annotated=False,
-                        **sd.vocabulary)
+            read = dict(data_root=sd.data_root, site="local", task=ds["task"], require_annotated=False, **sd.vocabulary)
             full = read_manifest(sd.train, classes, **read)
             splits = {"train": full.subset("train")}
             for s in ("val", "test"):

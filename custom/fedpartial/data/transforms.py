@@ -18,13 +18,16 @@ import os
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from PIL import Image
 
-from .store import open_image, sixteen_bit_scale, upright  # the store's one decoding of a file
 from .dicom import apply_windows, read_dicom_hu  # DICOM -> HU (H, W); HU -> (n_windows, H, W) in [0, 1]
+from .store import open_image, sixteen_bit_scale, upright  # the store's one decoding of a file
+
+if TYPE_CHECKING:  # annotations only: MONAI is imported where a pipeline is built (below)
+    from monai.transforms import Compose
 
 # MONAI is imported where a pipeline is built, not with this module: importing MONAI imports all of it (and the
 # optional packages it finds: scikit-learn, matplotlib, tensorboard, mlflow), which a site process that only
@@ -39,6 +42,7 @@ class ImageLoadError(OSError):
 
 
 # ----------------------------------------------------------------------------------------------------------- decoding
+
 
 def is_dicom(path: str | os.PathLike) -> bool:
     """True for a ``.dcm`` file or any file with the DICOM magic ``DICM`` at byte 128."""
@@ -67,8 +71,14 @@ def check_image_header(path: str | os.PathLike) -> None:
                     raise ValueError(f"DICOM without {tag}")
             ts = getattr(getattr(ds, "file_meta", None), "TransferSyntaxUID", None)
             if ts is None or not ts.is_compressed:
-                need = int(ds.Rows) * int(ds.Columns) * int(ds.get("SamplesPerPixel", 1)) * \
-                    int(ds.get("NumberOfFrames", 1) or 1) * int(ds.get("BitsAllocated", 16)) // 8
+                need = (
+                    int(ds.Rows)
+                    * int(ds.Columns)
+                    * int(ds.get("SamplesPerPixel", 1))
+                    * int(ds.get("NumberOfFrames", 1) or 1)
+                    * int(ds.get("BitsAllocated", 16))
+                    // 8
+                )
                 if len(ds.PixelData) < need:
                     raise ValueError(f"pixel data has {len(ds.PixelData)} bytes, the header needs {need} (truncated)")
         else:
@@ -161,8 +171,9 @@ def _load_image_anyd_class():
                 ``channels`` like a gray/RGB image); None = min-max scaled HU.
         """
 
-        def __init__(self, keys, channels: int, ct_windows: Sequence[Window] | None = None,
-                     allow_missing_keys: bool = False) -> None:
+        def __init__(
+            self, keys, channels: int, ct_windows: Sequence[Window] | None = None, allow_missing_keys: bool = False
+        ) -> None:
             super().__init__(keys, allow_missing_keys)
             self.channels = int(channels)
             self.ct_windows = [tuple(map(float, w)) for w in ct_windows] if ct_windows else None
@@ -174,7 +185,7 @@ def _load_image_anyd_class():
             return d
 
     LoadImageAnydTransform.__qualname__ = "LoadImageAnydTransform"  # picklable (DataLoader worker processes):
-    _LOADER_CLASS = LoadImageAnydTransform                          # found again through the module __getattr__
+    _LOADER_CLASS = LoadImageAnydTransform  # found again through the module __getattr__
     return _LOADER_CLASS
 
 
@@ -191,6 +202,7 @@ def LoadImageAnyd(keys, channels: int, ct_windows: Sequence[Window] | None = Non
 
 
 # --------------------------------------------------------------------------------------------------------- pipelines
+
 
 @contextmanager
 def plain_tensors() -> Iterator[None]:
@@ -228,21 +240,33 @@ def _normalise(keys, channels: int | None, mean: Sequence[float] | None, std: Se
     return [NormalizeIntensityd(keys, subtrahend=mean, divisor=std, channel_wise=True)]
 
 
-def preprocess_transforms(image_size: int, channels: int, ct_windows: Sequence[Window] | None = None,
-                          keys: Sequence[str] = ("image",), resize_mode: str = "area") -> Compose:
+def preprocess_transforms(
+    image_size: int,
+    channels: int,
+    ct_windows: Sequence[Window] | None = None,
+    keys: Sequence[str] = ("image",),
+    resize_mode: str = "area",
+) -> Compose:
     """Deterministic, cacheable part: path -> ``(channels, image_size, image_size)`` float32 tensor in [0, 1]."""
     from monai.transforms import Compose, EnsureTyped, Resized
 
-    return Compose([
-        LoadImageAnyd(keys, channels, ct_windows),
-        Resized(keys, spatial_size=(image_size, image_size), mode=resize_mode),
-        EnsureTyped(keys, data_type="tensor", dtype=torch.float32, track_meta=False),
-    ])
+    return Compose(
+        [
+            LoadImageAnyd(keys, channels, ct_windows),
+            Resized(keys, spatial_size=(image_size, image_size), mode=resize_mode),
+            EnsureTyped(keys, data_type="tensor", dtype=torch.float32, track_meta=False),
+        ]
+    )
 
 
-def augment_transforms(kind: str, image_size: int, mean: Sequence[float] | None = None,
-                       std: Sequence[float] | None = None, keys: Sequence[str] = ("image",),
-                       channels: int | None = None) -> Compose:
+def augment_transforms(
+    kind: str,
+    image_size: int,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+    keys: Sequence[str] = ("image",),
+    channels: int | None = None,
+) -> Compose:
     """Random part, on ``(C, S, S)`` tensors in [0, 1]; output same shape, float32, normalised.
 
     - ``"eval"``: normalise only (deterministic).
@@ -253,49 +277,98 @@ def augment_transforms(kind: str, image_size: int, mean: Sequence[float] | None 
     """
     if kind not in KINDS:
         raise ValueError(f"augmentation kind must be one of {KINDS}, got {kind!r}")
-    from monai.transforms import (Compose, EnsureTyped, Identityd, Lambdad, MedianSmoothd, OneOf,
-                                  RandAdjustContrastd, RandAffined, RandFlipd, RandGaussianNoised,
-                                  RandGaussianSmoothd, RandScaleIntensityd)
+    from monai.transforms import (
+        Compose,
+        EnsureTyped,
+        Identityd,
+        Lambdad,
+        MedianSmoothd,
+        OneOf,
+        RandAdjustContrastd,
+        RandAffined,
+        RandFlipd,
+        RandGaussianNoised,
+        RandGaussianSmoothd,
+        RandScaleIntensityd,
+    )
 
     keys = list(keys)
-    norm = [*_normalise(keys, channels, mean, std),
-            EnsureTyped(keys, data_type="tensor", dtype=torch.float32, track_meta=False)]  # plain tensors out
+    norm = [
+        *_normalise(keys, channels, mean, std),
+        EnsureTyped(keys, data_type="tensor", dtype=torch.float32, track_meta=False),
+    ]  # plain tensors out
     if kind == "eval":
         return Compose(norm)
     if kind == "flip":
         return Compose([RandFlipd(keys, prob=0.5, spatial_axis=1), *norm])
     if kind == "weak":
         t = 0.02 * image_size
-        return Compose([
-            RandFlipd(keys, prob=0.5, spatial_axis=1),
-            RandAffined(keys, prob=1.0, rotate_range=(math.radians(10),), translate_range=(t, t),
-                        mode="bilinear", padding_mode="zeros"),
-            *norm,
-        ])
+        return Compose(
+            [
+                RandFlipd(keys, prob=0.5, spatial_axis=1),
+                RandAffined(
+                    keys,
+                    prob=1.0,
+                    rotate_range=(math.radians(10),),
+                    translate_range=(t, t),
+                    mode="bilinear",
+                    padding_mode="zeros",
+                ),
+                *norm,
+            ]
+        )
     t = 0.1 * image_size
     p_filter, p_intensity = 0.7, 0.75
-    return Compose([
-        RandFlipd(keys, prob=0.5, spatial_axis=0),
-        RandFlipd(keys, prob=0.5, spatial_axis=1),
-        RandAffined(keys, prob=0.85, rotate_range=(math.radians(15),), translate_range=(t, t),
-                    scale_range=(0.1, 0.1), mode="bilinear", padding_mode="zeros"),
-        OneOf([MedianSmoothd(keys, radius=1),
-               RandGaussianSmoothd(keys, sigma_x=(0.1, 1.0), sigma_y=(0.1, 1.0), prob=1.0),
-               RandGaussianNoised(keys, prob=1.0, mean=0.0, std=0.03),
-               Identityd(keys)],
-              weights=[p_filter / 3] * 3 + [1 - p_filter]),
-        OneOf([Compose([RandScaleIntensityd(keys, factors=0.2, prob=1.0),
-                        RandAdjustContrastd(keys, gamma=(0.8, 1.25), prob=1.0)]),
-               Identityd(keys)],
-              weights=[p_intensity, 1 - p_intensity]),
-        Lambdad(keys, _clip01),
-        *norm,
-    ])
+    return Compose(
+        [
+            RandFlipd(keys, prob=0.5, spatial_axis=0),
+            RandFlipd(keys, prob=0.5, spatial_axis=1),
+            RandAffined(
+                keys,
+                prob=0.85,
+                rotate_range=(math.radians(15),),
+                translate_range=(t, t),
+                scale_range=(0.1, 0.1),
+                mode="bilinear",
+                padding_mode="zeros",
+            ),
+            OneOf(
+                [
+                    MedianSmoothd(keys, radius=1),
+                    RandGaussianSmoothd(keys, sigma_x=(0.1, 1.0), sigma_y=(0.1, 1.0), prob=1.0),
+                    RandGaussianNoised(keys, prob=1.0, mean=0.0, std=0.03),
+                    Identityd(keys),
+                ],
+                weights=[p_filter / 3] * 3 + [1 - p_filter],
+            ),
+            OneOf(
+                [
+                    Compose(
+                        [
+                            RandScaleIntensityd(keys, factors=0.2, prob=1.0),
+                            RandAdjustContrastd(keys, gamma=(0.8, 1.25), prob=1.0),
+                        ]
+                    ),
+                    Identityd(keys),
+                ],
+                weights=[p_intensity, 1 - p_intensity],
+            ),
+            Lambdad(keys, _clip01),
+            *norm,
+        ]
+    )
 
 
-def build_transforms(kind: str, image_size: int, channels: int, mean: Sequence[float] | None,
-                     std: Sequence[float] | None, ct_windows: Sequence[Window] | None = None,
-                     cached_only: bool = False, keys: Sequence[str] = ("image",)) -> Compose:
+def build_transforms(
+    kind: str,
+    image_size: int,
+    channels: int,
+    mean: Sequence[float] | None,
+    std: Sequence[float] | None,
+    ct_windows: Sequence[Window] | None = None,
+    cached_only: bool = False,
+    keys: Sequence[str] = ("image",),
+) -> Compose:
     """Full pipeline path -> ``(channels, image_size, image_size)`` float32: preprocess + augment(kind).
 
     ``cached_only=True`` returns only the deterministic (cacheable) preprocessing part.
@@ -308,9 +381,14 @@ def build_transforms(kind: str, image_size: int, channels: int, mean: Sequence[f
     return Compose([*pre.transforms, *augment_transforms(kind, image_size, mean, std, keys, channels).transforms])
 
 
-def view_transforms(views: Mapping[str, str], image_size: int, mean: Sequence[float] | None = None,
-                    std: Sequence[float] | None = None, source_key: str = "image",
-                    channels: int | None = None) -> Compose:
+def view_transforms(
+    views: Mapping[str, str],
+    image_size: int,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+    source_key: str = "image",
+    channels: int | None = None,
+) -> Compose:
     """One cached image -> several independently augmented views.
 
     ``views`` maps output key -> kind, e.g. ``{"image": "weak", "image_2": "weak"}``: the source

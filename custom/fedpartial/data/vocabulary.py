@@ -20,14 +20,23 @@ from typing import Mapping, Sequence
 
 IGNORED = "\0ignored:"  # prefix of an ignored column in a mapped header (never a class name)
 
-CHEXPERT_NAMES = {"Effusion": "Pleural Effusion", "Pleural_Thickening": "Pleural Other",
-                  "Mass": "Lung Lesion", "Infiltration": "Lung Opacity"}
+CHEXPERT_NAMES = {
+    "Effusion": "Pleural Effusion",
+    "Pleural_Thickening": "Pleural Other",
+    "Mass": "Lung Lesion",
+    "Infiltration": "Lung Opacity",
+}
 """NIH ChestX-ray14 names -> CheXpert's: the shared findings CheXpert names differently (Atelectasis,
 Cardiomegaly, Consolidation, Edema, Pneumonia, Pneumothorax are spelled alike) and the closest CheXpert
 column of a few NIH findings (used as "CheXpert's own" classes when only NIH images are at hand)."""
 
-ICH_ABBREVIATIONS = {"epidural": "EDH", "intraparenchymal": "IPH", "intraventricular": "IVH",
-                     "subarachnoid": "SAH", "subdural": "SDH"}
+ICH_ABBREVIATIONS = {
+    "epidural": "EDH",
+    "intraparenchymal": "IPH",
+    "intraventricular": "IVH",
+    "subarachnoid": "SAH",
+    "subdural": "SDH",
+}
 """RSNA ICH subtype names -> the clinical abbreviations."""
 
 CHEXPERT_SYNONYMS = {"Effusion": "Pleural Effusion"}
@@ -36,16 +45,20 @@ observation; the other shared findings (Atelectasis, Cardiomegaly, Consolidation
 Pneumothorax) are spelled alike. Used when NIH and CheXpert / MIMIC-CXR sites are federated from their published
 files: each CheXpert-style site keeps its own column names and maps ``Pleural Effusion`` onto ``Effusion``."""
 
-VOCABULARIES: dict[str, dict[str, str]] = {"chexpert": CHEXPERT_NAMES, "chexpert_synonyms": CHEXPERT_SYNONYMS,
-                                           "ich_abbreviations": ICH_ABBREVIATIONS}
+VOCABULARIES: dict[str, dict[str, str]] = {
+    "chexpert": CHEXPERT_NAMES,
+    "chexpert_synonyms": CHEXPERT_SYNONYMS,
+    "ich_abbreviations": ICH_ABBREVIATIONS,
+}
 
 
 class VocabularyError(ValueError):
     """A bad vocabulary in a site configuration (names the site and the file)."""
 
 
-def check_vocabulary(columns: Mapping[str, str] | None, ignore: Sequence[str] | None, classes: Sequence[str],
-                     where: str) -> tuple[dict[str, str], list[str]]:
+def check_vocabulary(
+    columns: Mapping[str, str] | None, ignore: Sequence[str] | None, classes: Sequence[str], where: str
+) -> tuple[dict[str, str], list[str]]:
     """Validate a site's mapping against the job's classes; returns ``(columns, ignore)`` as plain types.
 
     Raises:
@@ -59,7 +72,9 @@ def check_vocabulary(columns: Mapping[str, str] | None, ignore: Sequence[str] | 
         raise VocabularyError(f"{where}: 'ignore_columns' must be a list of column names")
     bad = {k: v for k, v in columns.items() if v not in classes}
     if bad:
-        raise VocabularyError(f"{where}: 'columns' maps {bad} onto no class of the job; the classes are {list(classes)}")
+        raise VocabularyError(
+            f"{where}: 'columns' maps {bad} onto no class of the job; the classes are {list(classes)}"
+        )
     both = sorted(set(columns) & set(ignore))
     if both:
         raise VocabularyError(f"{where}: column(s) {both} are both mapped and ignored")
@@ -71,8 +86,9 @@ def check_vocabulary(columns: Mapping[str, str] | None, ignore: Sequence[str] | 
     return columns, ignore
 
 
-def map_header(header: Sequence[str], classes: Sequence[str], columns: Mapping[str, str] | None,
-               ignore: Sequence[str] | None) -> tuple[list[str], dict[str, str]]:
+def map_header(
+    header: Sequence[str], classes: Sequence[str], columns: Mapping[str, str] | None, ignore: Sequence[str] | None
+) -> tuple[list[str], dict[str, str]]:
     """A manifest header in the job's vocabulary: ``columns`` renamed, ``ignore`` skipped, and a column naming one
     of ``classes`` in another case (``nv`` for ``NV``) read as that class. The columns' order is free.
 
@@ -101,8 +117,10 @@ def map_header(header: Sequence[str], classes: Sequence[str], columns: Mapping[s
             out.append(h)
     clash = sorted(c for c in renamed if c in header)
     if clash:
-        raise VocabularyError(f"column(s) {[renamed[c] for c in clash]} are mapped onto {clash}, which the manifest "
-                              "also has as column(s) of their own")
+        raise VocabularyError(
+            f"column(s) {[renamed[c] for c in clash]} are mapped onto {clash}, which the manifest "
+            "also has as column(s) of their own"
+        )
     return out, renamed
 
 

@@ -54,8 +54,17 @@ from nvflare.app_common.app_constant import AppConstants
 from ..aggregation import BOUND_MODES, bound_changes, change_cosine, check_update, step_of
 from ..methods import Contribution, ServerRule, get_method
 from ..stat_checks import JobSize, StatSpec, check_statistics
-from .keys import (META_ANNOTATED, META_CLIPPED, META_GROUPS, META_MISSING, META_N_TRAIN, META_REJECTED, META_RULE_ERROR,
-                   META_SKIPPED, META_WEIGHT)
+from .keys import (
+    META_ANNOTATED,
+    META_CLIPPED,
+    META_GROUPS,
+    META_MISSING,
+    META_N_TRAIN,
+    META_REJECTED,
+    META_RULE_ERROR,
+    META_SKIPPED,
+    META_WEIGHT,
+)
 
 
 def to_builtin(value):
@@ -93,21 +102,29 @@ def groups_problem(groups, weights: dict) -> str | None:
 
 class PartialLabelAggregator(Aggregator):
     """Args:
-        method: the registered method whose server rule aggregates (e.g. ``fedavg_masked``).
-        method_args: the method's options (the rule takes its own; every key must belong to the method).
-        summary_id: id of the :class:`~fedpartial.fl.data_check.DataSummaryProcessor` component (optional).
-        max_rule_failures: consecutive rounds in which the rule may raise before the job is stopped.
-        max_change_ratio: bound on each tensor's change relative to its last global step (first round: its own
-            norm) (0: no bound).
-        on_large_change: ``reject`` the site's update or ``clip`` the offending tensors' changes to the bound.
-        min_cosine: an update whose change has a cosine below this with the last global step is refused
-            (None: no direction check).
-        model_id: the server's model component (its ``feature_dim`` is the D of the statistics' declarations).
+    method: the registered method whose server rule aggregates (e.g. ``fedavg_masked``).
+    method_args: the method's options (the rule takes its own; every key must belong to the method).
+    summary_id: id of the :class:`~fedpartial.fl.data_check.DataSummaryProcessor` component (optional).
+    max_rule_failures: consecutive rounds in which the rule may raise before the job is stopped.
+    max_change_ratio: bound on each tensor's change relative to its last global step (first round: its own
+        norm) (0: no bound).
+    on_large_change: ``reject`` the site's update or ``clip`` the offending tensors' changes to the bound.
+    min_cosine: an update whose change has a cosine below this with the last global step is refused
+        (None: no direction check).
+    model_id: the server's model component (its ``feature_dim`` is the D of the statistics' declarations).
     """
 
-    def __init__(self, method: str = "fedavg", method_args: dict | None = None, summary_id: str = "data_summary",
-                 max_rule_failures: int = 3, max_change_ratio: float = 25.0, on_large_change: str = "reject",
-                 min_cosine: float | None = -0.5, model_id: str = "model"):
+    def __init__(
+        self,
+        method: str = "fedavg",
+        method_args: dict | None = None,
+        summary_id: str = "data_summary",
+        max_rule_failures: int = 3,
+        max_change_ratio: float = 25.0,
+        on_large_change: str = "reject",
+        min_cosine: float | None = -0.5,
+        model_id: str = "model",
+    ):
         super().__init__()
         self.method, self.method_args, self.summary_id = method, method_args or {}, summary_id
         self.model_id = model_id
@@ -116,8 +133,10 @@ class PartialLabelAggregator(Aggregator):
         self.min_cosine = None if min_cosine is None else float(min_cosine)
         self.config_error: str | None = None
         if on_large_change not in BOUND_MODES or not self.max_change_ratio >= 0:
-            self.config_error = (f"aggregator: on_large_change must be one of {BOUND_MODES} and max_change_ratio >= 0, "
-                                 f"got {on_large_change!r} and {max_change_ratio!r}")
+            self.config_error = (
+                f"aggregator: on_large_change must be one of {BOUND_MODES} and max_change_ratio >= 0, "
+                f"got {on_large_change!r} and {max_change_ratio!r}"
+            )
         if self.min_cosine is not None and not -1.0 <= self.min_cosine <= 1.0:
             self.config_error = f"aggregator: min_cosine must be in [-1, 1] or null, got {min_cosine!r}"
         self.specs: dict[str, StatSpec] = {}  # what each contribution's metadata may be (the method's declarations)
@@ -134,7 +153,9 @@ class PartialLabelAggregator(Aggregator):
         self._last_meta: dict = {}
         self._failures = 0
         self._step: dict[str, np.ndarray] | None = None  # the last global step (new - previous global model)
-        self.last_missing: list[str] = []  # the sites that sent nothing in the last round (the final evaluation skips them)
+        self.last_missing: list[
+            str
+        ] = []  # the sites that sent nothing in the last round (the final evaluation skips them)
 
     def handle_event(self, event_type: str, fl_ctx: FLContext):
         if event_type == EventType.START_RUN:
@@ -149,8 +170,12 @@ class PartialLabelAggregator(Aggregator):
     def checkpoint_state(self) -> dict:
         """The rule's state (e.g. FedIRM's global relation matrix), for a resumed job (:mod:`.checkpoint`). The
         metadata the sites received last is not repeated here: the checkpoint stores it once, with the model."""
-        return {"rule": self.rule.state_dict() if self.rule is not None else {}, "failures": self._failures, "step": self._step,
-                "refused": dict(self.refused)}
+        return {
+            "rule": self.rule.state_dict() if self.rule is not None else {},
+            "failures": self._failures,
+            "step": self._step,
+            "refused": dict(self.refused),
+        }
 
     def restore_checkpoint(self, state: dict, sent_meta: dict | None = None) -> None:
         """``state`` from :meth:`checkpoint_state`; ``sent_meta``: the checkpointed model's metadata (the rule's
@@ -164,8 +189,11 @@ class PartialLabelAggregator(Aggregator):
         self._last_meta, self._failures = sent, int(state.get("failures", 0))
         self.refused = {str(k): str(v) for k, v in (state.get("refused") or {}).items()}
         step = state.get("step")
-        self._step = None if not step else {k: np.asarray(v.numpy() if hasattr(v, "numpy") else v, np.float32)
-                                            for k, v in step.items()}
+        self._step = (
+            None
+            if not step
+            else {k: np.asarray(v.numpy() if hasattr(v, "numpy") else v, np.float32) for k, v in step.items()}
+        )
 
     def _previous(self, fl_ctx: FLContext) -> dict[str, np.ndarray] | None:
         model = fl_ctx.get_prop(AppConstants.GLOBAL_MODEL)
@@ -205,10 +233,16 @@ class PartialLabelAggregator(Aggregator):
         try:
             n, w = float(meta.get(META_N_TRAIN, 1.0)), float(meta.get(META_WEIGHT, 1.0))
         except (TypeError, ValueError, OverflowError):
-            return self._reject(fl_ctx, site, f"sample count {meta.get(META_N_TRAIN)!r} or participation weight "
-                                              f"{meta.get(META_WEIGHT)!r} is not a number")
+            return self._reject(
+                fl_ctx,
+                site,
+                f"sample count {meta.get(META_N_TRAIN)!r} or participation weight "
+                f"{meta.get(META_WEIGHT)!r} is not a number",
+            )
         if not np.isfinite(n) or n <= 0 or n != int(n):
-            return self._reject(fl_ctx, site, f"invalid sample count {meta.get(META_N_TRAIN)!r} (not a positive integer)")
+            return self._reject(
+                fl_ctx, site, f"invalid sample count {meta.get(META_N_TRAIN)!r} (not a positive integer)"
+            )
         summary = self._summary(fl_ctx) or {}
         sites = summary.get("sites")
         reported = None
@@ -217,8 +251,11 @@ class PartialLabelAggregator(Aggregator):
                 return self._reject(fl_ctx, site, "the site did not pass the data check of this job")
             reported = sites[site].get("n_train")
             if reported is not None and n > float(reported):
-                return self._reject(fl_ctx, site, f"sample count {int(n)} exceeds the {reported} training images the "
-                                                  "site reported in the data check")
+                return self._reject(
+                    fl_ctx,
+                    site,
+                    f"sample count {int(n)} exceeds the {reported} training images the site reported in the data check",
+                )
         if not np.isfinite(w) or w < 0:
             return self._reject(fl_ctx, site, f"invalid participation weight {w}")
         why = self._check_statistics(fl_ctx, meta, summary, site, n if reported is None else float(reported))
@@ -239,8 +276,12 @@ class PartialLabelAggregator(Aggregator):
         classes, sites = summary.get("classes"), summary.get("sites") or {}
         model = fl_ctx.get_engine().get_component(self.model_id) if self.model_id else None
         dim = getattr(model, "feature_dim", None)
-        job = JobSize(C=len(classes) if classes is not None else None, D=int(dim) if dim is not None else None,
-                      K=len(sites) if sites else None, n_train=n_train)
+        job = JobSize(
+            C=len(classes) if classes is not None else None,
+            D=int(dim) if dim is not None else None,
+            K=len(sites) if sites else None,
+            n_train=n_train,
+        )
         why = check_statistics(meta, self.specs, job)
         if why:
             return why
@@ -248,8 +289,10 @@ class PartialLabelAggregator(Aggregator):
         if known is not None and META_ANNOTATED in meta:
             sent = np.asarray(meta[META_ANNOTATED], dtype=bool)
             if sent.shape != np.shape(known) or np.any(sent != np.asarray(known, dtype=bool)):
-                return (f"statistic '{META_ANNOTATED}': the classes it says it annotates {sent.astype(int).tolist()} "
-                        f"differ from its data-check answer {np.asarray(known, dtype=bool).astype(int).tolist()}")
+                return (
+                    f"statistic '{META_ANNOTATED}': the classes it says it annotates {sent.astype(int).tolist()} "
+                    f"differ from its data-check answer {np.asarray(known, dtype=bool).astype(int).tolist()}"
+                )
         return None
 
     def _summary(self, fl_ctx: FLContext) -> dict | None:
@@ -276,11 +319,19 @@ class PartialLabelAggregator(Aggregator):
             return contributions
         norms = None
         if all(c.site in self._norms for c in contributions):
-            norms = {key: np.array([self._norms[c.site][key] for c in contributions])
-                     for key in self._norms[contributions[0].site]}
+            norms = {
+                key: np.array([self._norms[c.site][key] for c in contributions])
+                for key in self._norms[contributions[0].site]
+            }
         steps = None if self._step is None else {k: float(np.linalg.norm(v)) for k, v in self._step.items()}
-        states, why = bound_changes([c.weights for c in contributions], previous, self.max_change_ratio,
-                                    self.on_large_change, steps=steps, norms=norms)
+        states, why = bound_changes(
+            [c.weights for c in contributions],
+            previous,
+            self.max_change_ratio,
+            self.on_large_change,
+            steps=steps,
+            norms=norms,
+        )
         if self.on_large_change == "reject":
             for k, reason in sorted(why.items()):
                 self._reject(fl_ctx, contributions[k].site, f"round {rnd}: {reason}")
@@ -288,8 +339,10 @@ class PartialLabelAggregator(Aggregator):
         for k, reason in sorted(why.items()):
             self._clipped.append(contributions[k].site)
             self.log_warning(fl_ctx, f"round {rnd}: update from site '{contributions[k].site}' CLIPPED: {reason}")
-        return [Contribution(site=c.site, weights=s, n=c.n, meta=c.meta, weight=c.weight)
-                for c, s in zip(contributions, states)]
+        return [
+            Contribution(site=c.site, weights=s, n=c.n, meta=c.meta, weight=c.weight)
+            for c, s in zip(contributions, states)
+        ]
 
     def _check_direction(self, fl_ctx: FLContext, rnd: int, previous, contributions: list[Contribution]):
         """Refuse the updates whose change points against the last global step (cosine < ``min_cosine``)."""
@@ -299,16 +352,30 @@ class PartialLabelAggregator(Aggregator):
         for c in contributions:
             cos = cosines[c.site] = change_cosine(c.weights, previous, self._step)
             if cos is not None and cos < self.min_cosine:
-                self._reject(fl_ctx, c.site, f"round {rnd}: the update points against the model's last step (cosine "
-                                             f"{cos:.3f} < min_cosine {self.min_cosine:g}; a reversed update?)")
+                self._reject(
+                    fl_ctx,
+                    c.site,
+                    f"round {rnd}: the update points against the model's last step (cosine "
+                    f"{cos:.3f} < min_cosine {self.min_cosine:g}; a reversed update?)",
+                )
             else:
                 kept.append(c)
-        self.log_info(fl_ctx, f"round {rnd}: cosine of each change with the last global step "
-                              + ", ".join(f"{s} {'-' if v is None else f'{v:.3f}'}" for s, v in cosines.items()))
+        self.log_info(
+            fl_ctx,
+            f"round {rnd}: cosine of each change with the last global step "
+            + ", ".join(f"{s} {'-' if v is None else f'{v:.3f}'}" for s, v in cosines.items()),
+        )
         return kept
 
-    def _run_rule(self, rule: ServerRule, previous, contributions: list[Contribution], groups: dict, rnd: int,
-                  summary: dict | None) -> tuple[dict, dict]:
+    def _run_rule(
+        self,
+        rule: ServerRule,
+        previous,
+        contributions: list[Contribution],
+        groups: dict,
+        rnd: int,
+        summary: dict | None,
+    ) -> tuple[dict, dict]:
         """The rule's aggregate with its meta in builtin types; raises when the rule does or its model is unusable."""
         weights, meta = rule.aggregate(previous, contributions, groups, rnd, summary)
         meta = to_builtin(meta)
@@ -324,8 +391,16 @@ class PartialLabelAggregator(Aggregator):
         except Exception:  # noqa: BLE001 - a rule that cannot be copied: failures are not attributed
             return None
 
-    def _culprit(self, fl_ctx: FLContext, before: ServerRule | None, previous, contributions: list[Contribution],
-                 groups: dict, rnd: int, summary: dict | None) -> tuple[str, ServerRule, dict, dict] | None:
+    def _culprit(
+        self,
+        fl_ctx: FLContext,
+        before: ServerRule | None,
+        previous,
+        contributions: list[Contribution],
+        groups: dict,
+        rnd: int,
+        summary: dict | None,
+    ) -> tuple[str, ServerRule, dict, dict] | None:
         """After the rule failed on the round's contributions: run a copy of the rule as it was before the round
         without each contributor in turn. When exactly one left-out site makes it succeed, ``(that site, the rule
         copy that succeeded, its weights, its meta)``; None when no single site explains the failure (or there is
@@ -341,15 +416,23 @@ class PartialLabelAggregator(Aggregator):
                 continue
             found.append((c.site, rule, *out))
         if len(found) != 1:
-            self.log_warning(fl_ctx, f"round {rnd}: the rule's failure is not explained by a single site (it "
-                                     + (f"succeeds without any one of {[f[0] for f in found]})" if found
-                                        else "fails without any one site too)"))
+            self.log_warning(
+                fl_ctx,
+                f"round {rnd}: the rule's failure is not explained by a single site (it "
+                + (
+                    f"succeeds without any one of {[f[0] for f in found]})"
+                    if found
+                    else "fails without any one site too)"
+                ),
+            )
             return None
         return found[0]
 
     def _keep_previous(self, previous, extra: dict | None = None) -> Shareable:
         """The previous global model with the previous method metadata (sites keep e.g. their prototypes)."""
-        return DXO(data_kind=DataKind.WEIGHTS, data=previous or {}, meta={**self._last_meta, **(extra or {})}).to_shareable()
+        return DXO(
+            data_kind=DataKind.WEIGHTS, data=previous or {}, meta={**self._last_meta, **(extra or {})}
+        ).to_shareable()
 
     def aggregate(self, fl_ctx: FLContext) -> Shareable:
         previous = self._previous(fl_ctx)
@@ -360,16 +443,22 @@ class PartialLabelAggregator(Aggregator):
         self._norms = {}
         rejected = sorted({s for s, _ in self.rejected})
         answered = {c.site for c in received} | set(rejected)
-        sat_out = {META_SKIPPED: [c.site for c in received if c.weight <= 0],
-                   META_MISSING: [s for s in self._expected_sites(fl_ctx) if s not in answered],
-                   META_REJECTED: {s: why for s, why in self.rejected}, META_CLIPPED: list(self._clipped)}
+        sat_out = {
+            META_SKIPPED: [c.site for c in received if c.weight <= 0],
+            META_MISSING: [s for s in self._expected_sites(fl_ctx) if s not in answered],
+            META_REJECTED: {s: why for s, why in self.rejected},
+            META_CLIPPED: list(self._clipped),
+        }
         self.rejected = []
         self.last_missing = list(sat_out[META_MISSING])
         if sat_out[META_SKIPPED]:
             self.log_info(fl_ctx, f"round {rnd}: site(s) {sat_out[META_SKIPPED]} sat this round out (weight 0)")
         if sat_out[META_MISSING]:
-            self.log_warning(fl_ctx, f"round {rnd}: no update from site(s) {sat_out[META_MISSING]} (dead, slow or "
-                                     "failed); the round goes on without them")
+            self.log_warning(
+                fl_ctx,
+                f"round {rnd}: no update from site(s) {sat_out[META_MISSING]} (dead, slow or "
+                "failed); the round goes on without them",
+            )
         if not contributions:
             self.log_error(fl_ctx, f"round {rnd}: no usable update; keeping the previous global model")
             return self._keep_previous(previous, sat_out)
@@ -387,19 +476,32 @@ class PartialLabelAggregator(Aggregator):
             found = self._culprit(fl_ctx, before, previous, contributions, groups, rnd, summary)
             if found is None:
                 self._failures += 1
-                self.log_error(fl_ctx, f"{msg}; keeping the previous global model "
-                                       f"({self._failures} consecutive failure(s))\n{traceback.format_exc()}")
+                self.log_error(
+                    fl_ctx,
+                    f"{msg}; keeping the previous global model "
+                    f"({self._failures} consecutive failure(s))\n{traceback.format_exc()}",
+                )
                 if self._failures >= self.max_rule_failures:
-                    self.system_panic(f"stopping: the server rule failed {self._failures} rounds in a row ({msg}); "
-                                      "the last good global model is kept", fl_ctx)
+                    self.system_panic(
+                        f"stopping: the server rule failed {self._failures} rounds in a row ({msg}); "
+                        "the last good global model is kept",
+                        fl_ctx,
+                    )
                 return self._keep_previous(previous, {META_RULE_ERROR: msg, **sat_out})
             site, self.rule, weights, meta = found
-            why = (f"round {rnd}: the server rule {type(self.rule).__name__} failed on this site's input "
-                   f"({type(e).__name__}: {e}); the round aggregated the others")
-            self.refused[site] = f"refused since round {rnd + 1}: in round {rnd} the server rule failed on its input ({type(e).__name__}: {e})"
+            why = (
+                f"round {rnd}: the server rule {type(self.rule).__name__} failed on this site's input "
+                f"({type(e).__name__}: {e}); the round aggregated the others"
+            )
+            self.refused[site] = (
+                f"refused since round {rnd + 1}: in round {rnd} the server rule failed on its input ({type(e).__name__}: {e})"
+            )
             sat_out[META_REJECTED][site] = f"{why}; refused from round {rnd + 1} on"
-            self.log_error(fl_ctx, f"update from site '{site}' REJECTED: {why}; the site is refused from round "
-                                   f"{rnd + 1} on\n{traceback.format_exc()}")
+            self.log_error(
+                fl_ctx,
+                f"update from site '{site}' REJECTED: {why}; the site is refused from round "
+                f"{rnd + 1} on\n{traceback.format_exc()}",
+            )
             contributions = [c for c in contributions if c.site != site]
         self._failures = 0
         self._last_meta = meta
@@ -407,6 +509,9 @@ class PartialLabelAggregator(Aggregator):
             step = step_of(weights, previous)
             if any(np.any(v) for v in step.values()):  # a round that kept the model keeps the last real step
                 self._step = step
-        self.log_info(fl_ctx, f"round {rnd}: aggregated {len(contributions)} site(s) "
-                              f"{[c.site for c in contributions]} with rule {type(self.rule).__name__}")
+        self.log_info(
+            fl_ctx,
+            f"round {rnd}: aggregated {len(contributions)} site(s) "
+            f"{[c.site for c in contributions]} with rule {type(self.rule).__name__}",
+        )
         return DXO(data_kind=DataKind.WEIGHTS, data=weights, meta={**meta, **sat_out}).to_shareable()

@@ -39,9 +39,13 @@ import numpy as np
 import torch
 
 CHECKPOINT_FILE = "checkpoint.pt"
+
+
 def site_state_file(round_num: int | str) -> str:
     """A site's state after ``round_num`` (``*``: the glob of all of them); a site keeps its last two."""
     return f"site_state_round{round_num}.pt"
+
+
 ROOT_FOLDER = "fedpartial_checkpoints"
 
 
@@ -142,14 +146,33 @@ def read_file(path: Path) -> dict | None:
     return obj
 
 
-def server_checkpoint(round_num: int, total_rounds: int, method: str, weights: dict, meta: dict, components: dict,
-                      best: dict | None, best_round: int | None, job_id: str = "", fingerprint: str = "") -> dict:
+def server_checkpoint(
+    round_num: int,
+    total_rounds: int,
+    method: str,
+    weights: dict,
+    meta: dict,
+    components: dict,
+    best: dict | None,
+    best_round: int | None,
+    job_id: str = "",
+    fingerprint: str = "",
+) -> dict:
     """The server's checkpoint after ``round_num`` (0-based) of ``total_rounds``: the global model ``weights`` and
     the method metadata ``meta`` that goes to the sites with it; ``job_id`` / ``fingerprint`` name the run."""
-    return {"format": 1, "round": int(round_num), "total_rounds": int(total_rounds), "method": method,
-            "job_id": job_id, "fingerprint": fingerprint,
-            "weights": as_tensors(weights), "meta": meta,
-            "components": components, "best": None if best is None else as_tensors(best), "best_round": best_round}
+    return {
+        "format": 1,
+        "round": int(round_num),
+        "total_rounds": int(total_rounds),
+        "method": method,
+        "job_id": job_id,
+        "fingerprint": fingerprint,
+        "weights": as_tensors(weights),
+        "meta": meta,
+        "components": components,
+        "best": None if best is None else as_tensors(best),
+        "best_round": best_round,
+    }
 
 
 def as_tensors(weights: dict) -> dict[str, torch.Tensor]:
@@ -157,26 +180,41 @@ def as_tensors(weights: dict) -> dict[str, torch.Tensor]:
     return {k: v if torch.is_tensor(v) else torch.as_tensor(np.asarray(v)) for k, v in weights.items()}
 
 
-def check_resume(ckpt: dict | None, where: Path, method: str, total_rounds: int, weights: dict,
-                 job_id: str | None = None, fingerprint: str | None = None) -> str | None:
+def check_resume(
+    ckpt: dict | None,
+    where: Path,
+    method: str,
+    total_rounds: int,
+    weights: dict,
+    job_id: str | None = None,
+    fingerprint: str | None = None,
+) -> str | None:
     """Why the checkpoint cannot continue this job (None: it can). ``weights``: the job's initial global model;
     ``job_id`` / ``fingerprint``: the run to continue and this job's configuration fingerprint (None: unchecked)."""
     if ckpt is None:
-        return (f"resume: no checkpoint of job {job_id} in {where} (a job id that never ran this job folder here, or "
-                "a run without checkpoints)")
+        return (
+            f"resume: no checkpoint of job {job_id} in {where} (a job id that never ran this job folder here, or "
+            "a run without checkpoints)"
+        )
     if ckpt.get("format") != 1 or "round" not in ckpt or "weights" not in ckpt:
         return f"resume: {where / CHECKPOINT_FILE} is not a checkpoint of this version"
     if job_id is not None and ckpt.get("job_id") != job_id:
-        return (f"resume: the checkpoint in {where} belongs to job {ckpt.get('job_id')!r}, not to job {job_id!r}: "
-                "refusing to continue a run from another run's state")
+        return (
+            f"resume: the checkpoint in {where} belongs to job {ckpt.get('job_id')!r}, not to job {job_id!r}: "
+            "refusing to continue a run from another run's state"
+        )
     if fingerprint is not None and ckpt.get("fingerprint") != fingerprint:
-        return (f"resume: job {job_id} ran another configuration (fingerprint {ckpt.get('fingerprint')}, the "
-                f"submitted job folder's is {fingerprint}): resume it with the job folder it was submitted with")
+        return (
+            f"resume: job {job_id} ran another configuration (fingerprint {ckpt.get('fingerprint')}, the "
+            f"submitted job folder's is {fingerprint}): resume it with the job folder it was submitted with"
+        )
     if ckpt.get("method") != method:
         return f"resume: the checkpoint is of method {ckpt.get('method')!r}, the job runs {method!r}"
     if int(ckpt["round"]) + 1 > total_rounds:
-        return (f"resume: the checkpoint is after round {ckpt['round']} but the job has only {total_rounds} round(s) "
-                "(num_rounds counts all rounds, the earlier ones included)")
+        return (
+            f"resume: the checkpoint is after round {ckpt['round']} but the job has only {total_rounds} round(s) "
+            "(num_rounds counts all rounds, the earlier ones included)"
+        )
     saved = ckpt["weights"]
     if set(saved) != set(weights):
         diff = sorted(set(saved) ^ set(weights))[:3]

@@ -25,11 +25,11 @@ from nvflare.apis.shareable import Shareable
 from nvflare.app_common.abstract.response_processor import ResponseProcessor
 
 from ..data.manifest import ManifestError, check_coverage
+from ..models import ARCH_OPTIONS
 from ..privacy import DEFAULT_MIN_COUNT, ClassStat, from_dicts, suppress_small
 from .keys import META_PRIVACY, META_SPEC, META_SUMMARY
-from .spec import job_spec
-from ..models import ARCH_OPTIONS
 from .scoring import scorer_of
+from .spec import job_spec
 
 
 def summary_table(summary: dict) -> str:
@@ -39,23 +39,31 @@ def summary_table(summary: dict) -> str:
     lines = ["site".ljust(10) + "n".rjust(7) + "".join(c[:width].rjust(width + 1) for c in classes)]
     for site, s in sorted(summary["sites"].items()):
         m = int(s.get("min_count", 1))  # a site reports fewer than its minimum count as 0: shown as "<m"
-        cells = [("-" if not a else f"<{m}" if p == 0 and m > 1 else str(p)) for p, a in zip(s["positives"], s["annotated"])]
+        cells = [
+            ("-" if not a else f"<{m}" if p == 0 and m > 1 else str(p)) for p, a in zip(s["positives"], s["annotated"])
+        ]
         lines.append(site[:10].ljust(10) + str(s["n_train"]).rjust(7) + "".join(c.rjust(width + 1) for c in cells))
     return "\n".join(lines)
 
 
 class DataSummaryProcessor(ResponseProcessor):
     """Args:
-        classes: the job's class list (every site must use it).
-        aggregator_id, model_id: the components whose method / options and model architecture make the job spec
-            sent to the sites (absent components: no spec check).
-        max_missing: how many connected sites may leave the data check unanswered (dead, or slower than the
-            workflow's ``timeout``); the job goes on without them (their updates are refused) or stops when more
-            are missing. A site that answers with an error always stops the job.
+    classes: the job's class list (every site must use it).
+    aggregator_id, model_id: the components whose method / options and model architecture make the job spec
+        sent to the sites (absent components: no spec check).
+    max_missing: how many connected sites may leave the data check unanswered (dead, or slower than the
+        workflow's ``timeout``); the job goes on without them (their updates are refused) or stops when more
+        are missing. A site that answers with an error always stops the job.
     """
 
-    def __init__(self, classes: list[str] | None = None, aggregator_id: str = "aggregator", model_id: str = "model",
-                 max_missing: int = 0, class_without_annotator: str = "stop"):
+    def __init__(
+        self,
+        classes: list[str] | None = None,
+        aggregator_id: str = "aggregator",
+        model_id: str = "model",
+        max_missing: int = 0,
+        class_without_annotator: str = "stop",
+    ):
         """``class_without_annotator``: what the data check does when up to ``max_missing`` sites are absent and
         some class is annotated only at absent sites: ``stop`` the job (naming the classes and absent sites), or
         ``train_without`` them (a warning naming the classes and sites, recorded as ``unannotated_classes`` in the
@@ -64,7 +72,9 @@ class DataSummaryProcessor(ResponseProcessor):
         self.classes, self.aggregator_id, self.model_id = classes, aggregator_id, model_id
         self.max_missing = int(max_missing)
         if class_without_annotator not in CLASS_POLICIES:
-            raise ValueError(f"class_without_annotator must be one of {CLASS_POLICIES}, got {class_without_annotator!r}")
+            raise ValueError(
+                f"class_without_annotator must be one of {CLASS_POLICIES}, got {class_without_annotator!r}"
+            )
         self.class_without_annotator = class_without_annotator
         self.summary: dict | None = None
         self._sites: dict[str, dict] = {}
@@ -95,12 +105,14 @@ class DataSummaryProcessor(ResponseProcessor):
     def process_client_response(self, client: Client, task_name: str, response: Shareable, fl_ctx: FLContext) -> bool:
         rc = response.get_return_code()
         if rc and rc != ReturnCode.OK:
-            return self._fail(fl_ctx, response.get_header("error")
-                              or f"site '{client.name}' failed the data check (return code {rc})")
+            return self._fail(
+                fl_ctx, response.get_header("error") or f"site '{client.name}' failed the data check (return code {rc})"
+            )
         info = from_shareable(response).get_meta_prop(META_SUMMARY)
         if self.classes is not None and list(info["classes"]) != list(self.classes):
-            return self._fail(fl_ctx, f"site '{client.name}' uses classes {info['classes']}, the server expects "
-                                      f"{self.classes}")
+            return self._fail(
+                fl_ctx, f"site '{client.name}' uses classes {info['classes']}, the server expects {self.classes}"
+            )
         self._sites[client.name] = info
         return True
 
@@ -113,13 +125,17 @@ class DataSummaryProcessor(ResponseProcessor):
             connected = sorted(self._sites)
         silent = [c for c in connected if c not in self._sites]
         if len(silent) > self.max_missing:
-            return self._fail(fl_ctx, f"site(s) {silent} did not answer the data check (at most {self.max_missing} "
-                                      "may be missing)")
+            return self._fail(
+                fl_ctx, f"site(s) {silent} did not answer the data check (at most {self.max_missing} may be missing)"
+            )
         if silent:
             self.log_warning(fl_ctx, f"site(s) {silent} did not answer the data check; the job goes on without them")
         for sites in same_training_rows(self._sites):
-            self.log_warning(fl_ctx, f"sites {sites} train on identical manifests (the same rows and labels): is "
-                                     "each site configured with its own data?")
+            self.log_warning(
+                fl_ctx,
+                f"sites {sites} train on identical manifests (the same rows and labels): is "
+                "each site configured with its own data?",
+            )
         classes = self.classes or next(iter(self._sites.values()))["classes"]
         summary = {"classes": list(classes), "sites": self._sites}
         agg = fl_ctx.get_engine().get_component(self.aggregator_id)
@@ -127,13 +143,21 @@ class DataSummaryProcessor(ResponseProcessor):
         uncovered = [c for j, c in enumerate(classes) if not any(a[j] for a in annotated.values())]
         if uncovered and (silent or self.max_missing):  # their annotators may be the absent (or undeployed) sites
             present = ", ".join(sorted(self._sites))
-            where = (f"annotated by none of the sites present ({present}), only by the absent site(s) {silent}" if silent
-                     else f"annotated by no site present ({present}; sites absent from this job may annotate them)")
+            where = (
+                f"annotated by none of the sites present ({present}), only by the absent site(s) {silent}"
+                if silent
+                else f"annotated by no site present ({present}; sites absent from this job may annotate them)"
+            )
             if self.class_without_annotator == "stop":
-                return self._fail(fl_ctx, f"class(es) {uncovered} are {where} (class_without_annotator: stop; set "
-                                          "it to train_without to train the other classes without them)")
-            self.log_warning(fl_ctx, f"class(es) {uncovered} are {where}: training WITHOUT them "
-                                     "(class_without_annotator: train_without)")
+                return self._fail(
+                    fl_ctx,
+                    f"class(es) {uncovered} are {where} (class_without_annotator: stop; set "
+                    "it to train_without to train the other classes without them)",
+                )
+            self.log_warning(
+                fl_ctx,
+                f"class(es) {uncovered} are {where}: training WITHOUT them (class_without_annotator: train_without)",
+            )
             summary["unannotated_classes"] = uncovered
             annotated = {s: a | np.isin(np.asarray(classes), uncovered) for s, a in annotated.items()}  # checked above
         try:
@@ -161,16 +185,28 @@ def same_training_rows(sites: dict[str, dict]) -> list[list[str]]:
 CLASS_POLICIES = ("stop", "train_without")
 
 # what of each site's data-check answer travels to the other sites (no configuration paths, no vocabulary)
-SHARED_SITE_FIELDS = ("n_train", "n_val", "n_test", "annotated", "positives", "negatives", "classes", "synthetic",
-                      "eval_sets")
+SHARED_SITE_FIELDS = (
+    "n_train",
+    "n_val",
+    "n_test",
+    "annotated",
+    "positives",
+    "negatives",
+    "classes",
+    "synthetic",
+    "eval_sets",
+)
 
 
 def shared_summary(summary: dict) -> dict:
     """The federation summary as the sites receive it: per site only :data:`SHARED_SITE_FIELDS` (annotated
     counts, set sizes, evaluation-set fingerprints); the rest of each site's answer stays at the server."""
-    return {**{k: v for k, v in summary.items() if k != "sites"},
-            "sites": {s: {k: info[k] for k in SHARED_SITE_FIELDS if k in info}
-                      for s, info in (summary.get("sites") or {}).items()}}
+    return {
+        **{k: v for k, v in summary.items() if k != "sites"},
+        "sites": {
+            s: {k: info[k] for k in SHARED_SITE_FIELDS if k in info} for s, info in (summary.get("sites") or {}).items()
+        },
+    }
 
 
 def site_summary(summary: dict, site: str) -> dict:
@@ -186,16 +222,27 @@ def site_summary(summary: dict, site: str) -> dict:
     n_train = 0
     for info in sites.values():
         for k in total:
-            total[k] = total[k] + np.asarray(info.get(k, np.zeros(C)), total[k].dtype) if k != "annotated" \
+            total[k] = (
+                total[k] + np.asarray(info.get(k, np.zeros(C)), total[k].dtype)
+                if k != "annotated"
                 else total[k] | np.asarray(info.get(k, np.zeros(C)), bool)
+            )
         n_train += int(info.get("n_train", 0))
     mine = (sites.get(site) or {}).get("eval_sets") or {}
     scores = {split: scorer_of(split, fp, sites) in (None, site) for split, fp in mine.items()}
-    return {"classes": list(summary["classes"]),
-            "sites": {"federation": {"positives": total["positives"].tolist(), "negatives": total["negatives"].tolist(),
-                                     "annotated": total["annotated"].tolist(), "n_train": n_train,
-                                     "n_sites": len(sites)}},
-            "scores": scores}
+    return {
+        "classes": list(summary["classes"]),
+        "sites": {
+            "federation": {
+                "positives": total["positives"].tolist(),
+                "negatives": total["negatives"].tolist(),
+                "annotated": total["annotated"].tolist(),
+                "n_train": n_train,
+                "n_sites": len(sites),
+            }
+        },
+        "scores": scores,
+    }
 
 
 class SummaryFilter(DXOFilter):
@@ -225,10 +272,15 @@ class SummaryFilter(DXOFilter):
         mine = site_summary(summary, site)
         dxo = DXO(data_kind=dxo.data_kind, data=dxo.data, meta={**(dxo.meta or {}), META_SUMMARY: mine})
         if self._logged.get(site) != id(summary):  # which of its evaluation sets each site scores, once per site
-            self.logger.info(f"data summary sent to {site}: it scores "
-                             f"{sorted(k for k, v in mine['scores'].items() if v) or 'none of its sets'}"
-                             + ("" if site in (summary.get("sites") or {}) else
-                                " (the site is not in the data summary: it did not answer the data check)"))
+            self.logger.info(
+                f"data summary sent to {site}: it scores "
+                f"{sorted(k for k, v in mine['scores'].items() if v) or 'none of its sets'}"
+                + (
+                    ""
+                    if site in (summary.get("sites") or {})
+                    else " (the site is not in the data summary: it did not answer the data check)"
+                )
+            )
             self._logged[site] = id(summary)
         return dxo
 
@@ -275,8 +327,11 @@ class MinCountFilter(DXOFilter):
             if v is not meta[k]:
                 dxo.set_meta_prop(k, v)
         if entry and self.min_count > int(entry.get("min_count", 1)):
-            entry = {**entry, "min_count": self.min_count,
-                     "released": [{**r, "min_count": self.min_count} for r in entry.get("released", [])]}
+            entry = {
+                **entry,
+                "min_count": self.min_count,
+                "released": [{**r, "min_count": self.min_count} for r in entry.get("released", [])],
+            }
             dxo.set_meta_prop(META_PRIVACY, entry)
         if dropped:
             self.log_info(fl_ctx, f"min_count {self.min_count}: not sent: {', '.join(dropped)}")

@@ -52,15 +52,27 @@ from ..device import describe, device_record, mixed_precision, resolve_device
 from ..evaluation import evaluate
 from ..methods import SiteContext, TrainOptions, get_method
 from ..methods.base import local_work
-from ..options import build, opt
 from ..metrics import apply_validation_thresholds, flatten_metrics, format_table
 from ..models import build_model, default_inference_batch_size, numpy_state
+from ..options import build, opt
 from ..privacy import DEFAULT_MIN_COUNT, as_dicts, strip_paths, suppress_metrics, suppress_small
 from ..seeding import round_seed, seed_everything, set_deterministic, site_seed
 from .checkpoint import read_file, resume_source, run_folder, site_state_file, write_private
+from .keys import (
+    LOCAL_MODEL_FILE,
+    META_ANNOTATED,
+    META_GROUPS,
+    META_N_TRAIN,
+    META_PRIVACY,
+    META_RESULTS,
+    META_SPEC,
+    META_SUMMARY,
+    META_TEST,
+    META_WEIGHT,
+    STATE_DIR,
+    STATE_FILE,
+)
 from .privacy import apply_policy, check_method_under_policy, effective_min_count, job_or_site_policy, suppress_summary
-from .keys import (META_ANNOTATED, META_GROUPS, META_N_TRAIN, META_PRIVACY, META_RESULTS, META_SPEC, META_SUMMARY, META_TEST,
-                   META_WEIGHT, LOCAL_MODEL_FILE, STATE_DIR, STATE_FILE)
 from .results import method_stats
 from .scoring import scorer_of
 from .spec import job_spec, spec_mismatch
@@ -74,8 +86,11 @@ class EvalOptions:
     """The ``evaluation`` section of a job."""
 
     test_every: int = opt(0, "score the received model on the site's test data every N rounds (0: never)")
-    batch_size: int | None = opt(None, "evaluation batch size (default: the training batch size on a CPU, 4 x it on "
-                                       "a GPU: models.default_inference_batch_size)")
+    batch_size: int | None = opt(
+        None,
+        "evaluation batch size (default: the training batch size on a CPU, 4 x it on "
+        "a GPU: models.default_inference_batch_size)",
+    )
 
 
 def save_atomic(obj, path: Path) -> None:
@@ -86,11 +101,25 @@ def save_atomic(obj, path: Path) -> None:
 
 
 class PartialLabelExecutor(Executor):
-    def __init__(self, dataset: dict | str, model: dict | None = None, method: str = "fedavg",
-                 method_args: dict | None = None, train: dict | None = None, evaluation: dict | None = None,
-                 seed: int = 0, device: str = "auto", stream_metrics: bool = True, checkpoint: bool = True,
-                 checkpoint_dir: str = "", run_name: str = "", resume: bool | str = False, min_count: int = DEFAULT_MIN_COUNT,
-                 privacy: dict | None = None, deterministic: bool = False):
+    def __init__(
+        self,
+        dataset: dict | str,
+        model: dict | None = None,
+        method: str = "fedavg",
+        method_args: dict | None = None,
+        train: dict | None = None,
+        evaluation: dict | None = None,
+        seed: int = 0,
+        device: str = "auto",
+        stream_metrics: bool = True,
+        checkpoint: bool = True,
+        checkpoint_dir: str = "",
+        run_name: str = "",
+        resume: bool | str = False,
+        min_count: int = DEFAULT_MIN_COUNT,
+        privacy: dict | None = None,
+        deterministic: bool = False,
+    ):
         super().__init__()
         # constructor args kept as attributes (NVFlare job export reads them back)
         self.dataset, self.model, self.method, self.method_args = dataset, model or {}, method, method_args or {}
@@ -149,8 +178,11 @@ class PartialLabelExecutor(Executor):
         simulated = bool(fl_ctx.get_prop(FLContextKey.SIMULATE_MODE, False))  # real sites need their own data
         self.site_data: SiteData = resolve_site_data(site, self.ds_cfg, local_dir, simulated=simulated)
         if self.site_data.synthetic:
-            self.log_warning(fl_ctx, f"*** SYNTHETIC DATA *** site {site} trains on the generated "
-                                     f"{self.site_data.dataset} phantom ({self.site_data.origin}), not on real scans")
+            self.log_warning(
+                fl_ctx,
+                f"*** SYNTHETIC DATA *** site {site} trains on the generated "
+                f"{self.site_data.dataset} phantom ({self.site_data.origin}), not on real scans",
+            )
         self.state_dir = Path(workspace.get_run_dir(fl_ctx.get_job_id())) / STATE_DIR
         self.state_dir.mkdir(parents=True, exist_ok=True)
         run = (self.checkpoint_dir, workspace.get_root_dir(), self.run_name or self.method)
@@ -161,9 +193,14 @@ class PartialLabelExecutor(Executor):
     def _read_manifests(self, site: str) -> None:
         """Train / val / test manifests; a site without any annotation only where the method accepts it."""
         unlabelled_ok = self.method_spec.trainer.accepts_unlabelled
-        read = dict(classes=self.classes, data_root=self.site_data.data_root, site=site, task=self.task_type,
-                    duplicates="error",  # one row per image; decoded once, into the image store (_open_data)
-                    **self.site_data.vocabulary)  # the site's own column names mapped to the job's classes
+        read = dict(
+            classes=self.classes,
+            data_root=self.site_data.data_root,
+            site=site,
+            task=self.task_type,
+            duplicates="error",  # one row per image; decoded once, into the image store (_open_data)
+            **self.site_data.vocabulary,
+        )  # the site's own column names mapped to the job's classes
         full = read_manifest(self.site_data.train, require_annotated=not unlabelled_ok, **read)
         self.manifests: dict[str, Manifest] = {"train": full.subset("train")}
         for split in ("val", "test"):
@@ -183,8 +220,12 @@ class PartialLabelExecutor(Executor):
         from ..data.store import StoreError
         from ..job_layout import DATA_CHECK_TIMEOUT
 
-        self.data = SiteDatasets(self.manifests, self.ds_cfg, num_workers=self.train_opts.num_workers,
-                                 log_fn=lambda m: self.log_info(fl_ctx, f"site {site}: {m}"))
+        self.data = SiteDatasets(
+            self.manifests,
+            self.ds_cfg,
+            num_workers=self.train_opts.num_workers,
+            log_fn=lambda m: self.log_info(fl_ctx, f"site {site}: {m}"),
+        )
         budget = 0.8 * DATA_CHECK_TIMEOUT - (time.monotonic() - started)
         try:
             self.data.open_stores(budget_s=budget)
@@ -220,11 +261,20 @@ class PartialLabelExecutor(Executor):
         self.train_opts, note = local_work(self.train_opts, len(self.manifests["train"]))
         if note:
             self.log_warning(fl_ctx, f"site {site}: {note}")
-        self.ctx = SiteContext(site=site, task=self.task_type, classes=self.classes,
-                               annotated=self.manifests["train"].annotated, model=self.net, data=self.data,
-                               device=self.torch_device, state_dir=self.state_dir, train=self.train_opts,
-                               seed=site_seed(self.seed, site), log=log,
-                               privacy={k: v for k, v in self.site_privacy.items() if k == "feature_clip"})
+        self.ctx = SiteContext(
+            site=site,
+            task=self.task_type,
+            classes=self.classes,
+            annotated=self.manifests["train"].annotated,
+            model=self.net,
+            data=self.data,
+            device=self.torch_device,
+            state_dir=self.state_dir,
+            train=self.train_opts,
+            seed=site_seed(self.seed, site),
+            log=log,
+            privacy={k: v for k, v in self.site_privacy.items() if k == "feature_clip"},
+        )
         self.trainer = self.method_spec.make_trainer(self.ctx, self.method_args, where)
         self._fingerprints: dict[str, str] = {}
 
@@ -239,8 +289,11 @@ class PartialLabelExecutor(Executor):
                 restore(torch.load(path, map_location="cpu", weights_only=True))
                 self.log_info(fl_ctx, f"restored site state from {path.name}")
             except Exception as e:  # noqa: BLE001 - a bad file must not stop the site
-                self.log_warning(fl_ctx, f"ignoring unusable state file {path.name} ({type(e).__name__}: {e}); "
-                                         "starting this part of the site state afresh")
+                self.log_warning(
+                    fl_ctx,
+                    f"ignoring unusable state file {path.name} ({type(e).__name__}: {e}); "
+                    "starting this part of the site state afresh",
+                )
 
     def _load_local(self, state: dict) -> None:
         self.net.load_state_dict({k: v.to(self.net.state_dict()[k].dtype) for k, v in state.items()})
@@ -251,11 +304,13 @@ class PartialLabelExecutor(Executor):
         save_atomic(trainer, self.state_dir / STATE_FILE)
         save_atomic(local, self.state_dir / LOCAL_MODEL_FILE)
         if self.checkpoint:  # outlives the job, for a resumed one (see fl/checkpoint.py)
-            write_private({"round": rnd, "method": self.method, "trainer": trainer, "local": local},
-                          self.checkpoint_folder / site_state_file(rnd))
+            write_private(
+                {"round": rnd, "method": self.method, "trainer": trainer, "local": local},
+                self.checkpoint_folder / site_state_file(rnd),
+            )
             for old in self.checkpoint_folder.glob(site_state_file("*")):  # keep this round's and the one before:
                 if old.name not in (site_state_file(rnd), site_state_file(rnd - 1)):  # the server may have died
-                    old.unlink(missing_ok=True)                                     # before aggregating this one
+                    old.unlink(missing_ok=True)  # before aggregating this one
 
     def _adopt_checkpoint(self, fl_ctx: FLContext, rnd: int) -> None:
         """In a resumed job, a site whose run has no state yet takes the state it saved after round ``rnd - 1``
@@ -272,9 +327,12 @@ class PartialLabelExecutor(Executor):
         if saved is None or saved.get("round") != rnd - 1 or saved.get("method") != self.method:
             found = "no such file" if saved is None else f"round {saved.get('round')}, method {saved.get('method')!r}"
             have = sorted(f.name for f in self.resume_folder.glob(site_state_file("*")))
-            self.log_warning(fl_ctx, f"resume: the job continues at round {rnd} and needs this site's {name} "
-                                     f"({found}; the folder holds {have or 'nothing'}); this site starts with a "
-                                     "fresh state")
+            self.log_warning(
+                fl_ctx,
+                f"resume: the job continues at round {rnd} and needs this site's {name} "
+                f"({found}; the folder holds {have or 'nothing'}); this site starts with a "
+                "fresh state",
+            )
             return
         save_atomic(saved["trainer"], self.state_dir / STATE_FILE)
         save_atomic(saved["local"], self.state_dir / LOCAL_MODEL_FILE)
@@ -324,11 +382,16 @@ class PartialLabelExecutor(Executor):
     @staticmethod
     def _check_received(weights) -> None:
         """Refuse a global model with non-finite values before it touches the local model."""
-        bad = [k for k, v in (weights or {}).items()
-               if np.issubdtype(np.asarray(v).dtype, np.floating) and not np.all(np.isfinite(np.asarray(v)))]
+        bad = [
+            k
+            for k, v in (weights or {}).items()
+            if np.issubdtype(np.asarray(v).dtype, np.floating) and not np.all(np.isfinite(np.asarray(v)))
+        ]
         if bad:
-            raise ValueError(f"refusing the received global model: non-finite values in {len(bad)} tensor(s), e.g. "
-                             f"{bad[:3]}; the local model and state are kept")
+            raise ValueError(
+                f"refusing the received global model: non-finite values in {len(bad)} tensor(s), e.g. "
+                f"{bad[:3]}; the local model and state are kept"
+            )
 
     def _summary(self, shareable: Shareable, fl_ctx: FLContext) -> Shareable:
         server_spec = shareable.get(META_SPEC)
@@ -336,18 +399,29 @@ class PartialLabelExecutor(Executor):
             mine = job_spec(self.method, self.method_args, self.model)
             why = spec_mismatch(server_spec, mine)
             if why:
-                raise ValueError(f"this site's job configuration differs from the server's: {why}. Both come from "
-                                 "the same job folder; rebuild or resubmit the job instead of editing one side")
-        check_method_under_policy(self.trainer.per_class_metadata, self.site_privacy, self.method, self.ctx.site, self.scope)
+                raise ValueError(
+                    f"this site's job configuration differs from the server's: {why}. Both come from "
+                    "the same job folder; rebuild or resubmit the job instead of editing one side"
+                )
+        check_method_under_policy(
+            self.trainer.per_class_metadata, self.site_privacy, self.method, self.ctx.site, self.scope
+        )
         tr = self.manifests["train"]
-        info = {"n_train": len(tr), "annotated": tr.annotated.tolist(), "positives": tr.positives().tolist(),
-                "negatives": tr.negatives().tolist(), "n_val": len(self.manifests.get("val", ())),
-                "n_test": len(self.manifests.get("test", ())), "origin": self.site_data.origin.split(":", 1)[0],  # the kind only, no path
-                "synthetic": self.site_data.synthetic, "classes": self.classes,
-                "eval_sets": {s: m.fingerprint() for s, m in self.manifests.items() if s != "train"},
-                "train_set": tr.fingerprint(),  # the server warns when two sites train on the same rows
-                "source": self.site_data.source,  # the source's name, the export's file name, its fingerprint
-                "vocabulary": self.site_data.vocabulary}
+        info = {
+            "n_train": len(tr),
+            "annotated": tr.annotated.tolist(),
+            "positives": tr.positives().tolist(),
+            "negatives": tr.negatives().tolist(),
+            "n_val": len(self.manifests.get("val", ())),
+            "n_test": len(self.manifests.get("test", ())),
+            "origin": self.site_data.origin.split(":", 1)[0],  # the kind only, no path
+            "synthetic": self.site_data.synthetic,
+            "classes": self.classes,
+            "eval_sets": {s: m.fingerprint() for s, m in self.manifests.items() if s != "train"},
+            "train_set": tr.fingerprint(),  # the server warns when two sites train on the same rows
+            "source": self.site_data.source,  # the source's name, the export's file name, its fingerprint
+            "vocabulary": self.site_data.vocabulary,
+        }
         info = suppress_summary(info, self.min_count_eff)  # small counts stay here (also in the server's table)
         return DXO(data_kind=DataKind.COLLECTION, data={"summary": info}, meta={META_SUMMARY: info}).to_shareable()
 
@@ -401,10 +475,26 @@ class PartialLabelExecutor(Executor):
         mc = self.min_count_eff
         if "epsilon" not in self.site_privacy:
             meta, _ = suppress_small(meta, stats, mc, support=self.manifests["train"].positives())
-        released = [{"name": s.key, "shape": list(np.shape(meta[s.key])), "min_count": mc, "noise_std": 0.0,
-                     "noise_multiplier": 0.0, "sensitivity": None} for s in stats if s.key in meta]
-        return meta, {"round": rnd, "num_rounds": num_rounds, "scope": self.scope, "min_count": mc,
-                      "declared": as_dicts(stats), "released": released}
+        released = [
+            {
+                "name": s.key,
+                "shape": list(np.shape(meta[s.key])),
+                "min_count": mc,
+                "noise_std": 0.0,
+                "noise_multiplier": 0.0,
+                "sensitivity": None,
+            }
+            for s in stats
+            if s.key in meta
+        ]
+        return meta, {
+            "round": rnd,
+            "num_rounds": num_rounds,
+            "scope": self.scope,
+            "min_count": mc,
+            "declared": as_dicts(stats),
+            "released": released,
+        }
 
     def _train(self, shareable: Shareable, fl_ctx: FLContext, abort_signal: Signal) -> Shareable:
         dxo = from_shareable(shareable)
@@ -443,20 +533,32 @@ class PartialLabelExecutor(Executor):
         meta.update(out_meta)
         if entry is not None:
             meta[META_PRIVACY] = entry
-        meta.update({
-            MetaKey.NUM_STEPS_CURRENT_ROUND: out.steps, META_N_TRAIN: len(self.manifests["train"]),
-            META_ANNOTATED: self.ctx.annotated.tolist(), META_GROUPS: self.net.parameter_groups(),
-            META_WEIGHT: float(out.weight), META_RESULTS: results, "train_loss": out.loss, "eval_seconds": t_eval,
-            "device": self.device_info,
-            "train_seconds": time.time() - t0 - t_eval,
-        })
+        meta.update(
+            {
+                MetaKey.NUM_STEPS_CURRENT_ROUND: out.steps,
+                META_N_TRAIN: len(self.manifests["train"]),
+                META_ANNOTATED: self.ctx.annotated.tolist(),
+                META_GROUPS: self.net.parameter_groups(),
+                META_WEIGHT: float(out.weight),
+                META_RESULTS: results,
+                "train_loss": out.loss,
+                "eval_seconds": t_eval,
+                "device": self.device_info,
+                "train_seconds": time.time() - t0 - t_eval,
+            }
+        )
         counters = {k: v for k, v in method_stats(out.meta).items() if not isinstance(v, list)}
-        self.log_info(fl_ctx, f"round {rnd}: loss {out.loss:.4f} over {out.steps} steps"
-                              + (" (sits this round out)" if out.weight == 0 else "")
-                              + (f", val auc (received model) {val['macro'].get('auc')}" if val else "")
-                              + "".join(f", {k} {v}" for k, v in counters.items()))
+        self.log_info(
+            fl_ctx,
+            f"round {rnd}: loss {out.loss:.4f} over {out.steps} steps"
+            + (" (sits this round out)" if out.weight == 0 else "")
+            + (f", val auc (received model) {val['macro'].get('auc')}" if val else "")
+            + "".join(f", {k} {v}" for k, v in counters.items()),
+        )
         self._stream(fl_ctx, {}, rnd, {"train/loss": out.loss, **{f"train/{k}": v for k, v in counters.items()}})
-        return DXO(data_kind=DataKind.WEIGHTS, data=self.trainer.export(), meta=self._job_policy(meta, fl_ctx)).to_shareable()
+        return DXO(
+            data_kind=DataKind.WEIGHTS, data=self.trainer.export(), meta=self._job_policy(meta, fl_ctx)
+        ).to_shareable()
 
     def _validate(self, shareable: Shareable, fl_ctx: FLContext) -> Shareable:
         dxo = from_shareable(shareable)
@@ -471,9 +573,13 @@ class PartialLabelExecutor(Executor):
             if res is not None:
                 results[split] = res
                 flat.update(flatten_metrics(res, prefix=f"{split}_"))
-                self.log_info(fl_ctx, "\n" + format_table(res, title=f"{self._site_name(fl_ctx)}: {model_name} on {split}"))
+                self.log_info(
+                    fl_ctx, "\n" + format_table(res, title=f"{self._site_name(fl_ctx)}: {model_name} on {split}")
+                )
         results = self._site_thresholds(results)
-        return DXO(data_kind=DataKind.METRICS, data=flat, meta=self._job_policy({META_RESULTS: results}, fl_ctx)).to_shareable()
+        return DXO(
+            data_kind=DataKind.METRICS, data=flat, meta=self._job_policy({META_RESULTS: results}, fl_ctx)
+        ).to_shareable()
 
     def _submit(self) -> Shareable:
         path = self.state_dir / LOCAL_MODEL_FILE

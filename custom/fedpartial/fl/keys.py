@@ -12,7 +12,9 @@ META_MISSING = "fedpartial_missing"  # server -> results: sites that sent no upd
 META_REJECTED = "fedpartial_rejected"  # server -> results: {site: why} updates refused this round
 META_CLIPPED = "fedpartial_clipped"  # server -> results: sites whose too-large changes were clipped this round
 META_RESULTS = "fedpartial_results"  # site -> server: full metric dicts of the received model
-META_PRIVACY = "fedpartial_privacy"  # site -> server: the round's privacy ledger entry (what per-class statistics left, how)
+META_PRIVACY = (
+    "fedpartial_privacy"  # site -> server: the round's privacy ledger entry (what per-class statistics left, how)
+)
 META_TEST = "test_metrics"  # site -> server: flat test metrics of the received model
 STATE_FILE = "trainer_state.pt"
 LOCAL_MODEL_FILE = "last_local_model.pt"  # a site's model after its last round (its local parts: its own)

@@ -90,13 +90,17 @@ def check_method_under_policy(stats, props: dict, method: str, site: str, scope:
         return
     blocked = [s.key for s in stats if not s.dp]
     if blocked:
-        raise ValueError(f"site '{site}': its privacy scope '{scope}' releases per-class statistics only with "
-                         f"differential privacy, and method '{method}' sends {blocked}, which it does not clip per "
-                         "image: this method cannot run under this site's policy (run it with another scope, or "
-                         "leave this site out)")
+        raise ValueError(
+            f"site '{site}': its privacy scope '{scope}' releases per-class statistics only with "
+            f"differential privacy, and method '{method}' sends {blocked}, which it does not clip per "
+            "image: this method cannot run under this site's policy (run it with another scope, or "
+            "leave this site out)"
+        )
     if any(s.kind == "mean" for s in stats) and not props.get("feature_clip"):
-        raise ValueError(f"site '{site}': privacy scope '{scope}' sets epsilon but no feature_clip, which method "
-                         f"'{method}' needs for its per-class means")
+        raise ValueError(
+            f"site '{site}': privacy scope '{scope}' sets epsilon but no feature_clip, which method "
+            f"'{method}' needs for its per-class means"
+        )
 
 
 class SitePrivacyFilter(Filter):
@@ -137,13 +141,17 @@ class SitePrivacyFilter(Filter):
             if k not in meta or v is not meta[k]:
                 dxo.set_meta_prop(k, v)
         if dropped:
-            self.log_info(fl_ctx, f"privacy scope '{scope}': min_count {props.get('min_count', DEFAULT_MIN_COUNT)}: "
-                                  f"not sent: {', '.join(dropped)}")
+            self.log_info(
+                fl_ctx,
+                f"privacy scope '{scope}': min_count {props.get('min_count', DEFAULT_MIN_COUNT)}: "
+                f"not sent: {', '.join(dropped)}",
+            )
         return dxo
 
 
-def apply_policy(meta: dict, props: dict, scope: str, site: str, z_cache: dict | None = None,
-                 seed: int | None = None) -> tuple[dict, list[str]]:
+def apply_policy(
+    meta: dict, props: dict, scope: str, site: str, z_cache: dict | None = None, seed: int | None = None
+) -> tuple[dict, list[str]]:
     """What the privacy ``props`` let leave the site of one task result's metadata (see
     :class:`SitePrivacyFilter`). Returns ``(new meta, rows dropped for the minimum count)``; ``meta`` is not
     modified. ``z_cache`` keeps the calibrated noise multipliers; ``seed`` seeds the noise (tests only)."""
@@ -170,13 +178,19 @@ def apply_policy(meta: dict, props: dict, scope: str, site: str, z_cache: dict |
             z_cache[key] = noise_multiplier(*key)
         rng = np.random.default_rng(None if seed is None else [seed, int(entry.get("round", 0))])
         try:
-            new, released = release(new, stats, z_cache[key], int(meta.get(META_N_TRAIN, 0)), entry["min_count"],
-                                    props.get("feature_clip"), rng)
+            new, released = release(
+                new,
+                stats,
+                z_cache[key],
+                int(meta.get(META_N_TRAIN, 0)),
+                entry["min_count"],
+                props.get("feature_clip"),
+                rng,
+            )
         except ValueError as e:
             raise RuntimeError(f"site '{site}', privacy scope '{scope}': {e}") from None
         entry["released"] = released
-        entry["budget"] = {"epsilon": float(props["epsilon"]), "delta": float(props["delta"]),
-                           "planned_rounds": rounds}
+        entry["budget"] = {"epsilon": float(props["epsilon"]), "delta": float(props["delta"]), "planned_rounds": rounds}
     else:
         entry["released"] = [{**item, "min_count": entry["min_count"]} for item in entry.get("released", [])]
     new[META_PRIVACY] = entry
@@ -196,8 +210,10 @@ def suppress_summary(info: dict, min_count: int) -> dict:
 
 def without_histograms(results: dict) -> dict:
     """Model results (``{split: result}``) without score histograms."""
-    return {split: ({k: v for k, v in r.items() if k != "score_hist"} if isinstance(r, dict) else r)
-            for split, r in (results or {}).items()}
+    return {
+        split: ({k: v for k, v in r.items() if k != "score_hist"} if isinstance(r, dict) else r)
+        for split, r in (results or {}).items()
+    }
 
 
 # ------------------------------------------------------------------------------------------ ledger
@@ -208,8 +224,17 @@ def ledger_totals(rounds: list[dict]) -> dict:
     per_site: dict[str, dict] = {}
     for r in rounds:
         for site, entry in (r.get("privacy") or {}).items():
-            t = per_site.setdefault(site, {"releases": 0, "rounds": 0, "multipliers": [], "delta": None,
-                                           "scope": entry.get("scope", ""), "min_count": entry.get("min_count")})
+            t = per_site.setdefault(
+                site,
+                {
+                    "releases": 0,
+                    "rounds": 0,
+                    "multipliers": [],
+                    "delta": None,
+                    "scope": entry.get("scope", ""),
+                    "min_count": entry.get("min_count"),
+                },
+            )
             rel = entry.get("released") or []
             t["releases"] += len(rel)
             t["rounds"] += bool(rel)

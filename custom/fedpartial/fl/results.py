@@ -38,23 +38,53 @@ from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 from nvflare.widgets.widget import Widget
 
-from ..metrics import (THRESHOLD_CRITERIA, apply_validation_thresholds, format_table, format_thresholds,
-                       pool_histograms)
+from ..metrics import THRESHOLD_CRITERIA, apply_validation_thresholds, format_table, format_thresholds, pool_histograms
 from ..stats import add_run_statistics
 from ..tables import paper_table, setting_label
-from .spec import global_model_note, local_parts, resolved_options
-from .keys import (BEST_MODEL, LAST_MODEL, META_ANNOTATED, META_GROUPS, META_N_TRAIN, META_RESULTS, META_RULE_ERROR,
-                   META_SKIPPED, META_TEST, META_WEIGHT, META_MISSING, META_REJECTED, META_CLIPPED, META_PRIVACY)
+from .keys import (
+    BEST_MODEL,
+    LAST_MODEL,
+    META_ANNOTATED,
+    META_CLIPPED,
+    META_GROUPS,
+    META_MISSING,
+    META_N_TRAIN,
+    META_PRIVACY,
+    META_REJECTED,
+    META_RESULTS,
+    META_RULE_ERROR,
+    META_SKIPPED,
+    META_TEST,
+    META_WEIGHT,
+)
 from .privacy import add_cumulative_epsilon, ledger_totals
 from .selection import degradation  # sites lost or refused, classes left without annotator
+from .spec import global_model_note, local_parts, resolved_options
 
 RESULTS_FILE = "results.json"
 TABLE_FILE = "results.md"
 THRESHOLDS_FILE = "thresholds.json"  # next to the global models: per-class thresholds chosen on validation
 # meta every site sends each round; the rest (prototypes, degrees, counts, ...) is the method's own exchange
-_STANDARD_META = {META_RESULTS, META_TEST, META_N_TRAIN, META_ANNOTATED, META_GROUPS, META_WEIGHT, META_RULE_ERROR,
-                  META_SKIPPED, META_MISSING, META_REJECTED, META_CLIPPED, META_PRIVACY, "train_loss",
-                  "train_seconds", "eval_seconds", "device", MetaKey.INITIAL_METRICS, MetaKey.NUM_STEPS_CURRENT_ROUND}
+_STANDARD_META = {
+    META_RESULTS,
+    META_TEST,
+    META_N_TRAIN,
+    META_ANNOTATED,
+    META_GROUPS,
+    META_WEIGHT,
+    META_RULE_ERROR,
+    META_SKIPPED,
+    META_MISSING,
+    META_REJECTED,
+    META_CLIPPED,
+    META_PRIVACY,
+    "train_loss",
+    "train_seconds",
+    "eval_seconds",
+    "device",
+    MetaKey.INITIAL_METRICS,
+    MetaKey.NUM_STEPS_CURRENT_ROUND,
+}
 
 
 def average_results(results: list[tuple[dict, float]]) -> dict | None:
@@ -72,13 +102,23 @@ def average_results(results: list[tuple[dict, float]]) -> dict | None:
 
     out = {k: v for k, v in first.items() if k not in ("macro", "per_class", "n", "counts")}
     if all(isinstance(r.get("counts"), dict) for r, _ in results):  # counts add up (None: kept at a site)
-        out["counts"] = {c: {k: (None if any((r["counts"].get(c) or {}).get(k) is None for r, _ in results)
-                                 else sum(r["counts"][c][k] for r, _ in results)) for k in first["counts"][c]}
-                         for c in first["counts"]}
+        out["counts"] = {
+            c: {
+                k: (
+                    None
+                    if any((r["counts"].get(c) or {}).get(k) is None for r, _ in results)
+                    else sum(r["counts"][c][k] for r, _ in results)
+                )
+                for k in first["counts"][c]
+            }
+            for c in first["counts"]
+        }
     out["n"] = sum(r.get("n", 0) for r, _ in results)
     out["macro"] = {m: avg(lambda r, m=m: r["macro"].get(m)) for m in first.get("macro", {})}
-    out["per_class"] = {c: {m: avg(lambda r, c=c, m=m: r["per_class"][c].get(m)) for m in first["per_class"][c]}
-                        for c in first.get("per_class", {})}
+    out["per_class"] = {
+        c: {m: avg(lambda r, c=c, m=m: r["per_class"][c].get(m)) for m in first["per_class"][c]}
+        for c in first.get("per_class", {})
+    }
     out["n_sites"] = len(results)
     return out
 
@@ -95,8 +135,15 @@ class ResultsRecorder(Widget):
     server sent back (e.g. FedMLP's prototypes), so the exchange can be audited from ``results.json``.
     """
 
-    def __init__(self, key_metric: str = "auc", method: str = "", dataset: str = "", summary_id: str = "data_summary",
-                 selector_id: str = "model_selector", threshold_criterion: str = "youden"):
+    def __init__(
+        self,
+        key_metric: str = "auc",
+        method: str = "",
+        dataset: str = "",
+        summary_id: str = "data_summary",
+        selector_id: str = "model_selector",
+        threshold_criterion: str = "youden",
+    ):
         super().__init__()
         if threshold_criterion not in THRESHOLD_CRITERIA:
             raise ValueError(f"threshold_criterion must be one of {THRESHOLD_CRITERIA}, got {threshold_criterion!r}")
@@ -144,10 +191,14 @@ class ResultsRecorder(Widget):
         rnd = int(fl_ctx.get_prop(AppConstants.CURRENT_ROUND) or 0)
         meta = dxo.meta or {}
         self.rounds.setdefault(rnd, {"sites": {}})["sites"][site] = {
-            "results": meta.get(META_RESULTS, {}), "train_loss": meta.get("train_loss"),
-            "steps": meta.get(MetaKey.NUM_STEPS_CURRENT_ROUND), "train_seconds": meta.get("train_seconds"),
-            "eval_seconds": meta.get("eval_seconds"), "method_meta": _method_meta_keys(meta),
-            "method_stats": method_stats(meta), "participation": meta.get(META_WEIGHT, 1.0),
+            "results": meta.get(META_RESULTS, {}),
+            "train_loss": meta.get("train_loss"),
+            "steps": meta.get(MetaKey.NUM_STEPS_CURRENT_ROUND),
+            "train_seconds": meta.get("train_seconds"),
+            "eval_seconds": meta.get("eval_seconds"),
+            "method_meta": _method_meta_keys(meta),
+            "method_stats": method_stats(meta),
+            "participation": meta.get(META_WEIGHT, 1.0),
             "privacy": _ledger_entry(meta.get(META_PRIVACY)),
             "device": meta.get("device"),  # the site's training device (fedpartial.device.device_record)
         }
@@ -185,30 +236,45 @@ class ResultsRecorder(Widget):
         rounds = []
         for rnd in sorted(self.rounds):
             e = self.rounds[rnd]
-            res, thresholds = apply_validation_thresholds({s: v["results"] for s, v in e["sites"].items()},
-                                                          self.threshold_criterion)
+            res, thresholds = apply_validation_thresholds(
+                {s: v["results"] for s, v in e["sites"].items()}, self.threshold_criterion
+            )
             scored = {s: r for s, r in res.items() if r}
-            rounds.append({
-                "round": rnd, "trained_rounds": rnd,  # the received model has been aggregated `rnd` times
-                "val": self._site_average(res, "val"), "test": self._site_average(res, "test"),
-                "evaluated_by": {split: sorted(s for s, r in res.items() if (r or {}).get(split))
-                                 for split in ("val", "test")},
-                "site_results": scored if len(scored) > 1 else {},
-                "train_loss": {s: v["train_loss"] for s, v in e["sites"].items()},
-                "site_seconds": {s: {"train": v.get("train_seconds"), "eval": v.get("eval_seconds")}
-                                 for s, v in e["sites"].items()},
-                "site_devices": {s: v.get("device") for s, v in e["sites"].items()},
-                "sites": sorted(e["sites"]), "seconds": e.get("seconds"),
-                "site_meta": {s: v.get("method_meta", []) for s, v in e["sites"].items()},
-                "server_meta": e.get("server_meta", []),
-                "site_stats": {s: v.get("method_stats", {}) for s, v in e["sites"].items()},
-                "server_stats": e.get("server_stats", {}),
-                "sat_out": e.get("sat_out", []), "rule_error": e.get("rule_error"),
-                "missing": e.get("missing", []), "rejected": e.get("rejected", {}), "clipped": e.get("clipped", []),
-                "thresholds": thresholds,
-                **({"privacy": privacy} if (privacy := {s: v["privacy"] for s, v in e["sites"].items()
-                                                        if v.get("privacy")}) else {}),
-            })
+            rounds.append(
+                {
+                    "round": rnd,
+                    "trained_rounds": rnd,  # the received model has been aggregated `rnd` times
+                    "val": self._site_average(res, "val"),
+                    "test": self._site_average(res, "test"),
+                    "evaluated_by": {
+                        split: sorted(s for s, r in res.items() if (r or {}).get(split)) for split in ("val", "test")
+                    },
+                    "site_results": scored if len(scored) > 1 else {},
+                    "train_loss": {s: v["train_loss"] for s, v in e["sites"].items()},
+                    "site_seconds": {
+                        s: {"train": v.get("train_seconds"), "eval": v.get("eval_seconds")}
+                        for s, v in e["sites"].items()
+                    },
+                    "site_devices": {s: v.get("device") for s, v in e["sites"].items()},
+                    "sites": sorted(e["sites"]),
+                    "seconds": e.get("seconds"),
+                    "site_meta": {s: v.get("method_meta", []) for s, v in e["sites"].items()},
+                    "server_meta": e.get("server_meta", []),
+                    "site_stats": {s: v.get("method_stats", {}) for s, v in e["sites"].items()},
+                    "server_stats": e.get("server_stats", {}),
+                    "sat_out": e.get("sat_out", []),
+                    "rule_error": e.get("rule_error"),
+                    "missing": e.get("missing", []),
+                    "rejected": e.get("rejected", {}),
+                    "clipped": e.get("clipped", []),
+                    "thresholds": thresholds,
+                    **(
+                        {"privacy": privacy}
+                        if (privacy := {s: v["privacy"] for s, v in e["sites"].items() if v.get("privacy")})
+                        else {}
+                    ),
+                }
+            )
         best = None
         for r in rounds:
             v = ((r["val"] or {}).get("macro") or {}).get(self.key_metric)
@@ -217,23 +283,40 @@ class ResultsRecorder(Widget):
         final = {}
         for owner, per_site in self.final.items():
             name = owner.replace("SRV_", "")
-            scored, thresholds = apply_validation_thresholds({site: r for site, r in per_site.items() if r},
-                                                             self.threshold_criterion)
+            scored, thresholds = apply_validation_thresholds(
+                {site: r for site, r in per_site.items() if r}, self.threshold_criterion
+            )
             if thresholds and len(scored) > 1:  # each site's own validation scores (its own model, with local parts)
-                own = {site: apply_validation_thresholds({site: per_site[site]}, self.threshold_criterion)[1]
-                       for site in scored}
+                own = {
+                    site: apply_validation_thresholds({site: per_site[site]}, self.threshold_criterion)[1]
+                    for site in scored
+                }
                 thresholds = {**thresholds, "sites": {site: rec for site, rec in own.items() if rec}}
-            final[name] = {"test": self._site_average(scored, "test"), "val": self._site_average(scored, "val"),
-                           "sites": sorted(scored), "per_site": scored if len(scored) > 1 else {},
-                           "thresholds": thresholds, **pooled_histograms(per_site)}
+            final[name] = {
+                "test": self._site_average(scored, "test"),
+                "val": self._site_average(scored, "val"),
+                "sites": sorted(scored),
+                "per_site": scored if len(scored) > 1 else {},
+                "thresholds": thresholds,
+                **pooled_histograms(per_site),
+            }
         ledger = ledger_totals(rounds)
         add_cumulative_epsilon(rounds)
         secs = [r["seconds"] for r in rounds if r.get("seconds")]
-        return {"method": self.method, "dataset": self.dataset, "key_metric": self.key_metric,
-                "setting": self.setting, "data": self.data, "num_rounds": len(rounds),
-                "seconds_per_round": (sum(secs) / len(secs)) if secs else None,
-                "wall_seconds": time.time() - self._t0, "best": best, "final": final, "rounds": rounds,
-                **({"privacy": ledger} if ledger else {})}
+        return {
+            "method": self.method,
+            "dataset": self.dataset,
+            "key_metric": self.key_metric,
+            "setting": self.setting,
+            "data": self.data,
+            "num_rounds": len(rounds),
+            "seconds_per_round": (sum(secs) / len(secs)) if secs else None,
+            "wall_seconds": time.time() - self._t0,
+            "best": best,
+            "final": final,
+            "rounds": rounds,
+            **({"privacy": ledger} if ledger else {}),
+        }
 
     def checkpoint_state(self) -> dict:
         """The rounds recorded so far and the seconds they took (a resumed job appends to them)."""
@@ -260,11 +343,18 @@ class ResultsRecorder(Widget):
             out["dataset"], out["job_dataset"] = used, self.dataset
         selector = fl_ctx.get_engine().get_component(self.selector_id)
         if getattr(selector, "best_round", None) is not None:  # the selector's choice (its metric, e.g. site_bce)
-            out["best"] = {"trained_rounds": selector.best_round, "metric": selector.key_metric,
-                           f"val_{selector.key_metric}": selector.best_raw_val_metric}
+            out["best"] = {
+                "trained_rounds": selector.best_round,
+                "metric": selector.key_metric,
+                f"val_{selector.key_metric}": selector.best_raw_val_metric,
+            }
         if getattr(selector, "patience", 0):
-            out["early_stopping"] = {"patience": selector.patience, "best_round": selector.best_round,
-                                     "stopped": selector.should_stop(), "last_round": selector.last_round}
+            out["early_stopping"] = {
+                "patience": selector.patience,
+                "best_round": selector.best_round,
+                "stopped": selector.should_stop(),
+                "last_round": selector.last_round,
+            }
         agg = fl_ctx.get_engine().get_component("aggregator")
         if getattr(agg, "rule", None) is not None:
             out["method_options"] = resolved_options(agg.method, agg.method_args)
@@ -306,11 +396,17 @@ def model_thresholds(results: dict) -> dict:
     its validation result (None = none chosen, 0.5 applies), with the criterion; or why there are none."""
     models = {name: f["thresholds"] for name, f in (results.get("final") or {}).items() if f.get("thresholds")}
     if models:
-        return {"models": models, "note": "per-class operating thresholds chosen on the validation set "
-                "(predict positive when probability >= threshold; null: none chosen, use 0.5)"}
+        return {
+            "models": models,
+            "note": "per-class operating thresholds chosen on the validation set "
+            "(predict positive when probability >= threshold; null: none chosen, use 0.5)",
+        }
     tasks = [(f.get("test") or f.get("val") or {}).get("task") for f in (results.get("final") or {}).values()]
-    why = ("single-label task: the prediction is the argmax, no threshold applies" if "multiclass" in tasks
-           else "no validation result of a final model")
+    why = (
+        "single-label task: the prediction is the argmax, no threshold applies"
+        if "multiclass" in tasks
+        else "no validation result of a final model"
+    )
     return {"models": {}, "note": why}
 
 
@@ -360,9 +456,14 @@ def data_record(sites: dict) -> dict:
     out: dict = {"sites": {}, "shared_eval_sets": {}}
     for site in sorted(sites):
         info = sites[site]
-        out["sites"][site] = {"n_train": info.get("n_train"), "n_val": info.get("n_val"), "n_test": info.get("n_test"),
-                              "annotated": [i for i, a in enumerate(info.get("annotated", [])) if a],
-                              "origin": info.get("origin"), "source": info.get("source")}
+        out["sites"][site] = {
+            "n_train": info.get("n_train"),
+            "n_val": info.get("n_val"),
+            "n_test": info.get("n_test"),
+            "annotated": [i for i, a in enumerate(info.get("annotated", [])) if a],
+            "origin": info.get("origin"),
+            "source": info.get("source"),
+        }
     for split in ("val", "test"):
         groups: dict[str, list[str]] = {}
         for site in sorted(sites):
@@ -410,13 +511,17 @@ def _finite_or_none(value):
 def render_tables(results: dict) -> str:
     """The run's tables: the paper-layout row (last-round and best-on-validation global model on test) and
     the per-class tables of both models on test and validation."""
-    out = [f"# {results['method']} on {results['dataset']} ({results.get('setting', 'unknown')}), "
-           f"{results['num_rounds']} rounds, {(results.get('seconds_per_round') or 0):.1f} s/round"]
+    out = [
+        f"# {results['method']} on {results['dataset']} ({results.get('setting', 'unknown')}), "
+        f"{results['num_rounds']} rounds, {(results.get('seconds_per_round') or 0):.1f} s/round"
+    ]
     if results.get("global_model_note"):
         out.append(f"Note: {results['global_model_note']}.")
     failed = [r["round"] for r in results.get("rounds", []) if r.get("rule_error")]
     if failed:
-        out.append(f"The server rule failed in round(s) {failed} (previous global model kept; see rounds[].rule_error).")
+        out.append(
+            f"The server rule failed in round(s) {failed} (previous global model kept; see rounds[].rule_error)."
+        )
     final = results.get("final", {})
     rows = {}
     for name, label in ((LAST_MODEL, "last round"), (BEST_MODEL, "best on validation")):
@@ -425,8 +530,7 @@ def render_tables(results: dict) -> str:
             rows[f"{results['method']} ({label})"] = {results.get("setting", "unknown"): [test["macro"]]}
             task = test["task"]
     if rows:
-        out.append("Test set, macro averages in the layout of the papers' tables (%):\n\n"
-                   + paper_table(rows, task))
+        out.append("Test set, macro averages in the layout of the papers' tables (%):\n\n" + paper_table(rows, task))
     if results.get("best"):
         out.append(f"best on validation: after {results['best']['trained_rounds']} rounds ({results['best']})")
     for name, res in final.items():

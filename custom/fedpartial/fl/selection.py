@@ -27,17 +27,26 @@ from nvflare.apis.controller_spec import ClientTask, Task, TaskCompletionStatus
 from nvflare.apis.dxo import MetaKey, from_shareable
 from nvflare.apis.fl_constant import FLContextKey
 from nvflare.apis.fl_context import FLContext
-from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.abstract.model import ModelLearnableKey, make_model_learnable
+from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 from nvflare.app_common.widgets.intime_model_selector import IntimeModelSelector
 from nvflare.app_common.workflows.cross_site_model_eval import CrossSiteModelEval
 from nvflare.app_common.workflows.scatter_and_gather import ScatterAndGather as _ScatterAndGather
 
-from .checkpoint import (CHECKPOINT_FILE, check_resume, config_fingerprint, from_safe, read_file, resume_source,
-                         run_folder, server_checkpoint, write_private)
-from .scoring import scorer_of
+from .checkpoint import (
+    CHECKPOINT_FILE,
+    check_resume,
+    config_fingerprint,
+    from_safe,
+    read_file,
+    resume_source,
+    run_folder,
+    server_checkpoint,
+    write_private,
+)
 from .keys import META_RESULTS
+from .scoring import scorer_of
 
 SITE_LOSS = "site_bce"
 SIMULATOR_JOB_ID = "simulate_job"  # the job id NVFlare's simulator runs every job under
@@ -74,8 +83,14 @@ class ModelSelector(IntimeModelSelector):
     (rounds without an improvement of more than ``min_delta`` before :class:`ScatterAndGather` stops; 0: never)
     and ``summary_id`` (the data summary component, for ``site_bce``)."""
 
-    def __init__(self, key_metric: str = "auc", patience: int = 0, summary_id: str = "data_summary",
-                 min_delta: float = 0.0, **kwargs):
+    def __init__(
+        self,
+        key_metric: str = "auc",
+        patience: int = 0,
+        summary_id: str = "data_summary",
+        min_delta: float = 0.0,
+        **kwargs,
+    ):
         kwargs.setdefault("negate_key_metric", key_metric == SITE_LOSS)
         super().__init__(key_metric=key_metric, **kwargs)
         if min_delta < 0:
@@ -131,21 +146,32 @@ class ModelSelector(IntimeModelSelector):
 
     def should_stop(self) -> bool:
         """True once ``patience`` rounds have passed since the last improvement by more than ``min_delta``."""
-        return bool(self.patience and self.patience_round is not None and self.last_round is not None
-                    and self.last_round - self.patience_round >= self.patience)
+        return bool(
+            self.patience
+            and self.patience_round is not None
+            and self.last_round is not None
+            and self.last_round - self.patience_round >= self.patience
+        )
 
     def checkpoint_state(self) -> dict:
         """What a resumed job needs to go on selecting (see :mod:`.checkpoint`)."""
-        return {"best_val_metric": float(self.best_val_metric), "best_raw_val_metric": self.best_raw_val_metric,
-                "best_round": self.best_round, "last_round": self.last_round,
-                "patience_round": self.patience_round, "patience_metric": self.patience_metric}
+        return {
+            "best_val_metric": float(self.best_val_metric),
+            "best_raw_val_metric": self.best_raw_val_metric,
+            "best_round": self.best_round,
+            "last_round": self.last_round,
+            "patience_round": self.patience_round,
+            "patience_metric": self.patience_metric,
+        }
 
     def restore_checkpoint(self, state: dict) -> None:
         self.best_val_metric = float(state["best_val_metric"])
         self.best_raw_val_metric = state.get("best_raw_val_metric")
         self.best_round, self.last_round = state.get("best_round"), state.get("last_round")
         self.patience_round = state.get("patience_round", self.best_round)
-        self.patience_metric = state.get("patience_metric", self.best_val_metric if self.best_round is not None else None)
+        self.patience_metric = state.get(
+            "patience_metric", self.best_val_metric if self.best_round is not None else None
+        )
 
 
 class ScatterAndGather(_ScatterAndGather):
@@ -170,9 +196,18 @@ class ScatterAndGather(_ScatterAndGather):
     run of this job's own id (the simulator).
     """
 
-    def __init__(self, *args, selector_id: str = "model_selector", max_missing: int = 0, checkpoint: bool = True,
-                 checkpoint_dir: str = "", run_name: str = "", resume: bool | str = False, results_id: str = "results",
-                 **kwargs):
+    def __init__(
+        self,
+        *args,
+        selector_id: str = "model_selector",
+        max_missing: int = 0,
+        checkpoint: bool = True,
+        checkpoint_dir: str = "",
+        run_name: str = "",
+        resume: bool | str = False,
+        results_id: str = "results",
+        **kwargs,
+    ):
         rounds = kwargs.get("num_rounds", 5)
         if not isinstance(rounds, int) or rounds < 1:
             raise ValueError(f"num_rounds must be an integer >= 1, got {rounds!r}")
@@ -182,8 +217,9 @@ class ScatterAndGather(_ScatterAndGather):
         sites = kwargs.get("min_clients")
         if sites is not None:
             if max_missing >= int(sites):
-                raise ValueError(f"max_missing ({max_missing}) must be smaller than min_clients "
-                                 f"({sites}, the job's number of sites)")
+                raise ValueError(
+                    f"max_missing ({max_missing}) must be smaller than min_clients ({sites}, the job's number of sites)"
+                )
             kwargs["min_clients"] = int(sites) - max_missing
         super().__init__(*args, **kwargs)
         # the argument as given (the job's number of sites): NVFlare's job export reads ``min_clients`` before
@@ -225,8 +261,15 @@ class ScatterAndGather(_ScatterAndGather):
         try:
             folder = self._folder(fl_ctx, source)
             ckpt = read_file(folder / CHECKPOINT_FILE)
-            why = check_resume(ckpt, folder, getattr(self.aggregator, "method", ""),
-                               self._start_round + self._num_rounds, weights, source, self._fingerprint(fl_ctx))
+            why = check_resume(
+                ckpt,
+                folder,
+                getattr(self.aggregator, "method", ""),
+                self._start_round + self._num_rounds,
+                weights,
+                source,
+                self._fingerprint(fl_ctx),
+            )
         except ValueError as e:
             why = str(e)
         if why:
@@ -244,26 +287,37 @@ class ScatterAndGather(_ScatterAndGather):
                     comp.restore_checkpoint(ckpt["components"][cid])
         self._best, self._best_round = ckpt.get("best"), ckpt.get("best_round")
         if self._best is not None:  # the persistor writes the best model file of this run
-            fl_ctx.set_prop(AppConstants.GLOBAL_MODEL, make_model_learnable(to_np(self._best), {}), private=True,
-                            sticky=False)
+            fl_ctx.set_prop(
+                AppConstants.GLOBAL_MODEL, make_model_learnable(to_np(self._best), {}), private=True, sticky=False
+            )
             self.fire_event(AppEventType.GLOBAL_BEST_MODEL_AVAILABLE, fl_ctx)
             fl_ctx.set_prop(AppConstants.GLOBAL_MODEL, self._global_weights, private=True, sticky=True)
         self.resumed_from = int(ckpt["round"])
         self._current_round = self.resumed_from + 1
-        self.log_info(fl_ctx, f"resuming from the checkpoint of round {self.resumed_from} of job {source} in {folder}: "
-                              f"training continues at round {self._current_round} of "
-                              f"{self._start_round + self._num_rounds}")
+        self.log_info(
+            fl_ctx,
+            f"resuming from the checkpoint of round {self.resumed_from} of job {source} in {folder}: "
+            f"training continues at round {self._current_round} of "
+            f"{self._start_round + self._num_rounds}",
+        )
 
     def _write_checkpoint(self, fl_ctx: FLContext) -> None:
         rnd = int(self._current_round)
         selector = self._engine.get_component(self.selector_id)
         if selector is not None and getattr(selector, "best_round", None) == rnd and self._sent is not None:
             self._best, self._best_round = dict(self._sent[ModelLearnableKey.WEIGHTS]), rnd
-        ckpt = server_checkpoint(rnd, self._start_round + self._num_rounds, getattr(self.aggregator, "method", ""),
-                                 self._global_weights[ModelLearnableKey.WEIGHTS],
-                                 self._global_weights.get(ModelLearnableKey.META) or {},
-                                 {i: c.checkpoint_state() for i, c in self._stateful().items()},
-                                 self._best, self._best_round, fl_ctx.get_job_id(), self._fingerprint(fl_ctx))
+        ckpt = server_checkpoint(
+            rnd,
+            self._start_round + self._num_rounds,
+            getattr(self.aggregator, "method", ""),
+            self._global_weights[ModelLearnableKey.WEIGHTS],
+            self._global_weights.get(ModelLearnableKey.META) or {},
+            {i: c.checkpoint_state() for i, c in self._stateful().items()},
+            self._best,
+            self._best_round,
+            fl_ctx.get_job_id(),
+            self._fingerprint(fl_ctx),
+        )
         folder = self._folder(fl_ctx)
         write_private(ckpt, folder / CHECKPOINT_FILE)
         self.log_info(fl_ctx, f"round {rnd}: checkpoint written to {folder / CHECKPOINT_FILE}")
@@ -295,9 +349,12 @@ class ScatterAndGather(_ScatterAndGather):
             return
         gone = self.gone_sites(task, answered)
         if gone:
-            self.log_warning(fl_ctx, f"round {self._current_round}: closing with {len(answered)} update(s), "
-                                     f"without waiting for site(s) {gone}: gone (no update last round or "
-                                     "disconnected, and this round's task never fetched)")
+            self.log_warning(
+                fl_ctx,
+                f"round {self._current_round}: closing with {len(answered)} update(s), "
+                f"without waiting for site(s) {gone}: gone (no update last round or "
+                "disconnected, and this round's task never fetched)",
+            )
             self.cancel_task(task, completion_status=TaskCompletionStatus.OK, fl_ctx=fl_ctx)
 
     def handle_event(self, event_type: str, fl_ctx: FLContext):
@@ -323,10 +380,13 @@ class ScatterAndGather(_ScatterAndGather):
         if selector is not None and getattr(selector, "should_stop", lambda: False)():
             self.stopped_early_at = self._current_round
             self._num_rounds = self._current_round - self._start_round + 1  # the loop ends after this round
-            self.log_info(fl_ctx, f"early stopping after round {self._current_round}: no validation "
-                                  f"{selector.key_metric} better by more than {getattr(selector, 'min_delta', 0.0)} "
-                                  f"since round {getattr(selector, 'patience_round', selector.best_round)} "
-                                  f"(patience {selector.patience})")
+            self.log_info(
+                fl_ctx,
+                f"early stopping after round {self._current_round}: no validation "
+                f"{selector.key_metric} better by more than {getattr(selector, 'min_delta', 0.0)} "
+                f"since round {getattr(selector, 'patience_round', selector.best_round)} "
+                f"(patience {selector.patience})",
+            )
 
 
 class CrossSiteEval(CrossSiteModelEval):
@@ -349,14 +409,20 @@ class CrossSiteEval(CrossSiteModelEval):
         if given or not lost:
             return
         if fl_ctx.get_job_id() == SIMULATOR_JOB_ID:  # simulated sites cannot die: one the last round missed was slow
-            self.log_warning(fl_ctx, f"site(s) {sorted(lost)} sent no update in the last training round (slow: the "
-                                     f"round closed after waiting {SIMULATOR_WAIT} s); the final evaluation waits for them")
+            self.log_warning(
+                fl_ctx,
+                f"site(s) {sorted(lost)} sent no update in the last training round (slow: the "
+                f"round closed after waiting {SIMULATOR_WAIT} s); the final evaluation waits for them",
+            )
             return
         self.left_out = sorted(c for c in self._participating_clients if c in lost)
         self._participating_clients = [c for c in self._participating_clients if c not in lost]
         if self.left_out:
-            self.log_warning(fl_ctx, f"final evaluation WITHOUT site(s) {self.left_out}: no update from them in the "
-                                     "last training round (dead, slow or failed)")
+            self.log_warning(
+                fl_ctx,
+                f"final evaluation WITHOUT site(s) {self.left_out}: no update from them in the "
+                "last training round (dead, slow or failed)",
+            )
 
 
 def _spans(rounds: list[int]) -> str:
@@ -399,16 +465,26 @@ def degradation(results: dict) -> dict | None:
     present = [info for s, info in ((results.get("data") or {}).get("sites") or {}).items() if s not in last]
     covered = {int(j) for info in present for j in (info.get("annotated") or [])}
     lost_classes = [c for j, c in enumerate(classes) if j not in covered] if last else []
-    reasons = [f"site {s} sent no update in round(s) {_spans(r)} of {len(rounds)} (dead, slow or failed)"
-               for s, r in sorted(missing.items())]
-    reasons += [f"site {s}'s update was refused in round(s) {_spans(r)}: " + "; ".join(why[s][:3])
-                + (f" (and {len(why[s]) - 3} other reason(s))" if len(why[s]) > 3 else "")
-                for s, r in sorted(rejected.items())]
+    reasons = [
+        f"site {s} sent no update in round(s) {_spans(r)} of {len(rounds)} (dead, slow or failed)"
+        for s, r in sorted(missing.items())
+    ]
+    reasons += [
+        f"site {s}'s update was refused in round(s) {_spans(r)}: "
+        + "; ".join(why[s][:3])
+        + (f" (and {len(why[s]) - 3} other reason(s))" if len(why[s]) > 3 else "")
+        for s, r in sorted(rejected.items())
+    ]
     if last:
         reasons.append(f"the final evaluation ran without {', '.join(sorted(last))}")
     if lost_classes:
         reasons.append(f"class(es) {lost_classes} had no annotating site at the end (not learnt from then on)")
     if not reasons:
         return None
-    return {"missing_sites": missing, "rejected_sites": rejected, "final_without": sorted(last),
-            "classes_without_annotator": lost_classes, "reasons": reasons}
+    return {
+        "missing_sites": missing,
+        "rejected_sites": rejected,
+        "final_without": sorted(last),
+        "classes_without_annotator": lost_classes,
+        "reasons": reasons,
+    }

@@ -44,23 +44,28 @@ from nvflare.recipe.sim_env import SimEnv
 
 from ..processes import die_with_parent, stop_tree
 
-PORTS_ENV = "FEDPARTIAL_SIM_PORTS"  # "LO-HI": the ports simulator runs may listen on (default: below the ephemeral range)
+PORTS_ENV = (
+    "FEDPARTIAL_SIM_PORTS"  # "LO-HI": the ports simulator runs may listen on (default: below the ephemeral range)
+)
 PORT_HOLD_S = 180.0  # a reservation outlives the worker's start (NVFlare gives it 60 s to connect)
 FAILURE_FILE = "simulator_failure.txt"  # in the workspace: the line a failed start left
 SIMULATOR = "nvflare.private.fed.app.simulator.simulator"
 # NVFlare 2.9 names this module patches (module, attribute): checked by check_nvflare
-PATCHED = (("nvflare.private.fed.app.simulator.simulator_runner", "get_open_ports"),
-           ("nvflare.private.fed.app.deployer.simulator_deployer", "get_open_ports"),
-           ("nvflare.private.fed.app.simulator.simulator_runner", "Manager"),
-           ("nvflare.private.fed.app.simulator.simulator_runner", "SimulatorRunner.run_process"),
-           ("nvflare.private.fed.app.simulator.simulator_runner", "SimulatorClientRunner.do_one_task"),
-           ("nvflare.private.fed.app.simulator.simulator_runner", "SimulatorClientRunner._create_connection"),
-           ("nvflare.private.fed.app.simulator.simulator_runner", "subprocess"),
-           ("nvflare.private.fed.app.simulator.simulator", "define_simulator_parser"),
-           ("nvflare.private.fed.app.simulator.simulator", "run_simulator"))
+PATCHED = (
+    ("nvflare.private.fed.app.simulator.simulator_runner", "get_open_ports"),
+    ("nvflare.private.fed.app.deployer.simulator_deployer", "get_open_ports"),
+    ("nvflare.private.fed.app.simulator.simulator_runner", "Manager"),
+    ("nvflare.private.fed.app.simulator.simulator_runner", "SimulatorRunner.run_process"),
+    ("nvflare.private.fed.app.simulator.simulator_runner", "SimulatorClientRunner.do_one_task"),
+    ("nvflare.private.fed.app.simulator.simulator_runner", "SimulatorClientRunner._create_connection"),
+    ("nvflare.private.fed.app.simulator.simulator_runner", "subprocess"),
+    ("nvflare.private.fed.app.simulator.simulator", "define_simulator_parser"),
+    ("nvflare.private.fed.app.simulator.simulator", "run_simulator"),
+)
 
 
 # ---------------------------------------------------------------------------------------------------- ports
+
 
 def port_range() -> range:
     """The ports simulator runs listen on: ``$FEDPARTIAL_SIM_PORTS`` (``LO-HI``), else the 6,000 ports below the
@@ -135,8 +140,9 @@ def reserve_ports(number: int) -> list[int]:
             if len(out) == number:
                 break
         if len(out) < number:
-            raise RuntimeError(f"no free port for the simulator in {ports.start}-{ports.stop - 1} ({PORTS_ENV} "
-                               f"sets the range)")
+            raise RuntimeError(
+                f"no free port for the simulator in {ports.start}-{ports.stop - 1} ({PORTS_ENV} sets the range)"
+            )
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(held))
         os.replace(tmp, path)
@@ -144,6 +150,7 @@ def reserve_ports(number: int) -> list[int]:
 
 
 # ------------------------------------------------------------------------------------------- failed starts
+
 
 def site_log(workspace: str | os.PathLike, site: str) -> str:
     """``; see <its log>`` where the site wrote one, else nothing."""
@@ -191,6 +198,7 @@ def fail_run(workspace: str, line: str) -> None:
 
 
 # -------------------------------------------------------------------------------------------------- launcher
+
 
 def check_nvflare() -> None:
     """Every NVFlare name this module patches exists (an NVFlare release that moved one fails here, loudly)."""
@@ -250,11 +258,17 @@ def _patch(workspace: str) -> None:
             proc = recorder.workers.get(str(open_port))
             code = None if proc is None else proc.poll()
             if code is not None:
-                fail_run(workspace, f"SITE FAILED TO START: {site}: its simulator worker exited before it "
-                                    f"connected ({site_cause(workspace, site, code)}){site_log(workspace, site)}")
+                fail_run(
+                    workspace,
+                    f"SITE FAILED TO START: {site}: its simulator worker exited before it "
+                    f"connected ({site_cause(workspace, site, code)}){site_log(workspace, site)}",
+                )
             if time.time() - start > timeout:
-                fail_run(workspace, f"SITE FAILED TO START: {site}: its simulator worker did not connect within "
-                                    f"{time.time() - start:.0f} s{site_log(workspace, site)}")
+                fail_run(
+                    workspace,
+                    f"SITE FAILED TO START: {site}: its simulator worker did not connect within "
+                    f"{time.time() - start:.0f} s{site_log(workspace, site)}",
+                )
             time.sleep(0.25)
 
     sr.SimulatorClientRunner._create_connection = connect
@@ -267,8 +281,10 @@ def run(argv: list[str] | None = None) -> int:
 
     from nvflare.private.fed.app.simulator import simulator as nv
 
-    parser = argparse.ArgumentParser(prog="python -m fedpartial.fl.simulator",
-                                     description="NVFlare's simulator, supervised (fedpartial.fl.simulator)")
+    parser = argparse.ArgumentParser(
+        prog="python -m fedpartial.fl.simulator",
+        description="NVFlare's simulator, supervised (fedpartial.fl.simulator)",
+    )
     nv.define_simulator_parser(parser)
     parser.add_argument("--parent", type=int, default=None, help="stop when this process is gone")
     args = parser.parse_args(argv)
@@ -300,6 +316,7 @@ def run(argv: list[str] | None = None) -> int:
 
 
 # ------------------------------------------------------------------------------------------------- SimEnv
+
 
 class Stopped(Exception):
     """The run was stopped by a signal (``signum``); everything it started is gone."""
@@ -358,8 +375,20 @@ class SupervisedSimEnv(SimEnv):
         job.clients = clients
         with tempfile.TemporaryDirectory() as root:
             job.export_job(root)
-            cmd = [sys.executable, "-m", __name__, os.path.join(root, job_id), "-w", workspace,
-                   "-c", ",".join(clients), "-t", str(self.num_threads or len(clients)), "--parent", str(os.getpid())]
+            cmd = [
+                sys.executable,
+                "-m",
+                __name__,
+                os.path.join(root, job_id),
+                "-w",
+                workspace,
+                "-c",
+                ",".join(clients),
+                "-t",
+                str(self.num_threads or len(clients)),
+                "--parent",
+                str(os.getpid()),
+            ]
             if self.gpu_config:
                 cmd += ["-gpu", self.gpu_config.replace(" ", "")]
             if self.log_config:

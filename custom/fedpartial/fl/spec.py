@@ -9,11 +9,14 @@ import json
 from dataclasses import asdict
 
 from ..methods import get_method
-from ..options import build
 from ..models import ARCH_OPTIONS, PartialLabelNet
+from ..options import build
 
-_MODEL_DEFAULTS = {k: p.default for k, p in inspect.signature(PartialLabelNet).parameters.items()
-                   if p.default is not inspect.Parameter.empty}
+_MODEL_DEFAULTS = {
+    k: p.default
+    for k, p in inspect.signature(PartialLabelNet).parameters.items()
+    if p.default is not inspect.Parameter.empty
+}
 
 
 def resolved_options(method: str, method_args: dict | None) -> dict:
@@ -29,8 +32,11 @@ def model_arch(model: dict) -> dict:
 
 
 def job_spec(method: str, method_args: dict | None, model: dict) -> dict:
-    return {"method": method, "options": json.loads(json.dumps(resolved_options(method, method_args))),
-            "model": model_arch(model)}
+    return {
+        "method": method,
+        "options": json.loads(json.dumps(resolved_options(method, method_args))),
+        "model": model_arch(model),
+    }
 
 
 def spec_mismatch(server: dict, site: dict) -> str | None:
@@ -42,7 +48,8 @@ def spec_mismatch(server: dict, site: dict) -> str | None:
         diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
         if diff:
             return f"{'method options' if part == 'options' else 'model'} differ: " + ", ".join(
-                f"{k} = {a.get(k)!r} at the server, {b.get(k)!r} here" for k in diff)
+                f"{k} = {a.get(k)!r} at the server, {b.get(k)!r} here" for k in diff
+            )
     return None
 
 
@@ -59,10 +66,14 @@ def global_model_note(parts: list[str]) -> str | None:
     if not parts:
         return None
     if {"encoder", "norm", "head", "classifier"} <= set(parts):
-        return ("every site keeps its whole model (individually trained): the global model is only the sites' "
-                "average, used by nobody during training; every site's validation and test metrics (per round and "
-                "cross-site) are its own model's")
+        return (
+            "every site keeps its whole model (individually trained): the global model is only the sites' "
+            "average, used by nobody during training; every site's validation and test metrics (per round and "
+            "cross-site) are its own model's"
+        )
     p = " and ".join(parts)
-    return (f"the sites keep their own {p} layers: the global model holds the shared layers plus the sites' average "
-            f"of the {p} layers; every site's validation and test metrics (per round and cross-site) use its own "
-            f"{p} layers, while a prediction with the global model on data of no site uses the averaged ones")
+    return (
+        f"the sites keep their own {p} layers: the global model holds the shared layers plus the sites' average "
+        f"of the {p} layers; every site's validation and test metrics (per round and cross-site) use its own "
+        f"{p} layers, while a prediction with the global model on data of no site uses the averaged ones"
+    )

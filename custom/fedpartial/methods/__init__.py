@@ -6,11 +6,42 @@ module or package per published method (a package with its ``maths`` (the equati
 ``trainer`` and ``rule``). Each defines ``register_all(register)``; :func:`load_all` finds them all.
 """
 
-from .base import (Contribution, LocalTrainer, Method, RoundOutput, RuleOptions, ServerRule, SiteContext,
-                   TrainerOptions, TrainOptions, available_methods, comparison_jobs, get_method, load_all, register,
-                   registered, saved_form)
 from ..options import OptionError
+from .base import (
+    Contribution,
+    LocalTrainer,
+    Method,
+    RoundOutput,
+    RuleOptions,
+    ServerRule,
+    SiteContext,
+    TrainerOptions,
+    TrainOptions,
+    available_methods,
+    comparison_jobs,
+    get_method,
+    load_all,
+    register,
+    registered,
+    saved_form,
+)
 
-__all__ = ["Contribution", "LocalTrainer", "Method", "OptionError", "RoundOutput", "RuleOptions", "ServerRule",
-           "SiteContext", "TrainerOptions", "TrainOptions", "available_methods", "comparison_jobs", "get_method",
-           "register", "registered", "saved_form", "load_all"]
+__all__ = [
+    "Contribution",
+    "LocalTrainer",
+    "Method",
+    "OptionError",
+    "RoundOutput",
+    "RuleOptions",
+    "ServerRule",
+    "SiteContext",
+    "TrainerOptions",
+    "TrainOptions",
+    "available_methods",
+    "comparison_jobs",
+    "get_method",
+    "register",
+    "registered",
+    "saved_form",
+    "load_all",
+]

@@ -30,9 +30,9 @@ import torch
 
 from ..aggregation import State, aggregate_states, clip_change_norms, robust_states, trim_count
 from ..models import NORM_TYPES, default_inference_batch_size, numpy_state
+from ..options import build, check_known, opt, option_names, renamed_options
 from ..privacy import ClassStat
 from ..stat_checks import StatSpec, statistic_specs
-from ..options import build, check_known, opt, option_names, renamed_options
 
 Norm = Literal["average", "local", "frozen"]
 
@@ -49,25 +49,39 @@ class TrainOptions:
     batch_size: int = opt(32, "training batch size")
     local_epochs: int = opt(1, "passes over the local training set per round (unless local_steps)")
     local_steps: int | None = opt(None, "optimisation steps per round (overrides local_epochs)")
-    max_local_epochs: float | None = opt(None, "cap local_steps at this many passes over the site's training set "
-                                               "(a small site given a step count meant for a large one)")
-    inference_batch_size: int | None = opt(None, "batch size of whole-set passes (default: batch_size on a CPU, "
-                                                  "4 x batch_size on a GPU)")
+    max_local_epochs: float | None = opt(
+        None,
+        "cap local_steps at this many passes over the site's training set "
+        "(a small site given a step count meant for a large one)",
+    )
+    inference_batch_size: int | None = opt(
+        None, "batch size of whole-set passes (default: batch_size on a CPU, 4 x batch_size on a GPU)"
+    )
     num_threads: int = opt(1, "torch intra-op threads at the site")
     num_workers: int = opt(0, "DataLoader workers")
-    keep_optimizer_state: bool | None = opt(None, "carry the optimiser state across rounds (None: the method's default)")
-    views: Literal["batched", "per_sample"] = opt("batched", "random views drawn per batch on the training device "
-                                                  "(vectorised), or per sample by the MONAI pipelines in the loader")
+    keep_optimizer_state: bool | None = opt(
+        None, "carry the optimiser state across rounds (None: the method's default)"
+    )
+    views: Literal["batched", "per_sample"] = opt(
+        "batched",
+        "random views drawn per batch on the training device "
+        "(vectorised), or per sample by the MONAI pipelines in the loader",
+    )
     amp: bool = opt(False, "bfloat16 autocast during local training (for GPUs)")
     pin_memory: bool = opt(False, "pin batches in host memory before copying them to a GPU")
     data_on_device: Literal["auto", "on", "off"] = opt(
-        "auto", "batched views: keep the site's decoded training images on the training device and gather each "
-                "batch there (same batches, same order; no per-batch host work or copy). auto: on a GPU when they "
-                "take under a quarter of its free memory and a tenth of all of it (cache 'memory', no loader "
-                "workers)")
-    channels_last: bool = opt(True, "keep the model's 4-D weights and activations in channels-last memory layout "
-                                    "(small CNN on one CPU thread: 2.9x faster inference, 1.7x faster training "
-                                    "steps; the same mathematics, other float summation order)")
+        "auto",
+        "batched views: keep the site's decoded training images on the training device and gather each "
+        "batch there (same batches, same order; no per-batch host work or copy). auto: on a GPU when they "
+        "take under a quarter of its free memory and a tenth of all of it (cache 'memory', no loader "
+        "workers)",
+    )
+    channels_last: bool = opt(
+        True,
+        "keep the model's 4-D weights and activations in channels-last memory layout "
+        "(small CNN on one CPU thread: 2.9x faster inference, 1.7x faster training "
+        "steps; the same mathematics, other float summation order)",
+    )
 
 
 MANY_EPOCHS = 10
@@ -89,11 +103,14 @@ def local_work(train: TrainOptions, n_train: int) -> tuple[TrainOptions, str | N
         return dataclasses.replace(train, local_steps=steps), (
             f"train.local_steps {train.local_steps} x batch_size {train.batch_size} would be {epochs:.1f} passes over "
             f"its {n_train} training images a round; capped at train.max_local_epochs {train.max_local_epochs:g}: "
-            f"{steps} steps")
+            f"{steps} steps"
+        )
     if epochs > MANY_EPOCHS:
-        return train, (f"train.local_steps {train.local_steps} x batch_size {train.batch_size} is {epochs:.1f} passes "
-                       f"over its {n_train} training images a round (a small site overfits its data); "
-                       "train.max_local_epochs caps it, or give train.local_epochs instead")
+        return train, (
+            f"train.local_steps {train.local_steps} x batch_size {train.batch_size} is {epochs:.1f} passes "
+            f"over its {n_train} training images a round (a small site overfits its data); "
+            "train.max_local_epochs caps it, or give train.local_epochs instead"
+        )
     return train, None
 
 
@@ -251,8 +268,9 @@ class LocalTrainer:
         if missing:
             raise ValueError(f"received model lacks {len(missing)} tensors, e.g. {missing[:3]}")
         keep = self.local_keys if self.has_local_state else set()
-        model.load_state_dict({k: own[k] if k in keep else torch.as_tensor(np.asarray(weights[k])).to(own[k].dtype)
-                               for k in own})
+        model.load_state_dict(
+            {k: own[k] if k in keep else torch.as_tensor(np.asarray(weights[k])).to(own[k].dtype) for k in own}
+        )
 
     def export(self) -> dict[str, np.ndarray]:
         """The weights the site sends: its whole model."""
@@ -301,8 +319,10 @@ class LocalTrainer:
 
     @property
     def inference_batch_size(self) -> int:
-        return int(self.ctx.train.inference_batch_size
-                   or default_inference_batch_size(self.ctx.train.batch_size, self.ctx.device))
+        return int(
+            self.ctx.train.inference_batch_size
+            or default_inference_batch_size(self.ctx.train.batch_size, self.ctx.device)
+        )
 
     def loader(self, views: dict[str, str], shuffle: bool = True, round_num: int = 0, batch_size: int | None = None):
         """A loader over the site's training images with the given views (key -> 'eval'/'weak'/'strong');
@@ -311,10 +331,17 @@ class LocalTrainer:
         bs = int(batch_size or self.ctx.train.batch_size)
         n = len(self.ctx.data.dataset("train", {"image": "eval"}))
         t = self.ctx.train
-        return self.ctx.data.train_loader(views, batch_size=bs, shuffle=shuffle, seed=self.ctx.seed * 100003 + round_num,
-                                          drop_last=shuffle and n > 1 and n % bs == 1, batched=t.views == "batched",
-                                          device=self.ctx.device, pin_memory=t.pin_memory,
-                                          on_device=t.data_on_device)
+        return self.ctx.data.train_loader(
+            views,
+            batch_size=bs,
+            shuffle=shuffle,
+            seed=self.ctx.seed * 100003 + round_num,
+            drop_last=shuffle and n > 1 and n % bs == 1,
+            batched=t.views == "batched",
+            device=self.ctx.device,
+            pin_memory=t.pin_memory,
+            on_device=t.data_on_device,
+        )
 
     def fetcher(self, views: dict[str, str], seed: int):
         """``fetch(indices) -> device batch`` of chosen training rows with the given views (see ``train.views``)."""
@@ -369,15 +396,27 @@ class Contribution:
 class RuleOptions:
     """Options every server rule takes (in the job's ``method_args``)."""
 
-    site_weighting: Literal["samples", "uniform"] = opt("samples", "site weight a_k: n_k (FedAvg) or 1 (surgical aggregation)")
-    norm: Norm = opt("average", "norm layers: averaged, kept local at the sites (FedBN) or frozen (FedBN+; kept as they were)")
+    site_weighting: Literal["samples", "uniform"] = opt(
+        "samples", "site weight a_k: n_k (FedAvg) or 1 (surgical aggregation)"
+    )
+    norm: Norm = opt(
+        "average", "norm layers: averaged, kept local at the sites (FedBN) or frozen (FedBN+; kept as they were)"
+    )
     robust: Literal["none", "median", "trimmed_mean"] = opt(
-        "none", "robust averaging of every tensor (classifier rows over the sites holding the class): the weighted "
-        "mean, the coordinate-wise median or the trimmed mean (unweighted)")
-    trim: float = opt(0.2, "trimmed_mean: fraction of the sites dropped at EACH end per coordinate (ceil(trim * K), "
-                           "at least one site left)")
-    clip_norm: float = opt(0.0, "norm clipping: each site's whole change is scaled down to at most clip_norm x the "
-                                "round's median change norm before averaging (0: off)")
+        "none",
+        "robust averaging of every tensor (classifier rows over the sites holding the class): the weighted "
+        "mean, the coordinate-wise median or the trimmed mean (unweighted)",
+    )
+    trim: float = opt(
+        0.2,
+        "trimmed_mean: fraction of the sites dropped at EACH end per coordinate (ceil(trim * K), "
+        "at least one site left)",
+    )
+    clip_norm: float = opt(
+        0.0,
+        "norm clipping: each site's whole change is scaled down to at most clip_norm x the "
+        "round's median change norm before averaging (0: off)",
+    )
 
 
 def saved_form(value: Any) -> Any:
@@ -404,11 +443,14 @@ def _state_in_saved_form(cls: type) -> None:
         if fn is None or getattr(fn, "_saved_form", False):
             continue
         if name == "state_dict":
+
             def wrapped(self, _fn=fn) -> dict:
                 return saved_form(_fn(self))
         else:
+
             def wrapped(self, state: dict, _fn=fn) -> None:
                 _fn(self, saved_form(dict(state or {})))
+
         wrapped = functools.wraps(fn)(wrapped)
         wrapped._saved_form = True  # type: ignore[attr-defined]
         setattr(cls, name, wrapped)
@@ -451,25 +493,51 @@ class ServerRule:
         base = [c.n if self.opts.site_weighting == "samples" else 1.0 for c in contributions]
         return np.asarray(base, dtype=np.float64) * np.asarray([c.weight for c in contributions], dtype=np.float64)
 
-    def average(self, previous: State | None, contributions: list[Contribution], groups: dict[str, list[str]],
-                class_weights: np.ndarray | None = None, zero_rows: str = "previous") -> dict[str, np.ndarray]:
+    def average(
+        self,
+        previous: State | None,
+        contributions: list[Contribution],
+        groups: dict[str, list[str]],
+        class_weights: np.ndarray | None = None,
+        zero_rows: str = "previous",
+    ) -> dict[str, np.ndarray]:
         """Average the contributions with :meth:`site_weights` (classifier rows with ``class_weights`` if given,
         see :func:`fedpartial.aggregation.aggregate_states`), then apply the ``norm`` policy."""
         states = [c.weights for c in contributions]
         if self.opts.clip_norm > 0 and previous is not None:
             states = clip_change_norms(states, previous, self.opts.clip_norm)
         if self.opts.robust != "none":
-            out = robust_states(states, self.site_weights(contributions), self.opts.robust, self.opts.trim,
-                                groups.get("classifier", ()), class_weights, previous, zero_rows)
+            out = robust_states(
+                states,
+                self.site_weights(contributions),
+                self.opts.robust,
+                self.opts.trim,
+                groups.get("classifier", ()),
+                class_weights,
+                previous,
+                zero_rows,
+            )
         else:
-            out = aggregate_states(states, self.site_weights(contributions), groups.get("classifier", ()),
-                                   class_weights, previous, zero_rows)
+            out = aggregate_states(
+                states,
+                self.site_weights(contributions),
+                groups.get("classifier", ()),
+                class_weights,
+                previous,
+                zero_rows,
+            )
         if self.opts.norm == "frozen" and previous is not None:
             out.update({k: np.asarray(previous[k]) for k in groups.get("norm", ()) if k in previous})
         return out
 
-    def aggregate(self, previous: State | None, contributions: list[Contribution], groups: dict[str, list[str]],
-                  round_num: int, summary: dict | None = None) -> tuple[dict[str, np.ndarray], dict]:
+    def aggregate(
+        self,
+        previous: State | None,
+        contributions: list[Contribution],
+        groups: dict[str, list[str]],
+        round_num: int,
+        summary: dict | None = None,
+    ) -> tuple[dict[str, np.ndarray], dict]:
         """One round of the server: ``(new global weights, meta sent to the sites with them)``.
 
         Args:
@@ -533,8 +601,12 @@ class Method:
         """``(trainer options, rule options)`` from a job's ``method_args`` merged over the defaults; an unknown
         key is an :class:`~.options.OptionError` naming ``where``, the method, the key and the closest name."""
         args = {**self.defaults, **(args or {})}
-        check_known(args, self.option_names(), f"{where + ': ' if where else ''}method '{self.name}' method_args",
-                    renamed_options(self.trainer.Options, self.rule.Options))
+        check_known(
+            args,
+            self.option_names(),
+            f"{where + ': ' if where else ''}method '{self.name}' method_args",
+            renamed_options(self.trainer.Options, self.rule.Options),
+        )
         t, r = option_names(self.trainer.Options), option_names(self.rule.Options)
         return {k: v for k, v in args.items() if k in t}, {k: v for k, v in args.items() if k in r}
 
@@ -556,8 +628,16 @@ class Method:
 _REGISTRY: dict[str, Method] = {}
 
 
-def register(name: str, trainer: type[LocalTrainer], rule: type[ServerRule], doc: str = "", *, job: str = "",
-             comparison: bool = False, **defaults) -> None:
+def register(
+    name: str,
+    trainer: type[LocalTrainer],
+    rule: type[ServerRule],
+    doc: str = "",
+    *,
+    job: str = "",
+    comparison: bool = False,
+    **defaults,
+) -> None:
     """Register a method: its local trainer, its server rule, a one-line ``doc``, the ``job`` that runs it,
     whether it is a ``comparison`` method, and default options (``method_args``, checked when used)."""
     _REGISTRY[name] = Method(name, trainer, rule, defaults, doc, job, comparison)

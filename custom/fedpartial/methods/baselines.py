@@ -20,16 +20,18 @@ import torch
 
 from ..aggregation import masked_class_weights
 from ..losses import supervised_loss
+from ..options import opt
 from .base import Contribution, LocalTrainer, RoundOutput, RuleOptions, ServerRule, TrainerOptions
 from .common import DeviceSums
-from ..options import opt
 
 
 @dataclass
 class SupervisedOptions(TrainerOptions):
     """Options of plain supervised local training."""
 
-    missing: Literal["negatives", "partial"] = opt("partial", "unannotated entries as negatives, or left out of the loss")
+    missing: Literal["negatives", "partial"] = opt(
+        "partial", "unannotated entries as negatives, or left out of the loss"
+    )
     view: Literal["eval", "weak", "strong"] = opt("weak", "the training augmentation")
 
 
@@ -52,8 +54,10 @@ class SupervisedTrainer(LocalTrainer):
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         if "supervised" in cls.__dict__:
-            raise TypeError(f"{cls.__name__}: the hook 'supervised' is now called 'label_loss(logits, batch)' "
-                            "(docs/adding-a-method.md)")
+            raise TypeError(
+                f"{cls.__name__}: the hook 'supervised' is now called 'label_loss(logits, batch)' "
+                "(docs/adding-a-method.md)"
+            )
 
     def start_round(self, round_num: int, global_meta: dict) -> None:
         """Called once per round with the received global model loaded, before the first step; ``global_meta`` is
@@ -92,7 +96,9 @@ class SupervisedTrainer(LocalTrainer):
 class MaskedRuleOptions(RuleOptions):
     """Options of the class-masked rule."""
 
-    row_weighting: Literal["samples", "uniform"] = opt("samples", "classifier-row weights: n_k, or 1 (surgical aggregation)")
+    row_weighting: Literal["samples", "uniform"] = opt(
+        "samples", "classifier-row weights: n_k, or 1 (surgical aggregation)"
+    )
 
 
 class MaskedRule(ServerRule):
@@ -113,5 +119,10 @@ class MaskedRule(ServerRule):
 def register_all(register) -> None:
     register("fedavg", SupervisedTrainer, ServerRule, doc="FedAvg, missing labels as negatives", missing="negatives")
     register("fedavg_pl", SupervisedTrainer, ServerRule, doc="FedAvg with the partial loss", missing="partial")
-    register("fedavg_masked", SupervisedTrainer, MaskedRule, doc="partial loss + class-masked classifier rows",
-             missing="partial")
+    register(
+        "fedavg_masked",
+        SupervisedTrainer,
+        MaskedRule,
+        doc="partial loss + class-masked classifier rows",
+        missing="partial",
+    )

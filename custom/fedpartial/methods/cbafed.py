@@ -59,10 +59,19 @@ import torch
 import torch.nn.functional as F
 
 from ..losses import labelled_rows, masked_bce, row_ce
-from .base import ClassStat, Contribution, LocalTrainer, RoundOutput, RuleOptions, ServerRule, SiteContext, TrainerOptions
-from .common import DeviceSums, label_table, whole_set_pass
 from ..options import opt
 from ..stat_checks import StatSpec
+from .base import (
+    ClassStat,
+    Contribution,
+    LocalTrainer,
+    RoundOutput,
+    RuleOptions,
+    ServerRule,
+    SiteContext,
+    TrainerOptions,
+)
+from .common import DeviceSums, label_table, whole_set_pass
 
 # site -> server
 META_COUNTS = "cbafed_counts"  # (C,) labelled + pseudo-labelled rows (single-label) / entries (multi-label) per class
@@ -81,6 +90,7 @@ DEFAULTS = {"multiclass": (0.84, 0.0), "multilabel": (0.45, 0.55)}  # (tau_base,
 
 # ------------------------------------------------------------------------------------------ maths
 
+
 def class_thresholds(share: torch.Tensor, base: float, tau_min: float, tau_max: float) -> torch.Tensor:
     """``(C,)`` ``tau_c = clip(p_c + base - std(p), tau_min, tau_max)`` with the unbiased std (0 when C = 1)."""
     p = share.double()
@@ -95,8 +105,9 @@ def class_share(counts: torch.Tensor) -> torch.Tensor:
     return (counts / total if total > 0 else torch.full_like(counts, 1.0 / counts.numel())).float()
 
 
-def multiclass_pseudo(probs: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor,
-                      tau: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def multiclass_pseudo(
+    probs: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, tau: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Fixed single-label pseudo labels.
 
     Args:
@@ -116,8 +127,9 @@ def multiclass_pseudo(probs: torch.Tensor, labels: torch.Tensor, mask: torch.Ten
     return F.one_hot(y, probs.shape[1]).to(probs.dtype) * known[:, None].to(probs.dtype), known
 
 
-def multilabel_pseudo(probs: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor,
-                      tau: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def multilabel_pseudo(
+    probs: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, tau: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Fixed multi-label pseudo labels: an unannotated entry is 1 when ``p > tau_c``, 0 when ``p < 1 - tau_c``.
 
     Returns:
@@ -130,14 +142,20 @@ def multilabel_pseudo(probs: torch.Tensor, labels: torch.Tensor, mask: torch.Ten
     return targets * (m | pos | neg).to(labels.dtype), m | pos | neg
 
 
-def mix_states(new: dict[str, torch.Tensor], residual: dict[str, torch.Tensor],
-               weight: float) -> dict[str, torch.Tensor]:
+def mix_states(
+    new: dict[str, torch.Tensor], residual: dict[str, torch.Tensor], weight: float
+) -> dict[str, torch.Tensor]:
     """``weight * new + (1 - weight) * residual`` for every floating-point entry; integer entries from ``new``."""
-    return {k: (weight * v + (1.0 - weight) * residual[k].to(v.device, v.dtype)) if torch.is_floating_point(v)
-            else v.clone() for k, v in new.items()}
+    return {
+        k: (weight * v + (1.0 - weight) * residual[k].to(v.device, v.dtype))
+        if torch.is_floating_point(v)
+        else v.clone()
+        for k, v in new.items()
+    }
 
 
 # ------------------------------------------------------------------------------------------ site
+
 
 @dataclass
 class CBAFedOptions(TrainerOptions):
@@ -164,9 +182,11 @@ class CBAFedTrainer(LocalTrainer):
     Options = CBAFedOptions
     per_class_metadata = (ClassStat(META_COUNTS, "count"), ClassStat(META_PSEUDO_POSITIVES, "count"))
     # the class share and the aggregation weights: rows (entries) per class within the site's images
-    statistics = (StatSpec(META_COUNTS, ("C",), "float", 0.0, "n_train", required=True),
-                  StatSpec(META_PSEUDO_POSITIVES, ("C",), "float", 0.0, "n_train"),
-                  StatSpec(META_TRAINED, (), "float", 0.0, "C * n_train", required=True))
+    statistics = (
+        StatSpec(META_COUNTS, ("C",), "float", 0.0, "n_train", required=True),
+        StatSpec(META_PSEUDO_POSITIVES, ("C",), "float", 0.0, "n_train"),
+        StatSpec(META_TRAINED, (), "float", 0.0, "C * n_train", required=True),
+    )
     accepts_unlabelled = True
 
     def __init__(self, ctx: SiteContext, **options):
@@ -182,12 +202,14 @@ class CBAFedTrainer(LocalTrainer):
             return None
         share = torch.as_tensor(np.asarray(global_meta[META_SHARE], dtype=np.float64))
         if share.shape != (self.ctx.num_classes,):
-            raise ValueError(f"cbafed: received a class share of shape {tuple(share.shape)}, "
-                             f"expected ({self.ctx.num_classes},)")
+            raise ValueError(
+                f"cbafed: received a class share of shape {tuple(share.shape)}, expected ({self.ctx.num_classes},)"
+            )
         return class_thresholds(share, self.tau_base, self.tau_min, float(self.opts.tau_max))
 
-    def targets(self, labels: torch.Tensor, mask: torch.Tensor, probs: torch.Tensor | None,
-                tau: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def targets(
+        self, labels: torch.Tensor, mask: torch.Tensor, probs: torch.Tensor | None, tau: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(targets (N, C), known)``: labels plus the fixed pseudo labels (none without ``tau``); ``known`` is
         ``(N,)`` rows (single-label) or ``(N, C)`` entries (multi-label)."""
         if self.ctx.task == "multiclass":
@@ -228,9 +250,14 @@ class CBAFedTrainer(LocalTrainer):
         pseudo = known & ~base_known
         pseudo_cells = (pseudo[:, None] if pseudo.dim() == 1 else pseudo).to(targets.dtype)
         rate = float(pseudo.sum()) / max(int((~base_known).sum()), 1)
-        meta = {META_COUNTS: counts.double().numpy(), META_TRAINED: float(counts.sum()),
-                META_PSEUDO: int(pseudo.sum()), META_PSEUDO_RATE: rate,
-                META_PSEUDO_POSITIVES: (targets * pseudo_cells).sum(0).double().numpy(), META_LOCAL_RESIDUALS: 0}
+        meta = {
+            META_COUNTS: counts.double().numpy(),
+            META_TRAINED: float(counts.sum()),
+            META_PSEUDO: int(pseudo.sum()),
+            META_PSEUDO_RATE: rate,
+            META_PSEUDO_POSITIVES: (targets * pseudo_cells).sum(0).double().numpy(),
+            META_LOCAL_RESIDUALS: 0,
+        }
         if tau is not None:
             meta[META_TAU] = tau.double().numpy()
         if float(counts.sum()) == 0:  # nothing to train on: sit the round out
@@ -273,12 +300,14 @@ class CBAFedTrainer(LocalTrainer):
 
 # ------------------------------------------------------------------------------------------ server
 
+
 @dataclass
 class CBAFedRuleOptions(RuleOptions):
     """CBAFed's server options (method_args)."""
 
-    weighting: Literal["trained", "samples"] = opt("trained", "site weights: samples trained on this round "
-                                                              "(labelled + pseudo-labelled, the code) or n_k")
+    weighting: Literal["trained", "samples"] = opt(
+        "trained", "site weights: samples trained on this round (labelled + pseudo-labelled, the code) or n_k"
+    )
     residual_every: int = opt(5, "global residual connection every this many rounds (0: off; code 5)")
     residual_weight: float = opt(0.5, "weight of the new aggregate in the residual mix (code 0.5)")
 
@@ -333,6 +362,11 @@ class CBAFedRule(ServerRule):
 
 
 def register_all(register) -> None:
-    register("cbafed", CBAFedTrainer, CBAFedRule,
-             doc="CBAFed (Li et al., CVPR 2023): fixed pseudo labels, class-balanced thresholds, residual weights",
-             job="cbafed_ich", comparison=True)
+    register(
+        "cbafed",
+        CBAFedTrainer,
+        CBAFedRule,
+        doc="CBAFed (Li et al., CVPR 2023): fixed pseudo labels, class-balanced thresholds, residual weights",
+        job="cbafed_ich",
+        comparison=True,
+    )

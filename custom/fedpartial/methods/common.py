@@ -20,6 +20,7 @@ _EPS = 1e-12
 
 # ------------------------------------------------------------------------------------------ teachers
 
+
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A copy of ``model`` in eval mode with gradients off (the received global model as a fixed teacher)."""
     teacher = copy.deepcopy(model).eval()
@@ -71,8 +72,11 @@ class MeanTeacher:
     def state_dict(self) -> dict:
         if self.model is None and self._saved is None:
             return {}
-        weights = self._saved if self.model is None else {k: v.detach().cpu().clone()
-                                                           for k, v in self.model.state_dict().items()}
+        weights = (
+            self._saved
+            if self.model is None
+            else {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        )
         return {f"{self.name}_teacher": weights, f"{self.name}_ema_step": int(self.step)}
 
     def load_state_dict(self, state: dict) -> None:
@@ -109,6 +113,7 @@ class WithMeanTeacher:
 
 # ------------------------------------------------------------------------------------------ round totals
 
+
 class DeviceSums:
     """Per-round sums of per-step values kept on the training device and read once, at the end of the round (one
     host synchronisation per round instead of one per step and term, so a GPU is never waited on mid-round).
@@ -144,6 +149,7 @@ class DeviceSums:
 
 
 # ------------------------------------------------------------------------------------------ entropies
+
 
 def plogp(p: torch.Tensor) -> torch.Tensor:
     """``p log p`` elementwise with ``0 log 0 = 0``."""
@@ -209,6 +215,7 @@ def _probs32(logits: torch.Tensor, task: str) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------------------ the site's data
 
+
 def label_table(data) -> tuple[torch.Tensor, torch.Tensor]:
     """``(labels (N, C) float, mask (N, C) bool)`` of the site's training set, in row-index order."""
     ds = data.dataset("train", {"image": "eval"})
@@ -216,8 +223,15 @@ def label_table(data) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @torch.inference_mode()
-def whole_set_pass(model: torch.nn.Module, loader, n: int, task: str, device: torch.device | str = "cpu",
-                   features: bool = False, key: str = "image") -> tuple[torch.Tensor | None, torch.Tensor]:
+def whole_set_pass(
+    model: torch.nn.Module,
+    loader,
+    n: int,
+    task: str,
+    device: torch.device | str = "cpu",
+    features: bool = False,
+    key: str = "image",
+) -> tuple[torch.Tensor | None, torch.Tensor]:
     """One inference pass of ``model`` (eval mode, restored afterwards) over every training image.
 
     Args:

@@ -19,13 +19,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..options import opt
 from .base import Contribution, RuleOptions, ServerRule
 from .baselines import SupervisedTrainer
-from ..options import opt
 
 
-def momentum_step(previous: np.ndarray, average: np.ndarray, velocity: np.ndarray | None, beta: float,
-                  eta: float) -> tuple[np.ndarray, np.ndarray]:
+def momentum_step(
+    previous: np.ndarray, average: np.ndarray, velocity: np.ndarray | None, beta: float, eta: float
+) -> tuple[np.ndarray, np.ndarray]:
     """One server step on one tensor: ``(new weights in previous's dtype, new velocity float64)``; all arrays of one
     shape, ``velocity`` None before the first round."""
     delta = np.asarray(previous, dtype=np.float64) - np.asarray(average, dtype=np.float64)
@@ -42,8 +43,10 @@ class FedAvgMOptions(RuleOptions):
 
     def __post_init__(self):
         if not 0.0 <= self.server_momentum < 1.0 or not self.server_lr > 0.0:
-            raise ValueError(f"fedavgm: need 0 <= server_momentum < 1 and server_lr > 0, got "
-                             f"{self.server_momentum} and {self.server_lr}")
+            raise ValueError(
+                f"fedavgm: need 0 <= server_momentum < 1 and server_lr > 0, got "
+                f"{self.server_momentum} and {self.server_lr}"
+            )
 
 
 class FedAvgMRule(ServerRule):
@@ -67,8 +70,9 @@ class FedAvgMRule(ServerRule):
         for k, avg in average.items():
             if k in fixed or not np.issubdtype(np.asarray(avg).dtype, np.floating):
                 continue
-            out[k], self.velocity[k] = momentum_step(previous[k], avg, self.velocity.get(k),
-                                                     self.opts.server_momentum, self.opts.server_lr)
+            out[k], self.velocity[k] = momentum_step(
+                previous[k], avg, self.velocity.get(k), self.opts.server_momentum, self.opts.server_lr
+            )
         return out, {}
 
     def state_dict(self) -> dict:
@@ -79,5 +83,12 @@ class FedAvgMRule(ServerRule):
 
 
 def register_all(register) -> None:
-    register("fedavgm", SupervisedTrainer, FedAvgMRule, doc="FedAvgM (Hsu et al. 2019): FedAvg with server momentum",
-             job="fedavgm_ich", comparison=True, missing="partial")
+    register(
+        "fedavgm",
+        SupervisedTrainer,
+        FedAvgMRule,
+        doc="FedAvgM (Hsu et al. 2019): FedAvg with server momentum",
+        job="fedavgm_ich",
+        comparison=True,
+        missing="partial",
+    )

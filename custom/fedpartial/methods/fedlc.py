@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import torch
 
 from ..losses import labelled_rows, row_ce
+from ..options import opt
 from .base import ServerRule
 from .baselines import SupervisedOptions, SupervisedTrainer
 from .common import label_table
-from ..options import opt
 
 
 def calibration(counts: torch.Tensor, tau: float) -> torch.Tensor:
@@ -28,10 +28,14 @@ def calibration(counts: torch.Tensor, tau: float) -> torch.Tensor:
     counts = counts.double()
     if tau == 0:
         return torch.zeros_like(counts).float()
-    return torch.where(counts > 0, tau * counts.clamp_min(1.0).pow(-0.25), torch.full_like(counts, float("inf"))).float()
+    return torch.where(
+        counts > 0, tau * counts.clamp_min(1.0).pow(-0.25), torch.full_like(counts, float("inf"))
+    ).float()
 
 
-def calibrated_ce(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+def calibrated_ce(
+    logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, offsets: torch.Tensor
+) -> torch.Tensor:
     """Cross-entropy of the calibrated logits ``logits - offsets`` over the labelled rows (mean; 0 with a gradient
     when there is none).
 
@@ -39,7 +43,11 @@ def calibrated_ce(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor
         logits: ``(B, C)``; labels: ``(B, C)`` one-hot where annotated; mask: ``(B, C)`` annotated entries.
         offsets: ``(C,)`` from :func:`calibration`.
     """
-    return row_ce(logits - offsets.to(logits.device, logits.dtype, non_blocking=True), labels.argmax(dim=1), labelled_rows(labels, mask))
+    return row_ce(
+        logits - offsets.to(logits.device, logits.dtype, non_blocking=True),
+        labels.argmax(dim=1),
+        labelled_rows(labels, mask),
+    )
 
 
 @dataclass
@@ -62,5 +70,11 @@ class FedLCTrainer(SupervisedTrainer):
 
 
 def register_all(register) -> None:
-    register("fedlc", FedLCTrainer, ServerRule, doc="FedLC (Zhang et al., ICML 2022): logits calibrated by tau n_c^(-1/4)",
-             job="fedlc_ham10000", comparison=True)
+    register(
+        "fedlc",
+        FedLCTrainer,
+        ServerRule,
+        doc="FedLC (Zhang et al., ICML 2022): logits calibrated by tau n_c^(-1/4)",
+        job="fedlc_ham10000",
+        comparison=True,
+    )

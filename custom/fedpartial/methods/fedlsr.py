@@ -40,18 +40,31 @@ import torch
 import torch.nn.functional as F
 
 from ..losses import labelled_rows
+from ..options import opt
 from .base import LocalTrainer, RoundOutput, ServerRule, TrainerOptions
 from .common import DeviceSums, full_precision, label_table, plogp
-from ..options import opt
 
-__all__ = ["log_mixed", "sharpened_log_probs", "distill_probs", "ce_term", "js_term", "entropy_term", "sd_weight",
-           "inverse_frequency", "fedlsr_loss", "FedLSROptions", "FedLSRTrainer", "register_all"]
+__all__ = [
+    "log_mixed",
+    "sharpened_log_probs",
+    "distill_probs",
+    "ce_term",
+    "js_term",
+    "entropy_term",
+    "sd_weight",
+    "inverse_frequency",
+    "fedlsr_loss",
+    "FedLSROptions",
+    "FedLSRTrainer",
+    "register_all",
+]
 
 _CLAMP = 1e-6
 View = Literal["eval", "flip", "weak", "strong"]
 
 
 # ------------------------------------------------------------------------------------------ pure functions
+
 
 def log_mixed(z1: torch.Tensor, z2: torch.Tensor, lam: float, task: str) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log of the mixed prediction ``p = lam P(z1) + (1 - lam) P(z2)`` (P = softmax or sigmoid), computed stably.
@@ -88,8 +101,15 @@ def distill_probs(z: torch.Tensor, temperature: float, task: str) -> torch.Tenso
     return torch.sigmoid(z / temperature).clamp(_CLAMP, 1 - _CLAMP)
 
 
-def ce_term(s: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, task: str, missing: str = "negatives",
-            pos_weight: torch.Tensor | None = None, parity: str = "paper") -> torch.Tensor:
+def ce_term(
+    s: torch.Tensor,
+    labels: torch.Tensor,
+    mask: torch.Tensor,
+    task: str,
+    missing: str = "negatives",
+    pos_weight: torch.Tensor | None = None,
+    parity: str = "paper",
+) -> torch.Tensor:
     """``L_ce`` of the sharpened mixed prediction.
 
     Args:
@@ -169,10 +189,22 @@ def inverse_frequency(labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 @full_precision()
-def fedlsr_loss(z1: torch.Tensor, z2: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, lam: float, beta: float,
-                task: str, sharpen_t: float = 0.5, distill_t: float = 1 / 3, lambda_e: float = 0.6,
-                missing: str = "negatives", pos_weight: torch.Tensor | None = None,
-                parity: str = "paper", as_tensors: bool = False) -> tuple[torch.Tensor, dict]:
+def fedlsr_loss(
+    z1: torch.Tensor,
+    z2: torch.Tensor,
+    labels: torch.Tensor,
+    mask: torch.Tensor,
+    lam: float,
+    beta: float,
+    task: str,
+    sharpen_t: float = 0.5,
+    distill_t: float = 1 / 3,
+    lambda_e: float = 0.6,
+    missing: str = "negatives",
+    pos_weight: torch.Tensor | None = None,
+    parity: str = "paper",
+    as_tensors: bool = False,
+) -> tuple[torch.Tensor, dict]:
     """``L = L_ce + beta L_sd + lambda_e L_e`` for one batch (see the module docstring).
 
     Args:
@@ -198,22 +230,28 @@ def fedlsr_loss(z1: torch.Tensor, z2: torch.Tensor, labels: torch.Tensor, mask: 
 
 # ------------------------------------------------------------------------------------------ the site
 
+
 @dataclass
 class FedLSROptions(TrainerOptions):
     """FedLSR's site options (method_args; the released notebook's defaults)."""
 
     gamma: float = opt(0.4, "maximum self-distillation weight beta")
-    t_w: int | None = opt(None, "rounds of the linear ramp of beta (None: 0.2 x the job's rounds, the notebook; "
-                                "FedMLP: 40 of 500)")
+    t_w: int | None = opt(
+        None, "rounds of the linear ramp of beta (None: 0.2 x the job's rounds, the notebook; FedMLP: 40 of 500)"
+    )
     sharpen_t: float = opt(0.5, "sharpening temperature T of the mixed prediction (p^(1/T))")
     distill_t: float = opt(1 / 3, "self-distillation temperature T_d (q = softmax(z / T_d))")
     lambda_e: float = opt(0.6, "weight of the entropy regulariser (FedMLP's multi-label run: 0)")
     mix_alpha: float = opt(1.0, "Beta(alpha, alpha) of the prediction-mixing weight")
-    views: tuple[View, View] = opt(("eval", "strong"), "the two views: original + augmented (paper), or two weak "
-                                                       "draws (FedMLP: ['weak', 'weak'])")
+    views: tuple[View, View] = opt(
+        ("eval", "strong"), "the two views: original + augmented (paper), or two weak draws (FedMLP: ['weak', 'weak'])"
+    )
     missing: Literal["negatives", "partial"] = opt(
-        "negatives", "multi-label: unannotated entries are labels 0 (noisy-label reading, FedMLP) or left out of L_ce")
-    class_weighting: Literal["none", "inverse"] = opt("none", "multi-label positive-term weights: none, or FedMLP's N / n_c")
+        "negatives", "multi-label: unannotated entries are labels 0 (noisy-label reading, FedMLP) or left out of L_ce"
+    )
+    class_weighting: Literal["none", "inverse"] = opt(
+        "none", "multi-label positive-term weights: none, or FedMLP's N / n_c"
+    )
     parity: Literal["paper", "code"] = opt("paper", "'code': the released arithmetic (see the module docstring)")
 
     def __post_init__(self):
@@ -251,19 +289,44 @@ class FedLSRTrainer(LocalTrainer):
         for batch in self.batches({"image": o.views[0], "image_2": o.views[1]}, round_num):
             z1, z2 = model(batch["image"]), model(batch["image_2"])
             lam = float(beta_dist.sample())
-            loss, parts = fedlsr_loss(z1, z2, batch["label"], batch["mask"], lam, beta, ctx.task, o.sharpen_t,
-                                      o.distill_t, o.lambda_e, o.missing, pos_weight, o.parity, as_tensors=True)
+            loss, parts = fedlsr_loss(
+                z1,
+                z2,
+                batch["label"],
+                batch["mask"],
+                lam,
+                beta,
+                ctx.task,
+                o.sharpen_t,
+                o.distill_t,
+                o.lambda_e,
+                o.missing,
+                pos_weight,
+                o.parity,
+                as_tensors=True,
+            )
             self.step(loss)
             device_sums.add(loss=loss, **parts)
             steps += 1
             mix += lam
         sums = {"loss": 0.0, "ce": 0.0, "sd": 0.0, "entropy": 0.0, **device_sums.read(), "mix": mix}
         total, s = sums["loss"], max(steps, 1)
-        meta = {"fedlsr_sd_weight": beta, "fedlsr_ce": sums["ce"] / s, "fedlsr_sd": sums["sd"] / s,
-                "fedlsr_entropy": sums["entropy"] / s, "fedlsr_mix": sums["mix"] / s}
+        meta = {
+            "fedlsr_sd_weight": beta,
+            "fedlsr_ce": sums["ce"] / s,
+            "fedlsr_sd": sums["sd"] / s,
+            "fedlsr_entropy": sums["entropy"] / s,
+            "fedlsr_mix": sums["mix"] / s,
+        }
         return RoundOutput(steps=steps, loss=total / s, meta=meta)
 
 
 def register_all(register) -> None:
-    register("fedlsr", FedLSRTrainer, ServerRule, doc="FedLSR (Jiang et al., CIKM 2022): local self-regularisation, FedAvg",
-             job="fedlsr_ich", comparison=True)
+    register(
+        "fedlsr",
+        FedLSRTrainer,
+        ServerRule,
+        doc="FedLSR (Jiang et al., CIKM 2022): local self-regularisation, FedAvg",
+        job="fedlsr_ich",
+        comparison=True,
+    )

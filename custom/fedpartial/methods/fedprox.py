@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .baselines import MaskedRule, SupervisedOptions, SupervisedTrainer
-from .base import ServerRule
-from .common import frozen_copy
 from ..options import opt
+from .base import ServerRule
+from .baselines import MaskedRule, SupervisedOptions, SupervisedTrainer
+from .common import frozen_copy
 
 
 @dataclass
@@ -24,6 +24,7 @@ class FedProxTrainer(SupervisedTrainer):
 
     def start_round(self, round_num: int, global_meta: dict) -> None:
         from nvflare.app_opt.pt.fedproxloss import PTFedProxLoss  # imported where used: importing the methods
+
         #                                                              does not import NVFlare's runtime
         self.global_model = frozen_copy(self.ctx.model)  # the weights received this round
         self.prox = PTFedProxLoss(mu=self.opts.mu)
@@ -33,7 +34,21 @@ class FedProxTrainer(SupervisedTrainer):
 
 
 def register_all(register) -> None:
-    register("fedprox", FedProxTrainer, ServerRule, doc="FedProx, partial loss", job="fedprox_ich", comparison=True,
-             missing="partial")
-    register("fedprox_masked", FedProxTrainer, MaskedRule, doc="FedProx* (class-masked rows)", job="fedavg_masked_ham10000",
-             comparison=True, missing="partial")
+    register(
+        "fedprox",
+        FedProxTrainer,
+        ServerRule,
+        doc="FedProx, partial loss",
+        job="fedprox_ich",
+        comparison=True,
+        missing="partial",
+    )
+    register(
+        "fedprox_masked",
+        FedProxTrainer,
+        MaskedRule,
+        doc="FedProx* (class-masked rows)",
+        job="fedavg_masked_ham10000",
+        comparison=True,
+        missing="partial",
+    )

@@ -71,10 +71,10 @@ import torch
 import torch.nn.functional as F
 
 from ..losses import labelled_rows, row_ce
+from ..options import opt
 from .base import RoundOutput, ServerRule, summary_counts
 from .baselines import SupervisedOptions, SupervisedTrainer
 from .common import DeviceSums, label_table
-from ..options import opt
 
 META_PRIOR = "fedpu_prior"  # (C,) the class priors pi used this round
 META_CE = "fedpu_ce"  # mean cross-entropy on the labelled rows over the round's steps
@@ -99,8 +99,14 @@ def row_classes(labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(rows, (labels * mask.to(labels.dtype)).argmax(1), torch.full_like(rows, -1, dtype=torch.long))
 
 
-def pu_risk(logits: torch.Tensor, y: torch.Tensor, positive: torch.Tensor, prior: torch.Tensor,
-            non_negative: bool = False, all_rows: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def pu_risk(
+    logits: torch.Tensor,
+    y: torch.Tensor,
+    positive: torch.Tensor,
+    prior: torch.Tensor,
+    non_negative: bool = False,
+    all_rows: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """FedPU's PU risk (form "paper", see the module docstring).
 
     Args:
@@ -146,8 +152,9 @@ def pu_risk_code(logits: torch.Tensor, y: torch.Tensor, positive: torch.Tensor, 
     return risk
 
 
-def class_priors(kind: str, labels: torch.Tensor, mask: torch.Tensor, summary: dict | None,
-                 num_classes: int, all_rows: bool = False) -> torch.Tensor:
+def class_priors(
+    kind: str, labels: torch.Tensor, mask: torch.Tensor, summary: dict | None, num_classes: int, all_rows: bool = False
+) -> torch.Tensor:
     """``(C,)`` priors pi: ``site`` = labelled count of c / N (``labels``, ``mask`` ``(N, C)``: the site's table),
     ``summary`` = positives_c / (positives_c + negatives_c) over every site annotating c (0 where none does),
     ``unlabelled`` = the share of c in U: the site shares when U is every row (``all_rows``), else 0 (U holds
@@ -170,13 +177,17 @@ class FedPUOptions(SupervisedOptions):
 
     pu_weight: float = opt(1.0, "weight of the PU risk (the code's pu_weight)")
     prior: Literal["unlabelled", "site", "summary"] = opt(
-        "unlabelled", "class priors pi: the share of each class in U (FedPU; 0 with unlabelled: rows), the site's "
-                      "labelled share, or the federation's (data summary)")
+        "unlabelled",
+        "class priors pi: the share of each class in U (FedPU; 0 with unlabelled: rows), the site's "
+        "labelled share, or the federation's (data summary)",
+    )
     non_negative: bool = opt(False, "clamp each class's PU term at 0 (nnPU; not in the released code)")
     form: Literal["paper", "code"] = opt("paper", "the PU risk as derived (paper) or the released MPULoss_V2 (code)")
     unlabelled: Literal["rows", "all"] = opt(
-        "rows", "the unlabelled sample U: the rows without a label (the released code) or every row of the batch "
-                "(a sample of the site's data, whose class shares are the site priors)")
+        "rows",
+        "the unlabelled sample U: the rows without a label (the released code) or every row of the batch "
+        "(a sample of the site's data, whose class shares are the site priors)",
+    )
 
     def __post_init__(self):
         if self.pu_weight < 0:
@@ -215,8 +226,10 @@ class FedPUTrainer(SupervisedTrainer):
             idx = torch.nonzero(self.positive).flatten().tolist()
             blank = [self.ctx.classes[i] for i in idx if not bool(mask[:, i].all())]
             if blank:
-                self.ctx.log.warning(f"fedpu: site '{self.ctx.site}' leaves {blank} blank on some rows; the prior of "
-                                     "those classes in U is taken as 0")
+                self.ctx.log.warning(
+                    f"fedpu: site '{self.ctx.site}' leaves {blank} blank on some rows; the prior of "
+                    "those classes in U is taken as 0"
+                )
                 self._warned_blank = True
         return class_priors(kind, labels, mask, self.ctx.summary, self.ctx.num_classes, all_rows)
 
@@ -231,8 +244,9 @@ class FedPUTrainer(SupervisedTrainer):
         if self.opts.form == "code":
             risk = pu_risk_code(logits, y, self.positive, self.prior)
         else:
-            risk, terms = pu_risk(logits, y, self.positive, self.prior, self.opts.non_negative,
-                                  self.opts.unlabelled == "all")
+            risk, terms = pu_risk(
+                logits, y, self.positive, self.prior, self.opts.non_negative, self.opts.unlabelled == "all"
+            )
             if self.opts.non_negative:
                 self._sums.add(clamped=terms < 0)
         self._sums.add(ce=ce, pu=risk, unlabelled=~lab)
@@ -242,12 +256,24 @@ class FedPUTrainer(SupervisedTrainer):
     def train_round(self, round_num: int, num_rounds: int, global_meta: dict) -> RoundOutput:
         out = super().train_round(round_num, num_rounds, global_meta)
         got, s = self._sums.read(), max(self._steps, 1)
-        out.meta.update({META_PRIOR: self.prior.double().numpy(), META_CE: got.get("ce", 0.0) / s,
-                         META_PU: got.get("pu", 0.0) / s, META_UNLABELLED: int(got.get("unlabelled", 0)),
-                         META_CLAMPED: int(got.get("clamped", 0))})
+        out.meta.update(
+            {
+                META_PRIOR: self.prior.double().numpy(),
+                META_CE: got.get("ce", 0.0) / s,
+                META_PU: got.get("pu", 0.0) / s,
+                META_UNLABELLED: int(got.get("unlabelled", 0)),
+                META_CLAMPED: int(got.get("clamped", 0)),
+            }
+        )
         return out
 
 
 def register_all(register) -> None:
-    register("fedpu", FedPUTrainer, ServerRule, doc="FedPU (Lin et al., ICML 2022): CE + multi-class PU risk, FedAvg",
-             job="fedpu_ham10000", comparison=True)
+    register(
+        "fedpu",
+        FedPUTrainer,
+        ServerRule,
+        doc="FedPU (Lin et al., ICML 2022): CE + multi-class PU risk, FedAvg",
+        job="fedpu_ham10000",
+        comparison=True,
+    )

@@ -13,10 +13,10 @@ from typing import Literal
 import torch
 
 from ..losses import labelled_rows, row_ce
+from ..options import opt
 from .base import ServerRule
 from .baselines import MaskedRule, SupervisedOptions, SupervisedTrainer
 from .common import label_table
-from ..options import opt
 
 
 def logit_scales(counts: torch.Tensor, alpha: float, scaling: str = "presence") -> torch.Tensor:
@@ -29,22 +29,29 @@ def logit_scales(counts: torch.Tensor, alpha: float, scaling: str = "presence") 
     return torch.where(counts > 0, torch.ones_like(counts), torch.full_like(counts, float(alpha))).float()
 
 
-def restricted_softmax_ce(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor,
-                          scales: torch.Tensor) -> torch.Tensor:
+def restricted_softmax_ce(
+    logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, scales: torch.Tensor
+) -> torch.Tensor:
     """Cross-entropy of the restricted softmax on the labelled rows (mean; 0 with a gradient when none).
 
     Args:
         logits: ``(B, C)``; labels: ``(B, C)`` one-hot where annotated; mask: ``(B, C)`` annotated entries.
         scales: ``(C,)`` logit scales (:func:`logit_scales`; all 1 = plain cross-entropy).
     """
-    return row_ce(logits * scales.to(logits.device, logits.dtype, non_blocking=True), labels.argmax(dim=1), labelled_rows(labels, mask))
+    return row_ce(
+        logits * scales.to(logits.device, logits.dtype, non_blocking=True),
+        labels.argmax(dim=1),
+        labelled_rows(labels, mask),
+    )
 
 
 @dataclass
 class FedRSOptions(SupervisedOptions):
     alpha: float = opt(0.5, "scale of the logits of the classes the site does not hold (FedRS's alpha)")
-    scaling: Literal["presence", "counts"] = opt("presence", "per-class scale: 1 / alpha by presence (paper), or "
-                                                             "alpha + (1 - alpha) cnt_c / max cnt (released code)")
+    scaling: Literal["presence", "counts"] = opt(
+        "presence",
+        "per-class scale: 1 / alpha by presence (paper), or alpha + (1 - alpha) cnt_c / max cnt (released code)",
+    )
 
 
 class FedRSTrainer(SupervisedTrainer):
@@ -62,6 +69,12 @@ class FedRSTrainer(SupervisedTrainer):
 
 
 def register_all(register) -> None:
-    register("fedrs", FedRSTrainer, ServerRule, doc="FedRS (restricted softmax), FedAvg", job="fedrs_ham10000",
-             comparison=True)
+    register(
+        "fedrs",
+        FedRSTrainer,
+        ServerRule,
+        doc="FedRS (restricted softmax), FedAvg",
+        job="fedrs_ham10000",
+        comparison=True,
+    )
     register("fedrs_masked", FedRSTrainer, MaskedRule, doc="FedRS with class-masked rows", job="fedrs_ham10000")

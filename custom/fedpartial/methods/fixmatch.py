@@ -39,10 +39,10 @@ import torch.nn.functional as F
 
 from ..evaluation import probabilities
 from ..losses import labelled_rows, supervised_loss
+from ..options import opt
 from .base import LocalTrainer, RoundOutput, ServerRule, TrainerOptions
 from .baselines import MaskedRule
 from .common import DeviceSums
-from ..options import opt
 
 META_CANDIDATES = "fixmatch_candidates"  # unannotated entries (multi-label) / unlabelled rows (single-label) seen
 META_PSEUDO = "fixmatch_pseudo"  # of those, the ones given a pseudo label (summed over the round's steps)
@@ -51,8 +51,9 @@ META_POSITIVES = "fixmatch_pseudo_positives"  # (C,) pseudo positives (multi-lab
 META_NEGATIVES = "fixmatch_pseudo_negatives"  # (C,) pseudo negatives per class (multi-label)
 
 
-def pseudo_labels(probs: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, task: str, tau: float,
-                  unannotated_only: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def pseudo_labels(
+    probs: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, task: str, tau: float, unannotated_only: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """FixMatch's confidence-masked hard pseudo labels from the weak view's probabilities.
 
     Args:
@@ -80,8 +81,9 @@ def pseudo_labels(probs: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor,
     return pos.to(probs.dtype), pos | neg, candidates
 
 
-def unsupervised_loss(logits_s: torch.Tensor, targets: torch.Tensor, pseudo: torch.Tensor, candidates: torch.Tensor,
-                      task: str) -> torch.Tensor:
+def unsupervised_loss(
+    logits_s: torch.Tensor, targets: torch.Tensor, pseudo: torch.Tensor, candidates: torch.Tensor, task: str
+) -> torch.Tensor:
     """FixMatch's ``l_u`` on the strong view (module docstring): ``logits_s``, ``targets`` ``(B, C)``; ``pseudo`` /
     ``candidates`` as returned by :func:`pseudo_labels`. 0 (with a gradient) when nothing has a pseudo label.
     Nothing is read back to the host (no wait on a GPU)."""
@@ -100,11 +102,15 @@ class FixMatchOptions(TrainerOptions):
     tau: float = opt(0.95, "confidence threshold (multi-label: p >= tau -> 1, p <= 1 - tau -> 0)")
     lambda_u: float = opt(1.0, "weight of the unsupervised term")
     pseudo_classes: Literal["all", "unannotated"] = opt(
-        "all", "single-label pseudo labels: argmax over all classes (FedLSM's released FixMatch) or over the classes "
-               "the site does not annotate (an unlabelled row is known to be one of them)")
+        "all",
+        "single-label pseudo labels: argmax over all classes (FedLSM's released FixMatch) or over the classes "
+        "the site does not annotate (an unlabelled row is known to be one of them)",
+    )
     weak_view: Literal["weak", "flip"] = opt(
-        "weak", "the weak view: flip + small rotation / translation (the 'weak' kind; FixMatch's is flip + "
-                "translation), or a horizontal flip only")
+        "weak",
+        "the weak view: flip + small rotation / translation (the 'weak' kind; FixMatch's is flip + "
+        "translation), or a horizontal flip only",
+    )
 
     def __post_init__(self):
         if not 0.0 <= self.tau <= 1.0:
@@ -122,16 +128,24 @@ class FixMatchTrainer(LocalTrainer):
     def __init__(self, ctx, **options):
         super().__init__(ctx, **options)
         if ctx.task == "multilabel" and self.opts.tau < 0.5:
-            raise ValueError(f"fixmatch: multi-label tau must be >= 0.5 (p >= tau -> 1, p <= 1 - tau -> 0), "
-                             f"got {self.opts.tau}")
+            raise ValueError(
+                f"fixmatch: multi-label tau must be >= 0.5 (p >= tau -> 1, p <= 1 - tau -> 0), got {self.opts.tau}"
+            )
         self.partial_loss = supervised_loss(ctx.task, "partial")
 
-    def step_loss(self, logits_w: torch.Tensor, logits_s: torch.Tensor, labels: torch.Tensor,
-                  mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def step_loss(
+        self, logits_w: torch.Tensor, logits_s: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(loss, targets, pseudo, candidates)`` of one step from the weak and strong views' logits ``(B, C)``."""
         task = self.ctx.task
-        targets, pseudo, candidates = pseudo_labels(probabilities(logits_w.detach(), task).float(), labels, mask,
-                                                    task, self.opts.tau, self.opts.pseudo_classes == "unannotated")
+        targets, pseudo, candidates = pseudo_labels(
+            probabilities(logits_w.detach(), task).float(),
+            labels,
+            mask,
+            task,
+            self.opts.tau,
+            self.opts.pseudo_classes == "unannotated",
+        )
         loss = self.partial_loss(logits_w, labels, mask)
         if self.opts.lambda_u > 0:
             loss = loss + self.opts.lambda_u * unsupervised_loss(logits_s, targets, pseudo, candidates, task)
@@ -156,16 +170,31 @@ class FixMatchTrainer(LocalTrainer):
         got = sums.read()
         C = self.ctx.num_classes
         n_cand, n_pseudo = int(got.get("candidates", 0)), int(got.get("pseudo", 0))
-        meta = {META_CANDIDATES: n_cand, META_PSEUDO: n_pseudo, META_RATE: n_pseudo / n_cand if n_cand else 0.0,
-                META_POSITIVES: got.get("positives", np.zeros(C))}
+        meta = {
+            META_CANDIDATES: n_cand,
+            META_PSEUDO: n_pseudo,
+            META_RATE: n_pseudo / n_cand if n_cand else 0.0,
+            META_POSITIVES: got.get("positives", np.zeros(C)),
+        }
         if self.ctx.task == "multilabel":
             meta[META_NEGATIVES] = got.get("negatives", np.zeros(C))
         return RoundOutput(steps=steps, loss=got.get("loss", 0.0) / max(steps, 1), meta=meta)
 
 
 def register_all(register) -> None:
-    register("fixmatch", FixMatchTrainer, ServerRule, doc="FedAvg + FixMatch (FedMLP's FedFixMatch)",
-             job="fixmatch_ich", comparison=True)
-    register("fixmatch_masked", FixMatchTrainer, MaskedRule,
-             doc="FedAvg* + FixMatch (FedLSM's: class-masked classifier rows)",
-             job="fixmatch_masked_ham10000", comparison=True)
+    register(
+        "fixmatch",
+        FixMatchTrainer,
+        ServerRule,
+        doc="FedAvg + FixMatch (FedMLP's FedFixMatch)",
+        job="fixmatch_ich",
+        comparison=True,
+    )
+    register(
+        "fixmatch_masked",
+        FixMatchTrainer,
+        MaskedRule,
+        doc="FedAvg* + FixMatch (FedLSM's: class-masked classifier rows)",
+        job="fixmatch_masked_ham10000",
+        comparison=True,
+    )

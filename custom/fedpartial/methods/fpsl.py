@@ -36,11 +36,11 @@ from typing import Literal
 import torch
 
 from ..losses import ce_restricted, masked_bce
+from ..options import opt
 from .base import TrainerOptions, summary_counts
 from .baselines import MaskedRule, SupervisedTrainer
 from .common import label_table
 from .fedlsm.maths import negative_positive_ratio
-from ..options import opt
 
 META_POS_WEIGHT = "fpsl_pos_weight"  # (C,) the class weights w_c this round (multi-label)
 
@@ -52,8 +52,9 @@ def fpsl_class_weights(labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor
     return negative_positive_ratio((labels * m).sum(0), ((1 - labels) * m).sum(0))
 
 
-def fpsl_loss(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor,
-              pos_weight: torch.Tensor | None) -> torch.Tensor:
+def fpsl_loss(
+    logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, pos_weight: torch.Tensor | None
+) -> torch.Tensor:
     """The class-weighted partial BCE (module docstring): ``logits``, ``labels``, ``mask`` ``(B, C)``,
     ``pos_weight`` ``(C,)`` or None (unweighted) -> scalar, mean over the annotated entries."""
     w = None if pos_weight is None else pos_weight.to(logits.device, logits.dtype)
@@ -65,8 +66,10 @@ class FPSLOptions(TrainerOptions):
     """FPSL's site options."""
 
     class_weights: Literal["global", "site", "none"] = opt(
-        "global", "multi-label w_c = negatives / positives over the annotated entries of all sites (the data summary; "
-                  "FedLSM's released code), of this site only, or none")
+        "global",
+        "multi-label w_c = negatives / positives over the annotated entries of all sites (the data summary; "
+        "FedLSM's released code), of this site only, or none",
+    )
     view: Literal["eval", "weak", "strong"] = opt("weak", "the training augmentation")
 
 
@@ -111,5 +114,11 @@ class FPSLTrainer(SupervisedTrainer):
 
 
 def register_all(register) -> None:
-    register("fpsl", FPSLTrainer, MaskedRule, doc="FPSL: class-weighted partial BCE + task-dependent aggregation",
-             job="fpsl_ham10000", comparison=True)
+    register(
+        "fpsl",
+        FPSLTrainer,
+        MaskedRule,
+        doc="FPSL: class-weighted partial BCE + task-dependent aggregation",
+        job="fpsl_ham10000",
+        comparison=True,
+    )

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..options import opt
 from .base import ServerRule
 from .baselines import MaskedRule, SupervisedOptions, SupervisedTrainer
 from .common import frozen_copy
-from ..options import opt
 
 
 def model_contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor, tau: float) -> torch.Tensor:
@@ -76,7 +76,21 @@ class MOONTrainer(SupervisedTrainer):
 
 
 def register_all(register) -> None:
-    register("moon", MOONTrainer, ServerRule, doc="MOON (model-contrastive), partial loss", job="moon_ich",
-             comparison=True, missing="partial")
-    register("moon_masked", MOONTrainer, MaskedRule, doc="MOON* (class-masked rows)", job="fedavg_masked_ham10000",
-             comparison=True, missing="partial")
+    register(
+        "moon",
+        MOONTrainer,
+        ServerRule,
+        doc="MOON (model-contrastive), partial loss",
+        job="moon_ich",
+        comparison=True,
+        missing="partial",
+    )
+    register(
+        "moon_masked",
+        MOONTrainer,
+        MaskedRule,
+        doc="MOON* (class-masked rows)",
+        job="fedavg_masked_ham10000",
+        comparison=True,
+        missing="partial",
+    )

@@ -10,8 +10,14 @@ NUM_SITES = 10
 LABELLED_SITES = 2
 NUM_ROUNDS = 30
 MODEL = {"arch": "small_cnn", "in_channels": 3, "dropout": 0.2}
-TRAIN = {"optimizer": "adam", "lr": 0.001, "betas": [0.9, 0.99], "weight_decay": 0.0005, "batch_size": 32,
-         "local_steps": 10}
+TRAIN = {
+    "optimizer": "adam",
+    "lr": 0.001,
+    "betas": [0.9, 0.99],
+    "weight_decay": 0.0005,
+    "batch_size": 32,
+    "local_steps": 10,
+}
 METHOD_ARGS = {"warm_rounds": 10}
 
 
@@ -23,5 +29,10 @@ def settings(preset: str = "ham10000", protocol: str = "labeled_unlabeled") -> d
     if protocol == "labeled_unlabeled":
         prepare["m"] = LABELLED_SITES
     prepare["table" if preset == "ham10000" else "k"] = None
-    return dict(dataset={"preset": preset, "prepare": prepare}, num_sites=NUM_SITES, num_rounds=NUM_ROUNDS,
-                model=dict(MODEL), train=dict(TRAIN))
+    return dict(
+        dataset={"preset": preset, "prepare": prepare},
+        num_sites=NUM_SITES,
+        num_rounds=NUM_ROUNDS,
+        model=dict(MODEL),
+        train=dict(TRAIN),
+    )

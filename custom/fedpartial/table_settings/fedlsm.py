@@ -8,5 +8,11 @@ AWPA = "adaptive"
 
 def train(local_steps: int) -> dict:
     """The ``train`` options of a FedLSM job with ``local_steps`` local steps per round."""
-    return {"optimizer": "adam", "lr": 0.001, "betas": [0.9, 0.99], "batch_size": 64, "local_steps": local_steps,
-            "keep_optimizer_state": True}
+    return {
+        "optimizer": "adam",
+        "lr": 0.001,
+        "betas": [0.9, 0.99],
+        "batch_size": 64,
+        "local_steps": local_steps,
+        "keep_optimizer_state": True,
+    }

@@ -5,8 +5,14 @@ ICH) and ``fedmlp_cxr14_paper`` (NIH ChestX-ray14); the data is not shipped.
 """
 
 NUM_ROUNDS = 500
-TRAIN = {"optimizer": "adam", "lr": 3e-05, "weight_decay": 0.0005, "batch_size": 32, "local_epochs": 1,
-         "num_workers": 4}
+TRAIN = {
+    "optimizer": "adam",
+    "lr": 3e-05,
+    "weight_decay": 0.0005,
+    "batch_size": 32,
+    "local_epochs": 1,
+    "num_workers": 4,
+}
 EVALUATION = {"test_every": 10, "batch_size": 128}
 METHOD_ARGS = dict(warmup_rounds=50, L=0.3, R=0.7, T0=0.005, T1=0.01, cr_warmup=False, parity="paper")
 
@@ -14,5 +20,10 @@ METHOD_ARGS = dict(warmup_rounds=50, L=0.3, R=0.7, T0=0.005, T1=0.01, cr_warmup=
 def settings(in_channels: int) -> dict:
     """The recipe keywords of a paper job whose images have ``in_channels`` channels (the method's options
     included, for :class:`~fedpartial.recipes.FedMLPRecipe`)."""
-    return dict(num_rounds=NUM_ROUNDS, model={"arch": "resnet18", "in_channels": in_channels, "pretrained": None},
-                train=dict(TRAIN), evaluation=dict(EVALUATION), **METHOD_ARGS)
+    return dict(
+        num_rounds=NUM_ROUNDS,
+        model={"arch": "resnet18", "in_channels": in_channels, "pretrained": None},
+        train=dict(TRAIN),
+        evaluation=dict(EVALUATION),
+        **METHOD_ARGS,
+    )

@@ -14,5 +14,10 @@ def model(in_channels: int) -> dict:
 
 
 # the ICH phantom, each of 5 sites annotating 2 of the 5 subtypes (missing 3), 20 rounds
-ICH = dict(dataset={"preset": "ich_phantom", "prepare": {"protocol": "missing_k", "k": 3}}, num_sites=5,
-           num_rounds=20, key_metric=KEY_METRIC, model=model(3))
+ICH = dict(
+    dataset={"preset": "ich_phantom", "prepare": {"protocol": "missing_k", "k": 3}},
+    num_sites=5,
+    num_rounds=20,
+    key_metric=KEY_METRIC,
+    model=model(3),
+)

@@ -89,8 +89,14 @@ def job_sites(job_dir: str | Path) -> tuple[int | None, int, list[str]]:
     names (empty with ``@ALL``)."""
     job_dir = Path(job_dir)
     meta = json.loads((job_dir / "meta.json").read_text())
-    named = sorted({s for targets in (meta.get("deploy_map") or {}).values() for s in targets
-                    if isinstance(s, str) and not s.startswith("@") and s != "server"})
+    named = sorted(
+        {
+            s
+            for targets in (meta.get("deploy_map") or {}).values()
+            for s in targets
+            if isinstance(s, str) and not s.startswith("@") and s != "server"
+        }
+    )
     n, missing = None, 0
     for path in sorted(job_dir.glob("*/config/config_fed_server.json")):
         cfg = json.loads(path.read_text())
@@ -128,14 +134,20 @@ def site_check(job_dir: str | Path, connected: list[str], expected: list[str] | 
     count = n if n is not None else len(names)
     if absent or (count and len(connected) < count):
         which = f"; not connected: {', '.join(absent)}" if absent else ""
-        lines.append(f"warning: {len(connected)} of the job's {count} site(s) are connected "
-                     f"({', '.join(connected) or 'none'}){which}")
+        lines.append(
+            f"warning: {len(connected)} of the job's {count} site(s) are connected "
+            f"({', '.join(connected) or 'none'}){which}"
+        )
         if count and len(connected) < count - max_missing:
-            lines.append(f"warning: the job needs at least {count - max_missing} site(s) (max_missing_sites "
-                         f"{max_missing}): NVFlare keeps it SUBMITTED until enough sites connect")
+            lines.append(
+                f"warning: the job needs at least {count - max_missing} site(s) (max_missing_sites "
+                f"{max_missing}): NVFlare keeps it SUBMITTED until enough sites connect"
+            )
         else:
-            lines.append(f"warning: the job starts without them (max_missing_sites {max_missing}); its results "
-                         "will be marked DEGRADED")
+            lines.append(
+                f"warning: the job starts without them (max_missing_sites {max_missing}); its results "
+                "will be marked DEGRADED"
+            )
     return lines
 
 
@@ -164,9 +176,11 @@ def summary_text(path: str | Path) -> tuple[str, bool]:
 
 # ------------------------------------------------------------------------------------------------------------ CLI
 
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="fedpartial-admin", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="fedpartial-admin", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--kit", help="the admin's startup kit folder (holds startup/fed_admin.json)")
     ap.add_argument("--user", help="admin user name (default: the kit folder's name)")
     ap.add_argument("--connect-timeout", type=float, default=30.0, help="seconds to wait for the server")
@@ -177,8 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sites", help=sites_help)
     p = sub.add_parser("results", help="a downloaded job's error lines, DEGRADED reasons and results table (offline)")
     p.add_argument("path")
-    p = sub.add_parser("resume", help="submit the job folder again continuing job JOB_ID's run from its last "
-                                      "checkpoint; prints the new job id")
+    p = sub.add_parser(
+        "resume",
+        help="submit the job folder again continuing job JOB_ID's run from its last checkpoint; prints the new job id",
+    )
     p.add_argument("job_id", help="the job whose run to continue (its checkpoints are kept under its id)")
     p.add_argument("job")
     p.add_argument("--sites", help=sites_help)
@@ -186,8 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("resume-folder", help="write the job folder with resume on (offline, e.g. for the simulator)")
     p.add_argument("job")
     p.add_argument("dest")
-    p.add_argument("--job-id", default=True, help="the job whose run to continue (default: the same job id, as in "
-                                                  "the simulator)")
+    p.add_argument(
+        "--job-id", default=True, help="the job whose run to continue (default: the same job id, as in the simulator)"
+    )
     p = sub.add_parser("without-custom", help="write a copy of a job folder without its apps' custom/ code (offline)")
     p.add_argument("job")
     p.add_argument("dest")
@@ -240,10 +257,13 @@ def _online(args) -> int:
                 folder = without_custom(folder, Path(tmp) / "without_custom" / folder.name)
             job_id = sess.submit_job(str(folder))
         kit = Path(args.kit)
-        print(f"submitted {args.job} (resuming job {args.job_id}) as job {job_id}\n"
-              f"follow:   nvflare job monitor {job_id} --startup-kit {kit}\n"
-              f"download: nvflare job download {job_id} -o results/ --startup-kit {kit}\n"
-              f"results:  fedpartial-admin results results/{job_id}", flush=True)
+        print(
+            f"submitted {args.job} (resuming job {args.job_id}) as job {job_id}\n"
+            f"follow:   nvflare job monitor {job_id} --startup-kit {kit}\n"
+            f"download: nvflare job download {job_id} -o results/ --startup-kit {kit}\n"
+            f"results:  fedpartial-admin results results/{job_id}",
+            flush=True,
+        )
         return 0
     finally:
         sess.close()

@@ -46,8 +46,7 @@ def component_paths(job: Path) -> set[str]:
 
 def allowed(path: str, allow_list: list[str]) -> bool:
     """NVFlare's rule: an exact entry, a prefix ending in '.', or a package prefix."""
-    return any(path == p or (path.startswith(p) if p.endswith(".") else path.startswith(p + "."))
-               for p in allow_list)
+    return any(path == p or (path.startswith(p) if p.endswith(".") else path.startswith(p + ".")) for p in allow_list)
 
 
 def current_resources(kit: Path) -> dict:
@@ -80,8 +79,9 @@ def allow_jobs(kit: str | Path, jobs: list[Path]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="fedpartial-allow-list", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="fedpartial-allow-list", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("kits", nargs="+", help="startup kit folders (server and / or sites)")
     ap.add_argument("--jobs", nargs="+", type=Path, help="job folders (default: every job of this checkout)")
     args = ap.parse_args(argv)

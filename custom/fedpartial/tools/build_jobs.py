@@ -88,8 +88,11 @@ def app_dirs(job: Path) -> list[Path]:
 
 
 def _tree(root: Path) -> set[str]:
-    return {str(p.relative_to(root)) for p in root.rglob("*")
-            if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".pyo")}
+    return {
+        str(p.relative_to(root))
+        for p in root.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".pyo")
+    }
 
 
 def differences(src: Path, dst: Path) -> list[str]:
@@ -117,9 +120,16 @@ def build_job(job: Path, src: Path, check: bool = False) -> list[str]:
     return problems
 
 
-def customise_job(job: Path, dest: Path, num_rounds: int | None = None, executor_args: dict | None = None,
-                  src: Path | None = None, seed: int | None = None, rule_args: dict | None = None,
-                  min_clients: int | None = None) -> Path:
+def customise_job(
+    job: Path,
+    dest: Path,
+    num_rounds: int | None = None,
+    executor_args: dict | None = None,
+    src: Path | None = None,
+    seed: int | None = None,
+    rule_args: dict | None = None,
+    min_clients: int | None = None,
+) -> Path:
     """Copy a job folder to ``dest`` with the package built into it, ``num_rounds`` (and ``min_clients``, in the
     server config and ``meta.json``) set, ``executor_args`` merged into the client executor's args, ``rule_args``
     into the server rule's options and ``seed`` set for both the sites (executor seed) and the initial global
@@ -141,8 +151,9 @@ def customise_job(job: Path, dest: Path, num_rounds: int | None = None, executor
     rule_args = deep_merge(executor_args.get("method_args", {}), rule_args or {})
     if rule_args:
         executor_args["method_args"] = rule_args
-        comps["aggregator"]["args"]["method_args"] = deep_merge(comps["aggregator"]["args"].get("method_args", {}),
-                                                                rule_args)
+        comps["aggregator"]["args"]["method_args"] = deep_merge(
+            comps["aggregator"]["args"].get("method_args", {}), rule_args
+        )
     if "method" in executor_args:
         cfg["method"] = comps["aggregator"]["args"]["method"] = executor_args["method"]
     if "model" in executor_args:
@@ -176,8 +187,11 @@ def build(repo: Path = REPO, check: bool = False, names: list[str] | None = None
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repo", type=Path, default=REPO, help="project root (default: this checkout)")
-    ap.add_argument("--check", action="store_true",
-                    help="only verify that every exported folder matches its job.py (configuration and package)")
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="only verify that every exported folder matches its job.py (configuration and package)",
+    )
     ap.add_argument("jobs", nargs="*", help="job names (default: every jobs/*/job.py)")
     args = ap.parse_args(argv)
     problems = build(args.repo, check=args.check, names=args.jobs)

@@ -27,6 +27,7 @@ import torch
 
 # --- decoder (replaced at export) ---
 from fedpartial.data.store import Preprocessing, decode_resized, native_channels, stored_channels  # noqa: E402
+
 # --- end decoder ---
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".dcm", ".dicom")  # what prepare reads too
@@ -75,8 +76,15 @@ class LoadImageAnyd(_map_transform()):
         resize_mode: area (box filter) / bilinear / bicubic / nearest, as the job's ``dataset.resize_mode``.
     """
 
-    def __init__(self, keys, channels: int, image_size: int, ct_windows: Sequence[Sequence[float]] | None = None,
-                 resize_mode: str = "area", allow_missing_keys: bool = False) -> None:
+    def __init__(
+        self,
+        keys,
+        channels: int,
+        image_size: int,
+        ct_windows: Sequence[Sequence[float]] | None = None,
+        resize_mode: str = "area",
+        allow_missing_keys: bool = False,
+    ) -> None:
         super().__init__(keys, allow_missing_keys)
         windows = tuple(tuple(map(float, w)) for w in ct_windows) if ct_windows else None
         self.prep = Preprocessing(int(image_size), int(channels), windows, str(resize_mode))
@@ -134,8 +142,15 @@ class PredictionWriter:
     postprocessing), prints ``predict: batch k / N`` lines, and writes ``output_dir/predictions.csv``
     (:func:`write_predictions`) when the run completes."""
 
-    def __init__(self, output_dir: str | os.PathLike, classes: Sequence[str], task: str,
-                 thresholds: Sequence[float] | None = None, path_key: str = "path", pred_key: str = "pred") -> None:
+    def __init__(
+        self,
+        output_dir: str | os.PathLike,
+        classes: Sequence[str],
+        task: str,
+        thresholds: Sequence[float] | None = None,
+        path_key: str = "path",
+        pred_key: str = "pred",
+    ) -> None:
         self.output_dir, self.classes, self.task = output_dir, list(classes), task
         self.thresholds, self.path_key, self.pred_key = thresholds, path_key, pred_key
         self.paths: list[str] = []
@@ -168,15 +183,15 @@ class PredictionWriter:
 
     def _write(self, engine) -> None:
         probs = np.stack(self.probs) if self.probs else np.zeros((0, len(self.classes)), np.float32)
-        write_predictions(self.paths, probs, self.classes, self.task, self.thresholds, self.output_dir,
-                          self.left_out)
+        write_predictions(self.paths, probs, self.classes, self.task, self.thresholds, self.output_dir, self.left_out)
         if self.left_out and not self.paths:
             print(f"error: none of the {len(self.left_out)} images could be read", file=sys.stderr, flush=True)
             raise SystemExit(2)
 
 
-def decisions(probs: np.ndarray, classes: Sequence[str], task: str,
-              thresholds: Sequence[float] | None) -> tuple[list[str], list[list]]:
+def decisions(
+    probs: np.ndarray, classes: Sequence[str], task: str, thresholds: Sequence[float] | None
+) -> tuple[list[str], list[list]]:
     """The decision columns: multi-label ``pred_<class>`` = 1 where ``prob >= threshold`` of that class;
     single-label ``prediction`` = the class of the highest probability. Returns ``(columns, rows)``."""
     if task == "multilabel":
@@ -185,9 +200,15 @@ def decisions(probs: np.ndarray, classes: Sequence[str], task: str,
     return ["prediction"], [[classes[int(i)]] for i in np.argmax(probs, axis=1)]
 
 
-def write_predictions(paths: Sequence[str], probs: np.ndarray, classes: Sequence[str], task: str,
-                      thresholds: Sequence[float] | None, output_dir: str | os.PathLike,
-                      left_out: Sequence[tuple[str, str]] = ()) -> str:
+def write_predictions(
+    paths: Sequence[str],
+    probs: np.ndarray,
+    classes: Sequence[str],
+    task: str,
+    thresholds: Sequence[float] | None,
+    output_dir: str | os.PathLike,
+    left_out: Sequence[tuple[str, str]] = (),
+) -> str:
     """``output_dir/predictions.csv``: ``image``, ``prob_<class>`` per class (6 decimals), then the decisions
     (:func:`decisions`); images that could not be read (``left_out``: ``(path, why)``) follow with empty cells
     and the reason in a last column ``error`` (present only then). Returns the file's path."""

@@ -46,12 +46,26 @@ import torch
 from . import bundle_runtime
 from .predict import LoadedModel, find_thresholds, load_model
 
-BUNDLE_FILES = ("configs/metadata.json", "configs/inference.json", "models/model.pt", "models/model.ts",
-                "scripts/__init__.py", "scripts/image_io.py", "docs/README.md")
+BUNDLE_FILES = (
+    "configs/metadata.json",
+    "configs/inference.json",
+    "models/model.pt",
+    "models/model.ts",
+    "scripts/__init__.py",
+    "scripts/image_io.py",
+    "docs/README.md",
+)
 RUNTIME_MODULE = "scripts.image_io"
 DECODER_START, DECODER_END = "# --- decoder (replaced at export) ---", "# --- end decoder ---"
-MODALITY = {"ich_phantom": "CT", "rsna_ich": "CT", "nih_cxr14": "DX", "chexpert": "DX", "mimic_cxr": "DX",
-            "ham10000": "XC", "isic2019": "XC"}  # DICOM modality codes (XC: external-camera photography)
+MODALITY = {
+    "ich_phantom": "CT",
+    "rsna_ich": "CT",
+    "nih_cxr14": "DX",
+    "chexpert": "DX",
+    "mimic_cxr": "DX",
+    "ham10000": "XC",
+    "isic2019": "XC",
+}  # DICOM modality codes (XC: external-camera photography)
 BATCH_SIZE = 64
 
 
@@ -67,15 +81,38 @@ def decoder_source() -> str:
     those functions in the same module)."""
     from ..data import dicom, store
 
-    parts = ["import os", "from dataclasses import dataclass", "", "from PIL import Image, ImageOps", "",
-             f"FORMAT = {store.FORMAT!r}", f"VERSION = {store.VERSION!r}",
-             f"MAX_PIXELS_ENV = {store.MAX_PIXELS_ENV!r}", f"DEFAULT_MAX_PIXELS = {store.DEFAULT_MAX_PIXELS!r}",
-             f"DEFAULT_WINDOWS = {dicom.DEFAULT_WINDOWS!r}",
-             "RESIZE_FILTERS = {" + ", ".join(f"{k!r}: Image.Resampling.{v.name}" for k, v in
-                                               store.RESIZE_FILTERS.items()) + "}", "", ""]
-    for obj in (dicom._first, dicom.read_dicom_hu, dicom.apply_windows, store.Preprocessing, store._is_dicom,
-                store.open_image, store.png_significant_bits, store.sixteen_bit_scale, store.upright,
-                store.native_channels, store.stored_channels, store._resize_float, store.decode_resized):
+    parts = [
+        "import os",
+        "from dataclasses import dataclass",
+        "",
+        "from PIL import Image, ImageOps",
+        "",
+        f"FORMAT = {store.FORMAT!r}",
+        f"VERSION = {store.VERSION!r}",
+        f"MAX_PIXELS_ENV = {store.MAX_PIXELS_ENV!r}",
+        f"DEFAULT_MAX_PIXELS = {store.DEFAULT_MAX_PIXELS!r}",
+        f"DEFAULT_WINDOWS = {dicom.DEFAULT_WINDOWS!r}",
+        "RESIZE_FILTERS = {"
+        + ", ".join(f"{k!r}: Image.Resampling.{v.name}" for k, v in store.RESIZE_FILTERS.items())
+        + "}",
+        "",
+        "",
+    ]
+    for obj in (
+        dicom._first,
+        dicom.read_dicom_hu,
+        dicom.apply_windows,
+        store.Preprocessing,
+        store._is_dicom,
+        store.open_image,
+        store.png_significant_bits,
+        store.sixteen_bit_scale,
+        store.upright,
+        store.native_channels,
+        store.stored_channels,
+        store._resize_float,
+        store.decode_resized,
+    ):
         src = inspect.getsource(obj).rstrip()
         if obj is store.decode_resized:
             if DICOM_IMPORT not in src + "\n":
@@ -91,14 +128,20 @@ def runtime_source() -> str:
     text = Path(bundle_runtime.__file__).read_text()
     head, rest = text.split(DECODER_START, 1)
     _, tail = rest.split(DECODER_END, 1)
-    text = (head + "# --- decoder: copied from fedpartial.data.dicom / fedpartial.data.store at export ---\n"
-            + decoder_source() + "# --- end decoder ---" + tail)
+    text = (
+        head
+        + "# --- decoder: copied from fedpartial.data.dicom / fedpartial.data.store at export ---\n"
+        + decoder_source()
+        + "# --- end decoder ---"
+        + tail
+    )
     if "fedpartial." in "".join(line for line in text.splitlines(True) if line.lstrip().startswith(("import", "from"))):
         raise RuntimeError("the bundle's scripts/image_io.py would import this package")
     return text
 
 
 # ----------------------------------------------------------------------------------------------- the contents
+
 
 def run_results(model: LoadedModel) -> dict:
     """The run's ``results.json`` (in the model's folder or the one above), or {} when absent."""
@@ -120,11 +163,15 @@ def bundle_thresholds(model: LoadedModel) -> dict:
     except (FileNotFoundError, ValueError):
         entry = {}
     chosen = {c: (entry.get("thresholds") or {}).get(c) for c in model.classes}
-    return {"values": [0.5 if chosen[c] is None else float(chosen[c]) for c in model.classes], "chosen": chosen,
-            "criterion": entry.get("criterion"), "n_val": entry.get("n_val") or {},
-            "chosen_on": entry.get("chosen_on"),
-            "note": "predict class c when prob_c >= values[c]; chosen on validation (chosen_on), 0.5 where none "
-                    "was chosen (null under 'chosen')"}
+    return {
+        "values": [0.5 if chosen[c] is None else float(chosen[c]) for c in model.classes],
+        "chosen": chosen,
+        "criterion": entry.get("criterion"),
+        "n_val": entry.get("n_val") or {},
+        "chosen_on": entry.get("chosen_on"),
+        "note": "predict class c when prob_c >= values[c]; chosen on validation (chosen_on), 0.5 where none "
+        "was chosen (null under 'chosen')",
+    }
 
 
 def preprocessing_spec(model: LoadedModel) -> dict:
@@ -132,24 +179,35 @@ def preprocessing_spec(model: LoadedModel) -> dict:
     ds = model.dataset
     windows = [list(map(float, w)) for w in ds.get("ct_windows") or []] or None
     mode = ds.get("resize_mode", "area")
-    return {"image_size": int(ds["image_size"]), "channels": int(ds["channels"]), "ct_windows": windows,
-            "mean": ds.get("mean"), "std": ds.get("std"), "resize_mode": mode,
-            "steps": ["decode: PNG / JPG 8-bit as stored, 16-bit scaled to [0, 255]; DICOM -> Hounsfield units"
-                      + (f" -> CT windows {windows} (center, width) as channels" if windows else " -> min-max"),
-                      f"resize to {ds['image_size']} x {ds['image_size']} ({mode}, Pillow) and round to uint8, "
-                      "as the sites' image stores hold them",
-                      f"channels: a grayscale image repeated to {ds['channels']}" +
-                      (", colour to its luma" if int(ds["channels"]) == 1 else ""),
-                      "divide by 255; normalise (x - mean) / std per channel" if ds.get("mean") or ds.get("std")
-                      else "divide by 255 (values in [0, 1])"]}
+    return {
+        "image_size": int(ds["image_size"]),
+        "channels": int(ds["channels"]),
+        "ct_windows": windows,
+        "mean": ds.get("mean"),
+        "std": ds.get("std"),
+        "resize_mode": mode,
+        "steps": [
+            "decode: PNG / JPG 8-bit as stored, 16-bit scaled to [0, 255]; DICOM -> Hounsfield units"
+            + (f" -> CT windows {windows} (center, width) as channels" if windows else " -> min-max"),
+            f"resize to {ds['image_size']} x {ds['image_size']} ({mode}, Pillow) and round to uint8, "
+            "as the sites' image stores hold them",
+            f"channels: a grayscale image repeated to {ds['channels']}"
+            + (", colour to its luma" if int(ds["channels"]) == 1 else ""),
+            "divide by 255; normalise (x - mean) / std per channel"
+            if ds.get("mean") or ds.get("std")
+            else "divide by 255 (values in [0, 1])",
+        ],
+    }
 
 
 def channel_names(pre: dict) -> dict[str, str]:
     if pre["ct_windows"]:
         names = {(40.0, 80.0): "brain", (80.0, 200.0): "subdural", (600.0, 2800.0): "bone"}
-        return {str(i): f"{names.get(tuple(w), 'CT')} window (center {w[0]:g}, width {w[1]:g} HU)"
-                for i, w in enumerate(pre["ct_windows"])}
-    return {"0": "gray"} if pre["channels"] == 1 else {str(i): n for i, n in enumerate("RGB"[:pre["channels"]])}
+        return {
+            str(i): f"{names.get(tuple(w), 'CT')} window (center {w[0]:g}, width {w[1]:g} HU)"
+            for i, w in enumerate(pre["ct_windows"])
+        }
+    return {"0": "gray"} if pre["channels"] == 1 else {str(i): n for i, n in enumerate("RGB"[: pre["channels"]])}
 
 
 def data_fingerprint(model: LoadedModel, results: dict) -> str:
@@ -163,22 +221,43 @@ def data_fingerprint(model: LoadedModel, results: dict) -> str:
 def training_record(model: LoadedModel, results: dict) -> dict:
     """Provenance: job, method and options, rounds, sites (sizes, annotated classes), data fingerprint, privacy."""
     classes = model.classes
-    sites = {s: {"n_train": i.get("n_train"), "n_val": i.get("n_val"), "n_test": i.get("n_test"),
-                 "annotated_classes": [classes[k] for k in i.get("annotated", []) if k < len(classes)]}
-             for s, i in ((results.get("data") or {}).get("sites") or {}).items()}
-    privacy = {s: {k: t.get(k) for k in ("scope", "min_count", "releases", "rounds", "epsilon", "delta")}
-               for s, t in (results.get("privacy") or {}).items()}
-    cfg = json.loads((model.path.parent / "config" / "config_fed_client.json").read_text()) \
-        if (model.path.parent / "config" / "config_fed_client.json").is_file() else {}
+    sites = {
+        s: {
+            "n_train": i.get("n_train"),
+            "n_val": i.get("n_val"),
+            "n_test": i.get("n_test"),
+            "annotated_classes": [classes[k] for k in i.get("annotated", []) if k < len(classes)],
+        }
+        for s, i in ((results.get("data") or {}).get("sites") or {}).items()
+    }
+    privacy = {
+        s: {k: t.get(k) for k in ("scope", "min_count", "releases", "rounds", "epsilon", "delta")}
+        for s, t in (results.get("privacy") or {}).items()
+    }
+    cfg = (
+        json.loads((model.path.parent / "config" / "config_fed_client.json").read_text())
+        if (model.path.parent / "config" / "config_fed_client.json").is_file()
+        else {}
+    )
     args = ((cfg.get("executors") or [{}])[0].get("executor") or {}).get("args") or {}
-    return {"job": args.get("run_name") or model.path.parent.parent.name, "method": results.get("method"),
-            "method_options": results.get("method_options"), "dataset": results.get("dataset"),
-            "setting": results.get("setting"), "rounds": results.get("num_rounds"),
-            "best_round": (results.get("best") or {}).get("trained_rounds"), "model_file": model.path.name,
-            "architecture": model.net.arch, "sites": sites, "data_fingerprint": data_fingerprint(model, results),
-            "privacy": privacy, "degraded": results.get("degraded"), "global_model_note": model.note,
-            "site": model.site,
-            "exported": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    return {
+        "job": args.get("run_name") or model.path.parent.parent.name,
+        "method": results.get("method"),
+        "method_options": results.get("method_options"),
+        "dataset": results.get("dataset"),
+        "setting": results.get("setting"),
+        "rounds": results.get("num_rounds"),
+        "best_round": (results.get("best") or {}).get("trained_rounds"),
+        "model_file": model.path.name,
+        "architecture": model.net.arch,
+        "sites": sites,
+        "data_fingerprint": data_fingerprint(model, results),
+        "privacy": privacy,
+        "degraded": results.get("degraded"),
+        "global_model_note": model.note,
+        "site": model.site,
+        "exported": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
 
 
 def final_result(model: LoadedModel, results: dict) -> dict:
@@ -196,14 +275,22 @@ def final_result(model: LoadedModel, results: dict) -> dict:
 def eval_metrics(final: dict) -> dict:
     test = final.get("test") or {}
     ci = (test.get("ci") or {}).get("auc") or {}
-    return {"split": "test", "n": test.get("n"), "macro": test.get("macro") or {},
-            "per_class": test.get("per_class") or {}, "auc_ci95": ci} if test else {}
+    return (
+        {
+            "split": "test",
+            "n": test.get("n"),
+            "macro": test.get("macro") or {},
+            "per_class": test.get("per_class") or {},
+            "auc_ci95": ci,
+        }
+        if test
+        else {}
+    )
 
 
 def metadata(model: LoadedModel, results: dict, thresholds: dict, pre: dict) -> dict:
     """``configs/metadata.json``: MONAI's bundle metadata keys plus this model's thresholds and provenance."""
     import monai
-
     import PIL
     import pydicom
 
@@ -213,20 +300,24 @@ def metadata(model: LoadedModel, results: dict, thresholds: dict, pre: dict) -> 
     classes = model.classes
     return {
         "schema": "https://github.com/Project-MONAI/MONAI-extra-test-data/releases/download/0.8.1/"
-                  "meta_schema_20220324.json",
+        "meta_schema_20220324.json",
         "version": "0.1.0",
         "changelog": {"0.1.0": f"exported from job {train['job']} ({train['model_file']}, {train['rounds']} rounds)"},
         "monai_version": monai.__version__,
         "pytorch_version": torch.__version__.split("+")[0],
         "numpy_version": np.__version__,
-        "required_packages_version": {"pillow": PIL.__version__, "pydicom": pydicom.__version__,
-                                      "pytorch-ignite": _version("pytorch-ignite"), "fire": _version("fire")},
+        "required_packages_version": {
+            "pillow": PIL.__version__,
+            "pydicom": pydicom.__version__,
+            "pytorch-ignite": _version("pytorch-ignite"),
+            "fire": _version("fire"),
+        },
         "optional_packages_version": {"tqdm": _version("tqdm")},
         "name": train["job"] + (f" ({model.site}'s own model)" if model.site else ""),
         "task": f"{task} classification of {', '.join(classes)}",
         "description": f"{model.net.arch} trained with {train['method']} across {n_sites} sites with partial labels "
-                       f"({train['setting'] or 'see training'}); the model file is {train['model_file']}"
-                       + (f", with {model.site}'s own local layers." if model.site else "."),
+        f"({train['setting'] or 'see training'}); the model file is {train['model_file']}"
+        + (f", with {model.site}'s own local layers." if model.site else "."),
         "authors": f"the {train['job']} federation ({n_sites} sites)",
         "copyright": "the federation's sites",
         "intended_use": "research; not validated for clinical decisions",
@@ -235,18 +326,35 @@ def metadata(model: LoadedModel, results: dict, thresholds: dict, pre: dict) -> 
         "image_classes": f"{pre['channels']} channel(s): {'; '.join(channel_names(pre).values())}",
         "pred_classes": f"{len(classes)} channels, one per class: {', '.join(classes)}",
         "network_data_format": {
-            "inputs": {"image": {
-                "type": "image", "format": "magnitude", "modality": MODALITY.get(str(model.dataset.get("name")), "n/a"),
-                "num_channels": pre["channels"], "spatial_shape": [pre["image_size"], pre["image_size"]],
-                "dtype": "float32", "value_range": [] if pre["mean"] or pre["std"] else [0, 1],
-                "is_patch_data": False, "channel_def": channel_names(pre)}},
-            "outputs": {"pred": {
-                "type": "probabilities", "format": "classes", "modality": "n/a", "num_channels": len(classes),
-                "spatial_shape": [],
-                "dtype": "float32", "value_range": [], "is_patch_data": False,
-                "channel_def": {str(i): c for i, c in enumerate(classes)},
-                "description": "logits; " + ("sigmoid per class" if model.task == "multilabel" else "softmax")
-                               + " gives the probabilities (configs/inference.json's postprocessing)"}},
+            "inputs": {
+                "image": {
+                    "type": "image",
+                    "format": "magnitude",
+                    "modality": MODALITY.get(str(model.dataset.get("name")), "n/a"),
+                    "num_channels": pre["channels"],
+                    "spatial_shape": [pre["image_size"], pre["image_size"]],
+                    "dtype": "float32",
+                    "value_range": [] if pre["mean"] or pre["std"] else [0, 1],
+                    "is_patch_data": False,
+                    "channel_def": channel_names(pre),
+                }
+            },
+            "outputs": {
+                "pred": {
+                    "type": "probabilities",
+                    "format": "classes",
+                    "modality": "n/a",
+                    "num_channels": len(classes),
+                    "spatial_shape": [],
+                    "dtype": "float32",
+                    "value_range": [],
+                    "is_patch_data": False,
+                    "channel_def": {str(i): c for i, c in enumerate(classes)},
+                    "description": "logits; "
+                    + ("sigmoid per class" if model.task == "multilabel" else "softmax")
+                    + " gives the probabilities (configs/inference.json's postprocessing)",
+                }
+            },
         },
         "task_type": model.task,
         "thresholds": thresholds,
@@ -270,11 +378,22 @@ def inference_config(model: LoadedModel, thresholds: dict, pre: dict) -> dict:
     norm = []
     if pre["mean"] is not None or pre["std"] is not None:
         n = len(pre["mean"] if pre["mean"] is not None else pre["std"])
-        norm = [{"_target_": "NormalizeIntensityd", "keys": "image", "channel_wise": True,
-                 "subtrahend": [float(m) for m in (pre["mean"] or [0.0] * n)],
-                 "divisor": [float(s) for s in (pre["std"] or [1.0] * n)]}]
-    typed = {"_target_": "EnsureTyped", "keys": "image", "data_type": "tensor", "dtype": "$torch.float32",
-             "track_meta": False}
+        norm = [
+            {
+                "_target_": "NormalizeIntensityd",
+                "keys": "image",
+                "channel_wise": True,
+                "subtrahend": [float(m) for m in (pre["mean"] or [0.0] * n)],
+                "divisor": [float(s) for s in (pre["std"] or [1.0] * n)],
+            }
+        ]
+    typed = {
+        "_target_": "EnsureTyped",
+        "keys": "image",
+        "data_type": "tensor",
+        "dtype": "$torch.float32",
+        "track_meta": False,
+    }
     return {
         "imports": ["$import os"],
         "runtime": f"$__import__('{RUNTIME_MODULE}', fromlist=['PredictionWriter'])",
@@ -290,25 +409,65 @@ def inference_config(model: LoadedModel, thresholds: dict, pre: dict) -> dict:
         "ct_windows": pre["ct_windows"],
         "batch_size": BATCH_SIZE,
         "datalist": "$@runtime.bundle_images(@dataset_dir)",
-        "preprocessing": {"_target_": "Compose", "transforms": [
-            {"_target_": f"{RUNTIME_MODULE}.LoadImageAnyd", "keys": "image", "channels": "@channels",
-             "image_size": "@image_size", "ct_windows": "@ct_windows", "resize_mode": pre["resize_mode"]},
-            typed, *([*norm, typed] if norm else [])]},
-        "dataset": {"_target_": "Dataset", "data": "$[{'image': p, 'path': p} for p in @datalist]",
-                    "transform": "@preprocessing"},
-        "dataloader": {"_target_": "DataLoader", "dataset": "@dataset", "batch_size": "@batch_size",
-                       "shuffle": False, "num_workers": 0},
+        "preprocessing": {
+            "_target_": "Compose",
+            "transforms": [
+                {
+                    "_target_": f"{RUNTIME_MODULE}.LoadImageAnyd",
+                    "keys": "image",
+                    "channels": "@channels",
+                    "image_size": "@image_size",
+                    "ct_windows": "@ct_windows",
+                    "resize_mode": pre["resize_mode"],
+                },
+                typed,
+                *([*norm, typed] if norm else []),
+            ],
+        },
+        "dataset": {
+            "_target_": "Dataset",
+            "data": "$[{'image': p, 'path': p} for p in @datalist]",
+            "transform": "@preprocessing",
+        },
+        "dataloader": {
+            "_target_": "DataLoader",
+            "dataset": "@dataset",
+            "batch_size": "@batch_size",
+            "shuffle": False,
+            "num_workers": 0,
+        },
         "network_def": "$torch.jit.load(@bundle_root + '/models/model.ts', map_location='cpu')",
         "network": "$@network_def.to(@device)",
         "inferer": {"_target_": "SimpleInferer"},
-        "postprocessing": {"_target_": "Compose", "transforms": [
-            {"_target_": "Activationsd", "keys": "pred", "sigmoid": model.task == "multilabel",
-             "softmax": model.task != "multilabel"}]},
-        "handlers": [{"_target_": f"{RUNTIME_MODULE}.PredictionWriter", "output_dir": "@output_dir",
-                      "classes": "@classes", "task": "@task", "thresholds": "@thresholds"}],
-        "evaluator": {"_target_": "SupervisedEvaluator", "device": "@device", "val_data_loader": "@dataloader",
-                      "network": "@network", "inferer": "@inferer", "postprocessing": "@postprocessing",
-                      "val_handlers": "@handlers"},
+        "postprocessing": {
+            "_target_": "Compose",
+            "transforms": [
+                {
+                    "_target_": "Activationsd",
+                    "keys": "pred",
+                    "sigmoid": model.task == "multilabel",
+                    "softmax": model.task != "multilabel",
+                }
+            ],
+        },
+        "handlers": [
+            {
+                "_target_": f"{RUNTIME_MODULE}.PredictionWriter",
+                "output_dir": "@output_dir",
+                "classes": "@classes",
+                "task": "@task",
+                "thresholds": "@thresholds",
+            }
+        ],
+        "evaluator": {
+            "_target_": "SupervisedEvaluator",
+            "device": "@device",
+            "val_data_loader": "@dataloader",
+            "network": "@network",
+            "inferer": "@inferer",
+            "postprocessing": "@postprocessing",
+            "val_handlers": "@handlers",
+        },
         "run": ["$@evaluator.run()"],
     }
 
@@ -331,22 +490,38 @@ def export_onnx(model: LoadedModel, path: Path) -> None:
     try:
         import onnx  # noqa: F401 - torch's exporter needs it
     except ImportError:
-        raise RuntimeError("--onnx needs the onnx package: pip install onnx (or pip install 'fedpartial[onnx]')") \
-            from None
+        raise RuntimeError(
+            "--onnx needs the onnx package: pip install onnx (or pip install 'fedpartial[onnx]')"
+        ) from None
     size = int(model.dataset["image_size"])
     x = torch.rand(1, int(model.dataset["channels"]), size, size)
     with warnings.catch_warnings():  # torch's TorchScript-based exporter: only onnx needed (no onnxscript)
         warnings.simplefilter("ignore", DeprecationWarning)
-        torch.onnx.export(model.net.to("cpu").eval(), (x,), str(path), input_names=["image"],
-                          output_names=["logits"], dynamic_axes={"image": {0: "batch"}, "logits": {0: "batch"}},
-                          dynamo=False)
+        torch.onnx.export(
+            model.net.to("cpu").eval(),
+            (x,),
+            str(path),
+            input_names=["image"],
+            output_names=["logits"],
+            dynamic_axes={"image": {0: "batch"}, "logits": {0: "batch"}},
+            dynamo=False,
+        )
 
 
 # ------------------------------------------------------------------------------------------------ the export
 
-def export_bundle(run: str | Path, out: str | Path, which: str = "best", torchscript: bool = True,
-                  onnx: bool = False, job_config: str | Path | None = None, overwrite: bool = False,
-                  say=None, site: str | None = None) -> Path:
+
+def export_bundle(
+    run: str | Path,
+    out: str | Path,
+    which: str = "best",
+    torchscript: bool = True,
+    onnx: bool = False,
+    job_config: str | Path | None = None,
+    overwrite: bool = False,
+    say=None,
+    site: str | None = None,
+) -> Path:
     """Write the bundle of ``run``'s global model (``site``: that site's own model, see
     :func:`fedpartial.tools.predict.load_model`) to ``out`` (see the module docstring). Returns ``out``.
     ``say``: called with a line per step (the command line prints them to stderr)."""
@@ -356,8 +531,10 @@ def export_bundle(run: str | Path, out: str | Path, which: str = "best", torchsc
     model = load_model(run, which, job_config, site=site)
     check_output(out, model.path, None, overwrite)  # the model file found inside the run
     out.expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
-    final, out = out, Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial",
-                                            dir=out.expanduser().resolve().parent))
+    final, out = (
+        out,
+        Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.expanduser().resolve().parent)),
+    )
     try:
         _write_bundle(model, out, torchscript, onnx, say)
     except BaseException:
@@ -376,8 +553,10 @@ def check_output(out: Path, run: str | Path, job_config: str | Path | None, over
             continue
         src = Path(path).expanduser().resolve()
         if target == src or target in src.parents:
-            raise ValueError(f"-o {out} {'is' if target == src else 'holds'} the {what} {path}: the bundle would "
-                             "replace it; choose a folder outside the run")
+            raise ValueError(
+                f"-o {out} {'is' if target == src else 'holds'} the {what} {path}: the bundle would "
+                "replace it; choose a folder outside the run"
+            )
         if src.is_dir() and src in target.parents:
             raise ValueError(f"-o {out} lies inside the {what} {path}: choose a folder outside the run")
     if target.is_file():
@@ -413,8 +592,10 @@ def _write_bundle(model, out: Path, torchscript: bool, onnx: bool, say) -> None:
     results = run_results(model)
     if model.site and results and not final_result(model, results):
         scored = sorted((((results.get("final") or {}).get(model.path.name) or {}).get("per_site")) or {})
-        say(f"note: the run's results.json has no final evaluation by {model.site!r} (its sites: {scored}): the "
-            "bundle's eval_metrics and model card have no test metrics")
+        say(
+            f"note: the run's results.json has no final evaluation by {model.site!r} (its sites: {scored}): the "
+            "bundle's eval_metrics and model card have no test metrics"
+        )
     thresholds = bundle_thresholds(model)
     pre = preprocessing_spec(model)
     for d in ("configs", "models", "docs", "scripts"):
@@ -430,8 +611,7 @@ def _write_bundle(model, out: Path, torchscript: bool, onnx: bool, say) -> None:
             torch.jit.save(trace(model), str(out / "models" / "model.ts"))
         (out / "scripts" / "__init__.py").write_text('"""The bundle\'s own code (MONAI bundles\' scripts/)."""\n')
         (out / "scripts" / "image_io.py").write_text(runtime_source())
-        (out / "configs" / "inference.json").write_text(json.dumps(inference_config(model, thresholds, pre),
-                                                                   indent=2))
+        (out / "configs" / "inference.json").write_text(json.dumps(inference_config(model, thresholds, pre), indent=2))
     if onnx:
         say("models/model.onnx")
         export_onnx(model, out / "models" / "model.onnx")
@@ -453,32 +633,54 @@ def _json_default(o):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="fedpartial-export", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="fedpartial-export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("run", help="simulator workspace, downloaded job result, run folder or model .pt file")
     ap.add_argument("-o", "--out", required=True, help="the bundle's folder (created)")
-    ap.add_argument("--model", default="best", choices=["best", "last"],
-                    help="best validation round (default, falls back to last) or the last global model")
-    ap.add_argument("--torchscript", action=argparse.BooleanOptionalAction, default=True,
-                    help="models/model.ts and configs/inference.json (default; --no-torchscript: weights, metadata "
-                         "and model card only)")
+    ap.add_argument(
+        "--model",
+        default="best",
+        choices=["best", "last"],
+        help="best validation round (default, falls back to last) or the last global model",
+    )
+    ap.add_argument(
+        "--torchscript",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="models/model.ts and configs/inference.json (default; --no-torchscript: weights, metadata "
+        "and model card only)",
+    )
     ap.add_argument("--onnx", action="store_true", help="also models/model.onnx (needs: pip install onnx)")
     ap.add_argument("--job-config", help="folder with the job's config_fed_server/client.json (default: the run's)")
-    ap.add_argument("--site", help="a site's own model (methods keeping layers local: FedBN, PFL, ...): a site of a "
-                                   "simulator workspace, or the site's fedpartial_state/last_local_model.pt")
+    ap.add_argument(
+        "--site",
+        help="a site's own model (methods keeping layers local: FedBN, PFL, ...): a site of a "
+        "simulator workspace, or the site's fedpartial_state/last_local_model.pt",
+    )
     ap.add_argument("--force", action="store_true", help="replace an existing, non-empty output folder")
     a = ap.parse_args(argv)
     try:
-        out = export_bundle(a.run, a.out, a.model, a.torchscript, a.onnx, a.job_config, a.force,
-                            say=lambda line: print(f"fedpartial-export: {line}", file=sys.stderr, flush=True),
-                            site=a.site)
+        out = export_bundle(
+            a.run,
+            a.out,
+            a.model,
+            a.torchscript,
+            a.onnx,
+            a.job_config,
+            a.force,
+            say=lambda line: print(f"fedpartial-export: {line}", file=sys.stderr, flush=True),
+            site=a.site,
+        )
     except (OSError, ValueError, RuntimeError) as e:
         print(f"fedpartial-export: error: {e}", file=sys.stderr)
         return 2
     print(f"bundle written to {out}")
     if a.torchscript:
-        print(f"run it: python -m monai.bundle run --config_file {out}/configs/inference.json "
-              f"--dataset_dir IMAGES --output_dir OUT")
+        print(
+            f"run it: python -m monai.bundle run --config_file {out}/configs/inference.json "
+            f"--dataset_dir IMAGES --output_dir OUT"
+        )
     return 0
 
 

@@ -29,8 +29,10 @@ def server_kit(prod: Path) -> Path:
     """The server's kit in a provisioned ``prod_NN`` folder (the one with ``startup/fed_server.json``)."""
     found = [p for p in sorted(prod.iterdir()) if (p / "startup" / "fed_server.json").is_file()]
     if not found:
-        raise ValueError(f"{prod}: no server kit (a folder with startup/fed_server.json); give the prod_NN folder "
-                         "nvflare provision wrote")
+        raise ValueError(
+            f"{prod}: no server kit (a folder with startup/fed_server.json); give the prod_NN folder "
+            "nvflare provision wrote"
+        )
     return found[0]
 
 

@@ -34,12 +34,14 @@ def metrics_table(test: dict) -> list[str]:
     if not test:
         return ["No test evaluation is recorded for this model file."]
     multilabel = test.get("task", "multilabel") == "multilabel"
-    ci = ((test.get("ci") or {}).get("auc") or {})
+    ci = (test.get("ci") or {}).get("auc") or {}
     counts = test.get("counts") or {}
     at = "_val_thr" if multilabel and any("bacc_val_thr" in (m or {}) for m in test["per_class"].values()) else ""
     head = ["AP", "BACC"] if multilabel else []
-    lines = ["| class | test +/- | AUROC [95 % CI] | " + " | ".join(head + ["sensitivity", "specificity", "F1"]) + " |",
-             "|---|---|---|" + "---|" * (len(head) + 3)]
+    lines = [
+        "| class | test +/- | AUROC [95 % CI] | " + " | ".join(head + ["sensitivity", "specificity", "F1"]) + " |",
+        "|---|---|---|" + "---|" * (len(head) + 3),
+    ]
 
     def row(name: str, m: dict, n: dict, auc_iv) -> str:
         sens = m.get("recall" + at) if multilabel else m.get("sensitivity")
@@ -50,7 +52,10 @@ def metrics_table(test: dict) -> list[str]:
         f1 = m.get("f1" + at)
         f1_iv = f1_interval(sens, spec, pos, neg) if pos and neg is not None and spec is not None else None
         cells = ([_pct(m.get("ap")), _pct(m.get("bacc" + at))] if multilabel else []) + [
-            _pct(sens) + _rate_ci(sens, pos), _pct(spec) + _rate_ci(spec, neg), _pct(f1) + _ci(f1_iv)]
+            _pct(sens) + _rate_ci(sens, pos),
+            _pct(spec) + _rate_ci(spec, neg),
+            _pct(f1) + _ci(f1_iv),
+        ]
         size = f"{pos} / {neg}" if pos is not None and neg is not None else n.get("all", "n/a")
         return f"| {name} | {size} | {_pct(m.get('auc'))}{_ci(auc_iv)} | " + " | ".join(cells) + " |"
 
@@ -63,10 +68,13 @@ def metrics_table(test: dict) -> list[str]:
     mrow = row("**macro**", macro, {"all": f"{test.get('n')} images"}, ci.get("macro"))
     lines.append(mrow)
     where = "the validation thresholds" if at else ("0.5" if multilabel else "the argmax")
-    lines += ["", f"Percent, on the test set (n = {test.get('n')}); `test +/-`: the class's scored positive / negative "
-                  f"test images; thresholded columns at {where}, with 95 % intervals (sensitivity, specificity: "
-                  "Wilson; F1: bootstrap of the confusion counts; AUROC: bootstrap of the images); `n/a`: the class "
-                  "lacks an outcome there or its numbers stayed at the sites (minimum count)."]
+    lines += [
+        "",
+        f"Percent, on the test set (n = {test.get('n')}); `test +/-`: the class's scored positive / negative "
+        f"test images; thresholded columns at {where}, with 95 % intervals (sensitivity, specificity: "
+        "Wilson; F1: bootstrap of the confusion counts; AUROC: bootstrap of the images); `n/a`: the class "
+        "lacks an outcome there or its numbers stayed at the sites (minimum count).",
+    ]
     return lines
 
 
@@ -88,18 +96,28 @@ def warnings_for(meta: dict, final: dict) -> list[str]:
     counts = test.get("counts") or {}
     small = [f"{c} ({v['pos']})" for c, v in counts.items() if v.get("pos") is not None and v["pos"] < SMALL_CLASS]
     if small:
-        out.append(f"Fewer than {SMALL_CLASS} positive test images: {', '.join(small)}; their sensitivity and F1 rest "
-                   "on these few cases (see the intervals).")
+        out.append(
+            f"Fewer than {SMALL_CLASS} positive test images: {', '.join(small)}; their sensitivity and F1 rest "
+            "on these few cases (see the intervals)."
+        )
     preds = {c: v.get("pred") for c, v in counts.items() if v.get("pred") is not None}
     if test.get("task") == "multiclass" and preds and n:
         top = max(preds, key=preds.get)
         share, truth = preds[top] / n, (counts[top].get("pos") or 0) / n
         if share >= 0.7 and share > 2 * truth:
-            out.append(f"Predictions concentrate on {top}: {100 * share:.0f} % of the test images are predicted "
-                       f"{top}, {100 * truth:.0f} % are {top}.")
+            out.append(
+                f"Predictions concentrate on {top}: {100 * share:.0f} % of the test images are predicted "
+                f"{top}, {100 * truth:.0f} % are {top}."
+            )
     elif preds:
-        always = [c for c, v in counts.items() if v.get("pred") is not None and v.get("pos") is not None
-                  and v["pos"] + v["neg"] and v["pred"] >= v["pos"] + v["neg"]]
+        always = [
+            c
+            for c, v in counts.items()
+            if v.get("pred") is not None
+            and v.get("pos") is not None
+            and v["pos"] + v["neg"]
+            and v["pred"] >= v["pos"] + v["neg"]
+        ]
         never = [c for c, v in counts.items() if v.get("pred") == 0 and v.get("pos")]
         if always:
             out.append(f"Predicted positive for every test image: {', '.join(always)}.")
@@ -114,12 +132,16 @@ def privacy_lines(privacy: dict) -> list[str]:
     for site, t in privacy.items():
         scope = t.get("scope")
         eps = t.get("epsilon")
-        guarantee = ("no formal differential-privacy guarantee (statistics left without noise)" if eps is None
-                     else f"differential privacy at epsilon {eps:.3g}" + (f", delta {t['delta']:g}"
-                                                                          if t.get("delta") else ""))
-        out.append(f"- {site}: {t.get('releases')} release(s) of per-class statistics; "
-                   + (f"privacy scope `{scope}`" if scope else "no privacy scope (the job's defaults)")
-                   + f"; counts below {t.get('min_count')} withheld; {guarantee}.")
+        guarantee = (
+            "no formal differential-privacy guarantee (statistics left without noise)"
+            if eps is None
+            else f"differential privacy at epsilon {eps:.3g}" + (f", delta {t['delta']:g}" if t.get("delta") else "")
+        )
+        out.append(
+            f"- {site}: {t.get('releases')} release(s) of per-class statistics; "
+            + (f"privacy scope `{scope}`" if scope else "no privacy scope (the job's defaults)")
+            + f"; counts below {t.get('min_count')} withheld; {guarantee}."
+        )
     return out
 
 
@@ -143,11 +165,16 @@ def known_limits(meta: dict, final: dict) -> list[str]:
     for s in (train.get("sites") or {}).values():
         for c in s.get("annotated_classes") or []:
             annotators[c] = annotators.get(c, 0) + 1
-    rare = [c for c in meta["network_data_format"]["outputs"]["pred"]["channel_def"].values()
-            if annotators.get(c, 0) <= 1] if annotators else []
+    rare = (
+        [c for c in meta["network_data_format"]["outputs"]["pred"]["channel_def"].values() if annotators.get(c, 0) <= 1]
+        if annotators
+        else []
+    )
     if rare:
-        out.append(f"Annotated at one site or none: {', '.join(rare)}; the other sites' images of these classes "
-                   "were unlabelled for them (partial labels).")
+        out.append(
+            f"Annotated at one site or none: {', '.join(rare)}; the other sites' images of these classes "
+            "were unlabelled for them (partial labels)."
+        )
     if train.get("global_model_note"):
         out.append(f"{'Model' if train.get('site') else 'Global model'}: {train['global_model_note']}.")
     if train.get("degraded"):
@@ -156,8 +183,10 @@ def known_limits(meta: dict, final: dict) -> list[str]:
     if ci and ci[1] - ci[0] > 0.1:
         out.append(f"Wide intervals (macro AUROC {100 * ci[0]:.1f} to {100 * ci[1]:.1f}): a small test set.")
     pre = meta["preprocessing"]
-    out.append(f"Input: one 2-D image at a time, resized to {pre['image_size']} px; no volume, no view or "
-               "acquisition check, no out-of-distribution detection. Not validated for clinical use.")
+    out.append(
+        f"Input: one 2-D image at a time, resized to {pre['image_size']} px; no volume, no view or "
+        "acquisition check, no out-of-distribution detection. Not validated for clinical use."
+    )
     return [f"- {x}" for x in out]
 
 
@@ -173,52 +202,79 @@ def write_model_card(bundle: Path, meta: dict, final: dict, results: dict) -> Pa
         figs = write_final_figures(results, train["model_file"], docs) if results else {}
     except ImportError:  # matplotlib is in requirements.txt; a bare install may lack it
         figs = {}
-    lines = [f"# {meta['name']}: {meta['task']}", "",
-             f"{meta['description']} Intended use: {meta['intended_use']}.", "",
-             "## Use", "", "```bash",
-             "python -m monai.bundle run --config_file configs/inference.json --dataset_dir IMAGES --output_dir OUT",
-             "```", "",
-             "`OUT/predictions.csv`: `image`, `prob_<class>` per class, then "
-             + ("`pred_<class>` (1 where the probability reaches the class's threshold)." if meta["task_type"] ==
-                "multilabel" else "`prediction` (the class of the highest probability)."),
-             "Needs torch, MONAI with pytorch-ignite and fire, numpy, Pillow and pydicom (`configs/metadata.json` "
-             "lists the versions), not the training package: `scripts/image_io.py` decodes the images as training "
-             "did.", "",
-             "## Input", "",
-             *[f"- {s}" for s in pre["steps"]],
-             f"- tensor: {pre['channels']} x {pre['image_size']} x {pre['image_size']} float32 "
-             f"({'; '.join(meta['network_data_format']['inputs']['image']['channel_def'].values())})", "",
-             "## Output and thresholds", ""]
+    lines = [
+        f"# {meta['name']}: {meta['task']}",
+        "",
+        f"{meta['description']} Intended use: {meta['intended_use']}.",
+        "",
+        "## Use",
+        "",
+        "```bash",
+        "python -m monai.bundle run --config_file configs/inference.json --dataset_dir IMAGES --output_dir OUT",
+        "```",
+        "",
+        "`OUT/predictions.csv`: `image`, `prob_<class>` per class, then "
+        + (
+            "`pred_<class>` (1 where the probability reaches the class's threshold)."
+            if meta["task_type"] == "multilabel"
+            else "`prediction` (the class of the highest probability)."
+        ),
+        "Needs torch, MONAI with pytorch-ignite and fire, numpy, Pillow and pydicom (`configs/metadata.json` "
+        "lists the versions), not the training package: `scripts/image_io.py` decodes the images as training "
+        "did.",
+        "",
+        "## Input",
+        "",
+        *[f"- {s}" for s in pre["steps"]],
+        f"- tensor: {pre['channels']} x {pre['image_size']} x {pre['image_size']} float32 "
+        f"({'; '.join(meta['network_data_format']['inputs']['image']['channel_def'].values())})",
+        "",
+        "## Output and thresholds",
+        "",
+    ]
     if thr:
         lines += ["| class | threshold | chosen on validation | validation images |", "|---|---|---|---|"]
         for c, v in zip(classes, thr["values"]):
             chosen = (thr.get("chosen") or {}).get(c)
-            lines.append(f"| {c} | {v:.3f} | {'yes (' + str(thr.get('criterion')) + ')' if chosen is not None else 'no (0.5)'}"
-                         f" | {(thr.get('n_val') or {}).get(c, 'n/a')} |")
+            lines.append(
+                f"| {c} | {v:.3f} | {'yes (' + str(thr.get('criterion')) + ')' if chosen is not None else 'no (0.5)'}"
+                f" | {(thr.get('n_val') or {}).get(c, 'n/a')} |"
+            )
     else:
         lines.append(f"Single-label: softmax over {', '.join(classes)}; the prediction is the argmax (no threshold).")
-    lines += ["", "## Training", "",
-              f"- job `{train['job']}`, method `{train['method']}`, {train['rounds']} rounds, exported "
-              f"`{train['model_file']}`" + (f" (best on validation, after {train['best_round']} of them)"
-                                            if train.get("best_round") is not None and train["model_file"].startswith("best")
-                                            else ""),
-              f"- data: {train['dataset']} ({train.get('setting') or 'n/a'}); fingerprint `{train['data_fingerprint']}`",
-              f"- architecture `{train['architecture']}`; exported {train['exported']}", ""]
+    lines += [
+        "",
+        "## Training",
+        "",
+        f"- job `{train['job']}`, method `{train['method']}`, {train['rounds']} rounds, exported "
+        f"`{train['model_file']}`"
+        + (
+            f" (best on validation, after {train['best_round']} of them)"
+            if train.get("best_round") is not None and train["model_file"].startswith("best")
+            else ""
+        ),
+        f"- data: {train['dataset']} ({train.get('setting') or 'n/a'}); fingerprint `{train['data_fingerprint']}`",
+        f"- architecture `{train['architecture']}`; exported {train['exported']}",
+        "",
+    ]
     if train["sites"]:
         lines += ["| site | train | val | test | annotated classes |", "|---|---|---|---|---|"]
         for s, i in train["sites"].items():
-            lines.append(f"| {s} | {i['n_train']} | {i['n_val']} | {i['n_test']} | "
-                         f"{', '.join(i['annotated_classes']) or 'none'} |")
+            lines.append(
+                f"| {s} | {i['n_train']} | {i['n_val']} | {i['n_test']} | "
+                f"{', '.join(i['annotated_classes']) or 'none'} |"
+            )
         lines.append("")
     if train.get("privacy"):
-        lines += ["Privacy (what left each site besides the model weights):", "",
-                  *privacy_lines(train["privacy"]), ""]
+        lines += ["Privacy (what left each site besides the model weights):", "", *privacy_lines(train["privacy"]), ""]
     warn = warnings_for(meta, final)
     lines += ["## Metrics", "", *(warn + [""] if warn else []), *metrics_table(final.get("test") or {}), ""]
-    captions = {"auc_ci": "Per-class test AUROC with its 95 % bootstrap interval",
-                "sites": "Test AUROC per site and class",
-                "roc": "ROC curves (dot: the operating threshold)",
-                "pr": "Precision-recall curves (dot: the operating threshold)"}
+    captions = {
+        "auc_ci": "Per-class test AUROC with its 95 % bootstrap interval",
+        "sites": "Test AUROC per site and class",
+        "roc": "ROC curves (dot: the operating threshold)",
+        "pr": "Precision-recall curves (dot: the operating threshold)",
+    }
     for name in ("auc_ci", "sites", "roc", "pr"):
         if name in figs:
             lines += [f"![{captions[name]}]({Path(figs[name]).name})", ""]

@@ -63,8 +63,17 @@ from ..models import PartialLabelNet, load_weights, read_state
 from .bundle_runtime import IMAGE_SUFFIXES, Progress, list_images
 
 SERVER_CONFIG, CLIENT_CONFIG = "config_fed_server.json", "config_fed_client.json"
-__all__ = ["IMAGE_SUFFIXES", "LoadedModel", "find_model", "load_model", "find_thresholds", "resolve_thresholds",
-           "image_manifest", "predict_manifest", "evaluate_manifest"]
+__all__ = [
+    "IMAGE_SUFFIXES",
+    "LoadedModel",
+    "find_model",
+    "load_model",
+    "find_thresholds",
+    "resolve_thresholds",
+    "image_manifest",
+    "predict_manifest",
+    "evaluate_manifest",
+]
 
 
 @dataclass
@@ -105,8 +114,15 @@ def find_model(run: str | Path, which: str = "best") -> Path:
 
 def find_job_config(model_path: Path, config_dir: str | Path | None = None) -> Path:
     """The folder holding the run's ``config_fed_server.json`` and ``config_fed_client.json``."""
-    candidates = [Path(config_dir)] if config_dir else [model_path.parent / "config", model_path.parent,
-                                                         *(p / "app_server" / "config" for p in model_path.parents)]
+    candidates = (
+        [Path(config_dir)]
+        if config_dir
+        else [
+            model_path.parent / "config",
+            model_path.parent,
+            *(p / "app_server" / "config" for p in model_path.parents),
+        ]
+    )
     for c in candidates:
         if (c / SERVER_CONFIG).is_file() and (c / CLIENT_CONFIG).is_file():
             return c
@@ -123,15 +139,19 @@ def find_site_model(run: str | Path, site: str) -> Path:
             raise FileNotFoundError(f"--site {site}: no such file")
         return given.resolve()
     run = Path(run)
-    hits = sorted(h for h in run.rglob(f"{STATE_DIR}/{LOCAL_MODEL_FILE}") if site in h.relative_to(run).parts) \
-        if run.is_dir() else []
+    hits = (
+        sorted(h for h in run.rglob(f"{STATE_DIR}/{LOCAL_MODEL_FILE}") if site in h.relative_to(run).parts)
+        if run.is_dir()
+        else []
+    )
     if len(hits) > 1:
         raise ValueError(f"--site {site}: {len(hits)} files under {run} ({', '.join(map(str, hits[:3]))}); pass one")
     if not hits:
         raise FileNotFoundError(
             f"--site {site}: no {site}/.../{STATE_DIR}/{LOCAL_MODEL_FILE} under {run} (a simulator workspace has one "
             f"per site); a real site keeps it in its own workspace: pass <site workspace>/<job id>/{STATE_DIR}/"
-            f"{LOCAL_MODEL_FILE} as --site")
+            f"{LOCAL_MODEL_FILE} as --site"
+        )
     return hits[0]
 
 
@@ -143,13 +163,20 @@ def with_site_layers(net: PartialLabelNet, own: dict, parts: list[str], where: s
     state = net.state_dict()
     bad = [k for k in keys if k not in own or tuple(own[k].shape) != tuple(state[k].shape)]
     if bad:
-        raise ValueError(f"{where} does not hold this model's {' and '.join(parts)} layers ({len(bad)} of "
-                         f"{len(keys)} tensors missing or of another shape, e.g. {bad[0]}): is it this run's?")
+        raise ValueError(
+            f"{where} does not hold this model's {' and '.join(parts)} layers ({len(bad)} of "
+            f"{len(keys)} tensors missing or of another shape, e.g. {bad[0]}): is it this run's?"
+        )
     net.load_state_dict({**state, **{k: torch.as_tensor(own[k]).to(state[k].dtype) for k in keys}})
 
 
-def load_model(run: str | Path, which: str = "best", config_dir: str | Path | None = None,
-               device: str | torch.device = "cpu", site: str | None = None) -> LoadedModel:
+def load_model(
+    run: str | Path,
+    which: str = "best",
+    config_dir: str | Path | None = None,
+    device: str | torch.device = "cpu",
+    site: str | None = None,
+) -> LoadedModel:
     """Load a run's global model (PTFileModelPersistor's ``{"model": state_dict}`` or a plain state dict); with
     ``site`` (a site name or its ``last_local_model.pt``), that site's own model: the global one with the site's
     local layers."""
@@ -177,15 +204,19 @@ def load_model(run: str | Path, which: str = "best", config_dir: str | Path | No
     note = global_model_note(parts)
     if site is not None:
         if not parts:
-            raise ValueError(f"--site {site}: method {method!r} keeps no layers local, so the global model is every "
-                             "site's model: leave --site out")
+            raise ValueError(
+                f"--site {site}: method {method!r} keeps no layers local, so the global model is every "
+                "site's model: leave --site out"
+            )
         file = find_site_model(run, site)
         own = read_state(file, "--site: model state")
         with_site_layers(net, own, parts, str(file))
         if Path(site).expanduser().resolve() == file:  # <site workspace>/<job id>/fedpartial_state/<file>
             site = file.parents[2].name if len(file.parents) > 2 else file.stem
-        note = (f"{site}'s own model: the global model ({path.name}) with {site}'s own {' and '.join(parts)} layers "
-                f"({file}), as {site} scored it in the run's final evaluation")
+        note = (
+            f"{site}'s own model: the global model ({path.name}) with {site}'s own {' and '.join(parts)} layers "
+            f"({file}), as {site} scored it in the run's final evaluation"
+        )
     return LoadedModel(net.to(device).eval(), dataset, path, note, site)
 
 
@@ -195,8 +226,11 @@ def find_thresholds(model_path: str | Path, site: str | None = None) -> dict:
     folder or the one above (the run folder). ``site``: those chosen on that site's own validation scores (a site's
     own model, ``--site``) where the run recorded them, else the pooled ones."""
     model_path = Path(model_path)
-    candidates = [model_path.parent / THRESHOLDS_FILE, model_path.parent / RESULTS_FILE,
-                  model_path.parent.parent / RESULTS_FILE]
+    candidates = [
+        model_path.parent / THRESHOLDS_FILE,
+        model_path.parent / RESULTS_FILE,
+        model_path.parent.parent / RESULTS_FILE,
+    ]
     for path in candidates:
         if not path.is_file():
             continue
@@ -207,12 +241,16 @@ def find_thresholds(model_path: str | Path, site: str | None = None) -> dict:
             own = (entry.get("sites") or {}).get(site) if site else None
             if own:
                 return {**own, "chosen_on": f"{site}'s own validation scores"}
-            return {**{k: v for k, v in entry.items() if k != "sites"},
-                    "chosen_on": "the validation scores of every site that scored " + model_path.name}
+            return {
+                **{k: v for k, v in entry.items() if k != "sites"},
+                "chosen_on": "the validation scores of every site that scored " + model_path.name,
+            }
         if path.name == THRESHOLDS_FILE or data.get("note"):
             raise ValueError(f"{path} has no thresholds for {model_path.name} ({data.get('note', 'none recorded')})")
-    raise FileNotFoundError(f"no {THRESHOLDS_FILE} next to {model_path} (nor thresholds in the run's {RESULTS_FILE}): "
-                            "the run predates validation thresholds or is single-label; use --thresholds 0.5")
+    raise FileNotFoundError(
+        f"no {THRESHOLDS_FILE} next to {model_path} (nor thresholds in the run's {RESULTS_FILE}): "
+        "the run predates validation thresholds or is single-label; use --thresholds 0.5"
+    )
 
 
 def resolve_thresholds(model: LoadedModel, spec: str | None) -> list[float] | None:
@@ -221,8 +259,9 @@ def resolve_thresholds(model: LoadedModel, spec: str | None) -> list[float] | No
     if spec is None:
         return None
     if model.task != "multilabel":
-        raise ValueError("a single-label model predicts the argmax class; --thresholds applies to multi-label "
-                         "models only")
+        raise ValueError(
+            "a single-label model predicts the argmax class; --thresholds applies to multi-label models only"
+        )
     if spec == "validation":
         entry = find_thresholds(model.path, model.site)
         chosen = entry.get("thresholds") or {}
@@ -251,13 +290,26 @@ def image_manifest(folder: str | Path, classes: list[str], task: str = "multilab
     """An unlabelled manifest over every PNG / JPG / DICOM under ``folder`` (sorted, recursive)."""
     paths = list_images(folder)  # the listing an exported bundle uses too
     n, c = len(paths), len(classes)
-    return Manifest(paths=paths, labels=np.zeros((n, c), np.float32), mask=np.zeros((n, c), bool),
-                    classes=list(classes), patient_ids=[""] * n, splits=["test"] * n,
-                    lines=list(range(2, n + 2)), file=str(Path(folder)), task=task)
+    return Manifest(
+        paths=paths,
+        labels=np.zeros((n, c), np.float32),
+        mask=np.zeros((n, c), bool),
+        classes=list(classes),
+        patient_ids=[""] * n,
+        splits=["test"] * n,
+        lines=list(range(2, n + 2)),
+        file=str(Path(folder)),
+        task=task,
+    )
 
 
-def read_input_manifest(file: str | Path, model: LoadedModel, data_root: str | Path | None = None,
-                        split: str | None = None, labelled: bool = False) -> Manifest:
+def read_input_manifest(
+    file: str | Path,
+    model: LoadedModel,
+    data_root: str | Path | None = None,
+    split: str | None = None,
+    labelled: bool = False,
+) -> Manifest:
     """A manifest CSV (the site contract; errors name the file and line), optionally one split's rows."""
     m = read_manifest(file, model.classes, data_root=data_root, task=model.task, require_annotated=labelled)
     if split:
@@ -287,8 +339,13 @@ def predict_manifest(model: LoadedModel, manifest: Manifest, batch_size: int = 6
     return df
 
 
-def evaluate_manifest(model: LoadedModel, manifest: Manifest, batch_size: int = 64,
-                      thresholds: list[float] | None = None, scores: dict | None = None) -> dict:
+def evaluate_manifest(
+    model: LoadedModel,
+    manifest: Manifest,
+    batch_size: int = 64,
+    thresholds: list[float] | None = None,
+    scores: dict | None = None,
+) -> dict:
     """The project's metrics (``fedpartial.metrics``) of the model on a labelled manifest; multi-label
     thresholded metrics at ``thresholds`` (``C`` values) instead of 0.5 when given. ``scores``: the manifest's
     :func:`score_manifest` output when already computed."""
@@ -300,8 +357,9 @@ def evaluate_manifest(model: LoadedModel, manifest: Manifest, batch_size: int = 
     return res
 
 
-def evaluation_figures(model: LoadedModel, scores: dict, res: dict, thresholds: list[float] | None,
-                       folder: str | Path, prefix: str = "") -> dict[str, str]:
+def evaluation_figures(
+    model: LoadedModel, scores: dict, res: dict, thresholds: list[float] | None, folder: str | Path, prefix: str = ""
+) -> dict[str, str]:
     """The figures of ``fedpartial-evaluate`` (module docstring) as PNG files ``folder/<prefix><name>.png``:
     ``roc``, ``pr``, ``auc_ci`` from the scores, ``sites`` from the run's ``results.json`` when there is one.
     Returns ``{name: path}``."""
@@ -327,6 +385,7 @@ def evaluation_figures(model: LoadedModel, scores: dict, res: dict, thresholds: 
 
 # ------------------------------------------------------------------------------------------------------------ CLI
 
+
 def _parser(prog: str, doc: str, evaluate_mode: bool) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run", help="simulator workspace, downloaded job result, run folder or model .pt file")
@@ -336,22 +395,39 @@ def _parser(prog: str, doc: str, evaluate_mode: bool) -> argparse.ArgumentParser
     src.add_argument("--manifest", help="manifest CSV (image column relative to --data-root)")
     ap.add_argument("--data-root", help="folder the manifest's image paths are relative to (default: its folder)")
     ap.add_argument("--split", help="only the manifest rows of this split (train / val / test)")
-    ap.add_argument("--model", default="best", choices=["best", "last"],
-                    help="best validation round (default, falls back to last) or the last global model")
+    ap.add_argument(
+        "--model",
+        default="best",
+        choices=["best", "last"],
+        help="best validation round (default, falls back to last) or the last global model",
+    )
     ap.add_argument("--job-config", help="folder with the job's config_fed_server/client.json (default: the run's)")
-    ap.add_argument("--site", help="a site's own model (methods keeping layers local): a site of a simulator "
-                                   "workspace, or the site's fedpartial_state/last_local_model.pt")
+    ap.add_argument(
+        "--site",
+        help="a site's own model (methods keeping layers local): a site of a simulator "
+        "workspace, or the site's fedpartial_state/last_local_model.pt",
+    )
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--thresholds", default=None, metavar="0.5|X|validation",
-                    help="multi-label decisions: a probability threshold for every class, or 'validation' for the "
-                         "per-class thresholds chosen on the run's validation set; "
-                         + ("metrics at 0.5 when not given" if evaluate_mode
-                            else "adds pred_<class> 0/1 columns (without it: probabilities only)"))
+    ap.add_argument(
+        "--thresholds",
+        default=None,
+        metavar="0.5|X|validation",
+        help="multi-label decisions: a probability threshold for every class, or 'validation' for the "
+        "per-class thresholds chosen on the run's validation set; "
+        + (
+            "metrics at 0.5 when not given"
+            if evaluate_mode
+            else "adds pred_<class> 0/1 columns (without it: probabilities only)"
+        ),
+    )
     if evaluate_mode:
         ap.add_argument("--json", help="also write the metrics as JSON to this file")
-        ap.add_argument("--figures", metavar="DIR", help="folder of the figures and evaluation.md (default: the "
-                                                         "--json file's folder, else ./evaluation)")
+        ap.add_argument(
+            "--figures",
+            metavar="DIR",
+            help="folder of the figures and evaluation.md (default: the --json file's folder, else ./evaluation)",
+        )
         ap.add_argument("--no-figures", action="store_true", help="print the table only")
     else:
         ap.add_argument("-o", "--out", required=True, help="output CSV")
@@ -360,8 +436,10 @@ def _parser(prog: str, doc: str, evaluate_mode: bool) -> argparse.ArgumentParser
 
 def _load(args) -> LoadedModel:
     model = load_model(args.run, args.model, args.job_config, args.device, site=args.site)
-    print(f"model {model.path} ({model.net.arch}, {len(model.classes)} classes: {', '.join(model.classes)})",
-          file=sys.stderr)
+    print(
+        f"model {model.path} ({model.net.arch}, {len(model.classes)} classes: {', '.join(model.classes)})",
+        file=sys.stderr,
+    )
     if model.note:
         print(f"note: {model.note}", file=sys.stderr)
     return model
@@ -404,7 +482,9 @@ def _evaluate(args) -> None:
     res = evaluate_manifest(model, manifest, args.batch_size, thresholds, scores=scores)
     if thresholds is not None:
         print(f"thresholded metrics at {dict(zip(model.classes, thresholds))}")
-    table = format_table(res, title=f"{model.path.name} on {args.manifest}" + (f" ({args.split})" if args.split else ""))
+    table = format_table(
+        res, title=f"{model.path.name} on {args.manifest}" + (f" ({args.split})" if args.split else "")
+    )
     print(table)
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1, default=float))
@@ -417,7 +497,9 @@ def _evaluate(args) -> None:
             print(f"(no figures: {e})", file=sys.stderr)
             return
         md = folder / f"{prefix}evaluation.md"
-        md.write_text("\n".join(["```", table, "```", ""] + [f"![{name}]({Path(p).name})\n" for name, p in figs.items()]))
+        md.write_text(
+            "\n".join(["```", table, "```", ""] + [f"![{name}]({Path(p).name})\n" for name, p in figs.items()])
+        )
         print(f"figures: {', '.join(figs.values())}; table and figures: {md}")
 
 

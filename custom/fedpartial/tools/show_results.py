@@ -69,11 +69,13 @@ def add_figures_section(md: Path, images: dict[str, str], model: str | None) -> 
     relative path."""
     text = md.read_text() if md.is_file() else ""
     text = text.split("\n" + FIGURES_HEADING + "\n")[0].rstrip("\n") + "\n"
-    captions = {"curves": "per-round macro metrics (validation solid, test dashed)",
-                "auc_ci": f"{model}: per-class test AUROC with its 95 % bootstrap interval",
-                "sites": f"{model}: test AUROC per site and class",
-                "roc": f"{model}: test ROC curves, validation thresholds marked",
-                "pr": f"{model}: test precision-recall curves, validation thresholds marked"}
+    captions = {
+        "curves": "per-round macro metrics (validation solid, test dashed)",
+        "auc_ci": f"{model}: per-class test AUROC with its 95 % bootstrap interval",
+        "sites": f"{model}: test AUROC per site and class",
+        "roc": f"{model}: test ROC curves, validation thresholds marked",
+        "pr": f"{model}: test precision-recall curves, validation thresholds marked",
+    }
     lines = ["", FIGURES_HEADING, ""]
     for name, path in images.items():
         lines += [f"![{captions.get(name, name)}]({Path(path).name})", ""]
@@ -86,13 +88,17 @@ def privacy_table(results: dict) -> str:
     ledger = results.get("privacy") or {}
     if not ledger:
         return ""
-    lines = ["Privacy ledger (per-class statistics that left each site):",
-             f"{'site':<14}{'scope':<10}{'min count':>10}{'released':>10}{'rounds':>8}{'epsilon':>10}{'delta':>9}"]
+    lines = [
+        "Privacy ledger (per-class statistics that left each site):",
+        f"{'site':<14}{'scope':<10}{'min count':>10}{'released':>10}{'rounds':>8}{'epsilon':>10}{'delta':>9}",
+    ]
     for site, t in sorted(ledger.items()):
         eps = "inf" if t.get("epsilon") is None else f"{t['epsilon']:.3g}"
         delta = f"{t['delta']:.0e}" if t.get("delta") else "-"
-        lines.append(f"{site:<14}{(t.get('scope') or '-'):<10}{str(t.get('min_count')):>10}{t['releases']:>10}"
-                     f"{t['rounds']:>8}{eps:>10}{delta:>9}")
+        lines.append(
+            f"{site:<14}{(t.get('scope') or '-'):<10}{str(t.get('min_count')):>10}{t['releases']:>10}"
+            f"{t['rounds']:>8}{eps:>10}{delta:>9}"
+        )
     return "\n".join(lines)
 
 
@@ -101,11 +107,15 @@ def main(argv: list[str] | None = None) -> int:
     if not argv:
         print(__doc__)
         return 2
-    ap = argparse.ArgumentParser(prog="python -m fedpartial.tools.show_results", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m fedpartial.tools.show_results",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("run", type=Path, help="workspace, run folder or results.json")
-    ap.add_argument("--plot", type=Path, default=None, help=f"PNG of the curves (default: {CURVES_FILE} next to "
-                                                            f"{RESULTS_FILE})")
+    ap.add_argument(
+        "--plot", type=Path, default=None, help=f"PNG of the curves (default: {CURVES_FILE} next to {RESULTS_FILE})"
+    )
     ap.add_argument("--no-plot", action="store_true", help="print the tables only")
     ap.add_argument("--metrics", nargs="+", default=None, help="metrics to plot (default: the table's)")
     a = ap.parse_args(argv)

@@ -48,14 +48,20 @@ def tag_quality(tags: np.ndarray, truth: np.ndarray, missing: np.ndarray) -> dic
         raise ValueError(f"tags {tags.shape} and true labels {truth.shape} differ in shape")
     cols = np.asarray(missing, bool)[None, :]
     pos, neg = (tags == 1) & cols, (tags == 0) & cols
-    return {"entries": np.broadcast_to(cols, tags.shape).sum(0), "true_pos": (truth & cols).sum(0),
-            "pos_tags": pos.sum(0), "pos_correct": (pos & truth).sum(0),
-            "neg_tags": neg.sum(0), "neg_correct": (neg & ~truth).sum(0)}
+    return {
+        "entries": np.broadcast_to(cols, tags.shape).sum(0),
+        "true_pos": (truth & cols).sum(0),
+        "pos_tags": pos.sum(0),
+        "pos_correct": (pos & truth).sum(0),
+        "neg_tags": neg.sum(0),
+        "neg_correct": (neg & ~truth).sum(0),
+    }
 
 
 def summarise(counts: dict[str, np.ndarray], classes: list[str]) -> list[dict]:
     """One row per class with at least one missing entry: counts plus prevalence, positive / negative tag
     precision and the recall of the true positives (None where undefined)."""
+
     def ratio(a, b):
         return float(a) / float(b) if b else None
 
@@ -64,10 +70,16 @@ def summarise(counts: dict[str, np.ndarray], classes: list[str]) -> list[dict]:
         c = {k: int(v[j]) for k, v in counts.items()}
         if not c["entries"]:
             continue
-        rows.append({"class": name, **c, "prevalence": ratio(c["true_pos"], c["entries"]),
-                     "pos_precision": ratio(c["pos_correct"], c["pos_tags"]),
-                     "neg_precision": ratio(c["neg_correct"], c["neg_tags"]),
-                     "pos_recall": ratio(c["pos_correct"], c["true_pos"])})
+        rows.append(
+            {
+                "class": name,
+                **c,
+                "prevalence": ratio(c["true_pos"], c["entries"]),
+                "pos_precision": ratio(c["pos_correct"], c["pos_tags"]),
+                "neg_precision": ratio(c["neg_correct"], c["neg_tags"]),
+                "pos_recall": ratio(c["pos_correct"], c["true_pos"]),
+            }
+        )
     return rows
 
 
@@ -93,12 +105,21 @@ def site_truth(site: str, site_dir: Path, tables: dict | None = None) -> tuple[l
         raise ValueError(f"site '{site}': the job's dataset is not a simulated split; there are no true labels")
     folder = prepared_path(simulated_spec(ds), cache_dir())
     if not (folder / DATASET_JSON).is_file():  # never prepare a split here: audit the one the run used
-        raise FileNotFoundError(f"site '{site}': the run's split {folder.name} is not in {folder.parent} (set "
-                                "FEDPARTIAL_CACHE to the cache the run used)")
+        raise FileNotFoundError(
+            f"site '{site}': the run's split {folder.name} is not in {folder.parent} (set "
+            "FEDPARTIAL_CACHE to the cache the run used)"
+        )
     data = simulated_site_data(site, ds)
     classes = list(ds["classes"])
-    manifest = read_manifest(data.train, classes, data_root=data.data_root, site=site, task=ds["task"],
-                             require_annotated=False, **data.vocabulary).subset("train")
+    manifest = read_manifest(
+        data.train,
+        classes,
+        data_root=data.data_root,
+        site=site,
+        task=ds["task"],
+        require_annotated=False,
+        **data.vocabulary,
+    ).subset("train")
     info = load_prepared(folder).info
     generated = folder / "source"  # a generated source (the phantom) lives inside the prepared folder
     root = generated if info.get("data_root") == "." and generated.is_dir() else data.data_root
@@ -115,8 +136,10 @@ def site_truth(site: str, site_dir: Path, tables: dict | None = None) -> tuple[l
     wrong = np.argwhere(manifest.mask & (truth != manifest.labels))
     if len(wrong):  # the match by image file must give the annotated labels back
         i, j = wrong[0]
-        raise ValueError(f"site '{site}': {data.train} line {manifest.lines[i]}, class {classes[j]}: the manifest "
-                         f"says {int(manifest.labels[i, j])}, the source {truth[i, j]}; not the split of this source")
+        raise ValueError(
+            f"site '{site}': {data.train} line {manifest.lines[i]}, class {classes[j]}: the manifest "
+            f"says {int(manifest.labels[i, j])}, the source {truth[i, j]}; not the split of this source"
+        )
     return classes, manifest.annotated, truth
 
 
@@ -137,27 +160,38 @@ def audit(workspace: str | Path) -> dict:
         counts = tag_quality(state[TAGS_KEY].numpy(), truth, ~annotated)
         sites[site] = summarise(counts, classes)
         pooled = counts if pooled is None else {k: pooled[k] + v for k, v in counts.items()}
-    return {"workspace": str(ws), "classes": classes, "pooled": summarise(pooled, classes), "sites": sites,
-            "counts": {k: v.tolist() for k, v in pooled.items()}}
+    return {
+        "workspace": str(ws),
+        "classes": classes,
+        "pooled": summarise(pooled, classes),
+        "sites": sites,
+        "counts": {k: v.tolist() for k, v in pooled.items()},
+    }
 
 
 def render(rows: list[dict]) -> str:
     """A markdown table of :func:`summarise` rows (shares in %)."""
+
     def pct(v):
         return "-" if v is None else f"{100 * v:.1f}"
 
-    lines = ["| class | missing entries | prevalence | positive tags | precision | recall | negative tags | "
-             "precision |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| class | missing entries | prevalence | positive tags | precision | recall | negative tags | precision |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['class']} | {r['entries']} | {pct(r['prevalence'])} | {r['pos_tags']} | "
-                     f"{pct(r['pos_precision'])} | {pct(r['pos_recall'])} | {r['neg_tags']} | {pct(r['neg_precision'])} |")
+        lines.append(
+            f"| {r['class']} | {r['entries']} | {pct(r['prevalence'])} | {r['pos_tags']} | "
+            f"{pct(r['pos_precision'])} | {pct(r['pos_recall'])} | {r['neg_tags']} | {pct(r['neg_precision'])} |"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("workspace", nargs="+", help="finished simulator workspaces of FedMLP jobs on simulated splits "
-                    "(pooled)")
+    ap.add_argument(
+        "workspace", nargs="+", help="finished simulator workspaces of FedMLP jobs on simulated splits (pooled)"
+    )
     ap.add_argument("--json", help="also write the per-workspace reports and the pooled rows here")
     a = ap.parse_args(argv)
     try:
@@ -171,8 +205,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     counts = {k: np.sum([np.asarray(r["counts"][k]) for r in reports], axis=0) for k in reports[0]["counts"]}
     pooled = summarise(counts, classes)
-    print("FedMLP pseudo labels against the source's labels (simulation only), all sites of "
-          + ", ".join(r["workspace"] for r in reports) + ":")
+    print(
+        "FedMLP pseudo labels against the source's labels (simulation only), all sites of "
+        + ", ".join(r["workspace"] for r in reports)
+        + ":"
+    )
     print(render(pooled))
     if a.json:
         Path(a.json).write_text(json.dumps({"pooled": pooled, "workspaces": reports}, indent=1))

@@ -27,8 +27,9 @@ class SourceError(ValueError):
     """A problem with a source's published files: the message names the file and, where it is one row, its line
     (the header is line 1)."""
 
-    def __init__(self, message: str, file: str | os.PathLike | None = None, line: int | None = None,
-                 hint: str | None = None):
+    def __init__(
+        self, message: str, file: str | os.PathLike | None = None, line: int | None = None, hint: str | None = None
+    ):
         self.file, self.line, self.hint, self.reason = None if file is None else str(file), line, hint, message
         where = ""
         if file is not None:
@@ -137,8 +138,9 @@ def find_file(root: Path, names: Sequence[str], what: str) -> Path:
     raise SourceError(f"{what}: none of {list(names)} found in {root}", hint="check --root")
 
 
-def chexpert_values(df: pd.DataFrame, classes: Sequence[str], path: Path, uncertain: str, blank: str,
-                    line_offset: int = 2) -> np.ndarray:
+def chexpert_values(
+    df: pd.DataFrame, classes: Sequence[str], path: Path, uncertain: str, blank: str, line_offset: int = 2
+) -> np.ndarray:
     """CheXpert-labeler cells (``1.0`` positive, ``0.0`` negative, ``-1.0`` uncertain, blank = not mentioned)
     -> ``(N, C)`` int matrix of 1 / 0 / ``NOT_ANNOTATED`` under the two policies.
 
@@ -157,8 +159,11 @@ def chexpert_values(df: pd.DataFrame, classes: Sequence[str], path: Path, uncert
         bad = mapped.isna().to_numpy()
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise SourceError(f"column {c!r} has value {cells.iloc[i]!r}; the CheXpert labeler writes 1.0, 0.0, "
-                              "-1.0 or blank", path, i + line_offset)
+            raise SourceError(
+                f"column {c!r} has value {cells.iloc[i]!r}; the CheXpert labeler writes 1.0, 0.0, -1.0 or blank",
+                path,
+                i + line_offset,
+            )
         out[:, j] = mapped.to_numpy(np.int64)
     unc = {"ignore": NOT_ANNOTATED, "zeros": 0, "ones": 1}[uncertain]
     out[out == -2] = unc
@@ -185,7 +190,12 @@ def drop_missing(frame: pd.DataFrame, file: Path, dropped: list[Dropped], name_c
     miss = frame["image"] == ""
     if miss.any():
         rows = frame[miss]
-        dropped.append(Dropped(str(file), "have no image file under the root",
-                               rows[name_col].astype(str).tolist(),
-                               rows["line"].astype(int).tolist() if "line" in rows else []))
+        dropped.append(
+            Dropped(
+                str(file),
+                "have no image file under the root",
+                rows[name_col].astype(str).tolist(),
+                rows["line"].astype(int).tolist() if "line" in rows else [],
+            )
+        )
     return frame[~miss]

@@ -28,12 +28,24 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from .base import (Dropped, SourceError, SourceTable, chexpert_values, pick_classes, read_csv, require_columns)
+from .base import Dropped, SourceError, SourceTable, chexpert_values, pick_classes, read_csv, require_columns
 
 CHEXPERT_COLUMNS: list[str] = [
-    "No Finding", "Enlarged Cardiomediastinum", "Cardiomegaly", "Lung Opacity", "Lung Lesion", "Edema",
-    "Consolidation", "Pneumonia", "Atelectasis", "Pneumothorax", "Pleural Effusion", "Pleural Other", "Fracture",
-    "Support Devices"]
+    "No Finding",
+    "Enlarged Cardiomediastinum",
+    "Cardiomegaly",
+    "Lung Opacity",
+    "Lung Lesion",
+    "Edema",
+    "Consolidation",
+    "Pneumonia",
+    "Atelectasis",
+    "Pneumothorax",
+    "Pleural Effusion",
+    "Pleural Other",
+    "Fracture",
+    "Support Devices",
+]
 """The 14 label columns of ``train.csv`` in the release's order."""
 
 CHEXPERT_FINDINGS: list[str] = CHEXPERT_COLUMNS[1:]
@@ -63,8 +75,9 @@ def _relative(path: str, root: Path) -> str:
     return Path(*parts).as_posix() if parts else ""
 
 
-def _read(root: Path, name: str, classes: list[str], uncertain: str, blank: str, view: str,
-          dropped: list[Dropped]) -> pd.DataFrame:
+def _read(
+    root: Path, name: str, classes: list[str], uncertain: str, blank: str, view: str, dropped: list[Dropped]
+) -> pd.DataFrame:
     csv = root / name
     df = read_csv(csv, f"chexpert: label file {name}")
     require_columns(df, ["Path", "Frontal/Lateral", "AP/PA", *classes], csv)
@@ -82,26 +95,43 @@ def _read(root: Path, name: str, classes: list[str], uncertain: str, blank: str,
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise SourceError(f"Path {df['Path'].iloc[i]!r} has no patientNNNNN folder", csv, i + 2)
-    frame = pd.DataFrame({"image": rel, "patient_id": pid, "view": df["Frontal/Lateral"].str.strip(),
-                          "ap_pa": df["AP/PA"].str.strip(), "line": lines, "label_file": name})
+    frame = pd.DataFrame(
+        {
+            "image": rel,
+            "patient_id": pid,
+            "view": df["Frontal/Lateral"].str.strip(),
+            "ap_pa": df["AP/PA"].str.strip(),
+            "line": lines,
+            "label_file": name,
+        }
+    )
     for j, c in enumerate(classes):
         frame[c] = values[:, j]
     keep = view_mask(df["Frontal/Lateral"], df["AP/PA"], view)
     if (~keep).any():
-        dropped.append(Dropped(str(csv), f"are not {view} views (view filter)", rel[~keep].tolist(),
-                               lines[~keep].tolist()))
+        dropped.append(
+            Dropped(str(csv), f"are not {view} views (view filter)", rel[~keep].tolist(), lines[~keep].tolist())
+        )
     frame = frame[keep]
     exists = frame["image"].map(lambda r: bool(r) and (root / r).is_file()).to_numpy(bool)
     if (~exists).any():
         miss = frame[~exists]
-        dropped.append(Dropped(str(csv), "have no image file under the root", miss["image"].tolist(),
-                               miss["line"].tolist()))
+        dropped.append(
+            Dropped(str(csv), "have no image file under the root", miss["image"].tolist(), miss["line"].tolist())
+        )
     return frame[exists]
 
 
-def load_chexpert(root: str | os.PathLike, csv: str = "train.csv", classes: Sequence[str] | None = None,
-                  uncertain: str = "ignore", blank: str = "zeros", view: str = "all",
-                  official_split: bool = False, name: str = "chexpert") -> SourceTable:
+def load_chexpert(
+    root: str | os.PathLike,
+    csv: str = "train.csv",
+    classes: Sequence[str] | None = None,
+    uncertain: str = "ignore",
+    blank: str = "zeros",
+    view: str = "all",
+    official_split: bool = False,
+    name: str = "chexpert",
+) -> SourceTable:
     """Load a CheXpert release folder as a multi-label source table.
 
     Args:
@@ -130,7 +160,10 @@ def load_chexpert(root: str | os.PathLike, csv: str = "train.csv", classes: Sequ
         files.append(str(root / "valid.csv"))
     frame = frame.drop_duplicates("image").reset_index(drop=True)
     if frame.empty:
-        raise SourceError(f"{name}: no image of {csv} (view {view}) was found under {root}",
-                          hint="--root must be the CheXpert-v1.0(-small) folder that holds train.csv and train/")
-    return SourceTable(name=name, task="multilabel", classes=chosen, root=root, frame=frame, dropped=dropped,
-                       files=files)
+        raise SourceError(
+            f"{name}: no image of {csv} (view {view}) was found under {root}",
+            hint="--root must be the CheXpert-v1.0(-small) folder that holds train.csv and train/",
+        )
+    return SourceTable(
+        name=name, task="multilabel", classes=chosen, root=root, frame=frame, dropped=dropped, files=files
+    )

@@ -57,12 +57,10 @@ import pandas as pd
 from .base import BLANK_POLICIES, NOT_ANNOTATED, UNCERTAIN_POLICIES, SourceError, SourceTable
 
 TASKS = ("auto", "multilabel", "multiclass")
-SPLIT_NAMES = {"train": "train", "val": "val", "valid": "val", "validation": "val", "validate": "val",
-               "test": "test"}
+SPLIT_NAMES = {"train": "train", "val": "val", "valid": "val", "validation": "val", "validate": "val", "test": "test"}
 """Split cell (case-insensitive) -> split."""
 
-_CELL = {"1": 1, "1.0": 1, "true": 1, "0": 0, "0.0": 0, "false": 0, "-1": -2, "-1.0": -2, "": -3, "nan": -3,
-         "na": -3}
+_CELL = {"1": 1, "1.0": 1, "true": 1, "0": 0, "0.0": 0, "false": 0, "-1": -2, "-1.0": -2, "": -3, "nan": -3, "na": -3}
 """Class cell (lower-cased) -> 1, 0, uncertain (-2) or blank (-3)."""
 _UNCERTAIN, _BLANK = -2, -3
 
@@ -86,8 +84,9 @@ def read_rows(path: Path, delimiter: str = ",") -> tuple[list[str], list[list[st
             header's (at its line).
     """
     if not path.is_file():
-        raise SourceError("label CSV not found", path, hint="--root is the CSV file, or its folder with "
-                                                            "--source-arg csv=NAME")
+        raise SourceError(
+            "label CSV not found", path, hint="--root is the CSV file, or its folder with --source-arg csv=NAME"
+        )
     opener = gzip.open if path.name.endswith(".gz") else open
     try:
         with opener(path, "rt", encoding="utf-8-sig", newline="") as fh:
@@ -108,8 +107,12 @@ def read_rows(path: Path, delimiter: str = ",") -> tuple[list[str], list[list[st
                 header_line = start
                 continue
             if len(record) != len(header):
-                raise SourceError(f"has {len(record)} fields, the header (line {header_line}) has {len(header)}",
-                                  path, start, hint=_delimiter_hint(header, delimiter))
+                raise SourceError(
+                    f"has {len(record)} fields, the header (line {header_line}) has {len(header)}",
+                    path,
+                    start,
+                    hint=_delimiter_hint(header, delimiter),
+                )
             rows.append([c.strip() for c in record])
             lines.append(start)
     except _csv.Error as e:
@@ -136,8 +139,10 @@ def _find_csv(root: Path, csv: str | None) -> Path:
     """``root`` itself when it is a file, else ``root / csv``, else the one CSV in ``root``."""
     if root.is_file():
         if csv is not None:
-            raise SourceError(f"--root is already a file ({root}); csv={csv!r} names another",
-                              hint="give either --root FILE or --root FOLDER with --source-arg csv=NAME")
+            raise SourceError(
+                f"--root is already a file ({root}); csv={csv!r} names another",
+                hint="give either --root FILE or --root FOLDER with --source-arg csv=NAME",
+            )
         return root
     if csv is not None:
         return Path(csv) if Path(csv).is_absolute() else root / csv
@@ -145,13 +150,16 @@ def _find_csv(root: Path, csv: str | None) -> Path:
         raise SourceError(f"csv: {root} is neither a CSV file nor a folder", hint="--root is the label CSV")
     found = sorted(p.name for p in root.iterdir() if p.is_file() and p.name.lower().endswith((".csv", ".csv.gz")))
     if len(found) != 1:
-        raise SourceError(f"csv: {root} holds {len(found)} CSV files {found[:10]}; name the label CSV",
-                          hint="--root FOLDER/labels.csv, or --source-arg csv=NAME")
+        raise SourceError(
+            f"csv: {root} holds {len(found)} CSV files {found[:10]}; name the label CSV",
+            hint="--root FOLDER/labels.csv, or --source-arg csv=NAME",
+        )
     return root / found[0]
 
 
-def _image_paths(cells: Sequence[str], lines: Sequence[int], images_root: Path, column: str, path: Path,
-                 suffix: str = "") -> list[str]:
+def _image_paths(
+    cells: Sequence[str], lines: Sequence[int], images_root: Path, column: str, path: Path, suffix: str = ""
+) -> list[str]:
     """Image cells -> posix paths relative to ``images_root`` (checked lexically: no ``..`` out of it); duplicates
     are errors naming both lines."""
     root = os.path.normpath(str(images_root))
@@ -163,19 +171,32 @@ def _image_paths(cells: Sequence[str], lines: Sequence[int], images_root: Path, 
         text = cell.replace("\\", "/") + suffix
         full = os.path.normpath(text if text.startswith("/") else prefix + text)
         if not full.startswith(prefix):
-            raise SourceError(f"image path {cell!r} lies outside the images root {root}", path, line,
-                              hint="pass --source-arg images_root=FOLDER, a folder that holds every image")
-        rel = full[len(prefix):]
+            raise SourceError(
+                f"image path {cell!r} lies outside the images root {root}",
+                path,
+                line,
+                hint="pass --source-arg images_root=FOLDER, a folder that holds every image",
+            )
+        rel = full[len(prefix) :]
         if rel in seen:
-            raise SourceError(f"image {cell!r} is listed twice (lines {seen[rel]} and {line}); keep one row per "
-                              "image", path, line)
+            raise SourceError(
+                f"image {cell!r} is listed twice (lines {seen[rel]} and {line}); keep one row per image", path, line
+            )
         seen[rel] = line
         out.append(rel)
     return out
 
 
-def _class_columns(header: list[str], rows: list[list[str]], lines: list[int], classes: list[str],
-                   uncertain: str, blank: str, path: Path, ignore_hint: str) -> tuple[np.ndarray, np.ndarray]:
+def _class_columns(
+    header: list[str],
+    rows: list[list[str]],
+    lines: list[int],
+    classes: list[str],
+    uncertain: str,
+    blank: str,
+    path: Path,
+    ignore_hint: str,
+) -> tuple[np.ndarray, np.ndarray]:
     """Class cells -> raw codes ``(N, C)`` (1, 0, ``_UNCERTAIN``, ``_BLANK``) and the policy-applied matrix."""
     col = {h: k for k, h in enumerate(header)}
     raw = np.empty((len(rows), len(classes)), np.int64)
@@ -186,8 +207,13 @@ def _class_columns(header: list[str], rows: list[list[str]], lines: list[int], c
         bad = codes.isna().to_numpy()
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise SourceError(f"column {c!r} has value {cells.iloc[i]!r}; a class cell is 1 (positive), 0 (negative), "
-                              "-1 (uncertain) or blank (not annotated)", path, lines[i], hint=ignore_hint)
+            raise SourceError(
+                f"column {c!r} has value {cells.iloc[i]!r}; a class cell is 1 (positive), 0 (negative), "
+                "-1 (uncertain) or blank (not annotated)",
+                path,
+                lines[i],
+                hint=ignore_hint,
+            )
         raw[:, j] = codes.to_numpy(np.int64)
     values = raw.copy()
     values[raw == _UNCERTAIN] = {"ignore": NOT_ANNOTATED, "zeros": 0, "ones": 1}[uncertain]
@@ -195,8 +221,15 @@ def _class_columns(header: list[str], rows: list[list[str]], lines: list[int], c
     return raw, values
 
 
-def _label_names(cells: Sequence[str], lines: Sequence[int], classes: list[str] | None, separator: str | None,
-                 none_label: str, column: str, path: Path) -> tuple[list[list[str] | None], list[str]]:
+def _label_names(
+    cells: Sequence[str],
+    lines: Sequence[int],
+    classes: list[str] | None,
+    separator: str | None,
+    none_label: str,
+    column: str,
+    path: Path,
+) -> tuple[list[list[str] | None], list[str]]:
     """Label-name cells -> per row the names (None = blank cell, [] = ``none_label``) and the class list."""
     names: list[list[str] | None] = []
     for cell in cells:
@@ -216,19 +249,36 @@ def _label_names(cells: Sequence[str], lines: Sequence[int], classes: list[str] 
     for i, row in enumerate(names):
         unknown = [n for n in row or [] if n not in known]
         if unknown:
-            raise SourceError(f"column {column!r} names unknown class {unknown[0]!r}; the classes are {classes}"
-                              + (f" or {none_label!r}" if separator else ""), path, lines[i],
-                              hint="add it to --source-arg classes=..., or correct the row")
+            raise SourceError(
+                f"column {column!r} names unknown class {unknown[0]!r}; the classes are {classes}"
+                + (f" or {none_label!r}" if separator else ""),
+                path,
+                lines[i],
+                hint="add it to --source-arg classes=..., or correct the row",
+            )
     return names, list(classes)
 
 
-def load_csv(root: str | os.PathLike, csv: str | None = None, image_column: str = "image",
-             label_column: str | None = None, label_separator: str = "|", none_label: str = "No Finding",
-             classes: str | Sequence[str] | None = None, ignore_columns: str | Sequence[str] | None = None,
-             patient_column: str = "auto", patient_pattern: str | None = None, split_column: str | None = None,
-             task: str = "auto", uncertain: str = "ignore", blank: str = "ignore",
-             images_root: str | os.PathLike | None = None, image_suffix: str = "", delimiter: str = ",",
-             source_name: str = "csv") -> SourceTable:
+def load_csv(
+    root: str | os.PathLike,
+    csv: str | None = None,
+    image_column: str = "image",
+    label_column: str | None = None,
+    label_separator: str = "|",
+    none_label: str = "No Finding",
+    classes: str | Sequence[str] | None = None,
+    ignore_columns: str | Sequence[str] | None = None,
+    patient_column: str = "auto",
+    patient_pattern: str | None = None,
+    split_column: str | None = None,
+    task: str = "auto",
+    uncertain: str = "ignore",
+    blank: str = "ignore",
+    images_root: str | os.PathLike | None = None,
+    image_suffix: str = "",
+    delimiter: str = ",",
+    source_name: str = "csv",
+) -> SourceTable:
     """Load any label CSV as a source table (see the module docstring for the layouts).
 
     Args:
@@ -267,8 +317,9 @@ def load_csv(root: str | os.PathLike, csv: str | None = None, image_column: str 
     name = source_name
     notes: list[str] = []
     # --source-arg values that parse as JSON numbers arrive as numbers: column names and markers are text
-    image_column, none_label, label_separator, patient_column = (str(v) for v in (image_column, none_label,
-                                                                                   label_separator, patient_column))
+    image_column, none_label, label_separator, patient_column = (
+        str(v) for v in (image_column, none_label, label_separator, patient_column)
+    )
     label_column, split_column, csv = (None if v is None else str(v) for v in (label_column, split_column, csv))
     if task not in TASKS:
         raise SourceError(f"{name}: task must be one of {TASKS}, got {task!r}")
@@ -286,8 +337,10 @@ def load_csv(root: str | os.PathLike, csv: str | None = None, image_column: str 
     images = base if images_root is None else Path(images_root).expanduser()
     images = (images if images.is_absolute() else base / images).resolve()
     if not images.is_dir():
-        raise SourceError(f"{name}: images root {images} is not a folder",
-                          hint="--source-arg images_root=FOLDER (relative to the CSV's folder, or absolute)")
+        raise SourceError(
+            f"{name}: images root {images} is not a folder",
+            hint="--source-arg images_root=FOLDER (relative to the CSV's folder, or absolute)",
+        )
 
     own_patient = patient_column == "none"
     if patient_column == "auto":
@@ -299,14 +352,23 @@ def load_csv(root: str | os.PathLike, csv: str | None = None, image_column: str 
     reserved = [c for c in (image_column, patient_column, split_column, label_column) if c]
     missing = [c for c in reserved if c not in header]
     if missing:
-        raise SourceError(f"lacks column(s) {missing}; it has {header}", path, 1,
-                          hint=hint or "name the columns with --source-arg image_column=..., label_column=..., "
-                                       "patient_column=..., split_column=...")
+        raise SourceError(
+            f"lacks column(s) {missing}; it has {header}",
+            path,
+            1,
+            hint=hint
+            or "name the columns with --source-arg image_column=..., label_column=..., "
+            "patient_column=..., split_column=...",
+        )
     if not (patient_column or patient_pattern or own_patient):
-        raise SourceError(f"has no patient column ('patient_id'); without one, images of one patient can land in "
-                          f"train and test (columns: {header})", path, 1,
-                          hint="--source-arg patient_column=NAME, patient_pattern=REGEX (found in the image path), "
-                               "or patient_column=none (every image its own patient)")
+        raise SourceError(
+            f"has no patient column ('patient_id'); without one, images of one patient can land in "
+            f"train and test (columns: {header})",
+            path,
+            1,
+            hint="--source-arg patient_column=NAME, patient_pattern=REGEX (found in the image path), "
+            "or patient_column=none (every image its own patient)",
+        )
     col = {h: k for k, h in enumerate(header)}
     wanted = _names(classes)
     ignored = set(_names(ignore_columns) or [])
@@ -327,11 +389,23 @@ def load_csv(root: str | os.PathLike, csv: str | None = None, image_column: str 
                 raise SourceError(f"lacks class column(s) {absent}; it has {header}", path, 1, hint=hint)
             cls = list(dict.fromkeys(wanted))
         if not cls:
-            raise SourceError(f"has no class column (columns {header})", path, 1,
-                              hint="one column per class, or --source-arg label_column=NAME for a column of names")
-        raw, values = _class_columns(header, rows, lines, cls, uncertain, blank, path,
-                                     "if it is not a class column, list the classes with --source-arg classes=A,B "
-                                     "or skip it with --source-arg ignore_columns=NAME")
+            raise SourceError(
+                f"has no class column (columns {header})",
+                path,
+                1,
+                hint="one column per class, or --source-arg label_column=NAME for a column of names",
+            )
+        raw, values = _class_columns(
+            header,
+            rows,
+            lines,
+            cls,
+            uncertain,
+            blank,
+            path,
+            "if it is not a class column, list the classes with --source-arg classes=A,B "
+            "or skip it with --source-arg ignore_columns=NAME",
+        )
         if task == "auto":
             task, why = _auto_task(raw, lines)
             notes.append(f"{name}: task=auto chose {task}: {why}")
@@ -340,18 +414,26 @@ def load_csv(root: str | os.PathLike, csv: str | None = None, image_column: str 
         if task == "auto":
             several = next((i for i, c in enumerate(cells) if label_separator in c or c == none_label), None)
             task = "multiclass" if several is None else "multilabel"
-            notes.append(f"{name}: task=auto chose {task}: " + (
-                f"column {label_column!r} holds {cells[several]!r} at line {lines[several]} (several classes or "
-                f"{none_label!r})" if several is not None else
-                f"every cell of column {label_column!r} names at most one class") +
-                "; --source-arg task=multilabel|multiclass decides otherwise")
+            notes.append(
+                f"{name}: task=auto chose {task}: "
+                + (
+                    f"column {label_column!r} holds {cells[several]!r} at line {lines[several]} (several classes or "
+                    f"{none_label!r})"
+                    if several is not None
+                    else f"every cell of column {label_column!r} names at most one class"
+                )
+                + "; --source-arg task=multilabel|multiclass decides otherwise"
+            )
         separator = label_separator if task == "multilabel" else None
         if separator is None and label_separator:
             both = next((i for i, c in enumerate(cells) if label_separator in c), None)
             if both is not None:
-                raise SourceError(f"column {label_column!r} holds several classes {cells[both]!r} but the task is "
-                                  "single-label", path, lines[both], hint="keep one class per row, or pass "
-                                                                          "--source-arg task=multilabel")
+                raise SourceError(
+                    f"column {label_column!r} holds several classes {cells[both]!r} but the task is single-label",
+                    path,
+                    lines[both],
+                    hint="keep one class per row, or pass --source-arg task=multilabel",
+                )
         names, cls = _label_names(cells, lines, wanted, separator, none_label, label_column, path)
         if not cls:
             raise SourceError(f"column {label_column!r} names no class", path)
@@ -374,8 +456,10 @@ def load_csv(root: str | os.PathLike, csv: str | None = None, image_column: str 
     elif patient_pattern:
         patients = patients_from_pattern(rel, patient_pattern, [(path, line) for line in lines])
     else:
-        warnings.warn(f"{name}: no patient column (patient_column=none): every image is its own patient, so "
-                      "images of one patient may land in train and test")
+        warnings.warn(
+            f"{name}: no patient column (patient_column=none): every image is its own patient, so "
+            "images of one patient may land in train and test"
+        )
         patients = list(rel)
     frame = pd.DataFrame({"image": rel, "patient_id": patients, "line": lines})
     if split_column:
@@ -391,9 +475,11 @@ def _auto_task(raw: np.ndarray, lines: Sequence[int]) -> tuple[str, str]:
     single-label when no cell is uncertain, no row has two positives or only ``0`` cells (ambiguous: an image of a
     class this site does not annotate, or a multi-label row with no finding) and some row has its positive; the
     reason names the first row that decided."""
-    hint = ("; a single-label export of some of the federation's classes has rows 0 in every column (images of a "
-            "class this site does not annotate): pass --source-arg task=multiclass (fedpartial-prepare: --task "
-            "multiclass)")
+    hint = (
+        "; a single-label export of some of the federation's classes has rows 0 in every column (images of a "
+        "class this site does not annotate): pass --source-arg task=multiclass (fedpartial-prepare: --task "
+        "multiclass)"
+    )
     blank_row = (raw == _BLANK).all(axis=1)
     pos = (raw == 1).sum(axis=1)
     uncertain = np.flatnonzero((raw == _UNCERTAIN).any(axis=1))
@@ -408,8 +494,11 @@ def _auto_task(raw: np.ndarray, lines: Sequence[int]) -> tuple[str, str]:
     if not (pos == 1).any():
         return "multilabel", "no row has a positive class"
     unl = int(blank_row.sum())
-    return "multiclass", ("every row has exactly one positive class" + (f" or is blank in every class ({unl} "
-                          "unlabelled image(s))" if unl else "") + "; --source-arg task=multilabel decides otherwise")
+    return "multiclass", (
+        "every row has exactly one positive class"
+        + (f" or is blank in every class ({unl} unlabelled image(s))" if unl else "")
+        + "; --source-arg task=multilabel decides otherwise"
+    )
 
 
 def _check_single_label(values: np.ndarray, lines: Sequence[int], classes: list[str], path: Path) -> None:
@@ -420,12 +509,15 @@ def _check_single_label(values: np.ndarray, lines: Sequence[int], classes: list[
     if len(many):
         i = int(many[0])
         hit = [c for c, v in zip(classes, values[i]) if v == 1]
-        raise SourceError(f"row has {len(hit)} positive classes {hit} but the task is single-label", path, lines[i],
-                          hint="keep one class per row, or pass --source-arg task=multilabel")
+        raise SourceError(
+            f"row has {len(hit)} positive classes {hit} but the task is single-label",
+            path,
+            lines[i],
+            hint="keep one class per row, or pass --source-arg task=multilabel",
+        )
 
 
-def patients_from_pattern(images: Sequence[str], pattern: str, where: Sequence[tuple[Path, int | None]]
-                          ) -> list[str]:
+def patients_from_pattern(images: Sequence[str], pattern: str, where: Sequence[tuple[Path, int | None]]) -> list[str]:
     """The patient of each image path: the first group of ``pattern`` (else the whole match) found in it.
 
     Raises:
@@ -439,8 +531,12 @@ def patients_from_pattern(images: Sequence[str], pattern: str, where: Sequence[t
     for image, (file, line) in zip(images, where):
         m = rx.search(image)
         if m is None or not (m.group(1) if rx.groups else m.group(0)):
-            raise SourceError(f"patient_pattern {pattern!r} finds no patient in {image!r}", file, line,
-                              hint="adjust the expression (its first group is the patient)")
+            raise SourceError(
+                f"patient_pattern {pattern!r} finds no patient in {image!r}",
+                file,
+                line,
+                hint="adjust the expression (its first group is the patient)",
+            )
         out.append(m.group(1) if rx.groups else m.group(0))
     return out
 
@@ -461,5 +557,9 @@ def _check_patient_splits(frame: pd.DataFrame, path: Path) -> None:
     for pid, split, line in zip(frame["patient_id"], frame["official_split"], frame["line"]):
         seen = first.setdefault(pid, (split, line))
         if seen[0] != split:
-            raise SourceError(f"patient {pid!r} is in '{seen[0]}' (line {seen[1]}) and in '{split}'; a patient's "
-                              "images must share one split", path, int(line))
+            raise SourceError(
+                f"patient {pid!r} is in '{seen[0]}' (line {seen[1]}) and in '{split}'; a patient's "
+                "images must share one split",
+                path,
+                int(line),
+            )

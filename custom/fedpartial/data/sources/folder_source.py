@@ -64,14 +64,22 @@ def _refuse_nested(found: dict[str, list[Path]], root: Path, name: str) -> None:
                 for x in dirnames:
                     if x.lower() in names:
                         inner = (Path(dirpath) / x).relative_to(root).as_posix()
-                        raise SourceError(f"{name}: class folder {inner!r} lies inside class folder {c!r}: its images "
-                                          f"would be labelled {c!r}", Path(dirpath) / x,
-                                          hint="move it up beside the other class folders")
+                        raise SourceError(
+                            f"{name}: class folder {inner!r} lies inside class folder {c!r}: its images "
+                            f"would be labelled {c!r}",
+                            Path(dirpath) / x,
+                            hint="move it up beside the other class folders",
+                        )
 
 
-def load_folder(root: str | os.PathLike, classes: str | Sequence[str] | None = None,
-                patient_pattern: str | None = None, suffixes: str | Sequence[str] | None = None,
-                official_split: bool = False, source_name: str = "folder") -> SourceTable:
+def load_folder(
+    root: str | os.PathLike,
+    classes: str | Sequence[str] | None = None,
+    patient_pattern: str | None = None,
+    suffixes: str | Sequence[str] | None = None,
+    official_split: bool = False,
+    source_name: str = "folder",
+) -> SourceTable:
     """Load a folder of class sub-folders as a single-label source table.
 
     Args:
@@ -97,25 +105,35 @@ def load_folder(root: str | os.PathLike, classes: str | Sequence[str] | None = N
     if official_split:
         parts = [(SPLIT_NAMES[d.name.lower()], d) for d in top if d.name.lower() in SPLIT_NAMES]
         if not any(s == "train" for s, _ in parts) or not any(s == "test" for s, _ in parts):
-            raise SourceError(f"{name}: official_split needs train/ and test/ folders in {root}; it has "
-                              f"{[d.name for d in top]}")
+            raise SourceError(
+                f"{name}: official_split needs train/ and test/ folders in {root}; it has {[d.name for d in top]}"
+            )
     else:
         if top and {d.name.lower() for d in top} <= set(SPLIT_NAMES):
-            raise SourceError(f"{name}: {root} holds only split folders {[d.name for d in top]}, not class folders",
-                              hint="pass --source-arg official_split=true to read <split>/<class>/ folders")
+            raise SourceError(
+                f"{name}: {root} holds only split folders {[d.name for d in top]}, not class folders",
+                hint="pass --source-arg official_split=true to read <split>/<class>/ folders",
+            )
         parts = [("", root)]
     dropped: list[Dropped] = []
-    loose = [p for folder in {root, *(f for _, f in parts)} for p in folder.iterdir()
-             if p.is_file() and not p.name.startswith(".")]
+    loose = [
+        p
+        for folder in {root, *(f for _, f in parts)}
+        for p in folder.iterdir()
+        if p.is_file() and not p.name.startswith(".")
+    ]
     if loose:
-        dropped.append(Dropped(str(root), "lie outside any class folder",
-                               [p.relative_to(root).as_posix() for p in sorted(loose)]))
+        dropped.append(
+            Dropped(str(root), "lie outside any class folder", [p.relative_to(root).as_posix() for p in sorted(loose)])
+        )
     found: dict[str, list[Path]] = {}
     for split, folder in parts:
         dirs = _visible_dirs(folder)
         if not dirs:
-            raise SourceError(f"{name}: {folder} has no class sub-folder",
-                              hint="one sub-folder per class, each holding that class's images")
+            raise SourceError(
+                f"{name}: {folder} has no class sub-folder",
+                hint="one sub-folder per class, each holding that class's images",
+            )
         for d in dirs:
             found.setdefault(d.name, []).append(d)
     available = sorted(found)
@@ -137,19 +155,31 @@ def load_folder(root: str | os.PathLike, classes: str | Sequence[str] | None = N
             others += rest
             if c not in chosen:
                 if images:
-                    dropped.append(Dropped(str(d), f"are of a class outside {chosen}",
-                                           [p.relative_to(root).as_posix() for p in images]))
+                    dropped.append(
+                        Dropped(
+                            str(d), f"are of a class outside {chosen}", [p.relative_to(root).as_posix() for p in images]
+                        )
+                    )
                 continue
             if not images:
-                raise SourceError(f"class folder {c!r} holds no image (files ending in {list(ends)})", d,
-                                  hint="remove the folder, add its images, or leave it out with --source-arg "
-                                       "classes=...; other endings: --source-arg suffixes=.png,.jpg")
+                raise SourceError(
+                    f"class folder {c!r} holds no image (files ending in {list(ends)})",
+                    d,
+                    hint="remove the folder, add its images, or leave it out with --source-arg "
+                    "classes=...; other endings: --source-arg suffixes=.png,.jpg",
+                )
             for p in images:
-                rows.append((p.relative_to(root).as_posix(), split_of[d.parent], p.relative_to(d).as_posix(),
-                             chosen.index(c)))
+                rows.append(
+                    (p.relative_to(root).as_posix(), split_of[d.parent], p.relative_to(d).as_posix(), chosen.index(c))
+                )
     if others:
-        dropped.append(Dropped(str(root), f"are not image files (endings {list(ends)})",
-                               [p.relative_to(root).as_posix() for p in others]))
+        dropped.append(
+            Dropped(
+                str(root),
+                f"are not image files (endings {list(ends)})",
+                [p.relative_to(root).as_posix() for p in others],
+            )
+        )
     if official_split:
         for split in ("train", "test"):
             if not any(r[1] == split for r in rows):
@@ -159,8 +189,10 @@ def load_folder(root: str | os.PathLike, classes: str | Sequence[str] | None = N
         patients = patients_from_pattern([r[2] for r in rows], patient_pattern, [(root / p, None) for p in rel])
         _check_patients(patients, rows, root)
     else:
-        warnings.warn(f"{name}: no patient_pattern: every image is its own patient, so images of one patient may "
-                      "land in train and test")
+        warnings.warn(
+            f"{name}: no patient_pattern: every image is its own patient, so images of one patient may "
+            "land in train and test"
+        )
         patients = rel
     labels = np.zeros((len(rows), len(chosen)), np.int64)
     labels[np.arange(len(rows)), [r[3] for r in rows]] = 1
@@ -169,8 +201,9 @@ def load_folder(root: str | os.PathLike, classes: str | Sequence[str] | None = N
         frame["official_split"] = [r[1] for r in rows]
     for j, c in enumerate(chosen):
         frame[c] = labels[:, j]
-    return SourceTable(name=name, task="multiclass", classes=chosen, root=root, frame=frame, dropped=dropped,
-                       files=[str(root)])
+    return SourceTable(
+        name=name, task="multiclass", classes=chosen, root=root, frame=frame, dropped=dropped, files=[str(root)]
+    )
 
 
 def _check_patients(patients: Sequence[str], rows: Sequence[tuple[str, str, str, int]], root: Path) -> None:
@@ -179,5 +212,8 @@ def _check_patients(patients: Sequence[str], rows: Sequence[tuple[str, str, str,
     for p, (image, split, _, c) in zip(patients, rows):
         seen = first.setdefault(p, (image, split, c))
         if seen[1] != split:
-            raise SourceError(f"patient {p!r} has images in '{seen[1]}' ({seen[0]}) and in '{split}' ({image}); a "
-                              "patient's images must share one split", root / image)
+            raise SourceError(
+                f"patient {p!r} has images in '{seen[1]}' ({seen[0]}) and in '{split}' ({image}); a "
+                "patient's images must share one split",
+                root / image,
+            )

@@ -31,7 +31,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .base import Dropped, SourceError, SourceTable, drop_missing, read_csv as _read_published
+from .base import Dropped, SourceError, SourceTable, drop_missing
+from .base import read_csv as _read_published
 
 HAM_CLASSES: list[str] = ["MEL", "NV", "BCC", "AKIEC", "BKL", "DF", "VASC"]
 """The ISIC 2018 class order."""
@@ -40,8 +41,9 @@ DX_TO_CLASS: dict[str, str] = {c.lower(): c for c in HAM_CLASSES}
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
 
-def index_images(root: str | os.PathLike, image_dir: str | os.PathLike = "images",
-                 suffixes: tuple[str, ...] = IMAGE_SUFFIXES) -> dict[str, str]:
+def index_images(
+    root: str | os.PathLike, image_dir: str | os.PathLike = "images", suffixes: tuple[str, ...] = IMAGE_SUFFIXES
+) -> dict[str, str]:
     """Find images once, recursively.
 
     Args:
@@ -67,12 +69,14 @@ def index_images(root: str | os.PathLike, image_dir: str | os.PathLike = "images
 
 def _lookup(ids: pd.Series, index: dict[str, str]) -> pd.Series:
     """Relative image path per image id (``<id>.jpg``, ``.jpeg`` or ``.png``), '' where absent."""
+
     def one(image_id: str) -> str:
         for suffix in IMAGE_SUFFIXES:
             rel = index.get(image_id + suffix)
             if rel:
                 return rel
         return ""
+
     return ids.map(one)
 
 
@@ -86,10 +90,14 @@ def _finish(name: str, root: Path, frame: pd.DataFrame, csv: Path, files: list[s
     dropped: list[Dropped] = []
     frame = drop_missing(frame, csv, dropped).drop_duplicates("image").reset_index(drop=True)
     if frame.empty:
-        raise SourceError(f"{name}: no image of the CSV was found under {root}", csv,
-                          hint="--root must be the folder that holds the CSV and the image folder(s)")
-    return SourceTable(name=name, task="multiclass", classes=list(HAM_CLASSES), root=root, frame=frame,
-                       dropped=dropped, files=files)
+        raise SourceError(
+            f"{name}: no image of the CSV was found under {root}",
+            csv,
+            hint="--root must be the folder that holds the CSV and the image folder(s)",
+        )
+    return SourceTable(
+        name=name, task="multiclass", classes=list(HAM_CLASSES), root=root, frame=frame, dropped=dropped, files=files
+    )
 
 
 def _read_csv(root: Path, name: str, what: str) -> tuple[Path, pd.DataFrame]:
@@ -108,8 +116,12 @@ def is_isic2018_layout(root: Path) -> bool:
     return not (root / "HAM10000_metadata.csv").is_file() and any((root / p).is_file() for p in ISIC2018_GT_PATHS)
 
 
-def load_ham10000(root: str | os.PathLike, metadata: str = "HAM10000_metadata.csv",
-                  image_dir: str = "images", lesion_groupings: str | None = None) -> SourceTable:
+def load_ham10000(
+    root: str | os.PathLike,
+    metadata: str = "HAM10000_metadata.csv",
+    image_dir: str = "images",
+    lesion_groupings: str | None = None,
+) -> SourceTable:
     """Load HAM10000 as a single-label source table.
 
     Args:
@@ -125,12 +137,16 @@ def load_ham10000(root: str | os.PathLike, metadata: str = "HAM10000_metadata.cs
     """
     root = Path(root)
     if metadata == "HAM10000_metadata.csv" and is_isic2018_layout(root):
-        return load_isic2018(root, image_dir="ISIC2018_Task3_Training_Input" if image_dir == "images" else image_dir,
-                             lesion_groupings=lesion_groupings or "auto")
+        return load_isic2018(
+            root,
+            image_dir="ISIC2018_Task3_Training_Input" if image_dir == "images" else image_dir,
+            lesion_groupings=lesion_groupings or "auto",
+        )
     csv, df = _read_csv(root, metadata, "ham10000: metadata CSV")
     if "dx" not in df.columns and set(HAM_CLASSES) <= set(df.columns):
-        return load_isic2018(root, ground_truth_csv=metadata, image_dir=image_dir,
-                             lesion_groupings=lesion_groupings or "auto")
+        return load_isic2018(
+            root, ground_truth_csv=metadata, image_dir=image_dir, lesion_groupings=lesion_groupings or "auto"
+        )
     missing = [c for c in ("lesion_id", "image_id", "dx") if c not in df.columns]
     if missing:
         raise SourceError(f"lacks column(s) {missing}; it has {list(df.columns)}", csv, 1)
@@ -138,23 +154,32 @@ def load_ham10000(root: str | os.PathLike, metadata: str = "HAM10000_metadata.cs
     bad = ~dx.isin(list(DX_TO_CLASS)).to_numpy()
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise SourceError(f"unknown dx value {df['dx'].iloc[i]!r} ({int(bad.sum())} such row(s)); expected one of "
-                          f"{sorted(DX_TO_CLASS)}", csv, i + 2)
+        raise SourceError(
+            f"unknown dx value {df['dx'].iloc[i]!r} ({int(bad.sum())} such row(s)); expected one of "
+            f"{sorted(DX_TO_CLASS)}",
+            csv,
+            i + 2,
+        )
     image_id = df["image_id"].str.strip()
-    frame = pd.DataFrame({
-        "image": _lookup(image_id, index_images(root, image_dir)),
-        "patient_id": df["lesion_id"].str.strip(),
-        "image_id": image_id,
-        "dx": dx,
-        "line": np.arange(len(df)) + 2,
-    })
+    frame = pd.DataFrame(
+        {
+            "image": _lookup(image_id, index_images(root, image_dir)),
+            "patient_id": df["lesion_id"].str.strip(),
+            "image_id": image_id,
+            "dx": dx,
+            "line": np.arange(len(df)) + 2,
+        }
+    )
     frame = pd.concat([frame, _one_hot(dx.map(DX_TO_CLASS), HAM_CLASSES)], axis=1)
     return _finish("ham10000", root, frame, csv, [str(csv)])
 
 
-def load_isic2018(root: str | os.PathLike, ground_truth_csv: str | None = None,
-                  image_dir: str = "ISIC2018_Task3_Training_Input",
-                  lesion_groupings: str | None = "auto") -> SourceTable:
+def load_isic2018(
+    root: str | os.PathLike,
+    ground_truth_csv: str | None = None,
+    image_dir: str = "ISIC2018_Task3_Training_Input",
+    lesion_groupings: str | None = "auto",
+) -> SourceTable:
     """Load the ISIC 2018 Task 3 layout (``image,MEL,NV,BCC,AKIEC,BKL,DF,VASC`` one-hot, values 0/1 or 0.0/1.0).
 
     Args:
@@ -190,8 +215,10 @@ def load_isic2018(root: str | os.PathLike, ground_truth_csv: str | None = None,
         if not (root / ISIC2018_GROUPS).is_file():
             raise SourceError(
                 f"{ISIC2018_GROUPS} not found in {root}: without the lesion groupings one lesion's images can land "
-                "in train and test", hint=f"download {ISIC2018_GROUPS} from the ISIC 2018 challenge into {root}, or "
-                "pass --source-arg lesion_groupings=none to treat every image as its own lesion")
+                "in train and test",
+                hint=f"download {ISIC2018_GROUPS} from the ISIC 2018 challenge into {root}, or "
+                "pass --source-arg lesion_groupings=none to treat every image as its own lesion",
+            )
     if lesion_groupings and lesion_groupings != "none":
         gcsv, groups = _read_csv(root, lesion_groupings, "isic2018: lesion groupings")
         if not {"image", "lesion_id"} <= set(groups.columns):
@@ -204,16 +231,20 @@ def load_isic2018(root: str | os.PathLike, ground_truth_csv: str | None = None,
         patient = image_id.map(lesion)
         files.append(str(gcsv))
     elif lesion_groupings == "none":
-        warnings.warn("isic2018: no lesion groupings; every image is its own lesion, so images of one lesion may "
-                      "land in train and test")
+        warnings.warn(
+            "isic2018: no lesion groupings; every image is its own lesion, so images of one lesion may "
+            "land in train and test"
+        )
     labels = values.astype(np.int64)
-    frame = pd.DataFrame({
-        "image": _lookup(image_id, index_images(root, image_dir)),
-        "patient_id": patient,
-        "image_id": image_id,
-        "dx": [HAM_CLASSES[j].lower() for j in labels.argmax(axis=1)],
-        "line": np.arange(len(df)) + 2,
-    })
+    frame = pd.DataFrame(
+        {
+            "image": _lookup(image_id, index_images(root, image_dir)),
+            "patient_id": patient,
+            "image_id": image_id,
+            "dx": [HAM_CLASSES[j].lower() for j in labels.argmax(axis=1)],
+            "line": np.arange(len(df)) + 2,
+        }
+    )
     for j, c in enumerate(HAM_CLASSES):
         frame[c] = labels[:, j]
     return _finish("isic2018", root, frame, csv, files)

@@ -46,10 +46,13 @@ _CHUNK = 64  # slices rendered at once (part of the random stream: fixed)
 # subarachnoid 12%, subdural 15%; 6.5% of slices carry two or three subtypes; 55.5% have no bleed.
 LABEL_COMBOS: list[tuple[tuple[str, ...], float]] = [
     ((), 0.555),
-    (("epidural",), 0.030), (("epidural", "subdural"), 0.005),
-    (("subdural",), 0.125), (("subarachnoid", "subdural"), 0.020),
+    (("epidural",), 0.030),
+    (("epidural", "subdural"), 0.005),
+    (("subdural",), 0.125),
+    (("subarachnoid", "subdural"), 0.020),
     (("subarachnoid",), 0.090),
-    (("intraparenchymal",), 0.080), (("intraparenchymal", "intraventricular"), 0.030),
+    (("intraparenchymal",), 0.080),
+    (("intraparenchymal", "intraventricular"), 0.030),
     (("intraparenchymal", "subarachnoid"), 0.005),
     (("intraparenchymal", "intraventricular", "subarachnoid"), 0.005),
     (("intraventricular",), 0.055),
@@ -76,7 +79,7 @@ def _unique_hex(rng: np.random.Generator, n: int, digits: int, taken: set[str] |
     taken = set() if taken is None else taken
     out: list[str] = []
     while len(out) < n:
-        for v in rng.integers(0, 16 ** digits, size=n - len(out), dtype=np.int64):
+        for v in rng.integers(0, 16**digits, size=n - len(out), dtype=np.int64):
             s = f"{int(v):0{digits}x}"
             if s not in taken:
                 taken.add(s)
@@ -106,20 +109,31 @@ def _sample_params(n_images: int, seed: int, n_patients: int) -> dict[str, np.nd
     mid = 1.0 - np.abs(2 * level - 1)
     a = per_patient(0.60, 0.72)
     prm: dict[str, np.ndarray] = {
-        "labels": labels, "patient": pat,
+        "labels": labels,
+        "patient": pat,
         "cx": per_patient(-0.06, 0.06) + per_slice(-0.01, 0.01),
         "cy": per_patient(-0.05, 0.05) + per_slice(-0.01, 0.01),
         "theta": per_patient(-0.3, 0.3) + per_slice(-0.03, 0.03),
-        "a": a * (0.88 + 0.12 * mid), "b": np.minimum(a * per_patient(1.12, 1.30), 0.88) * (0.88 + 0.12 * mid),
-        "shape": rng.uniform(0, 0.035, (p, 2))[pat], "shape_phase": rng.uniform(-np.pi, np.pi, (p, 2))[pat],
-        "t": per_patient(0.040, 0.065), "scalp": per_patient(0.02, 0.04),
-        "sulc_k": rng.integers(18, 27, p)[pat].astype(float), "sulc_psi": per_patient(-np.pi, np.pi),
-        "sulc_chi": per_patient(-np.pi, np.pi), "sulc_depth": per_patient(0.74, 0.84),
+        "a": a * (0.88 + 0.12 * mid),
+        "b": np.minimum(a * per_patient(1.12, 1.30), 0.88) * (0.88 + 0.12 * mid),
+        "shape": rng.uniform(0, 0.035, (p, 2))[pat],
+        "shape_phase": rng.uniform(-np.pi, np.pi, (p, 2))[pat],
+        "t": per_patient(0.040, 0.065),
+        "scalp": per_patient(0.02, 0.04),
+        "sulc_k": rng.integers(18, 27, p)[pat].astype(float),
+        "sulc_psi": per_patient(-np.pi, np.pi),
+        "sulc_chi": per_patient(-np.pi, np.pi),
+        "sulc_depth": per_patient(0.74, 0.84),
         "sulc_w": per_slice(0.45, 0.8),  # sulcus width in pixels at 128 px
-        "grey": per_patient(4.0, 10.0), "white": per_slice(28.0, 34.0), "tex_amp": per_slice(1.0, 3.0),
-        "v_sep": per_patient(0.09, 0.12), "v_beta": per_patient(0.05, 0.25), "v_bend": per_patient(0.6, 1.2),
+        "grey": per_patient(4.0, 10.0),
+        "white": per_slice(28.0, 34.0),
+        "tex_amp": per_slice(1.0, 3.0),
+        "v_sep": per_patient(0.09, 0.12),
+        "v_beta": per_patient(0.05, 0.25),
+        "v_bend": per_patient(0.6, 1.2),
         "v_scale": 0.7 + 0.5 * mid * per_slice(0.7, 1.0),  # ventricle size: by level, not by label
-        "noise": per_slice(*NOISE_HU), "blur": per_slice(*BLUR_PX),
+        "noise": per_slice(*NOISE_HU),
+        "blur": per_slice(*BLUR_PX),
     }
     side = per_patient(-np.pi, np.pi)  # where this patient's extra-axial bleeds sit
     faint = rng.uniform(size=(n, 5)) < FAINT_FRACTION
@@ -127,17 +141,28 @@ def _sample_params(n_images: int, seed: int, n_patients: int) -> dict[str, np.nd
     blood = np.where(faint, rng.uniform(lo, lo + (hi - lo) / 3, (n, 5)), rng.uniform(lo + (hi - lo) / 4, hi, (n, 5)))
     blood[:, 2] = 5 + (blood[:, 2] - 5) * rng.uniform(0.35, 1.0, n)  # intraventricular blood mixes with CSF
     shrink = np.where(faint, rng.uniform(0.45, 0.8, (n, 5)), 1.0)
-    prm.update({
-        "blood": blood, "shrink": shrink,
-        "edh_phi": side + per_slice(-0.15, 0.15), "edh_w": per_slice(0.25, 0.55), "edh_d": per_slice(0.10, 0.22),
-        "sdh_phi": side + np.pi * rng.integers(0, 2, p)[pat] + per_slice(-0.3, 0.3),
-        "sdh_w": per_slice(0.7, 1.6), "sdh_d": per_slice(0.04, 0.09),
-        "iph_alpha": per_patient(-np.pi, np.pi) + per_slice(-0.2, 0.2), "iph_rho": per_patient(0.38, 0.70),
-        "iph_r": per_slice(0.022, 0.08), "iph_edema": per_slice(0.0, 4.0),
-        "iph_harm": rng.uniform(0, 0.22, (n, 3)), "iph_phase": rng.uniform(-np.pi, np.pi, (n, 3)),
-        "ivh_side": rng.integers(0, 3, n).astype(float), "ivh_fill": per_slice(0.15, 0.65),
-        "sah_phi": side + per_slice(-0.5, 0.5), "sah_w": per_slice(0.5, 1.4),
-    })
+    prm.update(
+        {
+            "blood": blood,
+            "shrink": shrink,
+            "edh_phi": side + per_slice(-0.15, 0.15),
+            "edh_w": per_slice(0.25, 0.55),
+            "edh_d": per_slice(0.10, 0.22),
+            "sdh_phi": side + np.pi * rng.integers(0, 2, p)[pat] + per_slice(-0.3, 0.3),
+            "sdh_w": per_slice(0.7, 1.6),
+            "sdh_d": per_slice(0.04, 0.09),
+            "iph_alpha": per_patient(-np.pi, np.pi) + per_slice(-0.2, 0.2),
+            "iph_rho": per_patient(0.38, 0.70),
+            "iph_r": per_slice(0.022, 0.08),
+            "iph_edema": per_slice(0.0, 4.0),
+            "iph_harm": rng.uniform(0, 0.22, (n, 3)),
+            "iph_phase": rng.uniform(-np.pi, np.pi, (n, 3)),
+            "ivh_side": rng.integers(0, 3, n).astype(float),
+            "ivh_fill": per_slice(0.15, 0.65),
+            "sah_phi": side + per_slice(-0.5, 0.5),
+            "sah_w": per_slice(0.5, 1.4),
+        }
+    )
     perm = rng.permutation(n)  # CSV order unrelated to patients / labels
     prm = {k: v[perm] for k, v in prm.items()}
     taken: set[str] = set()
@@ -199,8 +224,9 @@ def _render(prm: dict[str, np.ndarray], size: int, rng: np.random.Generator) -> 
     a, bb, t = _col(prm["a"]), _col(prm["b"]), _col(prm["t"])
     ai, bi = a - t, bb - t
     phi = np.arctan2(v / bi, u / ai)  # angle in the head frame
-    shape = 1 + sum(_col(prm["shape"][:, j]) * np.cos((j + 2) * phi + _col(prm["shape_phase"][:, j]))
-                    for j in range(2))  # egg-shaped heads: 2nd and 3rd angular harmonics
+    shape = 1 + sum(
+        _col(prm["shape"][:, j]) * np.cos((j + 2) * phi + _col(prm["shape_phase"][:, j])) for j in range(2)
+    )  # egg-shaped heads: 2nd and 3rd angular harmonics
     r_out = np.sqrt((u / a) ** 2 + (v / bb) ** 2) / shape
     ri = np.sqrt((u / ai) ** 2 + (v / bi) ** 2) / shape  # 1 at the inner table
     r_px = np.float32(size / 2) * (ai + bi) / 2  # intracranial radius in pixels
@@ -218,15 +244,18 @@ def _render(prm: dict[str, np.ndarray], size: int, rng: np.random.Generator) -> 
     rim = brain & (ri > 1 - 1.0 / r_px)
     n_sulci = _col(prm["sulc_k"])
     arc = np.abs(_wrap(n_sulci * phi + _col(prm["sulc_psi"]) + 0.8 * np.sin(3 * phi + _col(prm["sulc_chi"])))) / n_sulci
-    sulci = brain & (arc * ri * r_px < _col(prm["sulc_w"]) * px) & (
-        ri > _col(prm["sulc_depth"]) + 0.05 * np.sin(5 * phi + _col(prm["sulc_chi"])))
+    sulci = (
+        brain
+        & (arc * ri * r_px < _col(prm["sulc_w"]) * px)
+        & (ri > _col(prm["sulc_depth"]) + 0.05 * np.sin(5 * phi + _col(prm["sulc_chi"])))
+    )
     vs, sep, beta = _col(prm["v_scale"]), _col(prm["v_sep"]) * a / 0.66, _col(prm["v_beta"])
     lobes = []
     for sign in (-1.0, 1.0):  # butterfly: two bent lobes diverging anteriorly
         du, dv = (u - sign * sep * vs) / vs, (v + 0.04 * bb) / vs
         q = np.cos(beta) * dv - sign * np.sin(beta) * du  # along the lobe, + posterior
         w = np.cos(beta) * du + sign * np.sin(beta) * dv  # across
-        w = w - sign * _col(prm["v_bend"]) * (q ** 2 - 0.015)
+        w = w - sign * _col(prm["v_bend"]) * (q**2 - 0.015)
         half_len = 0.20 * bb / 0.8
         lobes.append((((q / half_len) ** 2 + (w / 0.055) ** 2 < 1) & brain, q / half_len))
     ventricles = lobes[0][0] | lobes[1][0]
@@ -234,8 +263,19 @@ def _render(prm: dict[str, np.ndarray], size: int, rng: np.random.Generator) -> 
     hu = np.where(rim | sulci, np.float32(8.0), hu)
     hu = np.where(ventricles, np.float32(5.0), hu)
 
-    fields = {"u": u, "v": v, "ri": ri, "phi": phi, "brain": brain, "ventricles": ventricles, "csf": rim | sulci,
-              "lobe0": lobes[0][0], "lobe1": lobes[1][0], "q0": lobes[0][1], "q1": lobes[1][1]}
+    fields = {
+        "u": u,
+        "v": v,
+        "ri": ri,
+        "phi": phi,
+        "brain": brain,
+        "ventricles": ventricles,
+        "csf": rim | sulci,
+        "lobe0": lobes[0][0],
+        "lobe1": lobes[1][0],
+        "q0": lobes[0][1],
+        "q1": lobes[1][1],
+    }
     masks = {"skull": skull, "brain": brain, "ventricles": ventricles}
     for j, c in enumerate(ICH_CLASSES):  # each lesion is drawn on the slices that carry it only
         idx = np.flatnonzero(prm["labels"][:, j])
@@ -260,14 +300,14 @@ def _render(prm: dict[str, np.ndarray], size: int, rng: np.random.Generator) -> 
 def _epidural(f: dict, p: dict, shrink: np.ndarray):
     """Biconvex lens against the inner table."""
     x = _wrap(f["phi"] - _col(p["edh_phi"])) / _col(p["edh_w"] * shrink)
-    prof = np.sqrt(np.clip(1 - x ** 2, 0, 1))
+    prof = np.sqrt(np.clip(1 - x**2, 0, 1))
     return f["brain"] & (prof > 0) & (f["ri"] > 1 - _col(p["edh_d"] * shrink) * prof), None
 
 
 def _subdural(f: dict, p: dict, shrink: np.ndarray):
     """Thin crescent along the inner table with tapering ends."""
     x = _wrap(f["phi"] - _col(p["sdh_phi"])) / _col(p["sdh_w"] * shrink)
-    prof = np.clip(1 - x ** 2, 0, 1) ** 0.35
+    prof = np.clip(1 - x**2, 0, 1) ** 0.35
     return f["brain"] & (prof > 0) & (f["ri"] > 1 - _col(p["sdh_d"] * shrink) * prof), None
 
 
@@ -276,9 +316,10 @@ def _intraparenchymal(f: dict, p: dict, shrink: np.ndarray):
     al, rho = p["iph_alpha"], p["iph_rho"]
     ex = f["u"] - _col(rho * np.cos(al) * (p["a"] - p["t"]))
     ey = f["v"] - _col(rho * np.sin(al) * (p["b"] - p["t"]))
-    ang, dist = np.arctan2(ey, ex), np.sqrt(ex ** 2 + ey ** 2)
-    radius = _col(p["iph_r"] * shrink) * (1 + sum(
-        _col(p["iph_harm"][:, j]) * np.cos((j + 2) * ang + _col(p["iph_phase"][:, j])) for j in range(3)))
+    ang, dist = np.arctan2(ey, ex), np.sqrt(ex**2 + ey**2)
+    radius = _col(p["iph_r"] * shrink) * (
+        1 + sum(_col(p["iph_harm"][:, j]) * np.cos((j + 2) * ang + _col(p["iph_phase"][:, j])) for j in range(3))
+    )
     inside = f["brain"] & ~f["ventricles"] & (f["ri"] < 0.93)
     blood = inside & (dist < radius)
     return blood, inside & (dist < 1.7 * radius) & ~blood
@@ -288,8 +329,9 @@ def _intraventricular(f: dict, p: dict, shrink: np.ndarray):
     """Blood layering in the posterior (dependent) part of one lobe or both."""
     fill = 1 - 2 * _col(p["ivh_fill"] * shrink)
     side = p["ivh_side"]
-    return ((f["lobe0"] & (f["q0"] > fill) & _flag(side != 1))
-            | (f["lobe1"] & (f["q1"] > fill) & _flag(side != 0))), None
+    return (
+        (f["lobe0"] & (f["q0"] > fill) & _flag(side != 1)) | (f["lobe1"] & (f["q1"] > fill) & _flag(side != 0))
+    ), None
 
 
 def _subarachnoid(f: dict, p: dict, shrink: np.ndarray):
@@ -297,14 +339,19 @@ def _subarachnoid(f: dict, p: dict, shrink: np.ndarray):
     return f["csf"] & (np.abs(_wrap(f["phi"] - _col(p["sah_phi"]))) < _col(p["sah_w"] * shrink)), None
 
 
-_LESIONS = {"epidural": _epidural, "intraparenchymal": _intraparenchymal, "intraventricular": _intraventricular,
-            "subarachnoid": _subarachnoid, "subdural": _subdural}
+_LESIONS = {
+    "epidural": _epidural,
+    "intraparenchymal": _intraparenchymal,
+    "intraventricular": _intraventricular,
+    "subarachnoid": _subarachnoid,
+    "subdural": _subdural,
+}
 
 
 def _render_chunk(prm: dict[str, np.ndarray], size: int, seed: int, c: int) -> tuple[int, np.ndarray, dict]:
     """Chunk ``c``: ``(start, raw int16 (B, H, W), masks)`` with raw = round(HU + 1024) (own noise stream)."""
     start = c * _CHUNK
-    sl = {k: v[start:start + _CHUNK] for k, v in prm.items()}
+    sl = {k: v[start : start + _CHUNK] for k, v in prm.items()}
     rng = np.random.default_rng(np.random.SeedSequence([PHANTOM_VERSION, seed, 7919, c]))
     hu, masks = _render(sl, size, rng)
     return start, np.clip(np.rint(hu + 1024), 0, 4095).astype(np.int16), masks
@@ -373,8 +420,14 @@ def _write_dicom(ds, path: Path, raw: np.ndarray, image_id: str, patient_id: str
 
 # -------------------------------------------------------------------------------------------------- generate
 def _params_key(n_images: int, size: int, seed: int, n_patients: int) -> dict:
-    return {"generator": "fedpartial.ich_phantom", "version": PHANTOM_VERSION, "n_images": n_images,
-            "size": size, "seed": seed, "n_patients": n_patients}
+    return {
+        "generator": "fedpartial.ich_phantom",
+        "version": PHANTOM_VERSION,
+        "n_images": n_images,
+        "size": size,
+        "seed": seed,
+        "n_patients": n_patients,
+    }
 
 
 def _is_complete(out_dir: Path, key: dict) -> bool:
@@ -388,8 +441,9 @@ def _is_complete(out_dir: Path, key: dict) -> bool:
     return img_dir.is_dir() and sum(1 for e in os.scandir(img_dir) if e.name.endswith(".dcm")) == key["n_images"]
 
 
-def generate_ich_phantom(out_dir: str | os.PathLike, n_images: int = 1500, size: int = 128, seed: int = 0,
-                         n_patients: int | None = None) -> Path:
+def generate_ich_phantom(
+    out_dir: str | os.PathLike, n_images: int = 1500, size: int = 128, seed: int = 0, n_patients: int | None = None
+) -> Path:
     """Write the phantom into ``out_dir`` (see the module doc) and return ``out_dir``.
 
     Deterministic (same arguments -> same bytes), atomic (built in a temporary sibling folder, then renamed)
@@ -442,27 +496,42 @@ def _write_phantom(folder: Path, key: dict) -> None:
         for start, raw in chunks:
             for j in range(len(raw)):
                 i = start + j
-                _write_dicom(template, img_dir / f"{prm['image_id'][i]}.dcm", raw[j], str(prm["image_id"][i]),
-                             str(prm["patient_id"][i]), seed, int(slice_no[i]))
+                _write_dicom(
+                    template,
+                    img_dir / f"{prm['image_id'][i]}.dcm",
+                    raw[j],
+                    str(prm["image_id"][i]),
+                    str(prm["patient_id"][i]),
+                    seed,
+                    int(slice_no[i]),
+                )
     lines = ["ID,Label"]
     for img, lab in zip(prm["image_id"], prm["labels"]):
         lines += [f"{img}_{c},{int(v)}" for c, v in zip(ICH_CLASSES, lab)] + [f"{img}_any,{int(lab.any())}"]
     (folder / "stage_2_train.csv").write_text("\n".join(lines) + "\n")
     prevalence = {c: int(v) for c, v in zip(ICH_CLASSES, prm["labels"].sum(0))}
     prevalence["any"] = int(prm["labels"].any(1).sum())
-    (folder / "phantom.json").write_text(json.dumps(
-        {**key, "classes": ICH_CLASSES, "positives": prevalence, "synthetic": True}, indent=2) + "\n")
+    (folder / "phantom.json").write_text(
+        json.dumps({**key, "classes": ICH_CLASSES, "positives": prevalence, "synthetic": True}, indent=2) + "\n"
+    )
 
 
-def load_ich_phantom(root: str | os.PathLike, n_images: int = 1500, size: int = 128, seed: int = 0,
-                     **kw) -> SourceTable:
+def load_ich_phantom(
+    root: str | os.PathLike, n_images: int = 1500, size: int = 128, seed: int = 0, **kw
+) -> SourceTable:
     """Generate the phantom under ``root`` if needed and load it like the RSNA data (``synthetic=True``).
 
     ``n_patients`` in ``kw`` goes to :func:`generate_ich_phantom`, the rest to :func:`load_rsna_ich`.
     """
     root = generate_ich_phantom(root, n_images=n_images, size=size, seed=seed, n_patients=kw.pop("n_patients", None))
-    logger.warning("=" * 20 + " SYNTHETIC DATA: ICH phantom at %s (%d images, %d px, seed %d) is NOT real CT; "
-                   "results on it say nothing about clinical performance " + "=" * 20, root, n_images, size, seed)
+    logger.warning(
+        "=" * 20 + " SYNTHETIC DATA: ICH phantom at %s (%d images, %d px, seed %d) is NOT real CT; "
+        "results on it say nothing about clinical performance " + "=" * 20,
+        root,
+        n_images,
+        size,
+        seed,
+    )
     table = load_rsna_ich(root, **kw)
     table.name, table.synthetic = "ich_phantom", True
     return table

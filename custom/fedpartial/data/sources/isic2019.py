@@ -34,8 +34,7 @@ ISIC2019_CLASSES: list[str] = ["MEL", "NV", "BCC", "AK", "BKL", "DF", "VASC", "S
 ISIC2019_TRAIN_CLASSES: list[str] = ISIC2019_CLASSES[:-1]
 """The 8 diagnoses with training images (the default class list; UNK is a test-time class)."""
 
-FLAMBY_CENTRES: list[str] = ["BCN", "HAM_vidir_molemax", "HAM_vidir_modern", "HAM_rosendahl", "MSK",
-                             "HAM_vienna_dias"]
+FLAMBY_CENTRES: list[str] = ["BCN", "HAM_vidir_molemax", "HAM_vidir_modern", "HAM_rosendahl", "MSK", "HAM_vienna_dias"]
 """Fed-ISIC2019's centres in FLamby's index order 0..5."""
 
 _CODE = re.compile(r"^([A-Za-z]+)")
@@ -60,10 +59,15 @@ def _centres(meta: pd.DataFrame, meta_csv: Path, root: Path, ham_metadata: str |
     return out
 
 
-def load_isic2019(root: str | os.PathLike, classes: Sequence[str] | None = None,
-                  ground_truth: str = "ISIC_2019_Training_GroundTruth.csv",
-                  metadata: str = "ISIC_2019_Training_Metadata.csv", image_dir: str = "ISIC_2019_Training_Input",
-                  ham_metadata: str | None = None, name: str = "isic2019") -> SourceTable:
+def load_isic2019(
+    root: str | os.PathLike,
+    classes: Sequence[str] | None = None,
+    ground_truth: str = "ISIC_2019_Training_GroundTruth.csv",
+    metadata: str = "ISIC_2019_Training_Metadata.csv",
+    image_dir: str = "ISIC_2019_Training_Input",
+    ham_metadata: str | None = None,
+    name: str = "isic2019",
+) -> SourceTable:
     """Load the ISIC 2019 training set.
 
     Args:
@@ -97,31 +101,63 @@ def load_isic2019(root: str | os.PathLike, classes: Sequence[str] | None = None,
     m = meta.iloc[image.map(meta_row).to_numpy()].reset_index(drop=True)
     centre = _centres(m, meta_csv, root, ham_metadata)
     labels = values.astype(np.int64)
-    frame = pd.DataFrame({"image_id": image, "patient_id": m["lesion_id"].str.strip(), "centre": centre,
-                          "line": np.arange(len(gt)) + 2,
-                          "dx": [ISIC2019_CLASSES[j] for j in labels.argmax(axis=1)]})
+    frame = pd.DataFrame(
+        {
+            "image_id": image,
+            "patient_id": m["lesion_id"].str.strip(),
+            "centre": centre,
+            "line": np.arange(len(gt)) + 2,
+            "dx": [ISIC2019_CLASSES[j] for j in labels.argmax(axis=1)],
+        }
+    )
     for j, c in enumerate(ISIC2019_CLASSES):
         frame[c] = labels[:, j]
     dropped: list[Dropped] = []
     no_lesion = (frame["patient_id"] == "").to_numpy()
     if no_lesion.any():
-        dropped.append(Dropped(str(meta_csv), "have no lesion_id (centre unknown; FLamby leaves them out too)",
-                               frame["image_id"][no_lesion].tolist(), frame["line"][no_lesion].tolist()))
+        dropped.append(
+            Dropped(
+                str(meta_csv),
+                "have no lesion_id (centre unknown; FLamby leaves them out too)",
+                frame["image_id"][no_lesion].tolist(),
+                frame["line"][no_lesion].tolist(),
+            )
+        )
     other = ~frame["dx"].isin(chosen).to_numpy() & ~no_lesion
     if other.any():
-        dropped.append(Dropped(str(gt_csv), f"are of a class outside {chosen}", frame["image_id"][other].tolist(),
-                               frame["line"][other].tolist()))
+        dropped.append(
+            Dropped(
+                str(gt_csv),
+                f"are of a class outside {chosen}",
+                frame["image_id"][other].tolist(),
+                frame["line"][other].tolist(),
+            )
+        )
     frame = frame[~no_lesion & ~other].drop(columns=[c for c in ISIC2019_CLASSES if c not in chosen])
     index = index_images(root, image_dir)
     frame["image"] = frame["image_id"].map(lambda i: index.get(i + ".jpg", ""))
     miss = (frame["image"] == "").to_numpy()
     if miss.any():
-        dropped.append(Dropped(str(gt_csv), "have no image file under the root", frame["image_id"][miss].tolist(),
-                               frame["line"][miss].tolist()))
+        dropped.append(
+            Dropped(
+                str(gt_csv),
+                "have no image file under the root",
+                frame["image_id"][miss].tolist(),
+                frame["line"][miss].tolist(),
+            )
+        )
     frame = frame[~miss].reset_index(drop=True)
     if frame.empty:
-        raise SourceError(f"{name}: no image of {gt_csv} was found under {root}",
-                          hint="--root must be the folder holding ISIC_2019_Training_GroundTruth.csv and "
-                               "ISIC_2019_Training_Input/")
-    return SourceTable(name=name, task="multiclass", classes=chosen, root=root, frame=frame, dropped=dropped,
-                       files=[str(gt_csv), str(meta_csv)] + ([str(ham_metadata)] if ham_metadata else []))
+        raise SourceError(
+            f"{name}: no image of {gt_csv} was found under {root}",
+            hint="--root must be the folder holding ISIC_2019_Training_GroundTruth.csv and ISIC_2019_Training_Input/",
+        )
+    return SourceTable(
+        name=name,
+        task="multiclass",
+        classes=chosen,
+        root=root,
+        frame=frame,
+        dropped=dropped,
+        files=[str(gt_csv), str(meta_csv)] + ([str(ham_metadata)] if ham_metadata else []),
+    )

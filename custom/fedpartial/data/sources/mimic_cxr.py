@@ -23,13 +23,24 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from .base import (Dropped, SourceError, SourceTable, chexpert_values, find_file, pick_classes, read_csv,
-                   require_columns)
+from .base import Dropped, SourceError, SourceTable, chexpert_values, find_file, pick_classes, read_csv, require_columns
 
 MIMIC_COLUMNS: list[str] = [
-    "Atelectasis", "Cardiomegaly", "Consolidation", "Edema", "Enlarged Cardiomediastinum", "Fracture",
-    "Lung Lesion", "Lung Opacity", "No Finding", "Pleural Effusion", "Pleural Other", "Pneumonia", "Pneumothorax",
-    "Support Devices"]
+    "Atelectasis",
+    "Cardiomegaly",
+    "Consolidation",
+    "Edema",
+    "Enlarged Cardiomediastinum",
+    "Fracture",
+    "Lung Lesion",
+    "Lung Opacity",
+    "No Finding",
+    "Pleural Effusion",
+    "Pleural Other",
+    "Pneumonia",
+    "Pneumothorax",
+    "Support Devices",
+]
 """The 14 label columns of ``mimic-cxr-2.0.0-chexpert.csv`` in the release's order."""
 
 MIMIC_FINDINGS: list[str] = [c for c in MIMIC_COLUMNS if c != "No Finding"]
@@ -50,9 +61,15 @@ def _view_keep(view_position: pd.Series, view: str) -> np.ndarray:
     return (v == view).to_numpy()
 
 
-def load_mimic_cxr(root: str | os.PathLike, classes: Sequence[str] | None = None, uncertain: str = "ignore",
-                   blank: str = "zeros", view: str = "all", official_split: bool = False,
-                   name: str = "mimic_cxr") -> SourceTable:
+def load_mimic_cxr(
+    root: str | os.PathLike,
+    classes: Sequence[str] | None = None,
+    uncertain: str = "ignore",
+    blank: str = "zeros",
+    view: str = "all",
+    official_split: bool = False,
+    name: str = "mimic_cxr",
+) -> SourceTable:
     """Load a MIMIC-CXR-JPG 2.0.0 folder (the one holding ``files/`` and the ``mimic-cxr-2.0.0-*.csv(.gz)``).
 
     Args:
@@ -90,20 +107,38 @@ def load_mimic_cxr(root: str | os.PathLike, classes: Sequence[str] | None = None
     dropped: list[Dropped] = []
     unlabelled = pos.isna().to_numpy()
     if unlabelled.any():
-        dropped.append(Dropped(str(meta_csv), "belong to a study without a row in the label file",
-                               meta["dicom_id"][unlabelled].tolist(), meta["line"][unlabelled].tolist()))
+        dropped.append(
+            Dropped(
+                str(meta_csv),
+                "belong to a study without a row in the label file",
+                meta["dicom_id"][unlabelled].tolist(),
+                meta["line"][unlabelled].tolist(),
+            )
+        )
     keep = ~unlabelled & _view_keep(meta["ViewPosition"], view)
     view_out = ~unlabelled & ~keep
     if view_out.any():
-        dropped.append(Dropped(str(meta_csv), f"are not {view} views (view filter)",
-                               meta["dicom_id"][view_out].tolist(), meta["line"][view_out].tolist()))
+        dropped.append(
+            Dropped(
+                str(meta_csv),
+                f"are not {view} views (view filter)",
+                meta["dicom_id"][view_out].tolist(),
+                meta["line"][view_out].tolist(),
+            )
+        )
     meta, pos = meta[keep], pos[keep].astype(int).to_numpy()
     subj, study = meta["subject_id"].str.strip(), meta["study_id"].str.strip()
-    image = ("files/p" + subj.str[:2] + "/p" + subj + "/s" + study + "/" + meta["dicom_id"].str.strip() + ".jpg")
-    frame = pd.DataFrame({"image": image.to_numpy(), "patient_id": subj.to_numpy(),
-                          "image_id": meta["dicom_id"].str.strip().to_numpy(),
-                          "view": meta["ViewPosition"].str.strip().to_numpy(), "line": meta["line"].to_numpy(),
-                          "label_file": meta_csv.name})
+    image = "files/p" + subj.str[:2] + "/p" + subj + "/s" + study + "/" + meta["dicom_id"].str.strip() + ".jpg"
+    frame = pd.DataFrame(
+        {
+            "image": image.to_numpy(),
+            "patient_id": subj.to_numpy(),
+            "image_id": meta["dicom_id"].str.strip().to_numpy(),
+            "view": meta["ViewPosition"].str.strip().to_numpy(),
+            "line": meta["line"].to_numpy(),
+            "label_file": meta_csv.name,
+        }
+    )
     for j, c in enumerate(chosen):
         frame[c] = values[pos, j]
     files = [str(meta_csv), str(lab_csv)]
@@ -119,16 +154,28 @@ def load_mimic_cxr(root: str | os.PathLike, classes: Sequence[str] | None = None
         frame["official_split"] = frame["image_id"].map(lambda d: of.get(d, ""))
         absent = frame["official_split"] == ""
         if absent.any():
-            raise SourceError(f"image {frame['image_id'][absent].iloc[0]} (metadata line "
-                              f"{frame['line'][absent].iloc[0]}) has no row in the split file", split_csv)
+            raise SourceError(
+                f"image {frame['image_id'][absent].iloc[0]} (metadata line "
+                f"{frame['line'][absent].iloc[0]}) has no row in the split file",
+                split_csv,
+            )
         files.append(str(split_csv))
     exists = frame["image"].map(lambda r: (root / r).is_file()).to_numpy(bool)
     if (~exists).any():
-        dropped.append(Dropped(str(meta_csv), "have no image file under the root",
-                               frame["image"][~exists].tolist(), frame["line"][~exists].tolist()))
+        dropped.append(
+            Dropped(
+                str(meta_csv),
+                "have no image file under the root",
+                frame["image"][~exists].tolist(),
+                frame["line"][~exists].tolist(),
+            )
+        )
     frame = frame[exists].reset_index(drop=True)
     if frame.empty:
-        raise SourceError(f"{name}: no image of {meta_csv} (view {view}) was found under {root}",
-                          hint="--root must be the mimic-cxr-jpg/2.0.0 folder that holds files/")
-    return SourceTable(name=name, task="multilabel", classes=chosen, root=root, frame=frame, dropped=dropped,
-                       files=files)
+        raise SourceError(
+            f"{name}: no image of {meta_csv} (view {view}) was found under {root}",
+            hint="--root must be the mimic-cxr-jpg/2.0.0 folder that holds files/",
+        )
+    return SourceTable(
+        name=name, task="multilabel", classes=chosen, root=root, frame=frame, dropped=dropped, files=files
+    )

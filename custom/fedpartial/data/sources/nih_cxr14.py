@@ -29,8 +29,20 @@ from .base import Dropped, SourceError, SourceTable, read_csv
 from .ham10000 import index_images
 
 NIH_CLASSES: list[str] = [
-    "Atelectasis", "Cardiomegaly", "Effusion", "Infiltration", "Mass", "Nodule", "Pneumonia", "Pneumothorax",
-    "Consolidation", "Edema", "Emphysema", "Fibrosis", "Pleural_Thickening", "Hernia",
+    "Atelectasis",
+    "Cardiomegaly",
+    "Effusion",
+    "Infiltration",
+    "Mass",
+    "Nodule",
+    "Pneumonia",
+    "Pneumothorax",
+    "Consolidation",
+    "Edema",
+    "Emphysema",
+    "Fibrosis",
+    "Pleural_Thickening",
+    "Hernia",
 ]
 """The 14 findings in NIH's order."""
 
@@ -49,8 +61,10 @@ def _find_labels_csv(root: Path, labels_csv: str | None) -> Path:
     for name in LABEL_FILES:
         if (root / name).is_file():
             return root / name
-    raise SourceError(f"nih_cxr14: none of {list(LABEL_FILES)} found in {root}",
-                      hint="--root must be the ChestX-ray14 folder holding Data_Entry_2017.csv")
+    raise SourceError(
+        f"nih_cxr14: none of {list(LABEL_FILES)} found in {root}",
+        hint="--root must be the ChestX-ray14 folder holding Data_Entry_2017.csv",
+    )
 
 
 def _labels_from_findings(findings: pd.Series, csv: Path) -> np.ndarray:
@@ -62,8 +76,9 @@ def _labels_from_findings(findings: pd.Series, csv: Path) -> np.ndarray:
             if name in ("", NO_FINDING):
                 continue
             if name not in pos:
-                raise SourceError(f"unknown finding {name!r}; the findings are {NIH_CLASSES} or {NO_FINDING!r}",
-                                  csv, i + 2)
+                raise SourceError(
+                    f"unknown finding {name!r}; the findings are {NIH_CLASSES} or {NO_FINDING!r}", csv, i + 2
+                )
             out[i, pos[name]] = 1
     return out
 
@@ -93,9 +108,14 @@ def _check_classes(classes: Sequence[str] | None, available: Sequence[str]) -> l
     return [c for c in available if c in set(classes)]
 
 
-def load_nih_cxr14(root: str | os.PathLike, labels_csv: str | None = None, image_dir: str = "images",
-                   classes: Sequence[str] | None = None, view: str = "all",
-                   official_split: bool = False) -> SourceTable:
+def load_nih_cxr14(
+    root: str | os.PathLike,
+    labels_csv: str | None = None,
+    image_dir: str = "images",
+    classes: Sequence[str] | None = None,
+    view: str = "all",
+    official_split: bool = False,
+) -> SourceTable:
     """Load ChestX-ray14 as a multi-label source table.
 
     Args:
@@ -134,14 +154,16 @@ def load_nih_cxr14(root: str | os.PathLike, labels_csv: str | None = None, image
     names = df["Image Index"].str.strip()
     lines = np.arange(len(df)) + 2
     if not keep.all():
-        dropped.append(Dropped(str(csv), f"are not {view} views (view filter)", names[~keep].tolist(),
-                               lines[~keep].tolist()))
+        dropped.append(
+            Dropped(str(csv), f"are not {view} views (view filter)", names[~keep].tolist(), lines[~keep].tolist())
+        )
     index = index_images(root, image_dir, suffixes=(".png",))
     images = names.map(lambda n: index.get(n, ""))
     missing = keep & (images == "").to_numpy()
     if missing.any():
-        dropped.append(Dropped(str(csv), "have no image file under the root", names[missing].tolist(),
-                               lines[missing].tolist()))
+        dropped.append(
+            Dropped(str(csv), "have no image file under the root", names[missing].tolist(), lines[missing].tolist())
+        )
     keep &= ~missing
     chosen = _check_classes(classes, NIH_CLASSES)
     frame = pd.DataFrame({"image": images, "patient_id": df["Patient ID"].str.strip(), "line": lines})
@@ -156,10 +178,13 @@ def load_nih_cxr14(root: str | os.PathLike, labels_csv: str | None = None, image
             frame[c] = labels[:, j]
     frame = frame[keep].drop_duplicates("image").reset_index(drop=True)
     if frame.empty:
-        raise SourceError(f"nih_cxr14: no image of {csv} (view {view}) was found under {root}",
-                          hint="--root must be the folder holding the label CSV and the images_*/ folders")
-    return SourceTable(name="nih_cxr14", task="multilabel", classes=chosen, root=root, frame=frame,
-                       dropped=dropped, files=files)
+        raise SourceError(
+            f"nih_cxr14: no image of {csv} (view {view}) was found under {root}",
+            hint="--root must be the folder holding the label CSV and the images_*/ folders",
+        )
+    return SourceTable(
+        name="nih_cxr14", task="multilabel", classes=chosen, root=root, frame=frame, dropped=dropped, files=files
+    )
 
 
 def _official_split(root: Path, names: pd.Series, csv: Path) -> pd.Series:
@@ -168,8 +193,10 @@ def _official_split(root: Path, names: pd.Series, csv: Path) -> pd.Series:
     for file, split in (("train_val_list.txt", "train"), ("test_list.txt", "test")):
         path = root / file
         if not path.is_file():
-            raise SourceError(f"official_split needs {file}, not found in {root}",
-                              hint="copy the release's train_val_list.txt and test_list.txt next to the label CSV")
+            raise SourceError(
+                f"official_split needs {file}, not found in {root}",
+                hint="copy the release's train_val_list.txt and test_list.txt next to the label CSV",
+            )
         for n, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1):
             name = line.strip()
             if name:

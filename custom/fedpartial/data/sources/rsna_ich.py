@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 
@@ -57,8 +56,10 @@ def parse_rsna_csv(csv_path: str | os.PathLike) -> pd.DataFrame:
     bad = ~ids.str.fullmatch(_ID_RE).to_numpy(dtype=bool)
     if bad.any():
         i = int(np.argmax(bad))
-        raise ValueError(f"'{csv_path}' line {lines[i]}: malformed ID {ids.iloc[i]!r} "
-                         f"(expected ID_<hex>_<subtype>, subtype one of {list(ICH_SUBTYPES)})")
+        raise ValueError(
+            f"'{csv_path}' line {lines[i]}: malformed ID {ids.iloc[i]!r} "
+            f"(expected ID_<hex>_<subtype>, subtype one of {list(ICH_SUBTYPES)})"
+        )
     labels = (label == "1").to_numpy(dtype=bool)
     bad = ~labels & (label != "0").to_numpy(dtype=bool)
     if bad.any():
@@ -72,14 +73,19 @@ def parse_rsna_csv(csv_path: str | os.PathLike) -> pd.DataFrame:
     wide.flat[key[first]] = labels[first]
     if len(first) < len(key):
         conflicts = int((wide.flat[key] != labels).sum())
-        logger.warning("%s: %d duplicate (image, subtype) rows dropped, kept the first (%d with another label)",
-                       csv_path, len(key) - len(first), conflicts)
+        logger.warning(
+            "%s: %d duplicate (image, subtype) rows dropped, kept the first (%d with another label)",
+            csv_path,
+            len(key) - len(first),
+            conflicts,
+        )
     missing = (wide[:, : len(ICH_CLASSES)] < 0).any(axis=1)
     if missing.any():
         k = int(np.argmax(missing))
         lacks = [c for j, c in enumerate(ICH_CLASSES) if wide[k, j] < 0]
-        raise ValueError(f"'{csv_path}' line {lines[np.argmax(img_code == k)]}: image {order[k]} has no row "
-                         f"for subtype(s) {lacks}")
+        raise ValueError(
+            f"'{csv_path}' line {lines[np.argmax(img_code == k)]}: image {order[k]} has no row for subtype(s) {lacks}"
+        )
     union, any_ = wide[:, : len(ICH_CLASSES)].max(axis=1), wide[:, -1]
     n_bad = int(((any_ >= 0) & (any_ != union)).sum())
     if n_bad:
@@ -107,8 +113,10 @@ def _read_patient_csv(path: Path) -> dict[str, str]:
     pcol = next((c for c in ("patient_id", "PatientID") if c in df.columns), None)
     if pcol is None:
         raise ValueError(f"'{path}' line 1: no patient_id / PatientID column in {list(df.columns)}")
-    icol = next((c for c in ("image_id", "image", "ID", "SOPInstanceUID") if c in df.columns),
-                next((c for c in df.columns if c != pcol), None))
+    icol = next(
+        (c for c in ("image_id", "image", "ID", "SOPInstanceUID") if c in df.columns),
+        next((c for c in df.columns if c != pcol), None),
+    )
     if icol is None:
         raise ValueError(f"'{path}' line 1: no image id column in {list(df.columns)}")
     ids = df[icol].map(lambda s: PurePosixPath(s.strip().replace("\\", "/")).name.removesuffix(".dcm"))
@@ -129,9 +137,14 @@ def _dicom_patient_id(path: Path) -> str | None:
     return pid or None
 
 
-def load_rsna_ich(root: str | os.PathLike, csv_name: str = "stage_2_train.csv", image_dir: str = "stage_2_train",
-                  patient_ids: str | None = None, read_patient_ids_from_dicom: bool = True,
-                  limit: int | None = None) -> SourceTable:
+def load_rsna_ich(
+    root: str | os.PathLike,
+    csv_name: str = "stage_2_train.csv",
+    image_dir: str = "stage_2_train",
+    patient_ids: str | None = None,
+    read_patient_ids_from_dicom: bool = True,
+    limit: int | None = None,
+) -> SourceTable:
     """The RSNA ICH training set under ``root`` as a multilabel :class:`SourceTable` (5 subtypes, no ``any``).
 
     Args:
@@ -164,10 +177,21 @@ def load_rsna_ich(root: str | os.PathLike, csv_name: str = "stage_2_train.csv", 
             pids[k] = p
         n_miss = sum(p is None for p in found)
         if n_miss:
-            logger.warning("%s: %d of %d images without a readable PatientID; using the image id",
-                           root / image_dir, n_miss, len(todo))
+            logger.warning(
+                "%s: %d of %d images without a readable PatientID; using the image id",
+                root / image_dir,
+                n_miss,
+                len(todo),
+            )
     frame = pd.DataFrame({"image": rel, "patient_id": [p if p is not None else i for p, i in zip(pids, ids)]})
     for c in ICH_CLASSES:
         frame[c] = labels[c].to_numpy(dtype=int)
-    return SourceTable(name="rsna_ich", task="multilabel", classes=list(ICH_CLASSES), root=root, frame=frame,
-                       files=[str(root / csv_name)], lines=labels["line"].tolist())
+    return SourceTable(
+        name="rsna_ich",
+        task="multilabel",
+        classes=list(ICH_CLASSES),
+        root=root,
+        frame=frame,
+        files=[str(root / csv_name)],
+        lines=labels["line"].tolist(),
+    )

@@ -73,9 +73,29 @@ __all__ = [*_maths_all, "FedIRMRule", "FedIRMRuleOptions", "FedIRMOptions", "Fed
 
 def register_all(register) -> None:
     register("fedirm", FedIRMTrainer, FedIRMRule, doc="FedIRM (Liu et al., MICCAI 2021)")
-    register("fedavg_labelled", FedIRMTrainer, FedIRMRule, doc="FedAvg over the labelled sites only (FedIRM's lower bound)",
-             unlabelled="skip", irm=False, require_unlabelled=False)
-    register("fed_consistency", FedIRMTrainer, FedIRMRule, doc="mean-teacher consistency at unlabelled sites (FedIRM w/o IRM)",
-             irm=False, require_unlabelled=False)
-    register("fed_selftraining", FedIRMTrainer, FedIRMRule, doc="self-training on the received model's pseudo labels",
-             unlabelled="self_training", irm=False, require_unlabelled=False)
+    register(
+        "fedavg_labelled",
+        FedIRMTrainer,
+        FedIRMRule,
+        doc="FedAvg over the labelled sites only (FedIRM's lower bound)",
+        unlabelled="skip",
+        irm=False,
+        require_unlabelled=False,
+    )
+    register(
+        "fed_consistency",
+        FedIRMTrainer,
+        FedIRMRule,
+        doc="mean-teacher consistency at unlabelled sites (FedIRM w/o IRM)",
+        irm=False,
+        require_unlabelled=False,
+    )
+    register(
+        "fed_selftraining",
+        FedIRMTrainer,
+        FedIRMRule,
+        doc="self-training on the received model's pseudo labels",
+        unlabelled="self_training",
+        irm=False,
+        require_unlabelled=False,
+    )

@@ -19,16 +19,36 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .. import common
-
-from ..common import ema_update, predictive_entropy  # noqa: F401 - the mean teacher's update (re-exported)
 from ...losses import masked_mean, row_ce
+from .. import common
+from ..common import ema_update, predictive_entropy  # noqa: F401 - the mean teacher's update (re-exported)
 
 __all__ = [
-    "Kind", "LN2", "relation_matrix", "average_relations", "server_relation", "symmetric_kl", "uncertainty_filter",
-    "consistency_loss", "ema_decay", "rampup", "supervised_loss", "self_training_targets", "uniform_rows",
-    "META_RELATION", "META_RELATION_VALID", "META_GLOBAL_RELATION", "META_GLOBAL_VALID", "META_SELECTED",
-    "META_IRM", "META_CONSISTENCY", "META_DISTANCE", "META_RAMP", "META_PSEUDO", "META_RECEIVED", "ema_update",
+    "Kind",
+    "LN2",
+    "relation_matrix",
+    "average_relations",
+    "server_relation",
+    "symmetric_kl",
+    "uncertainty_filter",
+    "consistency_loss",
+    "ema_decay",
+    "rampup",
+    "supervised_loss",
+    "self_training_targets",
+    "uniform_rows",
+    "META_RELATION",
+    "META_RELATION_VALID",
+    "META_GLOBAL_RELATION",
+    "META_GLOBAL_VALID",
+    "META_SELECTED",
+    "META_IRM",
+    "META_CONSISTENCY",
+    "META_DISTANCE",
+    "META_RAMP",
+    "META_PSEUDO",
+    "META_RECEIVED",
+    "ema_update",
 ]
 
 Kind = Literal["softmax", "sigmoid"]
@@ -58,8 +78,9 @@ def uniform_rows(num_classes: int, kind: Kind, dtype=torch.float32, device=None)
 
 
 @common.full_precision()  # float32 under train.amp: both sites' matrices from float32 outputs
-def relation_matrix(outputs: torch.Tensor, targets: torch.Tensor, tau: float = 2.0,
-                    kind: Kind = "softmax") -> tuple[torch.Tensor, torch.Tensor]:
+def relation_matrix(
+    outputs: torch.Tensor, targets: torch.Tensor, tau: float = 2.0, kind: Kind = "softmax"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The disease relation matrix of one batch (Eq. 2-3 at labelled sites, Eq. 5 at unlabelled ones).
 
     ``v_c = sum_i t_ic o_i / sum_i t_ic`` (the mean output of the samples of class c), row c =
@@ -85,9 +106,12 @@ def relation_matrix(outputs: torch.Tensor, targets: torch.Tensor, tau: float = 2
     return m, counts.detach()
 
 
-def average_relations(matrices: Sequence[torch.Tensor] | torch.Tensor, counts: Sequence[torch.Tensor] | torch.Tensor,
-                      mode: Literal["batches", "code"] = "batches", kind: Kind = "softmax"
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+def average_relations(
+    matrices: Sequence[torch.Tensor] | torch.Tensor,
+    counts: Sequence[torch.Tensor] | torch.Tensor,
+    mode: Literal["batches", "code"] = "batches",
+    kind: Kind = "softmax",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A site's matrix of the round from its per-batch matrices ("averaged over the round's batches").
 
     ``"batches"``: row c is the mean of row c over the batches that held class c (rows no batch held: uniform,
@@ -112,8 +136,9 @@ def average_relations(matrices: Sequence[torch.Tensor] | torch.Tensor, counts: S
     return torch.where(valid[:, None], summed, uniform_rows(m.shape[1], kind, m.dtype, m.device)), valid
 
 
-def server_relation(matrices: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def server_relation(
+    matrices: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The server's global matrix ``M = (1/m) sum_l M^l`` over the labelled sites (Sec. 2.3), row by row over the
     sites that estimated the row.
 
@@ -142,8 +167,13 @@ def _kl_rows(p: torch.Tensor, q: torch.Tensor, kind: Kind) -> torch.Tensor:
     return kl.sum(1)
 
 
-def symmetric_kl(global_m: torch.Tensor, local_m: torch.Tensor, rows: torch.Tensor | None = None,
-                 kind: Kind = "softmax", reduction: Literal["paper", "code"] = "paper") -> torch.Tensor:
+def symmetric_kl(
+    global_m: torch.Tensor,
+    local_m: torch.Tensor,
+    rows: torch.Tensor | None = None,
+    kind: Kind = "softmax",
+    reduction: Literal["paper", "code"] = "paper",
+) -> torch.Tensor:
     """The inter-client relation matching loss (Eq. 6):
     ``L_IRM = (1/C) sum_c [KL(M_c || M^u_c) + KL(M^u_c || M_c)]``.
 
@@ -164,9 +194,14 @@ def symmetric_kl(global_m: torch.Tensor, local_m: torch.Tensor, rows: torch.Tens
     return loss / 2 if reduction == "code" else loss
 
 
-def uncertainty_filter(passes: torch.Tensor, threshold: float, kind: Kind = "softmax",
-                       confidence: torch.Tensor | None = None, min_confidence: float = 0.0,
-                       pseudo: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def uncertainty_filter(
+    passes: torch.Tensor,
+    threshold: float,
+    kind: Kind = "softmax",
+    confidence: torch.Tensor | None = None,
+    min_confidence: float = 0.0,
+    pseudo: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Uncertainty-aware pseudo labels (Sec. 2.2.2, Eq. 4-5): the predictive entropy of the mean of ``T``
     Monte-Carlo-dropout passes ``w = -sum_c qbar_c log qbar_c``; a sample is kept when ``w < h``, its pseudo label
     is ``y = argmax p`` of the prediction ``p`` given as ``pseudo`` (the paper: ``y^u = argmax(p^u)``, the training
@@ -203,7 +238,9 @@ def uncertainty_filter(passes: torch.Tensor, threshold: float, kind: Kind = "sof
     return targets, kept, entropy.to(mean.dtype)
 
 
-def consistency_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, kind: Kind = "softmax") -> torch.Tensor:
+def consistency_loss(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, kind: Kind = "softmax"
+) -> torch.Tensor:
     """Eq. 1 with a mean teacher: ``(1/B) sum_i ||p_student(x_i, xi) - p_teacher(x_i, xi')||_2^2`` on softmax
     (or sigmoid) outputs, no gradient into the teacher (the released ``softmax_mse_loss`` summed / batch size).
 
@@ -212,7 +249,7 @@ def consistency_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
     """
     act = (lambda z: torch.softmax(z, 1)) if kind == "softmax" else torch.sigmoid
     diff = act(student_logits) - act(teacher_logits.detach())
-    return (diff ** 2).sum() / max(student_logits.shape[0], 1)
+    return (diff**2).sum() / max(student_logits.shape[0], 1)
 
 
 def ema_decay(step: int, max_decay: float = 0.99) -> float:
@@ -230,8 +267,13 @@ def rampup(round_num: int, length: int = 30) -> float:
     return float(np.exp(-5.0 * (1.0 - t) ** 2))
 
 
-def supervised_loss(logits: torch.Tensor, targets: torch.Tensor, known: torch.Tensor, kind: Kind = "softmax",
-                    label_smoothing: float = 0.0) -> torch.Tensor:
+def supervised_loss(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    known: torch.Tensor,
+    kind: Kind = "softmax",
+    label_smoothing: float = 0.0,
+) -> torch.Tensor:
     """The labelled loss ``L_ce``: cross-entropy on the known rows (optionally label-smoothed, the released
     code's 0.1: ``(1 - eps) nll + eps mean_c(-log p_c)``), or BCE over the known entries (multi-label).
     0 (with gradient) when nothing is known.
@@ -245,8 +287,9 @@ def supervised_loss(logits: torch.Tensor, targets: torch.Tensor, known: torch.Te
     return masked_mean(per, known.bool())
 
 
-def self_training_targets(probs: torch.Tensor, threshold: float, kind: Kind = "softmax"
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
+def self_training_targets(
+    probs: torch.Tensor, threshold: float, kind: Kind = "softmax"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Fed-SelfTraining's pseudo labels from the received model's probabilities ``(B, C)``: single-label, the
     argmax row where ``max_c p >= threshold``; multi-label, 1 where ``p >= threshold`` and 0 where
     ``p <= 1 - threshold``. Returns ``(targets (B, C), known (B,) or (B, C) bool)``."""

@@ -9,8 +9,8 @@ import numpy as np
 import torch
 
 from ...aggregation import robust_rows
-from ..base import Contribution, RuleOptions, ServerRule
 from ...options import opt
+from ..base import Contribution, RuleOptions, ServerRule
 from .maths import META_GLOBAL_RELATION, META_GLOBAL_VALID, META_RELATION, META_RELATION_VALID, server_relation
 
 
@@ -19,8 +19,12 @@ class FedIRMRuleOptions(RuleOptions):
     """FedIRM's server options (method_args). ``site_weighting`` (FedAvg of the weights): ``samples`` is the
     paper's n_k / N, ``uniform`` the released code."""
 
-    relation_weighting: Literal["uniform", "samples"] = opt("uniform", "labelled sites' matrices: 1/m (paper, code) or n_k weights")
-    require_unlabelled: bool = opt(True, "refuse a federation without an unlabelled site (FedIRM; off for the baselines)")
+    relation_weighting: Literal["uniform", "samples"] = opt(
+        "uniform", "labelled sites' matrices: 1/m (paper, code) or n_k weights"
+    )
+    require_unlabelled: bool = opt(
+        True, "refuse a federation without an unlabelled site (FedIRM; off for the baselines)"
+    )
 
 
 def _labelled(info: dict) -> bool:
@@ -50,11 +54,14 @@ class FedIRMRule(ServerRule):
         labelled = sorted(s for s, i in sites.items() if _labelled(i))
         unlabelled = sorted(s for s, i in sites.items() if not _labelled(i))
         if not labelled:
-            raise ValueError(f"FedIRM needs at least one labelled site; every site ({', '.join(sorted(sites))}) "
-                             "annotates no class")
+            raise ValueError(
+                f"FedIRM needs at least one labelled site; every site ({', '.join(sorted(sites))}) annotates no class"
+            )
         if self.opts.require_unlabelled and not unlabelled:
-            raise ValueError(f"FedIRM needs at least one unlabelled site; every site ({', '.join(labelled)}) is "
-                             "labelled (train them with fedavg_labelled, the all-labelled FedAvg)")
+            raise ValueError(
+                f"FedIRM needs at least one unlabelled site; every site ({', '.join(labelled)}) is "
+                "labelled (train them with fedavg_labelled, the all-labelled FedAvg)"
+            )
 
     def update_relation(self, contributions: list[Contribution]) -> None:
         """Average the matrices of the labelled contributors (a matrix from an unlabelled site is ignored)."""
@@ -78,8 +85,10 @@ class FedIRMRule(ServerRule):
         self.update_relation(contributions)
         if self.relation is None:
             return weights, {}
-        return weights, {META_GLOBAL_RELATION: self.relation.numpy().astype(np.float64),
-                         META_GLOBAL_VALID: [int(v) for v in self.valid]}
+        return weights, {
+            META_GLOBAL_RELATION: self.relation.numpy().astype(np.float64),
+            META_GLOBAL_VALID: [int(v) for v in self.valid],
+        }
 
     def state_dict(self) -> dict:
         return {} if self.relation is None else {"relation": self.relation, "valid": self.valid}

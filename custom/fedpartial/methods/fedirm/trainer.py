@@ -11,14 +11,33 @@ import torch
 
 from ...evaluation import probabilities
 from ...losses import labelled_rows
-from ..base import ClassStat, LocalTrainer, RoundOutput, SiteContext, TrainerOptions
-from ...stat_checks import StatSpec
-from ..common import DeviceSums, MeanTeacher, WithMeanTeacher, frozen_copy, mc_dropout_probs
 from ...options import opt
-from .maths import (LN2, META_CONSISTENCY, META_DISTANCE, META_GLOBAL_RELATION, META_GLOBAL_VALID, META_IRM,
-                    META_PSEUDO, META_RAMP, META_RECEIVED, META_RELATION, META_RELATION_VALID, META_SELECTED, Kind,
-                    average_relations, consistency_loss, rampup, relation_matrix, self_training_targets,
-                    supervised_loss, symmetric_kl, uncertainty_filter)
+from ...stat_checks import StatSpec
+from ..base import ClassStat, LocalTrainer, RoundOutput, SiteContext, TrainerOptions
+from ..common import DeviceSums, MeanTeacher, WithMeanTeacher, frozen_copy, mc_dropout_probs
+from .maths import (
+    LN2,
+    META_CONSISTENCY,
+    META_DISTANCE,
+    META_GLOBAL_RELATION,
+    META_GLOBAL_VALID,
+    META_IRM,
+    META_PSEUDO,
+    META_RAMP,
+    META_RECEIVED,
+    META_RELATION,
+    META_RELATION_VALID,
+    META_SELECTED,
+    Kind,
+    average_relations,
+    consistency_loss,
+    rampup,
+    relation_matrix,
+    self_training_targets,
+    supervised_loss,
+    symmetric_kl,
+    uncertainty_filter,
+)
 
 UnlabelledMode = Literal["mean_teacher", "self_training", "skip"]
 
@@ -44,13 +63,19 @@ class FedIRMOptions(TrainerOptions):
       Monte-Carlo dropout passes.
     """
 
-    unlabelled: UnlabelledMode = opt("mean_teacher", "unlabelled sites: mean teacher (FedIRM, Fed-Consistency), self_training, or skip (sit out)")
+    unlabelled: UnlabelledMode = opt(
+        "mean_teacher", "unlabelled sites: mean teacher (FedIRM, Fed-Consistency), self_training, or skip (sit out)"
+    )
     irm: bool = opt(True, "inter-client relation matching at unlabelled sites (False: Fed-Consistency)")
     consistency: bool = opt(True, "the mean-teacher consistency loss L_c at unlabelled sites")
     warm_rounds: int = opt(0, "rounds in which only labelled sites train (released code: 21, rounds 0-20)")
     tau: float = opt(2.0, "temperature of the relation matrix (Eq. 3)")
-    relation_average: Literal["batches", "code"] = opt("batches", "labelled matrix: row c over the batches holding c, or all batches (code)")
-    unlabelled_rows: Literal["logits", "probs"] = opt("logits", "unlabelled matrix from pre-softmax outputs (Eq. 2, code) or probabilities (Eq. 5 as printed)")
+    relation_average: Literal["batches", "code"] = opt(
+        "batches", "labelled matrix: row c over the batches holding c, or all batches (code)"
+    )
+    unlabelled_rows: Literal["logits", "probs"] = opt(
+        "logits", "unlabelled matrix from pre-softmax outputs (Eq. 2, code) or probabilities (Eq. 5 as printed)"
+    )
     mc_passes: int = opt(8, "Monte-Carlo dropout passes T (code: 11)")
     entropy_threshold: float | None = opt(None, "h in nats; None: ln 2 (paper); code 2.0")
     ml_entropy_threshold: float = opt(0.5, "multi-label h per entry in nats (0.5 ~ binary entropy of 0.8)")
@@ -60,12 +85,19 @@ class FedIRMOptions(TrainerOptions):
     rampup_rounds: int = opt(30, "Omega of the Gaussian ramp-up (rounds)")
     ema_max_decay: float = opt(0.99, "mean teacher: decay min(1 - 1/(step + 1), this)")
     label_smoothing: float = opt(0.0, "labelled cross-entropy label smoothing (code: 0.1)")
-    label_mode: Literal["auto", "argmax"] = opt("auto", "multi-label data: sigmoid generalisation, or single-label softmax on argmax of the row (code's ICH)")
+    label_mode: Literal["auto", "argmax"] = opt(
+        "auto", "multi-label data: sigmoid generalisation, or single-label softmax on argmax of the row (code's ICH)"
+    )
     pseudo_threshold: float = opt(0.95, "Fed-SelfTraining: confidence of the received model's pseudo labels")
     view: Literal["weak", "strong"] = opt("weak", "the two augmented views")
-    pseudo_label: Literal["forward", "mc_mean"] = opt("forward", "unlabelled pseudo label: argmax of the training forward pass (paper, code) or of the MC-dropout mean")
+    pseudo_label: Literal["forward", "mc_mean"] = opt(
+        "forward",
+        "unlabelled pseudo label: argmax of the training forward pass (paper, code) or of the MC-dropout mean",
+    )
     labelled_lr: float | None = opt(None, "labelled sites' learning rate in rounds < warm_rounds (None: train.lr)")
-    labelled_lr_after_warm: float | None = opt(None, "labelled sites' learning rate from round warm_rounds on (None: labelled_lr; code: 3e-4)")
+    labelled_lr_after_warm: float | None = opt(
+        None, "labelled sites' learning rate from round warm_rounds on (None: labelled_lr; code: 3e-4)"
+    )
     unlabelled_lr: float | None = opt(None, "unlabelled sites' learning rate (None: train.lr; code: 2e-4)")
 
     def __post_init__(self):
@@ -121,8 +153,10 @@ class FedIRMTrainer(WithMeanTeacher, LocalTrainer):
 
     Options = FedIRMOptions
     per_class_metadata = (ClassStat(META_RELATION, "mean", "support", valid=META_RELATION_VALID, dp=False),)
-    statistics = (StatSpec(META_RELATION, ("C", "C"), "float", 0.0, 1.0, needs=(META_RELATION_VALID,)),  # softmax / sigmoid rows
-                  StatSpec(META_RELATION_VALID, ("C",), "bool", needs=(META_RELATION,)))
+    statistics = (
+        StatSpec(META_RELATION, ("C", "C"), "float", 0.0, 1.0, needs=(META_RELATION_VALID,)),  # softmax / sigmoid rows
+        StatSpec(META_RELATION_VALID, ("C",), "bool", needs=(META_RELATION,)),
+    )
     accepts_unlabelled = True
 
     def __init__(self, ctx: SiteContext, **options):
@@ -130,16 +164,25 @@ class FedIRMTrainer(WithMeanTeacher, LocalTrainer):
         annotated = np.asarray(ctx.annotated, dtype=bool)
         if annotated.any() and not annotated.all():
             missing = [c for c, a in zip(ctx.classes, annotated) if not a]
-            raise ValueError(f"fedirm: site '{ctx.site}' annotates some classes but not {missing}; FedIRM's sites are "
-                             "either fully labelled or unlabelled (data protocol labeled_unlabeled)")
+            raise ValueError(
+                f"fedirm: site '{ctx.site}' annotates some classes but not {missing}; FedIRM's sites are "
+                "either fully labelled or unlabelled (data protocol labeled_unlabeled)"
+            )
         self.is_labelled = bool(annotated.any())
         self.kind: Kind = "softmax" if (ctx.task == "multiclass" or self.opts.label_mode == "argmax") else "sigmoid"
         self.method_task = "multiclass" if self.kind == "softmax" else "multilabel"
         self.mean_teacher = MeanTeacher("fedirm")  # kept across rounds as site state
-        if (not self.is_labelled and self.opts.unlabelled == "mean_teacher" and self.opts.irm
-                and self.opts.mc_passes > 1 and not _has_dropout(ctx.model)):
-            raise ValueError(f"fedirm: site '{ctx.site}': the uncertainty filter needs dropout in the model "
-                             "(the paper: 0.2 on the pooled feature, model option \"dropout\": 0.2)")
+        if (
+            not self.is_labelled
+            and self.opts.unlabelled == "mean_teacher"
+            and self.opts.irm
+            and self.opts.mc_passes > 1
+            and not _has_dropout(ctx.model)
+        ):
+            raise ValueError(
+                f"fedirm: site '{ctx.site}': the uncertainty filter needs dropout in the model "
+                '(the paper: 0.2 on the pooled feature, model option "dropout": 0.2)'
+            )
 
     # -- pieces (public for tests) --------------------------------------------------------------------
     @property
@@ -190,7 +233,9 @@ class FedIRMTrainer(WithMeanTeacher, LocalTrainer):
             raise ValueError(f"fedirm: received a relation matrix of shape {tuple(m.shape)}, expected ({c}, {c})")
         return m.to(self.ctx.device), valid.to(self.ctx.device)
 
-    def unlabelled_relation(self, x: torch.Tensor, outputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def unlabelled_relation(
+        self, x: torch.Tensor, outputs: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The batch's local matrix (Eq. 4-5): MC-dropout passes of the student, the uncertainty filter, then
         the relation matrix of the kept samples' outputs. Returns ``(M (C, C), counts (C,), kept)``."""
         passes = mc_dropout_probs(self.ctx.model, x, self.opts.mc_passes, self.method_task)
@@ -222,8 +267,9 @@ class FedIRMTrainer(WithMeanTeacher, LocalTrainer):
         for b in self.batches(self._views(), round_num):
             t, known = self.targets(b["label"], b["mask"])
             o1, o2 = model(b["image"]), model(b["image_2"])
-            loss = (supervised_loss(o1, t, known, self.kind, self.opts.label_smoothing)
-                    + supervised_loss(o2, t, known, self.kind, self.opts.label_smoothing))
+            loss = supervised_loss(o1, t, known, self.kind, self.opts.label_smoothing) + supervised_loss(
+                o2, t, known, self.kind, self.opts.label_smoothing
+            )
             self.step(loss)
             with torch.no_grad():
                 m, n = relation_matrix(o1.detach().float(), t.float(), self.opts.tau, self.kind)
@@ -234,8 +280,10 @@ class FedIRMTrainer(WithMeanTeacher, LocalTrainer):
         meta = {}
         if mats:
             m, valid = average_relations(mats, counts, self.opts.relation_average, self.kind)
-            meta = {META_RELATION: m.cpu().numpy().astype(np.float64),
-                    META_RELATION_VALID: [int(v) for v in valid.cpu()]}
+            meta = {
+                META_RELATION: m.cpu().numpy().astype(np.float64),
+                META_RELATION_VALID: [int(v) for v in valid.cpu()],
+            }
         return RoundOutput(steps=steps, loss=sums.read().get("loss", 0.0) / max(steps, 1), meta=meta)
 
     def _mean_teacher_round(self, round_num: int, global_meta: dict) -> RoundOutput:
@@ -259,19 +307,26 @@ class FedIRMTrainer(WithMeanTeacher, LocalTrainer):
                 i_loss = symmetric_kl(received[0], m, rows, self.kind, self.opts.kl)
                 loss = loss + i_loss
                 with torch.no_grad():
-                    sums.add(irm=i_loss, distance=symmetric_kl(received[0], m.detach(), rows, self.kind),
-                             selected=kept)
+                    sums.add(irm=i_loss, distance=symmetric_kl(received[0], m.detach(), rows, self.kind), selected=kept)
             loss = w * loss
             self.step(loss)
             self.mean_teacher.update(model, self.opts.ema_max_decay)
             sums.add(loss=loss)
             steps += 1
         got, s = sums.read(), max(steps, 1)
-        meta = {META_RAMP: w, META_CONSISTENCY: got.get("consistency", 0.0) / s,
-                META_RECEIVED: int(received is not None)}
+        meta = {
+            META_RAMP: w,
+            META_CONSISTENCY: got.get("consistency", 0.0) / s,
+            META_RECEIVED: int(received is not None),
+        }
         if received is not None:
-            meta.update({META_SELECTED: int(got.get("selected", 0)), META_IRM: got.get("irm", 0.0) / s,
-                         META_DISTANCE: got.get("distance", 0.0) / s})
+            meta.update(
+                {
+                    META_SELECTED: int(got.get("selected", 0)),
+                    META_IRM: got.get("irm", 0.0) / s,
+                    META_DISTANCE: got.get("distance", 0.0) / s,
+                }
+            )
         return RoundOutput(steps=steps, loss=got.get("loss", 0.0) / s, meta=meta)
 
     def _self_training_round(self, round_num: int) -> RoundOutput:
@@ -289,5 +344,8 @@ class FedIRMTrainer(WithMeanTeacher, LocalTrainer):
             sums.add(loss=loss, used=known)
             steps += 1
         got = sums.read()
-        return RoundOutput(steps=steps, loss=got.get("loss", 0.0) / max(steps, 1),
-                           meta={META_PSEUDO: int(got.get("used", 0)), META_RAMP: w})
+        return RoundOutput(
+            steps=steps,
+            loss=got.get("loss", 0.0) / max(steps, 1),
+            meta={META_PSEUDO: int(got.get("used", 0)), META_RAMP: w},
+        )

@@ -13,10 +13,27 @@ from ...losses import labelled_rows
 from ..common import binary_entropy, ema_update, plogp, softmax_entropy  # noqa: F401 - Eq. 3 and the teacher
 
 __all__ = [
-    "multilabel_entropy", "pool_sizes", "split_pools", "multiclass_targets", "multilabel_targets",
-    "pseudo_ce", "negative_positive_ratio", "weighted_bce", "mixup", "soft_ce", "awpa_weights", "META_Q",
-    "META_POOLS", "META_PSEUDO", "META_UDE_PAIRS", "AWPA_MODES", "ENTROPIES", "WEIGHTINGS", "Q_COUNTS",
-    "softmax_entropy", "ema_update",
+    "multilabel_entropy",
+    "pool_sizes",
+    "split_pools",
+    "multiclass_targets",
+    "multilabel_targets",
+    "pseudo_ce",
+    "negative_positive_ratio",
+    "weighted_bce",
+    "mixup",
+    "soft_ce",
+    "awpa_weights",
+    "META_Q",
+    "META_POOLS",
+    "META_PSEUDO",
+    "META_UDE_PAIRS",
+    "AWPA_MODES",
+    "ENTROPIES",
+    "WEIGHTINGS",
+    "Q_COUNTS",
+    "softmax_entropy",
+    "ema_update",
 ]
 
 # site -> server
@@ -32,6 +49,7 @@ Q_COUNTS = ("dataset", "seen")
 
 
 # ------------------------------------------------------------------------------------------ uncertainty
+
 
 def multilabel_entropy(probs: torch.Tensor, unknown: torch.Tensor, kind: str = "binary") -> torch.Tensor:
     """Multi-label uncertainty over the locally unknown classes U_k, normalised to [0, 1].
@@ -65,6 +83,7 @@ def pool_sizes(n: int, n_uncertain: float, n_confident: float) -> tuple[int, int
     Returns:
         ``(n_h, n_l)`` with ``n_h + n_l <= n``.
     """
+
     def size(v: float) -> int:
         v = float(v)
         if v < 0:
@@ -75,8 +94,9 @@ def pool_sizes(n: int, n_uncertain: float, n_confident: float) -> tuple[int, int
     return n_h, min(size(n_confident), n - n_h)
 
 
-def split_pools(scores: torch.Tensor, n_uncertain: int, n_confident: int
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def split_pools(
+    scores: torch.Tensor, n_uncertain: int, n_confident: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Split sample indices by uncertainty (Sec. 2.3, UE).
 
     Args:
@@ -91,13 +111,19 @@ def split_pools(scores: torch.Tensor, n_uncertain: int, n_confident: int
     if n_uncertain + n_confident > n:
         raise ValueError(f"pools of {n_uncertain} + {n_confident} samples exceed the {n} samples")
     order = torch.sort(scores, stable=True).indices
-    return order[:n_confident], order[n_confident:n - n_uncertain], order[n - n_uncertain:]
+    return order[:n_confident], order[n_confident : n - n_uncertain], order[n - n_uncertain :]
 
 
 # ------------------------------------------------------------------------------------------ pseudo labels
 
-def multiclass_targets(labels: torch.Tensor, mask: torch.Tensor, teacher_probs: torch.Tensor, tau: float,
-                       unknown: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+
+def multiclass_targets(
+    labels: torch.Tensor,
+    mask: torch.Tensor,
+    teacher_probs: torch.Tensor,
+    tau: float,
+    unknown: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Single-label targets: the label where the row is labelled, else the teacher's pseudo label (Eq. 4).
 
     Args:
@@ -121,8 +147,9 @@ def multiclass_targets(labels: torch.Tensor, mask: torch.Tensor, teacher_probs: 
     return targets, lab, pseudo
 
 
-def multilabel_targets(labels: torch.Tensor, mask: torch.Tensor, teacher_probs: torch.Tensor, tau_p: float,
-                       tau_n: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def multilabel_targets(
+    labels: torch.Tensor, mask: torch.Tensor, teacher_probs: torch.Tensor, tau_p: float, tau_n: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Multi-label targets (Eq. 5): annotated entries keep their label; an unannotated entry becomes 1 when the
     teacher's probability is ``>= tau_p``, 0 when ``<= tau_n``, and stays unlabelled otherwise.
 
@@ -164,8 +191,13 @@ def negative_positive_ratio(positives: torch.Tensor, negatives: torch.Tensor) ->
     return torch.where(ok, neg / pos.clamp_min(1.0), torch.ones_like(pos)).float()
 
 
-def weighted_bce(logits: torch.Tensor, targets: torch.Tensor, known: torch.Tensor,
-                 class_weights: torch.Tensor | None = None, weighting: str = "positive") -> torch.Tensor:
+def weighted_bce(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    known: torch.Tensor,
+    class_weights: torch.Tensor | None = None,
+    weighting: str = "positive",
+) -> torch.Tensor:
     """Eq. 5's form: ``(1/B) sum_i sum_{c known} w-BCE(z_ic, y_ic)`` (soft targets allowed, for UDE).
 
     ``weighting="positive"``: ``-(w_c y log s + (1 - y) log(1 - s))`` (torch's ``pos_weight``: positives of class c
@@ -183,8 +215,9 @@ def weighted_bce(logits: torch.Tensor, targets: torch.Tensor, known: torch.Tenso
     if logits.shape[0] == 0:
         return logits.sum() * 0.0
     w = None if class_weights is None or weighting == "none" else class_weights.to(logits)
-    per = F.binary_cross_entropy_with_logits(logits, targets.to(logits.dtype), reduction="none",
-                                             pos_weight=w if weighting == "positive" else None)
+    per = F.binary_cross_entropy_with_logits(
+        logits, targets.to(logits.dtype), reduction="none", pos_weight=w if weighting == "positive" else None
+    )
     if w is not None and weighting == "entry":
         per = per * w
     return (per * known.to(per.dtype)).sum() / logits.shape[0]
@@ -192,8 +225,10 @@ def weighted_bce(logits: torch.Tensor, targets: torch.Tensor, known: torch.Tenso
 
 # ------------------------------------------------------------------------------------------ mixup
 
-def mixup(x_l: torch.Tensor, y_l: torch.Tensor, x_h: torch.Tensor, y_h: torch.Tensor,
-          lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+
+def mixup(
+    x_l: torch.Tensor, y_l: torch.Tensor, x_h: torch.Tensor, y_h: torch.Tensor, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Eq. 6: ``x~ = lam x_l + (1 - lam) x_h``, ``y~ = lam y_l + (1 - lam) y_h`` (l = confident, h = uncertain).
 
     Args:
@@ -210,6 +245,7 @@ def soft_ce(logits: torch.Tensor, targets: torch.Tensor, rows: torch.Tensor) -> 
 
 
 # ------------------------------------------------------------------------------------------ AWPA
+
 
 def awpa_weights(q: np.ndarray, n: Sequence[float]) -> np.ndarray:
     """AWPA (Eq. 7) weights of each site for each class row: ``q_c^k / sum_j q_c^j``; a class no site reports

@@ -8,8 +8,8 @@ from typing import Literal
 import numpy as np
 
 from ...aggregation import masked_class_weights
-from ..base import Contribution, RuleOptions, ServerRule
 from ...options import opt
+from ..base import Contribution, RuleOptions, ServerRule
 from .maths import META_Q, awpa_weights
 
 
@@ -17,7 +17,9 @@ from .maths import META_Q, awpa_weights
 class FedLSMRuleOptions(RuleOptions):
     """FedLSM's server options (method_args)."""
 
-    awpa: Literal["adaptive", "masked", "fedavg"] = opt("adaptive", "classifier rows by q_c^k (Eq. 7), over the annotating sites (Ours*), or FedAvg")
+    awpa: Literal["adaptive", "masked", "fedavg"] = opt(
+        "adaptive", "classifier rows by q_c^k (Eq. 7), over the annotating sites (Ours*), or FedAvg"
+    )
 
 
 class FedLSMRule(ServerRule):

@@ -9,15 +9,29 @@ from typing import Literal
 import numpy as np
 import torch
 
-from ...losses import ce_labelled, labelled_rows
 from ...evaluation import probabilities
-from ..base import ClassStat, LocalTrainer, RoundOutput, SiteContext, TrainerOptions, summary_counts
-from ...stat_checks import StatSpec
-from ..common import DeviceSums, ema_update, frozen_copy, label_table, whole_set_pass
+from ...losses import ce_labelled, labelled_rows
 from ...options import opt
-from .maths import (META_POOLS, META_PSEUDO, META_Q, META_UDE_PAIRS, mixup, multiclass_targets, multilabel_entropy,
-                    multilabel_targets, negative_positive_ratio, pool_sizes, pseudo_ce, soft_ce, softmax_entropy,
-                    split_pools, weighted_bce)
+from ...stat_checks import StatSpec
+from ..base import ClassStat, LocalTrainer, RoundOutput, SiteContext, TrainerOptions, summary_counts
+from ..common import DeviceSums, ema_update, frozen_copy, label_table, whole_set_pass
+from .maths import (
+    META_POOLS,
+    META_PSEUDO,
+    META_Q,
+    META_UDE_PAIRS,
+    mixup,
+    multiclass_targets,
+    multilabel_entropy,
+    multilabel_targets,
+    negative_positive_ratio,
+    pool_sizes,
+    pseudo_ce,
+    soft_ce,
+    softmax_entropy,
+    split_pools,
+    weighted_bce,
+)
 
 
 def _share(name: str, v: float) -> None:
@@ -46,15 +60,21 @@ class FedLSMOptions(TrainerOptions):
     restrict_unknown: bool = opt(True, "single-label pseudo labels only for classes in U_k (False: released code)")
     entropy: Literal["binary", "plogp"] = opt("binary", "multi-label uncertainty (plogp: released code)")
     class_weighting: Literal["positive", "entry", "none"] = opt(
-        "positive", "FPSL class weights (negatives / positives over the annotated entries of all sites) on the "
+        "positive",
+        "FPSL class weights (negatives / positives over the annotated entries of all sites) on the "
         "positive term; 'entry': the released code, the whole entry weighted and every 0 counted as a negative "
-        "(missing entries included); or none")
+        "(missing entries included); or none",
+    )
     ude_weighting: Literal["none", "class"] = opt(
-        "none", "L_UDE: BCE with the joint-confidence mask only (paper: 'cross-entropy'; released code), or "
-        "class-weighted as L_I + L_U")
+        "none",
+        "L_UDE: BCE with the joint-confidence mask only (paper: 'cross-entropy'; released code), or "
+        "class-weighted as L_I + L_U",
+    )
     weak_view: Literal["flip", "weak"] = opt(
-        "flip", "the teacher's weak view: horizontal flip (paper Sec. 3, released code) or FedMLP's flip + "
-        "rotation + translation")
+        "flip",
+        "the teacher's weak view: horizontal flip (paper Sec. 3, released code) or FedMLP's flip + "
+        "rotation + translation",
+    )
     q_counts: Literal["dataset", "seen"] = opt("dataset", "q_c^k over the whole local set or the batches seen (code)")
 
     def __post_init__(self):
@@ -83,6 +103,7 @@ class FedLSMTrainer(LocalTrainer):
         if opts.q_counts == "seen":
             return (StatSpec(META_Q, ("C",), "float", 0.0, required=True),)
         return cls.statistics
+
     keep_optimizer_state = True
 
     def __init__(self, ctx: SiteContext, **options):
@@ -97,17 +118,24 @@ class FedLSMTrainer(LocalTrainer):
             return softmax_entropy(probs)
         return multilabel_entropy(probs, self.unknown, self.opts.entropy)
 
-    def targets(self, labels: torch.Tensor, mask: torch.Tensor, teacher_probs: torch.Tensor,
-                uncertain: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def targets(
+        self, labels: torch.Tensor, mask: torch.Tensor, teacher_probs: torch.Tensor, uncertain: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(targets, known, pseudo)`` with the pseudo-pool thresholds or (``uncertain``) the lower ones;
         ``known`` / ``pseudo`` are ``(B,)`` rows for single-label, ``(B, C)`` entries for multi-label."""
         if self.ctx.task == "multiclass":
             unknown = self.unknown.to(teacher_probs.device) if self.opts.restrict_unknown else None
-            t, lab, pseudo = multiclass_targets(labels, mask, teacher_probs, self.opts.tau_l if uncertain else self.opts.tau,
-                                                unknown)
+            t, lab, pseudo = multiclass_targets(
+                labels, mask, teacher_probs, self.opts.tau_l if uncertain else self.opts.tau, unknown
+            )
             return t, lab | pseudo, pseudo
-        return multilabel_targets(labels, mask, teacher_probs, self.opts.tau_lp if uncertain else self.opts.tau_p,
-                                  self.opts.tau_ln if uncertain else self.opts.tau_n)
+        return multilabel_targets(
+            labels,
+            mask,
+            teacher_probs,
+            self.opts.tau_lp if uncertain else self.opts.tau_p,
+            self.opts.tau_ln if uncertain else self.opts.tau_n,
+        )
 
     def class_weights(self, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
         """``(C,)`` FPSL's negative / positive ratio per class from the server's data summary (all sites' labels);
@@ -138,17 +166,25 @@ class FedLSMTrainer(LocalTrainer):
             pos, neg = (labels * m).sum(0), ((1 - labels) * m).sum(0)
         return negative_positive_ratio(pos, neg)
 
-    def supervised_loss(self, logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor,
-                        targets: torch.Tensor, known: torch.Tensor, pseudo: torch.Tensor,
-                        weights: torch.Tensor | None) -> torch.Tensor:
+    def supervised_loss(
+        self,
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        mask: torch.Tensor,
+        targets: torch.Tensor,
+        known: torch.Tensor,
+        pseudo: torch.Tensor,
+        weights: torch.Tensor | None,
+    ) -> torch.Tensor:
         """``L_I + L_U`` on the pseudo-pool batch."""
         if self.ctx.task == "multiclass":
             n_unlabelled = int((~labelled_rows(labels, mask)).sum())
             return ce_labelled(logits, labels, mask) + pseudo_ce(logits, targets, pseudo, n_unlabelled)
         return weighted_bce(logits, targets, known, weights, self.opts.class_weighting)
 
-    def ude_loss(self, logits: torch.Tensor, targets: torch.Tensor, known: torch.Tensor,
-                 weights: torch.Tensor | None) -> torch.Tensor:
+    def ude_loss(
+        self, logits: torch.Tensor, targets: torch.Tensor, known: torch.Tensor, weights: torch.Tensor | None
+    ) -> torch.Tensor:
         """``L_UDE`` on the mixed samples (cross-entropy with the soft labels): ``logits``, ``targets`` ``(M, C)``,
         ``known`` ``(M,)`` rows / ``(M, C)`` entries labelled on both sides (joint confidence); multi-label
         class weights ``(C,)`` only with ``ude_weighting: class``."""
@@ -158,8 +194,14 @@ class FedLSMTrainer(LocalTrainer):
             return weighted_bce(logits, targets, known, None, "none")
         return weighted_bce(logits, targets, known, weights, self.opts.class_weighting)
 
-    def ude_batch(self, confident: dict, uncertain: dict, teacher_confident: torch.Tensor,
-                  teacher_uncertain: torch.Tensor, lam: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def ude_batch(
+        self,
+        confident: dict,
+        uncertain: dict,
+        teacher_confident: torch.Tensor,
+        teacher_uncertain: torch.Tensor,
+        lam: float,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The mixed samples of Eq. 6 from a confident and an uncertain batch.
 
         The confident samples get their (pseudo) labels with the pseudo-pool thresholds, the uncertain ones with
@@ -179,8 +221,9 @@ class FedLSMTrainer(LocalTrainer):
         x_mix, y_mix = mixup(confident["weak"][:m], yl[:m], uncertain["weak"][:m], yh[:m], lam)
         return x_mix, y_mix, kl[:m] & kh[:m]
 
-    def estimated_counts(self, labels: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor,
-                         known: torch.Tensor) -> torch.Tensor:
+    def estimated_counts(
+        self, labels: torch.Tensor, mask: torch.Tensor, targets: torch.Tensor, known: torch.Tensor
+    ) -> torch.Tensor:
         """``q_c`` contribution of some samples: labelled positives plus pseudo-label positives, ``(C,)``."""
         pos = labels * mask.to(labels.dtype)
         if self.ctx.task == "multiclass":
@@ -223,8 +266,9 @@ class FedLSMTrainer(LocalTrainer):
             q = self.estimated_counts(labels, mask, t, known)
 
         teacher = frozen_copy(model)
-        fetch = self.fetcher({"weak": self.opts.weak_view, "strong": "strong"},
-                             int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+        fetch = self.fetcher(
+            {"weak": self.opts.weak_view, "strong": "strong"}, int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
+        )
 
         self.train_mode()
         self.make_optimizer()
@@ -234,7 +278,7 @@ class FedLSMTrainer(LocalTrainer):
         for _ in range(self._num_steps(len(pseudo_pool), per_step) if len(pseudo_pool) else 0):
             if pos >= len(order):  # a fresh permutation of the pool (never the same replay every round)
                 order, pos = pseudo_pool[torch.randperm(len(pseudo_pool), generator=gen)], 0
-            idx = order[pos:pos + per_step]
+            idx = order[pos : pos + per_step]
             pos += per_step
             b = fetch(idx)
             weak = [b["weak"]]
@@ -250,7 +294,9 @@ class FedLSMTrainer(LocalTrainer):
             if n_mix:
                 m = min(len(bl["weak"]), len(bh["weak"]))
                 lam = float(torch.distributions.Beta(self.opts.alpha, self.opts.alpha).sample()) if m else 0.0
-                x_mix, y_mix, k_mix = self.ude_batch(bl, bh, tp[B:B + len(bl["weak"])], tp[B + len(bl["weak"]):], lam)
+                x_mix, y_mix, k_mix = self.ude_batch(
+                    bl, bh, tp[B : B + len(bl["weak"])], tp[B + len(bl["weak"]) :], lam
+                )
                 inputs.append(x_mix)
                 sums.add(pairs=k_mix.any(1) if k_mix.dim() == 2 else k_mix)
             out = model(torch.cat(inputs))
@@ -268,6 +314,10 @@ class FedLSMTrainer(LocalTrainer):
         if q_seen is not None:
             q = q + q_seen.cpu()
         read = sums.read()
-        meta = {META_Q: q.numpy().astype(np.float64), META_POOLS: [len(confident), len(medium), len(uncertain)],
-                META_PSEUDO: int(read.get("pseudo", 0)), META_UDE_PAIRS: int(read.get("pairs", 0))}
+        meta = {
+            META_Q: q.numpy().astype(np.float64),
+            META_POOLS: [len(confident), len(medium), len(uncertain)],
+            META_PSEUDO: int(read.get("pseudo", 0)),
+            META_UDE_PAIRS: int(read.get("pairs", 0)),
+        }
         return RoundOutput(steps=steps, loss=read.get("loss", 0.0) / max(steps, 1), meta=meta)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -13,11 +11,34 @@ from ..base import summary_counts
 from ..common import cosine, full_precision
 
 __all__ = [
-    "class_rates", "summary_rates", "prevalence_rates", "logit_adjust", "wpc_loss", "consistency_loss", "class_prototypes",
-    "aggregate_prototypes", "prototype_scores", "candidate_counts", "selection_counts", "select_top",
-    "select_pseudo_labels", "schedule_share", "accumulate_pseudo_labels", "learning_degree",
-    "aggregate_learning_degree", "selection_ratios", "META_P0", "META_P1", "META_COUNTS", "META_DEGREE",
-    "META_GLOBAL_P0", "META_GLOBAL_P1", "META_GLOBAL_VALID", "META_GLOBAL_DEGREE", "PARITIES", "REDUCTIONS",
+    "class_rates",
+    "summary_rates",
+    "prevalence_rates",
+    "logit_adjust",
+    "wpc_loss",
+    "consistency_loss",
+    "class_prototypes",
+    "aggregate_prototypes",
+    "prototype_scores",
+    "candidate_counts",
+    "selection_counts",
+    "select_top",
+    "select_pseudo_labels",
+    "schedule_share",
+    "accumulate_pseudo_labels",
+    "learning_degree",
+    "aggregate_learning_degree",
+    "selection_ratios",
+    "META_P0",
+    "META_P1",
+    "META_COUNTS",
+    "META_DEGREE",
+    "META_GLOBAL_P0",
+    "META_GLOBAL_P1",
+    "META_GLOBAL_VALID",
+    "META_GLOBAL_DEGREE",
+    "PARITIES",
+    "REDUCTIONS",
 ]
 
 # site -> server
@@ -38,7 +59,10 @@ _RATE_EPS = 1e-4
 
 # ------------------------------------------------------------------------------------------ pure functions
 
-def class_rates(labels: torch.Tensor, label_mask: torch.Tensor, eps: float = _RATE_EPS) -> tuple[torch.Tensor, torch.Tensor]:
+
+def class_rates(
+    labels: torch.Tensor, label_mask: torch.Tensor, eps: float = _RATE_EPS
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Class positive / negative rates ``pi_{c,1}``, ``pi_{c,0} = 1 - pi_{c,1}`` used by Eq. 3.
 
     Args:
@@ -83,8 +107,9 @@ def prevalence_rates(positives: torch.Tensor, n: int, eps: float = _RATE_EPS) ->
     return pi1, 1 - pi1
 
 
-def logit_adjust(logits: torch.Tensor, pi1: torch.Tensor, pi0: torch.Tensor | None = None,
-                 tau: float = 1.0) -> torch.Tensor:
+def logit_adjust(
+    logits: torch.Tensor, pi1: torch.Tensor, pi0: torch.Tensor | None = None, tau: float = 1.0
+) -> torch.Tensor:
     """Multi-label logit adjustment (Eq. 3, generalising Eq. 2).
 
     Eq. 3 ``y' = y*pi1 / (y*pi1 + (1-y)*pi0)`` with ``y = sigmoid(l)`` equals ``sigmoid(l + log pi1 - log pi0)``;
@@ -101,9 +126,15 @@ def logit_adjust(logits: torch.Tensor, pi1: torch.Tensor, pi0: torch.Tensor | No
     return logits + tau * (torch.log(pi1) - torch.log(pi0))
 
 
-def wpc_loss(logits: torch.Tensor, labels: torch.Tensor, label_mask: torch.Tensor,
-             pi1: torch.Tensor | None = None, pi0: torch.Tensor | None = None, tau: float = 1.0,
-             reduction: str = "classes") -> torch.Tensor:
+def wpc_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    label_mask: torch.Tensor,
+    pi1: torch.Tensor | None = None,
+    pi0: torch.Tensor | None = None,
+    tau: float = 1.0,
+    reduction: str = "classes",
+) -> torch.Tensor:
     """Weighted-partial-class loss (Eq. 4) on logit-adjusted outputs (Eq. 3).
 
     ``reduction="classes"`` (Eq. 4): ``L_i = -(1/C) sum_{j labelled} [y_ij log y'_ij + (1 - y_ij) log(1 - y'_ij)]``,
@@ -142,8 +173,9 @@ def consistency_loss(p_local: torch.Tensor, p_global: torch.Tensor, mask: torch.
 
 
 @full_precision()  # float32 under train.amp
-def class_prototypes(features: torch.Tensor, labels: torch.Tensor,
-                     label_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def class_prototypes(
+    features: torch.Tensor, labels: torch.Tensor, label_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Local dual prototypes (Eq. 5): ``P_n^c = mean of F_i over the samples with y_ic = n`` (n in {0, 1}).
 
     Args:
@@ -165,8 +197,13 @@ def class_prototypes(features: torch.Tensor, labels: torch.Tensor,
     return p0, p1, counts
 
 
-def aggregate_prototypes(p0: torch.Tensor, p1: torch.Tensor, counts: torch.Tensor, annotated: torch.Tensor,
-                         site_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def aggregate_prototypes(
+    p0: torch.Tensor,
+    p1: torch.Tensor,
+    counts: torch.Tensor,
+    annotated: torch.Tensor,
+    site_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Global prototypes (Eq. 6): ``P_n^c = sum_{i in S_c} a_i P_n^{i,c} / sum_{i in S_c} a_i``.
 
     S_c = the sites that annotate class c; a site whose prototype ``P_n^{i,c}`` has no sample (count 0) is left
@@ -212,8 +249,13 @@ def candidate_counts(scores: torch.Tensor, has_pseudo: torch.Tensor) -> tuple[to
     return (free & (z >= 0)).sum(0), (free & (z < 0)).sum(0)
 
 
-def selection_counts(n_neg: torch.Tensor, n_pos: torch.Tensor, tau0: float | torch.Tensor, tau1: float | torch.Tensor,
-                     carry: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def selection_counts(
+    n_neg: torch.Tensor,
+    n_pos: torch.Tensor,
+    tau0: float | torch.Tensor,
+    tau1: float | torch.Tensor,
+    carry: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """How many candidates Eq. 8-9 pseudo-label this round: ``tau * #candidates`` rounded down.
 
     ``carry`` (``(2, C)``, the fractional parts left by earlier rounds, rows negative / positive) is added
@@ -223,16 +265,21 @@ def selection_counts(n_neg: torch.Tensor, n_pos: torch.Tensor, tau0: float | tor
 
     Returns: ``(k0 (C,) int64, k1 (C,) int64, carry (2, C) float64)``.
     """
-    exact = torch.stack([torch.as_tensor(tau0, dtype=torch.float64).expand(n_neg.shape) * n_neg.double(),
-                         torch.as_tensor(tau1, dtype=torch.float64).expand(n_pos.shape) * n_pos.double()])
+    exact = torch.stack(
+        [
+            torch.as_tensor(tau0, dtype=torch.float64).expand(n_neg.shape) * n_neg.double(),
+            torch.as_tensor(tau1, dtype=torch.float64).expand(n_pos.shape) * n_pos.double(),
+        ]
+    )
     if carry is not None:
         exact = exact + torch.as_tensor(carry, dtype=torch.float64)
     k = torch.floor(exact + 1e-9)
     return k[0].long(), k[1].long(), (exact - k).clamp_min(0.0)
 
 
-def select_top(scores: torch.Tensor, has_pseudo: torch.Tensor, k0: torch.Tensor,
-               k1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def select_top(
+    scores: torch.Tensor, has_pseudo: torch.Tensor, k0: torch.Tensor, k1: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per class c: the ``k0_c`` negative candidates (without a pseudo label, ``Z >= 0``) with the largest Z and the ``k1_c``
     positive candidates (``Z < 0``) with the smallest Z. Ties keep the lower index. Shapes as
     :func:`select_pseudo_labels`."""
@@ -243,8 +290,10 @@ def select_top(scores: torch.Tensor, has_pseudo: torch.Tensor, k0: torch.Tensor,
     k0, k1 = torch.as_tensor(k0).expand(z.shape[1]), torch.as_tensor(k1).expand(z.shape[1])
     for c in range(z.shape[1]):
         zc, free = z[:, c], ~taken[:, c]
-        for sel, cand, k, descending in ((neg, free & (zc >= 0), int(k0[c]), True),
-                                         (pos, free & (zc < 0), int(k1[c]), False)):
+        for sel, cand, k, descending in (
+            (neg, free & (zc >= 0), int(k0[c]), True),
+            (pos, free & (zc < 0), int(k1[c]), False),
+        ):
             if k <= 0:
                 continue
             idx = torch.nonzero(cand, as_tuple=False).flatten()
@@ -255,8 +304,9 @@ def select_top(scores: torch.Tensor, has_pseudo: torch.Tensor, k0: torch.Tensor,
     return neg, pos
 
 
-def select_pseudo_labels(scores: torch.Tensor, has_pseudo: torch.Tensor, tau0: float | torch.Tensor,
-                         tau1: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def select_pseudo_labels(
+    scores: torch.Tensor, has_pseudo: torch.Tensor, tau0: float | torch.Tensor, tau1: float | torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Missing-label detection (Eq. 8-9) on the residual pool of each class.
 
     For column c, among the samples without a pseudo label: the negative candidates (``Z >= 0``) and the positive
@@ -287,7 +337,9 @@ def schedule_share(T: float, reference_rounds: int | None, rounds: int) -> float
     return 1.0 - (1.0 - T) ** (reference_rounds / rounds)
 
 
-def accumulate_pseudo_labels(pseudo: torch.Tensor, new_negatives: torch.Tensor, new_positives: torch.Tensor) -> torch.Tensor:
+def accumulate_pseudo_labels(
+    pseudo: torch.Tensor, new_negatives: torch.Tensor, new_positives: torch.Tensor
+) -> torch.Tensor:
     """Permanent pseudo labels (Sec. 2.3.2): ``pseudo`` is ``(N, C)`` int8 with -1 = none, 0 / 1 = pseudo label;
     new selections are written only where the entry has none yet (earlier pseudo labels are never revised)."""
     free = pseudo < 0
@@ -310,8 +362,9 @@ def learning_degree(probs: torch.Tensor, L: float = 0.3, R: float = 0.7) -> torc
     return confident.float().mean(0) if probs.shape[0] else torch.zeros(probs.shape[1])
 
 
-def aggregate_learning_degree(degrees: torch.Tensor, site_sizes: torch.Tensor, missing: torch.Tensor,
-                              fallback: float = 1.0) -> torch.Tensor:
+def aggregate_learning_degree(
+    degrees: torch.Tensor, site_sizes: torch.Tensor, missing: torch.Tensor, fallback: float = 1.0
+) -> torch.Tensor:
     """Global learning degree (Eq. 10, right): ``d_c^G = sum_k |D_k| d_c^k / sum_k |D_k|`` over the sites k where
     class c is missing; ``fallback`` where no site misses c.
 
@@ -327,8 +380,9 @@ def aggregate_learning_degree(degrees: torch.Tensor, site_sizes: torch.Tensor, m
     return torch.where(total > 0, d, torch.full_like(d, float(fallback)))
 
 
-def selection_ratios(global_degree: torch.Tensor, T0: float, T1: float,
-                     adaptive: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def selection_ratios(
+    global_degree: torch.Tensor, T0: float, T1: float, adaptive: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Self-adaptive threshold (Sec. 2.3.3): ``tau0 = d_c^G * T0``, ``tau1 = d_c^G * T1``; fixed ``T0`` / ``T1``
     when ``adaptive`` is False (ablation without ST, and the released code)."""
     d = torch.as_tensor(global_degree, dtype=torch.float64)

@@ -9,10 +9,20 @@ import numpy as np
 import torch
 
 from ...aggregation import robust_rows
-from ..base import Contribution, RuleOptions, ServerRule
 from ...options import opt
-from .maths import (META_COUNTS, META_DEGREE, META_GLOBAL_DEGREE, META_GLOBAL_P0, META_GLOBAL_P1, META_GLOBAL_VALID,
-                    META_P0, META_P1, aggregate_learning_degree, aggregate_prototypes)
+from ..base import Contribution, RuleOptions, ServerRule
+from .maths import (
+    META_COUNTS,
+    META_DEGREE,
+    META_GLOBAL_DEGREE,
+    META_GLOBAL_P0,
+    META_GLOBAL_P1,
+    META_GLOBAL_VALID,
+    META_P0,
+    META_P1,
+    aggregate_learning_degree,
+    aggregate_prototypes,
+)
 
 
 @dataclass
@@ -20,7 +30,9 @@ class FedMLPRuleOptions(RuleOptions):
     """FedMLP's server options (method_args)."""
 
     parity: Literal["paper", "code"] = opt("paper", "'code': prototypes averaged with n_k weights (released code)")
-    proto_weighting: Literal["uniform", "samples"] | None = opt(None, "Eq. 6 weights: uniform 1/|S_c| or n_k; overrides parity")
+    proto_weighting: Literal["uniform", "samples"] | None = opt(
+        None, "Eq. 6 weights: uniform 1/|S_c| or n_k; overrides parity"
+    )
 
 
 class FedMLPRule(ServerRule):
@@ -54,34 +66,51 @@ class FedMLPRule(ServerRule):
         if self.p0 is None:
             return weights, {}
         return weights, {
-            META_GLOBAL_P0: self.p0.numpy().astype(np.float32), META_GLOBAL_P1: self.p1.numpy().astype(np.float32),
-            META_GLOBAL_VALID: self.valid.tolist(), META_GLOBAL_DEGREE: [float(v) for v in self.degree],
+            META_GLOBAL_P0: self.p0.numpy().astype(np.float32),
+            META_GLOBAL_P1: self.p1.numpy().astype(np.float32),
+            META_GLOBAL_VALID: self.valid.tolist(),
+            META_GLOBAL_DEGREE: [float(v) for v in self.degree],
         }
 
     def _update(self, contributions: Sequence[Contribution]) -> None:
         p0 = torch.stack([torch.as_tensor(np.asarray(c.meta[META_P0]), dtype=torch.float32) for c in contributions])
         p1 = torch.stack([torch.as_tensor(np.asarray(c.meta[META_P1]), dtype=torch.float32) for c in contributions])
-        counts = torch.stack([torch.as_tensor(np.asarray(c.meta[META_COUNTS]), dtype=torch.int64) for c in contributions])
+        counts = torch.stack(
+            [torch.as_tensor(np.asarray(c.meta[META_COUNTS]), dtype=torch.int64) for c in contributions]
+        )
         annotated = torch.stack([torch.as_tensor(c.annotated, dtype=torch.bool) for c in contributions])
         sizes = torch.as_tensor([c.n for c in contributions], dtype=torch.float64)
-        g0, g1, valid = aggregate_prototypes(p0, p1, counts, annotated,
-                                             sizes if self.proto_weighting == "samples" else None)
+        g0, g1, valid = aggregate_prototypes(
+            p0, p1, counts, annotated, sizes if self.proto_weighting == "samples" else None
+        )
         if self.opts.robust != "none":  # the same sites per prototype, their coordinate-wise median / trimmed mean
-            g0, g1 = (torch.as_tensor(robust_rows(p.numpy(), (annotated & (counts[..., j] > 0)).numpy(), g.numpy(),
-                                                  self.opts.robust, self.opts.trim))
-                      for j, (p, g) in enumerate(((p0, g0), (p1, g1))))
+            g0, g1 = (
+                torch.as_tensor(
+                    robust_rows(
+                        p.numpy(),
+                        (annotated & (counts[..., j] > 0)).numpy(),
+                        g.numpy(),
+                        self.opts.robust,
+                        self.opts.trim,
+                    )
+                )
+                for j, (p, g) in enumerate(((p0, g0), (p1, g1)))
+            )
         if self.p0 is None or self.p0.shape != g0.shape:
             self.p0, self.p1, self.valid = g0, g1, valid
         else:  # keep the previous prototype where nobody contributed one this round
             self.p0 = torch.where(valid[:, :1], g0, self.p0)
             self.p1 = torch.where(valid[:, 1:], g1, self.p1)
             self.valid = self.valid | valid
-        degrees = torch.stack([torch.as_tensor(np.asarray(c.meta[META_DEGREE]), dtype=torch.float64) for c in contributions])
+        degrees = torch.stack(
+            [torch.as_tensor(np.asarray(c.meta[META_DEGREE]), dtype=torch.float64) for c in contributions]
+        )
         missing = ~annotated
         d = aggregate_learning_degree(degrees, sizes, missing)
         if self.opts.robust != "none":  # over the same sites (those missing c), unweighted
-            d = torch.as_tensor(robust_rows(list(degrees.numpy()), missing.numpy(), d.numpy(), self.opts.robust,
-                                            self.opts.trim))
+            d = torch.as_tensor(
+                robust_rows(list(degrees.numpy()), missing.numpy(), d.numpy(), self.opts.robust, self.opts.trim)
+            )
         if self.degree is not None and self.degree.shape == d.shape:
             d = torch.where(missing.any(0), d, self.degree)
         self.degree = d

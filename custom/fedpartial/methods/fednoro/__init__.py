@@ -43,5 +43,11 @@ __all__ = [*_maths_all, "FedNoRoRule", "FedNoRoRuleOptions", "FedNoRoOptions", "
 
 
 def register_all(register) -> None:
-    register("fednoro", FedNoRoTrainer, FedNoRoRule, doc="FedNoRo (Wu et al., IJCAI 2023): LA + KD, GMM noisy sites, DaAgg",
-             job="fednoro_ich", comparison=True)
+    register(
+        "fednoro",
+        FedNoRoTrainer,
+        FedNoRoRule,
+        doc="FedNoRo (Wu et al., IJCAI 2023): LA + KD, GMM noisy sites, DaAgg",
+        job="fednoro_ich",
+        comparison=True,
+    )

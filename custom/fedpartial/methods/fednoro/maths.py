@@ -19,11 +19,37 @@ from ..common import plogp
 from ..fedmlp.maths import class_rates
 
 __all__ = [
-    "class_prior", "la_adjustment", "la_loss", "kd_loss", "kd_loss_code", "kd_rampup", "class_mean_losses",
-    "class_sample_counts", "normalise_class_losses", "detect_noisy", "model_distance", "noisy_distances", "daagg_weights",
-    "META_CLASS_LOSS", "META_CLASS_COUNT", "META_STAGE", "META_NOISY", "META_KD_WEIGHT", "META_LOSS_LA", "META_LOSS_KD",
-    "META_NOISY_SITES", "META_CLEAN_SITES", "META_DETECTED_ROUND", "META_N_NOISY", "META_SITES", "META_AGG_WEIGHTS",
-    "META_DISTANCE", "META_DETECT_SITES", "META_DETECT_NOISY", "META_DETECT_SCORE", "META_ALL_NOISY",
+    "class_prior",
+    "la_adjustment",
+    "la_loss",
+    "kd_loss",
+    "kd_loss_code",
+    "kd_rampup",
+    "class_mean_losses",
+    "class_sample_counts",
+    "normalise_class_losses",
+    "detect_noisy",
+    "model_distance",
+    "noisy_distances",
+    "daagg_weights",
+    "META_CLASS_LOSS",
+    "META_CLASS_COUNT",
+    "META_STAGE",
+    "META_NOISY",
+    "META_KD_WEIGHT",
+    "META_LOSS_LA",
+    "META_LOSS_KD",
+    "META_NOISY_SITES",
+    "META_CLEAN_SITES",
+    "META_DETECTED_ROUND",
+    "META_N_NOISY",
+    "META_SITES",
+    "META_AGG_WEIGHTS",
+    "META_DISTANCE",
+    "META_DETECT_SITES",
+    "META_DETECT_NOISY",
+    "META_DETECT_SCORE",
+    "META_ALL_NOISY",
 ]
 
 # site -> server
@@ -51,6 +77,7 @@ _EPS = 1e-12
 
 
 # ------------------------------------------------------------------------------------------ logit adjustment
+
 
 def class_prior(labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Single-label class prior of a site: ``pi_c = n_c / sum_j n_j`` over its labelled rows.
@@ -89,8 +116,14 @@ def la_adjustment(labels: torch.Tensor, mask: torch.Tensor, task: str, tau: floa
     return (tau * (torch.log(pi1) - torch.log(pi0))).float()
 
 
-def la_loss(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, adjustment: torch.Tensor, task: str,
-            missing: str = "negatives") -> torch.Tensor:
+def la_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    mask: torch.Tensor,
+    adjustment: torch.Tensor,
+    task: str,
+    missing: str = "negatives",
+) -> torch.Tensor:
     """The logit-adjusted loss ``L_LA`` on ``z' = z + Delta``.
 
     - single-label: ``CE(z + Delta, y)`` averaged over the labelled rows (0 with a gradient when none).
@@ -117,8 +150,15 @@ def la_loss(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, adju
 
 # ------------------------------------------------------------------------------------------ distillation
 
-def kd_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, adjustment: torch.Tensor, task: str,
-            temperature: float = 0.8, entries: torch.Tensor | None = None) -> torch.Tensor:
+
+def kd_loss(
+    logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    adjustment: torch.Tensor,
+    task: str,
+    temperature: float = 0.8,
+    entries: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The distillation term of a noisy site: the received global model (teacher, logits softened by ``T``)
     against the logit-adjusted student ``z + Delta`` (as the released code's ``LA_KD``).
 
@@ -148,8 +188,9 @@ def kd_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, adjustment: torc
     return (per * m).sum() / m.sum().clamp_min(1.0)
 
 
-def kd_loss_code(logits: torch.Tensor, teacher_logits: torch.Tensor, entries: torch.Tensor,
-                 temperature: float = 0.8) -> torch.Tensor:
+def kd_loss_code(
+    logits: torch.Tensor, teacher_logits: torch.Tensor, entries: torch.Tensor, temperature: float = 0.8
+) -> torch.Tensor:
     """FedMLP's released multi-label adaptation (``utils/FedNoRo.py::LA_KD``): the mean squared difference
     ``(sigmoid(z) - sigmoid(z_T / T))^2`` over ``entries`` (the site's missing classes), no logit adjustment.
 
@@ -173,8 +214,10 @@ def kd_rampup(round_num: int, begin: int, end: int, weight: float) -> float:
 
 # ------------------------------------------------------------------------------------------ noisy-site detection
 
-def class_mean_losses(probs: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, task: str,
-                      missing: str = "negatives") -> torch.Tensor:
+
+def class_mean_losses(
+    probs: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, task: str, missing: str = "negatives"
+) -> torch.Tensor:
     """A site's per-class loss indicator: the mean loss of the received global model on its samples of class c.
 
     - single-label: ``-log p_{i,c}`` averaged over the labelled rows of class c (plain CE, as the released code).
@@ -206,7 +249,9 @@ def _class_entries(labels: torch.Tensor, mask: torch.Tensor, task: str, missing:
     return mask.double() if missing == "partial" else torch.ones_like(labels, dtype=torch.float64)
 
 
-def class_sample_counts(labels: torch.Tensor, mask: torch.Tensor, task: str, missing: str = "negatives") -> torch.Tensor:
+def class_sample_counts(
+    labels: torch.Tensor, mask: torch.Tensor, task: str, missing: str = "negatives"
+) -> torch.Tensor:
     """``(C,)`` int64: how many samples each entry of :func:`class_mean_losses` averages (sent with the vector so
     that a privacy filter can drop the entries computed from too few images)."""
     return _class_entries(labels, mask, task, missing).sum(0).long()
@@ -259,6 +304,7 @@ def detect_noisy(losses: np.ndarray, seeds: Sequence[int] = (0,)) -> tuple[np.nd
 
 
 # ------------------------------------------------------------------------------------------ DaAgg
+
 
 def model_distance(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray], kind: str = "l2") -> float:
     """Distance between two model states over their floating-point tensors (integer buffers skipped):

@@ -8,24 +8,43 @@ from typing import Literal
 
 import numpy as np
 
-from ..base import Contribution, RuleOptions, ServerRule
 from ...options import opt
-from .maths import (META_AGG_WEIGHTS, META_ALL_NOISY, META_CLASS_LOSS, META_CLEAN_SITES, META_DETECT_NOISY,
-                    META_DETECT_SCORE, META_DETECT_SITES, META_DETECTED_ROUND, META_DISTANCE, META_N_NOISY,
-                    META_NOISY_SITES, META_SITES, daagg_weights, detect_noisy, noisy_distances)
+from ..base import Contribution, RuleOptions, ServerRule
+from .maths import (
+    META_AGG_WEIGHTS,
+    META_ALL_NOISY,
+    META_CLASS_LOSS,
+    META_CLEAN_SITES,
+    META_DETECT_NOISY,
+    META_DETECT_SCORE,
+    META_DETECT_SITES,
+    META_DETECTED_ROUND,
+    META_DISTANCE,
+    META_N_NOISY,
+    META_NOISY_SITES,
+    META_SITES,
+    daagg_weights,
+    detect_noisy,
+    noisy_distances,
+)
 
 
 @dataclass
 class FedNoRoRuleOptions(RuleOptions):
     """FedNoRo's server options (method_args)."""
 
-    all_noisy: bool = opt(False, "every site noisy, no detection; aggregation is FedAvg (DaAgg has no clean site to "
-                                 "measure against; FedMLP's comparison)")
-    gmm_votes: int = opt(1, "GMM fits with random states 0..gmm_votes-1, the most frequent noisy set wins "
-                            "(released code: 9)")
+    all_noisy: bool = opt(
+        False,
+        "every site noisy, no detection; aggregation is FedAvg (DaAgg has no clean site to "
+        "measure against; FedMLP's comparison)",
+    )
+    gmm_votes: int = opt(
+        1, "GMM fits with random states 0..gmm_votes-1, the most frequent noisy set wins (released code: 9)"
+    )
     distance: Literal["l2", "tensor_sum"] = opt(
-        "l2", "DaAgg model distance: Euclidean norm of the whole difference, or the released code's sum of "
-              "per-tensor norms")
+        "l2",
+        "DaAgg model distance: Euclidean norm of the whole difference, or the released code's sum of per-tensor norms",
+    )
 
     def __post_init__(self):
         if self.gmm_votes < 1:
@@ -74,8 +93,11 @@ class FedNoRoRule(ServerRule):
         self.noisy = [s for s, f in zip(names, noisy) if f]
         self.clean = [s for s, f in zip(names, noisy) if not f]
         self.detected_round = int(round_num)
-        return {META_DETECT_SITES: names, META_DETECT_NOISY: [int(f) for f in noisy],
-                META_DETECT_SCORE: [float(v) for v in normalised.mean(1)]}
+        return {
+            META_DETECT_SITES: names,
+            META_DETECT_NOISY: [int(f) for f in noisy],
+            META_DETECT_SCORE: [float(v) for v in normalised.mean(1)],
+        }
 
     def aggregate(self, previous, contributions: list[Contribution], groups, round_num, summary=None):
         meta: dict = {}
@@ -96,11 +118,22 @@ class FedNoRoRule(ServerRule):
             weights = self.average(previous, contributions, groups)
         finally:
             self._distances = None
-        meta.update({META_SITES: [c.site for c in contributions], META_AGG_WEIGHTS: (w / w.sum()).tolist(),
-                     META_DISTANCE: (distances / dmax if dmax > 0 else distances).tolist()})
+        meta.update(
+            {
+                META_SITES: [c.site for c in contributions],
+                META_AGG_WEIGHTS: (w / w.sum()).tolist(),
+                META_DISTANCE: (distances / dmax if dmax > 0 else distances).tolist(),
+            }
+        )
         if self.clean is not None:
-            meta.update({META_NOISY_SITES: list(self.noisy), META_CLEAN_SITES: list(self.clean),
-                         META_N_NOISY: len(self.noisy), META_DETECTED_ROUND: self.detected_round})
+            meta.update(
+                {
+                    META_NOISY_SITES: list(self.noisy),
+                    META_CLEAN_SITES: list(self.clean),
+                    META_N_NOISY: len(self.noisy),
+                    META_DETECTED_ROUND: self.detected_round,
+                }
+            )
         return weights, meta
 
     def state_dict(self) -> dict:

@@ -9,14 +9,29 @@ from typing import Literal
 import torch
 
 from ...losses import masked_bce
-from ..base import ClassStat
+from ...options import opt
 from ...stat_checks import StatSpec
+from ..base import ClassStat
 from ..baselines import SupervisedOptions, SupervisedTrainer
 from ..common import DeviceSums, frozen_copy, label_table, whole_set_pass
-from ...options import opt
-from .maths import (META_CLASS_COUNT, META_CLASS_LOSS, META_CLEAN_SITES, META_KD_WEIGHT, META_LOSS_KD, META_LOSS_LA,
-                    META_NOISY, META_NOISY_SITES, META_STAGE, class_mean_losses, class_sample_counts, kd_loss,
-                    kd_loss_code, kd_rampup, la_adjustment, la_loss)
+from .maths import (
+    META_CLASS_COUNT,
+    META_CLASS_LOSS,
+    META_CLEAN_SITES,
+    META_KD_WEIGHT,
+    META_LOSS_KD,
+    META_LOSS_LA,
+    META_NOISY,
+    META_NOISY_SITES,
+    META_STAGE,
+    class_mean_losses,
+    class_sample_counts,
+    kd_loss,
+    kd_loss_code,
+    kd_rampup,
+    la_adjustment,
+    la_loss,
+)
 
 
 @dataclass
@@ -24,21 +39,28 @@ class FedNoRoOptions(SupervisedOptions):
     """FedNoRo's site options (method_args); defaults of the released code (wnn2000/FedNoRo) for 100 rounds."""
 
     missing: Literal["negatives", "partial"] = opt(
-        "negatives", "multi-label: unannotated entries are labels 0 (the noisy-label reading: FedMLP's 'missing "
-        "positives mislabelled as negative') or left out of L_LA and of the detection losses")
+        "negatives",
+        "multi-label: unannotated entries are labels 0 (the noisy-label reading: FedMLP's 'missing "
+        "positives mislabelled as negative') or left out of L_LA and of the detection losses",
+    )
     all_noisy: bool = opt(False, "every site noisy from round 0, no warm-up and no detection (FedMLP's comparison)")
-    warmup_rounds: int = opt(10, "stage-1 rounds (LA for every site); the detection uses the global model received "
-                                 "in round warmup_rounds - 1")
+    warmup_rounds: int = opt(
+        10,
+        "stage-1 rounds (LA for every site); the detection uses the global model received in round warmup_rounds - 1",
+    )
     tau: float = opt(1.0, "logit-adjustment temperature (0: plain CE / BCE)")
     kd_temperature: float = opt(0.8, "softening T of the teacher's outputs")
     kd_weight: float = opt(0.8, "maximum lambda of (1 - lambda) L_LA + lambda L_KD (the released code's 'a')")
     ramp_begin: int = opt(10, "round where lambda starts ramping up (before: kd_weight * e^-5)")
     ramp_end: int = opt(49, "round where lambda reaches kd_weight (FedMLP's runs: num_rounds - 1)")
     kd_entries: Literal["all", "missing"] = opt(
-        "all", "multi-label entries distilled: every entry, or only the site's unannotated classes (FedMLP's code)")
+        "all", "multi-label entries distilled: every entry, or only the site's unannotated classes (FedMLP's code)"
+    )
     parity: Literal["paper", "code"] = opt(
-        "paper", "multi-label: 'code' = FedMLP's released adaptation (plain BCE on the annotated entries, no logit "
-        "adjustment, KD = squared difference of sigmoid outputs on the unannotated entries); single-label: no effect")
+        "paper",
+        "multi-label: 'code' = FedMLP's released adaptation (plain BCE on the annotated entries, no logit "
+        "adjustment, KD = squared difference of sigmoid outputs on the unannotated entries); single-label: no effect",
+    )
 
     def __post_init__(self):
         if self.warmup_rounds < 0:
@@ -69,12 +91,17 @@ class FedNoRoTrainer(SupervisedTrainer):
     """
 
     Options = FedNoRoOptions
-    per_class_metadata = (ClassStat(META_CLASS_COUNT, "count"),
-                          ClassStat(META_CLASS_LOSS, "mean", META_CLASS_COUNT, dp=False, fill=float("nan")))
+    per_class_metadata = (
+        ClassStat(META_CLASS_COUNT, "count"),
+        ClassStat(META_CLASS_LOSS, "mean", META_CLASS_COUNT, dp=False, fill=float("nan")),
+    )
     # the detection's input: mean losses (>= 0; NaN for a class without a sample), counts within the site's images
-    statistics = (StatSpec(META_CLASS_LOSS, ("C",), "float", 0.0, 1e6, nan_where_zero=META_CLASS_COUNT,
-                           needs=(META_CLASS_COUNT,)),
-                  StatSpec(META_CLASS_COUNT, ("C",), "float", 0.0, "n_train"))
+    statistics = (
+        StatSpec(
+            META_CLASS_LOSS, ("C",), "float", 0.0, 1e6, nan_where_zero=META_CLASS_COUNT, needs=(META_CLASS_COUNT,)
+        ),
+        StatSpec(META_CLASS_COUNT, ("C",), "float", 0.0, "n_train"),
+    )
 
     def __init__(self, ctx, **options):
         super().__init__(ctx, **options)
@@ -97,8 +124,10 @@ class FedNoRoTrainer(SupervisedTrainer):
             return 1, False
         clean = global_meta.get(META_CLEAN_SITES)
         if clean is None:
-            self.ctx.log.warning(f"fednoro: round {round_num} is in stage 2 but no noisy-site verdict was received; "
-                                 "training as a noisy site")
+            self.ctx.log.warning(
+                f"fednoro: round {round_num} is in stage 2 but no noisy-site verdict was received; "
+                "training as a noisy site"
+            )
             return 2, True
         return 2, self.ctx.site not in set(clean)
 
@@ -165,7 +194,14 @@ class FedNoRoTrainer(SupervisedTrainer):
         finally:
             self.teacher = None
         steps, sums = max(out.steps, 1), self._sums.read()
-        meta.update({META_STAGE: stage, META_NOISY: int(noisy), META_KD_WEIGHT: self.lam,
-                     META_LOSS_LA: sums.get("la", 0.0) / steps, META_LOSS_KD: sums.get("kd", 0.0) / steps})
+        meta.update(
+            {
+                META_STAGE: stage,
+                META_NOISY: int(noisy),
+                META_KD_WEIGHT: self.lam,
+                META_LOSS_LA: sums.get("la", 0.0) / steps,
+                META_LOSS_KD: sums.get("kd", 0.0) / steps,
+            }
+        )
         out.meta.update(meta)
         return out

@@ -46,6 +46,11 @@ __all__ = [*_maths_all, "RSCFedRule", "RSCFedRuleOptions", "RSCFedOptions", "RSC
 
 
 def register_all(register) -> None:
-    register("rscfed", RSCFedTrainer, RSCFedRule,
-             doc="RSCFed (Liang et al., CVPR 2022): sub-consensus models + mean teacher",
-             job="rscfed_ich", comparison=True)
+    register(
+        "rscfed",
+        RSCFedTrainer,
+        RSCFedRule,
+        doc="RSCFed (Liang et al., CVPR 2022): sub-consensus models + mean teacher",
+        job="rscfed_ich",
+        comparison=True,
+    )

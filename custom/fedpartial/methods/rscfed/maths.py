@@ -24,16 +24,31 @@ from typing import Literal, Mapping, Sequence
 import numpy as np
 import torch
 
-from .. import common
-
 from ...aggregation import weighted_average
 from ...losses import masked_mean
+from .. import common
 from ..common import ema_update  # noqa: F401 - the mean teacher's update (re-exported)
 
 __all__ = [
-    "ema_decay", "sharpen", "consistency_loss", "subset_size", "sample_subsets", "model_distance", "dma_weights",
-    "dma_aggregate", "Kind", "META_SUPERVISED", "META_CONSISTENCY", "META_UNLABELLED", "META_CONFIDENT",
-    "META_SUBSETS", "META_SUBSET_WEIGHTS", "META_DISTANCES", "META_SITE_SHARE", "META_SITES", "META_UNSAMPLED",
+    "ema_decay",
+    "sharpen",
+    "consistency_loss",
+    "subset_size",
+    "sample_subsets",
+    "model_distance",
+    "dma_weights",
+    "dma_aggregate",
+    "Kind",
+    "META_SUPERVISED",
+    "META_CONSISTENCY",
+    "META_UNLABELLED",
+    "META_CONFIDENT",
+    "META_SUBSETS",
+    "META_SUBSET_WEIGHTS",
+    "META_DISTANCES",
+    "META_SITE_SHARE",
+    "META_SITES",
+    "META_UNSAMPLED",
     "ema_update",
 ]
 
@@ -57,6 +72,7 @@ CONFIDENT = 0.9  # the released code's confidence threshold (its count of confid
 
 # ------------------------------------------------------------------------------------------ site
 
+
 def ema_decay(step: int, max_decay: float = 0.999) -> float:
     """The mean teacher's decay with this method's default bound (:func:`fedpartial.methods.common.ema_decay`)."""
     return common.ema_decay(step, max_decay)
@@ -74,8 +90,9 @@ def sharpen(probs: torch.Tensor, temperature: float, kind: Kind) -> torch.Tensor
     return a / (a + b).clamp_min(1e-12)
 
 
-def consistency_loss(student_logits: torch.Tensor, teacher_probs: torch.Tensor, unknown: torch.Tensor,
-                     kind: Kind) -> torch.Tensor:
+def consistency_loss(
+    student_logits: torch.Tensor, teacher_probs: torch.Tensor, unknown: torch.Tensor, kind: Kind
+) -> torch.Tensor:
     """Mean-teacher distillation on the unlabelled part (0 with a gradient when there is none).
 
     - ``softmax``: ``unknown`` ``(B,)`` rows; ``mean_rows sum_c (softmax(s)_c - t_c)^2`` (the code:
@@ -91,6 +108,7 @@ def consistency_loss(student_logits: torch.Tensor, teacher_probs: torch.Tensor, 
 
 
 # ------------------------------------------------------------------------------------------ server
+
 
 def subset_size(n_sites: int, size: float) -> int:
     """Sites per sub-set: a fraction ``size < 1`` of the round's sites (``ceil``, at least 1) or a count
@@ -115,12 +133,15 @@ def _floating(state: Mapping[str, np.ndarray]) -> list[str]:
     return [key for key, v in state.items() if np.issubdtype(np.asarray(v).dtype, np.floating)]
 
 
-def model_distance(state: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray],
-                   how: Literal["l2", "sum"] = "l2") -> float:
+def model_distance(
+    state: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray], how: Literal["l2", "sum"] = "l2"
+) -> float:
     """``||theta - ref||_2`` over every floating-point tensor (``l2``), or the sum of the per-tensor L2 norms
     (``sum``, the released code's ``model_dist``); integer buffers are left out."""
-    norms = [np.linalg.norm(np.asarray(state[key], np.float64) - np.asarray(reference[key], np.float64))
-             for key in _floating(reference)]
+    norms = [
+        np.linalg.norm(np.asarray(state[key], np.float64) - np.asarray(reference[key], np.float64))
+        for key in _floating(reference)
+    ]
     if how == "sum":
         return float(np.sum(norms))
     return float(np.sqrt(np.sum(np.square(norms))))
@@ -137,9 +158,13 @@ def dma_weights(n: Sequence[float], distances: Sequence[float], beta: float) -> 
     return w / w.sum()
 
 
-def dma_aggregate(states: Sequence[Mapping[str, np.ndarray]], n: Sequence[float], beta: float,
-                  center: Literal["samples", "uniform"] = "samples", distance: Literal["l2", "sum"] = "l2",
-                  ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+def dma_aggregate(
+    states: Sequence[Mapping[str, np.ndarray]],
+    n: Sequence[float],
+    beta: float,
+    center: Literal["samples", "uniform"] = "samples",
+    distance: Literal["l2", "sum"] = "l2",
+) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
     """One sub-consensus model: ``(theta_hat, w (K,), d (K,))`` of K site states with site weights ``n``."""
     center_w = np.asarray(n, np.float64) if center == "samples" else np.ones(len(states))
     bar = {key: weighted_average([s[key] for s in states], center_w) for key in states[0]}

@@ -9,10 +9,19 @@ from typing import Literal
 import numpy as np
 
 from ...aggregation import clip_change_norms, weighted_average
-from ..base import Contribution, RuleOptions, ServerRule
 from ...options import opt
-from .maths import (META_DISTANCES, META_SITE_SHARE, META_SITES, META_SUBSET_WEIGHTS, META_SUBSETS, META_UNSAMPLED,
-                    dma_aggregate, sample_subsets, subset_size)
+from ..base import Contribution, RuleOptions, ServerRule
+from .maths import (
+    META_DISTANCES,
+    META_SITE_SHARE,
+    META_SITES,
+    META_SUBSET_WEIGHTS,
+    META_SUBSETS,
+    META_UNSAMPLED,
+    dma_aggregate,
+    sample_subsets,
+    subset_size,
+)
 
 
 @dataclass
@@ -20,13 +29,18 @@ class RSCFedRuleOptions(RuleOptions):
     """RSCFed's server options (method_args; the released code's defaults)."""
 
     subsets: int = opt(3, "M, sub-consensus models per round (code: meta_round 3; FedMLP's version 10)")
-    subset_size: float = opt(0.5, "K, sites per sub-set: a fraction (< 1, rounded up) or a count (>= 1) "
-                                  "(code: meta_client_num 5 of 10 clients; FedMLP's version 6 of 8)")
+    subset_size: float = opt(
+        0.5,
+        "K, sites per sub-set: a fraction (< 1, rounded up) or a count (>= 1) "
+        "(code: meta_client_num 5 of 10 clients; FedMLP's version 6 of 8)",
+    )
     beta: float = opt(1e4, "DMA scale beta in exp(-beta d_k / n_k) (code: dist_scale 1e4; FedMLP's version 0.01)")
-    center: Literal["samples", "uniform"] = opt("samples", "the sub-set average d_k is measured from: n_k weights "
-                                                           "(code) or uniform (FedMLP's version)")
-    distance: Literal["l2", "sum"] = opt("l2", "d_k: L2 norm over all floating-point tensors, or the sum of the "
-                                               "per-tensor norms (the code's model_dist)")
+    center: Literal["samples", "uniform"] = opt(
+        "samples", "the sub-set average d_k is measured from: n_k weights (code) or uniform (FedMLP's version)"
+    )
+    distance: Literal["l2", "sum"] = opt(
+        "l2", "d_k: L2 norm over all floating-point tensors, or the sum of the per-tensor norms (the code's model_dist)"
+    )
     seed: int = opt(0, "seed of the sub-set sampling (with the round number)")
 
     def __post_init__(self):
@@ -37,8 +51,10 @@ class RSCFedRuleOptions(RuleOptions):
         if self.beta < 0:
             raise ValueError(f"rscfed: beta must be >= 0, got {self.beta}")
         if self.robust != "none":
-            raise ValueError("rscfed: robust averaging (median / trimmed_mean) does not combine with the "
-                             "distance-reweighted aggregation; use robust: none (clip_norm is supported)")
+            raise ValueError(
+                "rscfed: robust averaging (median / trimmed_mean) does not combine with the "
+                "distance-reweighted aggregation; use robust: none (clip_norm is supported)"
+            )
 
 
 class RSCFedRule(ServerRule):
@@ -75,8 +91,9 @@ class RSCFedRule(ServerRule):
         models, weights, distances = [], [], []
         share = np.zeros(len(contributions))
         for members in subsets:
-            model, w, d = dma_aggregate([states[i] for i in members], a[members], float(self.opts.beta),
-                                        self.opts.center, self.opts.distance)
+            model, w, d = dma_aggregate(
+                [states[i] for i in members], a[members], float(self.opts.beta), self.opts.center, self.opts.distance
+            )
             models.append(model)
             weights.append(w)
             distances.append(d)
@@ -84,8 +101,12 @@ class RSCFedRule(ServerRule):
         out = {key: weighted_average([m[key] for m in models], np.ones(len(models))) for key in models[0]}
         if self.opts.norm == "frozen" and previous is not None:
             out.update({k: np.asarray(previous[k]) for k in groups.get("norm", ()) if k in previous})
-        meta = {META_SITES: [c.site for c in contributions], META_SUBSETS: subsets.astype(np.int64),
-                META_SUBSET_WEIGHTS: np.stack(weights), META_DISTANCES: np.stack(distances),
-                META_SITE_SHARE: share,
-                META_UNSAMPLED: len(contributions) - len(np.unique(subsets))}
+        meta = {
+            META_SITES: [c.site for c in contributions],
+            META_SUBSETS: subsets.astype(np.int64),
+            META_SUBSET_WEIGHTS: np.stack(weights),
+            META_DISTANCES: np.stack(distances),
+            META_SITE_SHARE: share,
+            META_UNSAMPLED: len(contributions) - len(np.unique(subsets)),
+        }
         return out, meta

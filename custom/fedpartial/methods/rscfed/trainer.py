@@ -9,11 +9,19 @@ import torch
 
 from ...evaluation import probabilities
 from ...losses import ce_labelled, labelled_rows, masked_bce
+from ...options import opt
 from ..base import LocalTrainer, RoundOutput, SiteContext, TrainerOptions
 from ..common import DeviceSums, MeanTeacher, WithMeanTeacher
-from ...options import opt
-from .maths import (CONFIDENT, META_CONFIDENT, META_CONSISTENCY, META_SUPERVISED, META_UNLABELLED, Kind,
-                    consistency_loss, sharpen)
+from .maths import (
+    CONFIDENT,
+    META_CONFIDENT,
+    META_CONSISTENCY,
+    META_SUPERVISED,
+    META_UNLABELLED,
+    Kind,
+    consistency_loss,
+    sharpen,
+)
 
 
 @dataclass
@@ -21,10 +29,14 @@ class RSCFedOptions(TrainerOptions):
     """RSCFed's site options (method_args; FedMLP's multi-label version by default, the RSCFed code's values in
     the docs)."""
 
-    consistency_weight: float = opt(1.0, "weight of the mean-teacher distillation (FedMLP's version 1; RSCFed code "
-                                         "lambda_u 0.02 on its fully unlabelled clients)")
-    sharpen: float = opt(1.0, "temperature T sharpening the teacher's probabilities (1: none, FedMLP's version; "
-                              "RSCFed code 0.5)")
+    consistency_weight: float = opt(
+        1.0,
+        "weight of the mean-teacher distillation (FedMLP's version 1; RSCFed code "
+        "lambda_u 0.02 on its fully unlabelled clients)",
+    )
+    sharpen: float = opt(
+        1.0, "temperature T sharpening the teacher's probabilities (1: none, FedMLP's version; RSCFed code 0.5)"
+    )
     ema_decay: float = opt(0.999, "mean teacher: decay min(1 - 1/(step + 1), this), steps counted across rounds")
     max_grad_norm: float = opt(0.0, "clip the gradient norm (0: off; RSCFed code 5)")
     view: Literal["weak", "strong", "flip"] = opt("weak", "the augmentation of both views (student, teacher)")
@@ -85,14 +97,15 @@ class RSCFedTrainer(WithMeanTeacher, LocalTrainer):
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.opts.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_([p for p in self.ctx.model.parameters() if p.requires_grad],
-                                           max_norm=float(self.opts.max_grad_norm))
+            torch.nn.utils.clip_grad_norm_(
+                [p for p in self.ctx.model.parameters() if p.requires_grad], max_norm=float(self.opts.max_grad_norm)
+            )
         self.optimizer.step()
 
     # -- the round ------------------------------------------------------------------------------------
     def train_round(self, round_num: int, num_rounds: int, global_meta: dict) -> RoundOutput:
         model = self.train_mode()
-        teacher = self.ensure_teacher()
+        self.ensure_teacher()
         self.make_optimizer()
         sums, steps = DeviceSums(), 0  # read once, after the round
         for b in self.batches({"image": self.opts.view, "image_2": self.opts.view}, round_num):
@@ -114,6 +127,10 @@ class RSCFedTrainer(WithMeanTeacher, LocalTrainer):
         got, s = sums.read(), max(steps, 1)
         n_unknown = int(got.get("unknown", 0))
         total = got.get("loss", 0.0)
-        meta = {META_SUPERVISED: got.get("sup", 0.0) / s, META_CONSISTENCY: got.get("cons", 0.0) / s,
-                META_UNLABELLED: n_unknown, META_CONFIDENT: int(got.get("confident", 0)) / max(n_unknown, 1)}
+        meta = {
+            META_SUPERVISED: got.get("sup", 0.0) / s,
+            META_CONSISTENCY: got.get("cons", 0.0) / s,
+            META_UNLABELLED: n_unknown,
+            META_CONFIDENT: int(got.get("confident", 0)) / max(n_unknown, 1),
+        }
         return RoundOutput(steps=steps, loss=total / s, meta=meta)

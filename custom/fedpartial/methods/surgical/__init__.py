@@ -51,15 +51,36 @@ from .maths import average_norm, estimate_norm_statistics, freeze_for_warmup, lo
 from .rule import SurgicalRule, SurgicalRuleOptions
 from .trainer import IndividualTrainer, SurgicalOptions, SurgicalTrainer
 
-__all__ = ["SurgicalRule", "SurgicalRuleOptions", "SurgicalTrainer", "SurgicalOptions", "IndividualTrainer",
-           "average_norm", "estimate_norm_statistics", "freeze_for_warmup", "local_bce", "register_all"]
+__all__ = [
+    "SurgicalRule",
+    "SurgicalRuleOptions",
+    "SurgicalTrainer",
+    "SurgicalOptions",
+    "IndividualTrainer",
+    "average_norm",
+    "estimate_norm_statistics",
+    "freeze_for_warmup",
+    "local_bce",
+    "register_all",
+]
 
 PAPER = dict(missing="partial", norm="frozen", site_weighting="uniform", row_weighting="uniform")
 
 
 def register_all(register) -> None:
     register("surgical", SurgicalTrainer, SurgicalRule, doc="surgical aggregation (FedBN+ by default)", **PAPER)
-    register("pfl", SurgicalTrainer, SurgicalRule, doc="PFL baseline: shared representation, local task blocks",
-             **PAPER, keep_local=["classifier"])
-    register("individual", IndividualTrainer, SurgicalRule, doc="individually trained models (nothing shared)",
-             **{**PAPER, "norm": "average"})
+    register(
+        "pfl",
+        SurgicalTrainer,
+        SurgicalRule,
+        doc="PFL baseline: shared representation, local task blocks",
+        **PAPER,
+        keep_local=["classifier"],
+    )
+    register(
+        "individual",
+        IndividualTrainer,
+        SurgicalRule,
+        doc="individually trained models (nothing shared)",
+        **{**PAPER, "norm": "average"},
+    )

@@ -22,8 +22,9 @@ from ...models import NORM_TYPES
 
 
 @torch.no_grad()
-def local_bce(model: torch.nn.Module, loader, annotated: np.ndarray | torch.Tensor,
-              device: torch.device | str = "cpu") -> float | None:
+def local_bce(
+    model: torch.nn.Module, loader, annotated: np.ndarray | torch.Tensor, device: torch.device | str = "cpu"
+) -> float | None:
     """Mean BCE of ``model`` (eval mode, restored afterwards) over a loader's annotated entries of the classes
     in ``annotated``.
 
@@ -78,14 +79,16 @@ def estimate_norm_statistics(model: torch.nn.Module, batches: Iterable[torch.Ten
     return seen
 
 
-def average_norm(states: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float],
-                 norm_keys: Sequence[str]) -> dict[str, np.ndarray]:
+def average_norm(
+    states: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float], norm_keys: Sequence[str]
+) -> dict[str, np.ndarray]:
     """``{key: sum_k w_k state_k[key] / sum_k w_k}`` for the norm tensors (weights, biases, running statistics)."""
     return {k: weighted_average([s[k] for s in states], weights) for k in norm_keys if k in states[0]}
 
 
-def freeze_for_warmup(model: torch.nn.Module, groups: Mapping[str, list[str]], train_groups: Sequence[str]
-                      ) -> list[str]:
+def freeze_for_warmup(
+    model: torch.nn.Module, groups: Mapping[str, list[str]], train_groups: Sequence[str]
+) -> list[str]:
     """Set ``requires_grad`` True only for the parameters of ``train_groups`` (``classifier``, optionally
     ``head``); returns their names. The representation (``encoder`` and ``norm``) is frozen."""
     names = {k for g in train_groups for k in groups.get(g, ())}
@@ -100,8 +103,11 @@ def freeze_for_warmup(model: torch.nn.Module, groups: Mapping[str, list[str]], t
 def head_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The modules after the pooled feature (dropout, hidden layers, classifier): in train mode during the
     warm-up (their dropout active), everything else in eval mode."""
-    return [m for m in (getattr(model, "drop", None), getattr(model, "hidden", None), getattr(model, "classifier", None))
-            if m is not None]
+    return [
+        m
+        for m in (getattr(model, "drop", None), getattr(model, "hidden", None), getattr(model, "classifier", None))
+        if m is not None
+    ]
 
 
 def has_norm_layers(model: torch.nn.Module) -> bool:

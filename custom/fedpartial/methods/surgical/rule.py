@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from ...options import opt
 from ..base import Contribution
 from ..baselines import MaskedRule, MaskedRuleOptions
-from ...options import opt
 from .maths import average_norm
 from .trainer import META_NORM_FROM_WARMUP
 
@@ -18,8 +18,10 @@ class SurgicalRuleOptions(MaskedRuleOptions):
     in the registered methods: the paper's unweighted means)."""
 
     task_block: Literal["masked", "average"] = opt(
-        "masked", "last layer: column c over the sites annotating c (surgical), or averaged over all sites "
-                  "(vanilla FL / FL + partial loss run through the same pipeline)")
+        "masked",
+        "last layer: column c over the sites annotating c (surgical), or averaged over all sites "
+        "(vanilla FL / FL + partial loss run through the same pipeline)",
+    )
 
 
 class SurgicalRule(MaskedRule):
@@ -40,6 +42,9 @@ class SurgicalRule(MaskedRule):
         else:
             out, meta = self.average(previous, contributions, groups), {}
         if self.opts.norm == "frozen" and any(c.meta.get(META_NORM_FROM_WARMUP) for c in contributions):
-            out.update(average_norm([c.weights for c in contributions], self.site_weights(contributions),
-                                    groups.get("norm", ())))
+            out.update(
+                average_norm(
+                    [c.weights for c in contributions], self.site_weights(contributions), groups.get("norm", ())
+                )
+            )
         return out, meta

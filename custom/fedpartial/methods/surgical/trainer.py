@@ -10,10 +10,10 @@ from typing import Literal
 
 import torch
 
-from ..base import RoundOutput
-from ..baselines import SupervisedOptions, SupervisedTrainer
 from ...options import opt
 from ...stat_checks import StatSpec
+from ..base import RoundOutput
+from ..baselines import SupervisedOptions, SupervisedTrainer
 from .maths import estimate_norm_statistics, freeze_for_warmup, has_norm_layers, head_modules, local_bce
 
 META_WARMUP = "surgical_warmup"  # site -> server: this update is the site's warm-up (epochs run, best epoch)
@@ -27,8 +27,10 @@ class SurgicalOptions(SupervisedOptions):
     warmup_epochs: int = opt(15, "local warm-up epochs in the site's first round (0: none)")
     warmup_lr: float = opt(5e-3, "Adam learning rate of the warm-up (paper 5e-3; the released code 1e-3)")
     warmup_train: list[Literal["head", "classifier"]] = opt(
-        ["head", "classifier"], "what the warm-up trains with the representation frozen: the fully connected head (the paper's task "
-        "block, the released code) or only the last layer (['classifier'])")
+        ["head", "classifier"],
+        "what the warm-up trains with the representation frozen: the fully connected head (the paper's task "
+        "block, the released code) or only the last layer (['classifier'])",
+    )
 
 
 class SurgicalTrainer(SupervisedTrainer):
@@ -109,9 +111,11 @@ class SurgicalTrainer(SupervisedTrainer):
             for p in model.parameters():  # the later rounds' norm strategy decides again (train_mode)
                 p.requires_grad_(True)
         self.warmup_best_epoch = best_epoch
-        self.ctx.log.info(f"site {self.ctx.site}: warm-up {self.opts.warmup_epochs} epochs of {sorted(self.opts.warmup_train)}"
-                          f" (representation frozen), kept epoch {best_epoch + 1}"
-                          + (f" (local val BCE {best_loss:.4f})" if has_val else " (no val data: the last epoch)"))
+        self.ctx.log.info(
+            f"site {self.ctx.site}: warm-up {self.opts.warmup_epochs} epochs of {sorted(self.opts.warmup_train)}"
+            f" (representation frozen), kept epoch {best_epoch + 1}"
+            + (f" (local val BCE {best_loss:.4f})" if has_val else " (no val data: the last epoch)")
+        )
         meta = {META_WARMUP: [self.opts.warmup_epochs, best_epoch + 1], META_NORM_FROM_WARMUP: bool(estimate)}
         if val_losses:
             meta["surgical_warmup_val_bce"] = [float("nan") if v is None else v for v in val_losses]
@@ -141,4 +145,3 @@ class IndividualTrainer(SurgicalTrainer):
     "standard deep learning"); ``norm: frozen`` freezes it as the released ``src/local.py``."""
 
     keeps_all_local = True
-

@@ -13,8 +13,6 @@ from monai.transforms import AdjustContrast, Affine, Flip, GaussianSmooth, Media
 from scipy import stats
 
 from fedpartial.data.batch_views import (
-    STRONG_AFFINE,
-    WEAK_AFFINE,
     BatchAugment,
     adjust_contrast,
     affine_theta,
@@ -25,6 +23,10 @@ from fedpartial.data.batch_views import (
     warp,
 )
 from fedpartial.data.transforms import KINDS, augment_transforms, plain_tensors
+from fedpartial.data.views import VIEWS, ViewParams
+
+WEAK_AFFINE, STRONG_AFFINE = VIEWS["weak"].affine, VIEWS["strong"].affine
+NOISE_STD = VIEWS["strong"].noise_std
 
 
 @pytest.mark.parametrize(
@@ -153,7 +155,7 @@ def test_strong_view_noise_is_drawn_on_the_device_with_the_old_distribution():
     generator (no full-batch host draw and copy). The RNG order changed, so the numbers differ from the former
     host draw (``torch.randn`` of the whole batch on the CPU, x 0.03); their distribution does not: two-sample KS
     against the former draw, std 0.03, and the same seed gives the same noise."""
-    from fedpartial.data.batch_views import NOISE_STD, gaussian_noise
+    from fedpartial.data.batch_views import gaussian_noise
 
     shape = (8, 3, 32, 32)
     new = gaussian_noise(shape, 123, "cpu", torch.float32) * NOISE_STD
@@ -165,7 +167,7 @@ def test_strong_view_noise_is_drawn_on_the_device_with_the_old_distribution():
     # inside the strong view: the samples given noise differ from the image by that noise only (x in (0.2, 0.8):
     # the clip to [0, 1] never acts), and the others by no noise
     x = 0.2 + 0.6 * torch.rand(64, 3, 16, 16, generator=torch.Generator().manual_seed(0))
-    out = BatchAugment._filter(x, torch.Generator().manual_seed(3))
+    out = BatchAugment._filter(x, VIEWS["strong"], torch.Generator().manual_seed(3))
     diff = (out - x).flatten(1)
     noisy = [d for d in diff if d.abs().max() > 0 and stats.kstest(d.numpy(), "norm", (0, NOISE_STD)).pvalue > 1e-3]
     assert 5 <= len(noisy) <= 30  # p = 0.7 / 3 of 64 samples, about 15
@@ -252,3 +254,23 @@ def test_batches_gathered_on_the_device_equal_the_loaders(tmp_path):
     assert fresh.resident("train", "cpu", "off") is None and fresh.resident("train", "cpu", "auto") is None
     with pytest.raises(ValueError, match="data_on_device"):
         fresh.resident("train", "cpu", "always")
+
+
+@pytest.mark.parametrize("kind", ["flip", "weak", "strong"])
+def test_both_view_pipelines_draw_from_the_one_table(kind, monkeypatch):
+    """Each view kind's parameters live in one table (``fedpartial.data.views.VIEWS``): with the kind set to
+    "nothing random" there, the per-sample MONAI pipeline and the batched views both give the eval view (a pipeline
+    with its own copy of the parameters would still flip, warp, filter); with the table's own values both change
+    the image."""
+    x = torch.rand(16, 1, 24, 24, generator=torch.Generator().manual_seed(3))
+    batched = BatchAugment()
+    mono = augment_transforms(kind, 24, keys=["image"])
+
+    def per_sample(pipeline):
+        return torch.stack([pipeline({"image": im.clone()})["image"] for im in x])
+
+    assert not torch.allclose(batched(x, kind, torch.Generator().manual_seed(0)), x)
+    assert not torch.allclose(per_sample(mono), x)
+    monkeypatch.setitem(VIEWS, kind, ViewParams())
+    assert torch.equal(batched(x, kind, torch.Generator().manual_seed(0)), x)
+    assert torch.allclose(per_sample(augment_transforms(kind, 24, keys=["image"])), x)

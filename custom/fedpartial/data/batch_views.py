@@ -5,16 +5,8 @@ sample on a CPU core, one sample at a time (``benchmarks/local_round_speed.py``)
 drawn per sample but applied to the ``(B, C, S, S)`` batch in a few vectorised operations (``affine_grid`` /
 ``grid_sample`` for the geometry, grouped convolutions for the filters), so they also run on a GPU.
 
-Same kinds, same parameter ranges as the MONAI pipelines (each draw independent per sample):
-
-- ``"eval"``: normalise only.
-- ``"flip"``: horizontal flip p=0.5 (FedLSM's weak view).
-- ``"weak"``: horizontal flip p=0.5; affine p=1: rotation U(-10, 10) deg, translation U(-2, 2) % of the side
-  per axis; bilinear, zero padding.
-- ``"strong"``: vertical and horizontal flips p=0.5 each; affine p=0.85: rotation U(-15, 15) deg, translation
-  U(-10, 10) %, scale 1 + U(-0.1, 0.1) per axis; one of {3x3 median, Gaussian blur sigma U(0.1, 1) per axis,
-  Gaussian noise std 0.03} with p=0.7 in all; brightness (x (1 + U(-0.2, 0.2))) then contrast (gamma U(0.8, 1.25)
-  on the image's min-max range) together p=0.75; clip to [0, 1].
+Same kinds, same parameter ranges as the MONAI pipelines: both read :data:`fedpartial.data.views.VIEWS` (each
+draw independent per sample).
 
 The random numbers come from a ``torch.Generator`` the caller seeds (the site seed, round and epoch), so a seed
 reproduces the views; they are not the numbers MONAI's pipelines draw (``train.views: per_sample`` keeps those).
@@ -26,27 +18,11 @@ import math
 import queue
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from .transforms import KINDS
-
-
-@dataclass(frozen=True)
-class AffineRanges:
-    """Ranges of a random affine: rotation in degrees, translation as a fraction of the side, scale +- fraction."""
-
-    prob: float
-    rotate_deg: float
-    translate: float
-    scale: float = 0.0
-
-
-WEAK_AFFINE = AffineRanges(prob=1.0, rotate_deg=10.0, translate=0.02)
-STRONG_AFFINE = AffineRanges(prob=0.85, rotate_deg=15.0, translate=0.10, scale=0.10)
-P_FILTER, P_INTENSITY, NOISE_STD = 0.7, 0.75, 0.03
+from .views import AffineRanges, ViewParams, view_params
 
 
 def _uniform(n: int, lo: float, hi: float, gen: torch.Generator) -> torch.Tensor:
@@ -193,35 +169,34 @@ class BatchAugment:
         """``(B, C, S, S)`` float in [0, 1] -> one view per sample, same shape, normalised, in ``x``'s dtype.
 
         Drawn with autocast off (a round under ``train.amp`` draws the same float32 views as one without)."""
-        if kind not in KINDS:
-            raise ValueError(f"augmentation kind must be one of {KINDS}, got {kind!r}")
+        p = view_params(kind)
         with torch.autocast(x.device.type, enabled=False):
-            return self._view(x, kind, gen)
+            return self._view(x, p, gen)
 
-    def _view(self, x: torch.Tensor, kind: str, gen: torch.Generator) -> torch.Tensor:
+    def _view(self, x: torch.Tensor, p: ViewParams, gen: torch.Generator) -> torch.Tensor:
         n = x.shape[0]
-        if kind == "flip":
-            x = flip(x, torch.rand(n, generator=gen) < 0.5, 3)
-        elif kind == "weak":
-            x = flip(x, torch.rand(n, generator=gen) < 0.5, 3)
-            x = warp(x, affine_theta(**sample_affine(n, WEAK_AFFINE, gen)))
-        elif kind == "strong":
-            x = flip(x, torch.rand(n, generator=gen) < 0.5, 2)
-            x = flip(x, torch.rand(n, generator=gen) < 0.5, 3)
-            x = warp(x, affine_theta(**sample_affine(n, STRONG_AFFINE, gen)))
-            x = self._filter(x, gen)
-            x = self._intensity(x, gen)
+        if p.vflip:
+            x = flip(x, torch.rand(n, generator=gen) < p.vflip, 2)
+        if p.hflip:
+            x = flip(x, torch.rand(n, generator=gen) < p.hflip, 3)
+        if p.affine is not None:
+            x = warp(x, affine_theta(**sample_affine(n, p.affine, gen)))
+        if p.p_filter:
+            x = self._filter(x, p, gen)
+        if p.p_intensity:
+            x = self._intensity(x, p, gen)
+        if p.clipped:
             x = x.clamp(0.0, 1.0)
         return self.normalise(x)
 
     @staticmethod
-    def _filter(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    def _filter(x: torch.Tensor, p: ViewParams, gen: torch.Generator) -> torch.Tensor:
         """One of {3x3 median, Gaussian blur, Gaussian noise, nothing} per sample."""
         n = x.shape[0]
         choice = torch.multinomial(
-            torch.tensor([P_FILTER / 3] * 3 + [1 - P_FILTER]), n, replacement=True, generator=gen
+            torch.tensor([p.p_filter / 3] * 3 + [1 - p.p_filter]), n, replacement=True, generator=gen
         )
-        sigma = torch.stack([_uniform(n, 0.1, 1.0, gen) for _ in range(2)], 1)
+        sigma = torch.stack([_uniform(n, *p.blur_sigma, gen) for _ in range(2)], 1)
         noise_seed = int(torch.randint(0, 2**62, (1,), generator=gen))
         out = x.clone()
         median, blur, noisy = (choice == k for k in range(3))  # host masks: indices, not device masks (no wait)
@@ -234,15 +209,15 @@ class BatchAugment:
         if noisy.any():
             rows = _rows(noisy, x.device)
             picked = x[rows]
-            out[rows] = picked + gaussian_noise(picked.shape, noise_seed, x.device, x.dtype) * NOISE_STD
+            out[rows] = picked + gaussian_noise(picked.shape, noise_seed, x.device, x.dtype) * p.noise_std
         return out
 
     @staticmethod
-    def _intensity(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    def _intensity(x: torch.Tensor, p: ViewParams, gen: torch.Generator) -> torch.Tensor:
         n = x.shape[0]
-        on = torch.rand(n, generator=gen) < P_INTENSITY
-        factor = 1 + _uniform(n, -0.2, 0.2, gen)
-        gamma = _uniform(n, 0.8, 1.25, gen)
+        on = torch.rand(n, generator=gen) < p.p_intensity
+        factor = 1 + _uniform(n, -p.brightness, p.brightness, gen)
+        gamma = _uniform(n, *p.gamma, gen)
         if not on.any():
             return x
         rows = _rows(on, x.device)

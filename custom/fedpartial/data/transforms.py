@@ -25,6 +25,7 @@ import torch
 
 from .dicom import apply_windows, read_dicom_hu  # DICOM -> HU (H, W); HU -> (n_windows, H, W) in [0, 1]
 from .store import open_image, sixteen_bit_scale, upright  # the store's one decoding of a file
+from .views import KINDS, view_params  # noqa: F401 - KINDS: the view kinds, also read from here
 
 if TYPE_CHECKING:  # annotations only: MONAI is imported where a pipeline is built (below)
     from monai.transforms import Compose
@@ -33,7 +34,6 @@ if TYPE_CHECKING:  # annotations only: MONAI is imported where a pipeline is bui
 # optional packages it finds: scikit-learn, matplotlib, tensorboard, mlflow), which a site process that only
 # reads its manifests or the server does not need (benchmarks/import_cost.py)
 
-KINDS = ("eval", "flip", "weak", "strong")  # the view kinds of both pipelines (this one and batch_views)
 Window = tuple[float, float]  # (center, width) in HU
 
 
@@ -267,16 +267,9 @@ def augment_transforms(
     keys: Sequence[str] = ("image",),
     channels: int | None = None,
 ) -> Compose:
-    """Random part, on ``(C, S, S)`` tensors in [0, 1]; output same shape, float32, normalised.
-
-    - ``"eval"``: normalise only (deterministic).
-    - ``"flip"`` (FedLSM's weak view: "weak augmentation refered to horizontal flip"): horizontal flip p=0.5.
-    - ``"weak"`` (FedMLP / FedIRM): horizontal flip p=0.5, affine (rotation +-10 deg, translation 2 %) p=1.
-    - ``"strong"`` (FedLSM): v/h flips, affine (15 deg, 10 % translation, 10 % scale) p=0.85, one of
-      {3x3 median, Gaussian blur, Gaussian noise} p=0.7, brightness + contrast p=0.75, clip to [0, 1].
-    """
-    if kind not in KINDS:
-        raise ValueError(f"augmentation kind must be one of {KINDS}, got {kind!r}")
+    """Random part, on ``(C, S, S)`` tensors in [0, 1]; output same shape, float32, normalised: the view ``kind``
+    of :data:`fedpartial.data.views.VIEWS` (the table the batched views read too) as MONAI transforms."""
+    p = view_params(kind)
     from monai.transforms import (
         Compose,
         EnsureTyped,
@@ -297,66 +290,56 @@ def augment_transforms(
         *_normalise(keys, channels, mean, std),
         EnsureTyped(keys, data_type="tensor", dtype=torch.float32, track_meta=False),
     ]  # plain tensors out
-    if kind == "eval":
-        return Compose(norm)
-    if kind == "flip":
-        return Compose([RandFlipd(keys, prob=0.5, spatial_axis=1), *norm])
-    if kind == "weak":
-        t = 0.02 * image_size
-        return Compose(
-            [
-                RandFlipd(keys, prob=0.5, spatial_axis=1),
-                RandAffined(
-                    keys,
-                    prob=1.0,
-                    rotate_range=(math.radians(10),),
-                    translate_range=(t, t),
-                    mode="bilinear",
-                    padding_mode="zeros",
-                ),
-                *norm,
-            ]
-        )
-    t = 0.1 * image_size
-    p_filter, p_intensity = 0.7, 0.75
-    return Compose(
-        [
-            RandFlipd(keys, prob=0.5, spatial_axis=0),
-            RandFlipd(keys, prob=0.5, spatial_axis=1),
+    steps = []
+    if p.vflip:
+        steps.append(RandFlipd(keys, prob=p.vflip, spatial_axis=0))
+    if p.hflip:
+        steps.append(RandFlipd(keys, prob=p.hflip, spatial_axis=1))
+    if p.affine is not None:
+        t = p.affine.translate * image_size
+        scale = {"scale_range": (p.affine.scale, p.affine.scale)} if p.affine.scale else {}
+        steps.append(
             RandAffined(
                 keys,
-                prob=0.85,
-                rotate_range=(math.radians(15),),
+                prob=p.affine.prob,
+                rotate_range=(math.radians(p.affine.rotate_deg),),
                 translate_range=(t, t),
-                scale_range=(0.1, 0.1),
                 mode="bilinear",
                 padding_mode="zeros",
-            ),
+                **scale,
+            )
+        )
+    if p.p_filter:
+        sigma = p.blur_sigma
+        steps.append(
             OneOf(
                 [
                     MedianSmoothd(keys, radius=1),
-                    RandGaussianSmoothd(keys, sigma_x=(0.1, 1.0), sigma_y=(0.1, 1.0), prob=1.0),
-                    RandGaussianNoised(keys, prob=1.0, mean=0.0, std=0.03),
+                    RandGaussianSmoothd(keys, sigma_x=sigma, sigma_y=sigma, prob=1.0),
+                    RandGaussianNoised(keys, prob=1.0, mean=0.0, std=p.noise_std),
                     Identityd(keys),
                 ],
-                weights=[p_filter / 3] * 3 + [1 - p_filter],
-            ),
+                weights=[p.p_filter / 3] * 3 + [1 - p.p_filter],
+            )
+        )
+    if p.p_intensity:
+        steps.append(
             OneOf(
                 [
                     Compose(
                         [
-                            RandScaleIntensityd(keys, factors=0.2, prob=1.0),
-                            RandAdjustContrastd(keys, gamma=(0.8, 1.25), prob=1.0),
+                            RandScaleIntensityd(keys, factors=p.brightness, prob=1.0),
+                            RandAdjustContrastd(keys, gamma=p.gamma, prob=1.0),
                         ]
                     ),
                     Identityd(keys),
                 ],
-                weights=[p_intensity, 1 - p_intensity],
-            ),
-            Lambdad(keys, _clip01),
-            *norm,
-        ]
-    )
+                weights=[p.p_intensity, 1 - p.p_intensity],
+            )
+        )
+    if p.clipped:
+        steps.append(Lambdad(keys, _clip01))
+    return Compose([*steps, *norm])
 
 
 def build_transforms(

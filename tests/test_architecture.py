@@ -119,3 +119,17 @@ def test_the_checks_see_a_circle_and_an_upward_arrow():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     floor = floors()
     assert floor["methods"] > floor["models"] and floor["tools"] > floor["fl"] > floor["methods"]
+
+
+def test_no_private_name_crosses_modules():
+    """A module's ``_name`` is its own: another module of the package that needs it gets a public name instead."""
+    crossing = []
+    for mod, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("fedpartial")):
+                crossing += [
+                    f"{mod} imports {a.name}"
+                    for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")
+                ]
+    assert not crossing, crossing

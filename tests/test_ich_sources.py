@@ -17,7 +17,7 @@ from fedpartial.data.sources.ich_phantom import (
     generate_ich_phantom,
     load_ich_phantom,
 )
-from fedpartial.data.sources.rsna_ich import ICH_CLASSES, _first, apply_windows, load_rsna_ich, read_dicom_hu
+from fedpartial.data.sources.rsna_ich import ICH_CLASSES, apply_windows, first_value, load_rsna_ich, read_dicom_hu
 
 N, SIZE = 60, 64  # one small phantom for the file-level tests
 TARGET = {"epidural": 0.035, "intraparenchymal": 0.12, "intraventricular": 0.09, "subarachnoid": 0.12, "subdural": 0.15}
@@ -178,7 +178,7 @@ def test_read_dicom_hu_defaults_and_errors(tmp_path):
     bad = np.where(raw % 2 == 0, 3096, 40).astype(np.int16)
     _write_dicom(ds, tmp_path / "d.dcm", bad, "ID_d", "P1", 0, 4)
     np.testing.assert_array_equal(read_dicom_hu(tmp_path / "d.dcm"), np.where(raw % 2 == 0, -1000.0, 40.0))
-    assert _first(MultiValue(float, [2.0, 3.0]), 1) == 2 and _first(None, 1) == 1 and _first("", 0) == 0
+    assert first_value(MultiValue(float, [2.0, 3.0]), 1) == 2 and first_value(None, 1) == 1 and first_value("", 0) == 0
     (tmp_path / "junk.dcm").write_bytes(b"not a dicom file")
     with pytest.raises(ValueError, match="junk.dcm"):
         read_dicom_hu(tmp_path / "junk.dcm")

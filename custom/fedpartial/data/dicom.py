@@ -11,7 +11,7 @@ import numpy as np
 DEFAULT_WINDOWS: tuple[tuple[float, float], ...] = ((40, 80), (80, 200), (600, 2800))  # brain, subdural, bone
 
 
-def _first(value, default: float) -> float:
+def first_value(value, default: float) -> float:
     """A DICOM numeric value that may be absent, empty or a MultiValue -> its first element as float."""
     if value is None or value == "":
         return float(default)
@@ -36,8 +36,8 @@ def read_dicom_hu(path: str | os.PathLike) -> np.ndarray:
         raise ValueError(f"cannot read DICOM pixels from '{path}': {e}") from e
     if px.ndim != 2:
         raise ValueError(f"DICOM '{path}': expected a single 2-D slice, got pixel array of shape {px.shape}")
-    slope = _first(ds.get("RescaleSlope"), 1.0)
-    intercept = _first(ds.get("RescaleIntercept"), 0.0)
+    slope = first_value(ds.get("RescaleSlope"), 1.0)
+    intercept = first_value(ds.get("RescaleIntercept"), 0.0)
     px = px.astype(np.int32)
     if int(ds.get("PixelRepresentation", 1)) == 0 and int(ds.get("BitsStored", 16)) == 12 and intercept > -100:
         px = px + 1000

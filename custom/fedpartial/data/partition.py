@@ -104,7 +104,7 @@ def quantity_skew(patient_ids: Sequence[str], num_sites: int, alpha: float, seed
 # ----------------------------------------------------------------------------------------- patient-level splits
 
 
-def _cut(cum: np.ndarray, target: float, lo: int, hi: int) -> int:
+def cut_index(cum: np.ndarray, target: float, lo: int, hi: int) -> int:
     """Number of leading groups whose cumulative size is closest to ``target``, clipped to ``lo..hi``."""
     i = int(np.argmin(np.abs(cum - target)))
     return min(max(i, lo), hi)
@@ -129,8 +129,8 @@ def split_patients(patient_ids: Sequence[str], val_frac: float, test_frac: float
     order = np.random.default_rng([1, seed]).permutation(len(uniq))
     cum = np.concatenate([[0], np.cumsum(sizes[order])])
     n = len(pids)
-    n_test = _cut(cum, test_frac * n, 1, len(uniq) - 2)
-    n_eval = _cut(cum, (test_frac + val_frac) * n, n_test + 1, len(uniq) - 1)
+    n_test = cut_index(cum, test_frac * n, 1, len(uniq) - 2)
+    n_eval = cut_index(cum, (test_frac + val_frac) * n, n_test + 1, len(uniq) - 1)
     group_split = np.full(len(uniq), "train", dtype=object)
     group_split[order[:n_test]] = "test"
     group_split[order[n_test:n_eval]] = "val"

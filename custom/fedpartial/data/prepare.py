@@ -53,14 +53,22 @@ import pandas as pd
 
 from ..processes import Interrupted, exit_status, interruptible
 from .manifest import ManifestError, check_coverage, read_manifest, write_manifest
-from .partition import PARTITIONS, _cut, by_centre, dirichlet_label_skew, quantity_skew, split_patients, split_sites  # noqa: F401
+from .partition import (
+    PARTITIONS,
+    by_centre,
+    cut_index,
+    dirichlet_label_skew,
+    quantity_skew,
+    split_patients,
+    split_sites,
+)  # noqa: F401
 from .prepared import (  # noqa: F401
-    _NOT_HASHED,
     DATASET_JSON,
+    NOT_HASHED,
     PreparedDataset,
-    _stamps,
     canonical_spec,
     check_job_classes,
+    file_stamps,
     load_prepared,
     prepared_path,
     site_name,
@@ -484,7 +492,7 @@ def _val_from_train(patient_ids: Sequence[str], val_frac: float, seed: int) -> n
     uniq, inverse, sizes = np.unique(pids, return_inverse=True, return_counts=True)
     order = np.random.default_rng([1, seed]).permutation(len(uniq))
     cum = np.concatenate([[0], np.cumsum(sizes[order])])
-    n_val = _cut(cum, val_frac * len(pids), 1, max(1, len(uniq) - 1))
+    n_val = cut_index(cum, val_frac * len(pids), 1, max(1, len(uniq) - 1))
     is_val = np.zeros(len(uniq), bool)
     is_val[order[:n_val]] = True
     return is_val[inverse]
@@ -791,7 +799,7 @@ def prepare(
         ]
         # the release's own label files; a generated source's files live in the folder being written (they move
         # with it, and recording their temporary path would make every later use look stale and prepare again)
-        info["source_files"] = _stamps(
+        info["source_files"] = file_stamps(
             [f for f in table.files if not Path(f).resolve().is_relative_to(tmp.resolve())]
             + ([str(exclude)] if isinstance(exclude, (str, os.PathLike)) and Path(exclude).is_file() else [])
         )

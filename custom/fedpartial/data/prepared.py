@@ -17,7 +17,7 @@ from typing import Sequence
 from .sources.base import SourceError
 
 DATASET_JSON = "dataset.json"
-_NOT_HASHED = ("verbose", "overwrite", "refresh")  # spec keys that do not change the data
+NOT_HASHED = ("verbose", "overwrite", "refresh")  # spec keys that do not change the data
 
 
 def site_name(i: int) -> str:
@@ -55,7 +55,7 @@ class PreparedDataset:
         return {k: list(v) for k, v in self.info.get("sites", {}).items()}
 
 
-def _stamps(files: Sequence[str]) -> dict[str, list[int]]:
+def file_stamps(files: Sequence[str]) -> dict[str, list[int]]:
     """``{file: [size, mtime_ns]}`` of the source's label files (what the prepared-data cache checks)."""
     out = {}
     for f in files:
@@ -91,7 +91,7 @@ def load_prepared(out_dir: str | os.PathLike) -> PreparedDataset:
 def canonical_spec(spec: dict) -> dict:
     """The spec with roots made absolute (so equal data give equal hashes whatever the working folder) and
     without the keys that do not change the data (``verbose``, ``overwrite``, ``refresh``)."""
-    spec = {k: v for k, v in spec.items() if k not in _NOT_HASHED}
+    spec = {k: v for k, v in spec.items() if k not in NOT_HASHED}
     if "source_root" in spec and "root" not in spec:
         spec["root"] = spec.pop("source_root")
     if "protocol" not in spec or not (spec.get("source") or spec.get("sources")):
@@ -132,7 +132,7 @@ def stale_sources(folder: Path) -> list[str]:
     except (OSError, json.JSONDecodeError):
         return [str(folder / DATASET_JSON)]
     recorded = info.get("source_files") or {}
-    now = _stamps(list(recorded))
+    now = file_stamps(list(recorded))
     return [f for f, st in recorded.items() if now.get(f) != list(st)]
 
 

@@ -99,7 +99,7 @@ def decoder_source() -> str:
         "",
     ]
     for obj in (
-        dicom._first,
+        dicom.first_value,
         dicom.read_dicom_hu,
         dicom.apply_windows,
         store.Preprocessing,

@@ -65,7 +65,7 @@ _CELL = {"1": 1, "1.0": 1, "true": 1, "0": 0, "0.0": 0, "false": 0, "-1": -2, "-
 _UNCERTAIN, _BLANK = -2, -3
 
 
-def _names(value: str | Sequence[str] | None) -> list[str] | None:
+def split_names(value: str | Sequence[str] | None) -> list[str] | None:
     """A list option given as a list or as comma-separated text (``--source-arg classes=A,B``)."""
     if value is None:
         return None
@@ -370,8 +370,8 @@ def load_csv(
             "or patient_column=none (every image its own patient)",
         )
     col = {h: k for k, h in enumerate(header)}
-    wanted = _names(classes)
-    ignored = set(_names(ignore_columns) or [])
+    wanted = split_names(classes)
+    ignored = set(split_names(ignore_columns) or [])
     unknown_ignored = sorted(ignored - set(header))
     if unknown_ignored:
         raise SourceError(f"ignore_columns names column(s) {unknown_ignored} the CSV lacks; it has {header}", path, 1)

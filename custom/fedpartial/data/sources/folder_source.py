@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from .base import Dropped, SourceError, SourceTable
-from .csv_source import SPLIT_NAMES, _names, patients_from_pattern
+from .csv_source import SPLIT_NAMES, patients_from_pattern, split_names
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".dcm")
 """File endings read as images by default (PIL formats and DICOM)."""
@@ -99,7 +99,7 @@ def load_folder(
     root = Path(root).expanduser().resolve()
     if not root.is_dir():
         raise SourceError(f"{name}: {root} is not a folder", hint="--root is the folder of class sub-folders")
-    ends = tuple(s if s.startswith(".") else f".{s}" for s in (_names(suffixes) or IMAGE_SUFFIXES))
+    ends = tuple(s if s.startswith(".") else f".{s}" for s in (split_names(suffixes) or IMAGE_SUFFIXES))
     ends = tuple(s.lower() for s in ends)
     top = _visible_dirs(root)
     if official_split:
@@ -138,7 +138,7 @@ def load_folder(
             found.setdefault(d.name, []).append(d)
     available = sorted(found)
     _refuse_nested(found, root, name)
-    wanted = _names(classes)
+    wanted = split_names(classes)
     if wanted is not None:
         unknown = [c for c in wanted if c not in found]
         if unknown:

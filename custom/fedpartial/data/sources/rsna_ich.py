@@ -23,7 +23,7 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 import pandas as pd
 
-from ..dicom import DEFAULT_WINDOWS, _first, apply_windows, read_dicom_hu  # noqa: F401 - re-exported
+from ..dicom import DEFAULT_WINDOWS, apply_windows, first_value, read_dicom_hu  # noqa: F401 - re-exported
 from .base import SourceTable
 
 logger = logging.getLogger(__name__)

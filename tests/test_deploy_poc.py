@@ -482,9 +482,7 @@ def test_three_hospitals_prepare_their_own_exports_alone_and_train_one_federatio
     naming its folder, the federation's own job (``new_job --dataset derm_consortium --classes ...``) submitted
     with ``nvflare job submit``, followed and downloaded; each hospital trains on what it annotates and scores its
     own test set, and the results name each hospital's data."""
-    from test_site_alone import ISIC, hospital_exports, prepare_alone
-
-    from fedpartial.tools import new_job
+    from test_site_alone import ISIC, federation_job, hospital_exports, prepare_alone
 
     dep = deployment
     prepared = prepare_alone(hospital_exports(dep.root / "exports", per_site=60), dep.root / "exports")
@@ -499,31 +497,7 @@ def test_three_hospitals_prepare_their_own_exports_alone_and_train_one_federatio
             "test": str(prepared[h] / "test.csv"),
         }
         cfg_file.write_text(json.dumps(cfg, indent=1))
-    job = dep.root / "jobs" / "derm_consortium"
-    assert (
-        new_job.main(
-            [
-                str(job),
-                "--method",
-                "fedavg_pl",
-                "--dataset",
-                "derm_consortium",
-                "--classes",
-                *ISIC,
-                "--task",
-                "multiclass",
-                "--channels",
-                "3",
-                "--image-size",
-                "32",
-                "--sites",
-                "3",
-                "--rounds",
-                "2",
-            ]
-        )
-        == 0
-    )
+    job = federation_job(dep.root / "jobs", rounds=2)
     proc, job_id = dep.submit(job)
     assert proc.returncode == 0 and job_id, proc.stdout + proc.stderr
     rc, log = dep.follow(job_id, dep.root / "results_derm", timeout=200)

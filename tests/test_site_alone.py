@@ -220,6 +220,17 @@ def prepare_alone(exports: dict[str, Path], dest: Path) -> dict[str, Path]:
     return out
 
 
+def federation_job(dest: Path, rounds: int | None = None) -> Path:
+    """The three hospitals' own job (``new_job``: its own dataset name, the ISIC classes, single-label, 32 px)."""
+    from fedpartial.tools import new_job
+
+    job = dest / "derm_consortium"
+    args = ["--method", "fedavg_pl", "--dataset", "derm_consortium", "--classes", *ISIC, "--task", "multiclass"]
+    args += ["--channels", "3", "--image-size", "32", "--sites", "3"] + (["--rounds", str(rounds)] if rounds else [])
+    assert new_job.main([str(job), *args]) == 0
+    return job
+
+
 @pytest.fixture(scope="module")
 def prepared_hospitals(tmp_path_factory):
     root = tmp_path_factory.mktemp("hospitals")
@@ -305,32 +316,8 @@ def test_the_simulator_runs_separately_prepared_hospitals_each_scoring_its_own_s
     """The federation's own job (``new_job --dataset derm_consortium --classes ... --task multiclass``, no preset)
     run as ``python job.py --site-data ...``: three sites, each its own folder; each site's test set scored by that
     site, the pooled test the sets' size-weighted mean; the results name each site's data."""
-    from fedpartial.tools import new_job
-
     _, prepared = prepared_hospitals
-    job = tmp_path / "jobs" / "derm_consortium"
-    assert (
-        new_job.main(
-            [
-                str(job),
-                "--method",
-                "fedavg_pl",
-                "--dataset",
-                "derm_consortium",
-                "--classes",
-                *ISIC,
-                "--task",
-                "multiclass",
-                "--channels",
-                "3",
-                "--image-size",
-                "32",
-                "--sites",
-                "3",
-            ]
-        )
-        == 0
-    )
+    job = federation_job(tmp_path / "jobs")
     env = {**os.environ, "FEDPARTIAL_CACHE": str(data_cache)}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     ws = tmp_path / "ws"

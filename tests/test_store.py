@@ -76,11 +76,26 @@ def test_second_open_decodes_nothing_and_a_changed_file_is_named_and_redone(tmp_
 
 
 def test_interrupted_build_resumes_where_it_stopped(tmp_path, monkeypatch):
-    """A build stopped after 2 of 5 chunks keeps them; the restart decodes only the other 3 chunks' rows."""
+    """A build stopped (Ctrl-C) in its third of 5 chunks keeps the first 2; the restart decodes only the other 3
+    chunks' rows."""
     paths = _images(tmp_path, 10, 20)
     prep = Preprocessing(8, 1)
     folder = st.store_folder(paths, prep, tmp_path / "s")
-    build_store(paths, prep, folder, chunk_rows=2, workers=1, stop_after=2)
+    chunks = []
+    real_chunk = st._decode_chunk
+
+    def interrupted(*a):
+        chunks.append(a[1])
+        if len(chunks) == 3:
+            raise KeyboardInterrupt
+        return real_chunk(*a)
+
+    monkeypatch.setattr(st, "_decode_chunk", interrupted)
+    said = []
+    with pytest.raises(KeyboardInterrupt):
+        build_store(paths, prep, folder, chunk_rows=2, workers=1, log_fn=said.append)
+    assert any("stopped; 2 of 5 chunks are kept" in m for m in said), said
+    monkeypatch.setattr(st, "_decode_chunk", real_chunk)
     with pytest.raises(StoreError, match="incomplete"):
         open_store(folder)
     calls = []

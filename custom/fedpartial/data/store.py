@@ -686,7 +686,6 @@ def build_store(
     log_fn: Callable[[str], None] | None = None,
     budget_s: float | None = None,
     redo: Sequence[int] = (),
-    stop_after: int | None = None,
 ) -> dict:
     """Build (or finish, or refresh) the store of ``paths`` in ``folder``; returns build statistics
     ``{"decoded", "cpu_s" (decoding, every process), "cpu_s_pool" (of it in the pool's processes), "wall_s",
@@ -695,7 +694,7 @@ def build_store(
     Resumes a build that stopped (the chunks in ``chunks.log`` are kept); ``redo``: rows decoded again (their
     source file changed). ``budget_s``: when the rest would take longer (estimated from the first chunk), raise
     :class:`StoreError` naming the command to build it beforehand, instead of starting work that a timeout
-    would kill. ``stop_after``: stop after that many chunks (tests and the benchmark's killed build).
+    would kill. Ctrl-C / SIGTERM: the chunks finished so far are kept, and the same call goes on after them.
 
     Raises:
         DecodeFailure: rows that could not be decoded (the others are committed; a rerun redoes only those).
@@ -769,8 +768,6 @@ def build_store(
 
     try:
         first = todo.pop(0)  # in this process: its time tells whether the rest fits the budget
-        if stop_after is not None:
-            todo = todo[: max(0, stop_after - 1)]
         parallel = workers > 1 and len(todo) > 1
         with _pool(workers) if parallel else contextlib.nullcontext() as pool:
             # the pool's processes start, and decode the next chunks, while this process decodes the first one
@@ -830,8 +827,7 @@ def build_store(
         stats["wall_s"] = time.perf_counter() - t0
     if failures:
         raise DecodeFailure(failures)
-    if stop_after is None:
-        _finish(folder, meta, meta_file)
+    _finish(folder, meta, meta_file)
     return stats
 
 

@@ -1,7 +1,7 @@
 """Random views of a whole batch at once (plain torch tensor operations, on the training device).
 
-The per-sample MONAI pipelines of :func:`fedpartial.data.transforms.augment_transforms` cost about 3 ms per
-sample on a CPU core, one sample at a time (``benchmarks/local_round_speed.py``); here the same augmentations are
+The per-sample MONAI pipelines of :func:`fedpartial.data.transforms.augment_transforms` cost milliseconds per
+sample on a CPU core, one sample at a time (``benchmarks/local_round_speed.py`` measures both); here the same augmentations are
 drawn per sample but applied to the ``(B, C, S, S)`` batch in a few vectorised operations (``affine_grid`` /
 ``grid_sample`` for the geometry, grouped convolutions for the filters), so they also run on a GPU.
 
@@ -92,7 +92,7 @@ def median3(x: torch.Tensor) -> torch.Tensor:
     """3x3 median filter (edges replicated, as MONAI's ``MedianSmooth(radius=1)``): ``(B, C, H, W)``.
 
     Element-wise minima / maxima over the 9 shifted views (:data:`_MEDIAN9`) instead of sorting unfolded patches:
-    the same values (ties included; ``tests/test_batch_views.py``), about 20x faster on a CPU."""
+    the same values (ties included; ``tests/test_batch_views.py``), without a sort."""
     h, w = x.shape[-2:]
     padded = F.pad(x, (1, 1, 1, 1), mode="replicate")
     v = [padded[..., i : i + h, j : j + w] for i in range(3) for j in range(3)]

@@ -232,7 +232,7 @@ def manifest_channels(
     paths: Sequence[str], prep: Preprocessing, desc: str = "image kinds", log_fn: Callable[[str], None] | None = None
 ) -> int:
     """A store's channels: 1 when the job is grayscale or every image is (headers read until a colour image is
-    found: about 0.1 ms each), else the job's; a grayscale image in a colour store is repeated, so every row
+    found; a header costs far less than a decode), else the job's; a grayscale image in a colour store is repeated, so every row
     equals its file decoded alone in its own channels and repeated (:class:`DecodedImages`, an exported bundle)."""
     if prep.channels == 1:
         return 1

@@ -208,9 +208,8 @@ def LoadImageAnyd(keys, channels: int, ct_windows: Sequence[Window] | None = Non
 def plain_tensors() -> Iterator[None]:
     """Run MONAI transforms without ``MetaTensor`` bookkeeping (the views need no affine history or inverse).
 
-    Same outputs, same random draws; the weak + strong views of a 64 px image took 1.7 ms instead of 3.2 ms on
-    an idle core and 2 ms instead of 11 ms on a busy machine (``benchmarks/local_round_speed.py``). MONAI's flag
-    is process-global: restored on exit.
+    Same outputs, same random draws, less time per view (``benchmarks/local_round_speed.py --views
+    per_sample``). MONAI's flag is process-global: restored on exit.
     """
     from monai.data import get_track_meta, set_track_meta
 

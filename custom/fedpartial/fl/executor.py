@@ -243,8 +243,8 @@ class PartialLabelExecutor(Executor):
         self.log_info(fl_ctx, f"site {site}: {describe(self.device_info)}")
 
     def _build_model(self) -> None:
-        # MONAI's per-sample augmentations on small tensors are ~10x slower with >1 intra-op thread (measured:
-        # 0.6 ms vs 35 ms per RandAffine at 64 px), and simulated sites share the cores: 1 thread by default.
+        # MONAI's per-sample augmentations on small tensors are much slower with >1 intra-op thread
+        # (benchmarks/local_round_speed.py --views per_sample), and simulated sites share the cores: 1 thread by default.
         torch.set_num_threads(self.train_opts.num_threads)
         seed_everything(self.seed)
         self.net = build_model(self.model, len(self.classes), where="executor 'model'").to(self.torch_device)

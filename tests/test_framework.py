@@ -660,3 +660,9 @@ def test_jobs_readme_lists_every_training_option():
     text = (REPO / "jobs" / "README.md").read_text()
     missing = [f.name for f in dataclasses.fields(TrainOptions) if f"| `{f.name}` |" not in text]
     assert not missing, f"jobs/README.md's training options table lacks {missing}"
+    stale = [
+        f.name
+        for f in dataclasses.fields(TrainOptions)
+        if f"| {f.metadata['doc'].replace('|', chr(92) + '|')} |" not in text
+    ]
+    assert not stale, f"jobs/README.md describes {stale} otherwise than their options' docs"

@@ -192,6 +192,16 @@ def test_corrected_label_in_the_source_csv_is_picked_up_by_the_cache(tmp_path, m
     assert prep.stale_sources(out) == []
     stamp = (out / "dataset.json").stat().st_mtime_ns
     assert prep.ensure_prepared(spec, cache) == out and (out / "dataset.json").stat().st_mtime_ns == stamp
+    # a label corrected in place with the file's size and mtime put back: its ctime tells
+    st = meta.stat()
+    text = meta.read_text()
+    swapped = "mel" if new != "mel" else "bkl"  # another three-letter code, the same size
+    meta.write_text(text.replace(f",{new},", f",{swapped},", 1))
+    os.utime(meta, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert meta.stat().st_size == st.st_size and meta.stat().st_mtime_ns == st.st_mtime_ns
+    assert prep.stale_sources(out) == [str(meta.resolve())]
+    prep.ensure_prepared(spec, cache)
+    assert prep.stale_sources(out) == []
     monkeypatch.setattr(prep, "_STARTED", (out / "dataset.json").stat().st_mtime + 1)
     prep.ensure_prepared({**spec, "refresh": True}, cache)  # the refresh option prepares again
     assert (out / "dataset.json").stat().st_mtime_ns > stamp

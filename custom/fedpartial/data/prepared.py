@@ -56,13 +56,14 @@ class PreparedDataset:
 
 
 def file_stamps(files: Sequence[str]) -> dict[str, list[int]]:
-    """``{file: [size, mtime_ns]}`` of the source's label files (what the prepared-data cache checks)."""
+    """``{file: [size, mtime_ns, ctime_ns]}`` of the source's label files (what the prepared-data cache checks;
+    the ctime, which ``touch`` cannot put back, tells a file replaced with its size and mtime restored)."""
     out = {}
     for f in files:
         p = Path(f)
         if p.is_file():
             st = p.stat()
-            out[str(p.resolve())] = [int(st.st_size), int(st.st_mtime_ns)]
+            out[str(p.resolve())] = [int(st.st_size), int(st.st_mtime_ns), int(st.st_ctime_ns)]
     return out
 
 
@@ -125,8 +126,8 @@ def prepared_path(spec: dict, cache_dir: str | os.PathLike) -> Path:
 
 
 def stale_sources(folder: Path) -> list[str]:
-    """The source label files recorded in ``folder``'s dataset.json whose size or mtime changed (or that are
-    gone) since it was prepared."""
+    """The source label files recorded in ``folder``'s dataset.json whose size, mtime or ctime changed (or that
+    are gone) since it was prepared."""
     try:
         info = json.loads((folder / DATASET_JSON).read_text(encoding="utf-8-sig"))
     except (OSError, json.JSONDecodeError):

@@ -487,3 +487,20 @@ def test_the_recipe_side_imports_nothing_from_tools():
                 assert "tools" not in target.split("."), f"{f.name} imports {target}"
             elif isinstance(node, ast.Import):
                 assert not any("fedpartial.tools" in a.name for a in node.names), f.name
+
+
+def test_the_exporter_overrides_are_nvflare_s_current_methods(monkeypatch):
+    """fedpartial.fl.job_export overrides private methods of NVFlare's FedJobConfig (no public hook): they exist
+    with the parameters it expects, and a rename or a changed signature fails the check by name."""
+    from nvflare.job_config.fed_job_config import FedJobConfig
+
+    from fedpartial.fl import job_export
+
+    job_export.check_nvflare()
+    monkeypatch.delattr(FedJobConfig, "_process_filters")
+    with pytest.raises(RuntimeError, match="FedJobConfig._process_filters is gone"):
+        job_export.check_nvflare()
+    monkeypatch.undo()
+    monkeypatch.setattr(FedJobConfig, "_get_args", lambda self, component: None)
+    with pytest.raises(RuntimeError, match=r"FedJobConfig._get_args takes \['self', 'component'\]"):
+        job_export.check_nvflare()

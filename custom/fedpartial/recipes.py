@@ -45,7 +45,6 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from nvflare.job_config.api import FedJob
 from nvflare.job_config.defs import FilterType
-from nvflare.job_config.fed_job_config import FedJobConfig
 from nvflare.recipe.spec import ExecEnv, Recipe
 
 from .data.presets import deep_merge, resolve_dataset
@@ -54,9 +53,9 @@ from .data.site_config import DATA_DIR_ENV
 if TYPE_CHECKING:  # annotations only: the simulator adapter is imported when a job runs
     from .fl.simulator import Stopped
 
+from .fl.job_export import PACKAGE_DIR, BundleJob, ConfigWriter, copy_package  # noqa: F401
 from .job_layout import client_config, default_max_missing, server_config, set_run_name, training_entries
 
-PACKAGE_DIR = Path(__file__).resolve().parent
 _VAR = re.compile(r"^\{(\w+)\}$")
 TRACKING_DEFAULT = "tensorboard"
 TRACKED_EVENTS = ["fed.analytix_log_stats"]  # the sites' metrics, sent as federated events (ConvertToFedEvent)
@@ -81,60 +80,6 @@ def instantiate(entry: dict, variables: dict) -> Any:
     return getattr(importlib.import_module(module), cls)(**_resolve(copy.deepcopy(entry.get("args", {})), variables))
 
 
-def copy_package(custom_dir: str | os.PathLike) -> Path:
-    """Copy the running ``fedpartial`` package into an app's ``custom/`` folder (NVFlare loads a job's own code
-    only from there; no ``__pycache__``)."""
-    dst = Path(custom_dir) / PACKAGE_DIR.name
-    if dst.exists():
-        shutil.rmtree(dst)
-    shutil.copytree(PACKAGE_DIR, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo"))
-    return dst
-
-
-class _ConfigWriter(FedJobConfig):
-    """NVFlare's job exporter, writing the bundle's components with the arguments they were configured with
-    (``"{var}"`` references included; NVFlare's exporter would write the attribute values and drop defaults),
-    filter task lists sorted (stable exports) and the whole package in every app's ``custom/``."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.given_args: dict[int, dict] = {}  # id(component) -> its arguments as configured
-        self._keep: list = []  # the configured objects (their ids stay valid)
-
-    def record(self, obj: Any, args: dict) -> Any:
-        self.given_args[id(obj)] = copy.deepcopy(args)
-        self._keep.append(obj)
-        return obj
-
-    def _get_args(self, component, custom_dir):
-        given = self.given_args.get(id(component))
-        return copy.deepcopy(given) if given is not None else super()._get_args(component, custom_dir)
-
-    def _process_filters(self, taskset_filters: list, custom_dir):
-        out = super()._process_filters(taskset_filters, custom_dir)
-        for entry in out:
-            entry["tasks"] = sorted(entry["tasks"])
-        return out
-
-    def _get_server_app(self, config_dir, custom_dir, fed_app):
-        super()._get_server_app(config_dir, custom_dir, fed_app)
-        copy_package(custom_dir)
-
-    def _get_client_app(self, config_dir, custom_dir, fed_app):
-        super()._get_client_app(config_dir, custom_dir, fed_app)
-        if not (Path(custom_dir) / PACKAGE_DIR.name).is_dir():  # an app for both sides has it already
-            copy_package(custom_dir)
-
-
-class _BundleJob(FedJob):
-    """A ``FedJob`` whose exporter is :class:`_ConfigWriter` (the package ships as a whole in ``custom/``)."""
-
-    def __init__(self, name: str, min_clients: int):
-        super().__init__(name=name, min_clients=min_clients)
-        self.job = _ConfigWriter(job_name=name, min_clients=min_clients)
-        self.job.set_app_packages([PACKAGE_DIR.name])
-
-
 def _server_params(cfg: dict) -> dict:
     return {
         k: v
@@ -147,8 +92,8 @@ def build_fed_job(name: str, server: dict, client: dict, min_sites: int) -> FedJ
     """A ``FedJob`` holding the objects of a server and a client config in the bundle's layout (top-level
     variables, ``components``, ``workflows``, ``executors``, task filters); ``min_sites``: ``meta.json``'s
     ``min_clients``."""
-    job = _BundleJob(name, min_sites)
-    writer: _ConfigWriter = job.job
+    job = BundleJob(name, min_sites)
+    writer: ConfigWriter = job.job
     sv, cv = _server_params(server), _server_params(client)
     job.to_server(sv)
     for entry in server.get("components", []):

@@ -9,8 +9,8 @@ Releases (under a temporary folder, removed at the end; nothing committed):
 - NIH-like: ``images/*.png`` 1024 x 1024 grayscale + ``Data_Entry_2017.csv`` (``Image Index``, ``Finding Labels``,
   ``Patient ID``), each image one of the shared 64 px NIH images upscaled (bicubic) with noise (PNG of about the
   release's size per image). To keep generation within minutes, ``--distinct`` different images are encoded and
-  the release's other files are hard links to them (every file is decoded on its own; the CPU cost per image is
-  what is measured, the disk reads are page-cache reads).
+  the release's other files are copies of them with their own bytes (``tagged_copy``: prepare keeps byte-identical
+  files in one split; every file is decoded on its own; the CPU cost per image is what is measured).
 - MIMIC-like: ``files/p1x/p<subject>/s<study>/<dicom_id>.jpg`` 2500 x 3000 grayscale JPEG (per-image figures).
 - a 112,120-row NIH-like release with 32 px images (the row scaling of the data check).
 
@@ -108,6 +108,24 @@ def _make_jpg(args) -> None:
     Image.fromarray(np.clip(a, 0, 255).astype(np.uint8)).save(out, "JPEG", quality=90)
 
 
+def tagged_copy(src: Path, dst: Path, tag: int) -> None:
+    """A copy of a PNG / JPEG with the same pixels and its own bytes (a PNG ``tEXt`` chunk before ``IEND``, a JPEG
+    comment after ``SOI`` carry ``tag``): prepare merges byte-identical files into one patient, so the release's
+    repeated images must differ as files, as a real release's do."""
+    import struct
+    import zlib
+
+    data = src.read_bytes()
+    text = b"fedpartial\x00" + str(tag).encode()
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        chunk = struct.pack(">I", len(text)) + b"tEXt" + text + struct.pack(">I", zlib.crc32(b"tEXt" + text))
+        end = data.rindex(b"IEND") - 4
+        data = data[:end] + chunk + data[end:]
+    else:  # JPEG: a COM segment right after SOI
+        data = data[:2] + b"\xff\xfe" + struct.pack(">H", len(text) + 2) + text + data[2:]
+    dst.write_bytes(data)
+
+
 def nih_release(folder: Path, n: int, size: int, distinct: int, workers: int, seed: int = 0) -> Path:
     """``folder/images/<8 digits>_<3 digits>.png`` + ``Data_Entry_2017.csv``; ~3 images per patient."""
     import pandas as pd
@@ -121,7 +139,7 @@ def nih_release(folder: Path, n: int, size: int, distinct: int, workers: int, se
     with ProcessPoolExecutor(workers) as pool:
         list(pool.map(_make_png, jobs, chunksize=8))
     for i in range(len(base), n):
-        os.link(base[i % len(base)], folder / "images" / names[i])
+        tagged_copy(base[i % len(base)], folder / "images" / names[i], i)
     labels = rng.random((n, len(NIH_FINDINGS))) < np.linspace(0.12, 0.01, len(NIH_FINDINGS))
     finding = ["|".join(c for c, y in zip(NIH_FINDINGS, row) if y) or "No Finding" for row in labels]
     pd.DataFrame(
@@ -147,7 +165,7 @@ def mimic_release(folder: Path, n: int, distinct: int, workers: int) -> list[Pat
     with ProcessPoolExecutor(workers) as pool:
         list(pool.map(_make_jpg, [(shared[i % len(shared)], paths[i], i) for i in range(min(distinct, n))]))
     for i in range(distinct, n):
-        os.link(paths[i % distinct], paths[i])
+        tagged_copy(paths[i % distinct], paths[i], i)
     return paths
 
 

@@ -53,25 +53,12 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "custom"))
+
+from fedpartial.data.presets import NIH_CLASSES  # noqa: E402 - the release's 14 findings, in its order
+
 SHARED = ROOT.parent / "shared" / "data" / "nih_cxr14_1000"
 RESULTS = ROOT / "benchmarks" / "results" / "scale_data.json"
-NIH_FINDINGS = [
-    "Atelectasis",
-    "Cardiomegaly",
-    "Effusion",
-    "Infiltration",
-    "Mass",
-    "Nodule",
-    "Pneumonia",
-    "Pneumothorax",
-    "Consolidation",
-    "Edema",
-    "Emphysema",
-    "Fibrosis",
-    "Pleural_Thickening",
-    "Hernia",
-]
-TOP8 = NIH_FINDINGS[:6] + ["Pneumothorax", "Consolidation"]
+TOP8 = NIH_CLASSES[:6] + ["Pneumothorax", "Consolidation"]
 
 
 def say(msg: str) -> None:
@@ -140,8 +127,8 @@ def nih_release(folder: Path, n: int, size: int, distinct: int, workers: int, se
         list(pool.map(_make_png, jobs, chunksize=8))
     for i in range(len(base), n):
         tagged_copy(base[i % len(base)], folder / "images" / names[i], i)
-    labels = rng.random((n, len(NIH_FINDINGS))) < np.linspace(0.12, 0.01, len(NIH_FINDINGS))
-    finding = ["|".join(c for c, y in zip(NIH_FINDINGS, row) if y) or "No Finding" for row in labels]
+    labels = rng.random((n, len(NIH_CLASSES))) < np.linspace(0.12, 0.01, len(NIH_CLASSES))
+    finding = ["|".join(c for c, y in zip(NIH_CLASSES, row) if y) or "No Finding" for row in labels]
     pd.DataFrame(
         {
             "Image Index": names,

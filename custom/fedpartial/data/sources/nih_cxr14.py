@@ -25,26 +25,9 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from ..presets import NIH_CLASSES  # the release's 14 findings, in its order (one list for the package)
 from .base import Dropped, SourceError, SourceTable, read_csv
 from .ham10000 import index_images
-
-NIH_CLASSES: list[str] = [
-    "Atelectasis",
-    "Cardiomegaly",
-    "Effusion",
-    "Infiltration",
-    "Mass",
-    "Nodule",
-    "Pneumonia",
-    "Pneumothorax",
-    "Consolidation",
-    "Edema",
-    "Emphysema",
-    "Fibrosis",
-    "Pleural_Thickening",
-    "Hernia",
-]
-"""The 14 findings in NIH's order."""
 
 NO_FINDING = "No Finding"
 LABEL_FILES = ("labels.csv", "Data_Entry_2017.csv", "Data_Entry_2017_v2020.csv")

@@ -35,6 +35,47 @@ def predict(
     return {k: torch.cat(v).numpy() if v else np.zeros((0,)) for k, v in out.items()}
 
 
+@torch.no_grad()
+def predict_features(
+    model: torch.nn.Module, loader, device: torch.device | str = "cpu", key: str = "image"
+) -> dict[str, torch.Tensor]:
+    """The pooled features of every item of ``loader``: ``{"features": (N, D), "label": (N, C), "mask": (N, C),
+    "index": (N,)}`` (float32 / bool / long, on the CPU; the model in eval mode, restored afterwards)."""
+    was_training = model.training
+    model.eval()
+    out: dict[str, list] = {"features": [], "label": [], "mask": [], "index": []}
+    try:
+        for batch in loader:
+            out["features"].append(model.features(batch[key].to(device)).float().cpu())
+            for k in ("label", "mask", "index"):
+                out[k].append(batch[k].cpu())
+    finally:
+        model.train(was_training)
+    return {k: torch.cat(v) for k, v in out.items()} if out["features"] else {}
+
+
+def evaluate_features(
+    model: torch.nn.Module,
+    loader,
+    task: str,
+    classes: list[str],
+    score,
+    device: torch.device | str = "cpu",
+) -> dict:
+    """Metrics of scores computed from the model's features instead of its classifier: ``score(features (N, D),
+    labels (N, C), mask (N, C)) -> (N, C)`` probabilities (e.g. a kNN vote, :mod:`fedpartial.methods.selfsup`)."""
+    f = predict_features(model, loader, device)
+    if not f:
+        return scores_metrics(
+            {"probs": np.zeros((0, len(classes))), "label": np.zeros((0, len(classes))), "mask": np.zeros((0, 0))},
+            task,
+            classes,
+        )
+    probs = score(f["features"], f["label"].float(), f["mask"].bool())
+    pred = {"probs": probs.numpy(), "label": f["label"].numpy(), "mask": f["mask"].numpy(), "index": f["index"].numpy()}
+    return scores_metrics(pred, task, classes)
+
+
 def evaluate(model: torch.nn.Module, loader, task: str, classes: list[str], device: torch.device | str = "cpu") -> dict:
     """Metrics of ``model`` on a (fully or partially) labelled loader (``fedpartial.metrics`` result dict, plus
     ``ci``: bootstrap confidence intervals of the AUROC, :func:`fedpartial.stats.bootstrap_auc_ci`)."""

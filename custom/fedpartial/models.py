@@ -233,6 +233,33 @@ class PartialLabelNet(nn.Module):
         logger.info("loaded %d encoder tensors from %s (%d left at init)", len(usable), source, len(missing))
 
 
+ENCODER_FILE = "encoder.pt"
+"""The encoder a self-supervised stage writes beside its results (``results.json``: ``encoder``)."""
+
+
+def encoder_state(model_state: dict) -> dict:
+    """The encoder's tensors of a :class:`PartialLabelNet` state dict, under the encoder's own keys (``encoder.``
+    dropped): the layout :meth:`PartialLabelNet.load_pretrained` reads (``model.pretrained``)."""
+    return {k[len("encoder.") :]: v for k, v in model_state.items() if k.startswith("encoder.")}
+
+
+def save_encoder(model_file: str | Path, dest: str | Path) -> Path:
+    """Write the encoder of a saved global model (NVFlare's persistor file: ``{"model": state}``, or a bare state
+    dict) to ``dest`` (written to a temporary file, then renamed). Returns ``dest``."""
+    import os
+
+    state = read_state(model_file, "global model")
+    state = state.get("model", state)
+    enc = encoder_state(state)
+    if not enc:
+        raise ValueError(f"global model {model_file} holds no encoder tensors")
+    dest = Path(dest)
+    tmp = dest.with_suffix(dest.suffix + ".tmp")
+    torch.save({k: torch.as_tensor(v) for k, v in enc.items()}, tmp)
+    os.replace(tmp, dest)
+    return dest
+
+
 def read_state(path: str | Path, what: str = "model file") -> dict:
     """The dict of tensors saved at ``path`` (``torch.save``), read with ``weights_only=True``: no pickled code
     runs. Anything else is a ``ValueError`` of one line naming the file and what it holds instead (empty,

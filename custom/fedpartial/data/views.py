@@ -11,6 +11,11 @@
   translation U(-10, 10) %, scale 1 + U(-0.1, 0.1) per axis; one of {3x3 median, Gaussian blur sigma U(0.1, 1)
   per axis, Gaussian noise std 0.03} with p=0.7 in all; brightness (x (1 + U(-0.2, 0.2))) then contrast (gamma
   U(0.8, 1.25) on the image's min-max range) together p=0.75; clip to [0, 1].
+- ``"ssl"`` (the self-supervised warm start, :mod:`fedpartial.methods.selfsup`; two of these per image): horizontal
+  flip p=0.5; affine p=1: rotation U(-15, 15) deg, translation U(-15, 15) %, scale 1 + U(-0.3, 0.3) per axis (a
+  random crop and zoom); one filter as ``strong`` with p=0.5; brightness U(-0.4, 0.4) then contrast gamma
+  U(0.7, 1.4) together p=0.8; clip to [0, 1]. Every step acts on all channels alike, so a gray X-ray stays gray and
+  the CT windows of one slice move together; no colour jitter (a dermoscopy image keeps its hues).
 """
 
 from __future__ import annotations
@@ -58,6 +63,14 @@ VIEWS: dict[str, ViewParams] = {
         affine=AffineRanges(prob=0.85, rotate_deg=15.0, translate=0.10, scale=0.10),
         p_filter=0.7,
         p_intensity=0.75,
+    ),
+    "ssl": ViewParams(
+        hflip=0.5,
+        affine=AffineRanges(prob=1.0, rotate_deg=15.0, translate=0.15, scale=0.30),
+        p_filter=0.5,
+        p_intensity=0.8,
+        brightness=0.4,
+        gamma=(0.7, 1.4),
     ),
 }
 KINDS = tuple(VIEWS)

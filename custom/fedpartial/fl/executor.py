@@ -49,7 +49,7 @@ from ..data.presets import resolve_dataset
 from ..data.site_config import SiteData, SiteDataError, resolve_site_data
 from ..data.sitedata import SiteDatasets
 from ..device import describe, device_record, mixed_precision, resolve_device
-from ..evaluation import evaluate
+from ..evaluation import evaluate, evaluate_features
 from ..methods import SiteContext, TrainOptions, get_method
 from ..methods.base import local_work
 from ..metrics import apply_validation_thresholds, flatten_metrics, format_table
@@ -453,7 +453,12 @@ class PartialLabelExecutor(Executor):
             return None
         bs = self.eval_opts.batch_size or default_inference_batch_size(self.train_opts.batch_size, self.torch_device)
         loader = self.data.eval_loader(split, batch_size=bs, device=self.torch_device)
-        res = evaluate(self.net, loader, self.task_type, self.classes, self.torch_device)
+        if self.trainer.score_probabilities is not None:  # scored from the features (the trainer's vote)
+            res = evaluate_features(
+                self.net, loader, self.task_type, self.classes, self.trainer.score_probabilities, self.torch_device
+            )
+        else:
+            res = evaluate(self.net, loader, self.task_type, self.classes, self.torch_device)
         m = self.manifests[split]  # per-class metrics from fewer than min_count positives / negatives stay here
         res, _ = suppress_metrics(res, m.positives(), m.negatives(), self.min_count_eff)
         return res
@@ -548,11 +553,12 @@ class PartialLabelExecutor(Executor):
             }
         )
         counters = {k: v for k, v in method_stats(out.meta).items() if not isinstance(v, list)}
+        knn = ", kNN on its features" if self.trainer.score_probabilities is not None else ""
         self.log_info(
             fl_ctx,
             f"round {rnd}: loss {out.loss:.4f} over {out.steps} steps"
             + (" (sits this round out)" if out.weight == 0 else "")
-            + (f", val auc (received model) {val['macro'].get('auc')}" if val else "")
+            + (f", val auc (received model{knn}) {val['macro'].get('auc')}" if val else "")
             + "".join(f", {k} {v}" for k, v in counters.items()),
         )
         self._stream(fl_ctx, {}, rnd, {"train/loss": out.loss, **{f"train/{k}": v for k, v in counters.items()}})

@@ -39,6 +39,7 @@ from nvflare.app_common.app_event_type import AppEventType
 from nvflare.widgets.widget import Widget
 
 from ..metrics import THRESHOLD_CRITERIA, apply_validation_thresholds, format_table, format_thresholds, pool_histograms
+from ..models import ENCODER_FILE, save_encoder
 from ..stats import add_run_statistics
 from ..tables import paper_table, setting_label
 from .keys import (
@@ -360,15 +361,19 @@ class ResultsRecorder(Widget):
             out["method_options"] = resolved_options(agg.method, agg.method_args)
             out["local_parts"] = local_parts(agg.method, agg.method_args)
             out["global_model_note"] = global_model_note(out["local_parts"])
+            if getattr(agg.rule, "scores_note", None):
+                out["scores_note"] = agg.rule.scores_note
         add_run_statistics(out, self._summary_sites(fl_ctx))  # AUROC intervals, own-class scores (fedpartial.stats)
 
         out["degraded"] = degradation(out)
         run_dir = Path(fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id()))
+        app_dir = Path(fl_ctx.get_prop(FLContextKey.APP_ROOT) or run_dir / "app_server")
+        if getattr(getattr(agg, "rule", None), "writes_encoder", False) and (app_dir / LAST_MODEL).is_file():
+            out["encoder"] = str(save_encoder(app_dir / LAST_MODEL, run_dir / ENCODER_FILE))  # the last global one
         out["thresholds"] = model_thresholds(out)
         text = render_tables(out)
         files = [(run_dir / RESULTS_FILE, json.dumps(out, indent=1, default=float)), (run_dir / TABLE_FILE, text)]
         if out["thresholds"].get("models"):  # next to the global models, for fedpartial-predict
-            app_dir = Path(fl_ctx.get_prop(FLContextKey.APP_ROOT) or run_dir / "app_server")
             files.append((app_dir / THRESHOLDS_FILE, json.dumps(out["thresholds"], indent=1)))
         for path, content in files:
             tmp = path.with_suffix(path.suffix + ".tmp")
@@ -376,6 +381,11 @@ class ResultsRecorder(Widget):
             os.replace(tmp, path)
         self.log_info(fl_ctx, "\n" + text)
         self.log_info(fl_ctx, f"results written to {run_dir / RESULTS_FILE} and {run_dir / TABLE_FILE}")
+        if "encoder" in out:
+            self.log_info(
+                fl_ctx,
+                f"encoder written to {out['encoder']}: start a job from it with --set model.pretrained=<that file>",
+            )
 
 
 def pooled_histograms(per_site: dict) -> dict:
@@ -517,6 +527,10 @@ def render_tables(results: dict) -> str:
     ]
     if results.get("global_model_note"):
         out.append(f"Note: {results['global_model_note']}.")
+    if results.get("scores_note"):
+        out.append(f"Note: {results['scores_note']}.")
+    if results.get("encoder"):
+        out.append(f"Encoder: {results['encoder']} (start a job from it: --set model.pretrained=<that file>).")
     failed = [r["round"] for r in results.get("rounds", []) if r.get("rule_error")]
     if failed:
         out.append(

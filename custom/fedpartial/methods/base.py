@@ -253,6 +253,11 @@ class LocalTrainer:
     def train_round(self, round_num: int, num_rounds: int, global_meta: dict) -> RoundOutput:
         raise NotImplementedError
 
+    #: ``score_probabilities(features (N, D), labels (N, C), mask (N, C)) -> (N, C)``: a trainer that defines it
+    #: is scored on its validation / test sets from the model's features (e.g. a kNN vote) instead of its
+    #: classifier (a self-supervised stage, whose classifier is never trained); None: the classifier.
+    score_probabilities = None
+
     @classmethod
     def declared_statistics(cls, opts) -> tuple[StatSpec, ...]:
         """:attr:`statistics` as they are under the trainer's options ``opts`` (its ``Options`` instance); a

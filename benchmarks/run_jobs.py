@@ -19,7 +19,8 @@ the arguments and per configuration and seed the final macro test metrics (a few
 Variants of a job (ablations) run under their own name with extra method options, given to both the sites'
 trainer and the server's rule: ``--variant "fedlsm_no_ue=fedlsm_isic:{\"ue\": false}"``; a ``"method"`` key runs
 another registered method on the job's data and budget (``--variant 'individual=surgical_ich:{"method":
-"individual"}'``). Runs go seed by seed
+"individual"}'``), a ``"dataset"`` or ``"model"`` key other data or model settings (``{"model": {"pretrained":
+"encoder.pt"}}``: the job started from a warm-start encoder). Runs go seed by seed
 (every job of seed 0, then seed 1, ...) and the JSON is rewritten after every run, so an interrupted benchmark
 keeps the runs that finished; the same command with ``--resume`` runs only the (configuration, seed) pairs still
 missing from ``--out``.
@@ -378,6 +379,8 @@ def run_one(
         overrides = {**overrides, "method": method_args.pop("method")}
     if "dataset" in method_args:  # a variant on other data settings (e.g. {"dataset": {"prepare": {"k": 2}}})
         overrides = {**overrides, "dataset": deep_merge(overrides.get("dataset", {}), method_args.pop("dataset"))}
+    if "model" in method_args:  # a variant on other model settings (e.g. {"model": {"pretrained": "encoder.pt"}})
+        overrides = {**overrides, "model": deep_merge(overrides.get("model", {}), method_args.pop("model"))}
     if method_args:
         overrides = {**overrides, "method_args": {**overrides.get("method_args", {}), **method_args}}
     customise_job(

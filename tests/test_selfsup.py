@@ -205,3 +205,22 @@ def test_two_rounds_in_the_simulator_write_an_encoder_that_starts_a_supervised_j
         assert not torch.allclose(warm.features(x), scratch.features(x), atol=1e-4)
     for k, v in enc.items():
         assert torch.equal(warm.encoder.state_dict()[k], v), k
+
+
+def test_labelled_sites_only_leaves_an_unlabelled_site_out_and_set_changes_one_method_option(tmp_path):
+    from types import SimpleNamespace
+
+    from fedpartial.recipes import setting_override
+
+    ctx = _site("u", [False, False, False], n=16, tmp=tmp_path)
+    ctx.train = {"batch_size": 8, "local_steps": 1}
+    before = {k: v.clone() for k, v in ctx.model.state_dict().items()}
+    out = get_method("byol").make_trainer(ctx, {"sites": "labelled"}).train_round(0, 2, {})
+    assert out.weight == 0 and out.steps == 0
+    assert all(torch.equal(ctx.model.state_dict()[k], v) for k, v in before.items())
+    assert get_method("byol").make_trainer(ctx, {}).train_round(0, 2, {}).steps == 1  # default: every site trains
+
+    # job.py --set method_args.sites=labelled (what the benchmark's ablation passes) keeps the job's other options
+    base = SimpleNamespace(method_args={"target_decay": 0.95, "fedema": True}, model=None)
+    got = setting_override(base, {}, "method_args.sites=labelled")
+    assert got == {"method_args": {"target_decay": 0.95, "fedema": True, "sites": "labelled"}}

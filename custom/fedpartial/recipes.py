@@ -567,10 +567,10 @@ def setting_override(base: PartialLabelRecipe, kwargs: dict, item: str) -> dict:
     top, *rest = key.strip().split(".")
     if not rest:
         return {top: value}
-    current = kwargs.get(
-        top,
-        getattr(base, top, None) if top in ("dataset", "model", "train", "evaluation") else base.method_args.get(top),
-    )
+    if top in ("dataset", "model", "train", "evaluation", "method_args"):
+        current = kwargs.get(top, getattr(base, top, None))  # method_args.X: one option, the job's others kept
+    else:
+        current = kwargs.get(top, (base.method_args or {}).get(top))
     current = {"preset": current} if isinstance(current, str) else (current or {})
     for k in reversed(rest):
         value = {k: value}

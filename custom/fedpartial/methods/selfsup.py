@@ -149,6 +149,9 @@ class SelfSupervisedOptions(TrainerOptions):
     target_decay: float = opt(0.99, "BYOL's m: the target network's moving-average decay per step")
     fedema: bool = opt(False, "FedEMA: move the site's own encoder towards the received one (divergence-aware)")
     fedema_tau: float = opt(0.7, "FedEMA's autoscaler: the decay mu of the site's first moving-average update")
+    sites: Literal["all", "labelled"] = opt(
+        "all", "which sites train: every site, or only those that annotate a class (the others sit out; an ablation)"
+    )
     knn_k: int = opt(20, "validation: neighbours of the kNN vote")
     knn_temperature: float = opt(0.07, "validation: temperature of the kNN weights")
 
@@ -217,6 +220,8 @@ class SelfSupervisedTrainer(LocalTrainer):
         return self.target_encoder, self.target_projector
 
     def train_round(self, round_num: int, num_rounds: int, global_meta: dict) -> RoundOutput:
+        if self.opts.sites == "labelled" and not self.ctx.labelled:
+            return RoundOutput(steps=0, loss=0.0, weight=0.0)  # sits the round out (its images unused)
         model = self.train_mode()
         t_enc, t_proj = self._targets()
         self.projector.train()

@@ -224,3 +224,22 @@ def test_labelled_sites_only_leaves_an_unlabelled_site_out_and_set_changes_one_m
     base = SimpleNamespace(method_args={"target_decay": 0.95, "fedema": True}, model=None)
     got = setting_override(base, {}, "method_args.sites=labelled")
     assert got == {"method_args": {"target_decay": 0.95, "fedema": True, "sites": "labelled"}}
+
+
+def test_a_site_builds_its_model_without_reading_the_pretrained_file(tmp_path):
+    """The server's initial global model holds the warm-start encoder and every site receives it before training:
+    a hospital need not hold the file (a path of the coordinator's machine)."""
+    from nvflare.apis.fl_context import FLContext
+
+    from fedpartial.fl.executor import PartialLabelExecutor
+
+    missing = str(tmp_path / "not_here" / ENCODER_FILE)
+    ex = PartialLabelExecutor(dataset="ich_phantom", model={"arch": "small_cnn", "pretrained": missing})
+    ex._check_options("job 'j'")
+    ex.log_warning = ex.log_info = lambda ctx, msg: None
+    ex._select_device(FLContext(), "h1")
+    ex.classes, ex.seed = ["a", "b"], 0
+    ex._build_model()
+    assert ex.net.pretrained == missing  # what methods read (surgical keeps pretrained norm statistics)
+    with pytest.raises(FileNotFoundError, match="pretrained weights not found"):  # where it is read: the server
+        PartialLabelNet("small_cnn", 2, 3, pretrained=missing)

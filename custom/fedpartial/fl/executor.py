@@ -247,7 +247,11 @@ class PartialLabelExecutor(Executor):
         # (benchmarks/local_round_speed.py --views per_sample), and simulated sites share the cores: 1 thread by default.
         torch.set_num_threads(self.train_opts.num_threads)
         seed_everything(self.seed)
-        self.net = build_model(self.model, len(self.classes), where="executor 'model'").to(self.torch_device)
+        # model.pretrained (a warm-start encoder, ImageNet weights) fills the server's initial global model, which
+        # every site receives before it trains: a site does not read the file (a hospital need not hold it)
+        cfg = {k: v for k, v in self.model.items() if k != "pretrained"}
+        self.net = build_model(cfg, len(self.classes), where="executor 'model'").to(self.torch_device)
+        self.net.pretrained = self.model.get("pretrained")  # what methods read (surgical: keep its norm statistics)
         if self.train_opts.channels_last:  # conv weights (and so activations) channels-last: faster convs and pooling
             self.net = self.net.to(memory_format=torch.channels_last)
 

@@ -1,8 +1,9 @@
 """Scratch against a federated self-supervised warm start at the same supervised budget.
 
-    python benchmarks/warm_start.py --stage selfsup_ham10000 --stage-rounds 20 \\
-        --jobs fedavg_pl_ham10000 fedlsm_isic --upper fedavg_full_ham10000 --lower fedavg_ham10000 \\
-        --rounds 20 --seeds 0 1 2 --out benchmarks/results/warm_start_ham10000
+    python benchmarks/warm_start.py --stage selfsup_cxr14 --stage-rounds 20 --jobs fedavg_pl_cxr14 fedmlp_cxr14 \\
+        --lower fedavg_cxr14 --upper all_labels \\
+        --variant 'all_labels=fedavg_pl_cxr14:{"dataset": {"prepare": {"protocol": "full", "k": null}}}' \\
+        --rounds 20 --seeds 0 1 2 --out benchmarks/results/warm_start_cxr14
 
 1. The stage (``jobs/<stage>/job.py --rounds R``, seed 0) runs once; its ``results.json`` names the encoder it wrote.
    The stage's wall time and its per-round kNN validation AUROC go into the report.
@@ -73,6 +74,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--stage", required=True, help="the self-supervised job (jobs/selfsup_*)")
     ap.add_argument("--stage-rounds", type=int, default=20)
+    ap.add_argument(
+        "--stage-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="the stage's job.py --set (e.g. train.local_epochs=5: more passes per round)",
+    )
     ap.add_argument("--jobs", nargs="+", required=True, help="the supervised jobs, each from scratch and warm")
     ap.add_argument("--upper", help="the all-labels bound's job (from scratch)")
     ap.add_argument("--lower", help="the lower bound's job (from scratch)")
@@ -83,23 +91,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the stage's workspace")
     ap.add_argument("--labelled-only", action="store_true", help="also a stage on the labelled sites only")
     ap.add_argument("--override", help="JSON merged into every supervised job's executor args (run_jobs.py)")
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=JOB:JSON",
+        help="more configurations from scratch, as run_jobs.py's (e.g. an all-labels bound without a job of its own:"
+        ' \'fedavg_pl_full=fedavg_pl_cxr14:{"dataset": {"prepare": {"protocol": "full", "k": null}}}\'); '
+        "--upper / --lower may name them",
+    )
     a = ap.parse_args(argv)
 
     work = a.workdir or Path(tempfile.mkdtemp(prefix="warm_start_"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        stages = [stage_record(res := run_stage(a.stage, a.stage_rounds, work / "all"), "all sites")]
+        sets = [x for kv in a.stage_set for x in ("--set", kv)]
+        stages = [stage_record(res := run_stage(a.stage, a.stage_rounds, work / "all", sets), "all sites")]
         variants = [f"{job}_warm={job}:{json.dumps({'model': {'pretrained': res['encoder']}})}" for job in a.jobs]
         if a.labelled_only:
-            only = run_stage(a.stage, a.stage_rounds, work / "labelled", ["--set", "method_args.sites=labelled"])
+            only = run_stage(a.stage, a.stage_rounds, work / "labelled", [*sets, "--set", "method_args.sites=labelled"])
             stages.append(stage_record(only, "labelled sites only"))
             variants += [
                 f"{job}_warm_labelled={job}:{json.dumps({'model': {'pretrained': only['encoder']}})}" for job in a.jobs
             ]
         out = Path(a.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.with_name(out.name + "_stage.json").write_text(json.dumps({"stage": a.stage, "stages": stages}, indent=1))
-        jobs = list(a.jobs) + [j for j in (a.lower, a.upper) if j]
+        record = {"stage": a.stage, "stage_rounds": a.stage_rounds, "stage_set": a.stage_set, "stages": stages}
+        out.with_name(out.name + "_stage.json").write_text(json.dumps(record, indent=1))
+        named = {v.split("=", 1)[0] for v in a.variant}
+        jobs = list(a.jobs) + [j for j in (a.lower, a.upper) if j and j not in named]
+        variants += list(a.variant)
         cmd = [sys.executable, str(REPO / "benchmarks" / "run_jobs.py"), "--jobs", *jobs, "--rounds", str(a.rounds)]
         cmd += ["--seeds", *map(str, a.seeds), "--out", str(out.with_suffix(".json")), "--compact"]
         for v in variants:

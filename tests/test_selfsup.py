@@ -190,10 +190,17 @@ def test_two_rounds_in_the_simulator_write_an_encoder_that_starts_a_supervised_j
     log = server_log(ws)
     assert "round 1: loss" in (ws / "site-1" / "log.txt").read_text() and "encoder written to" in log
 
-    # what leaves a site: the encoder and the head it received; the server's last model holds them
-    last = torch.load(ws / "server/simulate_job/app_server/FL_global_model.pt", weights_only=True)["model"]
+    # the encoder of the global model that was best on validation (the kNN vote), named in results.json
+    src = "best_FL_global_model.pt" if res.get("best") else "FL_global_model.pt"
+    assert res["encoder_from"] == (
+        f"the best on validation (after {res['best']['trained_rounds']} rounds)"
+        if res.get("best")
+        else "the last round's"
+    )
+    glob = torch.load(ws / "server/simulate_job/app_server" / src, weights_only=True)["model"]
     enc = torch.load(encoder, weights_only=True)
-    assert set(enc) == {k[len("encoder.") :] for k in last if k.startswith("encoder.")}
+    assert set(enc) == {k[len("encoder.") :] for k in glob if k.startswith("encoder.")}
+    assert all(torch.equal(v, glob[f"encoder.{k}"]) for k, v in enc.items())
 
     # a supervised job of the bundle started from it: its server's model component with model.pretrained set
     cfg = json.loads((copy_job("fedavg_pl_ich", tmp_path / "sup") / "app/config/config_fed_server.json").read_text())
@@ -243,3 +250,18 @@ def test_a_site_builds_its_model_without_reading_the_pretrained_file(tmp_path):
     assert ex.net.pretrained == missing  # what methods read (surgical keeps pretrained norm statistics)
     with pytest.raises(FileNotFoundError, match="pretrained weights not found"):  # where it is read: the server
         PartialLabelNet("small_cnn", 2, 3, pretrained=missing)
+
+
+def test_job_py_reads_a_relative_pretrained_path_from_where_it_runs(tmp_path, monkeypatch):
+    from fedpartial.recipes import pretrained_model
+
+    (tmp_path / "enc.pt").write_bytes(b"x")
+    monkeypatch.chdir(tmp_path)
+    errors = []
+    got = pretrained_model({"arch": "small_cnn", "pretrained": "enc.pt"}, False, errors.append)
+    assert got == {"arch": "small_cnn", "pretrained": str(tmp_path / "enc.pt")} and not errors
+    pretrained_model({"pretrained": "gone.pt"}, False, errors.append)
+    assert errors == [f"model.pretrained: gone.pt is not a file (a relative path is read from {tmp_path})"]
+    assert pretrained_model({"pretrained": "/on/the/server/enc.pt"}, True, errors.append) is None  # --export
+    assert pretrained_model({"pretrained": "https://example.org/w.pth"}, False, errors.append) is None
+    assert pretrained_model({"arch": "small_cnn"}, False, errors.append) is None and len(errors) == 1

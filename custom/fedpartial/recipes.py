@@ -471,6 +471,10 @@ def job_main(make_recipe: Callable[..., PartialLabelRecipe], argv: list[str] | N
         kwargs.update(num_sites=sites, dataset=with_sites(base.dataset, sites))
     for item in args.set:
         kwargs.update(setting_override(base, kwargs, item))
+    exporting = "--export" in (sys.argv if argv is None else argv)
+    model = pretrained_model(kwargs.get("model", base.model), exporting, parser.error)
+    if model is not None:
+        kwargs["model"] = model
     recipe = make_recipe(**kwargs) if kwargs else base
     n = recipe.num_sites
     if args.gpu is not None:
@@ -498,6 +502,24 @@ def job_main(make_recipe: Callable[..., PartialLabelRecipe], argv: list[str] | N
         raise SystemExit(2) from None
     print(f"results: {Path(args.workspace) / recipe.name / 'server/simulate_job/results.md'}")
     return run
+
+
+def pretrained_model(model: dict | None, exporting: bool, error: Callable[[str], None]) -> dict | None:
+    """The job's ``model`` section with ``pretrained`` (a warm-start encoder, ImageNet weights) as the server reads
+    it, or None when it names no local file: a relative path is read from where ``job.py`` runs and made absolute
+    (the simulator's server runs in its workspace); a missing file is ``error``'s one line before anything starts.
+    With ``--export`` an absolute path is the server's own (NVFlare's ``initial_ckpt`` convention) and is not
+    checked here."""
+    source = (model or {}).get("pretrained") if isinstance(model, dict) else None
+    if not source or "://" in str(source):
+        return None
+    path = Path(str(source)).expanduser()
+    if path.is_absolute() and exporting:
+        return None
+    if not path.is_file():
+        where = "" if path.is_absolute() else f" (a relative path is read from {Path.cwd()})"
+        error(f"model.pretrained: {source} is not a file{where}")
+    return {**model, "pretrained": str(path.resolve())}
 
 
 def stopped_lines(name: str, workspace: Path, stop: Stopped, argv: list[str] | None) -> str:

@@ -368,8 +368,16 @@ class ResultsRecorder(Widget):
         out["degraded"] = degradation(out)
         run_dir = Path(fl_ctx.get_engine().get_workspace().get_run_dir(fl_ctx.get_job_id()))
         app_dir = Path(fl_ctx.get_prop(FLContextKey.APP_ROOT) or run_dir / "app_server")
-        if getattr(getattr(agg, "rule", None), "writes_encoder", False) and (app_dir / LAST_MODEL).is_file():
-            out["encoder"] = str(save_encoder(app_dir / LAST_MODEL, run_dir / ENCODER_FILE))  # the last global one
+        if getattr(getattr(agg, "rule", None), "writes_encoder", False):
+            # the model that was best on validation (a self-supervised stage: its kNN vote) where there is one
+            source = next((app_dir / f for f in (BEST_MODEL, LAST_MODEL) if (app_dir / f).is_file()), None)
+            if source is not None:
+                out["encoder"] = str(save_encoder(source, run_dir / ENCODER_FILE))
+                out["encoder_from"] = (
+                    f"the best on validation (after {out['best']['trained_rounds']} rounds)"
+                    if source.name == BEST_MODEL and out.get("best")
+                    else "the last round's"
+                )
         out["thresholds"] = model_thresholds(out)
         text = render_tables(out)
         files = [(run_dir / RESULTS_FILE, json.dumps(out, indent=1, default=float)), (run_dir / TABLE_FILE, text)]
@@ -530,7 +538,10 @@ def render_tables(results: dict) -> str:
     if results.get("scores_note"):
         out.append(f"Note: {results['scores_note']}.")
     if results.get("encoder"):
-        out.append(f"Encoder: {results['encoder']} (start a job from it: --set model.pretrained=<that file>).")
+        out.append(
+            f"Encoder ({results.get('encoder_from', 'the last round')} global model's): {results['encoder']} "
+            "(start a job from it: --set model.pretrained=<that file>)."
+        )
     failed = [r["round"] for r in results.get("rounds", []) if r.get("rule_error")]
     if failed:
         out.append(

@@ -284,8 +284,9 @@ class SelfSupervisedTrainer(LocalTrainer):
 
 
 class EncoderRule(ServerRule):
-    """FedAvg of the encoder (the head the sites send back is the one they received); the server writes the final
-    encoder to ``encoder.pt`` (:attr:`writes_encoder`)."""
+    """FedAvg of the encoder (the head the sites send back is the one they received); at the end the server writes
+    the encoder of the global model that was best on validation (the kNN vote; the last one where no site scores a
+    validation set) to ``encoder.pt`` (:attr:`writes_encoder`)."""
 
     writes_encoder = True
     scores_note = (

@@ -85,6 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--upper", help="the all-labels bound's job (from scratch)")
     ap.add_argument("--lower", help="the lower bound's job (from scratch)")
     ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--sites", type=int, help="simulated sites (default: the stage job's)")
+    ap.add_argument(
+        "--stage-results",
+        type=Path,
+        help="a finished stage's results.json: its encoder is used and the stage is not run again",
+    )
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--out", required=True, help="X: writes X.json / X.md (run_jobs.py's report) and X_stage.json")
     ap.add_argument("--workdir", type=Path, help="where the stage runs (default: a temporary folder)")
@@ -106,7 +112,12 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     try:
         sets = [x for kv in a.stage_set for x in ("--set", kv)]
-        stages = [stage_record(res := run_stage(a.stage, a.stage_rounds, work / "all", sets), "all sites")]
+        if a.stage_results:
+            res = json.loads(a.stage_results.read_text())
+            res["stage_seconds"] = float(res.get("wall_seconds") or 0.0)
+        else:
+            res = run_stage(a.stage, a.stage_rounds, work / "all", sets)
+        stages = [stage_record(res, "all sites")]
         variants = [f"{job}_warm={job}:{json.dumps({'model': {'pretrained': res['encoder']}})}" for job in a.jobs]
         if a.labelled_only:
             only = run_stage(a.stage, a.stage_rounds, work / "labelled", [*sets, "--set", "method_args.sites=labelled"])
@@ -122,7 +133,12 @@ def main(argv: list[str] | None = None) -> int:
         jobs = list(a.jobs) + [j for j in (a.lower, a.upper) if j and j not in named]
         variants += list(a.variant)
         cmd = [sys.executable, str(REPO / "benchmarks" / "run_jobs.py"), "--jobs", *jobs, "--rounds", str(a.rounds)]
-        cmd += ["--seeds", *map(str, a.seeds), "--out", str(out.with_suffix(".json")), "--compact"]
+        sites = (
+            a.sites
+            or json.loads((REPO / "jobs" / a.stage / "app/config/config_fed_server.json").read_text())["min_clients"]
+        )
+        cmd += ["--seeds", *map(str, a.seeds), "--sites", str(sites), "--out", str(out.with_suffix(".json"))]
+        cmd += ["--compact"]
         for v in variants:
             cmd += ["--variant", v]
         if a.lower and a.upper:

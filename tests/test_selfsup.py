@@ -265,3 +265,20 @@ def test_job_py_reads_a_relative_pretrained_path_from_where_it_runs(tmp_path, mo
     assert pretrained_model({"pretrained": "/on/the/server/enc.pt"}, True, errors.append) is None  # --export
     assert pretrained_model({"pretrained": "https://example.org/w.pth"}, False, errors.append) is None
     assert pretrained_model({"arch": "small_cnn"}, False, errors.append) is None and len(errors) == 1
+
+
+def test_job_py_refuses_an_unreadable_pretrained_file_in_one_line(tmp_path, capsys):
+    from functools import partial
+
+    from fedpartial.recipes import PartialLabelRecipe, job_main
+    from fedpartial.table_settings import ich_phantom
+
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a model")
+    recipe = partial(PartialLabelRecipe, **ich_phantom.SETTINGS, name="t", method="fedavg")
+    with pytest.raises(SystemExit) as e:
+        job_main(recipe, ["--set", f"model.pretrained={bad}", "--workspace", str(tmp_path / "ws")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith(f"error: pretrained weights {bad} is not a PyTorch file (it starts with b'not ')"), err
+    assert not (tmp_path / "ws").exists()  # nothing started

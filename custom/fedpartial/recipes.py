@@ -475,7 +475,10 @@ def job_main(make_recipe: Callable[..., PartialLabelRecipe], argv: list[str] | N
     model = pretrained_model(kwargs.get("model", base.model), exporting, parser.error)
     if model is not None:
         kwargs["model"] = model
-    recipe = make_recipe(**kwargs) if kwargs else base
+    try:
+        recipe = make_recipe(**kwargs) if kwargs else base
+    except (ValueError, OSError) as e:  # a setting or file of the job that cannot be used: one line, exit 2
+        parser.error(str(e))
     n = recipe.num_sites
     if args.gpu is not None:
         try:

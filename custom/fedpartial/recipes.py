@@ -53,7 +53,7 @@ from .data.site_config import DATA_DIR_ENV
 if TYPE_CHECKING:  # annotations only: the simulator adapter is imported when a job runs
     from .fl.simulator import Stopped
 
-from .fl.job_export import PACKAGE_DIR, BundleJob, ConfigWriter, copy_package  # noqa: F401
+from .fl.job_export import PACKAGE_DIR, BundleJob, ConfigWriter, copy_package, exporting  # noqa: F401
 from .job_layout import client_config, default_max_missing, server_config, set_run_name, training_entries
 
 _VAR = re.compile(r"^\{(\w+)\}$")
@@ -471,8 +471,8 @@ def job_main(make_recipe: Callable[..., PartialLabelRecipe], argv: list[str] | N
         kwargs.update(num_sites=sites, dataset=with_sites(base.dataset, sites))
     for item in args.set:
         kwargs.update(setting_override(base, kwargs, item))
-    exporting = "--export" in (sys.argv if argv is None else argv)
-    model = pretrained_model(kwargs.get("model", base.model), exporting, parser.error)
+    export = exporting() or "--export" in (argv or [])
+    model = pretrained_model(kwargs.get("model", base.model), export, parser.error)
     if model is not None:
         kwargs["model"] = model
     try:

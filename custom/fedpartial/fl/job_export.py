@@ -13,6 +13,7 @@ import copy
 import inspect
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,14 @@ OVERRIDDEN = {
 
 
 def check_nvflare() -> None:
-    """Every overridden NVFlare method exists with the expected parameters; else a ``RuntimeError`` naming it."""
+    """Every overridden NVFlare method exists with the expected parameters, and the flag :func:`exporting` reads;
+    else a ``RuntimeError`` naming it."""
+    from nvflare.recipe import spec
+
+    if not hasattr(spec, "_RECIPE_EXPORT"):
+        raise RuntimeError(
+            "NVFlare's nvflare.recipe.spec._RECIPE_EXPORT is gone: fedpartial.fl.job_export needs updating"
+        )
     for name, params in OVERRIDDEN.items():
         method = getattr(FedJobConfig, name, None)
         if method is None:
@@ -42,6 +50,14 @@ def check_nvflare() -> None:
             raise RuntimeError(
                 f"NVFlare's FedJobConfig.{name} takes {got}, not {params}: fedpartial.fl.job_export needs updating"
             )
+
+
+def exporting() -> bool:
+    """Whether ``job.py`` was given NVFlare's ``--export`` (which ``nvflare.recipe.spec`` takes out of ``sys.argv``
+    when it is imported, before any parser of ``job.py`` sees it; read back from there)."""
+    from nvflare.recipe import spec
+
+    return bool(getattr(spec, "_RECIPE_EXPORT", False)) or "--export" in sys.argv
 
 
 def copy_package(custom_dir: str | os.PathLike) -> Path:

@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lower", help="the lower bound's job (from scratch)")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--sites", type=int, help="simulated sites (default: the stage job's)")
+    ap.add_argument("--gap-metric", default="auc", help="the metric of the gap share (run_jobs.py --gap-metric)")
     ap.add_argument(
         "--stage-results",
         type=Path,
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         for v in variants:
             cmd += ["--variant", v]
         if a.lower and a.upper:
-            cmd += ["--gap", a.lower, a.upper]
+            cmd += ["--gap", a.lower, a.upper, "--gap-metric", a.gap_metric]
         if a.override:
             cmd += ["--override", a.override]
         print("supervised:", " ".join(cmd), flush=True)

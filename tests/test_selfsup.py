@@ -61,7 +61,7 @@ def test_a_round_trains_the_encoder_and_the_target_follows_by_its_moving_average
     head = {k: v.clone() for k, v in ctx.model.state_dict().items() if k.startswith(("classifier", "hidden"))}
     before = {k: v.clone() for k, v in ctx.model.encoder.state_dict().items()}
     out = tr.train_round(0, 2, {})
-    assert out.steps == 1 and math.isfinite(out.loss) and 0 <= out.loss <= 4
+    assert out.steps == 1 and math.isfinite(out.loss) and 0 <= out.loss <= 8  # two terms of 2 - 2 cos each
     after = ctx.model.encoder.state_dict()
     target = tr.target_encoder.state_dict()
     params = {k for k, _ in ctx.model.encoder.named_parameters()}  # (the target's norm statistics are its own)

@@ -457,10 +457,9 @@ class PartialLabelExecutor(Executor):
             return None
         bs = self.eval_opts.batch_size or default_inference_batch_size(self.train_opts.batch_size, self.torch_device)
         loader = self.data.eval_loader(split, batch_size=bs, device=self.torch_device)
-        if self.trainer.score_probabilities is not None:  # scored from the features (the trainer's vote)
-            res = evaluate_features(
-                self.net, loader, self.task_type, self.classes, self.trainer.score_probabilities, self.torch_device
-            )
+        score = getattr(getattr(self, "trainer", None), "score_probabilities", None)  # no trainer yet: classifier
+        if score is not None:  # scored from the features (the trainer's vote)
+            res = evaluate_features(self.net, loader, self.task_type, self.classes, score, self.torch_device)
         else:
             res = evaluate(self.net, loader, self.task_type, self.classes, self.torch_device)
         m = self.manifests[split]  # per-class metrics from fewer than min_count positives / negatives stay here

@@ -124,10 +124,10 @@ def store_folder(
 # ------------------------------------------------------------------------------------------------------- decoding
 
 
-def _is_dicom(path: str) -> bool:
-    """A ``.dcm`` file or the DICOM magic at byte 128 (as :func:`fedpartial.data.transforms.is_dicom`, without
-    importing torch into the decoding processes)."""
-    if path.lower().endswith(".dcm"):
+def is_dicom(path: str | os.PathLike) -> bool:
+    """True for a ``.dcm`` file or any file with the DICOM magic ``DICM`` at byte 128 (the one test of the bundle:
+    the store's decoding, the MONAI pipelines and the exported bundle's runtime)."""
+    if str(path).lower().endswith(".dcm"):
         return True
     with open(path, "rb") as f:
         head = f.read(132)
@@ -209,7 +209,7 @@ def upright(im):
 def native_channels(path: str, prep: Preprocessing) -> int:
     """The channels an image has before any matching (1 gray, 3 colour, the CT windows for DICOM); reads the
     header only."""
-    if _is_dicom(path):
+    if is_dicom(path):
         return len(prep.ct_windows) if prep.ct_windows else 1
     with open_image(path) as im:
         return 1 if im.mode in ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F") else 3
@@ -271,7 +271,7 @@ def decode_resized(path: str | os.PathLike, prep: Preprocessing, channels: int) 
     """
     path = str(path)
     size, flt = prep.image_size, RESIZE_FILTERS[prep.resize_mode]
-    if _is_dicom(path):
+    if is_dicom(path):
         from .dicom import apply_windows, read_dicom_hu
 
         hu = read_dicom_hu(path)

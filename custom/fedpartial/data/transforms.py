@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from .dicom import apply_windows, read_dicom_hu  # DICOM -> HU (H, W); HU -> (n_windows, H, W) in [0, 1]
-from .store import open_image, sixteen_bit_scale, upright  # the store's one decoding of a file
+from .store import is_dicom, open_image, sixteen_bit_scale, upright  # the store's one decoding of a file
 from .views import KINDS, view_params  # noqa: F401 - KINDS: the view kinds, also read from here
 
 if TYPE_CHECKING:  # annotations only: MONAI is imported where a pipeline is built (below)
@@ -42,15 +42,6 @@ class ImageLoadError(OSError):
 
 
 # ----------------------------------------------------------------------------------------------------------- decoding
-
-
-def is_dicom(path: str | os.PathLike) -> bool:
-    """True for a ``.dcm`` file or any file with the DICOM magic ``DICM`` at byte 128."""
-    if str(path).lower().endswith(".dcm"):
-        return True
-    with open(path, "rb") as f:
-        head = f.read(132)
-    return len(head) == 132 and head[128:] == b"DICM"
 
 
 def check_image_header(path: str | os.PathLike) -> None:

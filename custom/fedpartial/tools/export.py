@@ -103,7 +103,7 @@ def decoder_source() -> str:
         dicom.read_dicom_hu,
         dicom.apply_windows,
         store.Preprocessing,
-        store._is_dicom,
+        store.is_dicom,
         store.open_image,
         store.png_significant_bits,
         store.sixteen_bit_scale,

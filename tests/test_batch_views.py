@@ -274,3 +274,66 @@ def test_both_view_pipelines_draw_from_the_one_table(kind, monkeypatch):
     monkeypatch.setitem(VIEWS, kind, ViewParams())
     assert torch.equal(batched(x, kind, torch.Generator().manual_seed(0)), x)
     assert torch.allclose(per_sample(augment_transforms(kind, 24, keys=["image"])), x)
+
+
+SITE_PROCESS = """
+import json, sys
+import torch
+import fedpartial.fl.executor  # what NVFlare imports to start a site
+from fedpartial.data.dataset import make_loader
+from fedpartial.data.manifest import read_manifest
+from fedpartial.data.presets import resolve_dataset
+from fedpartial.data.sitedata import SiteDatasets
+
+root, classes = sys.argv[1], json.loads(sys.argv[2])
+NORM = {"mean": [0.2, 0.3, 0.4], "std": [0.5, 0.6, 0.7]}
+ds = resolve_dataset({"preset": "ich_phantom", "image_size": 16, "cache_dir": root + "/cache", **NORM})
+site = SiteDatasets({"train": read_manifest(root + "/m.csv", classes, data_root=root, task="multilabel")}, ds)
+batches = list(make_loader(site.dataset("train", {"image": "eval"}), 8, shuffle=True, seed=4))
+batches += list(site.train_loader({"image": "weak"}, 8, True, 4, batched=True))
+batches += list(site.eval_loader("train", 8))
+torch.save(batches, root + "/batches.pt")
+print(json.dumps(sorted({m.split(".")[0] for m in sys.modules} & {"monai", "pandas", "matplotlib"})))
+"""
+
+
+def test_a_site_reading_the_image_store_never_imports_monai_and_its_eval_view_is_monais(tmp_path):
+    """A site process that reads the image store (the default) imports neither MONAI nor pandas: each costs a site
+    seconds of CPU at start-up (``benchmarks/import_cost.py``). Its eval view (normalise only) and seeded loader,
+    drawn there without MONAI, give the batches MONAI's pipeline and DataLoader give, bit for bit."""
+    import json
+    import subprocess
+    import sys
+
+    from PIL import Image
+
+    from fedpartial.data.dataset import make_loader
+    from fedpartial.data.manifest import read_manifest, write_manifest
+    from fedpartial.data.presets import resolve_dataset
+    from fedpartial.data.sitedata import SiteDatasets
+
+    NORM = {"mean": [0.2, 0.3, 0.4], "std": [0.5, 0.6, 0.7]}  # per channel, as in SITE_PROCESS
+    ds = resolve_dataset({"preset": "ich_phantom", "image_size": 16, "cache_dir": str(tmp_path / "cache"), **NORM})
+    classes, rng, n = ds["classes"], np.random.default_rng(1), 21
+    for i in range(n):
+        Image.fromarray(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8)).save(tmp_path / f"{i}.png")
+    labels = (rng.random((n, len(classes))) < 0.4).astype(float)
+    write_manifest(tmp_path / "m.csv", [f"{i}.png" for i in range(n)], labels, np.ones_like(labels, bool), classes)
+    out = subprocess.run(
+        [sys.executable, "-c", SITE_PROCESS, str(tmp_path), json.dumps(classes)], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []  # no MONAI, pandas or matplotlib at the site
+    site = SiteDatasets(
+        {"train": read_manifest(tmp_path / "m.csv", classes, data_root=tmp_path, task="multilabel")}, ds
+    )
+    with plain_tensors():  # this process has MONAI: its eval pipeline and DataLoader
+        ref = list(make_loader(site.dataset("train", {"image": "eval"}), 8, shuffle=True, seed=4))
+    assert type(make_loader(site.dataset("train", {"image": "eval"}), 8, True, 4)).__module__.startswith("monai")
+    ref += list(site.train_loader({"image": "weak"}, 8, True, 4, batched=True))
+    ref += list(site.eval_loader("train", 8))
+    got = torch.load(tmp_path / "batches.pt", weights_only=True)
+    assert len(got) == len(ref) == 3 * 3
+    for a, b in zip(got, ref):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(got[0]["image"], got[3]["image"][: len(got[0]["image"])])  # eval is not the weak view

@@ -18,18 +18,21 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader as TorchDataLoader
 
+from .batch_views import BatchAugment
 from .manifest import Manifest
 from .transforms import ImageLoadError, Window, plain_tensors, preprocess_transforms, view_transforms
 
 CACHE_MODES = ("memory", "disk", "none")  # of make_dataset (MONAI caches); a site reads the image store instead
 SOURCE_KEY = "source"  # items of a source-only dataset: the cached (channels, S, S) image in [0, 1], unnormalised
 SOURCE_VIEW = {SOURCE_KEY: "source"}
+EVAL_VIEW = {"image": "eval"}  # normalise only: drawn in plain torch (no MONAI import), the same numbers
 RESERVED_KEYS = ("label", "mask", "index")
 _CACHE_VERSION = 1  # bump when preprocessing changes so old disk caches are not reused
 
@@ -74,6 +77,7 @@ class ManifestDataset(torch.utils.data.Dataset):
         self.std = None if std is None else list(std)
         self.labels = torch.as_tensor(manifest.labels, dtype=torch.float32)
         self.mask = torch.as_tensor(manifest.mask, dtype=torch.bool)
+        self._normalise = BatchAugment(self.mean, self.std)  # the eval view in plain torch
         self._view_tf = None  # built on first per-sample use (MONAI imported then; batched views never need it)
         self._random_state: dict | None = None
 
@@ -103,6 +107,9 @@ class ManifestDataset(torch.utils.data.Dataset):
         if self.views == SOURCE_VIEW:  # the cached image itself; the views are drawn per batch (batch_views)
             stored = getattr(self.base, "stored", None)  # the image store: uint8, its own channels
             item = {SOURCE_KEY: stored(index) if stored is not None else self.cached_image(index)}
+        elif self.views == EVAL_VIEW and "monai" not in sys.modules:  # normalise only (augment_transforms' "eval")
+            x = self.cached_image(index).clone()
+            item = {"image": self._normalise.normalise(x[None])[0].contiguous()}
         else:
             with plain_tensors():  # no MetaTensor bookkeeping: same numbers, faster
                 item = self.view_tf({"image": self.cached_image(index).clone()})  # clone: some transforms work in place
@@ -203,14 +210,19 @@ def make_loader(
     drop_last: bool = False,
     num_workers: int = 0,
 ) -> TorchDataLoader:
-    """A MONAI DataLoader with a seeded generator: the same ``seed`` gives the same order and, through MONAI's
-    seeding of the dataset's random transforms (also in worker processes), the same augmentations.
+    """A DataLoader with a seeded generator: the same ``seed`` gives the same order and, through MONAI's
+    seeding of the dataset's random transforms (also in worker processes), the same augmentations (MONAI's
+    DataLoader where the dataset may hold MONAI transforms, else torch's: the same batches).
     Use a different seed per round / epoch series to get fresh draws."""
     g = torch.Generator()
     g.manual_seed(int(seed))
-    from monai.data import DataLoader  # imported where used (see fedpartial.data.transforms)
-
-    return DataLoader(
+    loader = TorchDataLoader
+    if "monai" in sys.modules:  # MONAI's DataLoader seeds MONAI's random transforms (also in worker processes)
+        from monai.data import DataLoader as loader
+    # A process that never imported MONAI holds no MONAI transform (the image store's datasets with the batched
+    # device views), and there MONAI's DataLoader is torch's: its extra steps touch only MONAI objects, and the
+    # generator it draws from is put back. Importing MONAI for it would cost a site ~5 s of CPU at start-up.
+    return loader(
         dataset,
         batch_size=batch_size,
         shuffle=shuffle,

@@ -46,10 +46,12 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from ..processes import Interrupted, exit_status, interruptible
 from .manifest import ManifestError, check_coverage, read_manifest, write_manifest
@@ -79,7 +81,6 @@ from .protocols import assign
 from .quality import quality_pass, read_exclude
 from .sources import SourceTable, load_source
 from .sources.base import NOT_ANNOTATED, Dropped, SourceError
-from .sources.isic2019 import FLAMBY_CENTRES
 from .store_cli import main as store_main
 from .vocabulary import (
     CHEXPERT_SYNONYMS,
@@ -439,6 +440,8 @@ def _combine(
 ) -> tuple[SourceTable, list[np.ndarray]]:
     """Several sources -> one table over global classes (cells a source lacks = ``NOT_ANNOTATED``), images
     relative to the sources' common folder, patient ids prefixed by source; returns (table, row mask per source)."""
+    import pandas as pd  # imported where used: a site process imports this module at start-up
+
     tasks = {t.task for t in tables}
     if len(tasks) > 1:
         raise SourceError(f"the sources mix tasks {sorted(tasks)}; a federation needs one task")
@@ -866,6 +869,8 @@ def _build(
     ``groups``: per source of the federation ``(number of sites or None, (N,) row mask, {global class: its
     column name})``; one group for a single source.
     """
+    import pandas as pd  # imported where used (see _combine)
+
     frame, classes = table.frame, list(table.classes)
     images = frame["image"].astype(str)
     if local:  # the images live inside the output folder: paths relative to it
@@ -881,6 +886,8 @@ def _build(
         rows = np.flatnonzero(rows_mask)
         split[rows] = _group_split(frame, rows, val_frac, test_frac, seed)
         train = rows[split[rows] == "train"]
+        from .sources.isic2019 import FLAMBY_CENTRES  # imported where used (its reader loads pandas)
+
         parts, names = _partition(
             frame,
             train,

@@ -6,10 +6,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:  # pandas is imported where a table is read: a site process imports this module at start-up
+    import pandas as pd
 
 UNCERTAIN_POLICIES = ("ignore", "zeros", "ones")
 """What a CheXpert-style ``-1`` (uncertain) cell becomes: ``ignore`` = not annotated (the row does not train or
@@ -116,6 +118,8 @@ def read_csv(path: Path, what: str) -> pd.DataFrame:
     """
     if not path.is_file():
         raise SourceError(f"{what} not found", path, hint="check --root and the release's folder layout")
+    import pandas as pd
+
     try:
         df = pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8-sig")
     except Exception as e:  # noqa: BLE001 - pandas raises many types

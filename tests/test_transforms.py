@@ -152,7 +152,7 @@ def test_missing_or_unreadable_file_names_it(tmp_path, images):
         load(str(bad), 3)
     for cache in ("memory", "none"):  # also through MONAI's wrapped exceptions
         with pytest.raises(tf.ImageLoadError, match="nope.png"):
-            ds = make_dataset(make_manifest([images[0]["gray"], missing]), 8, 3, cache=cache)
+            ds = make_dataset(make_manifest([images[0]["gray"], missing]), 8, 3, monai_cache=cache)
             ds[1]
 
 
@@ -277,7 +277,7 @@ def test_memory_cache_decodes_once(images, count_decodes):
 def test_disk_cache_is_reused(images, tmp_path, count_decodes):
     p = images[0]
     m = make_manifest([p["gray"], p["rgb"], p["dcm"]])
-    kw = dict(image_size=16, channels=3, ct_windows=[BRAIN] * 3, cache="disk", cache_dir=tmp_path / "cache")
+    kw = dict(image_size=16, channels=3, ct_windows=[BRAIN] * 3, monai_cache="disk", cache_dir=tmp_path / "cache")
     a = make_dataset(m, views={"image": "eval"}, **kw)
     first = [a[i]["image"] for i in range(len(a))]
     assert sum(count_decodes.values()) == 3
@@ -288,7 +288,7 @@ def test_disk_cache_is_reused(images, tmp_path, count_decodes):
     make_dataset(m, views={"image": "eval"}, **{**kw, "image_size": 8})[0]  # other settings: other cache
     assert sum(count_decodes.values()) == 4
     with pytest.raises(ValueError, match="cache_dir"):
-        make_dataset(m, 16, 3, cache="disk")
+        make_dataset(m, 16, 3, monai_cache="disk")
 
 
 def test_loader_order_is_seeded(images):

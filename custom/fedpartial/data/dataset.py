@@ -29,7 +29,7 @@ from .batch_views import BatchAugment
 from .manifest import Manifest
 from .transforms import ImageLoadError, Window, plain_tensors, preprocess_transforms, view_transforms
 
-CACHE_MODES = ("memory", "disk", "none")  # of make_dataset (MONAI caches); a site reads the image store instead
+MONAI_CACHES = ("memory", "disk", "none")  # make_dataset's MONAI caches (a site reads the image store: dataset.cache)
 SOURCE_KEY = "source"  # items of a source-only dataset: the cached (channels, S, S) image in [0, 1], unnormalised
 SOURCE_VIEW = {SOURCE_KEY: "source"}
 EVAL_VIEW = {"image": "eval"}  # normalise only: drawn in plain torch (no MONAI import), the same numbers
@@ -158,7 +158,7 @@ def make_dataset(
     std: Sequence[float] | None = None,
     ct_windows: Sequence[Window] | None = None,
     views: Mapping[str, str] | None = None,
-    cache: str = "memory",
+    monai_cache: str = "memory",
     cache_dir: str | os.PathLike | None = None,
     num_workers: int = 0,
     resize_mode: str = "area",
@@ -167,28 +167,29 @@ def make_dataset(
 
     Args:
         views: output key -> kind, default ``{"image": "eval"}``.
-        cache: 'memory' (CacheDataset, all images decoded now with ``num_workers`` threads), 'disk'
-            (PersistentDataset under ``cache_dir``, decoded on first access, reused by later processes) or 'none'.
+        monai_cache: 'memory' (CacheDataset, all images decoded now with ``num_workers`` threads), 'disk'
+            (PersistentDataset under ``cache_dir``, decoded on first access, reused by later processes) or 'none'
+            (not the dataset configuration's ``cache``, which names where a site keeps its image store).
         resize_mode: MONAI ``Resized`` mode ('area' suits downscaling, 'bilinear' upscaling).
 
     Raises:
         ImageLoadError: an image is missing or unreadable (names the file); for 'memory' already here.
     """
-    if cache not in CACHE_MODES:
-        raise ValueError(f"cache must be one of {CACHE_MODES}, got {cache!r}")
+    if monai_cache not in MONAI_CACHES:
+        raise ValueError(f"monai_cache must be one of {MONAI_CACHES}, got {monai_cache!r}")
     from monai.data import CacheDataset, PersistentDataset  # imported where used (see fedpartial.data.transforms)
     from monai.data import Dataset as MonaiDataset
 
     pre = preprocess_transforms(image_size, channels, ct_windows, resize_mode=resize_mode)
     data = [{"image": p} for p in manifest.paths]
     try:
-        if cache == "memory":
+        if monai_cache == "memory":
             base = CacheDataset(
                 data, pre, cache_rate=1.0, num_workers=max(1, num_workers), progress=False, copy_cache=False
             )
-        elif cache == "disk":
+        elif monai_cache == "disk":
             if cache_dir is None:
-                raise ValueError("cache='disk' needs a cache_dir")
+                raise ValueError("monai_cache='disk' needs a cache_dir")
             base = PersistentDataset(
                 data, pre, cache_dir=_disk_cache_dir(cache_dir, image_size, channels, ct_windows, resize_mode)
             )

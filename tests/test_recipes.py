@@ -9,6 +9,8 @@ import inspect
 import json
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -467,10 +469,18 @@ def test_new_job_scaffolds_a_job_py_that_exports_the_same_job(tmp_path):
     plain = write_job(tmp_path / "a" / "j", **kw)
     scaffold = write_job(tmp_path / "b" / "j", **kw, job_py=True)
     text = (scaffold / "job.py").read_text()
-    assert "partial(FedMLPRecipe," in text and "warmup_rounds=1" in text and "method_args" not in text
+    assert "partial(\n    FedMLPRecipe," in text and "warmup_rounds=1" in text and "method_args" not in text
     for f in JOB_FILES:
         assert load(plain, f) == load(scaffold, f), f
     assert job_recipe(scaffold, num_rounds=5).num_rounds == 5
+    short = write_job(
+        tmp_path / "c" / "j", method="fedavg_pl", dataset={"preset": "ich_phantom"}, num_sites=3, job_py=True
+    )
+    ruff = [str(Path(sys.executable).parent / "ruff"), "format", "--config", str(REPO / "pyproject.toml"), "--diff"]
+    for job_py in (scaffold / "job.py", short / "job.py"):  # written as the formatter writes it (the linted jobs/)
+        out = subprocess.run([*ruff, str(job_py)], capture_output=True, text=True)
+        assert out.returncode == 0, out.stdout + out.stderr
+    assert "\n" not in (short / "job.py").read_text().split("recipe = ")[1].split("\n\n")[0]  # one line: it fits
 
 
 def test_the_recipe_side_imports_nothing_from_tools():

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from ..job_layout import harden_job
 
+LINE_LENGTH = 120  # pyproject.toml [tool.ruff]
 NAMED_RECIPES = {
     "fedmlp": "FedMLPRecipe",
     "fedlsm": "FedLSMRecipe",
@@ -44,26 +45,16 @@ def _literal(v) -> str:
 
 
 def _wrapped(v, indent: int) -> str:
-    """:func:`_literal`, a long dict one key per line and a long list packed into lines of at most 112 chars."""
+    """:func:`_literal`, or, for a long dict / list, one entry per line with a trailing comma (the formatter's
+    layout: ``ruff format`` leaves a written ``job.py`` as it is)."""
     one = _literal(v)
-    if len(one) + indent <= 100 or not isinstance(v, (dict, list)):
+    if len(one) + indent <= 100 or not isinstance(v, (dict, list)) or not v:
         return one
     pad = " " * (indent + 4)
     if isinstance(v, dict):
-        return (
-            "{\n"
-            + "".join(f"{pad}{_literal(k)}: {_wrapped(x, indent + 4)},\n" for k, x in v.items())
-            + " " * indent
-            + "}"
-        )
-    rows, cur = [], ""
-    for x in v:
-        item = _literal(x) + ","
-        if cur and len(pad) + len(cur) + len(item) + 1 > 112:
-            rows, cur = rows + [cur], item
-        else:
-            cur = f"{cur} {item}" if cur else item
-    return "[\n" + "".join(f"{pad}{r}\n" for r in rows + [cur]) + " " * indent + "]"
+        rows = [f"{_literal(k)}: {_wrapped(x, indent + 4)}" for k, x in v.items()]
+        return "{\n" + "".join(f"{pad}{r},\n" for r in rows) + " " * indent + "}"
+    return "[\n" + "".join(f"{pad}{_wrapped(x, indent + 4)},\n" for x in v) + " " * indent + "]"
 
 
 def job_py_text(name: str, method: str, title: str, **kwargs) -> str:
@@ -82,8 +73,9 @@ def job_py_text(name: str, method: str, title: str, **kwargs) -> str:
     elif method_args:
         kw["method_args"] = method_args
     head = textwrap.fill(f"{title} (README.md).", 113)
-    pad = " " * len("recipe = partial(")
-    args = f",\n{pad}".join(f"{k}={_wrapped(v, len(pad))}" for k, v in kw.items())
+    call = f"recipe = partial({cls}, " + ", ".join(f"{k}={_literal(v)}" for k, v in kw.items()) + ")"
+    if len(call) > LINE_LENGTH:  # one argument per line, as the formatter writes it
+        call = f"recipe = partial(\n    {cls},\n" + "".join(f"    {k}={_wrapped(v, 4)},\n" for k, v in kw.items()) + ")"
     lines = [
         '"""' + head,
         "",
@@ -94,7 +86,7 @@ def job_py_text(name: str, method: str, title: str, **kwargs) -> str:
         "",
         f"from fedpartial.recipes import {cls}, job_main",
         "",
-        f"recipe = partial({cls}, {args})",
+        call,
         "",
         'if __name__ == "__main__":',
         "    job_main(recipe)",

@@ -278,3 +278,56 @@ def test_format_table() -> None:
     for word in [*MC_CLASSES, "mean", "Sens", "Spec", "accuracy"]:
         assert word in tc
     assert f"{100 * rc['macro']['accuracy']:.2f}" in tc
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_numpy_definitions_equal_scikit_learn_bit_for_bit(seed: int) -> None:
+    """fedpartial.metrics computes scikit-learn's ranking and counting metrics in NumPy (a site never imports
+    SciPy): on random scores with heavy ties (rounded to 1-3 decimals), sizes from 2 rows up, weighted ROC curves
+    (histogram counts), single-class predictions and absent classes, every value equals scikit-learn's exactly."""
+    import sklearn.metrics as sk
+
+    import fedpartial.metrics as fm
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.choice([2, 3, 7, 40, 500]))
+    y = (rng.random(n) < rng.uniform(0.1, 0.9)).astype(int)
+    y[:2] = [0, 1]  # both outcomes
+    s = np.round(rng.random(n), int(rng.integers(1, 4)))
+    w = rng.integers(0, 4, n).astype(float)
+    w[:2] = 1.0
+    assert fm.roc_auc_score(y, s) == sk.roc_auc_score(y, s)
+    assert fm.average_precision_score(y, s) == sk.average_precision_score(y, s)
+    for drop in (True, False):
+        for weight in (None, w):
+            ours, theirs = (f(y, s, sample_weight=weight, drop_intermediate=drop) for f in (fm.roc_curve, sk.roc_curve))
+            for a, b in zip(ours, theirs):
+                assert np.array_equal(a, b), (drop, weight is None)
+    for pred in ((s >= 0.5).astype(int), np.zeros(n, int), np.ones(n, int)):
+        for name in ("f1_score", "precision_score", "recall_score"):
+            assert getattr(fm, name)(y, pred, zero_division=0) == getattr(sk, name)(y, pred, zero_division=0), name
+        assert fm.accuracy_score(y, pred) == sk.accuracy_score(y, pred)
+    C = 5
+    yc, pc = rng.integers(0, C - 1, n), rng.integers(0, C, n)  # class 4 never true, some never predicted
+    labels = list(range(C))
+    assert np.array_equal(fm.confusion_matrix(yc, pc, labels=labels), sk.confusion_matrix(yc, pc, labels=labels))
+    for name in ("f1_score", "precision_score", "recall_score"):
+        kw = dict(labels=labels, average=None, zero_division=0)
+        assert np.array_equal(getattr(fm, name)(yc, pc, **kw), getattr(sk, name)(yc, pc, **kw)), name
+    assert fm.accuracy_score(yc, pc) == sk.accuracy_score(yc, pc)
+
+
+def test_a_site_computing_metrics_imports_no_scipy() -> None:
+    """Scoring, choosing thresholds and the single-label metrics load neither scikit-learn nor SciPy."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np; from fedpartial.metrics import compute_metrics, select_thresholds;"
+        "y = np.array([[0, 1], [1, 0], [1, 1], [0, 0]]); p = np.array([[.2, .7], [.6, .4], [.9, .8], [.1, .3]]);"
+        "compute_metrics('multilabel', y, p, ['a', 'b']); select_thresholds(y, p);"
+        "compute_metrics('multiclass', np.array([0, 1, 1]), np.array([[.6, .4], [.3, .7], [.8, .2]]), ['a', 'b']);"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'scipy', 'sklearn'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -46,45 +46,109 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-
-def _sklearn_metrics():
-    """``sklearn.metrics``, imported on first use (a site process imports this module at start-up; scikit-learn
-    and the SciPy it loads cost more than a second and ~60 MB there: benchmarks/import_cost.py)."""
-    import sklearn.metrics
-
-    return sklearn.metrics
-
-
-def accuracy_score(*args, **kwargs):
-    return _sklearn_metrics().accuracy_score(*args, **kwargs)
+# ------------------------------------------------------------------ scikit-learn's definitions, in NumPy
+# The functions below compute what scikit-learn's functions of the same name compute, for the calls made here
+# (binary labels 0/1, or class indices with ``labels=range(C)``), with the same operations in the same order: the
+# same floats (tests/test_metrics.py compares them bit for bit on random scores with ties and weights). Importing
+# ``sklearn.metrics`` loads SciPy's statistics, ~2.5 s of CPU in every site and server process at the first
+# evaluation (``benchmarks/import_cost.py``), for these few lines.
 
 
-def average_precision_score(*args, **kwargs):
-    return _sklearn_metrics().average_precision_score(*args, **kwargs)
+def _ranked_counts(y_true, y_score, sample_weight=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(fps, tps, thresholds)`` at each distinct score, highest first: the positives and negatives (weighted)
+    scoring at least that much (``sklearn.metrics.confusion_matrix_at_thresholds``); zero weights are left out."""
+    y = (np.asarray(y_true).reshape(-1) == 1).astype(np.float64)
+    s = np.asarray(y_score).reshape(-1)
+    w = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64).reshape(-1)
+    if w is not None:
+        keep = w != 0
+        y, s, w = y[keep], s[keep], w[keep]
+    order = len(s) - 1 - np.argsort(s[::-1], kind="stable")[::-1]  # descending, ties in their order
+    y, s = y[order], s[order]
+    idx = np.r_[np.nonzero(np.diff(s))[0], len(y) - 1]
+    if w is None:
+        tps = np.cumsum(y * 1.0, dtype=np.float64)[idx]
+        fps = 1 + idx.astype(np.float64) - tps
+    else:
+        w = w[order]
+        tps = np.cumsum(y * w, dtype=np.float64)[idx]
+        fps = np.cumsum((1 - y) * w, dtype=np.float64)[idx]
+    return fps, tps, s[idx]
 
 
-def confusion_matrix(*args, **kwargs):
-    return _sklearn_metrics().confusion_matrix(*args, **kwargs)
+def roc_curve(y_true, y_score, *, sample_weight=None, drop_intermediate: bool = True):
+    """``(fpr, tpr, thresholds)`` with a first point ``(0, 0)`` at threshold ``inf`` (``sklearn.metrics.roc_curve``);
+    both outcomes must be present."""
+    fps, tps, thr = _ranked_counts(y_true, y_score, sample_weight)
+    if drop_intermediate and len(fps) > 2:  # points collinear with their neighbours: no corner, no area
+        keep = np.where(np.r_[True, np.logical_or(np.diff(fps, 2), np.diff(tps, 2)), True])[0]
+        fps, tps, thr = fps[keep], tps[keep], thr[keep]
+    tps, fps = np.r_[0.0, tps], np.r_[0.0, fps]
+    thr = np.r_[np.inf, thr.astype(np.float64)]
+    return fps / fps[-1], tps / tps[-1], thr
 
 
-def f1_score(*args, **kwargs):
-    return _sklearn_metrics().f1_score(*args, **kwargs)
+def roc_auc_score(y_true, y_score) -> float:
+    """Area under the ROC curve by the trapezoidal rule (binary ``sklearn.metrics.roc_auc_score``)."""
+    fpr, tpr, _ = roc_curve(y_true, y_score)
+    return float((np.diff(fpr) * (tpr[1:] + tpr[:-1]) / 2.0).sum())
 
 
-def precision_score(*args, **kwargs):
-    return _sklearn_metrics().precision_score(*args, **kwargs)
+def average_precision_score(y_true, y_score) -> float:
+    """Sum over the thresholds of (recall step) x precision (binary ``sklearn.metrics.average_precision_score``)."""
+    fps, tps, _ = _ranked_counts(y_true, y_score)
+    ps = tps + fps
+    precision = np.r_[np.where(ps != 0, tps / ps, 0.0)[::-1], 1.0]
+    recall = np.r_[(tps / tps[-1])[::-1], 0.0]
+    return float(max(0.0, -np.sum(np.diff(recall) * precision[:-1])))
 
 
-def recall_score(*args, **kwargs):
-    return _sklearn_metrics().recall_score(*args, **kwargs)
+def confusion_matrix(y_true, y_pred, *, labels: Sequence[int]) -> np.ndarray:
+    """``(C, C)`` int64 counts, row = true class index, column = predicted (``labels`` = ``range(C)``)."""
+    C = len(labels)
+    return np.bincount(np.asarray(y_true) * C + np.asarray(y_pred), minlength=C * C).reshape(C, C)
 
 
-def roc_auc_score(*args, **kwargs):
-    return _sklearn_metrics().roc_auc_score(*args, **kwargs)
+def _divide(num, den) -> np.ndarray:
+    """``num / den``, 0 where ``den`` is 0 (scikit-learn's ``zero_division=0``)."""
+    num, den = np.asarray(num, dtype=np.float64), np.asarray(den, dtype=np.float64)
+    out = np.zeros(np.broadcast(num, den).shape)
+    np.divide(num, den, out=out, where=den != 0)
+    return out
 
 
-def roc_curve(*args, **kwargs):
-    return _sklearn_metrics().roc_curve(*args, **kwargs)
+def _counts(y_true, y_pred, labels: Sequence[int] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(tp, true, predicted)`` per class of ``labels``; for ``None`` the positive class 1 of binary labels."""
+    y, p = np.asarray(y_true).reshape(-1), np.asarray(y_pred).reshape(-1)
+    if labels is None:
+        return np.sum((y == 1) & (p == 1)), np.sum(y == 1), np.sum(p == 1)
+    cm = confusion_matrix(y, p, labels=labels)
+    return np.diag(cm), cm.sum(1), cm.sum(0)
+
+
+def precision_score(y_true, y_pred, *, labels=None, average: str | None = "binary", zero_division: int = 0):
+    """TP / predicted positive (``sklearn.metrics.precision_score``: binary, or per class with ``average=None``)."""
+    tp, _, pred = _counts(y_true, y_pred, labels if average is None else None)
+    return _divide(tp, pred) if average is None else float(_divide(tp, pred))
+
+
+def recall_score(y_true, y_pred, *, labels=None, average: str | None = "binary", zero_division: int = 0):
+    """TP / positive (``sklearn.metrics.recall_score``: binary, or per class with ``average=None``)."""
+    tp, true, _ = _counts(y_true, y_pred, labels if average is None else None)
+    return _divide(tp, true) if average is None else float(_divide(tp, true))
+
+
+def f1_score(y_true, y_pred, *, labels=None, average: str | None = "binary", zero_division: int = 0):
+    """2 TP / (positive + predicted positive) (``sklearn.metrics.f1_score``: binary, or per class with
+    ``average=None``)."""
+    tp, true, pred = _counts(y_true, y_pred, labels if average is None else None)
+    f1 = _divide(2 * tp, true + pred)
+    return f1 if average is None else float(f1)
+
+
+def accuracy_score(y_true, y_pred) -> float:
+    """The fraction of rows predicted right (``sklearn.metrics.accuracy_score``)."""
+    return float(np.average(np.asarray(y_true) == np.asarray(y_pred)))
 
 
 __all__ = [

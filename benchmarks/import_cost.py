@@ -5,8 +5,10 @@ same run (median of ``--repeats``).
     python benchmarks/import_cost.py --out benchmarks/results/import_cost
 
 Rows: ``import torch``; ``import fedpartial.fl.executor`` (what NVFlare imports to start a site; target within
-1.5x of torch); the executor plus ``monai.data`` (what a site has loaded once it builds its datasets: MONAI, and
-with it every optional package MONAI finds installed).
+1.5x of torch); a training site (the executor plus what its first round runs: a seeded loader and the metrics;
+MONAI, scikit-learn and SciPy stay out); and, for comparison, the executor plus ``monai.data`` and
+``sklearn.metrics`` (what a training site loaded while its loader was MONAI's and its metrics scikit-learn's,
+and what a site with per-sample MONAI views still loads).
 """
 
 from __future__ import annotations
@@ -23,7 +25,13 @@ REPO = Path(__file__).resolve().parents[1]
 ROWS = {
     "import torch": "import torch",
     "import fedpartial.fl.executor": "import fedpartial.fl.executor",
-    "executor + monai.data (a training site)": "import fedpartial.fl.executor, monai.data",
+    "a training site (executor + loader + metrics)": (
+        "import fedpartial.fl.executor, numpy, torch; from fedpartial.data.dataset import make_loader; "
+        "from fedpartial.metrics import compute_metrics; "
+        "list(make_loader(torch.utils.data.TensorDataset(torch.zeros(4, 1)), 2, True, 0)); "
+        "compute_metrics('multilabel', numpy.eye(2, dtype=int), numpy.full((2, 2), 0.5), ['a', 'b'])"
+    ),
+    "executor + monai.data + sklearn.metrics": "import fedpartial.fl.executor, monai.data, sklearn.metrics",
 }
 PROBE = """
 import os, resource, sys, time

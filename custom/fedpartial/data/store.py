@@ -699,11 +699,23 @@ def build_store(
     Raises:
         DecodeFailure: rows that could not be decoded (the others are committed; a rerun redoes only those).
     """
-    folder = Path(folder)
-    paths = [str(p) for p in paths]
-    n = len(paths)
-    key = store_key(paths, prep)
-    meta_file, images = folder / "store.json", folder / "images.npy"
+    folder, paths = Path(folder), [str(p) for p in paths]
+    meta = _open_or_create(folder, paths, prep, labels, mask, chunk_rows, desc, log_fn)
+    if len(redo):
+        _mark_changed(folder, meta, paths, labels, mask, redo)
+    build = _ChunkBuild(folder, meta, paths, prep, desc, log_fn)
+    if build.todo:
+        build.run(workers, budget_s)
+    _finish(folder, meta)
+    return build.stats
+
+
+def _open_or_create(
+    folder: Path, paths: list[str], prep: Preprocessing, labels, mask, chunk_rows: int, desc: str, log_fn
+) -> dict:
+    """The store's ``store.json`` content: read (refused when built for other images or preprocessing), or, for a
+    new store, written with its index, an empty (sparse) ``images.npy`` and no chunk done."""
+    key, meta_file = store_key(paths, prep), folder / "store.json"
     meta = None
     if meta_file.is_file():
         try:
@@ -714,121 +726,161 @@ def build_store(
             meta.get("format") != FORMAT or meta.get("version") != VERSION or meta.get("key") != key
         ):
             raise _refuse(folder, "foreign (built for other images or other preprocessing)")
-    if meta is None:  # a new store: index, empty image file, no chunk
-        folder.mkdir(parents=True, exist_ok=True)
-        channels = manifest_channels(paths, prep, f"{desc}: image kinds", log_fn) if n else 1
-        shape = (n, channels, prep.image_size, prep.image_size)
-        np.lib.format.open_memmap(images, mode="w+", dtype=np.uint8, shape=shape).flush()  # sparse until written
-        (folder / "chunks.log").write_text("")
-        meta = {
-            "format": FORMAT,
-            "version": VERSION,
-            "key": key,
-            "shape": list(shape),
-            "chunk_rows": int(chunk_rows),
-            "preprocessing": prep.key(),
-            "complete": False,
-            "created": time.time(),
-        }
-        _write_index(folder, meta, paths, labels, mask)
-        _write_json(meta_file, meta)
-    rows, channels = int(meta["chunk_rows"]), int(meta["shape"][1])
-    n_chunks = -(-n // rows)
-    if len(redo):
-        bad = sorted({int(r) // rows for r in redo})
-        _append_log(folder / "chunks.log", [f"-{c + 1} 0" for c in bad])
-        meta["complete"] = False
-        _write_json(meta_file, meta)
-        _write_index(folder, meta, paths, labels, mask)  # new sizes / mtimes of the changed files
-        _write_json(meta_file, meta)
-    done = _read_log(folder / "chunks.log")
-    todo = [c for c in range(n_chunks) if c not in done]
-    stats = {"decoded": 0, "cpu_s": 0.0, "cpu_s_pool": 0.0, "wall_s": 0.0, "workers": 0}
-    if not todo:
-        _finish(folder, meta, meta_file)
-        return stats
-    t0 = time.perf_counter()
-    workers = max(1, min(int(workers or default_workers()), len(todo)))
-    stats["workers"] = workers
-    update, close = _progress(n, n - sum(min(rows, n - c * rows) for c in todo), desc, log_fn)
-    failures: list[tuple[int, str]] = []
+    if meta is not None:
+        return meta
+    n = len(paths)
+    folder.mkdir(parents=True, exist_ok=True)
+    channels = manifest_channels(paths, prep, f"{desc}: image kinds", log_fn) if n else 1
+    shape = (n, channels, prep.image_size, prep.image_size)
+    np.lib.format.open_memmap(folder / "images.npy", mode="w+", dtype=np.uint8, shape=shape).flush()
+    (folder / "chunks.log").write_text("")
+    meta = {
+        "format": FORMAT,
+        "version": VERSION,
+        "key": key,
+        "shape": list(shape),
+        "chunk_rows": int(chunk_rows),
+        "preprocessing": prep.key(),
+        "complete": False,
+        "created": time.time(),
+    }
+    _write_index(folder, meta, paths, labels, mask)
+    _write_json(meta_file, meta)
+    return meta
 
-    def commit(result) -> None:
+
+def _mark_changed(folder: Path, meta: dict, paths: list[str], labels, mask, rows: Sequence[int]) -> None:
+    """The chunks holding ``rows`` (their source files changed) are to be decoded again, and the index records the
+    files' new sizes and times."""
+    chunk_rows = int(meta["chunk_rows"])
+    _append_log(folder / "chunks.log", [f"-{c + 1} 0" for c in sorted({int(r) // chunk_rows for r in rows})])
+    meta["complete"] = False
+    _write_json(folder / "store.json", meta)
+    _write_index(folder, meta, paths, labels, mask)
+    _write_json(folder / "store.json", meta)
+
+
+class _ChunkBuild:
+    """Decoding the chunks a store lacks (``todo``, in order) into its ``images.npy``, each finished chunk logged
+    with its checksum (``commit``), progress shown; ``stats`` as :func:`build_store` returns them."""
+
+    def __init__(self, folder: Path, meta: dict, paths: list[str], prep: Preprocessing, desc: str, log_fn):
+        self.folder, self.paths, self.prep, self.desc, self.log_fn = folder, paths, prep, desc, log_fn
+        self.rows, self.channels, n = int(meta["chunk_rows"]), int(meta["shape"][1]), len(paths)
+        self.n_chunks = -(-n // self.rows)
+        done = _read_log(folder / "chunks.log")
+        self.todo = [c for c in range(self.n_chunks) if c not in done]
+        self.stats = {"decoded": 0, "cpu_s": 0.0, "cpu_s_pool": 0.0, "wall_s": 0.0, "workers": 0}
+        self.failures: list[tuple[int, str]] = []
+
+    def size(self, chunk: int) -> int:
+        return min(self.rows, len(self.paths) - chunk * self.rows)
+
+    def args(self, chunk: int) -> tuple:
+        rows = self.rows
+        return str(self.folder / "images.npy"), chunk, chunk * rows, self.paths[chunk * rows : (chunk + 1) * rows]
+
+    def decode(self, chunk: int):
+        return _decode_chunk(*self.args(chunk), self.prep, self.channels)
+
+    def submit(self, pool, chunk: int):
+        return pool.submit(_decode_chunk, *self.args(chunk), self.prep, self.channels)
+
+    def commit(self, result) -> None:
         chunk, crc, fails, cpu = result
-        k = min(rows, n - chunk * rows)
-        stats["decoded"] += k
-        stats["cpu_s"] += cpu
+        k = self.size(chunk)
+        self.stats["decoded"] += k
+        self.stats["cpu_s"] += cpu
         if crc is not None:
-            _append_log(folder / "chunks.log", [f"{chunk} {crc}"])
-        failures.extend(fails)
-        update(k)
+            _append_log(self.folder / "chunks.log", [f"{chunk} {crc}"])
+        self.failures.extend(fails)
+        self.update(k)
 
-    def args(c: int):
-        return str(images), c, c * rows, paths[c * rows : (c + 1) * rows], prep, channels
+    def run(self, workers: int | None, budget_s: float | None) -> None:
+        """Decode every chunk of ``todo`` (the first in this process, the rest in a pool of ``workers``); Ctrl-C /
+        SIGTERM keeps the finished chunks and says so.
 
-    try:
-        first = todo.pop(0)  # in this process: its time tells whether the rest fits the budget
-        parallel = workers > 1 and len(todo) > 1
-        with _pool(workers) if parallel else contextlib.nullcontext() as pool:
-            # the pool's processes start, and decode the next chunks, while this process decodes the first one
-            queue = list(todo)
-            pending = (
-                {pool.submit(_decode_chunk, *args(queue.pop(0))) for _ in range(min(2 * workers, len(queue)))}
-                if parallel
-                else set()
-            )
-            t_first = time.perf_counter()
-            result = _decode_chunk(*args(first))
-            commit(result)
-            k_first = max(1, min(rows, n - first * rows))
-            # seconds per image: CPU time when the pool shares the cores with it (its wall time would count theirs)
-            per_image = (result[3] if parallel else time.perf_counter() - t_first) / k_first
-            rest = sum(min(rows, n - c * rows) for c in todo)
-            if budget_s is not None and todo and per_image * rest / workers > budget_s:
-                if parallel:
-                    pool.shutdown(wait=True, cancel_futures=True)
-                    for f in pending:  # chunks the pool finished are kept (a later build resumes after them)
-                        if f.done() and not f.cancelled() and f.exception() is None:
-                            commit(f.result())
-                raise StoreError(
-                    f"image store {folder}: {rest} images left to decode, about {per_image * rest / workers / 60:.0f} "
-                    f"min on {workers} process(es), more than the {budget_s / 60:.0f} min this step may take; build it "
-                    f"before the job: fedpartial-store PREPARED_FOLDER (or --site-config FILE --dataset NAME) "
-                    f"--image-size {prep.image_size} --channels {prep.channels} (docs/datasets.md, 'Image store')"
+        Raises:
+            DecodeFailure: rows that could not be decoded (the other rows are committed).
+            StoreError: the rest would take longer than ``budget_s``.
+        """
+        t0, n = time.perf_counter(), len(self.paths)
+        workers = max(1, min(int(workers or default_workers()), len(self.todo)))
+        self.stats["workers"] = workers
+        self.update, close = _progress(n, n - sum(self.size(c) for c in self.todo), self.desc, self.log_fn)
+        try:
+            first, queue = self.todo[0], list(self.todo[1:])  # the first in this process: its time tells the rest's
+            parallel = workers > 1 and len(queue) > 1
+            with _pool(workers) if parallel else contextlib.nullcontext() as pool:
+                # the pool's processes start, and decode the next chunks, while this process decodes the first one
+                pending = (
+                    {self.submit(pool, queue.pop(0)) for _ in range(min(2 * workers, len(queue)))}
+                    if parallel
+                    else set()
                 )
-            if not parallel:
-                for c in queue:
-                    commit(_decode_chunk(*args(c)))
-            else:
-                from concurrent.futures import FIRST_COMPLETED, wait
+                t_first = time.perf_counter()
+                result = self.decode(first)
+                self.commit(result)
+                # seconds per image: CPU time when the pool shares the cores with it (its wall time would count theirs)
+                per_image = (result[3] if parallel else time.perf_counter() - t_first) / max(1, self.size(first))
+                self._check_budget(per_image, workers, budget_s, pool, pending)
+                if parallel:
+                    self._decode_in_pool(pool, pending, queue)
+                else:
+                    for c in queue:
+                        self.commit(self.decode(c))
+        except KeyboardInterrupt:
+            kept = len(_read_log(self.folder / "chunks.log"))
+            (self.log_fn or (lambda m: print(m, file=sys.stderr, flush=True)))(
+                f"{self.desc}: stopped; {kept} of {self.n_chunks} chunks are kept in {self.folder} (the same command "
+                "goes on after them)"
+            )
+            raise
+        finally:
+            close()
+            self.stats["wall_s"] = time.perf_counter() - t0
+        if self.failures:
+            raise DecodeFailure(self.failures)
 
-                try:
-                    while pending:
-                        finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-                        for f in finished:
-                            commit(f.result())
-                            stats["cpu_s_pool"] += f.result()[3]
-                            if queue:
-                                pending.add(pool.submit(_decode_chunk, *args(queue.pop(0))))
-                except KeyboardInterrupt:  # Ctrl-C / SIGTERM: the running chunks finish and are kept
-                    pool.shutdown(wait=True, cancel_futures=True)
-                    for f in pending:
-                        if f.done() and not f.cancelled() and f.exception() is None:
-                            commit(f.result())
-                    raise
-    except KeyboardInterrupt:
-        kept = len(_read_log(folder / "chunks.log"))
-        (log_fn or (lambda m: print(m, file=sys.stderr, flush=True)))(
-            f"{desc}: stopped; {kept} of {n_chunks} chunks are kept in {folder} (the same command goes on after them)"
+    def _check_budget(self, per_image: float, workers: int, budget_s: float | None, pool, pending) -> None:
+        """Raise :class:`StoreError` naming the command to build the store beforehand when the chunks left would take
+        longer than ``budget_s`` (those the pool finished meanwhile are kept)."""
+        rest = sum(self.size(c) for c in self.todo[1:])
+        if budget_s is None or not rest or per_image * rest / workers <= budget_s:
+            return
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+            self._commit_finished(pending)
+        prep = self.prep
+        raise StoreError(
+            f"image store {self.folder}: {rest} images left to decode, about {per_image * rest / workers / 60:.0f} "
+            f"min on {workers} process(es), more than the {budget_s / 60:.0f} min this step may take; build it "
+            f"before the job: fedpartial-store PREPARED_FOLDER (or --site-config FILE --dataset NAME) "
+            f"--image-size {prep.image_size} --channels {prep.channels} (docs/datasets.md, 'Image store')"
         )
-        raise
-    finally:
-        close()
-        stats["wall_s"] = time.perf_counter() - t0
-    if failures:
-        raise DecodeFailure(failures)
-    _finish(folder, meta, meta_file)
-    return stats
+
+    def _decode_in_pool(self, pool, pending: set, queue: list[int]) -> None:
+        """The pool's chunks committed as they finish, the queue fed to it; Ctrl-C / SIGTERM: the running chunks
+        finish and are kept."""
+        from concurrent.futures import FIRST_COMPLETED, wait
+
+        try:
+            while pending:
+                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for f in finished:
+                    self.commit(f.result())
+                    self.stats["cpu_s_pool"] += f.result()[3]
+                    if queue:
+                        pending.add(self.submit(pool, queue.pop(0)))
+        except KeyboardInterrupt:
+            pool.shutdown(wait=True, cancel_futures=True)
+            self._commit_finished(pending)
+            raise
+
+    def _commit_finished(self, futures) -> None:
+        for f in futures:  # chunks the pool finished are kept (a later build resumes after them)
+            if f.done() and not f.cancelled() and f.exception() is None:
+                self.commit(f.result())
 
 
 def _write_index(folder: Path, meta: dict, paths: list[str], labels, mask) -> None:
@@ -851,11 +903,11 @@ def _write_index(folder: Path, meta: dict, paths: list[str], labels, mask) -> No
     meta["index_sha256"] = _index_digest(folder / "index.npz")
 
 
-def _finish(folder: Path, meta: dict, meta_file: Path) -> None:
+def _finish(folder: Path, meta: dict) -> None:
     if not meta.get("complete"):
         meta["complete"] = True
         meta["finished"] = time.time()
-        _write_json(meta_file, meta)
+        _write_json(folder / "store.json", meta)
 
 
 def relabel(

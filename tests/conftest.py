@@ -25,6 +25,36 @@ def real_data(name: str) -> Path:
     return path
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--cpu-report",
+        default=None,
+        metavar="FILE",
+        help="append one JSON line per test to FILE: its CPU seconds (this process and the child processes it "
+        "reaped, e.g. a simulator and its sites) and wall seconds, setup and teardown included (the suite's budget)",
+    )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    report = item.config.getoption("--cpu-report")
+    if not report:
+        yield
+        return
+    import time
+
+    t0, w0 = os.times(), time.monotonic()
+    yield
+    t1 = os.times()
+    line = {
+        "test": item.nodeid,
+        "cpu_s": round(sum(t1[:4]) - sum(t0[:4]), 2),
+        "wall_s": round(time.monotonic() - w0, 2),
+    }
+    with open(report, "a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
 @pytest.fixture(autouse=True)
 def _method_registry_restored():
     """A test that registers a method of its own (a rule that raises, ...) leaves the registry as it found it:

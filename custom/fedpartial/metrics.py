@@ -47,8 +47,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 # ------------------------------------------------------------------ scikit-learn's definitions, in NumPy
-# The functions below compute what scikit-learn's functions of the same name compute, for the calls made here
-# (binary labels 0/1, or class indices with ``labels=range(C)``), with the same operations in the same order: the
+# The functions below compute what scikit-learn's functions of the same name compute (precision_recall_f1: its
+# precision_score / recall_score / f1_score with zero_division=0, from counts), for the calls made here (binary
+# labels 0/1, or class indices with ``labels=range(C)``), with the same operations in the same order: the
 # same floats (tests/test_metrics.py compares them bit for bit on random scores with ties and weights). Importing
 # ``sklearn.metrics`` loads SciPy's statistics, ~2.5 s of CPU in every site and server process at the first
 # evaluation (``benchmarks/import_cost.py``), for these few lines.
@@ -117,33 +118,17 @@ def _divide(num, den) -> np.ndarray:
     return out
 
 
-def _counts(y_true, y_pred, labels: Sequence[int] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(tp, true, predicted)`` per class of ``labels``; for ``None`` the positive class 1 of binary labels."""
-    y, p = np.asarray(y_true).reshape(-1), np.asarray(y_pred).reshape(-1)
-    if labels is None:
-        return np.sum((y == 1) & (p == 1)), np.sum(y == 1), np.sum(p == 1)
-    cm = confusion_matrix(y, p, labels=labels)
-    return np.diag(cm), cm.sum(1), cm.sum(0)
+def precision_recall_f1(tp, true, pred) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Precision TP / predicted, recall TP / true and F1 2 TP / (true + predicted), 0 where undefined
+    (scikit-learn's ``precision_score`` / ``recall_score`` / ``f1_score`` with ``zero_division=0``), from the counts
+    of true positives, positives and predicted positives (scalars or one per class)."""
+    return _divide(tp, pred), _divide(tp, true), _divide(2 * tp, true + pred)
 
 
-def precision_score(y_true, y_pred, *, labels=None, average: str | None = "binary", zero_division: int = 0):
-    """TP / predicted positive (``sklearn.metrics.precision_score``: binary, or per class with ``average=None``)."""
-    tp, _, pred = _counts(y_true, y_pred, labels if average is None else None)
-    return _divide(tp, pred) if average is None else float(_divide(tp, pred))
-
-
-def recall_score(y_true, y_pred, *, labels=None, average: str | None = "binary", zero_division: int = 0):
-    """TP / positive (``sklearn.metrics.recall_score``: binary, or per class with ``average=None``)."""
-    tp, true, _ = _counts(y_true, y_pred, labels if average is None else None)
-    return _divide(tp, true) if average is None else float(_divide(tp, true))
-
-
-def f1_score(y_true, y_pred, *, labels=None, average: str | None = "binary", zero_division: int = 0):
-    """2 TP / (positive + predicted positive) (``sklearn.metrics.f1_score``: binary, or per class with
-    ``average=None``)."""
-    tp, true, pred = _counts(y_true, y_pred, labels if average is None else None)
-    f1 = _divide(2 * tp, true + pred)
-    return f1 if average is None else float(f1)
+def binary_counts(y_true, y_pred) -> tuple[int, int, int]:
+    """``(TP, positives, predicted positives)`` of 0/1 labels and predictions."""
+    y, p = np.asarray(y_true).reshape(-1) == 1, np.asarray(y_pred).reshape(-1) == 1
+    return int(np.sum(y & p)), int(np.sum(y)), int(np.sum(p))
 
 
 def accuracy_score(y_true, y_pred) -> float:
@@ -253,8 +238,8 @@ def multilabel_metrics(
         counts[name] = {"pos": int(yt.sum()), "neg": int(len(yt) - yt.sum()), "pred": int(pred.sum())}
         m: dict[str, float | None] = dict.fromkeys(ML_CLASS_METRICS)
         if len(yt):
-            for key, fn in (("f1", f1_score), ("precision", precision_score), ("recall", recall_score)):
-                m[key] = float(fn(yt, pred, zero_division=0))
+            prec, rec, f1 = precision_recall_f1(*binary_counts(yt, pred))
+            m.update(f1=float(f1), precision=float(prec), recall=float(rec))
         if len(yt):  # binary cross-entropy of the annotated entries (surgical aggregation's model selection)
             q = np.clip(p, 1e-7, 1 - 1e-7)
             m["bce"] = float(-np.mean(yt * np.log(q) + (1 - yt) * np.log(1 - q)))
@@ -325,12 +310,7 @@ def multiclass_metrics(
         pred = probs.argmax(1)
         labels = list(range(C))
         cm = confusion_matrix(y_true, pred, labels=labels)
-        kw = dict(labels=labels, average=None, zero_division=0)
-        f1, prec, rec = (
-            f1_score(y_true, pred, **kw),
-            precision_score(y_true, pred, **kw),
-            recall_score(y_true, pred, **kw),
-        )
+        prec, rec, f1 = precision_recall_f1(np.diag(cm), cm.sum(1), cm.sum(0))  # per class, labels=range(C)
         for c, name in enumerate(classes):
             tp, pos, pred_pos = cm[c, c], cm[c].sum(), cm[:, c].sum()
             tn = n - pos - pred_pos + tp

@@ -10,6 +10,12 @@ from pathlib import Path
 
 import pytest
 
+# One intra-op thread per process: the suite's parallelism is its processes (test workers, simulated sites,
+# deployments), and on CI's two cores every extra torch / OpenMP thread spins against them (test_method_zoo.py's
+# in-process federated rounds took 4.7x the CPU time with torch's default of a thread per core). Set before torch
+# is imported; the processes a test starts inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 """The shared real data next to the checkout (``../shared/data``: the jobs' relative data roots name it too)."""

@@ -245,18 +245,21 @@ TINY = {
         "dataset": {
             "preset": "ham10000",
             "image_size": 32,
-            "prepare": {"val_frac": 0.03, "test_frac": 0.05, "site_sizes": 60},
+            "prepare": {
+                "val_frac": 0.03,
+                "test_frac": 0.05,
+                "site_sizes": 60,
+                **{"num_sites": 3, "protocol": "missing_k", "k": 3, "table": None},  # 3 sites (of its table's 5)
+            },
         }
     },
-}  # 5 sites (FedLSM's table)
+}
 FAST = {"num_rounds": 2, "evaluation": {"test_every": 1}, "train": {"batch_size": 16}}
 
 
 def _trained(job: str, kind: str, root: Path, cache: Path) -> Path:
     """``python jobs/<job>/job.py --rounds 2``'s recipe (SimEnv) on tiny data; returns the workspace."""
-    proc = run_recipe(
-        job, root, {**FAST, **TINY[kind]}, sites=3 if kind == "ich" else None, env={"FEDPARTIAL_CACHE": str(cache)}
-    )
+    proc = run_recipe(job, root, {**FAST, **TINY[kind]}, sites=3, env={"FEDPARTIAL_CACHE": str(cache)})
     ws = root / job
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(ws)[-3000:]
     return ws

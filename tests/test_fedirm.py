@@ -696,8 +696,8 @@ def test_baseline_jobs_match_fedirm_isic(job, method, protocol):
     "job", ["fedirm_isic"]
 )  # the paper's task; fedirm_ich's multi-label rounds: test_method_zoo.py
 def test_job_three_rounds_in_the_simulator(job, tmp_path, data_cache):
-    """3 rounds of each FedIRM job through `nvflare simulator` on tiny data, 4 of its sites (2 labelled; the job's
-    10 in the benchmarks, 4 here to keep CI within its budget): round 0 is a
+    """3 rounds of each FedIRM job through `nvflare simulator` on tiny data, 3 of its sites (2 labelled, 1 not; the
+    job's 10 in the benchmarks, 3 here: every site is a process): round 0 is a
     warm round (unlabelled sites sit out), the global matrix travels from round 0 on, the unlabelled sites use it
     and keep their teacher as site state."""
     from test_jobs_simulator import TINY
@@ -712,27 +712,27 @@ def test_job_three_rounds_in_the_simulator(job, tmp_path, data_cache):
         "train": {"batch_size": 16, "local_steps": 2},
         "method_args": {"warm_rounds": 1, "entropy_threshold": 2.0, "ml_entropy_threshold": 0.7},
     }
-    prepare = {**args["dataset"].get("prepare", {}), "num_sites": 4}
+    prepare = {**args["dataset"].get("prepare", {}), "num_sites": 3}
     if kind == "ham10000":
         prepare["site_sizes"] = 30
     args["dataset"] = {**args["dataset"], "prepare": prepare}
     from conftest import REPO
     from fedpartial.tools.build_jobs import customise_job
 
-    job_dir = customise_job(REPO / "jobs" / job, tmp_path / job, 3, args, min_clients=4)
+    job_dir = customise_job(REPO / "jobs" / job, tmp_path / job, 3, args, min_clients=3)
     ws = tmp_path / "ws"
-    proc = run_simulator(job_dir, ws, n=4, env={"FEDPARTIAL_CACHE": str(data_cache)})
+    proc = run_simulator(job_dir, ws, n=3, env={"FEDPARTIAL_CACHE": str(data_cache)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(ws)[-3000:]
     res = results_of(ws)
     assert res["method"] == "fedirm" and res["num_rounds"] == 3
-    unlabelled = [f"site-{i}" for i in range(3, 5)]
+    unlabelled = ["site-3"]
     r0, r1, r2 = res["rounds"]
     assert sorted(r0["sat_out"]) == sorted(unlabelled)
     for r in (r0, r1, r2):
         assert r["val"]["macro"]["auc"] is not None
         assert len(r["server_stats"]["fedirm_global_relation"]) == 5 if kind == "ich" else 7
     for r in (r1, r2):
-        assert not r["sat_out"] and len(r["sites"]) == 4
+        assert not r["sat_out"] and len(r["sites"]) == 3
         for site in unlabelled:
             stats = r["site_stats"][site]
             assert stats["fedirm_received_relation"] == 1 and stats["fedirm_selected"] >= 0, (r["round"], site)

@@ -28,9 +28,10 @@ from fedpartial.tools import export as E
 from fedpartial.tools import predict as P
 
 JOB = "fedavg_ich"
+SITES = 2  # every site is a process
 TINY = [
     "--sites",
-    "3",
+    str(SITES),
     "--set",
     "dataset.prepare.k=2",
     "--set",
@@ -105,9 +106,9 @@ def test_ctrl_c_stops_every_process_of_the_run_says_what_was_kept_and_the_run_re
     proc = _start(ws, "--rounds", "40", env=env, log=log)
     ckpt = ws / f"{JOB}.checkpoints" / JOB / "simulate_job" / "server" / "checkpoint.pt"
     _wait_for(lambda: ckpt.is_file(), 300, "checkpoint of a finished round", proc, log)
-    _wait_for(lambda: len(_workers(proc.pid)) == 3, 60, "3 site workers", proc, log)
+    _wait_for(lambda: len(_workers(proc.pid)) == SITES, 60, "every site worker", proc, log)
     before = _tree(proc.pid)
-    assert len(before) >= 5  # the launcher, its server process, its Manager, 3 site workers (the run exists)
+    assert len(before) >= 3 + SITES  # the launcher, its server process, its Manager, the site workers (the run exists)
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends: job.py's process group only
     assert proc.wait(timeout=30) == 130
     gone, alive = psutil.wait_procs(before, timeout=30)
@@ -140,7 +141,7 @@ def test_ctrl_c_stops_every_process_of_the_run_says_what_was_kept_and_the_run_re
 def test_sigkill_of_job_py_leaves_no_process_of_the_run(tmp_path, data_cache):
     ws, log = tmp_path / "ws", tmp_path / "job.log"
     proc = _start(ws, "--rounds", "40", env={"FEDPARTIAL_CACHE": str(data_cache)}, log=log)
-    _wait_for(lambda: len(_workers(proc.pid)) == 3, 300, "3 site workers", proc, log)
+    _wait_for(lambda: len(_workers(proc.pid)) == SITES, 300, "every site worker", proc, log)
     before = _tree(proc.pid)
     proc.kill()
     assert proc.wait(timeout=10) == -signal.SIGKILL

@@ -107,8 +107,11 @@ def test_job_runs_two_rounds(job, tmp_path, data_cache):
     kind, needs = _kind(job)
     if needs:
         real_data(needs)
-    job_dir = copy_job(job, tmp_path / job, num_rounds=2, executor_args=TINY[kind])
-    n = json.loads((job_dir / "app/config/config_fed_server.json").read_text())["min_clients"]  # the sites
+    from fedpartial.data.presets import deep_merge
+
+    n = 3  # sites (of the job's 5: every site is a process, and two of them suffice for what PFL keeps local)
+    args = deep_merge(TINY[kind], {"dataset": {"prepare": {"num_sites": n, "k": 3}}})
+    job_dir = copy_job(job, tmp_path / job, num_rounds=2, executor_args=args, min_clients=n)
     ws = tmp_path / "ws"
     proc = run_simulator(job_dir, ws, n=n, env={"FEDPARTIAL_CACHE": str(data_cache)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(ws)[-3000:]
@@ -209,19 +212,21 @@ def test_fedmlp_prototypes_travel_pseudo_labels_persist_and_the_job_resumes(tmp_
     pseudo labels are created in stage 2 and kept as site state; results.json holds all three rounds."""
     import torch
 
+    from fedpartial.data.presets import deep_merge
     from fedpartial.fl.checkpoint import CHECKPOINT_FILE, site_state_file
     from fedpartial.tools.admin import resume_folder
 
     ckpt = tmp_path / "checkpoints"
+    n = 3  # sites, each missing 3 of the 5 classes (the job's 5 sites change nothing tested here)
     args = {
-        **TINY["ich"],
+        **deep_merge(TINY["ich"], {"dataset": {"prepare": {"num_sites": n, "k": 3}}}),
         "checkpoint_dir": str(ckpt),
         "method_args": {"warmup_rounds": 1, "L": 0.5, "R": 0.5, "T0": 0.2, "T1": 0.2},
     }
-    job_dir = copy_job("fedmlp_ich", tmp_path / "fedmlp_ich", num_rounds=2, executor_args=args)
+    job_dir = copy_job("fedmlp_ich", tmp_path / "fedmlp_ich", num_rounds=2, executor_args=args, min_clients=n)
     _set_server_workflow_args(job_dir, checkpoint_dir=str(ckpt))
     first = tmp_path / "ws1"
-    proc = run_simulator(job_dir, first, n=5, env={"FEDPARTIAL_CACHE": str(data_cache)})
+    proc = run_simulator(job_dir, first, n=n, env={"FEDPARTIAL_CACHE": str(data_cache)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(first)[-3000:]
     saved = torch.load(ckpt / "fedmlp_ich" / "simulate_job" / "server" / CHECKPOINT_FILE, weights_only=True)
     assert saved["round"] == 1 and saved["method"] == "fedmlp" and saved["meta"]["fedmlp_global_p0"] is not None
@@ -232,7 +237,7 @@ def test_fedmlp_prototypes_travel_pseudo_labels_persist_and_the_job_resumes(tmp_
         "refused": {},
     }
     assert (ckpt / "fedmlp_ich" / "simulate_job" / "server" / CHECKPOINT_FILE).stat().st_mode & 0o077 == 0  # private
-    for i in range(1, 6):
+    for i in range(1, n + 1):
         kept = sorted(f.name for f in (ckpt / "fedmlp_ich" / "simulate_job" / f"site-{i}").iterdir())
         assert kept == [site_state_file(0), site_state_file(1)]  # the last two rounds
         assert (
@@ -245,16 +250,16 @@ def test_fedmlp_prototypes_travel_pseudo_labels_persist_and_the_job_resumes(tmp_
     resumed = resume_folder(job_dir, tmp_path / "fedmlp_ich_resume")
     _set_server_workflow_args(resumed, num_rounds=3)
     ws = tmp_path / "ws2"
-    proc = run_simulator(resumed, ws, n=5, env={"FEDPARTIAL_CACHE": str(data_cache)})
+    proc = run_simulator(resumed, ws, n=n, env={"FEDPARTIAL_CACHE": str(data_cache)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(ws)[-3000:]
     assert "resuming from the checkpoint of round 1" in server_log(ws)
-    for i in range(1, 6):
+    for i in range(1, n + 1):
         log = (ws / f"site-{i}" / "log.txt").read_text()
         assert "resume: adopted this site's state saved after round 1" in log, log[-2000:]
         assert "round 1: loss" not in log and "round 2: loss" in log  # only the remaining round trained here
     res = results_of(ws)
     assert res["method"] == "fedmlp" and res["num_rounds"] == 3 and res["final"]["FL_global_model.pt"]["test"]
-    assert res["setting"] == "missing 4 classes"
+    assert res["setting"] == "missing 3 classes"
     assert [r["round"] for r in res["rounds"]] == [0, 1, 2]
     r0, r1, r2 = res["rounds"]
     # site -> server: local prototypes and learning degrees from the end of the warm-up (round 0) on
@@ -271,10 +276,10 @@ def test_fedmlp_prototypes_travel_pseudo_labels_persist_and_the_job_resumes(tmp_
     for r in (r1, r2):
         assert all("fedmlp_received_prototypes" in keys for keys in r["site_meta"].values()), r["round"]
     table = (ws / "server" / "simulate_job" / "results.md").read_text()
-    assert "| Method | missing 4 classes: BACC | missing 4 classes: AUC | missing 4 classes: mAP |" in table
+    assert "| Method | missing 3 classes: BACC | missing 3 classes: AUC | missing 3 classes: mAP |" in table
     assert "fedmlp (last round)" in table and "epidural" in table
     tagged = 0
-    for i in range(1, 6):
+    for i in range(1, n + 1):
         state = torch.load(ws / f"site-{i}/simulate_job/fedpartial_state/trainer_state.pt", weights_only=False)
         tags = torch.as_tensor(state["fedmlp_pseudo_labels"])
         assert tags.shape[1] == 5
@@ -286,7 +291,7 @@ def test_fedmlp_prototypes_travel_pseudo_labels_persist_and_the_job_resumes(tmp_
     monkeypatch.setenv("FEDPARTIAL_CACHE", str(data_cache))
     rows = audit(ws)["pooled"]
     assert sum(r["pos_tags"] + r["neg_tags"] for r in rows) == tagged
-    assert sum(r["entries"] for r in rows) == 4 * sum(s["n_train"] for s in res["data"]["sites"].values())
+    assert sum(r["entries"] for r in rows) == 3 * sum(s["n_train"] for s in res["data"]["sites"].values())
     assert all(0 <= r["pos_correct"] <= r["pos_tags"] and 0 <= r["neg_correct"] <= r["neg_tags"] for r in rows)
 
 
@@ -320,7 +325,7 @@ def test_paper_job_runs_with_its_settings(job, tmp_path, data_cache):
         real_data("nih_cxr14_1000")
     from fedpartial.data.presets import deep_merge
 
-    n = 3  # sites (the job's 5 split into 3, each missing 2 classes: a ResNet-18 per site is the test's CPU time)
+    n = 2  # sites (the job's 5 split into 2, each missing 1 class: a ResNet-18 per site is the test's CPU time)
     data = deep_merge(PAPER_DATA[job], {"dataset": {"prepare": {"num_sites": n, "k": n - 1}}})
     args = {
         **data,
@@ -333,7 +338,7 @@ def test_paper_job_runs_with_its_settings(job, tmp_path, data_cache):
     proc = run_simulator(job_dir, ws, n=n, env={"FEDPARTIAL_CACHE": str(data_cache)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(ws)[-3000:]
     res = results_of(ws)
-    assert res["method"] == "fedmlp" and res["setting"] == f"missing {n - 1} classes"
+    assert res["method"] == "fedmlp" and res["setting"] == "missing 1 class"
     assert all("fedmlp_received_prototypes" in k for k in res["rounds"][1]["site_meta"].values())
 
 

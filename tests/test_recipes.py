@@ -314,7 +314,7 @@ def test_identical_training_manifests_are_found():
 def test_prepared_folder_gives_each_site_its_own_data(tmp_path, data_cache):
     """``job.py --data PREPARED_DIR``: each simulated site trains on its own ``site-<i>.csv`` (per-site sizes in
     the results are the manifests' sizes, which differ), and the data check warns when two sites' manifests are
-    the same rows (site-4's is a copy of site-3's, in the same run)."""
+    the same rows (site-3's is a copy of site-2's, in the same run)."""
     import pandas as pd
 
     from fedpartial.data.prepare import prepare
@@ -324,16 +324,16 @@ def test_prepared_folder_gives_each_site_its_own_data(tmp_path, data_cache):
         "ich_phantom",
         None,
         out,
-        4,
+        3,
         "missing_k",
         k=1,
         seed=0,
-        site_sizes=[20, 30, 40, 25],
+        site_sizes=[20, 30, 40],
         source_args={"n_images": 240, "size": 64, "seed": 0},
     )
-    shutil.copy(out / "site-3.csv", out / "site-4.csv")  # site-4 configured with site-3's data by mistake
-    rows = {f"site-{i}": len(pd.read_csv(out / f"site-{i}.csv")) for i in (1, 2, 3, 4)}
-    assert len({rows["site-1"], rows["site-2"], rows["site-3"]}) == 3
+    shutil.copy(out / "site-2.csv", out / "site-3.csv")  # site-3 configured with site-2's data by mistake
+    rows = {f"site-{i}": len(pd.read_csv(out / f"site-{i}.csv")) for i in (1, 2, 3)}
+    assert rows["site-1"] != rows["site-2"]
     # this run also tracks to a local MLflow store where MLflow is installed (requirements.txt)
     mlruns = tmp_path / "mlruns"
     tracking = (
@@ -351,7 +351,7 @@ def test_prepared_folder_gives_each_site_its_own_data(tmp_path, data_cache):
             **FAST,
             **tracking,
         },
-        sites=4,
+        sites=3,
         env={"FEDPARTIAL_CACHE": str(data_cache), "MLFLOW_ALLOW_FILE_STORE": "true"},
     )
     ws = tmp_path / "ws" / "fedavg_ich"
@@ -366,10 +366,10 @@ def test_prepared_folder_gives_each_site_its_own_data(tmp_path, data_cache):
             for m in mlruns.glob("*/*/meta.yaml")
             if "run_name: site-" in m.read_text()
         }
-        assert sorted(runs) == ["1", "2", "3", "4"], sorted(str(p.relative_to(mlruns)) for p in mlruns.rglob("*"))[:20]
+        assert sorted(runs) == ["1", "2", "3"], sorted(str(p.relative_to(mlruns)) for p in mlruns.rglob("*"))[:20]
         assert any(p.is_file() for run in runs.values() for p in (run / "metrics").rglob("*"))
     # the data check names the two sites with the same rows, and only them
-    assert "sites ['site-3', 'site-4'] train on identical manifests" in log, proc.stdout[-2000:] + log[-3000:]
+    assert "sites ['site-2', 'site-3'] train on identical manifests" in log, proc.stdout[-2000:] + log[-3000:]
     assert log.count("train on identical manifests") == 1
 
 

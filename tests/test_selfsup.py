@@ -175,9 +175,13 @@ def test_the_encoder_file_loads_into_its_backbone(arch, tmp_path):
 def test_two_rounds_in_the_simulator_write_an_encoder_that_starts_a_supervised_job(tmp_path, data_cache):
     from test_jobs_simulator import TINY
 
-    job_dir = copy_job("selfsup_ich", tmp_path / "job", num_rounds=2, executor_args=TINY["ich"])
+    from fedpartial.data.presets import deep_merge
+
+    n = 3  # of the job's 5 sites: every site is a process
+    args = deep_merge(TINY["ich"], {"dataset": {"prepare": {"num_sites": n, "k": 3}}})
+    job_dir = copy_job("selfsup_ich", tmp_path / "job", num_rounds=2, executor_args=args, min_clients=n)
     ws = tmp_path / "ws"
-    proc = run_simulator(job_dir, ws, n=5, env={"FEDPARTIAL_CACHE": str(data_cache)})
+    proc = run_simulator(job_dir, ws, n=n, env={"FEDPARTIAL_CACHE": str(data_cache)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(ws)[-3000:]
     res = json.loads(next(ws.rglob("results.json")).read_text())
     assert [r["round"] for r in res["rounds"]] == [0, 1]

@@ -5,7 +5,8 @@ test_reliability_simulator.py): ``site-2`` trains honestly, then replaces the st
 (``fedlsm_isic``): class counts ``q`` of 1e30 in round 0 (the probe that took AWPA's classifier over), NaN in round
 1. FedMLP (``fedmlp_ich``, 1-round warm-up, prototypes from round 0): NaN prototypes in round 0 (they reached every
 site as the global prototypes), no ``annotated`` vector in round 1 (the rule failed the round). Each round must
-refuse site-2 with the reason in results.json, aggregate the four others with no rule error, and the job must end.
+refuse site-2 with the reason in results.json, aggregate the two others with no rule error, and the job must end
+(3 sites: the jobs' own 5 change nothing here, and every site is a process).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 from test_jobs_simulator import TINY
 
 from conftest import copy_job, real_data, results_of, run_simulator, server_log
+from fedpartial.data.presets import deep_merge
 
 pytestmark = pytest.mark.integration
 
@@ -50,15 +52,22 @@ class HostileStatistics(PartialLabelExecutor):
         return dxo.to_shareable()
 '''
 
+THREE_SITES = {  # each site missing 3 classes
+    "ham10000": {"num_sites": 3, "protocol": "missing_k", "k": 3, "table": None},
+    "ich": {"num_sites": 3, "k": 3},
+}
 CASES = {
     "fedlsm_isic": (
-        {**TINY["ham10000"], "train": {"batch_size": 16, "local_steps": 2}},
+        {
+            **deep_merge(TINY["ham10000"], {"dataset": {"prepare": THREE_SITES["ham10000"]}}),
+            "train": {"batch_size": 16, "local_steps": 2},
+        },
         ["fedlsm_q", "fedlsm_q"],
         ["above", "non-finite"],
     ),
     "fedmlp_ich": (
         {
-            **TINY["ich"],
+            **deep_merge(TINY["ich"], {"dataset": {"prepare": THREE_SITES["ich"]}}),
             "train": {"batch_size": 16, "local_steps": 2},
             "method_args": {"warmup_rounds": 1, "L": 0.5, "R": 0.5, "T0": 0.2, "T1": 0.2},
         },
@@ -73,14 +82,14 @@ def test_a_site_with_hostile_statistics_is_refused_every_round_and_the_job_compl
     if job == "fedlsm_isic":
         real_data("ham10000")
     args, keys, words = CASES[job]
-    job_dir = copy_job(job, tmp_path / job, num_rounds=2, executor_args=args)
+    job_dir = copy_job(job, tmp_path / job, num_rounds=2, executor_args=args, min_clients=3)
     (job_dir / "app/custom/fedpartial_hostile.py").write_text(HOSTILE)
     client = job_dir / "app/config/config_fed_client.json"
     cfg = json.loads(client.read_text())
     cfg["executors"][0]["executor"]["path"] = "fedpartial_hostile.HostileStatistics"
     client.write_text(json.dumps(cfg))
     ws = tmp_path / "ws"
-    proc = run_simulator(job_dir, ws, n=5, env={"FEDPARTIAL_CACHE": str(data_cache)})
+    proc = run_simulator(job_dir, ws, n=3, env={"FEDPARTIAL_CACHE": str(data_cache)})
     log = server_log(ws)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + log[-3000:]
     res = results_of(ws)
@@ -90,6 +99,6 @@ def test_a_site_with_hostile_statistics_is_refused_every_round_and_the_job_compl
         why = r["rejected"]["site-2"]
         assert f"statistic '{key}'" in why and word in why, why
         assert r["rule_error"] is None and r["missing"] == [], r
-    assert log.count("aggregated 4 site(s) ['site-1', 'site-3', 'site-4', 'site-5']") == 2, log[-3000:]
+    assert log.count("aggregated 2 site(s) ['site-1', 'site-3']") == 2, log[-3000:]
     assert "stopping" not in log
     assert res["final"]  # the final evaluation of the global model ran

@@ -237,7 +237,7 @@ TINY = {
         "dataset": {
             "preset": "ich_phantom",
             "image_size": 32,
-            "prepare": {"num_sites": 3, "k": 2, "source_args": {"n_images": 240, "size": 64, "seed": 0}},
+            "prepare": {"num_sites": 2, "k": 2, "source_args": {"n_images": 240, "size": 64, "seed": 0}},
         },
         "warmup_rounds": 1,
     },
@@ -249,7 +249,7 @@ TINY = {
                 "val_frac": 0.03,
                 "test_frac": 0.05,
                 "site_sizes": 60,
-                **{"num_sites": 3, "protocol": "missing_k", "k": 3, "table": None},  # 3 sites (of its table's 5)
+                **{"num_sites": 2, "protocol": "missing_k", "k": 3, "table": None},  # 2 sites (of its table's 5)
             },
         }
     },
@@ -259,7 +259,7 @@ FAST = {"num_rounds": 2, "evaluation": {"test_every": 1}, "train": {"batch_size"
 
 def _trained(job: str, kind: str, root: Path, cache: Path) -> Path:
     """``python jobs/<job>/job.py --rounds 2``'s recipe (SimEnv) on tiny data; returns the workspace."""
-    proc = run_recipe(job, root, {**FAST, **TINY[kind]}, sites=3, env={"FEDPARTIAL_CACHE": str(cache)})
+    proc = run_recipe(job, root, {**FAST, **TINY[kind]}, sites=2, env={"FEDPARTIAL_CACHE": str(cache)})
     ws = root / job
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(ws)[-3000:]
     return ws

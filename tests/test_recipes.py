@@ -219,10 +219,10 @@ def test_recipe_and_exported_folder_give_the_same_results(tmp_path, data_cache):
     """jobs/fedavg_ich through its recipe (``python job.py``'s SimEnv, from the checkout, no data variable) and
     the folder it exports through ``nvflare simulator``: the same results for the same seed; and everything a
     2-round run must leave (conftest.check_two_rounds: the phantom source's FedAvg simulator run)."""
-    overrides = {
+    overrides = {  # 2 sites: every site is a process, twice
         "num_rounds": 2,
-        "num_sites": 3,
-        "dataset": {"preset": "ich_phantom", **TINY_ICH, "prepare": {**TINY_ICH["prepare"], "num_sites": 3, "k": 2}},
+        "num_sites": 2,
+        "dataset": {"preset": "ich_phantom", **TINY_ICH, "prepare": {**TINY_ICH["prepare"], "num_sites": 2, "k": 2}},
         **FAST,
     }
     env = {"FEDPARTIAL_CACHE": str(data_cache)}
@@ -232,7 +232,7 @@ def test_recipe_and_exported_folder_give_the_same_results(tmp_path, data_cache):
     assert "is deprecated" not in proc.stdout + proc.stderr
     folder = export_job(REPO / "jobs" / "fedavg_ich", tmp_path / "exported", **overrides)
     sim = tmp_path / "ws_sim"
-    proc = run_simulator(folder, sim, n=3, env=env, cli=True)  # the README's classic command
+    proc = run_simulator(folder, sim, n=2, env=env, cli=True)  # the README's classic command
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(sim)[-3000:]
     a, b = results_of(ws), check_two_rounds(sim, "fedavg")
     assert a["method"] == "fedavg" and len(a["rounds"]) == 2

@@ -795,8 +795,8 @@ MUTATIONS = [
         f"{FEDLSM}/trainer.py",
         [
             (
-                "tp = probabilities(teacher(torch.cat(weak)), ctx.task).float()",
-                "tp = probabilities(model(torch.cat(weak)), ctx.task).float()",
+                "tp = self.teacher_probs(teacher, torch.cat(weak), self.teacher_rows(labels[read], mask[read]))",
+                "tp = self.teacher_probs(model, torch.cat(weak), self.teacher_rows(labels[read], mask[read]))",
             )
         ],
         T_LSM,

@@ -337,3 +337,49 @@ def test_a_site_reading_the_image_store_never_imports_monai_and_its_eval_view_is
     for a, b in zip(got, ref):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert not torch.equal(got[0]["image"], got[3]["image"][: len(got[0]["image"])])  # eval is not the weak view
+
+
+def test_a_view_left_out_draws_its_numbers_all_the_same(tmp_path):
+    """``BatchAugment.draw`` takes from the generator exactly what a view of that kind takes (same numbers, same
+    order, no image work), so a fetch that leaves a view out (``keys``: FedLSM's mixed samples need no strong
+    view) gives the views it keeps, and every later batch's views, bit for bit as a fetch of every view; the
+    per-sample fetcher leaves the view out of its batch too."""
+    from PIL import Image
+
+    from fedpartial.data.manifest import read_manifest, write_manifest
+    from fedpartial.data.presets import resolve_dataset
+    from fedpartial.data.sitedata import SiteDatasets
+
+    aug = BatchAugment(mean=[0.5] * 3, std=[0.25] * 3)
+    x = torch.rand(6, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    for kind in KINDS:
+        made, drawn = torch.Generator().manual_seed(4), torch.Generator().manual_seed(4)
+        aug(x, kind, made)
+        params = aug.draw(len(x), kind, drawn)
+        assert torch.equal(made.get_state(), drawn.get_state()), kind
+        assert set(params) <= {"vflip", "hflip", "affine", "filter", "intensity"}
+    assert aug.draw(6, "eval", torch.Generator()) == {}
+
+    ds = resolve_dataset({"preset": "ich_phantom", "image_size": 16})
+    classes = ds["classes"]
+    rng = np.random.default_rng(1)
+    n = 12
+    for i in range(n):
+        Image.fromarray(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8)).save(tmp_path / f"{i}.png")
+    mask = np.repeat((np.arange(len(classes)) < 3)[None], n, 0)
+    labels = (rng.random((n, len(classes))) < 0.4).astype(float) * mask
+    write_manifest(tmp_path / "m.csv", [f"{i}.png" for i in range(n)], labels, mask, classes)
+    site = SiteDatasets(
+        {"train": read_manifest(tmp_path / "m.csv", classes, data_root=tmp_path, task="multilabel")}, ds
+    )
+    views = {"weak": "flip", "strong": "strong"}
+    for on_device in ("off", "on"):
+        every = site.fetcher(views, 7, batched=True, on_device=on_device)
+        some = site.fetcher(views, 7, batched=True, on_device=on_device)
+        a1, a2, a3 = every([0, 5, 3]), every([1, 2]), every([4, 11, 6, 7])
+        b1, b2, b3 = some([0, 5, 3]), some([1, 2], keys=("weak",)), some([4, 11, 6, 7])
+        assert "strong" not in b2 and torch.equal(a2["weak"], b2["weak"]) and torch.equal(a2["label"], b2["label"])
+        for a, b in ((a1, b1), (a3, b3)):
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    per_sample = site.fetcher(views, 7)([1, 2], keys=("weak",))
+    assert set(per_sample) == {"weak", "label", "mask", "index"} and per_sample["weak"].shape == (2, 3, 16, 16)

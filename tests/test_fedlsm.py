@@ -594,3 +594,72 @@ def test_entry_weighting_counts_every_zero_as_a_negative_and_ude_is_unweighted()
     assert L.FedLSMTrainer(ctx).ude_loss(logits, t, known, w).item() == pytest.approx(LN2, abs=1e-6)
     weighted = L.FedLSMTrainer(ctx, ude_weighting="class").ude_loss(logits, t, known, w)
     assert weighted.item() == pytest.approx(2 * LN2, abs=1e-6)
+
+
+# ------------------------------------------------------------------------------------------ work per step
+
+
+def test_ema_update_is_the_per_tensor_update_bit_for_bit():
+    """The EMA runs over lists of tensors (``torch._foreach_*``): the numbers of ``t.mul_(decay).add_(s, alpha=1 -
+    decay)`` tensor by tensor, parameters and BatchNorm statistics; the step counter copied."""
+    import copy
+
+    torch.manual_seed(0)
+    student = PartialLabelNet("small_cnn", 3, 3, width=4)
+    teacher = copy.deepcopy(student)
+    with torch.no_grad():
+        for t in student.state_dict().values():
+            t.add_(torch.randn_like(t.float()).to(t.dtype)) if t.is_floating_point() else t.fill_(5)
+    expected = {k: v.clone() for k, v in teacher.state_dict().items()}
+    for k, s in student.state_dict().items():
+        if s.is_floating_point():
+            expected[k].mul_(0.999).add_(s, alpha=1.0 - 0.999)
+        else:
+            expected[k].copy_(s)
+    L.ema_update(teacher, student, 0.999)
+    assert all(torch.equal(teacher.state_dict()[k], v) for k, v in expected.items())
+    assert int(teacher.state_dict()["encoder.body.1.num_batches_tracked"]) == 5
+
+
+def test_teacher_runs_only_on_the_rows_whose_targets_read_it():
+    """A labelled single-label row keeps its label (Eq. 4) and an annotated multi-label entry its label (Eq. 5):
+    the teacher's output is read on the unlabelled rows (single-label) or the rows with an unannotated entry
+    (multi-label) only. The teacher (eval mode) runs on those rows only (none: no pass; a lone row with a second
+    one), and gives them the probabilities of a pass over the whole batch; the other rows hold zeros."""
+    from fedpartial.methods.common import frozen_copy
+
+    mc = L.FedLSMTrainer(_mc_site("x", [True, False, False]))
+    labels = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
+    mask = torch.tensor([[True, False, False]] * 4)
+    assert mc.teacher_rows(labels, mask).tolist() == [False, True, True, False]
+    ml = L.FedLSMTrainer(_site("y", [True, False, False], n=4))
+    assert ml.teacher_rows(labels, mask).tolist() == [True] * 4
+    assert ml.teacher_rows(labels, torch.ones(4, 3, dtype=torch.bool)).tolist() == [False] * 4  # all annotated
+
+    torch.manual_seed(1)
+    teacher = frozen_copy(PartialLabelNet("small_cnn", 3, 3, width=4))
+    with torch.no_grad():
+        for m in teacher.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.normal_(0.0, 0.3)
+                m.running_var.uniform_(0.5, 2.0)
+    batches: list[int] = []
+    teacher.register_forward_pre_hook(lambda _m, args: batches.append(len(args[0])))
+    x = torch.randn(6, 3, 16, 16)
+    with torch.no_grad():
+        whole = torch.softmax(teacher(x), 1)
+    batches.clear()
+    for read, passed in (([0, 2, 5], 3), ([4], 2), ([], None), ([0, 1, 2, 3, 4, 5], 6)):
+        rows = torch.zeros(6, dtype=torch.bool)
+        rows[read] = True
+        with torch.no_grad():
+            tp = mc.teacher_probs(teacher, x, rows)
+        assert tp.shape == (6, 3) and tp.dtype == torch.float32
+        assert torch.allclose(tp[rows], whole[rows], rtol=0.0, atol=1e-6)
+        assert torch.all(tp[~rows] == 0)
+        assert batches == ([] if passed is None else [passed])
+        batches.clear()
+    # a data layer whose fetcher makes every view: the trainer's fetcher leaves out the views not asked for
+    fetch = mc.fetcher({"weak": "flip", "strong": "strong"}, 3)
+    assert set(fetch([0, 1], keys=("weak",))) == {"weak", "label", "mask", "index"}
+    assert set(fetch([0, 1])) == {"weak", "strong", "label", "mask", "index"}

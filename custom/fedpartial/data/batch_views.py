@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import queue
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -173,18 +173,39 @@ class BatchAugment:
         with torch.autocast(x.device.type, enabled=False):
             return self._view(x, p, gen)
 
-    def _view(self, x: torch.Tensor, p: ViewParams, gen: torch.Generator) -> torch.Tensor:
-        n = x.shape[0]
+    def draw(self, n: int, kind: str, gen: torch.Generator) -> dict:
+        """The random parameters of ``n`` views of ``kind``: the numbers :meth:`__call__` draws from ``gen`` for a
+        batch of ``n``, in the same order, without the image work. A view that is not needed is skipped this way
+        and the views drawn after it from ``gen`` stay what they were."""
+        return self._draw(n, view_params(kind), gen)
+
+    @staticmethod
+    def _draw(n: int, p: ViewParams, gen: torch.Generator) -> dict:
+        d: dict = {}
         if p.vflip:
-            x = flip(x, torch.rand(n, generator=gen) < p.vflip, 2)
+            d["vflip"] = torch.rand(n, generator=gen) < p.vflip
         if p.hflip:
-            x = flip(x, torch.rand(n, generator=gen) < p.hflip, 3)
+            d["hflip"] = torch.rand(n, generator=gen) < p.hflip
         if p.affine is not None:
-            x = warp(x, affine_theta(**sample_affine(n, p.affine, gen)))
+            d["affine"] = sample_affine(n, p.affine, gen)
         if p.p_filter:
-            x = self._filter(x, p, gen)
+            d["filter"] = _draw_filter(n, p, gen)
         if p.p_intensity:
-            x = self._intensity(x, p, gen)
+            d["intensity"] = _draw_intensity(n, p, gen)
+        return d
+
+    def _view(self, x: torch.Tensor, p: ViewParams, gen: torch.Generator) -> torch.Tensor:
+        d = self._draw(x.shape[0], p, gen)
+        if p.vflip:
+            x = flip(x, d["vflip"], 2)
+        if p.hflip:
+            x = flip(x, d["hflip"], 3)
+        if p.affine is not None:
+            x = warp(x, affine_theta(**d["affine"]))
+        if p.p_filter:
+            x = _apply_filter(x, p, *d["filter"])
+        if p.p_intensity:
+            x = _apply_intensity(x, p, *d["intensity"])
         if p.clipped:
             x = x.clamp(0.0, 1.0)
         return self.normalise(x)
@@ -192,39 +213,54 @@ class BatchAugment:
     @staticmethod
     def _filter(x: torch.Tensor, p: ViewParams, gen: torch.Generator) -> torch.Tensor:
         """One of {3x3 median, Gaussian blur, Gaussian noise, nothing} per sample."""
-        n = x.shape[0]
-        choice = torch.multinomial(
-            torch.tensor([p.p_filter / 3] * 3 + [1 - p.p_filter]), n, replacement=True, generator=gen
-        )
-        sigma = torch.stack([_uniform(n, *p.blur_sigma, gen) for _ in range(2)], 1)
-        noise_seed = int(torch.randint(0, 2**62, (1,), generator=gen))
-        out = x.clone()
-        median, blur, noisy = (choice == k for k in range(3))  # host masks: indices, not device masks (no wait)
-        if median.any():
-            rows = _rows(median, x.device)
-            out[rows] = median3(x[rows])
-        if blur.any():
-            rows = _rows(blur, x.device)
-            out[rows] = gaussian_blur(x[rows], sigma[blur])
-        if noisy.any():
-            rows = _rows(noisy, x.device)
-            picked = x[rows]
-            out[rows] = picked + gaussian_noise(picked.shape, noise_seed, x.device, x.dtype) * p.noise_std
-        return out
+        return _apply_filter(x, p, *_draw_filter(x.shape[0], p, gen))
 
     @staticmethod
     def _intensity(x: torch.Tensor, p: ViewParams, gen: torch.Generator) -> torch.Tensor:
-        n = x.shape[0]
-        on = torch.rand(n, generator=gen) < p.p_intensity
-        factor = 1 + _uniform(n, -p.brightness, p.brightness, gen)
-        gamma = _uniform(n, *p.gamma, gen)
-        if not on.any():
-            return x
-        rows = _rows(on, x.device)
-        out = x.clone()
-        y = x[rows] * factor[on].to(x.device, x.dtype, non_blocking=True).view(-1, 1, 1, 1)
-        out[rows] = adjust_contrast(y, gamma[on])
-        return out
+        """Brightness then contrast, together, per sample with probability ``p.p_intensity``."""
+        return _apply_intensity(x, p, *_draw_intensity(x.shape[0], p, gen))
+
+
+def _draw_filter(n: int, p: ViewParams, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``(choice (n,) in {0: median, 1: blur, 2: noise, 3: nothing}, blur sigma (n, 2), noise seed)``."""
+    choice = torch.multinomial(
+        torch.tensor([p.p_filter / 3] * 3 + [1 - p.p_filter]), n, replacement=True, generator=gen
+    )
+    sigma = torch.stack([_uniform(n, *p.blur_sigma, gen) for _ in range(2)], 1)
+    return choice, sigma, int(torch.randint(0, 2**62, (1,), generator=gen))
+
+
+def _apply_filter(x: torch.Tensor, p: ViewParams, choice: torch.Tensor, sigma: torch.Tensor, noise_seed: int):
+    out = x.clone()
+    median, blur, noisy = (choice == k for k in range(3))  # host masks: indices, not device masks (no wait)
+    if median.any():
+        rows = _rows(median, x.device)
+        out[rows] = median3(x[rows])
+    if blur.any():
+        rows = _rows(blur, x.device)
+        out[rows] = gaussian_blur(x[rows], sigma[blur])
+    if noisy.any():
+        rows = _rows(noisy, x.device)
+        picked = x[rows]
+        out[rows] = picked + gaussian_noise(picked.shape, noise_seed, x.device, x.dtype) * p.noise_std
+    return out
+
+
+def _draw_intensity(n: int, p: ViewParams, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(on (n,) bool, brightness factor (n,), contrast gamma (n,))``."""
+    on = torch.rand(n, generator=gen) < p.p_intensity
+    factor = 1 + _uniform(n, -p.brightness, p.brightness, gen)
+    return on, factor, _uniform(n, *p.gamma, gen)
+
+
+def _apply_intensity(x: torch.Tensor, p: ViewParams, on: torch.Tensor, factor: torch.Tensor, gamma: torch.Tensor):
+    if not on.any():
+        return x
+    rows = _rows(on, x.device)
+    out = x.clone()
+    y = x[rows] * factor[on].to(x.device, x.dtype, non_blocking=True).view(-1, 1, 1, 1)
+    out[rows] = adjust_contrast(y, gamma[on])
+    return out
 
 
 def _rows(mask: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -252,10 +288,14 @@ def draw_views(
     gen: torch.Generator,
     device: torch.device | str = "cpu",
     pin_memory: bool = False,
+    keys: Collection[str] | None = None,
 ) -> dict:
     """Replace a collated batch's ``"source"`` ``(B, c, S, S)`` (uint8 from the image store, or float in [0, 1]) by
     the requested views (key -> kind) on ``device``: the batch crosses to ``device`` as it is stored (uint8, its own
-    channels) and is converted there (:func:`as_float`); the other entries are moved to ``device`` too."""
+    channels) and is converted there (:func:`as_float`); the other entries are moved to ``device`` too.
+
+    ``keys``: make only these of the views (None: all); the others' random numbers are drawn all the same
+    (:meth:`BatchAugment.draw`), so every view drawn from ``gen`` afterwards is the one it would have been."""
     device = torch.device(device)
     src = batch.pop("source")
     if pin_memory and device.type == "cuda":
@@ -263,7 +303,10 @@ def draw_views(
     src = as_float(src.to(device, non_blocking=True), augment.channels)
     out = {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
     for key, kind in views.items():
-        out[key] = augment(src, kind, gen)
+        if keys is None or key in keys:
+            out[key] = augment(src, kind, gen)
+        else:
+            augment.draw(src.shape[0], kind, gen)
     return out
 
 

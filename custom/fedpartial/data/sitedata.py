@@ -274,19 +274,29 @@ class SiteDatasets:
         device: torch.device | str = "cpu",
         on_device: str = "off",
     ):
-        """``fetch(indices (B,)) -> device batch`` of chosen training rows with the given views, for methods that
-        pick their own samples (FedLSM's pools); the views are reproducible from ``seed``. ``on_device``: as
-        :meth:`train_loader` (batched only)."""
+        """``fetch(indices (B,), keys=None) -> device batch`` of chosen training rows with the given views, for
+        methods that pick their own samples (FedLSM's pools); the views are reproducible from ``seed``.
+        ``keys``: only these of the views in the batch (None: all); the others are drawn all the same, so the
+        later batches' views do not depend on it (batched views draw only their random numbers, no image work;
+        per-sample views are made and left out). ``on_device``: as :meth:`train_loader` (batched only)."""
         if batched:
             ds, augment = self.dataset("train", SOURCE_VIEW), self._augment()
             gen = torch.Generator().manual_seed(int(seed))
             data = self.resident("train", device, on_device)
             if data is not None:
-                return lambda idx: draw_views(gather(data, idx), views, augment, gen, device)
+                return lambda idx, keys=None: draw_views(gather(data, idx), views, augment, gen, device, keys=keys)
             images = self.images("train")
-            return lambda idx: draw_views(fetch_rows(images, ds.labels, ds.mask, idx), views, augment, gen, device)
+            return lambda idx, keys=None: draw_views(
+                fetch_rows(images, ds.labels, ds.mask, idx), views, augment, gen, device, keys=keys
+            )
         ds = self.dataset("train", views).set_random_state(seed=int(seed))
-        return lambda idx: {
-            k: v.to(device) if torch.is_tensor(v) else v
-            for k, v in torch.utils.data.default_collate([ds[int(i)] for i in idx]).items()
-        }
+
+        def fetch(idx, keys=None):
+            batch = torch.utils.data.default_collate([ds[int(i)] for i in idx])
+            return {
+                k: v.to(device) if torch.is_tensor(v) else v
+                for k, v in batch.items()
+                if keys is None or k not in views or k in keys
+            }
+
+        return fetch

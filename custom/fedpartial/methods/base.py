@@ -350,9 +350,19 @@ class LocalTrainer:
         )
 
     def fetcher(self, views: dict[str, str], seed: int):
-        """``fetch(indices) -> device batch`` of chosen training rows with the given views (see ``train.views``)."""
+        """``fetch(indices, keys=None) -> device batch`` of chosen training rows with the given views (see
+        ``train.views``); ``keys``: only these of the views (None: all), the others drawn all the same (the later
+        batches' views stay the same) and, with batched views, without their image work."""
         t = self.ctx.train
-        return self.ctx.data.fetcher(views, seed, t.views == "batched", self.ctx.device, t.data_on_device)
+        fetch = self.ctx.data.fetcher(views, seed, t.views == "batched", self.ctx.device, t.data_on_device)
+        if _takes_keyword(fetch, "keys"):
+            return fetch
+
+        def every_view_made(idx, keys=None):  # a data layer whose fetcher makes every view: the others left out
+            batch = fetch(idx)
+            return batch if keys is None else {k: v for k, v in batch.items() if k not in views or k in keys}
+
+        return every_view_made
 
     def batches(self, views: dict[str, str], round_num: int):
         """Yield device batches for ``train.local_epochs`` epochs (or ``train.local_steps`` steps if set)."""
@@ -376,6 +386,17 @@ class LocalTrainer:
 
     def load_state_dict(self, state: dict) -> None:
         self._optimizer_state = state.get("optimizer")
+
+
+def _takes_keyword(fn, name: str) -> bool:
+    """Whether the callable ``fn`` accepts the keyword argument ``name``."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 @dataclass

@@ -32,14 +32,22 @@ def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
 @torch.no_grad()
 def ema_update(teacher: torch.nn.Module, student: torch.nn.Module, decay: float) -> None:
     """Mean-teacher update, in place: ``t <- decay * t + (1 - decay) * s`` for every floating-point entry of the
-    state dict (parameters and BatchNorm statistics); integer buffers (``num_batches_tracked``) are copied."""
+    state dict (parameters and BatchNorm statistics); integer buffers (``num_batches_tracked``) are copied.
+
+    The floating-point entries are updated as two lists (``torch._foreach_mul_`` / ``_foreach_add_``: the same
+    ``mul_`` and ``add_`` of every tensor, the same numbers, one call each instead of a Python loop)."""
     s_state = student.state_dict()
+    t_float, s_float = [], []
     for key, t in teacher.state_dict().items():
         s = s_state[key]
         if torch.is_floating_point(t):
-            t.mul_(decay).add_(s.to(t.dtype), alpha=1.0 - decay)
+            t_float.append(t)
+            s_float.append(s.to(t.dtype))
         else:
             t.copy_(s)
+    if t_float:
+        torch._foreach_mul_(t_float, decay)
+        torch._foreach_add_(t_float, s_float, alpha=1.0 - decay)
 
 
 def ema_decay(step: int, max_decay: float) -> float:

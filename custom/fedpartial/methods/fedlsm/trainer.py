@@ -230,6 +230,33 @@ class FedLSMTrainer(LocalTrainer):
             return (pos + targets * (known & ~labelled_rows(labels, mask))[:, None]).sum(0)
         return (pos + targets * (known & ~mask.bool())).sum(0)
 
+    def teacher_rows(self, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``(B,)`` bool: the rows whose targets read the teacher's probabilities. Single-label: the unlabelled rows
+        (a labelled row keeps its label, Eq. 4); multi-label: the rows with an entry the site does not annotate
+        (an annotated entry keeps its label, Eq. 5). The teacher's outputs on the other rows are never read."""
+        if self.ctx.task == "multiclass":
+            return ~labelled_rows(labels, mask)
+        return ~mask.bool().all(1)
+
+    def teacher_probs(self, teacher: torch.nn.Module, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """``(N, C)`` float32 probabilities of the teacher on the weak views ``x`` ``(N, ...)`` in the ``rows`` that
+        read them (:meth:`teacher_rows`; ``(N,)`` bool on the host, from the site's label table: no wait on the
+        device), zeros in the others (never read).
+
+        The teacher runs in eval mode: a row's output does not depend on the other rows of its batch, so only the
+        rows read go through it (no pass when none does; at a single-label site most rows are labelled). A batch
+        of one runs other kernels than a larger batch (last-bit differences), so a lone row goes with a second."""
+        if bool(rows.all()):
+            return probabilities(teacher(x), self.ctx.task).float()
+        out = torch.zeros(x.shape[0], self.ctx.num_classes, device=x.device)
+        read = rows.nonzero().squeeze(1)
+        if len(read) == 0:
+            return out
+        run = read if len(read) > 1 else torch.cat([read, (~rows).nonzero()[:1, 0]])
+        run = run.to(x.device, non_blocking=True)
+        p = probabilities(teacher(x.index_select(0, run)), self.ctx.task).float()
+        return out.index_copy_(0, run[: len(read)], p[: len(read)])
+
     # -- the round ------------------------------------------------------------------------------------
     def _received_probs(self, n: int) -> torch.Tensor:
         """``(N, C)`` probabilities of the received global model on every local image (eval view, eval mode)."""
@@ -273,6 +300,7 @@ class FedLSMTrainer(LocalTrainer):
         self.train_mode()
         self.make_optimizer()
         order, pos = pseudo_pool[torch.randperm(len(pseudo_pool), generator=gen)], 0
+        beta = torch.distributions.Beta(self.opts.alpha, self.opts.alpha)  # MixUp's lambda, one draw per step
         sums, steps = DeviceSums(), 0  # loss, counts and q on the device, read once after the round
         q_seen = None
         for _ in range(self._num_steps(len(pseudo_pool), per_step) if len(pseudo_pool) else 0):
@@ -282,18 +310,23 @@ class FedLSMTrainer(LocalTrainer):
             pos += per_step
             b = fetch(idx)
             weak = [b["weak"]]
-            if n_mix:
-                bl = fetch(confident[torch.randperm(len(confident), generator=gen)[:n_mix]])
-                bh = fetch(uncertain[torch.randperm(len(uncertain), generator=gen)[:n_mix]])
+            rows = [idx]
+            if n_mix:  # the mixed samples need the weak view only (their strong views: drawn, never made)
+                rows += [
+                    confident[torch.randperm(len(confident), generator=gen)[:n_mix]],
+                    uncertain[torch.randperm(len(uncertain), generator=gen)[:n_mix]],
+                ]
+                bl, bh = fetch(rows[1], keys=("weak",)), fetch(rows[2], keys=("weak",))
                 weak += [bl["weak"], bh["weak"]]
+            read = torch.cat(rows)  # the rows of the teacher's batch, in the site's (host) label table
             with torch.no_grad():
-                tp = probabilities(teacher(torch.cat(weak)), ctx.task).float()
+                tp = self.teacher_probs(teacher, torch.cat(weak), self.teacher_rows(labels[read], mask[read]))
             B = len(idx)
             y, known, pseudo = self.targets(b["label"], b["mask"], tp[:B])
             inputs = [b["strong"]]
             if n_mix:
                 m = min(len(bl["weak"]), len(bh["weak"]))
-                lam = float(torch.distributions.Beta(self.opts.alpha, self.opts.alpha).sample()) if m else 0.0
+                lam = float(beta.sample()) if m else 0.0
                 x_mix, y_mix, k_mix = self.ude_batch(
                     bl, bh, tp[B : B + len(bl["weak"])], tp[B + len(bl["weak"]) :], lam
                 )

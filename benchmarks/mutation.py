@@ -181,8 +181,8 @@ MUTATIONS = [
         f"{FEDIRM}/trainer.py",
         [
             (
-                "+ supervised_loss(o2, t, known, self.kind, self.opts.label_smoothing))",
-                "+ 0.0 * supervised_loss(o2, t, known, self.kind, self.opts.label_smoothing))",
+                "+ supervised_loss(\n                o2,",
+                "+ 0.0 * supervised_loss(\n                o2,",
             )
         ],
         T_FEDIRM,
@@ -361,7 +361,7 @@ MUTATIONS = [
         "pfl_head_shared",
         "PFL: the task block shared (not kept local)",
         f"{SURGICAL}/__init__.py",
-        [('**PAPER, keep_local=["classifier"])', "**PAPER)")],
+        [('**PAPER,\n        keep_local=["classifier"],', "**PAPER,")],
         T_SURGICAL,
         "caught",
     ),
@@ -603,9 +603,8 @@ MUTATIONS = [
         f"{FEDMLP}/rule.py",
         [
             (
-                "g0, g1, valid = aggregate_prototypes(p0, p1, counts, annotated,\n"
-                '                                             sizes if self.proto_weighting == "samples" else None)',
-                "g0, g1, valid = aggregate_prototypes(p0, p1, counts, torch.ones_like(annotated), sizes)",
+                'p0, p1, counts, annotated, sizes if self.proto_weighting == "samples" else None\n',
+                "p0, p1, counts, torch.ones_like(annotated), sizes\n",
             )
         ],
         T_MLP,
@@ -617,8 +616,8 @@ MUTATIONS = [
         f"{FEDMLP}/rule.py",
         [
             (
-                "g0, g1, valid = aggregate_prototypes(p0, p1, counts, annotated,",
-                "g0, g1, valid = aggregate_prototypes(p0, p1, counts, torch.ones_like(annotated),",
+                "p0, p1, counts, annotated, sizes",
+                "p0, p1, counts, torch.ones_like(annotated), sizes",
             )
         ],
         T_MLP,
@@ -628,7 +627,7 @@ MUTATIONS = [
         "mlp_rule_prototypes_by_samples",
         "prototypes weighted by n_k under parity paper (uniform 1/|S_c|)",
         f"{FEDMLP}/rule.py",
-        [('sizes if self.proto_weighting == "samples" else None)', "sizes)")],
+        [('sizes if self.proto_weighting == "samples" else None\n', "sizes\n")],
         T_MLP,
         "rule",
     ),
@@ -858,8 +857,8 @@ MUTATIONS = [
         f"{FEDLSM}/trainer.py",
         [
             (
-                'self.ude_batch(bl, bh, tp[B:B + len(bl["weak"])], tp[B + len(bl["weak"]):], lam)',
-                'self.ude_batch(bl, bh, tp[B + len(bl["weak"]):], tp[B:B + len(bl["weak"])], lam)',
+                'bl, bh, tp[B : B + len(bl["weak"])], tp[B + len(bl["weak"]) :], lam',
+                'bl, bh, tp[B + len(bl["weak"]) :], tp[B : B + len(bl["weak"])], lam',
             )
         ],
         T_LSM,
@@ -1189,7 +1188,7 @@ MUTATIONS = [
         "fedavgm_momentum_dropped",
         "FedAvgM: server momentum 0 (plain FedAvg)",
         f"{METHODS}/fedavgm.py",
-        [("self.opts.server_momentum, self.opts.server_lr)", "0.0, self.opts.server_lr)")],
+        [("self.opts.server_momentum, self.opts.server_lr\n", "0.0, self.opts.server_lr\n")],
         T_FEDAVGM,
         "rule",
     ),

@@ -54,7 +54,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "custom"))
 
-from fedpartial.data.presets import NIH_CLASSES  # noqa: E402 - the release's 14 findings, in its order
+from fedpartial.data.catalog.nih_cxr14 import CLASSES as NIH_CLASSES  # noqa: E402 - the release's 14 findings
 
 SHARED = ROOT.parent / "shared" / "data" / "nih_cxr14_1000"
 RESULTS = ROOT / "benchmarks" / "results" / "scale_data.json"
@@ -499,7 +499,7 @@ def format_compare(store_folder: Path, work: Path, n: int, seconds: float = 3.0)
 def dicom_ms(n: int = 60) -> float:
     """CPU ms per RSNA-like CT slice (512 x 512 DICOM from the ICH phantom generator) stored at 224 px through the
     three CT windows of the rsna_ich preset."""
-    from fedpartial.data.presets import CT_WINDOWS
+    from fedpartial.data.catalog.ich import CT_WINDOWS
     from fedpartial.data.sources.ich_phantom import generate_ich_phantom
     from fedpartial.data.store import Preprocessing, decode_resized
 

@@ -133,3 +133,59 @@ def test_no_private_name_crosses_modules():
                     if a.name.startswith("_") and not a.name.startswith("__")
                 ]
     assert not crossing, crossing
+
+
+def test_each_dataset_constant_is_written_once_in_the_catalog():
+    """A release's class names, its other vocabularies' names and its CT windows are written in
+    ``data/catalog/<dataset>.py`` only: no other module of the package (nor a benchmark or a job.py) spells a list of four or
+    more of them, or a mapping between them, as a literal of its own (it imports the catalog's)."""
+    from fedpartial.data import catalog
+
+    constants = []
+    for mod in (
+        catalog.ich,
+        catalog.ham10000,
+        catalog.isic2019,
+        catalog.nih_cxr14,
+        catalog.chexpert,
+        catalog.mimic_cxr,
+    ):
+        for name, value in vars(mod).items():
+            if name.isupper() and isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+                constants.append((f"{mod.__name__}.{name}", set(value)))
+            elif name.isupper() and isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):
+                constants.append((f"{mod.__name__}.{name}", set(value) | set(value.values())))
+    assert len(constants) >= 12, constants
+    windows = {tuple(map(float, w)) for w in catalog.ich.CT_WINDOWS}
+
+    def literals(tree):
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+                if len(node.elts) >= 4 and all(
+                    isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts
+                ):
+                    yield node.lineno, {e.value for e in node.elts}
+                if node.elts and all(isinstance(e, (ast.Tuple, ast.List)) and len(e.elts) == 2 for e in node.elts):
+                    pairs = {tuple(getattr(x, "value", None) for x in e.elts) for e in node.elts}
+                    if all(isinstance(v, (int, float)) for p in pairs for v in p) and windows <= pairs:
+                        yield node.lineno, "the CT windows"
+            elif isinstance(node, ast.Dict) and node.keys:  # a name mapping: strings to strings only
+                kv = [*node.keys, *node.values]
+                if all(isinstance(x, ast.Constant) and isinstance(x.value, str) for x in kv):
+                    yield node.lineno, ("dict", {x.value for x in kv})
+
+    files = [p for p in PACKAGE.rglob("*.py") if "catalog" not in p.parts]
+    files += sorted((REPO / "benchmarks").glob("*.py")) + sorted((REPO / "jobs").glob("*/job.py"))
+    found = []
+    for path in files:
+        for line, lit in literals(ast.parse(path.read_text())):
+            where = f"{path.relative_to(REPO)}:{line}"
+            if lit == "the CT windows":
+                found.append((where, lit))
+                continue
+            is_dict = isinstance(lit, tuple)
+            strings = lit[1] if is_dict else lit
+            for name, const in constants:
+                if (is_dict and len(strings) >= 4 and strings == const) or (not is_dict and len(strings & const) >= 4):
+                    found.append((where, name))
+    assert found == [], found

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 
 import pytest
 
@@ -195,3 +196,26 @@ def test_levels_of_one_method_share_a_row_and_the_upper_bound_comes_last():
     f1_2 = head.split(" | ").index("missing 2 classes: F1")
     assert [r[f1_2] for r in rows] == ["20.00", "**30.00**", "_25.00_", "40.00"]  # the bound is not ranked
     assert rj.deep_merge({"prepare": {"k": 4, "seed": 1}}, {"prepare": {"k": 2}}) == {"prepare": {"k": 2, "seed": 1}}
+
+
+def test_every_mutation_of_the_mutation_run_still_applies_to_the_code():
+    """benchmarks/mutation.py patches the source by exact text: a reformatted or rewritten line makes its mutation
+    an error at run time. Every patch matches the current code exactly once, and every test it names exists."""
+    spec = importlib.util.spec_from_file_location("mutation", REPO / "benchmarks" / "mutation.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["mutation"] = mod  # dataclasses look their module up there
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        del sys.modules["mutation"]
+    assert len(mod.MUTATIONS) >= 100
+    stale = []
+    for m in mod.MUTATIONS:
+        for path, patches in [(m.path, m.patches), *m.extra]:
+            text = (REPO / path).read_text()
+            stale += [(m.name, path, text.count(old)) for old, _ in patches if text.count(old) != 1]
+        for t in m.test_args:
+            test_file, _, name = t.partition("::")
+            assert (REPO / test_file).is_file(), (m.name, t)
+            assert not name or f"def {name.split('[')[0]}(" in (REPO / test_file).read_text(), (m.name, t)
+    assert stale == [], stale

@@ -19,7 +19,8 @@ from test_predict import _run_folder
 from test_transforms import write_dicom
 
 from conftest import check_two_rounds, real_data, results_of, run_recipe, server_log
-from fedpartial.data.presets import ICH_CLASSES, ISIC_CLASSES
+from fedpartial.data.catalog.ham10000 import CLASSES as ISIC_CLASSES
+from fedpartial.data.catalog.ich import CLASSES as ICH_CLASSES
 from fedpartial.data.sitedata import SiteDatasets
 from fedpartial.tools import export as E
 from fedpartial.tools import predict as P

@@ -302,8 +302,8 @@ def test_evaluate_writes_its_figures_beside_its_table(tmp_path):
     from PIL import Image
     from test_predict import _run_folder
 
+    from fedpartial.data.catalog.ich import CLASSES as ICH_CLASSES
     from fedpartial.data.manifest import write_manifest
-    from fedpartial.data.presets import ICH_CLASSES
     from fedpartial.tools import predict as P
 
     _run_folder(tmp_path / "run" / "app_server")

@@ -15,8 +15,9 @@ from PIL import Image
 from test_transforms import write_dicom
 
 from conftest import REPO
+from fedpartial.data.catalog.ich import CLASSES as ICH_CLASSES
 from fedpartial.data.manifest import read_manifest, write_manifest
-from fedpartial.data.presets import ICH_CLASSES, resolve_dataset
+from fedpartial.data.presets import resolve_dataset
 from fedpartial.data.sitedata import SiteDatasets
 from fedpartial.evaluation import predict
 from fedpartial.metrics import compute_metrics

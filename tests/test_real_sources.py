@@ -12,11 +12,12 @@ import pandas as pd
 import pytest
 
 from fedpartial.data import prepare as prep
+from fedpartial.data.catalog.ham10000 import CLASSES as HAM_CLASSES
+from fedpartial.data.catalog.nih_cxr14 import CLASSES as NIH_CLASSES
 from fedpartial.data.manifest import read_manifest
 from fedpartial.data.protocols import FEDLSM_ISIC_TABLE, assign
 from fedpartial.data.sources import load_source
-from fedpartial.data.sources.ham10000 import HAM_CLASSES
-from fedpartial.data.sources.nih_cxr14 import NIH_CLASSES, most_frequent_classes
+from fedpartial.data.sources.nih_cxr14 import most_frequent_classes
 
 pytestmark = pytest.mark.realdata
 

@@ -22,10 +22,10 @@ from published_layouts import (
 
 from conftest import real_data
 from fedpartial.data import prepare as prep
+from fedpartial.data.catalog.chexpert import FINDINGS as CHEXPERT_FINDINGS
+from fedpartial.data.catalog.isic2019 import FLAMBY_CENTRES
 from fedpartial.data.partition import dirichlet_label_skew, quantity_skew
 from fedpartial.data.sources import load_source
-from fedpartial.data.sources.chexpert import CHEXPERT_FINDINGS
-from fedpartial.data.sources.isic2019 import FLAMBY_CENTRES
 
 pytestmark = pytest.mark.realdata
 

@@ -219,8 +219,8 @@ def test_single_label_run_says_why_it_has_no_thresholds():
 
 from test_predict import _expected, _run_folder, images, sim_ws  # noqa: E402,F401  (fixtures)
 
+from fedpartial.data.catalog.ich import CLASSES as ICH_CLASSES  # noqa: E402
 from fedpartial.data.manifest import read_manifest  # noqa: E402
-from fedpartial.data.presets import ICH_CLASSES  # noqa: E402
 from fedpartial.tools import predict as P  # noqa: E402
 
 

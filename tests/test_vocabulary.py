@@ -11,9 +11,11 @@ import pandas as pd
 import pytest
 
 from fedpartial.data import prepare as prep
+from fedpartial.data.catalog.chexpert import NIH_NAMES as CHEXPERT_NAMES
+from fedpartial.data.catalog.ich import ABBREVIATIONS as ICH_ABBREVIATIONS
 from fedpartial.data.manifest import ManifestError, read_manifest
 from fedpartial.data.site_config import SITE_CONFIG_ENV, SiteDataError, resolve_site_data
-from fedpartial.data.vocabulary import CHEXPERT_NAMES, ICH_ABBREVIATIONS, VocabularyError, check_vocabulary, map_header
+from fedpartial.data.vocabulary import VocabularyError, check_vocabulary, map_header
 
 CLASSES = ["Atelectasis", "Effusion", "Edema"]
 

@@ -5,7 +5,7 @@ Run: ``python jobs/fedlsm_cxr14/job.py`` (``--help``: rounds, sites, GPUs, data,
 
 from functools import partial
 
-from fedpartial.data.presets import NIH_CLASSES
+from fedpartial.data.catalog.nih_cxr14 import CLASSES as NIH_CLASSES
 from fedpartial.recipes import FedLSMRecipe, job_main
 from fedpartial.table_settings import fedlsm
 

@@ -5,7 +5,7 @@ Run: ``python jobs/surgical_cxr14/job.py`` (``--help``: rounds, sites, GPUs, dat
 
 from functools import partial
 
-from fedpartial.data.presets import NIH_CLASSES
+from fedpartial.data.catalog.nih_cxr14 import CLASSES as NIH_CLASSES
 from fedpartial.recipes import SurgicalRecipe, job_main
 from fedpartial.table_settings import surgical
 

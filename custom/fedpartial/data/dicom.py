@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-DEFAULT_WINDOWS: tuple[tuple[float, float], ...] = ((40, 80), (80, 200), (600, 2800))  # brain, subdural, bone
+from .catalog.ich import CT_WINDOWS as DEFAULT_WINDOWS  # brain, subdural, bone
 
 
 def first_value(value, default: float) -> float:

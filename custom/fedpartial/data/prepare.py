@@ -886,7 +886,7 @@ def _build(
         rows = np.flatnonzero(rows_mask)
         split[rows] = _group_split(frame, rows, val_frac, test_frac, seed)
         train = rows[split[rows] == "train"]
-        from .sources.isic2019 import FLAMBY_CENTRES  # imported where used (its reader loads pandas)
+        from .catalog.isic2019 import FLAMBY_CENTRES
 
         parts, names = _partition(
             frame,

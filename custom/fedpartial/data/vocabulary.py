@@ -18,32 +18,11 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+from .catalog.chexpert import NIH_NAMES as CHEXPERT_NAMES
+from .catalog.chexpert import SYNONYMS as CHEXPERT_SYNONYMS
+from .catalog.ich import ABBREVIATIONS as ICH_ABBREVIATIONS
+
 IGNORED = "\0ignored:"  # prefix of an ignored column in a mapped header (never a class name)
-
-CHEXPERT_NAMES = {
-    "Effusion": "Pleural Effusion",
-    "Pleural_Thickening": "Pleural Other",
-    "Mass": "Lung Lesion",
-    "Infiltration": "Lung Opacity",
-}
-"""NIH ChestX-ray14 names -> CheXpert's: the shared findings CheXpert names differently (Atelectasis,
-Cardiomegaly, Consolidation, Edema, Pneumonia, Pneumothorax are spelled alike) and the closest CheXpert
-column of a few NIH findings (used as "CheXpert's own" classes when only NIH images are at hand)."""
-
-ICH_ABBREVIATIONS = {
-    "epidural": "EDH",
-    "intraparenchymal": "IPH",
-    "intraventricular": "IVH",
-    "subarachnoid": "SAH",
-    "subdural": "SDH",
-}
-"""RSNA ICH subtype names -> the clinical abbreviations."""
-
-CHEXPERT_SYNONYMS = {"Effusion": "Pleural Effusion"}
-"""The one NIH finding CheXpert (and MIMIC-CXR, labelled by the CheXpert labeler) spells differently for the same
-observation; the other shared findings (Atelectasis, Cardiomegaly, Consolidation, Edema, Pneumonia,
-Pneumothorax) are spelled alike. Used when NIH and CheXpert / MIMIC-CXR sites are federated from their published
-files: each CheXpert-style site keeps its own column names and maps ``Pleural Effusion`` onto ``Effusion``."""
 
 VOCABULARIES: dict[str, dict[str, str]] = {
     "chexpert": CHEXPERT_NAMES,

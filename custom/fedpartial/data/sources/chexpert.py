@@ -28,28 +28,9 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from ..catalog.chexpert import COLUMNS as CHEXPERT_COLUMNS
+from ..catalog.chexpert import FINDINGS as CHEXPERT_FINDINGS
 from .base import Dropped, SourceError, SourceTable, chexpert_values, pick_classes, read_csv, require_columns
-
-CHEXPERT_COLUMNS: list[str] = [
-    "No Finding",
-    "Enlarged Cardiomediastinum",
-    "Cardiomegaly",
-    "Lung Opacity",
-    "Lung Lesion",
-    "Edema",
-    "Consolidation",
-    "Pneumonia",
-    "Atelectasis",
-    "Pneumothorax",
-    "Pleural Effusion",
-    "Pleural Other",
-    "Fracture",
-    "Support Devices",
-]
-"""The 14 label columns of ``train.csv`` in the release's order."""
-
-CHEXPERT_FINDINGS: list[str] = CHEXPERT_COLUMNS[1:]
-"""The 13 observations (``No Finding`` left out, as torchxrayvision does); the default class list."""
 
 VIEWS = ("all", "frontal", "lateral", "PA", "AP")
 _PATIENT = re.compile(r"(patient\d+)")

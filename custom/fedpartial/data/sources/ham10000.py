@@ -31,13 +31,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..catalog.ham10000 import CLASSES as HAM_CLASSES
+from ..catalog.ham10000 import DX_TO_CLASS
 from .base import Dropped, SourceError, SourceTable, drop_missing
 from .base import read_csv as _read_published
 
-HAM_CLASSES: list[str] = ["MEL", "NV", "BCC", "AKIEC", "BKL", "DF", "VASC"]
-"""The ISIC 2018 class order."""
-
-DX_TO_CLASS: dict[str, str] = {c.lower(): c for c in HAM_CLASSES}
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
 

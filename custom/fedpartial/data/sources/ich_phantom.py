@@ -34,8 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..catalog.ich import CLASSES as ICH_CLASSES
 from .base import SourceTable
-from .rsna_ich import ICH_CLASSES, load_rsna_ich
+from .rsna_ich import load_rsna_ich
 
 logger = logging.getLogger(__name__)
 

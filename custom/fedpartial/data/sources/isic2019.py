@@ -14,7 +14,8 @@ download_isic.py`` (file names and its centre rule) and ``.../train_test_split``
 Centres (``partition="centre"`` in prepare): FLamby splits the HAM images by the ``dataset`` column of a
 HAM10000 metadata file (``vidir_molemax``, ``vidir_modern``, ``rosendahl``, ``vienna_dias``; the copy FLamby ships
 as ``flamby/datasets/fed_isic2019/HAM10000_metadata``). Pass that file as ``ham_metadata`` to get FLamby's six
-centres ``FLAMBY_CENTRES``; without it the HAM images form one centre ``HAM`` (three centres).
+centres (:data:`fedpartial.data.catalog.isic2019.FLAMBY_CENTRES`); without it the HAM images form one centre
+``HAM`` (three centres).
 """
 
 from __future__ import annotations
@@ -27,15 +28,10 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from ..catalog.isic2019 import CLASSES as ISIC2019_TRAIN_CLASSES
+from ..catalog.isic2019 import COLUMNS as ISIC2019_CLASSES
 from .base import Dropped, SourceError, SourceTable, pick_classes, read_csv, require_columns
 from .ham10000 import index_images
-
-ISIC2019_CLASSES: list[str] = ["MEL", "NV", "BCC", "AK", "BKL", "DF", "VASC", "SCC", "UNK"]
-ISIC2019_TRAIN_CLASSES: list[str] = ISIC2019_CLASSES[:-1]
-"""The 8 diagnoses with training images (the default class list; UNK is a test-time class)."""
-
-FLAMBY_CENTRES: list[str] = ["BCN", "HAM_vidir_molemax", "HAM_vidir_modern", "HAM_rosendahl", "MSK", "HAM_vienna_dias"]
-"""Fed-ISIC2019's centres in FLamby's index order 0..5."""
 
 _CODE = re.compile(r"^([A-Za-z]+)")
 

@@ -23,27 +23,10 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from ..catalog.mimic_cxr import COLUMNS as MIMIC_COLUMNS
+from ..catalog.mimic_cxr import FINDINGS as MIMIC_FINDINGS
 from .base import Dropped, SourceError, SourceTable, chexpert_values, find_file, pick_classes, read_csv, require_columns
 
-MIMIC_COLUMNS: list[str] = [
-    "Atelectasis",
-    "Cardiomegaly",
-    "Consolidation",
-    "Edema",
-    "Enlarged Cardiomediastinum",
-    "Fracture",
-    "Lung Lesion",
-    "Lung Opacity",
-    "No Finding",
-    "Pleural Effusion",
-    "Pleural Other",
-    "Pneumonia",
-    "Pneumothorax",
-    "Support Devices",
-]
-"""The 14 label columns of ``mimic-cxr-2.0.0-chexpert.csv`` in the release's order."""
-
-MIMIC_FINDINGS: list[str] = [c for c in MIMIC_COLUMNS if c != "No Finding"]
 VIEWS = ("all", "frontal", "lateral", "PA", "AP")
 SPLIT_NAMES = {"train": "train", "validate": "val", "test": "test"}
 

@@ -25,7 +25,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from ..presets import NIH_CLASSES  # the release's 14 findings, in its order (one list for the package)
+from ..catalog.nih_cxr14 import CLASSES as NIH_CLASSES
 from .base import Dropped, SourceError, SourceTable, read_csv
 from .ham10000 import index_images
 

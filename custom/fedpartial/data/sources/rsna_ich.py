@@ -23,13 +23,13 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 import pandas as pd
 
+from ..catalog.ich import CLASSES as ICH_CLASSES
+from ..catalog.ich import LABELS as ICH_SUBTYPES
 from ..dicom import DEFAULT_WINDOWS, apply_windows, first_value, read_dicom_hu  # noqa: F401 - re-exported
 from .base import SourceTable
 
 logger = logging.getLogger(__name__)
 
-ICH_CLASSES = ["epidural", "intraparenchymal", "intraventricular", "subarachnoid", "subdural"]
-ICH_SUBTYPES = (*ICH_CLASSES, "any")
 _ID_RE = r"^(ID_[0-9A-Fa-f]+)_(" + "|".join(ICH_SUBTYPES) + r")$"
 
 

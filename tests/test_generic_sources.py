@@ -486,6 +486,23 @@ def test_csv_option_errors(tmp_path, args, expect):
     assert expect in _error(load_source, "csv", csv, **{**HOSPITAL_ARGS, **args})
 
 
+def test_csv_layout_typed_or_flat_is_one_table_and_a_bad_key_or_type_is_named(tmp_path):
+    """A :class:`CsvLayout` and the same keys flat (``--source-arg``) read the same table; a flat key overrides the
+    layout's; a column name given as a number is its text; an unknown key and a value of the wrong type are one
+    line naming them."""
+    from fedpartial.data.sources.csv_source import CsvLayout, csv_layout, load_csv
+
+    csv, _ = hospital_export(tmp_path, n=8)
+    flat = load_source("csv", csv, **HOSPITAL_ARGS)
+    typed = load_csv(csv, CsvLayout(**HOSPITAL_ARGS))
+    assert typed.frame.equals(flat.frame) and typed.classes == flat.classes and typed.task == flat.task
+    over = load_csv(csv, CsvLayout(**{**HOSPITAL_ARGS, "source_name": "a"}), source_name="b")
+    assert over.name == "b"
+    assert csv_layout({"none_label": 0, "delimiter": "tab"}) == CsvLayout(none_label="0", delimiter="\t")
+    assert "takes no option(s) ['image_colum']" in _error(load_source, "csv", csv, image_colum="file")
+    assert "option 'classes' must be" in _error(load_source, "csv", csv, **{**HOSPITAL_ARGS, "classes": {"a": 1}})
+
+
 @pytest.mark.parametrize(
     "row, column, value, expect",
     [

@@ -263,6 +263,54 @@ def test_prepare_site_sizes_and_class_subset(tiny_nih, tmp_path, capsys):
     assert prep.load_prepared(out2).classes == ["Hernia", "Edema"]  # --classes sets the order too
 
 
+def test_prepare_takes_its_options_as_typed_groups_or_flat_and_refuses_a_bad_value_naming_it(tiny_nih, tmp_path):
+    """The three option groups and the flat keys of a job's dataset.prepare are one configuration: the same split
+    either way; a flat key overrides its group's value; a value of the wrong type is one line naming the option
+    and the type, before anything is read or written; an unknown key reaches the protocol, which names it."""
+    from fedpartial.options import OptionError
+
+    flat = prep.prepare(
+        "nih_cxr14",
+        tiny_nih,
+        tmp_path / "flat",
+        3,
+        "random_s",
+        s=2,
+        seed=3,
+        test_frac=0.3,
+        classes=NIH_CLASSES[:6],
+        verbose=False,
+        figure=False,
+    )
+    typed = prep.prepare(
+        "nih_cxr14",
+        tiny_nih,
+        tmp_path / "typed",
+        3,
+        "random_s",
+        s=2,
+        split=prep.SplitOptions(seed=3, test_frac=0.3),
+        labels=prep.LabelOptions(classes=NIH_CLASSES[:6]),
+        verbose=False,
+        figure=False,
+    )
+    for name in ("site-1", "site-2", "site-3", "val", "test"):
+        assert _raw(flat, name).equals(_raw(typed, name)), name
+    assert prep.load_prepared(typed).info["seed"] == 3
+    split, labels, images, params = prep.prepare_options(
+        {"seed": 5, "k": 2, "drop_unreadable": True}, split=prep.SplitOptions(seed=3, val_frac=0.2)
+    )
+    assert (split.seed, split.val_frac, images.drop_unreadable, params) == (5, 0.2, True, {"k": 2})
+    assert labels == prep.LabelOptions()
+    with pytest.raises(OptionError, match=r"option 'val_frac' must be float, got 'ten'"):
+        prep.prepare("nih_cxr14", tiny_nih, tmp_path / "bad", 3, "full", val_frac="ten")
+    with pytest.raises(OptionError, match=r"option 'partition' must be one of 'iid', 'centre'"):
+        prep.prepare("nih_cxr14", tiny_nih, tmp_path / "bad", 3, "full", partition="random")
+    with pytest.raises(ValueError, match=r"unexpected \['val_fraq'\]"):
+        prep.prepare("nih_cxr14", tiny_nih, tmp_path / "bad", 3, "full", val_fraq=0.1, verbose=False)
+    assert not (tmp_path / "bad").exists()
+
+
 def test_prepare_labeled_unlabeled(tiny_nih, tmp_path):
     out = _prep("nih_cxr14", tiny_nih, tmp_path / "lu", num_sites=4, protocol="labeled_unlabeled", m=1)
     info = prep.load_prepared(out).info

@@ -45,14 +45,16 @@ import shutil
 import sys
 import time
 import uuid
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 import numpy as np
 
 if TYPE_CHECKING:
     import pandas as pd
 
+from ..options import build, opt, option_names
 from ..processes import Interrupted, exit_status, interruptible
 from .manifest import ManifestError, check_coverage, read_manifest, write_manifest
 from .partition import (
@@ -368,18 +370,17 @@ def _load_one(
     source: str,
     root: Path,
     source_args: dict | None,
-    classes,
-    top_k_classes,
+    labels: LabelOptions,
+    images: ImageOptions,
     exclude: set[str],
-    decode_images: bool,
-    drop_unreadable: bool,
     matched: set[str] | None = None,
     alone: bool = False,
-    task: str | None = None,
 ) -> SourceTable:
     """Load a source, put it in the federation's vocabulary (:func:`subset_classes`) and run the quality pass
-    (``matched`` collects the ``exclude`` entries found, for a federation of several sources). ``task``: the
-    federation's task, given to a CSV export's loader (its ``task``), checked against the others."""
+    (``exclude``: the names read from ``images.exclude``; ``matched`` collects those found, for a federation of
+    several sources). ``labels.task``: the federation's task, given to a CSV export's loader (its ``task``),
+    checked against the others."""
+    task = labels.task
     args = dict(source_args or {})
     if task is not None and source == "csv":
         if args.get("task", task) != task:
@@ -394,13 +395,13 @@ def _load_one(
         )
     if table.lines is not None and "line" not in table.frame.columns:
         table.frame = table.frame.assign(line=table.lines)
-    table = subset_classes(table, classes, top_k_classes, alone=alone, export=source in EXPORT_SOURCES)
+    table = subset_classes(table, labels.classes, labels.top_k_classes, alone=alone, export=source in EXPORT_SOURCES)
     return quality_pass(
         table,
-        decode=decode_images,
-        drop_unreadable=drop_unreadable,
+        decode=images.decode_images,
+        drop_unreadable=images.drop_unreadable,
         exclude=exclude,
-        cache_file=_decode_cache_file() if decode_images else None,
+        cache_file=_decode_cache_file() if images.decode_images else None,
         matched_out=matched,
     )
 
@@ -613,32 +614,104 @@ def plot_structure(info: dict, file: Path) -> Path | None:
     return file
 
 
+# ------------------------------------------------------------------------------------------------ options
+
+
+@dataclass(frozen=True)
+class SplitOptions:
+    """How the rows become the shared validation / test sets and the sites' training sets."""
+
+    seed: int = opt(0, "seed of the splits, the site assignment and the randomised protocols")
+    val_frac: float = opt(
+        0.1,
+        "fraction of the images (split by patient) for the shared validation set (the publisher's split replaces "
+        "it where the loader read one: --source-arg official_split=true)",
+    )
+    test_frac: float = opt(0.2, "fraction of the images (split by patient) for the shared test set")
+    site_sizes: int | list[int] | None = opt(None, "cap on training images per site (one int, or one per site; iid)")
+    partition: Literal["iid", "centre", "dirichlet", "quantity"] = opt(
+        "iid", "how training rows are dealt to the sites (fedpartial.data.partition)"
+    )
+    alpha: float = opt(0.5, "the Dirichlet concentration of the dirichlet and quantity partitions")
+
+
+@dataclass(frozen=True)
+class LabelOptions:
+    """Which classes the federation has, of which task, named how at which site."""
+
+    classes: list[str] | None = opt(
+        None,
+        "the federation's classes (vocabulary), in the job's order, matched to the source's class names exactly "
+        "or case-insensitively; with num_sites 1 (a site preparing its own export alone) a class the source lacks "
+        "or leaves blank is not annotated here; with sources, the global class list",
+    )
+    top_k_classes: int | None = opt(None, "keep the k most frequent classes (after classes)")
+    task: Literal["multilabel", "multiclass"] | None = opt(
+        None,
+        "the federation's task: a CSV export is read as such (its task=auto says what it chose and why "
+        "otherwise); any other source must be of this task",
+    )
+    vocabularies: dict | None = opt(
+        None,
+        "{site: vocabulary}, a vocabulary being a name of fedpartial.data.vocabulary.VOCABULARIES or {global "
+        "class: column name}: those sites' manifests use these column names",
+    )
+    centralise: bool = opt(False, "pool every site's rows (with the labels its site annotates) into site-1")
+
+
+@dataclass(frozen=True)
+class ImageOptions:
+    """Which images are read, and how."""
+
+    exclude: str | os.PathLike | list[str] | None = opt(
+        None, "image names / ids / relative paths to leave out (a file, one per line, or a list)"
+    )
+    decode_images: bool = opt(True, "fully decode every image once (cached by path, size and mtime)")
+    drop_unreadable: bool = opt(False, "leave unreadable images out (reported) instead of stopping")
+
+
+OPTION_GROUPS = (SplitOptions, LabelOptions, ImageOptions)
+
+
+def prepare_options(
+    settings: dict,
+    split: SplitOptions | None = None,
+    labels: LabelOptions | None = None,
+    images: ImageOptions | None = None,
+) -> tuple[SplitOptions, LabelOptions, ImageOptions, dict]:
+    """Flat settings (a job's ``dataset.prepare`` keys, :func:`prepare`'s keywords) -> the three option groups
+    (each key overriding the given group's value, type-checked: :func:`fedpartial.options.build`) and the
+    protocol's parameters (every other key: ``k``, ``s``, ``m``, ``table``; checked by the protocol)."""
+    groups = [g if g is not None else cls() for g, cls in zip((split, labels, images), OPTION_GROUPS)]
+    rest = dict(settings)
+    for i, cls in enumerate(OPTION_GROUPS):
+        mine = {k: rest.pop(k) for k in list(rest) if k in option_names(cls)}
+        if mine:
+            current = {f.name: getattr(groups[i], f.name) for f in fields(cls)}
+            groups[i] = build(cls, {**current, **mine}, f"prepare: {cls.__name__}")
+    return groups[0], groups[1], groups[2], rest
+
+
+def _is_exclude_file(exclude) -> bool:
+    return isinstance(exclude, (str, os.PathLike)) and Path(exclude).is_file()
+
+
 def prepare(
     source: str | None,
     source_root: str | os.PathLike | None,
     out_dir: str | os.PathLike,
     num_sites: int | None,
     protocol: str,
-    seed: int = 0,
-    val_frac: float = 0.1,
-    test_frac: float = 0.2,
-    site_sizes: int | Sequence[int] | None = None,
-    classes: Sequence[str] | None = None,
+    *,
+    split: SplitOptions | None = None,
+    labels: LabelOptions | None = None,
+    images: ImageOptions | None = None,
     source_args: dict | None = None,
-    top_k_classes: int | None = None,
+    sources: Sequence[dict] | None = None,
     overwrite: bool = False,
     verbose: bool = True,
-    vocabularies: dict | None = None,
-    centralise: bool = False,
-    sources: Sequence[dict] | None = None,
-    partition: str = "iid",
-    alpha: float = 0.5,
-    exclude: str | os.PathLike | Sequence[str] | None = None,
-    decode_images: bool = True,
-    drop_unreadable: bool = False,
     figure: bool = True,
-    task: str | None = None,
-    **protocol_params: Any,
+    **settings: Any,
 ) -> Path:
     """Prepare a federated partial-label dataset; returns the output folder.
 
@@ -651,39 +724,26 @@ def prepare(
         num_sites: number of sites (``site-1`` .. ``site-N``); with ``partition="centre"`` it may be None (one
             site per centre); with ``sources`` the sum of their ``num_sites``.
         protocol: a name from ``fedpartial.data.protocols.PROTOCOLS``.
-        seed: seed of the splits, the site assignment and randomised protocols.
-        val_frac, test_frac: fractions of images (split by patient) for the shared val / test sets (the publisher's
-            split replaces this where the loader read one: ``--source-arg official_split=true``).
-        site_sizes: cap on training images per site (one int, or one per site; ``iid`` partition).
-        classes: the federation's classes (vocabulary), in the job's order, matched to the source's class names
-            exactly or case-insensitively; with ``num_sites`` 1 (a site preparing its own export alone) a class
-            the source lacks or leaves blank is not annotated here; with ``sources``, the global class list.
+        split: :class:`SplitOptions` (seed, val / test fractions, site sizes, partition).
+        labels: :class:`LabelOptions` (the federation's classes, task, vocabularies, centralise).
+        images: :class:`ImageOptions` (exclusions, decoding, unreadable images).
         source_args: keyword arguments for the source loader.
-        top_k_classes: keep the k most frequent classes (after ``classes``).
-        overwrite: replace an existing output folder.
-        verbose: print the per-site count tables and the dropped-row report.
-        vocabularies: ``{site: vocabulary}``, a vocabulary being a name from
-            ``fedpartial.data.vocabulary.VOCABULARIES`` or ``{global class: column name}``: those sites' manifests
-            use these column names (the split of the paper's two-vocabulary experiment).
-        centralise: pool every site's rows (with the labels its site annotates) into one site ``site-1``.
         sources: a federation of several published sources, each ``{"source", "root", "num_sites",
             "source_args" (optional), "vocabulary" (optional {its column: global class} or a vocabulary name)}``;
             each source's sites hold only its images and keep its own column names (CheXpert / MIMIC-CXR's
             ``Pleural Effusion`` is NIH's ``Effusion`` by default).
-        partition: ``iid``, ``centre``, ``dirichlet`` or ``quantity`` (see :mod:`fedpartial.data.partition`);
-            ``alpha`` is the Dirichlet concentration of the last two.
-        exclude: image names / ids / relative paths to leave out (a file, one per line, or a list).
-        decode_images: fully decode every image once (cached by path, size and mtime).
-        drop_unreadable: leave unreadable images out (reported) instead of stopping.
+        overwrite: replace an existing output folder.
+        verbose: print the per-site count tables and the dropped-row report.
         figure: save ``label_structure.png`` (matplotlib) next to the manifests.
-        task: the federation's task (``multilabel`` / ``multiclass``): a CSV export is read as such (its
-            ``task=auto`` says what it chose and why otherwise); any other source must be of this task.
-        **protocol_params: the protocol's parameter (``k``, ``s``, ``m`` or ``table``).
+        **settings: the same options flat, as a job's ``dataset.prepare`` and the CLI give them (any field of the
+            three groups, e.g. ``seed=1, classes=[...]``; it overrides the group's value), and the protocol's
+            parameter (``k``, ``s``, ``m`` or ``table``). See :func:`prepare_options`.
 
     Raises:
         SourceError / ValueError / ManifestError: bad arguments or files, an impossible protocol, or a result
             that fails validation; nothing is left behind.
     """
+    split, labels, images, protocol_params = prepare_options(settings, split, labels, images)
     final = Path(out_dir).expanduser().resolve()
     root = None if source_root is None else Path(source_root).expanduser().resolve()
     inside = root is not None and _is_within(root, final)
@@ -691,7 +751,7 @@ def prepare(
         raise FileExistsError(f"{final} already holds a prepared dataset (pass overwrite=True / --overwrite)")
     if not overwrite and not inside and final.exists() and any(final.iterdir()):
         raise FileExistsError(f"{final} exists and is not empty (pass overwrite=True / --overwrite)")
-    excluded = read_exclude(exclude)
+    excluded = read_exclude(images.exclude)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
@@ -715,13 +775,10 @@ def prepare(
                     spec["source"],
                     Path(spec["root"]).expanduser().resolve(),
                     spec.get("source_args"),
-                    None,
-                    None,
+                    LabelOptions(task=labels.task),
+                    images,
                     excluded,
-                    decode_images,
-                    drop_unreadable,
                     matched,
-                    task=task,
                 )
                 tables.append(t)
                 vocabs.append(_group_vocabulary(spec["source"], spec.get("vocabulary"), True))
@@ -732,7 +789,7 @@ def prepare(
                     f"--exclude names {len(excluded - matched)} image(s) none of the sources has: "
                     f"{sorted(excluded - matched)[:5]}"
                 )
-            table, masks = _combine(tables, vocabs, classes)
+            table, masks = _combine(tables, vocabs, labels.classes)
             if num_sites is not None and num_sites != sum(groups):
                 raise SourceError(f"the sources' num_sites add up to {sum(groups)}, not {num_sites}")
             group_specs = [
@@ -750,18 +807,15 @@ def prepare(
                 )
             if root is None:
                 root = tmp / "source"
-            alone = num_sites == 1 and not centralise
+            alone = num_sites == 1 and not labels.centralise
             table = _load_one(
                 source,
                 root,
                 source_args,
-                classes,
-                top_k_classes,
+                labels,
+                images,
                 excluded,
-                decode_images,
-                drop_unreadable,
                 alone=alone,
-                task=task,
             )
             group_specs = [(num_sites, np.ones(len(table.frame), bool), {})]
             local = source_root is None or inside
@@ -774,20 +828,14 @@ def prepare(
             local,
             group_specs,
             protocol,
-            seed,
-            val_frac,
-            test_frac,
-            site_sizes,
+            protocol_params,
+            split,
+            labels,
             source,
             source_args,
-            protocol_params,
-            vocabularies,
-            centralise,
-            partition,
-            alpha,
             alone,
         )
-        info["top_k_classes"] = top_k_classes
+        info["top_k_classes"] = labels.top_k_classes
         if alone:  # one site, prepared on its own: coverage of the vocabulary is the job's data check's to know
             info["alone"] = True
         info["notes"] = list(table.notes)
@@ -804,7 +852,7 @@ def prepare(
         # with it, and recording their temporary path would make every later use look stale and prepare again)
         info["source_files"] = file_stamps(
             [f for f in table.files if not Path(f).resolve().is_relative_to(tmp.resolve())]
-            + ([str(exclude)] if isinstance(exclude, (str, os.PathLike)) and Path(exclude).is_file() else [])
+            + ([str(images.exclude)] if _is_exclude_file(images.exclude) else [])
         )
         info["dropped"] = [
             {"file": d.file, "reason": d.reason, "count": len(d.names), "first": d.names[:10], "lines": d.lines[:10]}
@@ -824,7 +872,7 @@ def prepare(
         synthetic = " (SYNTHETIC data)" if info["synthetic"] else ""
         print(
             f"prepared {final}{synthetic}: {source}, protocol {protocol} {protocol_params}, "
-            f"partition {partition}, seed {seed}"
+            f"partition {split.partition}, seed {split.seed}"
         )
         for note in info.get("notes") or []:
             print(note)
@@ -851,17 +899,11 @@ def _build(
     local: bool,
     groups: list,
     protocol: str,
-    seed: int,
-    val_frac: float,
-    test_frac: float,
-    site_sizes,
+    protocol_params: dict,
+    split_opts: SplitOptions,
+    labels: LabelOptions,
     source: str,
     source_args,
-    protocol_params,
-    vocabularies: dict | None = None,
-    centralise: bool = False,
-    partition: str = "iid",
-    alpha: float = 0.5,
     alone: bool = False,
 ) -> dict:
     """Split, deal, assign and write the manifests into ``tmp``; returns the dataset.json content.
@@ -871,6 +913,9 @@ def _build(
     """
     import pandas as pd  # imported where used (see _combine)
 
+    seed, val_frac, test_frac = split_opts.seed, split_opts.val_frac, split_opts.test_frac
+    site_sizes, partition, alpha = split_opts.site_sizes, split_opts.partition, split_opts.alpha
+    vocabularies, centralise = labels.vocabularies, labels.centralise
     frame, classes = table.frame, list(table.classes)
     images = frame["image"].astype(str)
     if local:  # the images live inside the output folder: paths relative to it

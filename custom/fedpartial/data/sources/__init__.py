@@ -111,6 +111,8 @@ def load_source(name: str, root: str | os.PathLike, **kwargs) -> SourceTable:
     target = _LOADERS.get(name)
     if target is not None:
         params = inspect.signature(target()).parameters
+        if any(p.kind is p.VAR_KEYWORD for p in params.values()):  # a loader of typed options checks its own keys
+            return loader(root, **kwargs)
         unknown = sorted(k for k in kwargs if k not in params)
         if unknown:
             options = [p for p in params if p not in ("root", "name")]

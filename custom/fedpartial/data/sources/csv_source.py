@@ -48,12 +48,14 @@ import io
 import os
 import re
 import warnings
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import pandas as pd
 
+from ...options import OptionError, build, opt, option_names
 from .base import BLANK_POLICIES, NOT_ANNOTATED, UNCERTAIN_POLICIES, SourceError, SourceTable
 
 TASKS = ("auto", "multilabel", "multiclass")
@@ -259,53 +261,94 @@ def _label_names(
     return names, list(classes)
 
 
-def load_csv(
-    root: str | os.PathLike,
-    csv: str | None = None,
-    image_column: str = "image",
-    label_column: str | None = None,
-    label_separator: str = "|",
-    none_label: str = "No Finding",
-    classes: str | Sequence[str] | None = None,
-    ignore_columns: str | Sequence[str] | None = None,
-    patient_column: str = "auto",
-    patient_pattern: str | None = None,
-    split_column: str | None = None,
-    task: str = "auto",
-    uncertain: str = "ignore",
-    blank: str = "ignore",
-    images_root: str | os.PathLike | None = None,
-    image_suffix: str = "",
-    delimiter: str = ",",
-    source_name: str = "csv",
-) -> SourceTable:
+@dataclass(frozen=True)
+class CsvLayout:
+    """How a label CSV is laid out (see the module docstring): which file, which columns hold what, what its cells
+    mean. ``--source-arg KEY=VALUE`` and a site's ``source_args`` give these keys."""
+
+    csv: str | None = opt(None, "the CSV's name in root (or an absolute path); default: root's only CSV")
+    delimiter: str = opt(",", "the field separator (',', ';' or 'tab' for such exports)")
+    images_root: str | os.PathLike | None = opt(
+        None,
+        "folder the image paths are relative to (default the CSV's folder; a relative value is relative to the "
+        "CSV's folder)",
+    )
+    image_suffix: str = opt("", "appended to every image cell (an export of image ids: '.jpg')")
+    image_column: str = opt("image", "the column of image paths")
+    label_column: str | None = opt(
+        None,
+        "the column of class names (one per row, or several joined by label_separator); None: one column per class",
+    )
+    label_separator: str = opt("|", "separator of several names in label_column (multi-label)")
+    none_label: str = opt("No Finding", "the label_column value meaning 'no class positive' (multi-label)")
+    classes: str | list[str] | None = opt(
+        None,
+        "the class columns (one column per class) or the allowed names (label_column), in this order; a list or "
+        "comma-separated text",
+    )
+    ignore_columns: str | list[str] | None = opt(
+        None, "columns that are neither image, patient, split nor class (one column per class)"
+    )
+    patient_column: str = opt(
+        "auto", "the patient id column; auto: patient_id if present; none: every image is its own patient"
+    )
+    patient_pattern: str | None = opt(
+        None,
+        "a regular expression searched in the image path; its first group (else the whole match) is the patient "
+        "(when there is no patient column)",
+    )
+    split_column: str | None = opt(None, "a column of train / val / test (the publisher's split)")
+    task: str = opt("auto", "auto, multilabel or multiclass")
+    uncertain: str = opt("ignore", "what a -1 cell becomes, one of UNCERTAIN_POLICIES (ignore = not annotated)")
+    blank: str = opt("ignore", "what a blank cell becomes, one of BLANK_POLICIES (ignore = not annotated)")
+    source_name: str = opt(
+        "csv",
+        "the source name recorded (and the prefix of its patient ids in a federation of several sources: two "
+        "exports federated together need two names, or their patient ids would mix)",
+    )
+
+
+_TEXT = {"csv", "delimiter", "image_suffix", "image_column", "label_column", "label_separator", "none_label"}
+_TEXT |= {"patient_column", "patient_pattern", "split_column", "task", "uncertain", "blank", "source_name"}
+
+
+def csv_layout(settings: dict, layout: CsvLayout | None = None) -> CsvLayout:
+    """``layout`` (default :class:`CsvLayout`'s) with the flat ``settings`` (``--source-arg`` keys) applied and
+    checked: an unknown key, a value of the wrong type or an unknown policy is a :class:`SourceError`. A text
+    option given as a number (``--source-arg`` values that parse as JSON numbers arrive as numbers) is its text."""
+    base = layout or CsvLayout()
+    name = str(settings.get("source_name", base.source_name))
+    unknown = sorted(k for k in settings if k not in option_names(CsvLayout))
+    if unknown:
+        raise SourceError(
+            f"source 'csv' takes no option(s) {unknown}; its options are {[f.name for f in fields(CsvLayout)]}"
+        )
+    values = {f.name: getattr(base, f.name) for f in fields(CsvLayout)}
+    for key, value in settings.items():
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        values[key] = str(value) if key in _TEXT and number else value
+    if values["delimiter"] in ("tab", "\\t"):
+        values["delimiter"] = "\t"
+    try:
+        out = build(CsvLayout, values, name)
+    except OptionError as e:
+        raise SourceError(str(e)) from None
+    for key, allowed in (("task", TASKS), ("uncertain", UNCERTAIN_POLICIES), ("blank", BLANK_POLICIES)):
+        if getattr(out, key) not in allowed:
+            raise SourceError(f"{name}: {key} must be one of {allowed}, got {getattr(out, key)!r}")
+    if len(out.delimiter) != 1:
+        raise SourceError(f"{name}: delimiter must be one character (or 'tab'), got {out.delimiter!r}")
+    return out
+
+
+def load_csv(root: str | os.PathLike, layout: CsvLayout | None = None, **settings) -> SourceTable:
     """Load any label CSV as a source table (see the module docstring for the layouts).
 
     Args:
-        root: the label CSV, or the folder holding it (then ``csv`` names it, unless it is the folder's only CSV).
-        csv: the CSV's name in ``root`` (or an absolute path).
-        image_column: the column of image paths.
-        label_column: the column of class names (one per row, or several joined by ``label_separator``); None: one
-            column per class.
-        label_separator: separator of several names in ``label_column`` (multi-label).
-        none_label: the ``label_column`` value meaning "no class positive" (multi-label).
-        classes: the class columns (one column per class) or the allowed names (``label_column``), in this order;
-            a list or comma-separated text.
-        ignore_columns: columns that are neither image, patient, split nor class (one column per class).
-        patient_column: the patient id column; ``auto``: ``patient_id`` if present; ``none``: every image is its
-            own patient.
-        patient_pattern: a regular expression searched in the image path; its first group (else the whole match)
-            is the patient (when there is no patient column).
-        split_column: a column of ``train`` / ``val`` / ``test`` (the publisher's split).
-        task: ``auto``, ``multilabel`` or ``multiclass``.
-        uncertain: what a ``-1`` cell becomes, one of ``UNCERTAIN_POLICIES`` (``ignore`` = not annotated).
-        blank: what a blank cell becomes, one of ``BLANK_POLICIES`` (``ignore`` = not annotated, the default).
-        images_root: folder the image paths are relative to (default the CSV's folder; a relative value is relative
-            to the CSV's folder).
-        image_suffix: appended to every image cell (an export of image ids: ``.jpg``).
-        delimiter: the field separator (``,``; ``;`` or ``tab`` for such exports).
-        source_name: the source name recorded (and the prefix of its patient ids in a federation of several
-            sources: two exports federated together need two names, or their patient ids would mix).
+        root: the label CSV, or the folder holding it (then ``layout.csv`` names it, unless it is the folder's
+            only CSV).
+        layout: :class:`CsvLayout` (default: its defaults).
+        **settings: :class:`CsvLayout` fields, flat (``image_column="path"``), overriding ``layout``'s.
 
     Returns:
         A :class:`SourceTable` (``root`` = the images root; column ``line`` = each row's CSV line; column
@@ -314,27 +357,15 @@ def load_csv(
     Raises:
         SourceError: naming the CSV and the line of the first problem.
     """
-    name = source_name
+    lay = csv_layout(settings, layout)
+    name, task, patient_column = lay.source_name, lay.task, lay.patient_column
+    image_column, label_column, split_column, blank = lay.image_column, lay.label_column, lay.split_column, lay.blank
     notes: list[str] = []
-    # --source-arg values that parse as JSON numbers arrive as numbers: column names and markers are text
-    image_column, none_label, label_separator, patient_column = (
-        str(v) for v in (image_column, none_label, label_separator, patient_column)
-    )
-    label_column, split_column, csv = (None if v is None else str(v) for v in (label_column, split_column, csv))
-    if task not in TASKS:
-        raise SourceError(f"{name}: task must be one of {TASKS}, got {task!r}")
-    if uncertain not in UNCERTAIN_POLICIES:
-        raise SourceError(f"{name}: uncertain must be one of {UNCERTAIN_POLICIES}, got {uncertain!r}")
-    if blank not in BLANK_POLICIES:
-        raise SourceError(f"{name}: blank must be one of {BLANK_POLICIES}, got {blank!r}")
-    delimiter = "\t" if delimiter in ("tab", "\\t") else delimiter
-    if len(delimiter) != 1:
-        raise SourceError(f"{name}: delimiter must be one character (or 'tab'), got {delimiter!r}")
-    path = _find_csv(Path(root).expanduser(), csv).resolve()
-    header, rows, lines = read_rows(path, delimiter)
-    hint = _delimiter_hint(header, delimiter)
+    path = _find_csv(Path(root).expanduser(), lay.csv).resolve()
+    header, rows, lines = read_rows(path, lay.delimiter)
+    hint = _delimiter_hint(header, lay.delimiter)
     base = path.parent
-    images = base if images_root is None else Path(images_root).expanduser()
+    images = base if lay.images_root is None else Path(lay.images_root).expanduser()
     images = (images if images.is_absolute() else base / images).resolve()
     if not images.is_dir():
         raise SourceError(
@@ -347,7 +378,7 @@ def load_csv(
         patient_column = "patient_id" if "patient_id" in header else ""
     if own_patient:
         patient_column = ""
-    if patient_column and patient_pattern:
+    if patient_column and lay.patient_pattern:
         raise SourceError(f"{name}: give patient_column or patient_pattern, not both")
     reserved = [c for c in (image_column, patient_column, split_column, label_column) if c]
     missing = [c for c in reserved if c not in header]
@@ -360,7 +391,7 @@ def load_csv(
             or "name the columns with --source-arg image_column=..., label_column=..., "
             "patient_column=..., split_column=...",
         )
-    if not (patient_column or patient_pattern or own_patient):
+    if not (patient_column or lay.patient_pattern or own_patient):
         raise SourceError(
             f"has no patient column ('patient_id'); without one, images of one patient can land in "
             f"train and test (columns: {header})",
@@ -370,14 +401,14 @@ def load_csv(
             "or patient_column=none (every image its own patient)",
         )
     col = {h: k for k, h in enumerate(header)}
-    wanted = split_names(classes)
-    ignored = set(split_names(ignore_columns) or [])
+    wanted = split_names(lay.classes)
+    ignored = set(split_names(lay.ignore_columns) or [])
     unknown_ignored = sorted(ignored - set(header))
     if unknown_ignored:
         raise SourceError(f"ignore_columns names column(s) {unknown_ignored} the CSV lacks; it has {header}", path, 1)
 
     # ---- images
-    rel = _image_paths([r[col[image_column]] for r in rows], lines, images, image_column, path, str(image_suffix))
+    rel = _image_paths([r[col[image_column]] for r in rows], lines, images, image_column, path, str(lay.image_suffix))
 
     # ---- labels
     if label_column is None:
@@ -400,7 +431,7 @@ def load_csv(
             rows,
             lines,
             cls,
-            uncertain,
+            lay.uncertain,
             blank,
             path,
             "if it is not a class column, list the classes with --source-arg classes=A,B "
@@ -412,21 +443,21 @@ def load_csv(
     else:
         cells = [r[col[label_column]] for r in rows]
         if task == "auto":
-            several = next((i for i, c in enumerate(cells) if label_separator in c or c == none_label), None)
+            several = next((i for i, c in enumerate(cells) if lay.label_separator in c or c == lay.none_label), None)
             task = "multiclass" if several is None else "multilabel"
             notes.append(
                 f"{name}: task=auto chose {task}: "
                 + (
                     f"column {label_column!r} holds {cells[several]!r} at line {lines[several]} (several classes or "
-                    f"{none_label!r})"
+                    f"{lay.none_label!r})"
                     if several is not None
                     else f"every cell of column {label_column!r} names at most one class"
                 )
                 + "; --source-arg task=multilabel|multiclass decides otherwise"
             )
-        separator = label_separator if task == "multilabel" else None
-        if separator is None and label_separator:
-            both = next((i for i, c in enumerate(cells) if label_separator in c), None)
+        separator = lay.label_separator if task == "multilabel" else None
+        if separator is None and lay.label_separator:
+            both = next((i for i, c in enumerate(cells) if lay.label_separator in c), None)
             if both is not None:
                 raise SourceError(
                     f"column {label_column!r} holds several classes {cells[both]!r} but the task is single-label",
@@ -434,7 +465,7 @@ def load_csv(
                     lines[both],
                     hint="keep one class per row, or pass --source-arg task=multilabel",
                 )
-        names, cls = _label_names(cells, lines, wanted, separator, none_label, label_column, path)
+        names, cls = _label_names(cells, lines, wanted, separator, lay.none_label, label_column, path)
         if not cls:
             raise SourceError(f"column {label_column!r} names no class", path)
         pos = {c: j for j, c in enumerate(cls)}
@@ -453,8 +484,8 @@ def load_csv(
         for p, line in zip(patients, lines):
             if not p:
                 raise SourceError(f"patient column {patient_column!r} is blank", path, line)
-    elif patient_pattern:
-        patients = patients_from_pattern(rel, patient_pattern, [(path, line) for line in lines])
+    elif lay.patient_pattern:
+        patients = patients_from_pattern(rel, lay.patient_pattern, [(path, line) for line in lines])
     else:
         warnings.warn(
             f"{name}: no patient column (patient_column=none): every image is its own patient, so "

@@ -6,7 +6,9 @@ bad input stops with one line naming the file and the line (or the folder)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +17,7 @@ import pytest
 from PIL import Image
 from published_layouts import HAM, NIH, ham_sample, nih_sample
 
-from conftest import real_data
+from conftest import REPO, real_data
 from fedpartial.data import prepare as prep
 from fedpartial.data.sources import load_source
 from fedpartial.data.sources.base import NOT_ANNOTATED, SourceError
@@ -501,6 +503,8 @@ def test_csv_layout_typed_or_flat_is_one_table_and_a_bad_key_or_type_is_named(tm
     assert csv_layout({"none_label": 0, "delimiter": "tab"}) == CsvLayout(none_label="0", delimiter="\t")
     assert "takes no option(s) ['image_colum']" in _error(load_source, "csv", csv, image_colum="file")
     assert "option 'classes' must be" in _error(load_source, "csv", csv, **{**HOSPITAL_ARGS, "classes": {"a": 1}})
+    documented = re.findall(r"^\| `(\w+)=", (REPO / "docs" / "datasets.md").read_text(), re.M)
+    assert sorted(documented) == sorted(f.name for f in fields(CsvLayout))  # docs/datasets.md's option table
 
 
 @pytest.mark.parametrize(

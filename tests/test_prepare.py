@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import threading
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +14,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
+from conftest import REPO
 from fedpartial.data import prepare as prep
 from fedpartial.data import sources
 from fedpartial.data.catalog.ham10000 import CLASSES as HAM_CLASSES
@@ -309,6 +312,10 @@ def test_prepare_takes_its_options_as_typed_groups_or_flat_and_refuses_a_bad_val
     with pytest.raises(ValueError, match=r"unexpected \['val_fraq'\]"):
         prep.prepare("nih_cxr14", tiny_nih, tmp_path / "bad", 3, "full", val_fraq=0.1, verbose=False)
     assert not (tmp_path / "bad").exists()
+    doc = (REPO / "docs" / "datasets.md").read_text()
+    for group in prep.OPTION_GROUPS:  # docs/datasets.md names every key a job's dataset.prepare takes
+        listed = doc.split(f"`{group.__name__}` (", 1)[1].split(")", 1)[0]
+        assert sorted(re.findall(r"`(\w+)`", listed)) == sorted(f.name for f in fields(group)), group
 
 
 def test_prepare_labeled_unlabeled(tiny_nih, tmp_path):

@@ -189,3 +189,23 @@ def test_each_dataset_constant_is_written_once_in_the_catalog():
                 if (is_dict and len(strings) >= 4 and strings == const) or (not is_dict and len(strings & const) >= 4):
                     found.append((where, name))
     assert found == [], found
+
+
+def test_an_import_of_the_package_inside_a_function_says_why():
+    """No import inside a function hides a circle (the graph above counts them); one kept there for start-up cost
+    says so in a comment on its line or above its block of imports (what it loads); every other one is at the top."""
+    silent = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        lines = path.read_text().splitlines()
+        for fn in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("fedpartial")):
+                    above = node.lineno - 2  # the comment may head a block of imports
+                    while above >= 0 and lines[above].strip().startswith(("from ", "import ")):
+                        above -= 1
+                    around = lines[node.lineno - 1 : node.end_lineno] + lines[max(above, 0) : above + 1]
+                    if not any("#" in line for line in around):
+                        silent.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert silent == [], silent

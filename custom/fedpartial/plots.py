@@ -20,6 +20,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from .metrics import SCORE_GRID
 from .tables import save_figure
 
 __all__ = [
@@ -114,8 +115,6 @@ def curves_from_histogram(hist: Mapping) -> dict[str, Curve | None]:
     """Per class, :func:`binary_curve` of a score histogram (``{"classes", "pos", "neg"}``, bins of
     ``fedpartial.metrics.SCORE_GRID``): every bin is its lower edge weighted by its counts, as the validation
     thresholds are chosen (``fedpartial.metrics.thresholds_from_histogram``)."""
-    from .metrics import SCORE_GRID
-
     y = np.r_[np.ones(len(SCORE_GRID)), np.zeros(len(SCORE_GRID))]
     s = np.r_[SCORE_GRID, SCORE_GRID]
     return {c: binary_curve(y, s, np.r_[pos, neg]) for c, pos, neg in zip(hist["classes"], hist["pos"], hist["neg"])}

@@ -41,20 +41,19 @@ import re
 import shutil
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from nvflare.job_config.api import FedJob
 from nvflare.job_config.defs import FilterType
 from nvflare.recipe.spec import ExecEnv, Recipe
 
+from .data.prepare import load_prepared
 from .data.presets import deep_merge, resolve_dataset
 from .data.site_config import DATA_DIR_ENV
-
-if TYPE_CHECKING:  # annotations only: the simulator adapter is imported when a job runs
-    from .fl.simulator import Stopped
-
 from .fl.job_export import PACKAGE_DIR, BundleJob, ConfigWriter, copy_package, exporting  # noqa: F401
+from .fl.simulator import RunFailed, Stopped, SupervisedSimEnv
 from .job_layout import client_config, default_max_missing, server_config, set_run_name, training_entries
+from .options import build
 
 _VAR = re.compile(r"^\{(\w+)\}$")
 TRACKING_DEFAULT = "tensorboard"
@@ -124,10 +123,10 @@ def build_fed_job(name: str, server: dict, client: dict, min_sites: int) -> FedJ
 def check_job_options(name: str, method: str, model: dict, train: dict, evaluation: dict, method_args: dict) -> None:
     """The checks a site and the server make before training, made when the job is built: the method, its
     options (keys and types, against the method's option classes), ``train``, ``evaluation`` and ``model``."""
+    # imported where used: they load torch (about 2.5 CPU-s), which exporting or submitting a job does not need
     from .fl.executor import EvalOptions
     from .methods import TrainOptions, get_method
     from .models import build_model
-    from .options import build
 
     where = f"job '{name}'"
     spec = get_method(method)
@@ -443,16 +442,12 @@ def site_data_arg(items: list[str]) -> dict[str, str]:
 
 def prepared_sites(folder: str | os.PathLike) -> int:
     """The number of sites of a ``fedpartial-prepare`` output folder."""
-    from .data.prepare import load_prepared
-
     return len(load_prepared(folder).sites)
 
 
 def job_main(make_recipe: Callable[..., PartialLabelRecipe], argv: list[str] | None = None):
     """The command line of a ``jobs/<name>/job.py`` (``make_recipe(**overrides)`` builds its recipe): run it in
     ``SimEnv`` (or export it with NVFlare's ``--export [--export-dir DIR]``). Returns NVFlare's ``Run``."""
-    from .fl.simulator import RunFailed, Stopped, SupervisedSimEnv
-
     base = make_recipe()
     parser = _parser(base.name)
     args = parser.parse_args(argv)
@@ -528,7 +523,7 @@ def pretrained_model(model: dict | None, exporting: bool, error: Callable[[str],
 def stopped_lines(name: str, workspace: Path, stop: Stopped, argv: list[str] | None) -> str:
     """What a ``job.py`` stopped by a signal says: that every process of the run is gone, what was kept (the last
     round's server checkpoint) and the command that resumes it."""
-    from .fl.checkpoint import CHECKPOINT_FILE, read_file
+    from .fl.checkpoint import CHECKPOINT_FILE, read_file  # imported where used: loads torch (see above)
 
     argv = list(sys.argv[1:] if argv is None else argv)
     ckpts = sorted((workspace.resolve() / f"{name}.checkpoints").glob(f"*/*/server/{CHECKPOINT_FILE}"))

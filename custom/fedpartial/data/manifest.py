@@ -29,6 +29,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from .cache import cache_dir
+from .quality import DecodeCache, decode_all
 from .vocabulary import IGNORED, VocabularyError, closest, map_header
 
 IMAGE_COL = "image"
@@ -240,6 +242,7 @@ def read_manifest(
     col = {name: k for k, name in enumerate(header)}
     seen: dict[str, int] = {}  # resolved image path -> row index
     if verify_images:
+        # imported where used: loads torch and PIL (about 2.5 CPU-s), which a manifest read without its images skips
         from .transforms import ImageLoadError, check_image_header
     for i in range(n):
         line = line_numbers[i]
@@ -314,8 +317,6 @@ def read_manifest(
 
 def _decode_fully(paths: list[str], lines: list[int], site, file) -> None:
     """Decode every image (cached); the first that fails is a ManifestError at its line."""
-    from .cache import cache_dir
-    from .quality import DecodeCache, decode_all
 
     cache = DecodeCache(cache_dir() / "decoded.sqlite")
     try:

@@ -56,6 +56,8 @@ if TYPE_CHECKING:
 
 from ..options import build, opt, option_names
 from ..processes import Interrupted, exit_status, interruptible
+from .cache import cache_dir, os_error_line
+from .catalog.isic2019 import FLAMBY_CENTRES
 from .manifest import ManifestError, check_coverage, read_manifest, write_manifest
 from .partition import (
     PARTITIONS,
@@ -79,6 +81,7 @@ from .prepared import (  # noqa: F401
     spec_hash,
     stale_sources,
 )
+from .presets import PRESETS
 from .protocols import assign
 from .quality import quality_pass, read_exclude
 from .sources import SourceTable, load_source
@@ -143,7 +146,7 @@ def subset_classes(
         ValueError: a class the source lacks (unless ``alone``), with the closest name; an export's class outside
             ``classes`` (``alone``); no class of ``classes`` in the source.
     """
-    from .sources.nih_cxr14 import most_frequent_classes
+    from .sources.nih_cxr14 import most_frequent_classes  # imported where used: loads pandas (about 0.5 CPU-s)
 
     if classes is None and top_k is None:
         return table
@@ -361,8 +364,6 @@ def _publish(tmp: Path, final: Path, inside: bool, overwrite: bool) -> None:
 
 
 def _decode_cache_file() -> Path:
-    from .cache import cache_dir
-
     return cache_dir() / "decoded.sqlite"
 
 
@@ -931,7 +932,6 @@ def _build(
         rows = np.flatnonzero(rows_mask)
         split[rows] = _group_split(frame, rows, val_frac, test_frac, seed)
         train = rows[split[rows] == "train"]
-        from .catalog.isic2019 import FLAMBY_CENTRES
 
         parts, names = _partition(
             frame,
@@ -1293,8 +1293,6 @@ def _store_args(spec: str) -> list[str]:
     """``--store`` -> fedpartial-store's preprocessing options: ``PRESET`` (``--preset``), ``PRESET:SIZE``
     (``--preset --image-size``: the preset's channels, windows and resize mode at the job's size) or
     ``SIZExCHANNELS`` (``--image-size --channels``)."""
-    from .presets import PRESETS
-
     preset, colon, at = spec.partition(":")
     if preset in PRESETS and (not colon or at.isdigit()):
         return ["--preset", preset] + (["--image-size", at] if colon else [])
@@ -1341,7 +1339,6 @@ def _main(args) -> int:
     except (*USER_ERRORS, OSError) as e:
         if os.environ.get("FEDPARTIAL_DEBUG"):
             raise
-        from .cache import os_error_line
 
         text = os_error_line(e) if isinstance(e, OSError) else " ".join(str(e).split())
         print(f"fedpartial-prepare: error: {text}", file=sys.stderr)

@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .vocabulary import VocabularyError, check_vocabulary
+
 SITE_CONFIG_ENV = "FEDPARTIAL_SITE_CONFIG"
 SITE_CONFIG_FILE = "fedpartial_data.json"
 DATA_DIR_ENV = "FEDPARTIAL_DATA_DIR"
@@ -123,8 +125,6 @@ def read_site_config(site: str, name: str, file: Path, classes=None) -> SiteData
 
 
 def _vocabulary(entry: dict, classes, where: str) -> tuple[dict, list]:
-    from .vocabulary import VocabularyError, check_vocabulary
-
     try:
         return (
             check_vocabulary(entry.get("columns"), entry.get("ignore_columns"), classes or [], where)

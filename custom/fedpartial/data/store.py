@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps
 
+from ..processes import pool_worker_init
 from .cache import store_root
 
 FORMAT = "fedpartial-image-store"
@@ -272,6 +273,7 @@ def decode_resized(path: str | os.PathLike, prep: Preprocessing, channels: int) 
     path = str(path)
     size, flt = prep.image_size, RESIZE_FILTERS[prep.resize_mode]
     if is_dicom(path):
+        # imported here: tools/export.py copies this function into the bundle's decoder, beside these helpers
         from .dicom import apply_windows, read_dicom_hu
 
         hu = read_dicom_hu(path)
@@ -641,7 +643,6 @@ def _pool(workers: int):
     from concurrent.futures import ProcessPoolExecutor
 
     method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
-    from ..processes import pool_worker_init
 
     # workers die with their parent (a killed fedpartial-store leaves none behind)
     return ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context(method), initializer=pool_worker_init)

@@ -21,7 +21,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..processes import Interrupted, exit_status, interruptible
-from .manifest import Manifest, ManifestError, read_manifest
+from .cache import os_error_line
+from .manifest import RESERVED_COLS, Manifest, ManifestError, read_manifest
 from .prepared import load_prepared
 from .presets import resolve_dataset
 from .site_files import read_site_config
@@ -62,7 +63,7 @@ def build_all(
 ) -> dict[str, ImageStore]:
     """Open or build the store of every (site, split) manifest (a set shared by several sites once).
     Returns ``{"<site>/<split>": store}``."""
-    from .sitedata import SiteDatasets
+    from .sitedata import SiteDatasets  # imported where used: loads torch (about 2.5 CPU-s)
 
     out: dict[str, ImageStore] = {}
     for site, splits in manifests.items():
@@ -76,8 +77,6 @@ def _header_classes(file: Path) -> list[str]:
     """The class columns of a manifest's header (everything but image / patient_id / split), for a store built
     without a preset (the labels only annotate the store's index)."""
     import csv
-
-    from .manifest import RESERVED_COLS
 
     with open(file, newline="", encoding="utf-8-sig") as f:
         header = next(csv.reader(f), [])
@@ -153,8 +152,6 @@ def _main(args) -> int:
             raise ValueError("give a prepared folder or --site-config")
         stores = build_all(manifests, ds, args.workers, log_fn=None if sys.stderr.isatty() else print)
     except (StoreError, ManifestError, ValueError, OSError) as e:
-        from .cache import os_error_line
-
         text = os_error_line(e) if isinstance(e, OSError) else " ".join(str(e).split())
         print(f"fedpartial-store: error: {text}", file=sys.stderr)
         return 2

@@ -25,6 +25,7 @@ from nvflare.apis.shareable import Shareable
 from nvflare.app_common.abstract.response_processor import ResponseProcessor
 
 from ..data.manifest import ManifestError, check_coverage
+from ..methods import available_methods, get_method
 from ..models import ARCH_OPTIONS
 from ..privacy import DEFAULT_MIN_COUNT, ClassStat, from_dicts, suppress_small
 from .keys import META_PRIVACY, META_SPEC, META_SUMMARY
@@ -288,8 +289,6 @@ class SummaryFilter(DXOFilter):
 # ------------------------------------------------------------------------------------------ what leaves a site
 def declared_statistics() -> list[ClassStat]:
     """Every registered method's per-class statistics (``LocalTrainer.per_class_metadata``), one per key."""
-    from ..methods import available_methods, get_method
-
     out: dict[str, ClassStat] = {}
     for name in available_methods():
         for st in get_method(name).trainer.per_class_metadata:

@@ -48,8 +48,10 @@ from ..data.manifest import Manifest, read_manifest
 from ..data.presets import resolve_dataset
 from ..data.site_config import SiteData, SiteDataError, resolve_site_data
 from ..data.sitedata import SiteDatasets
+from ..data.store import StoreError
 from ..device import describe, device_record, mixed_precision, resolve_device
 from ..evaluation import evaluate, evaluate_features
+from ..job_layout import DATA_CHECK_TIMEOUT
 from ..methods import SiteContext, TrainOptions, get_method
 from ..methods.base import local_work
 from ..metrics import apply_validation_thresholds, flatten_metrics, format_table
@@ -217,8 +219,6 @@ class PartialLabelExecutor(Executor):
         when current (no image decoded: sizes and mtimes against the index), else built (every core, ``k / N``
         lines in the site's log) when that fits in what is left of the data check's time, else one line naming
         the command that builds them before the job (``fedpartial-store``). A bad image is an error at its line."""
-        from ..data.store import StoreError
-        from ..job_layout import DATA_CHECK_TIMEOUT
 
         self.data = SiteDatasets(
             self.manifests,

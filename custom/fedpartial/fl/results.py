@@ -38,6 +38,7 @@ from nvflare.app_common.app_constant import AppConstants
 from nvflare.app_common.app_event_type import AppEventType
 from nvflare.widgets.widget import Widget
 
+from ..data.presets import resolve_dataset
 from ..metrics import THRESHOLD_CRITERIA, apply_validation_thresholds, format_table, format_thresholds, pool_histograms
 from ..models import ENCODER_FILE, save_encoder
 from ..stats import add_run_statistics
@@ -446,8 +447,6 @@ def dataset_used(app_root: str | None, job_dataset: str, sites: dict) -> str:
     if not app_root:
         return job_dataset
     try:
-        from ..data.presets import resolve_dataset
-
         cfg = json.loads((Path(app_root) / "config" / "config_fed_client.json").read_text())
         for ex in cfg.get("executors", []):
             ds = (ex.get("executor", {}).get("args") or {}).get("dataset")

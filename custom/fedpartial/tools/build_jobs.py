@@ -19,6 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..data.presets import deep_merge
+
 PACKAGE = "fedpartial"
 REPO = Path(__file__).resolve().parents[3]
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo")
@@ -135,8 +137,6 @@ def customise_job(
     into the server rule's options and ``seed`` set for both the sites (executor seed) and the initial global
     model (for tests and benchmarks). The job stays one spec: ``method`` / ``method_args`` in ``executor_args``
     go to the server's aggregator too, and ``model`` options to the server's model component."""
-    from ..data.presets import deep_merge
-
     shutil.copytree(job, dest, ignore=shutil.ignore_patterns("custom", "job.py", "README.md", "__pycache__"))
     build_job(dest, src or REPO / "custom" / PACKAGE)
     server = dest / "app/config/config_fed_server.json"

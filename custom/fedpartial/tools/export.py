@@ -43,7 +43,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..data import dicom, store
+from ..fl.results import RESULTS_FILE
 from . import bundle_runtime
+from .model_card import write_model_card
 from .predict import LoadedModel, find_thresholds, load_model
 
 BUNDLE_FILES = (
@@ -79,8 +82,6 @@ def decoder_source() -> str:
     decode_resized` (decode once, resize, uint8: what every site's store holds) with the helpers it calls and
     ``fedpartial.data.dicom`` (HU, CT windows), copied verbatim (the one relative import dropped: the copy holds
     those functions in the same module)."""
-    from ..data import dicom, store
-
     parts = [
         "import os",
         "from dataclasses import dataclass",
@@ -145,8 +146,6 @@ def runtime_source() -> str:
 
 def run_results(model: LoadedModel) -> dict:
     """The run's ``results.json`` (in the model's folder or the one above), or {} when absent."""
-    from ..fl.results import RESULTS_FILE
-
     for folder in (model.path.parent, model.path.parent.parent):
         if (folder / RESULTS_FILE).is_file():
             return json.loads((folder / RESULTS_FILE).read_text())
@@ -615,7 +614,6 @@ def _write_bundle(model, out: Path, torchscript: bool, onnx: bool, say) -> None:
     if onnx:
         say("models/model.onnx")
         export_onnx(model, out / "models" / "model.onnx")
-    from .model_card import write_model_card
 
     say("docs/README.md (model card) and its figures")
     own = final_result(model, results)

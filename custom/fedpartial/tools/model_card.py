@@ -6,6 +6,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ..plots import write_final_figures
+from ..stats import f1_interval, wilson_interval
+
 
 def _pct(v) -> str:
     return "n/a" if v is None or not isinstance(v, (int, float)) or not math.isfinite(v) else f"{100 * v:.1f}"
@@ -17,8 +20,6 @@ def _ci(iv) -> str:
 
 def _rate_ci(rate, n) -> str:
     """`` [lo, hi]`` of a proportion measured on ``n`` cases (Wilson), '' when unknown."""
-    from ..stats import wilson_interval
-
     if rate is None or not n or not isinstance(rate, (int, float)) or not math.isfinite(rate):
         return ""
     return _ci(wilson_interval(round(rate * n), int(n)))
@@ -29,8 +30,6 @@ def metrics_table(test: dict) -> list[str]:
     specificity (95 % Wilson intervals) and F1 (95 % parametric-bootstrap interval from the confusion counts) at
     the validation thresholds where the run has them (else at 0.5 / the argmax), AP and BACC for multi-label, in
     percent."""
-    from ..stats import f1_interval
-
     if not test:
         return ["No test evaluation is recorded for this model file."]
     multilabel = test.get("task", "multilabel") == "multilabel"
@@ -192,8 +191,6 @@ def known_limits(meta: dict, final: dict) -> list[str]:
 
 def write_model_card(bundle: Path, meta: dict, final: dict, results: dict) -> Path:
     """``bundle/docs/README.md`` and its figures ``bundle/docs/*.png``; returns the README's path."""
-    from ..plots import write_final_figures
-
     docs = Path(bundle) / "docs"
     docs.mkdir(parents=True, exist_ok=True)
     train, pre, thr = meta["training"], meta["preprocessing"], meta.get("thresholds") or {}

@@ -24,7 +24,9 @@ import argparse
 import json
 from pathlib import Path
 
+from ..data.presets import PRESETS
 from ..job_layout import harden_job
+from .build_jobs import export_job
 
 LINE_LENGTH = 120  # pyproject.toml [tool.ruff]
 NAMED_RECIPES = {
@@ -112,8 +114,7 @@ def write_job(
     """Export the job of these arguments (:class:`fedpartial.recipes.PartialLabelRecipe`) into ``folder``
     (checked first: nothing is written for a bad option); with ``job_py`` write its ``job.py`` and export that
     (``make jobs`` does the same later)."""
-    from ..recipes import PartialLabelRecipe
-    from .build_jobs import export_job
+    from ..recipes import PartialLabelRecipe  # imported where used: loads NVFlare's Job API (about 1 CPU-s)
 
     folder = Path(folder)
     kwargs = {
@@ -149,8 +150,6 @@ def dataset_arg(
 ) -> dict:
     """``new_job``'s dataset: a JSON config, a preset (``--classes`` / ``--task`` / ... override it), or a
     federation's own dataset by name (``--classes``, ``--task`` and ``--channels`` required)."""
-    from ..data.presets import PRESETS
-
     if dataset.strip().startswith("{"):
         return json.loads(dataset)
     own = {

@@ -54,12 +54,13 @@ import torch
 from ..data.manifest import Manifest, read_manifest
 from ..data.presets import resolve_dataset
 from ..data.sitedata import SiteDatasets
-from ..evaluation import predict, scores_metrics
+from ..evaluation import predict, scored_mask, scores_metrics
 from ..fl.keys import BEST_MODEL, LAST_MODEL, LOCAL_MODEL_FILE, STATE_DIR
 from ..fl.results import RESULTS_FILE, THRESHOLDS_FILE
 from ..fl.spec import global_model_note, local_parts
 from ..metrics import format_table
 from ..models import PartialLabelNet, load_weights, read_state
+from ..plots import FIGURE_NAMES, auc_ci_figure, curves_from_scores, final_figures, roc_pr_figures, save_figure
 from .bundle_runtime import IMAGE_SUFFIXES, Progress, list_images
 
 SERVER_CONFIG, CLIENT_CONFIG = "config_fed_server.json", "config_fed_client.json"
@@ -363,8 +364,6 @@ def evaluation_figures(
     """The figures of ``fedpartial-evaluate`` (module docstring) as PNG files ``folder/<prefix><name>.png``:
     ``roc``, ``pr``, ``auc_ci`` from the scores, ``sites`` from the run's ``results.json`` when there is one.
     Returns ``{name: path}``."""
-    from ..evaluation import scored_mask
-    from ..plots import FIGURE_NAMES, auc_ci_figure, curves_from_scores, final_figures, roc_pr_figures, save_figure
 
     classes, folder = model.classes, Path(folder)
     title = f"{model.path.name} on {len(scores['probs'])} images"

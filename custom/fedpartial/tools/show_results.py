@@ -20,8 +20,11 @@ import json
 import sys
 from pathlib import Path
 
+from ..fl.keys import BEST_MODEL, LAST_MODEL
 from ..fl.results import RESULTS_FILE, TABLE_FILE, render_tables
 from ..fl.selection import degradation
+from ..plots import write_final_figures as plot_final_figures
+from ..tables import run_figure, save_figure
 
 CURVES_FILE = "results_curves.png"
 FIGURE_PREFIX = "results_"  # the final model's figures: results_auc_ci.png, results_site_auc.png, ...
@@ -47,20 +50,16 @@ def find_results(path: Path) -> Path:
 
 def write_curves(results: dict, path: str | Path, metrics: list[str] | None = None) -> str:
     """The run's curves (``fedpartial.tables.run_figure``) as PNG at ``path``."""
-    from ..tables import run_figure, save_figure
-
     return save_figure(run_figure(results, metrics), path)
 
 
 def write_final_figures(results: dict, folder: str | Path) -> tuple[str | None, dict[str, str]]:
     """The final model's figures (``fedpartial.plots.write_final_figures``) of the best-on-validation model, else
     the last, as ``folder/results_<name>.png``. Returns ``(model file, {name: path})``."""
-    from ..fl.keys import BEST_MODEL, LAST_MODEL
-    from ..plots import write_final_figures as write
 
     for model in (BEST_MODEL, LAST_MODEL):
         if ((results.get("final") or {}).get(model) or {}).get("test"):
-            return model, write(results, model, folder, FIGURE_PREFIX)
+            return model, plot_final_figures(results, model, folder, FIGURE_PREFIX)
     return None, {}
 
 

@@ -27,6 +27,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..data.manifest import read_manifest
+from ..data.prepare import DATASET_JSON, load_prepared, prepared_path
+from ..data.presets import resolve_dataset
+from ..data.site_config import cache_dir, simulated_site_data, simulated_spec
+from ..data.sources import load_source
 from ..fl.keys import STATE_FILE
 from ..methods.fedmlp.trainer import STATE_PSEUDO_LABELS as TAGS_KEY
 
@@ -94,11 +99,6 @@ def _client_args(site_dir: Path) -> dict:
 def site_truth(site: str, site_dir: Path, tables: dict | None = None) -> tuple[list[str], np.ndarray, np.ndarray]:
     """``(classes, annotated (C,) bool, truth (N, C))`` of a simulated site's training rows, in row order.
     ``tables``: source tables already loaded, by root (filled in)."""
-    from ..data.manifest import read_manifest
-    from ..data.prepare import DATASET_JSON, load_prepared, prepared_path
-    from ..data.presets import resolve_dataset
-    from ..data.site_config import cache_dir, simulated_site_data, simulated_spec
-    from ..data.sources import load_source
 
     ds = resolve_dataset(_client_args(site_dir)["dataset"])
     if not ds.get("prepare"):

@@ -10,6 +10,7 @@ from typing import Literal
 
 import torch
 
+from ...losses import supervised_loss
 from ...options import opt
 from ...stat_checks import StatSpec
 from ..base import RoundOutput
@@ -122,8 +123,6 @@ class SurgicalTrainer(SupervisedTrainer):
         return RoundOutput(steps=steps, loss=total / max(steps, 1), meta=meta)
 
     def _loss_fn(self):
-        from ...losses import supervised_loss
-
         return supervised_loss(self.ctx.task, self.opts.missing)
 
     # -- persistence --------------------------------------------------------------------------------------

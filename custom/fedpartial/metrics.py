@@ -51,8 +51,8 @@ import numpy as np
 # precision_score / recall_score / f1_score with zero_division=0, from counts), for the calls made here (binary
 # labels 0/1, or class indices with ``labels=range(C)``), with the same operations in the same order: the
 # same floats (tests/test_metrics.py compares them bit for bit on random scores with ties and weights). Importing
-# ``sklearn.metrics`` loads SciPy's statistics, ~2.5 s of CPU in every site and server process at the first
-# evaluation (``benchmarks/import_cost.py``), for these few lines.
+# ``sklearn.metrics`` loads SciPy's statistics in every site and server process at the first evaluation, for these
+# few lines (``python benchmarks/import_cost.py`` measures what it costs).
 
 
 def _ranked_counts(y_true, y_score, sample_weight=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

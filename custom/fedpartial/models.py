@@ -364,9 +364,8 @@ def numpy_state(state: dict) -> dict:
 
 def default_inference_batch_size(train_batch_size: int, device: torch.device | str) -> int:
     """Default batch size of inference passes (evaluation, whole-set passes): the training batch size on a CPU,
-    4 x it on a GPU. On a CPU, larger batches are slower: measured on the 2-core test machine (small CNN, 64 px,
-    channels-last, one thread, 838 images), batch 32 took 0.38 s, batch 128 0.50 s and batch 512 0.91 s, because
-    the activations of a large batch no longer fit in the cache."""
+    4 x it on a GPU. On a CPU, larger batches are slower: the activations of a large batch no longer fit in the
+    cache."""
     return int(train_batch_size) * (1 if torch.device(device).type == "cpu" else 4)
 
 

@@ -123,7 +123,7 @@ def build_fed_job(name: str, server: dict, client: dict, min_sites: int) -> FedJ
 def check_job_options(name: str, method: str, model: dict, train: dict, evaluation: dict, method_args: dict) -> None:
     """The checks a site and the server make before training, made when the job is built: the method, its
     options (keys and types, against the method's option classes), ``train``, ``evaluation`` and ``model``."""
-    # imported where used: they load torch (about 2.5 CPU-s), which exporting or submitting a job does not need
+    # imported where used: they load torch, which exporting or submitting a job does not need
     from .fl.executor import EvalOptions
     from .methods import TrainOptions, get_method
     from .models import build_model

@@ -222,7 +222,8 @@ def make_loader(
         from monai.data import DataLoader as loader
     # A process that never imported MONAI holds no MONAI transform (the image store's datasets with the batched
     # device views), and there MONAI's DataLoader is torch's: its extra steps touch only MONAI objects, and the
-    # generator it draws from is put back. Importing MONAI for it would cost a site ~5 s of CPU at start-up.
+    # generator it draws from is put back. Importing MONAI for it would slow every site's start
+    # (``python benchmarks/import_cost.py`` measures it).
     return loader(
         dataset,
         batch_size=batch_size,

@@ -242,7 +242,7 @@ def read_manifest(
     col = {name: k for k, name in enumerate(header)}
     seen: dict[str, int] = {}  # resolved image path -> row index
     if verify_images:
-        # imported where used: loads torch and PIL (about 2.5 CPU-s), which a manifest read without its images skips
+        # imported where used: loads torch and PIL, which a manifest read without its images skips
         from .transforms import ImageLoadError, check_image_header
     for i in range(n):
         line = line_numbers[i]

@@ -146,7 +146,7 @@ def subset_classes(
         ValueError: a class the source lacks (unless ``alone``), with the closest name; an export's class outside
             ``classes`` (``alone``); no class of ``classes`` in the source.
     """
-    from .sources.nih_cxr14 import most_frequent_classes  # imported where used: loads pandas (about 0.5 CPU-s)
+    from .sources.nih_cxr14 import most_frequent_classes  # imported where used: loads pandas
 
     if classes is None and top_k is None:
         return table

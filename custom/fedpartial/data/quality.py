@@ -24,7 +24,7 @@ DECODE_CACHE = "decoded.sqlite"
 
 def decode_error(path: Path) -> str | None:
     """Fully decode one image (every pixel); None when it decodes, else why not."""
-    from .transforms import read_image  # imported where used: loads torch (about 2.5 CPU-s)
+    from .transforms import read_image  # imported where used: loads torch
 
     try:
         read_image(path, channels=1)  # PIL raises on a truncated JPEG / PNG (it does not pad by default)

@@ -491,9 +491,9 @@ class ImageStore:
     def verify(self, rows=None) -> None:
         """Check the crc32 of every chunk holding ``rows`` (all rows: None) against ``chunks.log``, once per chunk
         and process, before any of its rows is served: a byte changed on disk after the build is a
-        :class:`StoreError` naming the rows, never a row served. A chunk of 64 rows of 224 px costs about 2.5 ms
-        (crc32 at about 1.3 GB/s): a site's first shuffled pass over a store reads at about a quarter of its later
-        speed (20 k against 75-80 k images/s on one core here), later passes as before."""
+        :class:`StoreError` naming the rows, never a row served. The checks slow a site's first shuffled pass over a
+        store only (``python benchmarks/scale_data.py``: ``datacheck_s_112k`` opens a 112,120-row release's stores,
+        every chunk verified)."""
         if self._verified is not None and self._all:
             return
         per = int(self.meta["chunk_rows"])

@@ -63,7 +63,7 @@ def build_all(
 ) -> dict[str, ImageStore]:
     """Open or build the store of every (site, split) manifest (a set shared by several sites once).
     Returns ``{"<site>/<split>": store}``."""
-    from .sitedata import SiteDatasets  # imported where used: loads torch (about 2.5 CPU-s)
+    from .sitedata import SiteDatasets  # imported where used: loads torch
 
     out: dict[str, ImageStore] = {}
     for site, splits in manifests.items():

@@ -114,7 +114,7 @@ def write_job(
     """Export the job of these arguments (:class:`fedpartial.recipes.PartialLabelRecipe`) into ``folder``
     (checked first: nothing is written for a bad option); with ``job_py`` write its ``job.py`` and export that
     (``make jobs`` does the same later)."""
-    from ..recipes import PartialLabelRecipe  # imported where used: loads NVFlare's Job API (about 1 CPU-s)
+    from ..recipes import PartialLabelRecipe  # imported where used: loads NVFlare's Job API
 
     folder = Path(folder)
     kwargs = {

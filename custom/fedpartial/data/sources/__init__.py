@@ -14,70 +14,70 @@ from .base import SourceError, SourceTable
 
 def _ham10000(root: str | os.PathLike, **kwargs) -> SourceTable:
     """HAM10000 (``HAM10000_metadata.csv`` + ``images/``)."""
-    from .ham10000 import load_ham10000  # imported where used: each loader loads pandas (about 0.5 CPU-s)
+    from .ham10000 import load_ham10000  # imported where used: each loader loads pandas
 
     return load_ham10000(root, **kwargs)
 
 
 def _isic2018(root: str | os.PathLike, **kwargs) -> SourceTable:
     """ISIC 2018 Task 3 (one-hot ground-truth CSV)."""
-    from .ham10000 import load_isic2018  # imported where used: each loader loads pandas (about 0.5 CPU-s)
+    from .ham10000 import load_isic2018  # imported where used: each loader loads pandas
 
     return load_isic2018(root, **kwargs)
 
 
 def _isic2019(root: str | os.PathLike, **kwargs) -> SourceTable:
     """ISIC 2019 training set (FLamby's Fed-ISIC2019 centres)."""
-    from .isic2019 import load_isic2019  # imported where used: each loader loads pandas (about 0.5 CPU-s)
+    from .isic2019 import load_isic2019  # imported where used: each loader loads pandas
 
     return load_isic2019(root, **kwargs)
 
 
 def _chexpert(root: str | os.PathLike, **kwargs) -> SourceTable:
     """CheXpert-v1.0 / CheXpert-v1.0-small (``train.csv``, ``Path``, uncertainty labels)."""
-    from .chexpert import load_chexpert  # imported where used: each loader loads pandas (about 0.5 CPU-s)
+    from .chexpert import load_chexpert  # imported where used: each loader loads pandas
 
     return load_chexpert(root, **kwargs)
 
 
 def _mimic_cxr(root: str | os.PathLike, **kwargs) -> SourceTable:
     """MIMIC-CXR-JPG 2.0.0 (``mimic-cxr-2.0.0-chexpert/-metadata/-split.csv(.gz)``, ``files/p1x/...``)."""
-    from .mimic_cxr import load_mimic_cxr  # imported where used: each loader loads pandas (about 0.5 CPU-s)
+    from .mimic_cxr import load_mimic_cxr  # imported where used: each loader loads pandas
 
     return load_mimic_cxr(root, **kwargs)
 
 
 def _nih_cxr14(root: str | os.PathLike, **kwargs) -> SourceTable:
     """NIH ChestX-ray14 (official ``Data_Entry_2017.csv`` or a 0/1 ``labels.csv``)."""
-    from .nih_cxr14 import load_nih_cxr14  # imported where used: each loader loads pandas (about 0.5 CPU-s)
+    from .nih_cxr14 import load_nih_cxr14  # imported where used: each loader loads pandas
 
     return load_nih_cxr14(root, **kwargs)
 
 
 def _rsna_ich(root: str | os.PathLike, **kwargs) -> SourceTable:
     """RSNA intracranial haemorrhage detection (5 subtypes)."""
-    from .rsna_ich import load_rsna_ich  # imported where used: each loader loads pandas (about 0.5 CPU-s)
+    from .rsna_ich import load_rsna_ich  # imported where used: each loader loads pandas
 
     return load_rsna_ich(root, **kwargs)
 
 
 def _ich_phantom(root: str | os.PathLike, **kwargs) -> SourceTable:
     """Synthetic ICH-like phantom, generated into ``root`` on first use."""
-    from .ich_phantom import load_ich_phantom  # imported where used: each loader loads pandas (about 0.5 CPU-s)
+    from .ich_phantom import load_ich_phantom  # imported where used: each loader loads pandas
 
     return load_ich_phantom(root, **kwargs)
 
 
 def _csv(root: str | os.PathLike, **kwargs) -> SourceTable:
     """Any label CSV: an image column, one column per class or a label-name column, a patient column."""
-    from .csv_source import load_csv  # imported where used: each loader loads pandas (about 0.5 CPU-s)
+    from .csv_source import load_csv  # imported where used: each loader loads pandas
 
     return load_csv(root, **kwargs)
 
 
 def _folder(root: str | os.PathLike, **kwargs) -> SourceTable:
     """One sub-folder per class (single-label)."""
-    from .folder_source import load_folder  # imported where used: each loader loads pandas (about 0.5 CPU-s)
+    from .folder_source import load_folder  # imported where used: each loader loads pandas
 
     return load_folder(root, **kwargs)
 

@@ -89,16 +89,26 @@ def one_round_first_stage(method) -> dict:
     return {k: 1 for k in SCHEDULE_KEYS if k in method.option_names()}
 
 
+HAM_WITHOUT_TABLE = {"protocol": "missing_k", "k": 3, "table": None}
+"""A HAM10000 job's ``dataset.prepare`` on fewer sites than its table's 5: each site missing 3 of the 7 classes."""
+
+
 def copy_job(
     job: str,
     dest: Path,
     num_rounds: int | None = None,
     executor_args: dict | None = None,
     min_clients: int | None = None,
+    sites: int | None = None,
 ) -> Path:
-    """Copy jobs/<job> to dest with the package built into its apps and the given overrides."""
+    """Copy jobs/<job> to dest with the package built into its apps and the given overrides; ``sites``: the job
+    on that many simulated sites (its ``dataset.prepare.num_sites`` and its ``min_clients``)."""
+    from fedpartial.data.presets import deep_merge
     from fedpartial.tools.build_jobs import customise_job
 
+    if sites is not None:
+        executor_args = deep_merge(executor_args or {}, {"dataset": {"prepare": {"num_sites": sites}}})
+        min_clients = sites if min_clients is None else min_clients
     return customise_job(REPO / "jobs" / job, dest, num_rounds, executor_args, min_clients=min_clients)
 
 

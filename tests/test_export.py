@@ -18,7 +18,7 @@ from PIL import Image
 from test_predict import _run_folder
 from test_transforms import write_dicom
 
-from conftest import check_two_rounds, real_data, results_of, run_recipe, server_log
+from conftest import HAM_WITHOUT_TABLE, check_two_rounds, real_data, results_of, run_recipe, server_log
 from fedpartial.data.catalog.ham10000 import CLASSES as ISIC_CLASSES
 from fedpartial.data.catalog.ich import CLASSES as ICH_CLASSES
 from fedpartial.data.sitedata import SiteDatasets
@@ -250,7 +250,8 @@ TINY = {
                 "val_frac": 0.03,
                 "test_frac": 0.05,
                 "site_sizes": 60,
-                **{"num_sites": 2, "protocol": "missing_k", "k": 3, "table": None},  # 2 sites (of its table's 5)
+                "num_sites": 2,  # of its table's 5
+                **HAM_WITHOUT_TABLE,
             },
         }
     },

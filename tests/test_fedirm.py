@@ -712,14 +712,11 @@ def test_job_three_rounds_in_the_simulator(job, tmp_path, data_cache):
         "train": {"batch_size": 16, "local_steps": 2},
         "method_args": {"warm_rounds": 1, "entropy_threshold": 2.0, "ml_entropy_threshold": 0.7},
     }
-    prepare = {**args["dataset"].get("prepare", {}), "num_sites": 3}
     if kind == "ham10000":
-        prepare["site_sizes"] = 30
-    args["dataset"] = {**args["dataset"], "prepare": prepare}
-    from conftest import REPO
-    from fedpartial.tools.build_jobs import customise_job
+        args["dataset"] = {**args["dataset"], "prepare": {**args["dataset"].get("prepare", {}), "site_sizes": 30}}
+    from conftest import copy_job
 
-    job_dir = customise_job(REPO / "jobs" / job, tmp_path / job, 3, args, min_clients=3)
+    job_dir = copy_job(job, tmp_path / job, 3, args, sites=3)
     ws = tmp_path / "ws"
     proc = run_simulator(job_dir, ws, n=3, env={"FEDPARTIAL_CACHE": str(data_cache)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(ws)[-3000:]

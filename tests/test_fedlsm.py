@@ -385,16 +385,18 @@ def test_job_three_rounds_in_the_simulator(job, tmp_path, data_cache):  # and in
     best-on-validation model's test metrics (the paper's layout)."""
     from test_jobs_simulator import TINY
 
-    from conftest import copy_job, real_data, results_of, run_simulator, server_log
+    from conftest import HAM_WITHOUT_TABLE, copy_job, real_data, results_of, run_simulator, server_log
 
     kind = "ham10000" if job == "fedlsm_isic" else "cxr14"
     real_data("ham10000" if kind == "ham10000" else "nih_cxr14_1000")
     from fedpartial.data.presets import deep_merge
 
     n = 3  # sites, each missing 3 classes (the table's 5 sites: its configuration check in test_jobs_simulator.py)
-    three = {"num_sites": n, "protocol": "missing_k", "k": 3, "table": None}
-    args = {**deep_merge(TINY[kind], {"dataset": {"prepare": three}}), "train": {"batch_size": 16, "local_steps": 2}}
-    job_dir = copy_job(job, tmp_path / job, num_rounds=3, executor_args=args, min_clients=n)
+    args = {
+        **deep_merge(TINY[kind], {"dataset": {"prepare": HAM_WITHOUT_TABLE}}),
+        "train": {"batch_size": 16, "local_steps": 2},
+    }
+    job_dir = copy_job(job, tmp_path / job, num_rounds=3, executor_args=args, sites=n)
     ws = tmp_path / "ws"
     proc = run_simulator(job_dir, ws, n=n, env={"FEDPARTIAL_CACHE": str(data_cache)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(ws)[-3000:]

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from conftest import (
+    HAM_WITHOUT_TABLE,
     REPO,
     check_two_rounds,
     copy_job,
@@ -109,9 +110,9 @@ def test_job_runs_two_rounds(job, tmp_path, data_cache):
         real_data(needs)
     from fedpartial.data.presets import deep_merge
 
-    n = 3  # sites (of the job's 5: every site is a process, and two of them suffice for what PFL keeps local)
-    args = deep_merge(TINY[kind], {"dataset": {"prepare": {"num_sites": n, "k": 3}}})
-    job_dir = copy_job(job, tmp_path / job, num_rounds=2, executor_args=args, min_clients=n)
+    n = 3  # sites (of the job's 5): the fewest on which missing 3 leaves each of the ICH jobs' 5 classes annotated
+    args = deep_merge(TINY[kind], {"dataset": {"prepare": {"k": 3}}})
+    job_dir = copy_job(job, tmp_path / job, num_rounds=2, executor_args=args, sites=n)
     ws = tmp_path / "ws"
     proc = run_simulator(job_dir, ws, n=n, env={"FEDPARTIAL_CACHE": str(data_cache)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(ws)[-3000:]
@@ -219,11 +220,11 @@ def test_fedmlp_prototypes_travel_pseudo_labels_persist_and_the_job_resumes(tmp_
     ckpt = tmp_path / "checkpoints"
     n = 2  # sites, each missing 2 of the 5 classes (the job's 5 sites change nothing tested here)
     args = {
-        **deep_merge(TINY["ich"], {"dataset": {"prepare": {"num_sites": n, "k": 2}}}),
+        **deep_merge(TINY["ich"], {"dataset": {"prepare": {"k": 2}}}),
         "checkpoint_dir": str(ckpt),
         "method_args": {"warmup_rounds": 1, "L": 0.5, "R": 0.5, "T0": 0.2, "T1": 0.2},
     }
-    job_dir = copy_job("fedmlp_ich", tmp_path / "fedmlp_ich", num_rounds=2, executor_args=args, min_clients=n)
+    job_dir = copy_job("fedmlp_ich", tmp_path / "fedmlp_ich", num_rounds=2, executor_args=args, sites=n)
     _set_server_workflow_args(job_dir, checkpoint_dir=str(ckpt))
     first = tmp_path / "ws1"
     proc = run_simulator(job_dir, first, n=n, env={"FEDPARTIAL_CACHE": str(data_cache)})
@@ -326,14 +327,14 @@ def test_paper_job_runs_with_its_settings(job, tmp_path, data_cache):
     from fedpartial.data.presets import deep_merge
 
     n = 2  # sites (the job's 5 split into 2, each missing 1 class: a ResNet-18 per site is the test's CPU time)
-    data = deep_merge(PAPER_DATA[job], {"dataset": {"prepare": {"num_sites": n, "k": n - 1}}})
+    data = deep_merge(PAPER_DATA[job], {"dataset": {"prepare": {"k": n - 1}}})
     args = {
         **data,
         "evaluation": {"test_every": 1},
         "train": {"local_steps": 2, "num_workers": 0},
         "method_args": {"warmup_rounds": 1},
     }
-    job_dir = copy_job(job, tmp_path / job, num_rounds=2, executor_args=args, min_clients=n)
+    job_dir = copy_job(job, tmp_path / job, num_rounds=2, executor_args=args, sites=n)
     ws = tmp_path / "ws"
     proc = run_simulator(job_dir, ws, n=n, env={"FEDPARTIAL_CACHE": str(data_cache)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(ws)[-3000:]
@@ -367,11 +368,9 @@ def test_the_simulated_comparison_methods_are_registered():
 
 
 COMPARISON_JOBS = list(SIMULATED_COMPARISON)
-TWO_SITES = {
-    "ich": {"dataset": {"prepare": {"num_sites": 2, "k": 2, "source_args": {"n_images": 120, "size": 32, "seed": 0}}}},
-    "ham10000": {
-        "dataset": {"prepare": {"num_sites": 2, "protocol": "missing_k", "k": 3, "table": None, "site_sizes": 40}}
-    },
+TWO_SITES = {  # the data of the comparison runs, on 2 sites
+    "ich": {"dataset": {"prepare": {"k": 2, "source_args": {"n_images": 120, "size": 32, "seed": 0}}}},
+    "ham10000": {"dataset": {"prepare": {**HAM_WITHOUT_TABLE, "site_sizes": 40}}},
 }
 
 
@@ -391,7 +390,7 @@ def test_comparison_method_runs_two_rounds(job, tmp_path, data_cache):
     if method_name != client["method"]:
         args["method"] = method_name
     args["method_args"] = one_round_first_stage(method)  # merged over the job's own method_args, both sides
-    job_dir = copy_job(job, tmp_path / job, num_rounds=2, executor_args=args, min_clients=2)
+    job_dir = copy_job(job, tmp_path / job, num_rounds=2, executor_args=args, sites=2)
     ws = tmp_path / "ws"
     proc = run_simulator(job_dir, ws, n=2, env={"FEDPARTIAL_CACHE": str(data_cache)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(ws)[-3000:]

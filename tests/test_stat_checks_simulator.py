@@ -16,7 +16,7 @@ import json
 import pytest
 from test_jobs_simulator import TINY
 
-from conftest import copy_job, real_data, results_of, run_simulator, server_log
+from conftest import HAM_WITHOUT_TABLE, copy_job, real_data, results_of, run_simulator, server_log
 from fedpartial.data.presets import deep_merge
 
 pytestmark = pytest.mark.integration
@@ -52,14 +52,11 @@ class HostileStatistics(PartialLabelExecutor):
         return dxo.to_shareable()
 '''
 
-THREE_SITES = {  # each site missing 3 classes
-    "ham10000": {"num_sites": 3, "protocol": "missing_k", "k": 3, "table": None},
-    "ich": {"num_sites": 3, "k": 3},
-}
+MISSING_3 = {"ham10000": HAM_WITHOUT_TABLE, "ich": {"k": 3}}  # each of the 3 sites missing 3 classes
 CASES = {
     "fedlsm_isic": (
         {
-            **deep_merge(TINY["ham10000"], {"dataset": {"prepare": THREE_SITES["ham10000"]}}),
+            **deep_merge(TINY["ham10000"], {"dataset": {"prepare": MISSING_3["ham10000"]}}),
             "train": {"batch_size": 16, "local_steps": 2},
         },
         ["fedlsm_q", "fedlsm_q"],
@@ -67,7 +64,7 @@ CASES = {
     ),
     "fedmlp_ich": (
         {
-            **deep_merge(TINY["ich"], {"dataset": {"prepare": THREE_SITES["ich"]}}),
+            **deep_merge(TINY["ich"], {"dataset": {"prepare": MISSING_3["ich"]}}),
             "train": {"batch_size": 16, "local_steps": 2},
             "method_args": {"warmup_rounds": 1, "L": 0.5, "R": 0.5, "T0": 0.2, "T1": 0.2},
         },
@@ -82,7 +79,7 @@ def test_a_site_with_hostile_statistics_is_refused_every_round_and_the_job_compl
     if job == "fedlsm_isic":
         real_data("ham10000")
     args, keys, words = CASES[job]
-    job_dir = copy_job(job, tmp_path / job, num_rounds=2, executor_args=args, min_clients=3)
+    job_dir = copy_job(job, tmp_path / job, num_rounds=2, executor_args=args, sites=3)
     (job_dir / "app/custom/fedpartial_hostile.py").write_text(HOSTILE)
     client = job_dir / "app/config/config_fed_client.json"
     cfg = json.loads(client.read_text())

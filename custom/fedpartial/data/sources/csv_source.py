@@ -50,7 +50,7 @@ import re
 import warnings
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Sequence
+from typing import Sequence, get_type_hints
 
 import numpy as np
 import pandas as pd
@@ -308,8 +308,7 @@ class CsvLayout:
     )
 
 
-_TEXT = {"csv", "delimiter", "image_suffix", "image_column", "label_column", "label_separator", "none_label"}
-_TEXT |= {"patient_column", "patient_pattern", "split_column", "task", "uncertain", "blank", "source_name"}
+_TEXT = frozenset(k for k, hint in get_type_hints(CsvLayout).items() if hint in (str, str | None))  # text options
 
 
 def csv_layout(settings: dict, layout: CsvLayout | None = None) -> CsvLayout:

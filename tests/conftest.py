@@ -54,6 +54,8 @@ def pytest_runtest_protocol(item, nextitem):
     t1 = os.times()
     line = {
         "test": item.nodeid,
+        "worker": os.environ.get("PYTEST_XDIST_WORKER", ""),
+        "start": round(time.time() - (time.monotonic() - w0), 1),
         "cpu_s": round(sum(t1[:4]) - sum(t0[:4]), 2),
         "wall_s": round(time.monotonic() - w0, 2),
     }

@@ -195,3 +195,18 @@ def test_site_check_names_the_hospitals_that_are_not_connected(tmp_path):
         "S", (), {"get_connected_client_list": lambda self: [Info("h1", time.time()), Info("h3", time.time() - 600)]}
     )()
     assert connected_sites(sess) == ["h1"]  # h3: no heartbeat for 10 minutes, still listed by the server
+
+
+def test_the_admin_command_and_the_results_reader_never_load_torch():
+    """``fedpartial-admin`` (every command: submit, follow, results, check) and ``show_results`` read results and
+    talk to the FLARE API only: a fresh process importing them has not loaded torch (a second or more per call)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, fedpartial.tools.admin, fedpartial.tools.show_results, fedpartial.fl.report; "
+        "print(sorted(m for m in ('torch', 'monai', 'sklearn') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout

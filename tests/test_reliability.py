@@ -659,7 +659,7 @@ def test_a_class_annotated_only_at_an_absent_site_follows_the_policy(policy):
 
 
 def test_degradation_names_lost_sites_refused_updates_and_lost_classes():
-    from fedpartial.fl.selection import degradation
+    from fedpartial.fl.report import degradation
 
     per_class = {"val": {"per_class": {"a": {}, "b": {}}}}
     res = {

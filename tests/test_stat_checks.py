@@ -403,7 +403,7 @@ def test_refusal_reasons_reach_results_admin_and_show_results(tmp_path, capsys, 
     ``fedpartial-admin results`` prints, and in ``show_results``'s output."""
     import json
 
-    from fedpartial.fl.selection import degradation
+    from fedpartial.fl.report import degradation
     from fedpartial.tools import show_results
     from fedpartial.tools.show_results import degraded_lines
 

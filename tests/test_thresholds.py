@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from fedpartial.fl.keys import BEST_MODEL, LAST_MODEL
-from fedpartial.fl.results import THRESHOLDS_FILE, ResultsRecorder, model_thresholds, render_tables
+from fedpartial.fl.report import THRESHOLDS_FILE, render_tables
+from fedpartial.fl.results import ResultsRecorder, model_thresholds
 from fedpartial.metrics import (
     SCORE_GRID,
     apply_validation_thresholds,

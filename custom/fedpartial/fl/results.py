@@ -39,10 +39,9 @@ from nvflare.app_common.app_event_type import AppEventType
 from nvflare.widgets.widget import Widget
 
 from ..data.presets import resolve_dataset
-from ..metrics import THRESHOLD_CRITERIA, apply_validation_thresholds, format_table, format_thresholds, pool_histograms
-from ..models import ENCODER_FILE, save_encoder
+from ..metrics import THRESHOLD_CRITERIA, apply_validation_thresholds, pool_histograms
 from ..stats import add_run_statistics
-from ..tables import paper_table, setting_label
+from ..tables import setting_label
 from .keys import (
     BEST_MODEL,
     LAST_MODEL,
@@ -60,12 +59,9 @@ from .keys import (
     META_WEIGHT,
 )
 from .privacy import add_cumulative_epsilon, ledger_totals
-from .selection import degradation  # sites lost or refused, classes left without annotator
+from .report import RESULTS_FILE, TABLE_FILE, THRESHOLDS_FILE, degradation, render_tables
 from .spec import global_model_note, local_parts, resolved_options
 
-RESULTS_FILE = "results.json"
-TABLE_FILE = "results.md"
-THRESHOLDS_FILE = "thresholds.json"  # next to the global models: per-class thresholds chosen on validation
 # meta every site sends each round; the rest (prototypes, degrees, counts, ...) is the method's own exchange
 _STANDARD_META = {
     META_RESULTS,
@@ -373,6 +369,9 @@ class ResultsRecorder(Widget):
             # the model that was best on validation (a self-supervised stage: its kNN vote) where there is one
             source = next((app_dir / f for f in (BEST_MODEL, LAST_MODEL) if (app_dir / f).is_file()), None)
             if source is not None:
+                # imported where used: torch, which fedpartial-admin (reading results through this module) never needs
+                from ..models import ENCODER_FILE, save_encoder
+
                 out["encoder"] = str(save_encoder(source, run_dir / ENCODER_FILE))
                 out["encoder_from"] = (
                     f"the best on validation (after {out['best']['trained_rounds']} rounds)"
@@ -523,44 +522,3 @@ def _finite_or_none(value):
     if isinstance(value, list):
         return [_finite_or_none(v) for v in value]
     return None if isinstance(value, float) and not math.isfinite(value) else value
-
-
-def render_tables(results: dict) -> str:
-    """The run's tables: the paper-layout row (last-round and best-on-validation global model on test) and
-    the per-class tables of both models on test and validation."""
-    out = [
-        f"# {results['method']} on {results['dataset']} ({results.get('setting', 'unknown')}), "
-        f"{results['num_rounds']} rounds, {(results.get('seconds_per_round') or 0):.1f} s/round"
-    ]
-    if results.get("global_model_note"):
-        out.append(f"Note: {results['global_model_note']}.")
-    if results.get("scores_note"):
-        out.append(f"Note: {results['scores_note']}.")
-    if results.get("encoder"):
-        out.append(
-            f"Encoder ({results.get('encoder_from', 'the last round')} global model's): {results['encoder']} "
-            "(start a job from it: --set model.pretrained=<that file>)."
-        )
-    failed = [r["round"] for r in results.get("rounds", []) if r.get("rule_error")]
-    if failed:
-        out.append(
-            f"The server rule failed in round(s) {failed} (previous global model kept; see rounds[].rule_error)."
-        )
-    final = results.get("final", {})
-    rows = {}
-    for name, label in ((LAST_MODEL, "last round"), (BEST_MODEL, "best on validation")):
-        test = (final.get(name) or {}).get("test")
-        if test:
-            rows[f"{results['method']} ({label})"] = {results.get("setting", "unknown"): [test["macro"]]}
-            task = test["task"]
-    if rows:
-        out.append("Test set, macro averages in the layout of the papers' tables (%):\n\n" + paper_table(rows, task))
-    if results.get("best"):
-        out.append(f"best on validation: after {results['best']['trained_rounds']} rounds ({results['best']})")
-    for name, res in final.items():
-        for split in ("test", "val"):
-            if res.get(split):
-                out.append("```\n" + format_table(res[split], title=f"{name} on {split} (site average)") + "\n```")
-        if res.get("thresholds") and res.get("test"):
-            out.append(format_thresholds(res["test"], res["thresholds"], title=f"{name} on test:"))
-    return "\n\n".join(out) + "\n"

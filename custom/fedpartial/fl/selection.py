@@ -20,7 +20,6 @@ local validation loss with ``patience: 25, min_delta: 1e-4``); the best model is
 from __future__ import annotations
 
 import math
-import re
 
 import numpy as np
 from nvflare.apis.controller_spec import ClientTask, Task, TaskCompletionStatus
@@ -423,68 +422,3 @@ class CrossSiteEval(CrossSiteModelEval):
                 f"final evaluation WITHOUT site(s) {self.left_out}: no update from them in the "
                 "last training round (dead, slow or failed)",
             )
-
-
-def _spans(rounds: list[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
-    out, start = [], None
-    for i, r in enumerate(rounds):
-        if start is None:
-            start = r
-        if i + 1 == len(rounds) or rounds[i + 1] != r + 1:
-            out.append(f"{start}" if start == r else f"{start}-{r}")
-            start = None
-    return ", ".join(out)
-
-
-def degradation(results: dict) -> dict | None:
-    """Why a finished run is degraded, from its ``results.json`` record: the sites missing from rounds (dead,
-    slow or failed), the sites whose updates were refused, the final evaluation without the sites missing from
-    the last round, the classes no present site annotated. None when nothing of this happened.
-
-    A refused site's reason line names why (its distinct refusal reasons, up to three).
-
-    Returns ``{"missing_sites": {site: [rounds]}, "rejected_sites": {site: [rounds]}, "final_without": [sites],
-    "classes_without_annotator": [classes], "reasons": [one line each]}``.
-    """
-    rounds = results.get("rounds") or []
-    missing: dict[str, list[int]] = {}
-    rejected: dict[str, list[int]] = {}
-    why: dict[str, list[str]] = {}  # site -> the distinct reasons its updates were refused (first seen first)
-    for r in rounds:
-        for s in r.get("missing") or []:
-            missing.setdefault(s, []).append(int(r["round"]))
-        for s, reason in (r.get("rejected") or {}).items():
-            rejected.setdefault(s, []).append(int(r["round"]))
-            text = re.sub(r"^round \d+: ", "", str(reason))
-            if text not in why.setdefault(s, []):
-                why[s].append(text)
-    last = list((rounds[-1].get("missing") or [])) if rounds else []
-    first_val = (rounds[0].get("val") or {}) if rounds else {}
-    classes = list(first_val.get("per_class") or [])  # the class names in the model's column order
-    present = [info for s, info in ((results.get("data") or {}).get("sites") or {}).items() if s not in last]
-    covered = {int(j) for info in present for j in (info.get("annotated") or [])}
-    lost_classes = [c for j, c in enumerate(classes) if j not in covered] if last else []
-    reasons = [
-        f"site {s} sent no update in round(s) {_spans(r)} of {len(rounds)} (dead, slow or failed)"
-        for s, r in sorted(missing.items())
-    ]
-    reasons += [
-        f"site {s}'s update was refused in round(s) {_spans(r)}: "
-        + "; ".join(why[s][:3])
-        + (f" (and {len(why[s]) - 3} other reason(s))" if len(why[s]) > 3 else "")
-        for s, r in sorted(rejected.items())
-    ]
-    if last:
-        reasons.append(f"the final evaluation ran without {', '.join(sorted(last))}")
-    if lost_classes:
-        reasons.append(f"class(es) {lost_classes} had no annotating site at the end (not learnt from then on)")
-    if not reasons:
-        return None
-    return {
-        "missing_sites": missing,
-        "rejected_sites": rejected,
-        "final_without": sorted(last),
-        "classes_without_annotator": lost_classes,
-        "reasons": reasons,
-    }

@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..fl.results import render_tables
+from ..fl.report import render_tables
 from ..fl.simulator import failure_lines  # why a run failed: its logs' error lines (simulator or downloaded)
 from ..job_layout import training_entries
 from .show_results import degraded_lines, find_results

@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from ..data import dicom, store
-from ..fl.results import RESULTS_FILE
+from ..fl.report import RESULTS_FILE
 from . import bundle_runtime
 from .model_card import write_model_card
 from .predict import LoadedModel, find_thresholds, load_model

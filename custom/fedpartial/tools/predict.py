@@ -56,7 +56,7 @@ from ..data.presets import resolve_dataset
 from ..data.sitedata import SiteDatasets
 from ..evaluation import predict, scored_mask, scores_metrics
 from ..fl.keys import BEST_MODEL, LAST_MODEL, LOCAL_MODEL_FILE, STATE_DIR
-from ..fl.results import RESULTS_FILE, THRESHOLDS_FILE
+from ..fl.report import RESULTS_FILE, THRESHOLDS_FILE
 from ..fl.spec import global_model_note, local_parts
 from ..metrics import format_table
 from ..models import PartialLabelNet, load_weights, read_state

@@ -21,8 +21,7 @@ import sys
 from pathlib import Path
 
 from ..fl.keys import BEST_MODEL, LAST_MODEL
-from ..fl.results import RESULTS_FILE, TABLE_FILE, render_tables
-from ..fl.selection import degradation
+from ..fl.report import RESULTS_FILE, TABLE_FILE, degradation, render_tables
 from ..plots import write_final_figures as plot_final_figures
 from ..tables import run_figure, save_figure
 

@@ -3,12 +3,12 @@
 ``nvflare provision`` with provisioning/project.yml (server on localhost, free ports, 3 hospitals, admins);
 each hospital's data prepared with ``fedpartial-prepare`` and declared in its kit's
 ``local/fedpartial_data.json`` (no ``FEDPARTIAL_REQUIRE_SITE_CONFIG``: real sites never fall back to a simulated
-split); server and sites started with their kits' ``startup/start.sh`` in a temporary HOME; a tiny
-``fedmlp_ich`` submitted with its custom code (BYOC) by the project admin with NVFlare's own commands (``nvflare
-job submit``, ``monitor``, ``download`` with the admin's startup kit), its results read with ``fedpartial-admin
-results`` (admin/fedpartial_admin.py), its results.json checked and ``fedpartial-predict`` run on the downloaded
-global model.
-Then: an org admin may not submit custom code; the non-BYOC way (allow-listed installed package) deploys, and a
+split); server and sites started with their kits' ``startup/start.sh`` in a temporary HOME; the ``fedmlp_ich``
+recipe submitted with its custom code (BYOC) by the project admin through NVFlare's ``ProdEnv``, followed with
+NVFlare's own commands (``nvflare job monitor``, ``download`` with the admin's startup kit), its results read with
+``fedpartial-admin results`` (admin/fedpartial_admin.py), its results.json checked and ``fedpartial-predict`` run
+on the downloaded global model.
+Then: an org admin may not submit custom code (``nvflare job submit``); the non-BYOC way (allow-listed installed package) deploys, and a
 site without data configuration stops it with a message naming the site; three hospitals prepare their own exports
 alone and train one federation. Faults (a hospital killed mid-job, a resumed job) run on a deployment of their own
 in test_deploy_faults.py, beside this one. Every process started here is killed at the end, also when a test
@@ -360,13 +360,29 @@ def tiny_job(dest: Path, name: str, rounds: int) -> Path:
     )
 
 
-def test_submit_follow_download_predict(deployment):
-    """NVFlare's ``nvflare job submit / monitor / download`` with the project admin's kit, then ``fedpartial-admin
-    results`` (what the docs say to run)."""
+def test_recipe_submitted_with_prodenv_is_followed_downloaded_and_predicts(deployment):
+    """A job's recipe (jobs/fedmlp_ich/job.py's, 2 rounds) submitted to the provisioned federation with NVFlare's
+    ProdEnv (the FLARE API, the project admin's kit), then what the docs say to run: ``nvflare job monitor /
+    download`` and ``fedpartial-admin results``. It finishes, every hospital trains on its own configured data, and
+    the downloaded global model predicts on the test manifest with the training preprocessing. (``nvflare job
+    submit`` of an exported folder: the other tests here and test_deploy_faults.py.)"""
+    from nvflare.recipe import ProdEnv
+
+    from fedpartial.tools.build_jobs import job_recipe
+
     dep, t0 = deployment, time.time()
-    out = dep.root / "results"
-    proc, job_id = dep.submit(dep.job)
-    assert proc.returncode == 0 and job_id, proc.stdout + proc.stderr
+    recipe = job_recipe(
+        REPO / "jobs" / "fedmlp_ich",
+        num_rounds=2,
+        num_sites=3,
+        dataset={"preset": "ich_phantom", "image_size": 32},
+        evaluation={"test_every": 1},
+    )
+    run = recipe.execute(
+        ProdEnv(startup_kit_location=str(dep.kits / PROJECT_ADMIN), username=PROJECT_ADMIN, login_timeout=30)
+    )
+    job_id, out = run.get_job_id(), dep.root / "results"
+    assert job_id
     rc, log = dep.follow(job_id, out, timeout=150)
     print(log)
     assert rc == 0 and FINISHED_OK in log, log
@@ -374,7 +390,10 @@ def test_submit_follow_download_predict(deployment):
 
     results = json.loads(next(out.rglob("results.json")).read_text())
     assert results["method"] == "fedmlp" and results["num_rounds"] == 2
-    assert sorted(results["rounds"][-1]["sites"]) == HOSPITALS
+    assert sorted(results["rounds"][0]["sites"]) == sorted(results["rounds"][-1]["sites"]) == HOSPITALS
+    assert {s: i["n_train"] for s, i in results["data"]["sites"].items()} == {
+        h: len(pd.read_csv(dep.root / "data" / f"site-{i}.csv")) for i, h in enumerate(HOSPITALS, start=1)
+    }
     final = next(v for k, v in results["final"].items() if k.startswith("FL_global_model"))
     # the hospitals share one test.csv here: it is scored once, by the first of them
     assert final["sites"] == sorted(HOSPITALS)[:1] and 0.0 <= final["test"]["macro"]["auc"] <= 1.0
@@ -405,7 +424,7 @@ def test_submit_follow_download_predict(deployment):
     test_rows = len(pd.read_csv(dep.root / "data" / "test.csv"))
     assert len(df) == test_rows and df.filter(like="prob_").shape[1] == 5
     assert df.filter(like="prob_").apply(lambda c: c.between(0, 1)).all().all()
-    print(f"e2e job (submit -> results -> predict): {time.time() - t0:.0f} s")
+    print(f"e2e job (recipe -> results -> predict): {time.time() - t0:.0f} s")
 
 
 def test_org_admin_may_not_submit_custom_code(deployment):
@@ -451,33 +470,6 @@ def test_installed_package_site_without_data_config_fails_naming_the_site(deploy
     assert "UnsafeComponentError" not in log
     downloaded = next((dep.root / "results_bad").iterdir())
     assert not list(downloaded.rglob("custom/fedpartial"))  # the job really came without code
-
-
-def test_recipe_runs_on_the_federation(deployment):
-    """A job's recipe (jobs/fedavg_ich/job.py) submitted to the provisioned federation with NVFlare's ProdEnv (the
-    FLARE API, the project admin's kit): it finishes, every hospital trains on its own configured data."""
-    from nvflare.recipe import ProdEnv
-
-    from fedpartial.tools.build_jobs import job_recipe
-
-    dep = deployment
-    recipe = job_recipe(
-        REPO / "jobs" / "fedavg_ich",
-        num_rounds=1,
-        num_sites=3,
-        dataset={"preset": "ich_phantom", "image_size": 32},
-        evaluation={"test_every": 1},
-    )
-    run = recipe.execute(
-        ProdEnv(startup_kit_location=str(dep.kits / PROJECT_ADMIN), username=PROJECT_ADMIN, login_timeout=30)
-    )
-    result = run.get_result(timeout=240)
-    assert result is not None and "FINISHED" in str(run.get_status()), run.get_status()
-    results = json.loads(next(Path(result).rglob("results.json")).read_text())
-    assert results["method"] == "fedavg" and sorted(results["rounds"][0]["sites"]) == HOSPITALS
-    assert {s: i["n_train"] for s, i in results["data"]["sites"].items()} == {
-        h: len(pd.read_csv(dep.root / "data" / f"site-{i}.csv")) for i, h in enumerate(HOSPITALS, start=1)
-    }
 
 
 def test_three_hospitals_prepare_their_own_exports_alone_and_train_one_federation(deployment):

@@ -553,11 +553,12 @@ def test_early_stopping_ends_training_after_patience_rounds_without_a_better_mod
         {
             "dataset": {
                 "image_size": 32,
-                "prepare": {"num_sites": 2, "k": 1, "source_args": {"n_images": 120, "size": 32, "seed": 0}},
+                # one site (every site is a process): the selection and the stop are the server's
+                "prepare": {"num_sites": 1, "k": 0, "source_args": {"n_images": 120, "size": 32, "seed": 0}},
             },
             "train": {"batch_size": 16, "lr": 0.0},
         },
-        min_clients=2,
+        min_clients=1,
     )
     server = job / "app" / "config" / "config_fed_server.json"
     cfg = json.loads(server.read_text())
@@ -566,7 +567,7 @@ def test_early_stopping_ends_training_after_patience_rounds_without_a_better_mod
             comp["args"] = {"key_metric": "site_bce", "patience": 1}
     server.write_text(json.dumps(cfg))
     ws = tmp_path / "ws"
-    proc = run_simulator(job, ws, n=2, env={"FEDPARTIAL_CACHE": str(data_cache)}, threads=2)
+    proc = run_simulator(job, ws, n=1, env={"FEDPARTIAL_CACHE": str(data_cache)})
     assert proc.returncode == 0, proc.stderr[-3000:] + server_log(ws)[-3000:]
     res = results_of(ws)
     assert res["num_rounds"] == 3  # rounds 0, 1, 2 of 5

@@ -210,3 +210,42 @@ def test_the_admin_command_and_the_results_reader_never_load_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_a_login_answered_without_the_servers_certificate_is_tried_again_then_named(tmp_path, monkeypatch, capsys):
+    """NVFlare 2.9's login raises a TypeError when the server's challenge reply lacks its certificate (a loaded
+    server): fedpartial-admin logs in again once; a second such answer is one line naming the kit's server, and any
+    other TypeError is not swallowed."""
+    from nvflare.fuel.flare_api import flare_api
+
+    (tmp_path / "startup").mkdir()
+    (tmp_path / "startup" / "fed_admin.json").write_text("{}")
+    monkeypatch.setattr(admin.time, "sleep", lambda s: None)
+    calls = []
+
+    def flaky(user, kit, timeout):
+        calls.append(user)
+        if len(calls) == 1:
+            raise TypeError("'None' is not an instance of 'bytes'")
+        return "session"
+
+    monkeypatch.setattr(flare_api, "new_secure_session", flaky)
+    assert admin.open_session(tmp_path, "admin@x.org") == "session" and calls == ["admin@x.org"] * 2
+
+    def broken(user, kit, timeout):
+        calls.append(user)
+        raise TypeError("'None' is not an instance of 'bytes'")
+
+    calls.clear()
+    monkeypatch.setattr(flare_api, "new_secure_session", broken)
+    assert admin.main(["--kit", str(tmp_path), "check", "jobs/fedavg_ich"]) == 1  # its FLARE API errors' status
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(calls) == admin.LOGIN_TRIES == 2 and len(err) == 1, err
+    assert "answered the login without its certificate 2 times" in err[0] and "fed_admin.json" in err[0]
+
+    def bug(user, kit, timeout):
+        raise TypeError("unexpected keyword argument")
+
+    monkeypatch.setattr(flare_api, "new_secure_session", bug)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        admin.open_session(tmp_path)

@@ -40,15 +40,33 @@ from ..fl.simulator import failure_lines  # why a run failed: its logs' error li
 from ..job_layout import training_entries
 from .show_results import degraded_lines, find_results
 
+LOGIN_TRIES = 2
+
 
 def open_session(kit: str | Path, user: str | None = None, timeout: float = 30.0):
-    """A secure FLARE API session for the admin whose startup kit is ``kit`` (user: the kit folder's name)."""
+    """A secure FLARE API session for the admin whose startup kit is ``kit`` (user: the kit folder's name).
+
+    NVFlare 2.9's login raises ``TypeError: 'None' is not an instance of 'bytes'`` when the server's answer to its
+    identity challenge comes back without the server's certificate (seen on a loaded server) instead of retrying as
+    it does for an unreachable server: that login is tried again (``LOGIN_TRIES`` in all), then one line names
+    the server's kit."""
     from nvflare.fuel.flare_api.flare_api import new_secure_session
 
     kit = Path(kit).expanduser().resolve()
     if not (kit / "startup" / "fed_admin.json").is_file():
         raise FileNotFoundError(f"{kit} is not an admin startup kit (no startup/fed_admin.json)")
-    return new_secure_session(user or kit.name, str(kit), timeout=timeout)
+    for attempt in range(1, LOGIN_TRIES + 1):
+        try:
+            return new_secure_session(user or kit.name, str(kit), timeout=timeout)
+        except TypeError as e:
+            if "is not an instance of 'bytes'" not in str(e):
+                raise
+            if attempt == LOGIN_TRIES:
+                raise ConnectionError(
+                    f"the server of {kit / 'startup' / 'fed_admin.json'} answered the login without its certificate "
+                    f"{LOGIN_TRIES} times (NVFlare: {e}); is it overloaded or restarting? Try again"
+                ) from e
+            time.sleep(1.0)
 
 
 def resume_folder(job_dir: str | Path, dest: str | Path, job_id: str | bool = True) -> Path:

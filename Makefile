@@ -8,7 +8,8 @@ BIN := $(VENV)/bin
 WS ?= workspaces
 DEMO_JOB ?= fedmlp_ich
 # three test workers on CI's two cores: the deployment tests mostly wait on NVFlare (polling, heartbeats, job
-# starts), so a third worker uses the cores they leave idle (fresh clone: 10 min 36 s with 3, 11 min 49 s with 2)
+# starts), so a third worker uses the cores they leave idle: with 3 both cores are 92-100 % busy through the run
+# (the machine line of `make test` with --cpu-report), and a fourth was no faster (21 min 13 s vs 20 min 41 s)
 TEST_WORKERS ?= 3
 
 .PHONY: setup jobs check-jobs check-readme demo lint test bench clean

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -41,14 +42,45 @@ def pytest_addoption(parser):
     )
 
 
+def _machine_cpu_s() -> float | None:
+    """The machine's busy CPU seconds since boot (``/proc/stat``: user + nice + system + irq + softirq + steal)."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return None
+    ticks = [int(v) for v in fields]
+    return (sum(ticks[:3]) + sum(ticks[5:8])) / os.sysconf("SC_CLK_TCK")
+
+
+def pytest_sessionstart(session):
+    session.config._machine_cpu0 = (_machine_cpu_s(), time.monotonic())
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """With --cpu-report, the run's last line (the controller's, not a test worker's): the whole machine's busy
+    CPU seconds and the wall seconds of the run. The tests' lines count what each test's process and the children
+    it reaped used; the deployments' servers and hospitals (started in sessions of their own, not reaped by the
+    test) are only in this line."""
+    report = session.config.getoption("--cpu-report")
+    cpu0, wall0 = getattr(session.config, "_machine_cpu0", (None, None))
+    if not report or os.environ.get("PYTEST_XDIST_WORKER") or cpu0 is None:
+        return
+    line = {
+        "run": "machine",
+        "cpu_s": round(_machine_cpu_s() - cpu0, 1),
+        "wall_s": round(time.monotonic() - wall0, 1),
+        "cores": os.cpu_count(),
+    }
+    with open(report, "a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     report = item.config.getoption("--cpu-report")
     if not report:
         yield
         return
-    import time
-
     t0, w0 = os.times(), time.monotonic()
     yield
     t1 = os.times()

@@ -1,6 +1,6 @@
 """A run's results as text, read without torch (``fedpartial-admin results``, ``show_results``): the names of the
-files a run writes beside its global models, why a finished run is degraded and the tables of ``results.md``. :mod:`fedpartial.fl.results`
-(the server's recorder) writes them."""
+files a run writes beside its global models, why a finished run is degraded, and the tables of ``results.md``.
+:mod:`fedpartial.fl.results` (the server's recorder) writes them."""
 
 from __future__ import annotations
 

@@ -45,8 +45,10 @@ lint: $(VENV)/.installed
 	$(BIN)/ruff format --check --quiet custom tests benchmarks admin jobs
 	$(BIN)/ruff check --quiet custom tests benchmarks admin jobs
 
+# PYTHONDONTWRITEBYTECODE= : Python keeps the compiled modules (__pycache__, git-ignored) even where the machine's
+# environment says not to write them; every simulated site, server and deployment process imports the package anew
 test: setup lint
-	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=30 tests
+	PATH=$(abspath $(BIN)):$$PATH PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=30 tests
 
 clean:
 	rm -rf $(WS) jobs/*/app jobs/*/meta.json

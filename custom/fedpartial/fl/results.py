@@ -40,6 +40,7 @@ from nvflare.widgets.widget import Widget
 
 from ..data.presets import resolve_dataset
 from ..metrics import THRESHOLD_CRITERIA, apply_validation_thresholds, pool_histograms
+from ..models import ENCODER_FILE, save_encoder
 from ..stats import add_run_statistics
 from ..tables import setting_label
 from .keys import (
@@ -369,9 +370,6 @@ class ResultsRecorder(Widget):
             # the model that was best on validation (a self-supervised stage: its kNN vote) where there is one
             source = next((app_dir / f for f in (BEST_MODEL, LAST_MODEL) if (app_dir / f).is_file()), None)
             if source is not None:
-                # imported where used: torch, which fedpartial-admin (reading results through this module) never needs
-                from ..models import ENCODER_FILE, save_encoder
-
                 out["encoder"] = str(save_encoder(source, run_dir / ENCODER_FILE))
                 out["encoder_from"] = (
                     f"the best on validation (after {out['best']['trained_rounds']} rounds)"

@@ -543,22 +543,20 @@ def test_early_stopping_ends_training_after_patience_rounds_without_a_better_mod
     """lr 0: the global model never changes, so after the first scored round (round 1) nothing is better; with
     patience 1 and selection by the mean local validation loss the job stops after round 2 of 5, and still runs
     the final evaluation."""
-    from conftest import REPO, results_of, run_simulator, server_log
-    from fedpartial.tools.build_jobs import customise_job
+    from conftest import copy_job, results_of, run_simulator, server_log
 
-    job = customise_job(
-        REPO / "jobs" / "fedavg_pl_ich",
+    job = copy_job(
+        "fedavg_pl_ich",
         tmp_path / "job",
         5,
         {
             "dataset": {
                 "image_size": 32,
-                # one site (every site is a process): the selection and the stop are the server's
-                "prepare": {"num_sites": 1, "k": 0, "source_args": {"n_images": 120, "size": 32, "seed": 0}},
+                "prepare": {"k": 0, "source_args": {"n_images": 120, "size": 32, "seed": 0}},
             },
             "train": {"batch_size": 16, "lr": 0.0},
         },
-        min_clients=1,
+        sites=1,  # every site is a process: the selection and the stop are the server's
     )
     server = job / "app" / "config" / "config_fed_server.json"
     cfg = json.loads(server.read_text())

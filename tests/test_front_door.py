@@ -106,9 +106,13 @@ def test_ctrl_c_stops_every_process_of_the_run_says_what_was_kept_and_the_run_re
     proc = _start(ws, "--rounds", "40", env=env, log=log)
     ckpt = ws / f"{JOB}.checkpoints" / JOB / "simulate_job" / "server" / "checkpoint.pt"
     _wait_for(lambda: ckpt.is_file(), 300, "checkpoint of a finished round", proc, log)
-    _wait_for(lambda: len(_workers(proc.pid)) == SITES, 60, "every site worker", proc, log)
+    workers = _wait_for(
+        lambda: _workers(proc.pid) if len(_workers(proc.pid)) == SITES else None, 60, "every site worker", proc, log
+    )
+    # forked from the launcher's fork server (torch imported once), each titled with NVFlare's worker command
+    assert all(" ".join(w.parent().cmdline()).strip().endswith("(fork server)") for w in workers), workers
     before = _tree(proc.pid)
-    assert len(before) >= 3 + SITES  # the launcher, its server process, its Manager, the site workers (the run exists)
+    assert len(before) >= 4 + SITES  # the launcher, its fork server, server process, Manager, the site workers
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends: job.py's process group only
     assert proc.wait(timeout=30) == 130
     gone, alive = psutil.wait_procs(before, timeout=30)
@@ -158,8 +162,9 @@ if "--client" in sys.argv and sys.argv[sys.argv.index("--client") + 1] == "site-
 
 @pytest.mark.integration
 def test_runs_started_together_finish_and_a_site_that_cannot_start_fails_its_run_at_once(tmp_path, data_cache):
-    """Three runs started at the same moment on one machine: two complete (each on its own ports); in the third,
-    site-2's worker dies at start, and that run fails within seconds with a last line naming the site."""
+    """Three runs started at the same moment on one machine: two complete (each on its own ports; one with its site
+    workers started as fresh processes, ``FEDPARTIAL_SIM_FORK=0``, NVFlare's own way); in the third, site-2's worker
+    dies at start, and that run fails within seconds with a last line naming the site."""
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(SITE_WONT_START)  # every Python process of that run imports it
@@ -171,7 +176,7 @@ def test_runs_started_together_finish_and_a_site_that_cannot_start_fails_its_run
             tmp_path / k,
             "--rounds",
             "1" if k != "c" else "2",
-            env=broken if k == "c" else env,
+            env=broken if k == "c" else {**env, S.FORK_ENV: "0"} if k == "b" else env,
             log=tmp_path / f"{k}.log",
         )
         for k in ("a", "b", "c")
@@ -246,6 +251,85 @@ def test_stop_tree_stops_children_and_grandchildren():
     assert top.poll() is None  # the process itself is not stopped: what is under it
     top.kill()
     top.wait(timeout=5)
+
+
+# ------------------------------------------------------------------------------------------- fork server
+
+PROBE = """
+import json, os, signal, sys
+import shadowed, kept
+out = {
+    "argv": sys.argv[1:], "x": os.environ.get("X"), "cwd": os.getcwd(), "session_leader": os.getsid(0) == os.getpid(),
+    "path": sys.path[:2], "shadowed": shadowed.WHERE, "kept_id": id(kept), "custom": os.environ.get("CUSTOMISED"),
+    "cmdline": open("/proc/self/cmdline").read().replace(chr(0), " ").strip(),
+    "sigterm_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+}
+print("probe on stdout")
+json.dump(out, open(sys.argv[-1], "w"))
+sys.exit(int(os.environ.get("CODE", "0")))
+"""
+
+FORK_DRIVER = """
+import json, os, signal, subprocess, sys, time
+sys.path.insert(0, sys.argv[1])  # the server's own copy of `shadowed`
+import shadowed, kept
+from fedpartial.processes import ForkServer
+server = ForkServer.start(("json",))
+env = {**os.environ, "X": "1", "PYTHONPATH": sys.argv[2], "CODE": "7"}
+cmd = [sys.executable, "-m", "probe", "a b", sys.argv[3]]
+p = server.popen(cmd, env=env, cwd=sys.argv[4], setsid=True)
+code = p.wait(timeout=60)
+sleeper = server.popen([sys.executable, "-m", "sleeper"], env=env)
+running = sleeper.poll()
+try:
+    sleeper.wait(timeout=0.2)
+    timed_out = False
+except subprocess.TimeoutExpired:
+    timed_out = True
+sleeper.kill()
+print(json.dumps({"code": code, "running": running, "timed_out": timed_out, "killed": sleeper.wait(timeout=10),
+                  "kept_id": id(kept), "server": server.pid, "orphan": server.popen(
+                      [sys.executable, "-m", "sleeper"], env=env).pid}), flush=True)
+time.sleep(60)  # killed by the test: the server and its children go with it
+"""
+
+
+def test_fork_server_children_are_what_a_fresh_interpreter_would_be(tmp_path):
+    """A command forked from :class:`fedpartial.processes.ForkServer` gets its arguments, environment, working
+    folder, session, ``PYTHONPATH`` (a module the server imported from elsewhere comes from there, one it imported
+    from there stays), ``sitecustomize``, default signal handlers, exit status and title; the server's caller
+    killed, the server and the command are gone."""
+    server_copy, path, work = tmp_path / "server_copy", tmp_path / "path", tmp_path / "work"
+    for folder in (server_copy, path, work):
+        folder.mkdir()
+    (server_copy / "shadowed.py").write_text("WHERE = 'server'\n")
+    (path / "shadowed.py").write_text("WHERE = 'pythonpath'\n")
+    (path / "kept.py").write_text("")
+    (path / "probe.py").write_text(PROBE)
+    (path / "sleeper.py").write_text("import time\ntime.sleep(60)\n")
+    (path / "sitecustomize.py").write_text("import os\nos.environ['CUSTOMISED'] = 'yes'\n")
+    out = tmp_path / "probe.json"
+    driver = subprocess.Popen(
+        [sys.executable, "-c", FORK_DRIVER, str(server_copy), str(path), str(out), str(work)],
+        env={**os.environ, "PYTHONPATH": str(path)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    printed = driver.stdout.readline()
+    assert printed.startswith("probe on stdout"), printed  # the caller's stdout
+    seen = json.loads(driver.stdout.readline())
+    probe = json.loads(out.read_text())
+    assert seen["code"] == 7 and seen["running"] is None and seen["timed_out"] and seen["killed"] == -signal.SIGKILL
+    assert probe["argv"] == ["a b", str(out)] and probe["x"] == "1" and probe["cwd"] == str(work)
+    assert probe["session_leader"] and probe["sigterm_default"] and probe["custom"] == "yes"
+    assert probe["path"] == [str(work), str(path)] and probe["shadowed"] == "pythonpath"
+    assert probe["kept_id"] == seen["kept_id"]  # imported from PYTHONPATH by the server: not imported again
+    assert probe["cmdline"] == f"{sys.executable} -m probe a b {out}"
+    server, orphan = psutil.Process(seen["server"]), psutil.Process(seen["orphan"])
+    driver.kill()
+    driver.wait(timeout=10)
+    _, alive = psutil.wait_procs([server, orphan], timeout=10)
+    assert not _alive(alive)
 
 
 # --------------------------------------------------------------------------- the image store's pool

@@ -104,3 +104,265 @@ def stop_tree(pid: int | None = None, grace: float = 3.0) -> int:
                 p.send_signal(sig)
         psutil.wait_procs(procs, timeout=wait)
     return len(seen)
+
+
+# ------------------------------------------------------------------------------------------------- fork server
+
+
+class ForkServer:
+    """Start ``python -m MODULE ARGS`` commands as forks of one process that has imported ``preload`` already.
+
+    A fresh interpreter that imports torch pays about 6 CPU-seconds before it does anything (torch, TorchDynamo
+    when the first optimizer is built, NVFlare); a simulated site is mostly that. :meth:`start` forks the server
+    from the calling process (which should be single-threaded and have imported ``preload``: then the fork costs
+    nothing); :meth:`popen` asks it, from any process forked from the caller afterwards and from any thread, to
+    fork a child that becomes the command, and returns a ``subprocess.Popen`` look-alike (``pid``, ``poll``,
+    ``wait``, ``send_signal``, ``terminate``, ``kill``, ``returncode``).
+
+    The child is what the fresh interpreter would be, for what a command can tell: the caller's stdin / stdout /
+    stderr (passed over the socket), ``env`` as its environment, ``cwd``, ``PYTHONPATH``'s folders at the front of
+    ``sys.path`` with any module they provide imported anew (a job's own copy of a package, not the server's),
+    ``sitecustomize`` run again, the default signal handlers, ``setsid`` when asked, and its title
+    (``/proc/PID/cmdline``, what ``ps`` shows) the command line (with ``setproctitle`` installed). It dies with the
+    server, and the server with the process that started it (``PR_SET_PDEATHSIG``).
+
+    Linux only; a CUDA build of torch is never forked from (CUDA does not survive a fork): there, and wherever
+    :meth:`start` fails, the caller runs the command as a fresh process."""
+
+    def __init__(self, address: str, pid: int):
+        self.address, self.pid = address, pid
+
+    @classmethod
+    def start(cls, preload: tuple[str, ...] = ()) -> ForkServer | None:
+        """Import ``preload`` here, then fork the server; None where forking is not for this machine."""
+        import importlib
+        import socket
+
+        if not sys.platform.startswith("linux"):
+            return None
+        for name in preload:
+            importlib.import_module(name)
+        with contextlib.suppress(ImportError):  # set up while the environment is the process's own
+            import setproctitle
+
+            setproctitle.getproctitle()
+        torch = sys.modules.get("torch")
+        if torch is not None and getattr(torch.version, "cuda", None):
+            return None
+        address = f"\0fedpartial-fork-{os.getpid()}-{os.urandom(6).hex()}"  # abstract: nothing on disk
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        listener.bind(address)
+        listener.listen(64)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # the server
+            try:
+                die_with_parent(signal.SIGKILL, parent)
+                with contextlib.suppress(Exception):
+                    import setproctitle
+
+                    setproctitle.setproctitle(f"{setproctitle.getproctitle()} (fork server)")
+                _serve(listener)
+            finally:
+                os._exit(0)
+        listener.close()
+        return cls(address, pid)
+
+    def popen(self, args: list[str], env: dict | None = None, cwd: str | None = None, setsid: bool = False):
+        """``subprocess.Popen(args, env=env, cwd=cwd, preexec_fn=os.setsid if setsid else None)`` for ``args`` =
+        ``[python, "-m", MODULE, ...]``, forked from the server. Raises OSError when the server is gone."""
+        import json
+        import socket
+
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            conn.connect(self.address)
+            request = {
+                "args": list(args),
+                "env": dict(os.environ if env is None else env),
+                "cwd": cwd,
+                "setsid": setsid,
+            }
+            socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2])
+            reply = conn.recv(64)
+            if not reply.startswith(b"pid "):
+                raise OSError(f"the fork server did not start {args[:3]}: {reply!r}")
+        except BaseException:
+            conn.close()
+            raise
+        return ForkedProcess(conn, int(reply.split()[1]), list(args))
+
+    def stop(self) -> None:
+        """End the server (its children are signalled by the kernel: ``PR_SET_PDEATHSIG``)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+
+
+class ForkedProcess:
+    """A command :class:`ForkServer` forked: ``subprocess.Popen``'s ``pid``, ``args``, ``returncode``, ``poll``,
+    ``wait``, ``send_signal``, ``terminate`` and ``kill`` (its exit status comes over its connection; a server
+    gone first reads as killed, -9)."""
+
+    def __init__(self, conn, pid: int, args: list[str]):
+        self._conn, self.pid, self.args, self.returncode = conn, pid, args, None
+
+    def _read(self, timeout: float | None) -> None:
+        import select
+
+        if self.returncode is not None:
+            return
+        ready, _, _ = select.select([self._conn], [], [], timeout)
+        if ready:
+            reply = self._conn.recv(64)
+            self.returncode = int(reply.split()[1]) if reply.startswith(b"exit ") else -signal.SIGKILL
+            self._conn.close()
+
+    def poll(self) -> int | None:
+        self._read(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        import subprocess
+
+        self._read(timeout)
+        if self.returncode is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _serve(listener) -> None:
+    """The fork server's loop (single-threaded): a request forks a child (:func:`_become`), its pid goes back on
+    the request's connection, and so does its exit status once it is reaped."""
+    import json
+    import select
+    import socket
+
+    waiting: dict[int, socket.socket] = {}  # child pid -> the connection its status goes to
+    server = os.getpid()
+    while True:
+        ready, _, _ = select.select([listener], [], [], 0.2)
+        if ready:
+            conn, _ = listener.accept()
+            try:
+                data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+                request = json.loads(data)
+            except (OSError, ValueError) as e:
+                with contextlib.suppress(OSError):
+                    conn.send(f"error {e}".encode()[:64])
+                conn.close()
+                continue
+            pid = os.fork()
+            if pid == 0:
+                listener.close()
+                for other in waiting.values():
+                    other.close()
+                _become(request, fds, conn, server)
+            for fd in fds:
+                os.close(fd)
+            with contextlib.suppress(OSError):
+                conn.send(f"pid {pid}".encode())
+            waiting[pid] = conn
+        while waiting:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            conn = waiting.pop(pid, None)
+            if conn is not None:
+                with contextlib.suppress(OSError):
+                    conn.send(f"exit {os.waitstatus_to_exitcode(status)}".encode())
+                conn.close()
+
+
+def _become(request: dict, fds: list[int], conn, server: int) -> None:
+    """In a forked child of the server: become ``python -m MODULE ARGS`` as :class:`ForkServer` describes."""
+    import importlib
+    import runpy
+    import traceback
+
+    code = 1
+    try:
+        conn.close()
+        if request.get("setsid"):
+            os.setsid()
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            if fd > 2:
+                os.close(fd)
+        die_with_parent(signal.SIGKILL, server)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        if request.get("cwd"):
+            os.chdir(request["cwd"])
+        old_path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        os.environ.clear()
+        os.environ.update(request["env"])
+        new_path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        rest = [p for p in sys.path[1:] if p not in old_path]
+        sys.path[:] = [os.getcwd(), *new_path, *rest]
+        _forget_shadowed(new_path)
+        args = request["args"]
+        module = args[args.index("-m") + 1]
+        sys.argv = ["-m", *args[args.index("-m") + 2 :]]  # as a fresh `python -m` has it while `site` runs
+        if "sitecustomize" in sys.modules:  # a fresh interpreter runs it at start
+            del sys.modules["sitecustomize"]
+        with contextlib.suppress(ImportError):
+            importlib.import_module("sitecustomize")
+        with contextlib.suppress(ImportError):
+            import setproctitle
+
+            setproctitle.setproctitle(" ".join(args))
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            code = e.code or 0
+        else:
+            print(e.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - what a fresh interpreter prints, then its status
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+
+def _forget_shadowed(folders: list[str]) -> None:
+    """Drop the imported modules (and their submodules) that the first of ``folders`` providing them would provide
+    from elsewhere: imported again, they come from there, as in a fresh interpreter with those folders on
+    ``PYTHONPATH``. A module already imported from that folder stays."""
+    first: dict[str, str] = {}
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            for entry in os.listdir(folder):
+                first.setdefault(entry.split(".", 1)[0], os.path.realpath(folder))
+    names = set()
+    for name, folder in first.items():
+        module = sys.modules.get(name)
+        if module is None:
+            continue
+        origin = getattr(module, "__file__", None) or next(iter(getattr(module, "__path__", []) or []), None)
+        if origin is None or not os.path.realpath(origin).startswith(folder + os.sep):
+            names.add(name)
+    for key in [k for k in sys.modules if k.split(".", 1)[0] in names]:
+        del sys.modules[key]

@@ -13,6 +13,11 @@ simulator`` run) has three weak spots on a shared machine, each handled here wit
   thread and lets the server wait for the site until its task times out (900 s at the data check), with nothing on
   the terminal. Here a worker that exits before connecting fails the run at once (exit status 2) with one line
   naming the site and the cause from its log or its exit status (:data:`FAILURE_FILE` in the workspace).
+- **Start-up cost.** Each site worker is a fresh interpreter that imports torch, TorchDynamo and NVFlare (about
+  6 CPU-seconds, most of what a small site does). The launcher imports them once (:data:`PRELOAD`) and the site
+  workers are forked from it (:class:`fedpartial.processes.ForkServer`): the same command line, environment,
+  ``PYTHONPATH`` (the job's custom code) and session as NVFlare's ``subprocess.Popen`` would give them.
+  ``FEDPARTIAL_SIM_FORK=0`` starts them as fresh processes, as does a CUDA build of torch or ``-gpu``.
 - **Orphans.** The simulator runs in a session of its own (a terminal's Ctrl-C never reaches it) and outlives the
   command that started it. :func:`run` (the launcher, ``python -m fedpartial.fl.simulator``) dies with its parent
   (``PR_SET_PDEATHSIG``), so do its server process and its ``Manager``; on SIGTERM / SIGINT it stops every process
@@ -42,7 +47,7 @@ from pathlib import Path
 
 from nvflare.recipe.sim_env import SimEnv
 
-from ..processes import die_with_parent, stop_tree
+from ..processes import ForkServer, die_with_parent, stop_tree
 
 PORTS_ENV = (
     "FEDPARTIAL_SIM_PORTS"  # "LO-HI": the ports simulator runs may listen on (default: below the ephemeral range)
@@ -50,6 +55,11 @@ PORTS_ENV = (
 PORT_HOLD_S = 180.0  # a reservation outlives the worker's start (NVFlare gives it 60 s to connect)
 FAILURE_FILE = "simulator_failure.txt"  # in the workspace: the line a failed start left
 SIMULATOR = "nvflare.private.fed.app.simulator.simulator"
+WORKER = "nvflare.private.fed.app.simulator.simulator_worker"  # the module NVFlare runs for each site
+FORK_ENV = "FEDPARTIAL_SIM_FORK"  # "0": site workers start as fresh processes (NVFlare's own way)
+PRELOAD = ("torch", "torch._dynamo", "torch.optim", "numpy", "PIL.Image", "psutil", "tqdm", "yaml", WORKER)
+"""What a site worker imports before it trains: imported once by the launcher, which its server process and the
+site workers are forked from."""
 # NVFlare 2.9 names this module patches (module, attribute): checked by check_nvflare
 PATCHED = (
     ("nvflare.private.fed.app.simulator.simulator_runner", "get_open_ports"),
@@ -172,19 +182,35 @@ def site_cause(workspace: str | os.PathLike, site: str, exit_code: int | None) -
 
 class _RecordingSubprocess:
     """``subprocess`` as the simulator's client runner sees it: ``Popen`` also records each site worker by the port
-    it is told to listen on, so the runner can tell a worker that died from one still starting."""
+    it is told to listen on, so the runner can tell a worker that died from one still starting; with a
+    :class:`ForkServer`, a site worker is forked from it (a fresh process where that fails)."""
 
-    def __init__(self):
-        self.workers: dict[str, subprocess.Popen] = {}
+    def __init__(self, forks: ForkServer | None = None):
+        self.workers: dict = {}
+        self.forks = forks
 
     def __getattr__(self, name):
         return getattr(subprocess, name)
 
     def Popen(self, args, *a, **kw):  # noqa: N802 - subprocess's name
-        proc = subprocess.Popen(args, *a, **kw)
+        proc = None
+        if self.forks is not None and not a and _is_worker(args) and set(kw) <= {"env", "cwd", "preexec_fn", "shell"}:
+            try:
+                proc = self.forks.popen(
+                    list(args), env=kw.get("env"), cwd=kw.get("cwd"), setsid=kw.get("preexec_fn") is os.setsid
+                )
+            except OSError:
+                proc = None
+        if proc is None:
+            proc = subprocess.Popen(args, *a, **kw)
         if isinstance(args, (list, tuple)) and "--port" in args:
             self.workers[str(args[list(args).index("--port") + 1])] = proc
         return proc
+
+
+def _is_worker(args) -> bool:
+    """``args`` is ``[this python, "-m", WORKER, ...]``."""
+    return isinstance(args, (list, tuple)) and list(args[:3]) == [sys.executable, "-m", WORKER]
 
 
 def fail_run(workspace: str, line: str) -> None:
@@ -212,7 +238,7 @@ def check_nvflare() -> None:
             obj = getattr(obj, part)
 
 
-def _patch(workspace: str) -> None:
+def _patch(workspace: str, forks: ForkServer | None = None) -> None:
     from multiprocessing.managers import SyncManager
 
     from nvflare.private.fed.app.deployer import simulator_deployer
@@ -243,7 +269,7 @@ def _patch(workspace: str) -> None:
         return do_one_task(self, client, *args, **kwargs)
 
     sr.SimulatorClientRunner.do_one_task = named_task
-    recorder = sr.subprocess = _RecordingSubprocess()
+    recorder = sr.subprocess = _RecordingSubprocess(forks)
 
     def connect(self, open_port, timeout=60.0):
         from multiprocessing.connection import Client
@@ -305,9 +331,14 @@ def run(argv: list[str] | None = None) -> int:
     os.makedirs(workspace, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         os.remove(os.path.join(workspace, FAILURE_FILE))
-    _patch(workspace)
+    forks = None if os.environ.get(FORK_ENV, "1") == "0" or args.gpu else ForkServer.start(PRELOAD)
+    _patch(workspace, forks)
     args.workspace = workspace
-    status = nv.run_simulator(args)
+    try:
+        status = nv.run_simulator(args)
+    finally:
+        if forks is not None:
+            forks.stop()
     failure = Path(workspace) / FAILURE_FILE
     if failure.is_file():
         sys.stderr.write(failure.read_text())

@@ -75,6 +75,59 @@ def pytest_sessionfinish(session, exitstatus):
         f.write(json.dumps(line) + "\n")
 
 
+def _chunk_sizes(n: int, workers: int) -> list[int]:
+    """How pytest-xdist's ``worksteal`` deals ``n`` tests to ``workers`` at the start: contiguous chunks, the
+    remaining tests split evenly over the workers still without one."""
+    sizes = []
+    for i in range(workers):
+        sizes.append((n - sum(sizes)) // (workers - i))
+    return sizes
+
+
+def deal(items: list, workers: int) -> list:
+    """``items`` reordered for ``--dist worksteal`` on ``workers`` workers, so that the tests that mostly wait
+    start first and apart: each ``deployment`` module (its tests together, in their order: they share one
+    deployment) goes to the start of one of the first ``workers - 1`` chunks (the fewest deployment tests first;
+    one worker starts on the tests that need the CPU), then the ``integration`` tests are dealt over all chunks
+    (the fewest first), then the other tests fill each chunk to its size, in their order. A worker steals from the
+    end of another's chunk, so a deployment module is never split."""
+    sizes = _chunk_sizes(len(items), workers)
+    modules: dict = {}
+    for item in items:
+        if item.get_closest_marker("deployment") is not None:
+            modules.setdefault(item.module.__name__, []).append(item)
+    chunks: list[list] = [[] for _ in range(workers)]
+    weight = [0] * workers
+    for tests in sorted(modules.values(), key=len, reverse=True):
+        fits = [i for i in range(max(1, workers - 1)) if len(chunks[i]) + len(tests) <= sizes[i]]
+        if not fits:
+            return items  # chunks too small to keep a module whole: the order as collected
+        i = min(fits, key=lambda j: weight[j])
+        chunks[i] += tests
+        weight[i] += 10 * len(tests)
+    placed = {id(t) for tests in modules.values() for t in tests}
+    for item in items:
+        if id(item) in placed or item.get_closest_marker("integration") is None:
+            continue
+        i = min((j for j in range(workers) if len(chunks[j]) < sizes[j]), key=lambda j: weight[j])
+        chunks[i].append(item)
+        weight[i] += 1
+        placed.add(id(item))
+    rest = iter([item for item in items if id(item) not in placed])
+    for i in range(workers):
+        while len(chunks[i]) < sizes[i]:
+            chunks[i].append(next(rest))
+    return [item for chunk in chunks for item in chunk]
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Under ``pytest -n N --dist worksteal`` (``make test``), deal the tests as :func:`deal` says. Every worker
+    collects and reorders alike (the order is a function of the collected tests and N only)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers > 1 and config.getoption("dist", None) == "worksteal":
+        items[:] = deal(items, workers)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     report = item.config.getoption("--cpu-report")

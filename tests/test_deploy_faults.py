@@ -24,7 +24,7 @@ from test_deploy_poc import (
     tiny_job,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.deployment]
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,7 @@ from conftest import REPO
 
 FINISHED_OK = RunStatus.FINISHED_COMPLETED.value  # "FINISHED:COMPLETED"
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.deployment]
 
 HOSPITALS = ["hospital-1", "hospital-2", "hospital-3"]
 PROJECT_ADMIN = "admin@coordinator.org"

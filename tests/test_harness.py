@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from types import SimpleNamespace
 
 from conftest import START_FAILURES, run_watched
 
@@ -42,3 +43,41 @@ def test_a_normal_run_keeps_its_output_and_return_code(tmp_path):
         timeout=60,
     )
     assert (proc.returncode, proc.stdout, proc.stderr) == (3, "out\n", "err\n")
+
+
+class _Item:
+    """What :func:`conftest.deal` reads of a collected test: its module and its markers."""
+
+    def __init__(self, name: str, module: str, *marks: str):
+        self.name, self.module, self.marks = name, SimpleNamespace(__name__=module), marks
+
+    def get_closest_marker(self, mark):
+        return mark if mark in self.marks else None
+
+    def __repr__(self):
+        return self.name
+
+
+def test_worksteal_deal_starts_each_deployment_module_whole_and_apart_and_spreads_the_simulator_runs():
+    from conftest import _chunk_sizes, deal
+
+    items = [_Item(f"u{i}", "unit") for i in range(20)]
+    items[3:3] = [_Item(f"poc{i}", "poc", "integration", "deployment") for i in range(4)]
+    items[10:10] = [_Item(f"faults{i}", "faults", "integration", "deployment") for i in range(2)]
+    items += [_Item("privacy", "privacy", "integration", "deployment")]
+    items[1:1] = [_Item(f"sim{i}", f"sim{i}", "integration") for i in range(6)]
+    order = deal(items, 3)
+    assert sorted(map(repr, order)) == sorted(map(repr, items))  # the same tests, each once
+    sizes = _chunk_sizes(len(items), 3)
+    assert sizes == [11, 11, 11]
+    chunks = [order[:11], order[11:22], order[22:]]
+    names = [[repr(t) for t in c] for c in chunks]
+    # the largest deployment module starts chunk 0, the others share chunk 1, chunk 2 starts on simulator runs
+    assert names[0][:4] == ["poc0", "poc1", "poc2", "poc3"]
+    assert names[1][:3] == ["faults0", "faults1", "privacy"]
+    assert names[2][0].startswith("sim") and not any(n.startswith(("poc", "faults", "privacy")) for n in names[2])
+    assert [sum(n.startswith("sim") for n in c) for c in names] == [0, 0, 6]  # to the least loaded chunk
+    units = [n for c in names for n in c if n.startswith("u")]
+    assert units == sorted(units, key=lambda n: int(n[1:]))  # the rest keep their order
+    many = [_Item(f"poc{i}", "poc", "integration", "deployment") for i in range(12)] + items[:21]
+    assert deal(many, 3) == many  # a module longer than a chunk: the order as collected

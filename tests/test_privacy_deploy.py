@@ -21,7 +21,7 @@ from test_deploy_poc import FINISHED_OK, HOSPITALS, Deployment
 
 from conftest import REPO
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.deployment]
 
 STRICT_SITE = "hospital-3"
 

@@ -12,6 +12,7 @@ import ctypes
 import os
 import signal
 import sys
+import time
 
 PR_SET_PDEATHSIG = 1
 
@@ -171,9 +172,18 @@ class ForkServer:
         listener.close()
         return cls(address, pid)
 
-    def popen(self, args: list[str], env: dict | None = None, cwd: str | None = None, setsid: bool = False):
-        """``subprocess.Popen(args, env=env, cwd=cwd, preexec_fn=os.setsid if setsid else None)`` for ``args`` =
-        ``[python, "-m", MODULE, ...]``, forked from the server. Raises OSError when the server is gone."""
+    def popen(
+        self,
+        args: list[str],
+        env: dict | None = None,
+        cwd: str | None = None,
+        setsid: bool = False,
+        stdout: int = 1,
+        stderr: int = 2,
+    ):
+        """``subprocess.Popen(args, env=env, cwd=cwd, preexec_fn=os.setsid if setsid else None, stdout=stdout,
+        stderr=stderr)`` (file descriptors; stdin is the caller's) for ``args`` = ``[python, "-m", MODULE, ...]``,
+        forked from the server. Raises OSError when the server is gone."""
         import json
         import socket
 
@@ -186,7 +196,7 @@ class ForkServer:
                 "cwd": cwd,
                 "setsid": setsid,
             }
-            socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2])
+            socket.send_fds(conn, [json.dumps(request).encode()], [0, stdout, stderr])
             reply = conn.recv(64)
             if not reply.startswith(b"pid "):
                 raise OSError(f"the fork server did not start {args[:3]}: {reply!r}")
@@ -194,6 +204,34 @@ class ForkServer:
             conn.close()
             raise
         return ForkedProcess(conn, int(reply.split()[1]), list(args))
+
+    @classmethod
+    def spawn(cls, preload: tuple[str, ...] = (), timeout: float = 120.0) -> ForkServer:
+        """A fork server in a fresh interpreter (``python -m fedpartial.processes``) that imports ``preload``: for a
+        caller that is multi-threaded or holds state of its own (a test worker), never forked itself. It dies with
+        the caller."""
+        import socket
+        import subprocess
+
+        address = f"\0fedpartial-fork-{os.getpid()}-{os.urandom(6).hex()}"
+        name = address[1:]  # the abstract address without its leading NUL (not allowed in an argument)
+        proc = subprocess.Popen([sys.executable, "-m", __name__, name, str(os.getpid()), *preload])
+        t0 = time.monotonic()
+        while True:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as probe:
+                try:
+                    probe.connect(address)
+                    probe.send(b"{}")  # a request without a command: answered with an error, nothing forked
+                    break
+                except OSError:
+                    pass
+            if proc.poll() is not None or time.monotonic() - t0 > timeout:
+                proc.kill()
+                raise OSError(f"the fork server did not start (exit status {proc.wait()})")
+            time.sleep(0.1)
+        server = cls(address, proc.pid)
+        server._proc = proc
+        return server
 
     def stop(self) -> None:
         """End the server (its children are signalled by the kernel: ``PR_SET_PDEATHSIG``)."""
@@ -210,6 +248,7 @@ class ForkedProcess:
 
     def __init__(self, conn, pid: int, args: list[str]):
         self._conn, self.pid, self.args, self.returncode = conn, pid, args, None
+        self.cpu_s = 0.0  # once it ended: its CPU seconds, user + system, its reaped descendants included
 
     def _read(self, timeout: float | None) -> None:
         import select
@@ -219,7 +258,10 @@ class ForkedProcess:
         ready, _, _ = select.select([self._conn], [], [], timeout)
         if ready:
             reply = self._conn.recv(64)
-            self.returncode = int(reply.split()[1]) if reply.startswith(b"exit ") else -signal.SIGKILL
+            if reply.startswith(b"exit "):
+                self.returncode, self.cpu_s = int(reply.split()[1]), float(reply.split()[2])
+            else:
+                self.returncode = -signal.SIGKILL
             self._conn.close()
 
     def poll(self) -> int | None:
@@ -259,12 +301,17 @@ def _serve(listener) -> None:
         ready, _, _ = select.select([listener], [], [], 0.2)
         if ready:
             conn, _ = listener.accept()
+            fds: list[int] = []
             try:
                 data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
                 request = json.loads(data)
+                if not isinstance(request, dict) or "args" not in request:
+                    raise ValueError("no command")
             except (OSError, ValueError) as e:
                 with contextlib.suppress(OSError):
                     conn.send(f"error {e}".encode()[:64])
+                for fd in fds:
+                    os.close(fd)
                 conn.close()
                 continue
             pid = os.fork()
@@ -280,7 +327,7 @@ def _serve(listener) -> None:
             waiting[pid] = conn
         while waiting:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
             except ChildProcessError:
                 break
             if pid == 0:
@@ -288,7 +335,8 @@ def _serve(listener) -> None:
             conn = waiting.pop(pid, None)
             if conn is not None:
                 with contextlib.suppress(OSError):
-                    conn.send(f"exit {os.waitstatus_to_exitcode(status)}".encode())
+                    cpu = usage.ru_utime + usage.ru_stime
+                    conn.send(f"exit {os.waitstatus_to_exitcode(status)} {cpu:.3f}".encode())
                 conn.close()
 
 
@@ -366,3 +414,27 @@ def _forget_shadowed(folders: list[str]) -> None:
             names.add(name)
     for key in [k for k in sys.modules if k.split(".", 1)[0] in names]:
         del sys.modules[key]
+
+
+def _main(argv: list[str]) -> None:
+    """``python -m fedpartial.processes NAME PARENT_PID [MODULE ...]``: :meth:`ForkServer.spawn`'s server (on the
+    abstract address ``\\0NAME``)."""
+    import importlib
+    import socket
+
+    address, parent, preload = "\0" + argv[0], int(argv[1]), argv[2:]
+    die_with_parent(signal.SIGKILL, parent)
+    for name in preload:
+        importlib.import_module(name)
+    with contextlib.suppress(ImportError):
+        import setproctitle
+
+        setproctitle.setproctitle(f"{setproctitle.getproctitle()} (fork server)")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(address)
+    listener.listen(64)
+    _serve(listener)
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -121,11 +122,21 @@ def deal(items: list, workers: int) -> list:
     return [item for chunk in chunks for item in chunk]
 
 
+def dealing(config) -> int:
+    """The number of workers when this is a worker of ``pytest -n N --dist worksteal`` (``make test``), else 0. A
+    worker's own ``--dist`` is "no": the controller's command line (and ``PYTEST_ADDOPTS``) say how it schedules."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    controller = " ".join(
+        [*getattr(config, "workerinput", {}).get("mainargv", []), os.environ.get("PYTEST_ADDOPTS", "")]
+    )
+    return workers if workers > 1 and re.search(r"--dist[= ]worksteal", controller) else 0
+
+
 def pytest_collection_modifyitems(session, config, items):
     """Under ``pytest -n N --dist worksteal`` (``make test``), deal the tests as :func:`deal` says. Every worker
     collects and reorders alike (the order is a function of the collected tests and N only)."""
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
-    if workers > 1 and config.getoption("dist", None) == "worksteal":
+    workers = dealing(config)
+    if workers:
         items[:] = deal(items, workers)
 
 

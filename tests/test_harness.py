@@ -6,6 +6,8 @@ import sys
 import time
 from types import SimpleNamespace
 
+import pytest
+
 from conftest import START_FAILURES, run_watched
 
 
@@ -81,3 +83,14 @@ def test_worksteal_deal_starts_each_deployment_module_whole_and_apart_and_spread
     assert units == sorted(units, key=lambda n: int(n[1:]))  # the rest keep their order
     many = [_Item(f"poc{i}", "poc", "integration", "deployment") for i in range(12)] + items[:21]
     assert deal(many, 3) == many  # a module longer than a chunk: the order as collected
+
+
+def test_make_test_deals_the_collected_tests(request):
+    """Under ``make test`` (``pytest -n 3 --dist worksteal``) the workers' collection is dealt: a deployment test
+    heads the first worker's chunk."""
+    from conftest import dealing
+
+    items = request.session.items
+    if not dealing(request.config) or not any(i.get_closest_marker("deployment") for i in items):
+        pytest.skip("runs under pytest -n N --dist worksteal with the deployment tests collected (make test)")
+    assert items[0].get_closest_marker("deployment") is not None, items[:3]

@@ -194,7 +194,13 @@ class _RecordingSubprocess:
 
     def Popen(self, args, *a, **kw):  # noqa: N802 - subprocess's name
         proc = None
-        if self.forks is not None and not a and _is_worker(args) and set(kw) <= {"env", "cwd", "preexec_fn", "shell"}:
+        if (
+            self.forks is not None
+            and not a
+            and _is_worker(args)
+            and set(kw) <= {"env", "cwd", "preexec_fn", "shell"}
+            and not kw.get("shell")
+        ):
             try:
                 proc = self.forks.popen(
                     list(args), env=kw.get("env"), cwd=kw.get("cwd"), setsid=kw.get("preexec_fn") is os.setsid

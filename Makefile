@@ -8,8 +8,9 @@ BIN := $(VENV)/bin
 WS ?= workspaces
 DEMO_JOB ?= fedmlp_ich
 # three test workers on CI's two cores: the deployment tests mostly wait on NVFlare (polling, heartbeats, job
-# starts), so a third worker uses the cores they leave idle: with 3 both cores are 92-100 % busy through the run
-# (the machine line of `make test` with --cpu-report), and a fourth was no faster (21 min 13 s vs 20 min 41 s)
+# starts), so a third worker uses the cores they leave idle; tests/conftest.py deals the tests so that the deployment
+# modules start at once on two workers while the third starts on the simulator runs: both cores were 94 % busy
+# (the machine line of `make test` with --cpu-report), and a fourth worker was no faster (21 min 13 s vs 20 min 41 s)
 TEST_WORKERS ?= 3
 
 .PHONY: setup jobs check-jobs check-readme demo lint test bench clean

@@ -78,7 +78,7 @@ def main() -> int:
         "sites": args.sites,
         "repeats": args.repeats,
         "cores": os.cpu_count(),
-        "runs": runs,
+        "measurements": runs,
         "median": med,
         "cpu_ratio_forked_to_fresh": round(ratio, 3),
     }

@@ -229,12 +229,13 @@ def _popen(cmd: list[str], env: dict, cwd: Path, out, err):
     fedpartial.fl.simulator``) is forked from this worker's :class:`fedpartial.processes.ForkServer` instead (torch,
     TorchDynamo and NVFlare imported once per worker, not once per run: about 6 CPU-s a run). The launcher then
     runs as it does under ``job.py`` (its own fork server, server process and site workers)."""
-    if cmd[1:3] == LAUNCHER and cmd[0] == sys.executable and os.environ.get("FEDPARTIAL_SIM_FORK", "1") != "0":
-        from fedpartial.fl.simulator import PRELOAD
+    from fedpartial.fl.simulator import FORK_ENV, PRELOAD, SIMULATOR
+
+    if cmd[1:3] == LAUNCHER and cmd[0] == sys.executable and os.environ.get(FORK_ENV, "1") != "0":
         from fedpartial.processes import ForkServer
 
         if not _FORKS:
-            _FORKS.append(ForkServer.spawn((*PRELOAD, "nvflare.private.fed.app.simulator.simulator")))
+            _FORKS.append(ForkServer.spawn((*PRELOAD, SIMULATOR)))
         try:
             return _FORKS[0].popen(cmd, env=env, cwd=str(cwd), setsid=True, stdout=out.fileno(), stderr=err.fileno())
         except OSError:

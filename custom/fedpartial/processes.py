@@ -137,7 +137,6 @@ class ForkServer:
     def start(cls, preload: tuple[str, ...] = ()) -> ForkServer | None:
         """Import ``preload`` here, then fork the server; None where forking is not for this machine."""
         import importlib
-        import socket
 
         if not sys.platform.startswith("linux"):
             return None
@@ -150,10 +149,8 @@ class ForkServer:
         torch = sys.modules.get("torch")
         if torch is not None and getattr(torch.version, "cuda", None):
             return None
-        address = f"\0fedpartial-fork-{os.getpid()}-{os.urandom(6).hex()}"  # abstract: nothing on disk
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        listener.bind(address)
-        listener.listen(64)
+        address = _new_address()
+        listener = _listen(address)
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
@@ -162,10 +159,6 @@ class ForkServer:
         if pid == 0:  # the server
             try:
                 die_with_parent(signal.SIGKILL, parent)
-                with contextlib.suppress(Exception):
-                    import setproctitle
-
-                    setproctitle.setproctitle(f"{setproctitle.getproctitle()} (fork server)")
                 _serve(listener)
             finally:
                 os._exit(0)
@@ -213,7 +206,7 @@ class ForkServer:
         import socket
         import subprocess
 
-        address = f"\0fedpartial-fork-{os.getpid()}-{os.urandom(6).hex()}"
+        address = _new_address()
         name = address[1:]  # the abstract address without its leading NUL (not allowed in an argument)
         proc = subprocess.Popen([sys.executable, "-m", __name__, name, str(os.getpid()), *preload])
         t0 = time.monotonic()
@@ -288,12 +281,32 @@ class ForkedProcess:
         self.send_signal(signal.SIGKILL)
 
 
+def _new_address() -> str:
+    """A fork server's abstract Unix socket address (a leading NUL: nothing on disk), unique to this process."""
+    return f"\0fedpartial-fork-{os.getpid()}-{os.urandom(6).hex()}"
+
+
+def _listen(address: str):
+    """The fork server's listening socket on ``address`` (message boundaries kept: one request per message)."""
+    import socket
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(address)
+    listener.listen(64)
+    return listener
+
+
 def _serve(listener) -> None:
-    """The fork server's loop (single-threaded): a request forks a child (:func:`_become`), its pid goes back on
-    the request's connection, and so does its exit status once it is reaped."""
+    """The fork server's loop (single-threaded), titled as one: a request forks a child (:func:`_become`), its pid
+    goes back on the request's connection, and so does its exit status once it is reaped."""
     import json
     import select
     import socket
+
+    with contextlib.suppress(Exception):
+        import setproctitle
+
+        setproctitle.setproctitle(f"{setproctitle.getproctitle()} (fork server)")
 
     waiting: dict[int, socket.socket] = {}  # child pid -> the connection its status goes to
     server = os.getpid()
@@ -420,20 +433,12 @@ def _main(argv: list[str]) -> None:
     """``python -m fedpartial.processes NAME PARENT_PID [MODULE ...]``: :meth:`ForkServer.spawn`'s server (on the
     abstract address ``\\0NAME``)."""
     import importlib
-    import socket
 
     address, parent, preload = "\0" + argv[0], int(argv[1]), argv[2:]
     die_with_parent(signal.SIGKILL, parent)
     for name in preload:
         importlib.import_module(name)
-    with contextlib.suppress(ImportError):
-        import setproctitle
-
-        setproctitle.setproctitle(f"{setproctitle.getproctitle()} (fork server)")
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    listener.bind(address)
-    listener.listen(64)
-    _serve(listener)
+    _serve(_listen(address))
 
 
 if __name__ == "__main__":

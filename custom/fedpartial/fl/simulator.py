@@ -47,7 +47,7 @@ from pathlib import Path
 
 from nvflare.recipe.sim_env import SimEnv
 
-from ..processes import ForkServer, die_with_parent, stop_tree
+from ..processes import ForkedProcess, ForkServer, die_with_parent, stop_tree
 
 PORTS_ENV = (
     "FEDPARTIAL_SIM_PORTS"  # "LO-HI": the ports simulator runs may listen on (default: below the ephemeral range)
@@ -186,7 +186,7 @@ class _RecordingSubprocess:
     :class:`ForkServer`, a site worker is forked from it (a fresh process where that fails)."""
 
     def __init__(self, forks: ForkServer | None = None):
-        self.workers: dict = {}
+        self.workers: dict[str, subprocess.Popen | ForkedProcess] = {}
         self.forks = forks
 
     def __getattr__(self, name):

@@ -6,11 +6,13 @@
 The commands, from the checkout root, exactly as the README's "Two commands" section gives them after ``make
 setup``: ``python jobs/fedmlp_ich/job.py`` (the default workspace ``workspaces/``), then ``python -m
 fedpartial.tools.show_results workspaces/fedmlp_ich``. Compared: the rows of the first table ``show_results``
-prints: the last-round model's numbers within ``--tol`` points (default 1.0), the best-on-validation model's within
+prints: the last-round model's numbers within ``--tol`` points (default 1.5), the best-on-validation model's within
 ``--tol-best`` (default 3.0: float noise can make another late round the best on validation). Two runs
-on one machine agree to every digit (README, "Runs are reproducible"), but machines with other CPUs differ in the
-second decimal (oneDNN's summation order: 64.94 / 80.74 / 40.94 here, 64.99 / 80.58 / 40.54 on another machine of
-the same kind), while a stale table differs by points (2.6 BACC when the image store changed the decoding). Not
+on one machine agree to every digit (README, "Runs are reproducible"), but machines with other CPUs differ (MKL's
+and oneDNN's kernels differ by CPU vendor and instruction set, and 20 rounds carry the rounding on): the README's
+64.94 / 80.74 / 40.94 came from one machine, another machine of the same kind printed 64.99 / 80.58 / 40.54, and an
+AMD EPYC with AVX-512 64.22 / 80.71 / 41.86 (0.92 point off), while a stale table differs by more (2.6 BACC when the
+image store changed the decoding). Not
 compared: the seconds per round and the best round (printed). ``make check-readme`` runs it, and CI runs that
 after the test suite, so the README cannot go stale.
 """
@@ -28,6 +30,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+DEFAULT_TOL = 1.5  # points: another CPU's float rounding over 20 rounds (0.92 measured), well under a stale table's 2.6
+DEFAULT_TOL_BEST = 3.0
 JOB = "fedmlp_ich"
 COMMANDS = (
     [sys.executable, f"jobs/{JOB}/job.py"],
@@ -62,9 +66,14 @@ def readme_block(text: str) -> tuple[int, int]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--write", action="store_true", help="write the commands' output into README.md")
-    ap.add_argument("--tol", type=float, default=1.0, help="points the last-round numbers may differ by (1.0)")
     ap.add_argument(
-        "--tol-best", type=float, default=3.0, help="points the best-on-validation numbers may differ by (3.0)"
+        "--tol", type=float, default=DEFAULT_TOL, help=f"points the last-round numbers may differ by ({DEFAULT_TOL})"
+    )
+    ap.add_argument(
+        "--tol-best",
+        type=float,
+        default=DEFAULT_TOL_BEST,
+        help=f"points the best-on-validation numbers may differ by ({DEFAULT_TOL_BEST})",
     )
     a = ap.parse_args(argv)
     t0 = time.time()

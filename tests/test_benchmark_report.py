@@ -219,3 +219,59 @@ def test_every_mutation_of_the_mutation_run_still_applies_to_the_code():
             assert (REPO / test_file).is_file(), (m.name, t)
             assert not name or f"def {name.split('[')[0]}(" in (REPO / test_file).read_text(), (m.name, t)
     assert stale == [], stale
+
+
+def _bench(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_readme_check_tells_a_stale_table_from_another_cpu():
+    """benchmarks/readme_demo.py: the README's table against the commands' output on another CPU (0.92 point at most,
+    measured) agrees; a stale table (2.6 BACC off, what the image store's decoding change made) or another header
+    does not."""
+    demo = _bench("readme_demo")
+    head = ["| Method | BACC | AUC | mAP |", "|---|---|---|---|"]
+    readme = [
+        *head,
+        "| fedmlp (last round) | 64.94 | 80.74 | 40.94 |",
+        "| fedmlp (best on validation) | 62.35 | 81.17 | 41.74 |",
+    ]
+    other_cpu = [
+        *head,
+        "| fedmlp (last round) | 64.22 | 80.71 | 41.86 |",
+        "| fedmlp (best on validation) | 63.17 | 81.05 | 41.33 |",
+    ]
+    stale = [
+        *head,
+        "| fedmlp (last round) | 67.56 | 81.48 | 41.76 |",
+        "| fedmlp (best on validation) | 62.35 | 81.17 | 41.74 |",
+    ]
+    tol = demo.DEFAULT_TOL
+    assert demo.max_difference(other_cpu, readme) == pytest.approx(0.92)
+    assert demo.agree(other_cpu, readme, tol, demo.DEFAULT_TOL_BEST)
+    assert not demo.agree(stale, readme, tol, demo.DEFAULT_TOL_BEST)
+    assert not demo.agree(["| Method | BACC | AUC |", *other_cpu[1:]], readme, tol, demo.DEFAULT_TOL_BEST)
+
+
+def test_suite_cpu_names_the_kinds_and_counts_a_child_it_did_not_start_directly():
+    """benchmarks/suite_cpu.py: NVFlare's process command lines go to their kinds, and a grandchild that burns 1.5
+    CPU-s under a simulator worker's name is counted there (sampled, not reaped)."""
+    suite = _bench("suite_cpu")
+    assert suite.kind_of("python3 -m nvflare.private.fed.app.client.worker_process -m /k/hospital-1 -w x") == (
+        "deployed hospital job process"
+    )
+    assert suite.kind_of("python3 -u -m nvflare.private.fed.app.server.server_train -m /k/localhost") == (
+        "deployed server / hospital parent"
+    )
+    assert suite.kind_of("python -u -c import sys;exec(eval(sys.stdin.readline()))") == "pytest worker"
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.5: pass"
+    # the parent's own command line names no kind: only the child is a "simulated site worker"
+    child = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {burn!r}, 'simulator' + '_worker'])"
+    summary = suite.measure([sys.executable, "-c", child], interval=0.2)
+    assert summary["returncode"] == 0
+    assert summary["kinds"]["simulated site worker"]["processes"] == 1
+    assert summary["kinds"]["simulated site worker"]["cpu_s"] >= 1.3
+    assert summary["machine_cpu_s"] >= 1.3

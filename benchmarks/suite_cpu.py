@@ -38,11 +38,11 @@ KINDS: list[tuple[str, str]] = [
     ("deployed server job process", r"nvflare\.private\.fed\.app\.server\.runner_process"),
     ("deployed server / hospital parent", r"nvflare\.private\.fed\.app\.(client\.client_train|server\.server_train)"),
     ("simulated site worker", r"simulator_worker"),
-    ("simulator launcher, fork server and server process", r"fedpartial\.fl\.simulator|nvflare simulator"),
-    ("fork server of a test worker", r"fedpartial\.processes|fedpartial-fork"),
+    ("fork server of a test worker", r"-m fedpartial\.processes "),
+    ("simulator launcher, fork server and server process", r"-m fedpartial\.fl\.simulator|nvflare simulator"),
     ("pytest worker", r"exec\(eval\(sys\.stdin|pytest-xdist"),
     ("multiprocessing fork server / resource tracker", r"from multiprocessing\."),
-    ("pytest", r"pytest"),
+    ("pytest", r"-m pytest( |$)"),
     ("NVFlare command line", r"nvflare\.cli|/nvflare( |$)"),
     ("admin script", r"fedpartial_admin|fedpartial-admin"),
     ("job.py", r"job\.py"),
@@ -58,7 +58,8 @@ KINDS: list[tuple[str, str]] = [
 
 
 def kind_of(cmdline: str) -> str:
-    """The kind of a process from its command line (``other python`` / ``other`` when no rule matches)."""
+    """The kind of a process from its command line (``other python`` / ``other`` when no rule matches). Rules
+    match what a process runs, not the paths it is given (a test's folders are under ``/tmp/pytest-of-...``)."""
     for name, pattern in KINDS:
         if re.search(pattern, cmdline):
             return name
@@ -87,8 +88,9 @@ def sample(seen: dict, skip: set[int]) -> None:
         rec["cmd"] = " ".join(info["cmdline"])[:300]  # a forked process retitles itself after it starts
 
 
-def measure(cmd: list[str], interval: float, cwd: Path = REPO) -> dict:
-    """Run ``cmd``, sampling the machine; the summary (per kind: processes, CPU-s) and the command's status."""
+def measure(cmd: list[str], interval: float, cwd: Path = REPO, processes: list | None = None) -> dict:
+    """Run ``cmd``, sampling the machine; the summary (per kind: processes, CPU-s) and the command's status.
+    ``processes``: a list that receives each counted process (kind, command line, CPU-s)."""
     seen: dict = {}
     busy0, steal0 = machine_ticks()
     self_cpu0 = sum(os.times()[:2])
@@ -111,7 +113,10 @@ def measure(cmd: list[str], interval: float, cwd: Path = REPO) -> dict:
         used = rec["cpu"] - (rec["cpu0"] if key in before else 0.0)
         if used <= 0:
             continue
-        k = kinds.setdefault(kind_of(rec["cmd"]), {"processes": 0, "cpu_s": 0.0})
+        kind = kind_of(rec["cmd"])
+        if processes is not None:
+            processes.append({"kind": kind, "cmd": rec["cmd"], "cpu_s": round(used, 2)})
+        k = kinds.setdefault(kind, {"processes": 0, "cpu_s": 0.0})
         k["processes"] += 1
         k["cpu_s"] += used
     sampler = sum(os.times()[:2]) - self_cpu0
@@ -157,9 +162,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--interval", type=float, default=1.0, help="seconds between samples (1)")
     ap.add_argument("--out", default=None, help="write OUT.json and OUT.md")
+    ap.add_argument("--processes", default=None, help="write every counted process to this JSON-lines file")
     ap.add_argument("command", nargs="*", help="the command (after --; default: make test)")
     a = ap.parse_args(argv)
-    summary = measure(a.command or ["make", "test"], a.interval)
+    procs: list = []
+    summary = measure(a.command or ["make", "test"], a.interval, processes=procs)
+    if a.processes:
+        Path(a.processes).write_text("".join(json.dumps(p) + "\n" for p in procs))
     text = table(summary)
     print(text)
     if a.out:

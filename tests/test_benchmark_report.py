@@ -267,6 +267,11 @@ def test_suite_cpu_names_the_kinds_and_counts_a_child_it_did_not_start_directly(
         "deployed server / hospital parent"
     )
     assert suite.kind_of("python -u -c import sys;exec(eval(sys.stdin.readline()))") == "pytest worker"
+    runner = "python -c \nfrom fedpartial.fl.simulator import SupervisedSimEnv\n fedavg_ich /tmp/pytest-of-root/x {}"
+    assert suite.kind_of(runner) == "recipe in SimEnv"  # named by what it runs, not by its folders
+    assert suite.kind_of("python -m fedpartial.fl.simulator /tmp/pytest-of-root/j -w ws -n 2") == (
+        "simulator launcher, fork server and server process"
+    )
     burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.5: pass"
     # the parent's own command line names no kind: only the child is a "simulated site worker"
     child = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {burn!r}, 'simulator' + '_worker'])"

@@ -37,8 +37,8 @@ KINDS: list[tuple[str, str]] = [
     ("deployed hospital job process", r"nvflare\.private\.fed\.app\.client\.worker_process"),
     ("deployed server job process", r"nvflare\.private\.fed\.app\.server\.runner_process"),
     ("deployed server / hospital parent", r"nvflare\.private\.fed\.app\.(client\.client_train|server\.server_train)"),
-    ("simulated site worker", r"simulator_worker"),
-    ("fork server of a test worker", r"-m fedpartial\.processes "),
+    ("fork server of a test worker", r"-m fedpartial\.processes "),  # its preloads name the site worker's module
+    ("simulated site worker", r"-m nvflare\.private\.fed\.app\.simulator\.simulator_worker"),
     ("simulator launcher, fork server and server process", r"-m fedpartial\.fl\.simulator|nvflare simulator"),
     ("pytest worker", r"exec\(eval\(sys\.stdin|pytest-xdist"),
     ("multiprocessing fork server / resource tracker", r"from multiprocessing\."),

@@ -268,13 +268,18 @@ def test_suite_cpu_names_the_kinds_and_counts_a_child_it_did_not_start_directly(
     )
     assert suite.kind_of("python -u -c import sys;exec(eval(sys.stdin.readline()))") == "pytest worker"
     runner = "python -c \nfrom fedpartial.fl.simulator import SupervisedSimEnv\n fedavg_ich /tmp/pytest-of-root/x {}"
+    fork_server = (
+        "python -m fedpartial.processes fedpartial-fork-1 1 torch nvflare.private.fed.app.simulator.simulator_worker"
+    )
+    assert suite.kind_of(fork_server) == "fork server of a test worker"
     assert suite.kind_of(runner) == "recipe in SimEnv"  # named by what it runs, not by its folders
     assert suite.kind_of("python -m fedpartial.fl.simulator /tmp/pytest-of-root/j -w ws -n 2") == (
         "simulator launcher, fork server and server process"
     )
     burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.5: pass"
     # the parent's own command line names no kind: only the child is a "simulated site worker"
-    child = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {burn!r}, 'simulator' + '_worker'])"
+    worker = "'-m', 'nvflare.private.fed.app.simulator.' + 'simulator_worker'"
+    child = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {burn!r}, {worker}])"
     summary = suite.measure([sys.executable, "-c", child], interval=0.2)
     assert summary["returncode"] == 0
     assert summary["kinds"]["simulated site worker"]["processes"] == 1

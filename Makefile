@@ -9,8 +9,10 @@ WS ?= workspaces
 DEMO_JOB ?= fedmlp_ich
 # three test workers on CI's two cores: the deployment tests mostly wait on NVFlare (polling, heartbeats, job
 # starts), so a third worker uses the cores they leave idle; tests/conftest.py deals the tests so that the deployment
-# modules start at once on two workers while the third starts on the simulator runs: both cores were 94 % busy
-# (the machine line of `make test` with --cpu-report), and a fourth worker was no faster (21 min 13 s vs 20 min 41 s)
+# modules start at once on two workers while the third starts on the simulator runs. On a machine where that kept
+# both cores 94 % busy (the machine line of `make test` with --cpu-report) a fourth worker was no faster (21 min 13 s
+# vs 20 min 41 s); on a faster one, 73 % busy with three, four took 6 min 21 s against 7 min 5 s
+# (`make test TEST_WORKERS=4`)
 TEST_WORKERS ?= 3
 
 .PHONY: setup jobs check-jobs check-readme demo lint test bench clean

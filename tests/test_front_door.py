@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -476,10 +477,34 @@ def test_export_force_never_deletes_the_run_or_a_bundle_before_it_has_a_new_one(
     first = listing(bundle)
     assert E.main([str(tmp_path / "rnu"), "-o", str(bundle), "--force"]) == 2  # a mistyped run
     assert listing(bundle) == first
-    (bundle / "mine.txt").write_text("old bundle")
-    assert E.main([str(run), "-o", str(bundle), "--force"]) == 0  # replaced whole, nothing left beside it
-    assert not (bundle / "mine.txt").exists() and (bundle / "models" / "model.pt").is_file()
+    (bundle / "eval").mkdir()  # what the bundle's inference writes by default, beside the bundle's own folders
+    (bundle / "eval" / "predictions.csv").write_text("image,p\n")
+    before = listing(tmp_path)
+    assert E.main([str(run), "-o", str(bundle), "--force"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith(
+        "holds eval/ beside the bundle (e.g. predictions of its inference): --force would "
+        "delete them with it; move them out first"
+    ), err
+    assert listing(tmp_path) == before
+    shutil.rmtree(bundle / "eval")
+    old_model = (bundle / "models" / "model.pt").stat().st_ino
+    assert E.main([str(run), "-o", str(bundle), "--force"]) == 0  # a bundle of its own: replaced whole
+    capsys.readouterr()
+    assert (bundle / "models" / "model.pt").stat().st_ino != old_model
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".bundle")) == []
+    # folders that are not bundles of the export: a job folder (its job.py, README, config), a run's checkpoints
+    job = tmp_path / "jobs" / "fedmlp_ich"
+    shutil.copytree(REPO / "jobs" / "fedmlp_ich", job, ignore=shutil.ignore_patterns("app", "meta.json"))
+    checkpoints = tmp_path / "ws" / "fedmlp_ich.checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "checkpoint.pt").write_bytes(b"state")
+    before = listing(tmp_path)
+    for out in (job, checkpoints):
+        assert E.main([str(run), "-o", str(out), "--force"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert "is not a bundle of fedpartial-export" in err[-1] and len(err) == 1, err
+    assert listing(tmp_path) == before
 
 
 def test_pixel_limit_is_read_from_the_header(tmp_path, monkeypatch):

@@ -545,7 +545,8 @@ def export_bundle(
 def check_output(out: Path, run: str | Path, job_config: str | Path | None, overwrite: bool) -> None:
     """Refuse, before anything is read or written, an output folder that is the run, holds it or lies inside it
     (``--force`` would delete the run), that holds the job configuration, or that exists and is not empty
-    without ``overwrite``."""
+    without ``overwrite``; with ``overwrite``, one that is not a bundle of this tool (:func:`is_bundle`: a job
+    folder, a run's checkpoints) or holds anything beside the bundle's own folders (:data:`BUNDLE_PARTS`)."""
     target = out.expanduser().resolve()
     for what, path in (("run", run), ("job configuration", job_config)):
         if path is None:
@@ -560,8 +561,35 @@ def check_output(out: Path, run: str | Path, job_config: str | Path | None, over
             raise ValueError(f"-o {out} lies inside the {what} {path}: choose a folder outside the run")
     if target.is_file():
         raise FileExistsError(f"-o {out} is a file, not a folder")
-    if target.is_dir() and any(target.iterdir()) and not overwrite:
+    if not (target.is_dir() and any(target.iterdir())):
+        return
+    if not overwrite:
         raise FileExistsError(f"{out} exists and is not empty (pass --force to replace it)")
+    if not is_bundle(target):
+        raise FileExistsError(
+            f"-o {out} is not a bundle of fedpartial-export (no configs/metadata.json with its training record): "
+            "--force replaces only such a bundle; choose a new or empty folder"
+        )
+    extra = sorted(p.name + ("/" if p.is_dir() else "") for p in target.iterdir() if p.name not in BUNDLE_PARTS)
+    if extra:
+        raise FileExistsError(
+            f"-o {out} holds {', '.join(extra)} beside the bundle (e.g. predictions of its inference): --force "
+            "would delete them with it; move them out first"
+        )
+
+
+BUNDLE_PARTS = frozenset({"configs", "models", "docs", "scripts"})
+"""The folders a bundle of this tool holds (everything it writes)."""
+
+
+def is_bundle(folder: Path) -> bool:
+    """Whether ``folder`` is a bundle this tool wrote: ``configs/metadata.json`` with MONAI's version and the
+    training record, and ``models/``."""
+    try:
+        meta = json.loads((folder / "configs" / "metadata.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and "monai_version" in meta and "training" in meta and (folder / "models").is_dir()
 
 
 def replace_folder(new: Path, target: Path) -> Path:
@@ -656,7 +684,12 @@ def main(argv: list[str] | None = None) -> int:
         help="a site's own model (methods keeping layers local: FedBN, PFL, ...): a site of a "
         "simulator workspace, or the site's fedpartial_state/last_local_model.pt",
     )
-    ap.add_argument("--force", action="store_true", help="replace an existing, non-empty output folder")
+    ap.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing bundle of this tool (nothing else: another folder, or files beside the bundle, "
+        "are refused)",
+    )
     a = ap.parse_args(argv)
     try:
         out = export_bundle(

@@ -860,3 +860,24 @@ def test_prepare_with_store_decodes_each_image_once_and_names_an_unreadable_one(
     assert "--store expects a dataset preset, PRESET:SIZE" in capsys.readouterr().err
     assert prep._store_args("nih_cxr14:224") == ["--preset", "nih_cxr14", "--image-size", "224"]
     assert prep._store_args("ham10000") == ["--preset", "ham10000"]
+
+
+def test_absolute_image_paths_through_a_symbolic_link_are_inside_the_images_root(tmp_path):
+    """A CSV whose absolute image paths reach the images through a linked folder (``/data`` a link to the disk
+    the root names, or the root given through the link) reads the same table as its relative paths; a path that
+    leaves the root is still refused."""
+    csv, cells = hospital_export(tmp_path, n=6)
+    export = csv.parent
+    plain = load_source("csv", csv, **HOSPITAL_ARGS)
+    (tmp_path / "link").symlink_to(export, target_is_directory=True)
+    linked = cells.copy()
+    linked["file"] = [str(tmp_path / "link" / f) for f in cells["file"]]
+    linked.to_csv(export / "linked.csv", index=False)
+    for root in (export, tmp_path / "link"):
+        got = load_source("csv", export / "linked.csv", images_root=str(root), **HOSPITAL_ARGS)
+        assert got.frame.equals(plain.frame), (root, got.frame.head(), plain.frame.head())
+    outside = linked.copy()
+    outside.loc[2, "file"] = str(tmp_path / "link" / ".." / "elsewhere.png")
+    outside.to_csv(export / "outside.csv", index=False)
+    err = _error(load_source, "csv", export / "outside.csv", images_root=str(export), **HOSPITAL_ARGS)
+    assert "line 4: image path" in err and "lies outside the images root" in err, err

@@ -162,16 +162,26 @@ def _find_csv(root: Path, csv: str | None) -> Path:
 def _image_paths(
     cells: Sequence[str], lines: Sequence[int], images_root: Path, column: str, path: Path, suffix: str = ""
 ) -> list[str]:
-    """Image cells -> posix paths relative to ``images_root`` (checked lexically: no ``..`` out of it); duplicates
+    """Image cells -> posix paths relative to ``images_root`` (checked lexically: no ``..`` out of it; an absolute
+    path that reaches the root through a symbolic link, on either side, is compared by its real folder); duplicates
     are errors naming both lines."""
     root = os.path.normpath(str(images_root))
     prefix = root.rstrip("/") + "/"
+    real_prefix = os.path.realpath(root).rstrip("/") + "/"
+    real_dirs: dict[str, str] = {}  # a folder's real path, once per folder (10^5-10^6 rows, few folders)
     out, seen = [], {}
     for cell, line in zip(cells, lines):
         if not cell:
             raise SourceError(f"image column {column!r} is empty", path, line)
         text = cell.replace("\\", "/") + suffix
         full = os.path.normpath(text if text.startswith("/") else prefix + text)
+        if not full.startswith(prefix) and text.startswith("/"):
+            folder, name = os.path.split(full)
+            if folder not in real_dirs:
+                real_dirs[folder] = os.path.realpath(folder)
+            real = os.path.join(real_dirs[folder], name)
+            if real.startswith(real_prefix):
+                full = prefix + real[len(real_prefix) :]
         if not full.startswith(prefix):
             raise SourceError(
                 f"image path {cell!r} lies outside the images root {root}",

@@ -275,11 +275,15 @@ import json, os, signal, subprocess, sys, time
 sys.path.insert(0, sys.argv[1])  # the server's own copy of `shadowed`
 import shadowed, kept
 from fedpartial.processes import ForkServer
-server = ForkServer.start(("json",))
+server = ForkServer.start(("json", "pre.loaded"))
 env = {**os.environ, "X": "1", "PYTHONPATH": sys.argv[2], "CODE": "7"}
 cmd = [sys.executable, "-m", "probe", "a b", sys.argv[3]]
 p = server.popen(cmd, env=env, cwd=sys.argv[4], setsid=True)
 code = p.wait(timeout=60)
+err_file = os.path.join(sys.argv[4], "preloaded.err")
+with open(err_file, "w") as err:  # a module the server imported, run as a command
+    server.popen([sys.executable, "-m", "pre.loaded"], env=env, stderr=err.fileno()).wait(timeout=60)
+preloaded_err = open(err_file).read()
 sleeper = server.popen([sys.executable, "-m", "sleeper"], env=env)
 running = sleeper.poll()
 try:
@@ -289,7 +293,7 @@ except subprocess.TimeoutExpired:
     timed_out = True
 sleeper.kill()
 print(json.dumps({"code": code, "running": running, "timed_out": timed_out, "killed": sleeper.wait(timeout=10),
-                  "kept_id": id(kept), "server": server.pid, "orphan": server.popen(
+                  "kept_id": id(kept), "preloaded_err": preloaded_err, "server": server.pid, "orphan": server.popen(
                       [sys.executable, "-m", "sleeper"], env=env).pid}), flush=True)
 time.sleep(60)  # killed by the test: the server and its children go with it
 """
@@ -298,8 +302,9 @@ time.sleep(60)  # killed by the test: the server and its children go with it
 def test_fork_server_children_are_what_a_fresh_interpreter_would_be(tmp_path):
     """A command forked from :class:`fedpartial.processes.ForkServer` gets its arguments, environment, working
     folder, session, ``PYTHONPATH`` (a module the server imported from elsewhere comes from there, one it imported
-    from there stays), ``sitecustomize``, default signal handlers, exit status and title; the server's caller
-    killed, the server and the command are gone."""
+    from there stays), ``sitecustomize``, default signal handlers, exit status and title; a module the server
+    imported runs as ``__main__`` without a warning; the server's caller killed, the server and the command are
+    gone."""
     server_copy, path, work = tmp_path / "server_copy", tmp_path / "path", tmp_path / "work"
     for folder in (server_copy, path, work):
         folder.mkdir()
@@ -308,6 +313,11 @@ def test_fork_server_children_are_what_a_fresh_interpreter_would_be(tmp_path):
     (path / "kept.py").write_text("")
     (path / "probe.py").write_text(PROBE)
     (path / "sleeper.py").write_text("import time\ntime.sleep(60)\n")
+    (path / "pre").mkdir()  # a module of a package, as NVFlare's simulator_worker is (runpy warns only for those)
+    (path / "pre" / "__init__.py").write_text("")
+    (path / "pre" / "loaded.py").write_text(
+        "import sys\nif __name__ == '__main__':\n    print('ran as main', file=sys.stderr)\n"
+    )
     (path / "sitecustomize.py").write_text("import os\nos.environ['CUSTOMISED'] = 'yes'\n")
     out = tmp_path / "probe.json"
     driver = subprocess.Popen(
@@ -326,6 +336,7 @@ def test_fork_server_children_are_what_a_fresh_interpreter_would_be(tmp_path):
     assert probe["path"] == [str(work), str(path)] and probe["shadowed"] == "pythonpath"
     assert probe["kept_id"] == seen["kept_id"]  # imported from PYTHONPATH by the server: not imported again
     assert probe["cmdline"] == f"{sys.executable} -m probe a b {out}"
+    assert seen["preloaded_err"] == "ran as main\n"  # and no runpy warning that it was imported before it ran
     server, orphan = psutil.Process(seen["server"]), psutil.Process(seen["orphan"])
     driver.kill()
     driver.wait(timeout=10)

@@ -392,6 +392,9 @@ def _become(request: dict, fds: list[int], conn, server: int) -> None:
             import setproctitle
 
             setproctitle.setproctitle(" ".join(args))
+        # a fresh `python -m MODULE` has imported MODULE's packages, not MODULE itself (it runs as __main__): a
+        # preloaded copy left in sys.modules made runpy warn ("found in sys.modules ... prior to execution")
+        sys.modules.pop(module, None)
         runpy.run_module(module, run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as e:

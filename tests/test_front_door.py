@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -121,7 +122,10 @@ def test_ctrl_c_stops_every_process_of_the_run_says_what_was_kept_and_the_run_re
     text = log.read_text()
     assert "stopped (Ctrl-C); the simulator and its site processes are gone" in text, text[-2000:]
     kept = next(line for line in text.splitlines() if line.startswith("kept: "))
-    done = int(kept.rsplit("after round ", 1)[1])
+    found = re.search(r" after round (\d+) \(the log's 'Round (\d+) finished': NVFlare counts from 0\)$", kept)
+    assert found and int(found[2]) == int(found[1]) - 1, kept
+    assert f"Round {found[2]} finished" in text  # the log's own line for that round
+    done = int(found[1])
     resume = next(line for line in text.splitlines() if line.startswith("resume: ")).split(": ", 1)[1].split()
     assert resume[:2] == ["python", f"jobs/{JOB}/job.py"] and resume[-1] == "--resume"
     # the printed command, one more round

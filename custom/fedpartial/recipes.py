@@ -533,7 +533,8 @@ def stopped_lines(name: str, workspace: Path, stop: Stopped, argv: list[str] | N
     ]
     if ckpts:
         try:
-            rounds = f" after round {int(read_file(ckpts[-1]).get('round', -1)) + 1}"
+            last = int(read_file(ckpts[-1]).get("round", -1))
+            rounds = f" after round {last + 1} (the log's 'Round {last} finished': NVFlare counts from 0)"
         except ValueError:  # a checkpoint that cannot be read says so when resumed
             rounds = ""
         resume = " ".join(["python", f"jobs/{name}/job.py", *[a for a in argv if a != "--resume"], "--resume"])

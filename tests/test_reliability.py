@@ -18,6 +18,7 @@ from fedpartial.aggregation import (
     check_update,
     clip_change_norms,
     lower_median,
+    peer_cosines,
     robust_combine,
     robust_rows,
     robust_states,
@@ -355,6 +356,45 @@ def test_aggregate_refuses_outliers_and_records_missing_sites():
     # site-3 clipped to 25 x sqrt(2): x = 1 + 40 * 35.36 / 40 -> (2.1 + 36.36) / 3, 3.2 / 3
     np.testing.assert_allclose(out.data["x"], [(1.1 + 1.0 + 1 + 25 * np.sqrt(2)) / 3, 3.2 / 3], rtol=1e-5)
     assert out.meta[META_CLIPPED] == ["site-3"] and out.meta[META_REJECTED] == {}
+
+
+def test_peer_cosines_by_hand():
+    """Changes from a reference 0: d1 = (1, 0), d2 = (1, 1), d3 = (-1, 0); S = (1, 1). Site 1 against the others'
+    (0, 1): 0; site 2 against (0, 0): None; site 3 against (2, 1): -2 / sqrt(5). One site alone: None."""
+    ref = {"w": np.zeros(2)}
+    states = [{"w": np.array(v, np.float32)} for v in ([1.0, 0.0], [1.0, 1.0], [-1.0, 0.0])]
+    got = peer_cosines(states, ref, ["w"])
+    assert got[0] == pytest.approx(0.0, abs=1e-12) and got[1] is None
+    assert got[2] == pytest.approx(-2 / np.sqrt(5))
+    assert peer_cosines(states[:1], ref, ["w"]) == [None]
+    # over two tensors as one vector: the same as concatenated
+    split = [{"a": s["w"][:1], "b": s["w"][1:]} for s in states]
+    assert peer_cosines(split, {"a": np.zeros(1), "b": np.zeros(1)}, ["a", "b"])[2] == pytest.approx(got[2])
+
+
+def test_honest_sites_turning_back_together_are_kept_and_a_reversed_one_among_them_is_not():
+    """Late in a run training can oscillate: every honest site's change points against the model's last step
+    (cosine -1 here) but with the others (cosine > 0): none is refused. The same round with site-3 reversed
+    (2 x global - local): site-3 points against the others too and is refused, naming both cosines."""
+    from fedpartial.fl.keys import META_REJECTED
+
+    sites = ("site-1", "site-2", "site-3")
+    agg, engine = _aggregator(sites=sites)
+    prev = {"x": np.ones(4, np.float32)}
+    out = _round(agg, engine, {s: [1.1, 1.1, 1.1, 1.1] for s in sites}, prev, rnd=0)  # last step +0.1
+    prev = {"x": out.data["x"]}
+    back = [
+        prev["x"] - np.array(d, np.float32)
+        for d in ([0.05, 0.04, 0.06, 0.05], [0.04, 0.05, 0.05, 0.06], [0.06, 0.05, 0.04, 0.05])
+    ]
+    out = _round(agg, engine, dict(zip(sites, back)), prev, rnd=1)
+    assert out.meta[META_REJECTED] == {}, out.meta[META_REJECTED]
+    prev = {"x": out.data["x"]}  # last step now about -0.05: sites that go on down agree with it
+    down = [prev["x"] - np.array(d, np.float32) for d in ([0.05, 0.04, 0.06, 0.05], [0.04, 0.05, 0.05, 0.06])]
+    updates = {"site-1": down[0], "site-2": down[1], "site-3": 2 * prev["x"] - down[0]}
+    out = _round(agg, engine, updates, prev, rnd=2)
+    assert list(out.meta[META_REJECTED]) == ["site-3"], out.meta[META_REJECTED]
+    assert "and against the other sites' changes, cosine -0.9" in out.meta[META_REJECTED]["site-3"]
 
 
 def test_two_site_rounds_judge_each_update_alone():

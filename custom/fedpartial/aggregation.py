@@ -351,6 +351,35 @@ def change_cosine(state: State, reference: State, step: Mapping[str, np.ndarray]
     return dot / float(np.sqrt(dd * ss))
 
 
+def peer_cosines(states: Sequence[State], reference: State, keys: Sequence[str]) -> list[float | None]:
+    """For each site k, the cosine between its change ``d_k = state_k - reference`` and the sum of the other sites'
+    changes ``S - d_k`` (``S = sum_j d_j``), over the tensors ``keys`` as one vector:
+    ``<d_k, S - d_k> / (||d_k|| ||S - d_k||)``, from ``<d_k, S>``, ``||d_k||^2`` and ``||S||^2`` (one sum of the
+    changes held at a time, per tensor); None where either vector is 0 (a single site, others that cancel out).
+
+    Honest sites that start a round from the same model move roughly together, also when they all turn back
+    against the model's last step (training that oscillates late in a run); a reversed update points against
+    them."""
+    n = len(states)
+    dots, sq, total = np.zeros(n), np.zeros(n), 0.0
+    for key in keys:
+        ref = np.asarray(reference[key], dtype=np.float64).ravel()
+        changes = [np.asarray(s[key], dtype=np.float64).ravel() - ref for s in states]
+        summed = np.sum(changes, axis=0) if changes else ref * 0
+        total += float(summed @ summed)
+        for k, d in enumerate(changes):
+            dots[k] += float(d @ summed)
+            sq[k] += float(d @ d)
+    out: list[float | None] = []
+    for k in range(n):
+        others_sq = total - 2.0 * dots[k] + sq[k]  # ||S - d_k||^2
+        if sq[k] <= 0 or others_sq <= 1e-12 * max(total, sq[k]):
+            out.append(None)
+        else:
+            out.append(float((dots[k] - sq[k]) / np.sqrt(sq[k] * others_sq)))
+    return out
+
+
 def clip_change_norms(states: Sequence[State], reference: State, factor: float) -> list[dict[str, np.ndarray]]:
     """Norm clipping: each site's whole change (all floating-point tensors together) is scaled down to at most
     ``factor`` times the round's median whole-change norm, ``w_k = ref + d_k * min(1, tau / ||d_k||)`` with

@@ -4,16 +4,19 @@ ones, and hand the rest to the method's :class:`~fedpartial.methods.ServerRule`.
 An update is refused (and the round goes on without it) when it is from another round, is not full weights,
 or has missing / extra tensors, wrong shapes or dtypes or non-finite values, or when its sample count is not a
 positive integer no larger than the training-set size the site reported in the data check (a site absent from
-the data check is refused too). Before the rule sees them, each update is checked against the global model, never against
-the other updates of the round (so the checks mean the same with 2, 3 or 50 contributors):
+the data check is refused too). Before the rule sees them, each update is checked against the global model; the other updates
+of the round only ever keep an update the direction check would refuse (so the checks mean the same with 2, 3 or 50
+contributors):
 
 - size: a site whose change of some tensor exceeds ``max_change_ratio`` times that tensor's last global step
   (in the first round of a run: its own norm in the global model; with floors for tensors that barely move, see
   :func:`fedpartial.aggregation.change_scale`) is refused (``on_large_change: reject``) or has that change
   scaled down to the bound (``clip``);
 - direction: from the second round of a run on, a site whose whole change points against the model's last
-  global step (cosine below ``min_cosine``, default -0.5; :func:`fedpartial.aggregation.change_cosine`) is
-  refused: this catches a reversed update ``2 * global - local`` of the same size as an honest one. The first
+  global step (cosine below ``min_cosine``, default -0.5; :func:`fedpartial.aggregation.change_cosine`) and
+  against the sum of the round's other changes (:func:`fedpartial.aggregation.peer_cosines`, the same bound; not
+  compared when it is the only one) is refused: this catches a reversed update ``2 * global - local`` of the same
+  size as an honest one, and keeps honest sites that all turn back together when training oscillates. The first
   round of a run (and of a resumed run whose checkpoint predates this check) has no step to compare with.
 
 The metadata beside the weights (class counts, prototypes, per-class losses, ... and the classes the site
@@ -51,7 +54,7 @@ from nvflare.app_common.abstract.aggregator import Aggregator
 from nvflare.app_common.abstract.model import ModelLearnableKey
 from nvflare.app_common.app_constant import AppConstants
 
-from ..aggregation import BOUND_MODES, bound_changes, change_cosine, check_update, step_of
+from ..aggregation import BOUND_MODES, bound_changes, change_cosine, check_update, peer_cosines, step_of
 from ..methods import Contribution, ServerRule, get_method
 from ..stat_checks import JobSize, StatSpec, check_statistics
 from .keys import (
@@ -311,7 +314,8 @@ class PartialLabelAggregator(Aggregator):
 
     def _bound(self, fl_ctx: FLContext, rnd: int, previous, contributions: list[Contribution]) -> list[Contribution]:
         """The size bound (:func:`bound_changes`) and the direction check (:func:`change_cosine`) on the round's
-        updates (participation weight > 0), each update against the global model and its last step only."""
+                updates (participation weight > 0), each update against the global model and its last step (the direction
+        check also against the round's other changes)."""
         if previous is None or not contributions:
             return contributions
         contributions = self._check_direction(fl_ctx, rnd, previous, contributions)
@@ -345,25 +349,37 @@ class PartialLabelAggregator(Aggregator):
         ]
 
     def _check_direction(self, fl_ctx: FLContext, rnd: int, previous, contributions: list[Contribution]):
-        """Refuse the updates whose change points against the last global step (cosine < ``min_cosine``)."""
+        """Refuse the updates whose change points against the last global step (cosine < ``min_cosine``) and
+        against the other sites' changes of the round (:func:`peer_cosines`; not compared when there are none):
+        honest sites all turn against the last step together when training oscillates, a reversed update turns
+        against them too."""
         if self.min_cosine is None or self._step is None:
             return contributions
+        peers = peer_cosines([c.weights for c in contributions], previous, list(self._step))
         kept, cosines = [], {}
-        for c in contributions:
+        for c, peer in zip(contributions, peers):
             cos = cosines[c.site] = change_cosine(c.weights, previous, self._step)
-            if cos is not None and cos < self.min_cosine:
+            if cos is not None and cos < self.min_cosine and (peer is None or peer < self.min_cosine):
+                others = (
+                    "no other site's change to compare with"
+                    if peer is None
+                    else (f"and against the other sites' changes, cosine {peer:.3f}")
+                )
                 self._reject(
                     fl_ctx,
                     c.site,
                     f"round {rnd}: the update points against the model's last step (cosine "
-                    f"{cos:.3f} < min_cosine {self.min_cosine:g}; a reversed update?)",
+                    f"{cos:.3f} < min_cosine {self.min_cosine:g}; {others}; a reversed update?)",
                 )
             else:
                 kept.append(c)
         self.log_info(
             fl_ctx,
-            f"round {rnd}: cosine of each change with the last global step "
-            + ", ".join(f"{s} {'-' if v is None else f'{v:.3f}'}" for s, v in cosines.items()),
+            f"round {rnd}: cosine of each change with the last global step / with the other sites' changes "
+            + ", ".join(
+                f"{s} {'-' if v is None else f'{v:.3f}'} / {'-' if p is None else f'{p:.3f}'}"
+                for (s, v), p in zip(cosines.items(), peers)
+            ),
         )
         return kept
 

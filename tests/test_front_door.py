@@ -115,6 +115,12 @@ def test_ctrl_c_stops_every_process_of_the_run_says_what_was_kept_and_the_run_re
     assert all(" ".join(w.parent().cmdline()).strip().endswith("(fork server)") for w in workers), workers
     before = _tree(proc.pid)
     assert len(before) >= 4 + SITES  # the launcher, its fork server, server process, Manager, the site workers
+    best_file = ws / JOB / "server" / "simulate_job" / "app_server" / "best_FL_global_model.pt"
+
+    def checkpoint_after_a_best_model():  # the checkpoint of the round that wrote the best model file, or later
+        return best_file.is_file() and ckpt.stat().st_mtime_ns > best_file.stat().st_mtime_ns
+
+    _wait_for(checkpoint_after_a_best_model, 300, "a checkpoint after a best model file", proc, log)
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends: job.py's process group only
     assert proc.wait(timeout=30) == 130
     gone, alive = psutil.wait_procs(before, timeout=30)
@@ -125,6 +131,13 @@ def test_ctrl_c_stops_every_process_of_the_run_says_what_was_kept_and_the_run_re
     found = re.search(r" after round (\d+) \(the log's 'Round (\d+) finished': NVFlare counts from 0\)$", kept)
     assert found and int(found[2]) == int(found[1]) - 1, kept
     assert f"Round {found[2]} finished" in text  # the log's own line for that round
+    # the checkpoint's best model is the one the persistor wrote as the best model file: the model the selector
+    # scored at its best round (it held the model aggregated in that round: one round late)
+    kept_state = torch.load(ckpt, weights_only=True)
+    written = torch.load(best_file, weights_only=True)["model"]
+    assert kept_state["best_round"] is not None and set(kept_state["best"]) == set(written)
+    for key, value in written.items():
+        assert torch.equal(torch.as_tensor(kept_state["best"][key]), torch.as_tensor(value)), key
     done = int(found[1])
     resume = next(line for line in text.splitlines() if line.startswith("resume: ")).split(": ", 1)[1].split()
     assert resume[:2] == ["python", f"jobs/{JOB}/job.py"] and resume[-1] == "--resume"
@@ -144,6 +157,11 @@ def test_ctrl_c_stops_every_process_of_the_run_says_what_was_kept_and_the_run_re
     assert f"resuming from the checkpoint of round {done - 1} of job simulate_job" in server_log
     results = json.loads((ws / JOB / "server" / "simulate_job" / "results.json").read_text())
     assert [r["round"] for r in results["rounds"]][-1] == done
+    # the best model file is the model the selector scored at its best round, across the resume too: its final
+    # score on the validation set is that round's (a resumed run wrote the resumed global model there, and its
+    # checkpoint kept the model one round after the best)
+    best, final = results["best"], results["final"]["best_FL_global_model.pt"]
+    assert final["val"]["macro"][best["metric"]] == pytest.approx(best[f"val_{best['metric']}"], abs=1e-9), (best, done)
 
 
 @pytest.mark.integration

@@ -230,7 +230,10 @@ class ScatterAndGather(_ScatterAndGather):
         self.resume, self.results_id = resume, results_id
         self.stopped_early_at: int | None = None
         self.resumed_from: int | None = None
-        self._sent = None  # the global model sent this round (the one the selector scores)
+        # the weights sent this round (the model the selector scores), copied when the round starts: NVFlare's
+        # shareable generator puts the round's new weights into the same ModelLearnable, so a reference to it held
+        # the aggregated model by the time the checkpoint was written (a best model one round too late)
+        self._sent: dict | None = None
         self._best: dict | None = None
         self._best_round: int | None = None
 
@@ -286,8 +289,10 @@ class ScatterAndGather(_ScatterAndGather):
                     comp.restore_checkpoint(ckpt["components"][cid])
         self._best, self._best_round = ckpt.get("best"), ckpt.get("best_round")
         if self._best is not None:  # the persistor writes the best model file of this run
+            # the same mask as the property has (private, sticky): NVFlare refuses to change a property's mask,
+            # and the persistor then wrote the resumed global model as the best one
             fl_ctx.set_prop(
-                AppConstants.GLOBAL_MODEL, make_model_learnable(to_np(self._best), {}), private=True, sticky=False
+                AppConstants.GLOBAL_MODEL, make_model_learnable(to_np(self._best), {}), private=True, sticky=True
             )
             self.fire_event(AppEventType.GLOBAL_BEST_MODEL_AVAILABLE, fl_ctx)
             fl_ctx.set_prop(AppConstants.GLOBAL_MODEL, self._global_weights, private=True, sticky=True)
@@ -304,7 +309,7 @@ class ScatterAndGather(_ScatterAndGather):
         rnd = int(self._current_round)
         selector = self._engine.get_component(self.selector_id)
         if selector is not None and getattr(selector, "best_round", None) == rnd and self._sent is not None:
-            self._best, self._best_round = dict(self._sent[ModelLearnableKey.WEIGHTS]), rnd
+            self._best, self._best_round = self._sent, rnd
         ckpt = server_checkpoint(
             rnd,
             self._start_round + self._num_rounds,
@@ -359,7 +364,7 @@ class ScatterAndGather(_ScatterAndGather):
     def handle_event(self, event_type: str, fl_ctx: FLContext):
         super().handle_event(event_type, fl_ctx)
         if event_type == AppEventType.ROUND_STARTED:
-            self._sent = self._global_weights
+            self._sent = dict(self._global_weights[ModelLearnableKey.WEIGHTS])
             if self.max_missing and fl_ctx.get_job_id() == SIMULATOR_JOB_ID:
                 # simulated sites cannot die, they answer (an error too), but with -t < -n they train in turns:
                 # after min_clients - max_missing answers the round waits for the rest (a failing site still costs

@@ -367,6 +367,8 @@ def test_peer_cosines_by_hand():
     assert got[0] == pytest.approx(0.0, abs=1e-12) and got[1] is None
     assert got[2] == pytest.approx(-2 / np.sqrt(5))
     assert peer_cosines(states[:1], ref, ["w"]) == [None]
+    with np.errstate(over="ignore", invalid="ignore"):  # a 1e30 change: no cosine, so it can keep no one
+        assert peer_cosines([*states[:2], {"w": np.full(2, 1e30, np.float32)}], ref, ["w"]) == [None] * 3
     # over two tensors as one vector: the same as concatenated
     split = [{"a": s["w"][:1], "b": s["w"][1:]} for s in states]
     assert peer_cosines(split, {"a": np.zeros(1), "b": np.zeros(1)}, ["a", "b"])[2] == pytest.approx(got[2])

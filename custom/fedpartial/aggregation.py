@@ -362,21 +362,26 @@ def peer_cosines(states: Sequence[State], reference: State, keys: Sequence[str])
     them."""
     n = len(states)
     dots, sq, total = np.zeros(n), np.zeros(n), 0.0
-    for key in keys:
-        ref = np.asarray(reference[key], dtype=np.float64).ravel()
-        changes = [np.asarray(s[key], dtype=np.float64).ravel() - ref for s in states]
-        summed = np.sum(changes, axis=0) if changes else ref * 0
-        total += float(summed @ summed)
-        for k, d in enumerate(changes):
-            dots[k] += float(d @ summed)
-            sq[k] += float(d @ d)
-    out: list[float | None] = []
-    for k in range(n):
-        others_sq = total - 2.0 * dots[k] + sq[k]  # ||S - d_k||^2
-        if sq[k] <= 0 or others_sq <= 1e-12 * max(total, sq[k]):
-            out.append(None)
-        else:
-            out.append(float((dots[k] - sq[k]) / np.sqrt(sq[k] * others_sq)))
+    with np.errstate(over="ignore", invalid="ignore"):  # a hostile 1e30 change: inf, then no cosine
+        for key in keys:  # one tensor at a time, one site's change at a time: memory of three tensors, not n
+            ref = np.asarray(reference[key], dtype=np.float32).ravel()
+            summed, d = np.zeros_like(ref), np.empty_like(ref)
+            for s in states:
+                np.subtract(np.asarray(s[key], dtype=np.float32).ravel(), ref, out=d)
+                summed += d
+            total += float(summed @ summed)
+            for k, s in enumerate(states):  # float32 products (BLAS), summed over tensors in float64
+                np.subtract(np.asarray(s[key], dtype=np.float32).ravel(), ref, out=d)
+                dots[k] += float(d @ summed)
+                sq[k] += float(d @ d)
+        out: list[float | None] = []
+        for k in range(n):
+            others_sq = total - 2.0 * dots[k] + sq[k]  # ||S - d_k||^2
+            finite = np.isfinite([dots[k], sq[k], others_sq]).all()  # a change too large for float32 keeps no one
+            if not finite or sq[k] <= 0 or others_sq <= 1e-12 * max(total, sq[k]):
+                out.append(None)
+            else:
+                out.append(float((dots[k] - sq[k]) / np.sqrt(sq[k] * others_sq)))
     return out
 
 

@@ -314,7 +314,7 @@ class PartialLabelAggregator(Aggregator):
 
     def _bound(self, fl_ctx: FLContext, rnd: int, previous, contributions: list[Contribution]) -> list[Contribution]:
         """The size bound (:func:`bound_changes`) and the direction check (:func:`change_cosine`) on the round's
-                updates (participation weight > 0), each update against the global model and its last step (the direction
+        updates (participation weight > 0), each update against the global model and its last step (the direction
         check also against the round's other changes)."""
         if previous is None or not contributions:
             return contributions
@@ -363,7 +363,7 @@ class PartialLabelAggregator(Aggregator):
                 others = (
                     "no other site's change to compare with"
                     if peer is None
-                    else (f"and against the other sites' changes, cosine {peer:.3f}")
+                    else f"and against the other sites' changes, cosine {peer:.3f}"
                 )
                 self._reject(
                     fl_ctx,

@@ -625,7 +625,7 @@ def _write_bundle(model, out: Path, torchscript: bool, onnx: bool, say) -> None:
         )
     thresholds = bundle_thresholds(model)
     pre = preprocessing_spec(model)
-    for d in ("configs", "models", "docs", "scripts"):
+    for d in sorted(BUNDLE_PARTS):
         (out / d).mkdir(parents=True, exist_ok=True)
     torch.save(model.net.state_dict(), out / "models" / "model.pt")
     meta = metadata(model, results, thresholds, pre)

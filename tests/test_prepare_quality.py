@@ -119,8 +119,8 @@ def test_truncated_jpeg_stops_prepare_naming_the_csv_line(tmp_path):
 def test_images_are_decoded_once_and_again_when_they_change(tmp_path, monkeypatch):
     root = ham10000_release(tmp_path / "ham", n=14)
     calls = []
-    real = quality.decode_error
-    monkeypatch.setattr(quality, "decode_error", lambda p: calls.append(p.name) or real(p))
+    real = quality.decode_image
+    monkeypatch.setattr(quality, "decode_image", lambda p: calls.append(p.name) or real(p))
     prep.prepare("ham10000", root, tmp_path / "a", 2, "full", verbose=False, figure=False, val_frac=0.2, test_frac=0.2)
     assert len(calls) == 14
     calls.clear()

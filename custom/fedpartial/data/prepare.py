@@ -85,7 +85,7 @@ from .presets import PRESETS
 from .protocols import assign
 from .quality import quality_pass, read_exclude
 from .sources import SourceTable, load_source
-from .sources.base import NOT_ANNOTATED, Dropped, SourceError
+from .sources.base import NOT_ANNOTATED, Dropped, SourceError, spelling_key
 from .store_cli import main as store_main
 from .vocabulary import (
     CHEXPERT_SYNONYMS,
@@ -155,6 +155,12 @@ def subset_classes(
         wanted = list(dict.fromkeys(classes))
         if not wanted:
             raise ValueError("empty class subset")
+        twice = [(a, b) for i, a in enumerate(wanted) for b in wanted[i + 1 :] if spelling_key(a) == spelling_key(b)]
+        if twice:
+            raise ValueError(
+                f"the classes {twice[0][0]!r} and {twice[0][1]!r} differ only in case or spaces: one class or two? "
+                "give each class once"
+            )
         found = match_classes(wanted, table.classes)
         absent = [c for c, col in found.items() if col is None]
         if absent and not alone:
@@ -397,7 +403,8 @@ def _load_one(
     if table.lines is not None and "line" not in table.frame.columns:
         table.frame = table.frame.assign(line=table.lines)
     table = subset_classes(table, labels.classes, labels.top_k_classes, alone=alone, export=source in EXPORT_SOURCES)
-    return quality_pass(
+    check_some_labelled(table)  # before any image is decoded, and again after the quality pass left some out
+    table = quality_pass(
         table,
         decode=images.decode_images,
         drop_unreadable=images.drop_unreadable,
@@ -405,6 +412,21 @@ def _load_one(
         cache_file=_decode_cache_file() if images.decode_images else None,
         matched_out=matched,
     )
+    check_some_labelled(table)
+    return table
+
+
+def check_some_labelled(table: SourceTable) -> None:
+    """A source none of whose images has a label (every class cell blank or a spelling of a missing value) is an
+    error naming its file: it can train nothing, and its validation and test sets would be empty."""
+    values = table.frame[table.classes].to_numpy(np.int64)
+    if len(values) and (values == NOT_ANNOTATED).all():
+        raise SourceError(
+            f"none of its {len(values)} image(s) has a label (every label cell is blank or spells a missing "
+            f"value) for the classes {table.classes}: the site would train on nothing and score on nothing",
+            table.files[0] if table.files else table.name,
+            hint="fill in the labels; a label-name column is --source-arg label_column=NAME",
+        )
 
 
 def _group_vocabulary(source: str, given, multi: bool) -> dict[str, str]:
@@ -859,7 +881,13 @@ def prepare(
             {"file": d.file, "reason": d.reason, "count": len(d.names), "first": d.names[:10], "lines": d.lines[:10]}
             for d in table.dropped
         ]
-        _validate(tmp, info, base if local else table.root.resolve())
+        try:
+            _validate(tmp, info, base if local else table.root.resolve())
+        except ManifestError as e:  # about a manifest being written: name it where it would have been
+            raise ManifestError(
+                str(e).replace(str(tmp), str(final)) + " (nothing was written; the input is "
+                f"{table.files[0] if table.files else table.name})"
+            ) from None
         info["fingerprint"] = manifests_fingerprint(tmp, info)
         if figure:
             if plot_structure(info, tmp / "label_structure.png") is not None:
@@ -928,9 +956,14 @@ def _build(
     labels = np.where(known, raw, 0)
     split = np.empty(len(frame), dtype=object)
     site_rows, site_group, centres = [], [], {}
+    unscored = np.zeros(len(frame), bool)
+    if alone:  # a site's own export: val / test are cut from the patients with a label; the others all train
+        unscored = pd.Series(~known.any(axis=1)).groupby(pids).transform("all").to_numpy()
     for g, (n, rows_mask, _) in enumerate(groups):
         rows = np.flatnonzero(rows_mask)
-        split[rows] = _group_split(frame, rows, val_frac, test_frac, seed)
+        scored = rows[~unscored[rows]]
+        split[rows] = "train"
+        split[scored] = _group_split(frame, scored, val_frac, test_frac, seed)
         train = rows[split[rows] == "train"]
 
         parts, names = _partition(
@@ -950,12 +983,6 @@ def _build(
             site_rows.append(part)
             site_group.append(g)
     split = split.astype(str)
-    if alone:  # a site's own export: a patient of unlabelled images only is of no use to val / test; train has it
-        unl = pd.Series(~known.any(axis=1)).groupby(pids).transform("all").to_numpy()
-        moved = unl & (split != "train")
-        if moved.any():
-            split[moved] = "train"
-            site_rows = [np.sort(np.concatenate([site_rows[0], np.flatnonzero(moved)]))]
     num_sites = len(site_rows)
     per_site = assign(protocol, classes, num_sites, seed, **protocol_params)
     info: dict[str, Any] = {

@@ -20,21 +20,39 @@ from .cache import cache_hint
 from .sources.base import Dropped, SourceError, SourceTable
 
 DECODE_CACHE = "decoded.sqlite"
+Decoded = tuple[str | None, tuple[int, int] | None]
+"""A decode's result: the error (None when it decodes) and the image's ``(width, height)``."""
+
+
+MIN_SIDE = 32
+"""An image whose shorter side is under this many pixels is reported as of a degenerate size (an icon, a thumbnail,
+a 1 x 1 placeholder an export wrote for a missing scan): the smallest preset input is 64 px."""
+MAX_ASPECT = 10
+"""An image one of whose sides is more than this many times the other is reported as of a degenerate size (a strip,
+a cropped ruler); dermoscopy, radiographs and CT slices are within 2:1."""
+
+
+def decode_image(path: Path) -> tuple[str | None, tuple[int, int] | None]:
+    """Fully decode one image (every pixel): ``(None, (width, height))`` when it decodes (the size is the decoded
+    array's), else ``(why not, None)``."""
+    from .transforms import read_image  # imported where used: loads torch
+
+    try:
+        x = read_image(path, channels=1)  # PIL raises on a truncated JPEG / PNG (it does not pad by default)
+    except Exception as e:  # noqa: BLE001 - decoders raise many types
+        return f"{type(e).__name__}: {e}".replace(str(path), path.name), None
+    return None, (int(x.shape[-1]), int(x.shape[-2]))
 
 
 def decode_error(path: Path) -> str | None:
     """Fully decode one image (every pixel); None when it decodes, else why not."""
-    from .transforms import read_image  # imported where used: loads torch
-
-    try:
-        read_image(path, channels=1)  # PIL raises on a truncated JPEG / PNG (it does not pad by default)
-    except Exception as e:  # noqa: BLE001 - decoders raise many types
-        return f"{type(e).__name__}: {e}".replace(str(path), path.name)
-    return None
+    return decode_image(path)[0]
 
 
 class DecodeCache:
-    """``(path, size, mtime_ns) -> error or None`` in SQLite (safe with several processes)."""
+    """``(path, size, mtime_ns) -> (error or None, width, height)`` in SQLite (safe with several processes). The
+    table is ``images`` (a cache written before image sizes were kept, table ``decoded``, is not read: each image
+    is decoded once more)."""
 
     def __init__(self, file: str | os.PathLike | None):
         self.file = None if file is None else Path(file)
@@ -44,28 +62,31 @@ class DecodeCache:
             try:
                 self._db = sqlite3.connect(str(self.file), timeout=60)
                 self._db.execute(
-                    "CREATE TABLE IF NOT EXISTS decoded (path TEXT, size INTEGER, mtime INTEGER, "
-                    "error TEXT, PRIMARY KEY (path, size, mtime))"
+                    "CREATE TABLE IF NOT EXISTS images (path TEXT, size INTEGER, mtime INTEGER, "
+                    "error TEXT, width INTEGER, height INTEGER, PRIMARY KEY (path, size, mtime))"
                 )
             except sqlite3.Error as e:
                 raise OSError(f"cannot open the decode cache {self.file} ({e}){cache_hint(self.file)}") from None
 
-    def get(self, keys: Sequence[tuple[str, int, int]]) -> dict[tuple[str, int, int], str | None]:
+    def get(self, keys: Sequence[tuple[str, int, int]]) -> dict[tuple[str, int, int], Decoded]:
         if self._db is None or not keys:
             return {}
         out = {}
         cur = self._db.cursor()
         for k in keys:
-            row = cur.execute("SELECT error FROM decoded WHERE path=? AND size=? AND mtime=?", k).fetchone()
+            row = cur.execute(
+                "SELECT error, width, height FROM images WHERE path=? AND size=? AND mtime=?", k
+            ).fetchone()
             if row is not None:
-                out[k] = row[0]
+                out[k] = (row[0], None if row[1] is None else (row[1], row[2]))
         return out
 
-    def put(self, items: Iterable[tuple[tuple[str, int, int], str | None]]) -> None:
+    def put(self, items: Iterable[tuple[tuple[str, int, int], Decoded]]) -> None:
         if self._db is None:
             return
+        rows = [(*k, e, *(size or (None, None))) for k, (e, size) in items]
         with self._db:
-            self._db.executemany("INSERT OR REPLACE INTO decoded VALUES (?, ?, ?, ?)", [(*k, e) for k, e in items])
+            self._db.executemany("INSERT OR REPLACE INTO images VALUES (?, ?, ?, ?, ?, ?)", rows)
 
     def close(self) -> None:
         if self._db is not None:
@@ -80,8 +101,14 @@ class Unreadable:
     error: str
 
 
-def decode_all(paths: Sequence[Path], cache: DecodeCache, workers: int | None = None) -> list[str | None]:
-    """The decode error (or None) of every path, decoding only those the cache does not know."""
+def decode_all(
+    paths: Sequence[Path],
+    cache: DecodeCache,
+    workers: int | None = None,
+    sizes: list[tuple[int, int] | None] | None = None,
+) -> list[str | None]:
+    """The decode error (or None) of every path, decoding only those the cache does not know; ``sizes``, when
+    given, receives each image's ``(width, height)`` from its decode (None where it does not decode)."""
     keys = []
     for p in paths:
         st = p.stat()
@@ -90,11 +117,37 @@ def decode_all(paths: Sequence[Path], cache: DecodeCache, workers: int | None = 
     todo = [i for i, k in enumerate(keys) if k not in known]
     if todo:
         with ThreadPoolExecutor(max_workers=workers or min(4, os.cpu_count() or 1)) as pool:
-            errors = list(pool.map(decode_error, (paths[i] for i in todo), chunksize=16))
-        new = {keys[i]: e for i, e in zip(todo, errors)}
+            results = list(pool.map(decode_image, (paths[i] for i in todo), chunksize=16))
+        new = {keys[i]: r for i, r in zip(todo, results)}
         cache.put(new.items())
         known.update(new)
-    return [known[k] for k in keys]
+    if sizes is not None:
+        sizes[:] = [known[k][1] for k in keys]
+    return [known[k][0] for k in keys]
+
+
+def degenerate_sizes(table: SourceTable, rows: Sequence[int], sizes: Sequence[tuple[int, int] | None]) -> None:
+    """Images whose shorter side is under :data:`MIN_SIDE` px or whose sides differ more than :data:`MAX_ASPECT`
+    times: one line in ``table.notes`` (their count and the first five, each with its size and line), the images
+    kept. ``sizes``: those the decode pass read, of the frame's ``rows``."""
+    names = table.frame["image"].astype(str).to_numpy()
+    lines = table.row_lines()
+    odd = [
+        (i, w, h)
+        for i, size in zip(rows, sizes)
+        if size is not None
+        for w, h in [size]
+        if min(w, h) < MIN_SIDE or max(w, h) > MAX_ASPECT * max(1, min(w, h))
+    ]
+    if not odd:
+        return
+    shown = ", ".join(f"{names[i]} {w} x {h} px" + (f" (line {lines[i]})" if lines[i] else "") for i, w, h in odd[:5])
+    more = f", ... {len(odd) - 5} more" if len(odd) > 5 else ""
+    table.notes.append(
+        f"{table.name}: {len(odd)} image(s) of a degenerate size (shorter side under {MIN_SIDE} px, or one side "
+        f"over {MAX_ASPECT} times the other): {shown}{more}; they are kept, resized to the job's input: check the "
+        "export (an icon, a placeholder, a strip?) and --exclude any that is no scan"
+    )
 
 
 def duplicate_groups(paths: Sequence[Path], sizes: Sequence[int], probe: int = 65536) -> list[list[int]]:
@@ -162,6 +215,49 @@ def merge_duplicate_patients(table: SourceTable, keep: np.ndarray, paths: Sequen
         f"{table.name}: {sum(len(g) for g in groups)} image(s) are byte-identical copies in "
         f"{len(groups)} group(s): {shown}{more}; each group is kept in one split (its patients are "
         "one patient); remove the copies or --exclude them"
+    )
+    conflicting_copies(table, groups)
+
+
+def label_text(values: np.ndarray, classes: Sequence[str], task: str) -> str:
+    """One row's labels in words: single-label ``'MEL'`` / ``'unlabelled'`` / ``'none of the classes'``;
+    multi-label ``'Effusion+Mass'`` / ``'no finding'``, with the classes not annotated in the row."""
+    pos = [c for c, v in zip(classes, values) if v == 1]
+    unknown = [c for c, v in zip(classes, values) if v < 0]
+    if len(unknown) == len(classes):
+        return "unlabelled"
+    if task == "multiclass":
+        return pos[0] if pos else "none of the classes"
+    return ("+".join(pos) or "no finding") + (f" ({', '.join(unknown)} not annotated)" if unknown else "")
+
+
+def conflicting_copies(table: SourceTable, groups: Sequence[Sequence[int]]) -> None:
+    """Byte-identical copies whose labels disagree on a class both annotate: one line in ``table.notes`` naming
+    each such group's files, lines and labels (the first three groups; one image cannot be both)."""
+    values = table.frame[table.classes].to_numpy(np.int64)
+    names = table.frame["image"].astype(str).to_numpy()
+    lines = table.row_lines()
+    bad = []
+    for g in groups:
+        v = values[list(g)]
+        both = (v[:, None, :] >= 0) & (v[None, :, :] >= 0)  # a class two copies annotate
+        if (both & (v[:, None, :] != v[None, :, :])).any():
+            bad.append(g)
+    if not bad:
+        return
+    shown = "; ".join(
+        " vs ".join(
+            f"{names[i]}"
+            + (f" (line {lines[i]})" if lines[i] else "")
+            + f": {label_text(values[i], table.classes, table.task)}"
+            for i in g
+        )
+        for g in bad[:3]
+    )
+    more = f"; ... {len(bad) - 3} more group(s)" if len(bad) > 3 else ""
+    table.notes.append(
+        f"{table.name}: {len(bad)} group(s) of byte-identical images have conflicting labels: {shown}{more}; "
+        "one image cannot be both: correct the labels, or --exclude the wrong copy"
     )
 
 
@@ -237,10 +333,12 @@ def quality_pass(
     if decode:
         idx = np.flatnonzero(keep & exists)
         cache = DecodeCache(cache_file)
+        sizes: list[tuple[int, int] | None] = []
         try:
-            errors = decode_all([paths[i] for i in idx], cache)
+            errors = decode_all([paths[i] for i in idx], cache, sizes=sizes)
         finally:
             cache.close()
+        degenerate_sizes(table, idx, sizes)  # the sizes the decode read: no file is opened again
         for i, e in zip(idx, errors):
             if e is not None:
                 bad.append(Unreadable(names.iloc[i], files[i], lines[i], e))

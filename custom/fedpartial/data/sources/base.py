@@ -24,6 +24,72 @@ annotated."""
 NOT_ANNOTATED = -1
 """Value of a class cell of ``SourceTable.frame`` that carries no label (written as an empty manifest cell)."""
 
+MISSING_LABELS = frozenset({"", "nan", "na", "n/a", "null", "none", "#n/a", "-", "?"})
+"""A hospital export's spellings of "no value" (compared stripped and case-insensitively: ``NaN``, ``N/A``, ``NULL``,
+``None``, ``#N/A`` from Excel, ``-``, ``?``, an empty or blank cell): a label cell holding one is unlabelled (a class
+cell blank), never a class."""
+
+
+def is_missing(cell: str) -> bool:
+    """A label cell that spells a missing value (:data:`MISSING_LABELS`)."""
+    return cell.strip().casefold() in MISSING_LABELS
+
+
+def spelling_key(name: str) -> str:
+    """Class names equal up to case and surrounding spaces are one class: ``'nv'``, ``' NV '``, ``'Nv'``."""
+    return name.strip().casefold()
+
+
+def count_text(counts: dict[str, int], unit: str = "row") -> str:
+    """``{'NA': 3, '': 2}`` -> ``"'NA' (3 rows), '' (2 rows)"``, most frequent first."""
+    items = sorted(counts.items(), key=lambda kv: -kv[1])
+    return ", ".join(f"{k!r} ({n} {unit}{'s' if n != 1 else ''})" for k, n in items)
+
+
+def merge_spellings(
+    counts: dict[str, int], preferred: Sequence[str] | None = None, what: str = "class", unit: str = "row"
+) -> tuple[dict[str, str], list[str]]:
+    """Class names that differ only in case or surrounding spaces (:func:`spelling_key`) -> one class.
+
+    Args:
+        counts: each spelling found and how many rows (images) use it, in the order first found.
+        preferred: the class list given by the user (``classes``), whose spelling wins; else the most frequent
+            spelling is kept (a tie: the one found first).
+        what / unit: the words of the report (``class`` / ``row``; a folder tree: ``class folder`` / ``image``).
+
+    Returns:
+        ``({spelling: the class name kept}, report lines)``, a line per class spelt more than one way:
+        ``class 'nv' also spelt 'NV' (12 rows), 'Nv' (3 rows)``.
+
+    Raises:
+        SourceError: ``preferred`` names one class twice in two spellings (``NV`` and ``nv``): which is meant is
+            the user's to say.
+    """
+    chosen: dict[str, str] = {}
+    for name in preferred or []:
+        key = spelling_key(name)
+        if key in chosen and chosen[key] != name:
+            raise SourceError(
+                f"the classes {chosen[key]!r} and {name!r} differ only in case or spaces: one class or two? "
+                "give each class once"
+            )
+        chosen[key] = name
+    groups: dict[str, list[str]] = {}
+    for spelling in counts:
+        groups.setdefault(spelling_key(spelling), []).append(spelling)
+    out: dict[str, str] = {}
+    notes: list[str] = []
+    for key, spellings in groups.items():
+        kept = chosen.get(key) or max(spellings, key=lambda s: counts[s]).strip()  # max: the first of a tie
+        out.update({s: kept for s in spellings})
+        others = {s: counts[s] for s in spellings if s != kept}
+        if others:
+            notes.append(
+                f"{what} {kept!r} also spelt {count_text(others, unit)}: read as one class "
+                + ("(the spelling of classes)" if key in chosen else "(the most frequent spelling is kept)")
+            )
+    return out, notes
+
 
 class SourceError(ValueError):
     """A problem with a source's published files: the message names the file and, where it is one row, its line

@@ -11,11 +11,16 @@ One row per image. The columns:
   - **one column per class** (the default; ``classes`` names them, else every column that is not the image,
     patient or split column nor in ``ignore_columns``): each cell ``1`` positive, ``0`` negative, ``-1``
     uncertain (CheXpert's code; ``uncertain`` says what it becomes) or blank (``blank``: not annotated by
-    default; ``nan`` / ``NA`` are blank too; ``1.0`` / ``0.0`` / ``-1.0`` and ``True`` / ``False`` are accepted);
+    default; the spellings of a missing value, ``nan``, ``NA``, ``N/A``, ``null``, ``None``, ``#N/A``, ``-``,
+    ``?`` in any case, are blank too; ``1.0`` / ``0.0`` / ``-1.0`` and ``True`` / ``False`` are accepted); two
+    class columns whose names differ only in case are an error (one class or two?);
   - **one label-name column** (``label_column``): the class name(s) of the row; several names are separated by
     ``label_separator`` (default ``|``, NIH's ``Finding Labels``), ``none_label`` (default ``No Finding``) means
-    every class negative, a blank cell follows ``blank``. The classes are ``classes`` (a name outside them is an
-    error) or the names found, sorted;
+    every class negative, a blank cell or one spelling a missing value (as above) follows ``blank``. Names that
+    differ only in case or surrounding spaces are one class (``nv``, ``NV``, ``Nv``): spelt as in ``classes``,
+    else as most rows spell it (a tie: the spelling found first); the report lists the merged spellings and the
+    missing values with their counts. The classes are ``classes`` (a name outside them is an error) or the names
+    found, sorted;
 
 - the patient column (``patient_column``; ``auto`` = ``patient_id`` when the CSV has one): images of one patient
   never straddle train / val / test. Without one, ``patient_pattern`` (a regular expression whose first group,
@@ -56,14 +61,35 @@ import numpy as np
 import pandas as pd
 
 from ...options import OptionError, build, opt, option_names
-from .base import BLANK_POLICIES, NOT_ANNOTATED, UNCERTAIN_POLICIES, SourceError, SourceTable
+from .base import (
+    BLANK_POLICIES,
+    MISSING_LABELS,
+    NOT_ANNOTATED,
+    UNCERTAIN_POLICIES,
+    SourceError,
+    SourceTable,
+    count_text,
+    is_missing,
+    merge_spellings,
+    spelling_key,
+)
 
 TASKS = ("auto", "multilabel", "multiclass")
 SPLIT_NAMES = {"train": "train", "val": "val", "valid": "val", "validation": "val", "validate": "val", "test": "test"}
 """Split cell (case-insensitive) -> split."""
 
-_CELL = {"1": 1, "1.0": 1, "true": 1, "0": 0, "0.0": 0, "false": 0, "-1": -2, "-1.0": -2, "": -3, "nan": -3, "na": -3}
-"""Class cell (lower-cased) -> 1, 0, uncertain (-2) or blank (-3)."""
+_CELL = {
+    "1": 1,
+    "1.0": 1,
+    "true": 1,
+    "0": 0,
+    "0.0": 0,
+    "false": 0,
+    "-1": -2,
+    "-1.0": -2,
+    **dict.fromkeys(MISSING_LABELS, -3),
+}
+"""Class cell (lower-cased) -> 1, 0, uncertain (-2) or blank (-3: empty, or a spelling of a missing value)."""
 _UNCERTAIN, _BLANK = -2, -3
 
 
@@ -208,14 +234,18 @@ def _class_columns(
     blank: str,
     path: Path,
     ignore_hint: str,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Class cells -> raw codes ``(N, C)`` (1, 0, ``_UNCERTAIN``, ``_BLANK``) and the policy-applied matrix."""
+) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
+    """Class cells -> raw codes ``(N, C)`` (1, 0, ``_UNCERTAIN``, ``_BLANK``), the policy-applied matrix and how
+    many cells spell a missing value each way (``{'': 40, 'NA': 3}``)."""
     col = {h: k for k, h in enumerate(header)}
     raw = np.empty((len(rows), len(classes)), np.int64)
     columns = list(zip(*rows))
+    missing: dict[str, int] = {}
     for j, c in enumerate(classes):
         cells = pd.Series(columns[col[c]], dtype=object)
         codes = cells.str.lower().map(_CELL)
+        for spelling, n in cells[(codes == _BLANK).to_numpy()].value_counts(sort=False).items():
+            missing[spelling] = missing.get(spelling, 0) + int(n)
         bad = codes.isna().to_numpy()
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
@@ -230,7 +260,7 @@ def _class_columns(
     values = raw.copy()
     values[raw == _UNCERTAIN] = {"ignore": NOT_ANNOTATED, "zeros": 0, "ones": 1}[uncertain]
     values[raw == _BLANK] = {"ignore": NOT_ANNOTATED, "zeros": 0}[blank]
-    return raw, values
+    return raw, values, missing
 
 
 def _label_names(
@@ -241,22 +271,42 @@ def _label_names(
     none_label: str,
     column: str,
     path: Path,
-) -> tuple[list[list[str] | None], list[str]]:
-    """Label-name cells -> per row the names (None = blank cell, [] = ``none_label``) and the class list."""
+    blank: str = "ignore",
+) -> tuple[list[list[str] | None], list[str], list[str]]:
+    """Label-name cells -> per row the names (None = a blank cell or a spelling of a missing value, [] =
+    ``none_label``), the class list and the report's lines (the missing values counted, the spellings merged).
+
+    Names equal up to case and surrounding spaces are one class (:func:`~.base.merge_spellings`): ``classes``'
+    spelling, else the most frequent; ``none_label`` is matched so too."""
     names: list[list[str] | None] = []
+    missing: dict[str, int] = {}
+    none_key = spelling_key(none_label)
     for cell in cells:
-        if not cell:
+        if is_missing(cell) and spelling_key(cell) != none_key:
+            missing[cell] = missing.get(cell, 0) + 1
             names.append(None)
             continue
         parts = [s.strip() for s in (cell.split(separator) if separator else [cell])]
         parts = [s for s in parts if s]
-        names.append([] if parts == [none_label] else parts)
-    found = sorted({n for row in names if row for n in row})
-    if none_label in found:
-        i = next(i for i, row in enumerate(names) if row and none_label in row)
+        names.append([] if [spelling_key(s) for s in parts] == [none_key] else parts)
+    found: dict[str, int] = {}
+    for row in names:
+        for n in row or []:
+            found[n] = found.get(n, 0) + 1
+    if any(spelling_key(n) == none_key for n in found):
+        i = next(i for i, row in enumerate(names) if row and any(spelling_key(n) == none_key for n in row))
         raise SourceError(f"label {cells[i]!r} mixes {none_label!r} with findings", path, lines[i])
+    kept, notes = merge_spellings(found, classes)
+    names = [None if row is None else list(dict.fromkeys(kept[n] for n in row)) for row in names]
+    if missing:
+        notes.insert(
+            0,
+            f"{sum(missing.values())} cell(s) of column {column!r} spell a missing value, read as "
+            + ("unlabelled images" if blank == "ignore" else "no class positive (blank=zeros)")
+            + f": {count_text(missing)}",
+        )
     if classes is None:
-        return names, found
+        return names, sorted(set(kept.values())), notes
     known = set(classes)
     for i, row in enumerate(names):
         unknown = [n for n in row or [] if n not in known]
@@ -268,7 +318,7 @@ def _label_names(
                 lines[i],
                 hint="add it to --source-arg classes=..., or correct the row",
             )
-    return names, list(classes)
+    return names, list(classes), notes
 
 
 @dataclass(frozen=True)
@@ -435,7 +485,15 @@ def load_csv(root: str | os.PathLike, layout: CsvLayout | None = None, **setting
                 1,
                 hint="one column per class, or --source-arg label_column=NAME for a column of names",
             )
-        raw, values = _class_columns(
+        clash = _case_clash(cls)
+        if clash:
+            raise SourceError(
+                f"class columns {clash} differ only in case: one class or two?",
+                path,
+                1,
+                hint="keep one of them (--source-arg ignore_columns=NAME) or rename one",
+            )
+        raw, values, missing = _class_columns(
             header,
             rows,
             lines,
@@ -449,10 +507,19 @@ def load_csv(root: str | os.PathLike, layout: CsvLayout | None = None, **setting
         if task == "auto":
             task, why = _auto_task(raw, lines)
             notes.append(f"{name}: task=auto chose {task}: {why}")
+        if missing:
+            notes.append(
+                f"{name}: {sum(missing.values())} class cell(s) are blank or spell a missing value, read as "
+                + ("not annotated" if blank == "ignore" else "negative (blank=zeros)")
+                + f": {count_text(missing, 'cell')}"
+            )
     else:
         cells = [r[col[label_column]] for r in rows]
         if task == "auto":
-            several = next((i for i, c in enumerate(cells) if lay.label_separator in c or c == lay.none_label), None)
+            none_key = spelling_key(lay.none_label)
+            several = next(
+                (i for i, c in enumerate(cells) if lay.label_separator in c or spelling_key(c) == none_key), None
+            )
             task = "multiclass" if several is None else "multilabel"
             notes.append(
                 f"{name}: task=auto chose {task}: "
@@ -474,9 +541,15 @@ def load_csv(root: str | os.PathLike, layout: CsvLayout | None = None, **setting
                     lines[both],
                     hint="keep one class per row, or pass --source-arg task=multilabel",
                 )
-        names, cls = _label_names(cells, lines, wanted, separator, lay.none_label, label_column, path)
+        names, cls, said = _label_names(cells, lines, wanted, separator, lay.none_label, label_column, path, blank)
+        notes += [f"{name}: {line}" for line in said]
         if not cls:
-            raise SourceError(f"column {label_column!r} names no class", path)
+            raise SourceError(
+                f"column {label_column!r} names no class: none of its {len(cells)} image(s) has a label (every "
+                "cell is blank or spells a missing value)",
+                path,
+                hint="fill in the labels, or name the label column with --source-arg label_column=NAME",
+            )
         pos = {c: j for j, c in enumerate(cls)}
         values = np.zeros((len(rows), len(cls)), np.int64)
         for i, row in enumerate(names):
@@ -508,6 +581,16 @@ def load_csv(root: str | os.PathLike, layout: CsvLayout | None = None, **setting
     for j, c in enumerate(cls):
         frame[c] = values[:, j]
     return SourceTable(name=name, task=task, classes=cls, root=images, frame=frame, files=[str(path)], notes=notes)
+
+
+def _case_clash(names: Sequence[str]) -> list[str]:
+    """The first names of ``names`` that are equal up to case and spaces (``['nv', 'NV']``), else []."""
+    seen: dict[str, str] = {}
+    for n in names:
+        if spelling_key(n) in seen:
+            return [seen[spelling_key(n)], n]
+        seen[spelling_key(n)] = n
+    return []
 
 
 def _auto_task(raw: np.ndarray, lines: Sequence[int]) -> tuple[str, str]:

@@ -10,7 +10,9 @@ With ``official_split=true`` the publisher's split is one level up: ``<root>/tra
 folder prepare cuts val out of train by patient.
 
 The classes are the class folders' names, sorted (``classes`` picks and orders some; the images of the other
-folders are left out and reported). Images are the files ending in ``suffixes`` (case-insensitive); hidden files
+folders are left out and reported). Folder names that differ only in case or surrounding spaces (``Pneumonia/``,
+``pneumonia/``) are one class, spelt as in ``classes``, else as the folder holding the most images (the report
+says which spellings merged). Images are the files ending in ``suffixes`` (case-insensitive); hidden files
 and folders (``.``) are skipped, other files are left out and reported, never silently. A folder has no patient
 ids: every image is its own patient (a warning) unless ``patient_pattern``, a regular expression searched in the
 path below the class folder (its first group, else the whole match), names the patient.
@@ -30,7 +32,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from .base import Dropped, SourceError, SourceTable
+from .base import Dropped, SourceError, SourceTable, merge_spellings
 from .csv_source import SPLIT_NAMES, patients_from_pattern, split_names
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".dcm")
@@ -136,9 +138,18 @@ def load_folder(
             )
         for d in dirs:
             found.setdefault(d.name, []).append(d)
+    walked = {d: _walk(d, ends) for folders in found.values() for d in folders}  # each folder walked once
+    wanted = split_names(classes)
+    # class folders named alike but for case or spaces (Pneumonia/, pneumonia/) are one class
+    kept, said = merge_spellings(
+        {c: sum(len(walked[d][0]) for d in folders) for c, folders in found.items()}, wanted, "class folder", "image"
+    )
+    merged: dict[str, list[Path]] = {}
+    for c, folders in found.items():
+        merged.setdefault(kept[c], []).extend(folders)
+    found = merged
     available = sorted(found)
     _refuse_nested(found, root, name)
-    wanted = split_names(classes)
     if wanted is not None:
         unknown = [c for c in wanted if c not in found]
         if unknown:
@@ -151,7 +162,7 @@ def load_folder(
     split_of = {folder: split for split, folder in parts}
     for c in available:
         for d in found[c]:
-            images, rest = _walk(d, ends)
+            images, rest = walked[d]
             others += rest
             if c not in chosen:
                 if images:
@@ -202,7 +213,14 @@ def load_folder(
     for j, c in enumerate(chosen):
         frame[c] = labels[:, j]
     return SourceTable(
-        name=name, task="multiclass", classes=chosen, root=root, frame=frame, dropped=dropped, files=[str(root)]
+        name=name,
+        task="multiclass",
+        classes=chosen,
+        root=root,
+        frame=frame,
+        dropped=dropped,
+        files=[str(root)],
+        notes=[f"{name}: {line}" for line in said],
     )
 
 

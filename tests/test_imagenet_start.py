@@ -196,3 +196,29 @@ def test_fedmlp_on_chest_xrays_from_imagenet_end_to_end(tmp_path):
     assert meta["preprocessing"]["mean"] == [0.449] and meta["preprocessing"]["std"] == [0.226]
     assert json.loads((tmp_path / "B" / "configs" / "metadata.json").read_text())["training"]["rounds"] == 2
     assert np.isfinite(ours.filter(like="prob_").to_numpy()).all()
+
+
+def test_frozen_parts_keep_their_start_while_the_rest_trains():
+    """``model.freeze``: the named parts get no gradient and keep their norm statistics through a training step,
+    also after a method set every parameter trainable again; the rest moves. An unknown part names the valid."""
+    torch.manual_seed(0)
+    net = PartialLabelNet("efficientnet_lite0", num_classes=3, in_channels=1, freeze=["stem", "stage1"])
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    for p in net.parameters():  # what a method's warm-up may do (surgical aggregation resets every parameter)
+        p.requires_grad_(True)
+    net.train()
+    assert not net.encoder.stem[1].training and net.encoder.blocks[1].depthwise[1].training
+    opt = torch.optim.SGD([p for p in net.parameters() if p.requires_grad], lr=0.1)
+    net(torch.rand(4, 1, 32, 32)).sum().backward()
+    opt.step()
+    after = net.state_dict()
+    kept = [k for k in after if k.startswith(("encoder.stem.", "encoder.blocks.0."))]
+    assert len(kept) == 6 + 2 * 6  # stem conv + norm (5 tensors); block 0: depthwise and projection conv + norm
+    assert all(torch.equal(after[k], before[k]) for k in kept)
+    assert not torch.equal(after["encoder.blocks.1.expand.0.weight"], before["encoder.blocks.1.expand.0.weight"])
+    assert not torch.equal(
+        after["encoder.blocks.1.expand.1.running_mean"], before["encoder.blocks.1.expand.1.running_mean"]
+    )
+    with pytest.raises(ValueError, match=r"no part 'stage9' \(its parts: stem, stage1, .*stage7, top\)"):
+        PartialLabelNet("efficientnet_lite0", num_classes=3, freeze=["stage9"])
+    assert list(M.encoder_parts(PartialLabelNet("resnet18", 2))) == ["stem", "layer1", "layer2", "layer3", "layer4"]

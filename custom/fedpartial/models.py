@@ -220,6 +220,42 @@ class EfficientNetLite(nn.Module):
         return torch.flatten(self.pool(self.top(self.blocks(self.stem(x)))), 1)
 
 
+def encoder_parts(net: "PartialLabelNet") -> dict[str, list[nn.Module]]:
+    """The named parts of a network's encoder, input first, that ``model.freeze`` may name: EfficientNet-Lite0
+    ``stem``, ``stage1`` .. ``stage7`` (its seven stages of blocks), ``top`` (the last 1x1 conv); ResNet-18 ``stem``
+    (first conv + norm), ``layer1`` .. ``layer4``; the small CNN ``block1`` .. ``block4``. DenseNet-121: none."""
+    enc = net.encoder
+    if isinstance(enc, EfficientNetLite):
+        parts, first = {"stem": [enc.stem]}, 0
+        for i, stage in enumerate(LITE0_STAGES, 1):
+            parts[f"stage{i}"] = list(enc.blocks[first : first + stage[0]])
+            first += stage[0]
+        return {**parts, "top": [enc.top]}
+    if isinstance(enc, SmallCNN):
+        return {f"block{i + 1}": list(enc.body[4 * i : 4 * i + 4]) for i in range(len(enc.body) // 4)}
+    if net.arch == "resnet18":
+        return {"stem": [enc.conv1, enc.bn1], **{f"layer{i}": [getattr(enc, f"layer{i}")] for i in range(1, 5)}}
+    return {}
+
+
+def freeze_encoder(net: "PartialLabelNet", names: list[str]) -> None:
+    """Keep the encoder parts ``names`` (:func:`encoder_parts`) as they are: no gradient for their parameters and
+    their norm layers in eval mode (their running statistics, e.g. ImageNet's, are not updated). An unknown part
+    is a ``ValueError`` naming the valid ones."""
+    parts = encoder_parts(net)
+    unknown = [n for n in names if n not in parts]
+    if unknown:
+        valid = ", ".join(parts) or "none"
+        raise ValueError(f"model.freeze: {net.arch} has no part {unknown[0]!r} (its parts: {valid})")
+    for name in names:
+        for module in parts[name]:
+            for p in module.parameters():
+                p.requires_grad_(False)
+            for m in module.modules():
+                if isinstance(m, NORM_TYPES):
+                    m.eval()
+
+
 _LITE_KEY = [  # the layout of the ImageNet file (efficientnet-lite-pytorch's module names) -> EfficientNetLite's
     (re.compile(r"^_conv_stem\."), "stem.0."),
     (re.compile(r"^_bn0\."), "stem.1."),
@@ -336,6 +372,9 @@ class PartialLabelNet(nn.Module):
         width: channel width of ``small_cnn``.
         head_hidden: width of a hidden head layer (0 = none; surgical aggregation's head uses 256).
         head_dropout: dropout after the hidden head layer (surgical aggregation: 0.3).
+        freeze: encoder parts kept as they start (:func:`encoder_parts`, e.g. ``["stem", "stage1", "stage2"]`` of
+            EfficientNet-Lite0 kept at their ImageNet values): no gradient, norm layers in eval mode also while
+            the rest trains; every site freezes the same parts, so they stay the server's initial values.
         pretrained: where the encoder starts: ``imagenet`` (the weights shipped for ``efficientnet_lite0``), or a
             path or URL of weights (torchvision layout, or an encoder this project wrote); an RGB stem is folded
             for a 1-channel input (:func:`fold_stem`). Empty: random weights.
@@ -354,6 +393,7 @@ class PartialLabelNet(nn.Module):
         init_seed: int | None = None,
         head_hidden: int = 0,
         head_dropout: float = 0.0,
+        freeze: list[str] | tuple[str, ...] = (),
     ):
         super().__init__()
         # constructor args kept as attributes: NVFlare's job export reads them back
@@ -366,6 +406,16 @@ class PartialLabelNet(nn.Module):
             self._build(arch, in_channels, num_classes, dropout, width)
         if pretrained:
             self.load_pretrained(pretrained)
+        self.freeze = list(freeze or ())
+        freeze_encoder(self, self.freeze)
+
+    def train(self, mode: bool = True) -> "PartialLabelNet":
+        """``nn.Module.train``, with the frozen parts (``freeze``) kept frozen: their norm layers stay in eval mode
+        and their parameters without gradient, whatever a method set before."""
+        super().train(mode)
+        if mode and getattr(self, "freeze", None):
+            freeze_encoder(self, self.freeze)
+        return self
 
     def _build(self, arch: str, in_channels: int, num_classes: int, dropout: float, width: int) -> None:
         if arch == "small_cnn":
@@ -592,7 +642,17 @@ def parameter_groups(model: nn.Module) -> dict[str, list[str]]:
     return groups
 
 
-MODEL_OPTIONS = ("arch", "in_channels", "dropout", "width", "pretrained", "init_seed", "head_hidden", "head_dropout")
+MODEL_OPTIONS = (
+    "arch",
+    "in_channels",
+    "dropout",
+    "width",
+    "pretrained",
+    "init_seed",
+    "head_hidden",
+    "head_dropout",
+    "freeze",
+)
 # the options that define the architecture (the server's and every site's must agree)
 ARCH_OPTIONS = ("arch", "in_channels", "dropout", "width", "head_hidden", "head_dropout")
 

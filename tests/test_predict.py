@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -190,3 +191,162 @@ def test_clear_errors(tmp_path, sim_ws, images, capsys):
     with pytest.raises(FileNotFoundError, match="--job-config"):
         P.load_model(lone)
     assert P.load_model(lone, config_dir=ws / "server/simulate_job/app_server/config").path == lone
+
+
+# ------------------------------------------------------------------ damaged model files, two runs, outputs
+
+
+def _flip_tensor_byte(model_file):
+    """One byte flipped in the middle of the largest tensor inside the torch.save archive (its pickle untouched:
+    torch loads the file without a complaint)."""
+    import zipfile
+
+    with zipfile.ZipFile(model_file) as z:
+        info = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    data = bytearray(model_file.read_bytes())
+    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
+    data[start + info.file_size // 2] ^= 0xFF
+    model_file.write_bytes(bytes(data))
+    torch.load(model_file, weights_only=True)  # the fault: torch's loader does not see it
+
+
+def _no_image_read(monkeypatch):
+    """Every image read recorded (the decoder and the header check, where predict and the bundle call them)."""
+    from fedpartial.data import store
+    from fedpartial.tools import bundle_runtime
+
+    reads = []
+    for module in (store, bundle_runtime):
+        for name in ("decode_resized", "open_image", "native_channels"):
+            real = getattr(module, name, None)
+            if real is not None:
+                monkeypatch.setattr(module, name, lambda *a, _r=real, **k: reads.append(a[0]) or _r(*a, **k))
+    return reads
+
+
+def test_a_flipped_byte_in_the_model_is_one_line_before_any_image_is_read(
+    sim_ws, images, tmp_path, capsys, monkeypatch
+):
+    from fedpartial.tools import export as E
+
+    ws, _ = sim_ws
+    folder, labelled = images
+    model = ws / "server/simulate_job/app_server" / P.BEST_MODEL
+    _flip_tensor_byte(model)
+    reads = _no_image_read(monkeypatch)
+    out = tmp_path / "p.csv"
+    runs = [
+        (P.main, [str(ws), "--images", str(folder), "-o", str(out)], "fedpartial-predict"),
+        (P.evaluate_main, [str(ws), "--manifest", str(labelled), "--no-figures"], "fedpartial-evaluate"),
+        (E.main, [str(ws), "-o", str(tmp_path / "bundle")], "fedpartial-export"),
+    ]
+    for main, argv, prog in runs:
+        assert main(argv) == 2, prog
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"{prog}: error: model file {model} is damaged"), err
+        assert "checksum" in err[0]
+    assert reads == [] and not out.exists() and not (tmp_path / "bundle").exists()
+    # the last model of the same run is intact: taken when asked for
+    assert P.main([str(ws), "--images", str(folder), "-o", str(out), "--model", "last"]) == 0
+    assert len(reads) >= 5  # the recorder sees reads where there are some
+
+
+def test_a_folder_holding_two_runs_is_refused_naming_them(tmp_path, images, capsys):
+    from fedpartial.tools import export as E
+
+    folder, _ = images
+    both = tmp_path / "runs"
+    _run_folder(both / "job_a" / "app_server", seed=0)
+    _run_folder(both / "job_b" / "app_server", seed=5)
+    out = tmp_path / "p.csv"
+    assert P.main([str(both), "--images", str(folder), "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{both} holds 2 runs" in err[0], err
+    assert "job_a/app_server" in err[0] and "job_b/app_server" in err[0] and "pass one of them as RUN" in err[0]
+    assert not out.exists()
+    assert E.main([str(both), "-o", str(tmp_path / "bundle")]) == 2
+    assert "holds 2 runs" in capsys.readouterr().err
+    assert P.main([str(both / "job_b"), "--images", str(folder), "-o", str(out)]) == 0  # one chosen
+    with pytest.raises(ValueError, match="holds 2 runs"):
+        P.find_model(both, "last")
+
+
+@pytest.mark.parametrize(
+    "target", ["model", "model_symlink", "model_dot", "other_model", "image", "manifest", "config"]
+)
+def test_predict_never_writes_over_an_input(sim_ws, images, tmp_path, monkeypatch, capsys, target):
+    ws, _ = sim_ws
+    folder, labelled = images
+    app = ws / "server/simulate_job/app_server"
+    monkeypatch.chdir(app)
+    out = {
+        "model": app / P.BEST_MODEL,
+        "model_symlink": tmp_path / "link.pt",
+        "model_dot": f"./{P.BEST_MODEL}",
+        "other_model": app / P.LAST_MODEL,  # the run's other model file: not read, still the run's
+        "image": folder / "sub" / "c.png",
+        "manifest": labelled,
+        "config": app / "config" / P.CLIENT_CONFIG,
+    }[target]
+    if target == "model_symlink":
+        out.symlink_to(app / P.BEST_MODEL)
+    victim = (app / P.BEST_MODEL) if target.startswith("model") else Path(out)
+    before = victim.read_bytes()
+    source = (
+        ["--manifest", str(labelled), "--data-root", str(folder)] if target == "manifest" else ["--images", str(folder)]
+    )
+    assert P.main([str(ws), *source, "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"fedpartial-predict: error: -o {out} is "), err
+    assert "Traceback" not in "\n".join(err) and victim.read_bytes() == before
+
+
+def test_evaluate_never_writes_its_json_over_the_manifest(sim_ws, images, capsys):
+    ws, _ = sim_ws
+    folder, labelled = images
+    before = labelled.read_bytes()
+    assert P.evaluate_main([str(ws), "--manifest", str(labelled), "--json", str(labelled), "--no-figures"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"fedpartial-evaluate: error: --json {labelled} is the manifest"), err
+    assert labelled.read_bytes() == before
+
+
+def test_predict_leaves_out_an_unreadable_image_as_the_bundle_does(sim_ws, images, tmp_path, capsys):
+    """An image that cannot be decoded: a line naming it, its row with empty cells and the reason in a last
+    ``error`` column (the reason the bundle's decoder gives for the same file); the others are predicted as
+    without it. Exit status 2 only when no image could be read."""
+    from fedpartial.tools.bundle_runtime import LoadImageAnyd
+
+    ws, _ = sim_ws
+    folder, _ = images
+    broken = folder / "broken.png"
+    broken.write_bytes(b"\x89PNG\r\n\x1a\n" + b"x" * 40)
+    out = tmp_path / "p.csv"
+    assert P.main([str(ws), "--images", str(folder), "-o", str(out), "--thresholds", "0.5"]) == 0
+    err = capsys.readouterr().err
+    assert f"left out {broken}: cannot read it (" in err
+    df = pd.read_csv(out, keep_default_na=False)
+    assert list(df.columns)[-1] == "error" and len(df) == 6
+    bad = df[df["image"] == str(broken)]
+    model = P.load_model(ws)
+    pre = model.dataset
+    theirs = LoadImageAnyd("image", pre["channels"], pre["image_size"], pre.get("ct_windows"))({"image": str(broken)})
+    assert bad["error"].item() == theirs["error"] != ""
+    assert (bad.drop(columns=["image", "error"]) == "").all().all()
+    good = df[df["image"] != str(broken)]
+    assert (good["error"] == "").all()
+    os_paths = [p for p in good["image"]]
+    expected = P.predict_manifest(model, P.image_manifest(folder, model.classes)).set_index("image")
+    np.testing.assert_allclose(
+        good.set_index("image").filter(like="prob_").astype(float).to_numpy(),
+        expected.loc[os_paths].filter(like="prob_").to_numpy(),
+        atol=1e-6,
+    )
+    only = tmp_path / "only_broken"
+    only.mkdir()
+    shutil.copy(broken, only / "x.png")
+    assert P.main([str(ws), "--images", str(only), "-o", str(tmp_path / "q.csv")]) == 2
+    assert (
+        capsys.readouterr().err.strip().splitlines()[-1]
+        == "fedpartial-predict: error: none of the 1 images could be read"
+    )

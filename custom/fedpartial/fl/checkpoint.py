@@ -33,6 +33,7 @@ import hashlib
 import json
 import os
 import uuid
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -133,10 +134,32 @@ def write_private(obj, path: Path) -> None:
             tmp.unlink()
 
 
+def verify_archive(path: str | os.PathLike, what: str = "model file") -> None:
+    """Check the CRC32 of every entry of the zip archive ``torch.save`` writes (torch's loader does not: a flipped
+    bit in a tensor loads as another number). ``ValueError`` of one line naming the file and the first entry that
+    does not match; a file that is no zip archive (a legacy pickle) is left to the loader to judge."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        if f.read(2) != b"PK":
+            return
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+    except Exception as e:  # noqa: BLE001 - zipfile raises BadZipFile, EOFError, OSError, zlib errors
+        raise ValueError(f"{what} {path} is damaged (its archive does not read: {type(e).__name__})") from None
+    if bad is not None:
+        raise ValueError(
+            f"{what} {path} is damaged: its entry {bad} does not match the checksum it was saved with (changed on "
+            "disk or in a copy); copy the file again from where the run wrote it"
+        )
+
+
 def read_file(path: Path) -> dict | None:
-    """The dict saved at ``path``; None when there is no file; ValueError naming the file when it is unusable."""
+    """The dict saved at ``path`` (its archive's checksums checked first: :func:`verify_archive`); None when there is
+    no file; ValueError naming the file when it is unusable."""
     if not path.is_file():
         return None
+    verify_archive(path, "checkpoint")
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001

@@ -57,6 +57,18 @@ def bundle_images(folder: str | os.PathLike) -> list[str]:
         raise SystemExit(2) from None
 
 
+def read_or_leave_out(path: str, prep: Preprocessing) -> tuple[np.ndarray | None, str]:
+    """``(decode_resized(path) in the file's own stored channels, "")``, or ``(None, why)`` for a file that cannot be
+    read (``why`` without the path), with a line ``left out PATH: cannot read it (why)`` on stderr: the bundle and
+    ``fedpartial-predict`` leave such an image out alike."""
+    try:
+        return decode_resized(path, prep, stored_channels(native_channels(path, prep), prep)), ""
+    except Exception as e:  # noqa: BLE001 - decoders raise many types: the image is left out, named
+        why = str(e).replace(path, "").strip(" :") or type(e).__name__
+        print(f"left out {path}: cannot read it ({why})", file=sys.stderr, flush=True)
+        return None, why
+
+
 def _map_transform():
     from monai.transforms import MapTransform
 
@@ -93,12 +105,8 @@ class LoadImageAnyd(_map_transform()):
         d = dict(data)
         d.setdefault(ERROR_KEY, "")
         for key in self.key_iterator(d):
-            path = str(d[key])
-            try:
-                x = decode_resized(path, self.prep, stored_channels(native_channels(path, self.prep), self.prep))
-            except Exception as e:  # noqa: BLE001 - decoders raise many types: the image is left out, named
-                why = str(e).replace(path, "").strip(" :") or type(e).__name__
-                print(f"left out {path}: cannot read it ({why})", file=sys.stderr, flush=True)
+            x, why = read_or_leave_out(str(d[key]), self.prep)
+            if x is None:
                 d[ERROR_KEY] = why
                 x = np.zeros((self.prep.channels, self.prep.image_size, self.prep.image_size), np.uint8)
             t = torch.from_numpy(np.array(x, np.float32)).div_(255.0)  # a copy: PIL arrays are read-only

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,14 +55,16 @@ import torch
 from ..data.manifest import Manifest, read_manifest
 from ..data.presets import resolve_dataset
 from ..data.sitedata import SiteDatasets
+from ..data.store import DecodedImages, Preprocessing
 from ..evaluation import predict, scored_mask, scores_metrics
+from ..fl.checkpoint import verify_archive
 from ..fl.keys import BEST_MODEL, LAST_MODEL, LOCAL_MODEL_FILE, STATE_DIR
 from ..fl.report import RESULTS_FILE, THRESHOLDS_FILE
 from ..fl.spec import global_model_note, local_parts
 from ..metrics import format_table
-from ..models import PartialLabelNet, load_weights, read_state
+from ..models import PartialLabelNet, load_weights, read_state, start_normalisation
 from ..plots import FIGURE_NAMES, auc_ci_figure, curves_from_scores, final_figures, roc_pr_figures, save_figure
-from .bundle_runtime import IMAGE_SUFFIXES, Progress, list_images
+from .bundle_runtime import ERROR_KEY, IMAGE_SUFFIXES, Progress, list_images, read_or_leave_out
 
 SERVER_CONFIG, CLIENT_CONFIG = "config_fed_server.json", "config_fed_client.json"
 __all__ = [
@@ -86,6 +89,8 @@ class LoadedModel:
     path: Path
     note: str | None = None  # what the global model holds when the method keeps parts local at the sites
     site: str | None = None  # the site whose own local layers the model holds (``--site``)
+    site_path: Path | None = None  # the file those layers were read from
+    config_dir: Path | None = None  # the folder of the job configuration the model was built from
 
     @property
     def classes(self) -> list[str]:
@@ -97,7 +102,9 @@ class LoadedModel:
 
 
 def find_model(run: str | Path, which: str = "best") -> Path:
-    """The global model file of a run (see the module docstring); prefers the server's ``app_server`` copy."""
+    """The global model file of a run (see the module docstring); prefers the server's ``app_server`` copy. A
+    folder holding the model files of more than one run (two ``app_server`` folders, e.g. two jobs downloaded
+    into one folder) is a ``ValueError`` naming them: which one is meant is for the user to say."""
     if which not in ("best", "last"):
         raise ValueError(f"--model must be 'best' or 'last', got {which!r}")
     run = Path(run)
@@ -105,9 +112,17 @@ def find_model(run: str | Path, which: str = "best") -> Path:
         return run
     if not run.is_dir():
         raise FileNotFoundError(f"{run} is neither a run folder nor a model file")
+    found = [p for name in (BEST_MODEL, LAST_MODEL) for p in run.rglob(name) if p.is_file()]
+    server = [p for p in found if "app_server" in p.relative_to(run).parts] or found
+    folders = sorted({p.parent for p in server})
+    if len(folders) > 1:
+        shown = ", ".join(str(f.relative_to(run)) for f in folders[:5]) + (", ..." if len(folders) > 5 else "")
+        raise ValueError(
+            f"{run} holds {len(folders)} runs ({shown}): pass one of them as RUN (its folder or its model file)"
+        )
     names = [BEST_MODEL, LAST_MODEL] if which == "best" else [LAST_MODEL]
     for name in names:
-        hits = sorted(run.rglob(name), key=lambda p: ("app_server" not in p.parts, len(p.parts), str(p)))
+        hits = [p for p in server if p.name == name]
         if hits:
             return hits[0]
     raise FileNotFoundError(f"no {' or '.join(names)} under {run} (is it a finished run or a downloaded job?)")
@@ -190,10 +205,12 @@ def load_model(
         raise ValueError(f"{cfg_dir / SERVER_CONFIG} has no 'model' component")
     executor_args = client["executors"][0]["executor"]["args"]
     dataset = resolve_dataset(executor_args["dataset"])
+    dataset = start_normalisation(dataset, model_args, int(dataset["channels"]))  # as the weights' start expects
     net = PartialLabelNet(**{k: v for k, v in model_args.items() if k != "pretrained"})
     if net.num_classes != len(dataset["classes"]):
         raise ValueError(f"model has {net.num_classes} outputs, the job's dataset {len(dataset['classes'])} classes")
     state = read_state(path)  # tensors only: no pickled code runs
+    verify_archive(path)  # every tensor's bytes as saved (the loader does not check them)
     state = state.get("model", state)
     if not isinstance(state, dict):
         raise ValueError(f"model file {path} holds no model state")
@@ -203,14 +220,16 @@ def load_model(
         method = client.get(method[1:-1], method)
     parts = local_parts(method, executor_args.get("method_args"))
     note = global_model_note(parts)
+    site_file = None
     if site is not None:
         if not parts:
             raise ValueError(
                 f"--site {site}: method {method!r} keeps no layers local, so the global model is every "
                 "site's model: leave --site out"
             )
-        file = find_site_model(run, site)
+        file = site_file = find_site_model(run, site)
         own = read_state(file, "--site: model state")
+        verify_archive(file, "--site: model state")
         with_site_layers(net, own, parts, str(file))
         if Path(site).expanduser().resolve() == file:  # <site workspace>/<job id>/fedpartial_state/<file>
             site = file.parents[2].name if len(file.parents) > 2 else file.stem
@@ -218,7 +237,7 @@ def load_model(
             f"{site}'s own model: the global model ({path.name}) with {site}'s own {' and '.join(parts)} layers "
             f"({file}), as {site} scored it in the run's final evaluation"
         )
-    return LoadedModel(net.to(device).eval(), dataset, path, note, site)
+    return LoadedModel(net.to(device).eval(), dataset, path, note, site, site_file, cfg_dir.resolve())
 
 
 def find_thresholds(model_path: str | Path, site: str | None = None) -> dict:
@@ -279,6 +298,57 @@ def resolve_thresholds(model: LoadedModel, spec: str | None) -> list[float] | No
     return [value] * len(model.classes)
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` name one file: the same real path (symbolic links, ``./x`` and ``x``), or, both
+    existing, the same file on disk (a hard link)."""
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def input_named(
+    out: str | Path, model: LoadedModel, run: str | Path, inputs: dict[str, list] | None = None
+) -> str | None:
+    """What an output path ``out`` would overwrite of the command's inputs (``"the model file X"``, ...), or None:
+    the run itself, its model file (and a site's own model file), the job configuration, every file of the
+    folder holding the run's model files (its other model, records and configuration; a run given as a model
+    file: the files there the run wrote), and ``inputs`` (``{"manifest": [path], "input image": paths}``)."""
+    out = Path(out).expanduser()
+    real = out.resolve()
+    named = [("the run", Path(run)), ("the model file", model.path)]
+    if model.site_path is not None:
+        named.append(("the site's model file", model.site_path))
+    if model.config_dir is not None:
+        named += [("the job configuration", model.config_dir / name) for name in (SERVER_CONFIG, CLIENT_CONFIG)]
+    for what, paths in (inputs or {}).items():
+        named += [(what, Path(p)) for p in paths]
+    for what, path in named:
+        if _same_file(out, path):
+            return f"{what} {path}"
+    folder = model.path.parent.resolve()
+    if Path(run).is_dir():  # the run's own folder of model files (app_server): everything in it is the run's
+        if real.is_relative_to(folder):
+            return f"inside {folder}, the run's folder of model files, configuration and records"
+    elif real.parent == folder and out.name in (BEST_MODEL, LAST_MODEL, RESULTS_FILE, THRESHOLDS_FILE):
+        return f"the run's {out.name} {folder / out.name}"
+    return None
+
+
+def check_outputs(option_paths: list[tuple[str, str | Path]], model: LoadedModel, run, inputs=None) -> None:
+    """A ``ValueError`` of one line for the first output (``(option, path)``) that is an input of the command
+    (:func:`input_named`), naming both: nothing the user gave is overwritten."""
+    for option, path in option_paths:
+        what = input_named(path, model, run, inputs)
+        if what is None:
+            continue
+        if what.startswith("inside"):
+            raise ValueError(f"{option} {path} is {what}: choose an output outside it")
+        raise ValueError(f"{option} {path} is {what}: it would be overwritten; choose another output")
+
+
 def add_decisions(df: pd.DataFrame, classes: list[str], thresholds: list[float]) -> pd.DataFrame:
     """``pred_<class>`` = 1 where ``prob_<class> >= threshold`` of that class, else 0 (after the probabilities)."""
     out = df.copy()
@@ -332,11 +402,66 @@ def score_manifest(model: LoadedModel, manifest: Manifest, batch_size: int = 64,
     return predict(model.net, Progress(loader, f"{label}: batch"), model.task, next(model.net.parameters()).device)
 
 
-def predict_manifest(model: LoadedModel, manifest: Manifest, batch_size: int = 64) -> pd.DataFrame:
-    """One row per image: ``image`` and ``prob_<class>`` for every class."""
-    probs = score_manifest(model, manifest, batch_size)["probs"]
-    df = pd.DataFrame(probs, columns=[f"prob_{c}" for c in model.classes])
+class ReadableImages(DecodedImages):
+    """:class:`~fedpartial.data.store.DecodedImages` that leave out a file that cannot be read, as the exported
+    bundle does (:func:`~fedpartial.tools.bundle_runtime.read_or_leave_out`: a line naming it, its reason kept in
+    :attr:`errors` ``{row: why}``), its row zeros in the batch (scored, then dropped)."""
+
+    def __init__(self, paths, prep: Preprocessing):
+        self.errors: dict[int, str] = {}
+        super().__init__(paths, prep)
+
+    def _channels(self, row: int) -> int:
+        try:
+            return super()._channels(row)
+        except Exception:  # noqa: BLE001 - an unreadable first file: it is left out when its row is read
+            return 1
+
+    def __getitem__(self, index):
+        if not isinstance(index, (int, np.integer)):
+            return super().__getitem__(index)
+        row = int(index)
+        x, why = read_or_leave_out(self.paths[row], self.prep)
+        if x is None:
+            self.errors[row] = why
+            return np.zeros((1, self.image_size, self.image_size), np.uint8)
+        return x
+
+
+class _InputImages(SiteDatasets):
+    """The one split ``input`` over :class:`ReadableImages` (training's evaluation batches and normalisation)."""
+
+    def __init__(self, manifest: Manifest, dataset: dict, images: ReadableImages):
+        super().__init__({"input": manifest}, {**dataset, "cache": "none"})
+        self._input = images
+
+    def images(self, split: str):
+        return self._input
+
+
+def predict_manifest(
+    model: LoadedModel, manifest: Manifest, batch_size: int = 64, thresholds: list[float] | None = None
+) -> pd.DataFrame:
+    """One row per image: ``image`` and ``prob_<class>`` for every class, then the decisions ``pred_<class>`` at
+    ``thresholds`` when given (:func:`add_decisions`). An image that cannot be read is left out as the exported
+    bundle leaves it out: named on stderr, listed after the others with empty cells and the reason in a last
+    column ``error`` (present only then)."""
+    images = ReadableImages(manifest.paths, Preprocessing.of({**model.dataset, "cache": "none"}))
+    loader = _InputImages(manifest, model.dataset, images).eval_loader("input", batch_size)
+    probs = predict(model.net, Progress(loader, "predict: batch"), model.task, next(model.net.parameters()).device)
+    df = pd.DataFrame(probs["probs"], columns=[f"prob_{c}" for c in model.classes])
     df.insert(0, "image", manifest.paths)
+    if thresholds is not None:
+        df = add_decisions(df, model.classes, thresholds)
+    if images.errors:
+        bad = sorted(images.errors)
+        good = df.drop(index=bad)
+        left = pd.DataFrame({"image": [manifest.paths[i] for i in bad]})
+        df = pd.concat([good, left], ignore_index=True)
+        for c in df.columns[1:]:
+            if c.startswith("pred_"):
+                df[c] = df[c].astype("Int64")
+        df[ERROR_KEY] = [""] * len(good) + [images.errors[i] for i in bad]
     return df
 
 
@@ -458,24 +583,37 @@ def _cli(prog: str, run, argv: list[str] | None) -> int:
 
 def _predict(args) -> None:
     model = _load(args)
+    given = {"the manifest": [args.manifest]} if args.manifest else {}
+    check_outputs([("-o", args.out)], model, args.run, given)  # before any image is read
     if args.images:
         manifest = image_manifest(args.images, model.classes, model.task)
     else:
         manifest = read_input_manifest(args.manifest, model, args.data_root, args.split)
+    check_outputs([("-o", args.out)], model, args.run, {"the input image": manifest.paths})
     thresholds = resolve_thresholds(model, args.thresholds)
-    df = predict_manifest(model, manifest, args.batch_size)
     if thresholds is not None:
-        df = add_decisions(df, model.classes, thresholds)
         print(f"decisions at thresholds {dict(zip(model.classes, thresholds))}", file=sys.stderr)
+    df = predict_manifest(model, manifest, args.batch_size, thresholds)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(out, index=False, float_format="%.6f")
-    print(f"wrote {len(df)} predictions to {out}", file=sys.stderr)
+    left = int((df[ERROR_KEY] != "").sum()) if ERROR_KEY in df else 0
+    skipped = f"; {left} image(s) left out (unreadable: the 'error' column says why)" if left else ""
+    print(f"wrote {len(df) - left} predictions to {out}{skipped}", file=sys.stderr)
+    if left and left == len(df):
+        raise ValueError(f"none of the {left} images could be read")
 
 
 def _evaluate(args) -> None:
     model = _load(args)
+    outputs = [("--json", args.json)] if args.json else []
+    if not args.no_figures:
+        folder = Path(args.figures) if args.figures else (Path(args.json).parent if args.json else Path("evaluation"))
+        prefix = Path(args.manifest).stem + (f"_{args.split}" if args.split else "") + "_"
+        outputs += [("--figures", folder / f"{prefix}{name}") for name in (*FIGURE_NAMES.values(), "evaluation.md")]
+    check_outputs(outputs, model, args.run, {"the manifest": [args.manifest]})
     manifest = read_input_manifest(args.manifest, model, args.data_root, args.split, labelled=True)
+    check_outputs(outputs, model, args.run, {"the input image": manifest.paths})
     thresholds = resolve_thresholds(model, args.thresholds)
     scores = score_manifest(model, manifest, args.batch_size, "evaluate")
     res = evaluate_manifest(model, manifest, args.batch_size, thresholds, scores=scores)
@@ -488,8 +626,6 @@ def _evaluate(args) -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1, default=float))
     if not args.no_figures:
-        folder = Path(args.figures) if args.figures else (Path(args.json).parent if args.json else Path("evaluation"))
-        prefix = Path(args.manifest).stem + (f"_{args.split}" if args.split else "") + "_"
         try:
             figs = evaluation_figures(model, scores, res, thresholds, folder, prefix)
         except ImportError as e:  # matplotlib is in requirements.txt; a bare install may lack it

@@ -231,6 +231,49 @@ def test_export_errors_and_onnx(random_run, tmp_path, capsys):
             np.testing.assert_allclose(out, nets[P.BEST_MODEL](x).numpy(), atol=1e-5)
 
 
+def test_force_replaces_only_the_files_the_export_wrote(random_run, tmp_path, capsys):
+    """The bundle lists its own files (``.fedpartial-export.json``: relative paths and sha256); ``--force``
+    replaces those and keeps everything else (a user's notes in ``models/``, a page in ``docs/``, the inference's
+    ``eval/`` predictions), saying what it kept; a file of the bundle that was edited since is refused."""
+    run, _ = random_run
+    bundle = tmp_path / "bundle"
+    assert E.main([str(run), "-o", str(bundle)]) == 0
+    listed = json.loads((bundle / E.BUNDLE_MANIFEST).read_text())["files"]
+    assert set(E.BUNDLE_FILES) <= set(listed) and all(len(h) == 64 for h in listed.values())
+    assert sorted(listed) == sorted(
+        str(p.relative_to(bundle)) for p in bundle.rglob("*") if p.is_file() and p.name != E.BUNDLE_MANIFEST
+    )
+    mine = {"models/notes.txt": "which run this was", "docs/mine.md": "# our review", "eval/predictions.csv": "x\n"}
+    for rel, text in mine.items():
+        (bundle / rel).parent.mkdir(exist_ok=True)
+        (bundle / rel).write_text(text)
+    (bundle / "scripts" / "__pycache__").mkdir()  # what running the bundle leaves: the tool's own
+    (bundle / "scripts" / "__pycache__" / "image_io.cpython-311.pyc").write_bytes(b"stale")
+    old_model = (bundle / "models" / "model.pt").stat().st_ino
+    capsys.readouterr()
+    assert E.main([str(run), "-o", str(bundle), "--force"]) == 0
+    err = capsys.readouterr().err
+    assert "kept 3 file(s) that are not the bundle's: docs/mine.md, eval/predictions.csv, models/notes.txt" in err
+    assert {rel: (bundle / rel).read_text() for rel in mine} == mine
+    assert (bundle / "models" / "model.pt").stat().st_ino != old_model
+    assert not (bundle / "scripts" / "__pycache__").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".bundle")]
+    # a file of the bundle edited since the export: refused, nothing changed
+    card = bundle / "docs" / "README.md"
+    card.write_text(card.read_text() + "\nreviewed by the radiology board\n")
+    before = {str(p): p.read_bytes() for p in bundle.rglob("*") if p.is_file()}
+    assert E.main([str(run), "-o", str(bundle), "--force"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"fedpartial-export: error: -o {bundle}: docs/README.md changed since the export"), err
+    assert {str(p): p.read_bytes() for p in bundle.rglob("*") if p.is_file()} == before
+    # a bundle written before the file list: its files by name, the rest kept
+    card.unlink()
+    (bundle / E.BUNDLE_MANIFEST).unlink()
+    assert E.main([str(run), "-o", str(bundle), "--force"]) == 0
+    assert "kept 3 file(s)" in capsys.readouterr().err
+    assert {rel: (bundle / rel).read_text() for rel in mine} == mine and card.is_file()
+
+
 # ------------------------------------------------------------------- integration: a trained run, MONAI's run
 
 TINY = {

@@ -158,6 +158,16 @@ def test_the_start_chooses_the_normalisation_of_the_job():
     assert model["path"].endswith("PartialLabelNet") and model["args"]["pretrained"] == "imagenet"
 
 
+def test_a_site_and_predict_normalise_as_the_start_also_in_an_edited_job_folder():
+    """The sites and ``fedpartial-predict`` apply the start's normalisation themselves (``start_normalisation``):
+    a job folder whose model section was edited by hand to ``pretrained: imagenet`` still normalises as ImageNet."""
+    ds = {"channels": 3, "mean": [0.763, 0.546, 0.570], "std": [0.141, 0.153, 0.170]}
+    assert M.start_normalisation(ds, {"pretrained": "imagenet"}, 3)["mean"] == list(M.IMAGENET_MEAN)
+    assert M.start_normalisation(ds, {"pretrained": "imagenet", "in_channels": 1}, 3)["std"] == [0.226]
+    assert M.start_normalisation(ds, {"pretrained": "/weights/encoder.pt"}, 3) is ds
+    assert M.start_normalisation(ds, {}, 3) is ds
+
+
 SITES = 2
 LITE = {"arch": "efficientnet_lite0", "in_channels": 1, "pretrained": "imagenet"}
 

@@ -320,6 +320,19 @@ def named_start(pretrained: str | None) -> Start | None:
     return STARTS.get(str(pretrained)) if pretrained else None
 
 
+def start_normalisation(dataset: dict, model: dict, channels: int) -> dict:
+    """A dataset section with the input normalisation the model's start was trained with, when
+    ``model.pretrained`` names one (``imagenet``: ImageNet's mean / std, their averages for one channel), so
+    that the sites' training, the evaluation, ``fedpartial-predict`` and an exported bundle all normalise as the
+    weights expect, also in a job folder whose model section was edited by hand; otherwise the section as it
+    is (the dataset's own statistics). ``channels``: the dataset's, when the model does not say."""
+    start = named_start(model.get("pretrained"))
+    if start is None:
+        return dataset
+    mean, std = start.normalisation(int(model.get("in_channels") or channels))
+    return {**dataset, "mean": mean, "std": std}
+
+
 def fold_stem(
     weight: torch.Tensor, in_channels: int, mean: tuple[float, ...] | None = None, std: tuple[float, ...] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -206,7 +206,9 @@ class PartialLabelRecipe(Recipe):
             dataset["site_data"] = {s: str(Path(f).expanduser().resolve()) for s, f in site_data.items()}
         ds = resolve_dataset(dataset)
         model = copy.deepcopy(model) if model else {"arch": "small_cnn", "in_channels": int(ds["channels"])}
-        dataset = start_normalisation(dataset, model, int(ds["channels"]))
+        from .models import start_normalisation  # imported where used: loads torch
+
+        dataset = start_normalisation(dataset, model, int(ds["channels"]))  # explicit in the job's config
         model = {**model, "init_seed": model.get("init_seed", seed)}  # the server's initial global model
         train = (
             copy.deepcopy(train) if train else {"optimizer": "adam", "lr": 0.001, "batch_size": 32, "local_epochs": 1}
@@ -529,20 +531,6 @@ def job_main(make_recipe: Callable[..., PartialLabelRecipe], argv: list[str] | N
         raise SystemExit(2) from None
     print(f"results: {Path(args.workspace) / recipe.name / 'server/simulate_job/results.md'}")
     return run
-
-
-def start_normalisation(dataset: dict, model: dict, channels: int) -> dict:
-    """The job's dataset section with the input normalisation the model's start was trained with, when
-    ``model.pretrained`` names one (``imagenet``: ImageNet's mean / std, their averages for one channel), so
-    that the sites' training, the evaluation, ``fedpartial-predict`` and an exported bundle all normalise as the
-    weights expect; otherwise the section as it is (the dataset's own statistics)."""
-    from .models import named_start  # imported where used: loads torch
-
-    start = named_start(model.get("pretrained"))
-    if start is None:
-        return dataset
-    mean, std = start.normalisation(int(model.get("in_channels", channels)))
-    return {**dataset, "mean": mean, "std": std}
 
 
 def pretrained_model(model: dict | None, exporting: bool, error: Callable[[str], None]) -> dict | None:

@@ -55,7 +55,7 @@ from ..job_layout import DATA_CHECK_TIMEOUT
 from ..methods import SiteContext, TrainOptions, get_method
 from ..methods.base import local_work
 from ..metrics import apply_validation_thresholds, flatten_metrics, format_table
-from ..models import build_model, default_inference_batch_size, numpy_state
+from ..models import build_model, default_inference_batch_size, numpy_state, start_normalisation
 from ..options import build, opt
 from ..privacy import DEFAULT_MIN_COUNT, as_dicts, strip_paths, suppress_metrics, suppress_small
 from ..seeding import round_seed, seed_everything, set_deterministic, site_seed
@@ -173,7 +173,8 @@ class PartialLabelExecutor(Executor):
         self.trainer_args, _ = self.method_spec.split_options(self.method_args, where)
 
     def _resolve_data(self, fl_ctx: FLContext, site: str) -> None:
-        self.ds_cfg = resolve_dataset(self.dataset)
+        ds = resolve_dataset(self.dataset)
+        self.ds_cfg = start_normalisation(ds, self.model, int(ds["channels"]))  # as the model's start expects
         self.task_type, self.classes = self.ds_cfg["task"], list(self.ds_cfg["classes"])
         workspace = fl_ctx.get_engine().get_workspace()
         local_dir = workspace.get_site_config_dir() if hasattr(workspace, "get_site_config_dir") else None

@@ -23,7 +23,9 @@ model file). The bundle (MONAI Bundle Specification):
 - ``models/model.pt`` (the state dict), ``models/model.ts`` (TorchScript, traced and checked against the
   model), ``models/model.onnx`` with ``--onnx`` (needs the ``onnx`` package: ``pip install onnx``);
 - ``docs/README.md``: the model card (data, sites, metrics with intervals, thresholds, known limits) with its
-  figures (``docs/*.png``).
+  figures (``docs/*.png``);
+- ``.fedpartial-export.json``: the bundle's own files with their sha256; ``--force`` replaces those and keeps
+  anything else in the folder (a user's notes in ``models/``, pages in ``docs/``, the inference's ``eval/``).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ import torch
 
 from ..data import dicom, store
 from ..fl.report import RESULTS_FILE
+from ..plots import FIGURE_NAMES
 from . import bundle_runtime
 from .model_card import write_model_card
 from .predict import LoadedModel, find_thresholds, load_model
@@ -523,12 +526,18 @@ def export_bundle(
 ) -> Path:
     """Write the bundle of ``run``'s global model (``site``: that site's own model, see
     :func:`fedpartial.tools.predict.load_model`) to ``out`` (see the module docstring). Returns ``out``.
-    ``say``: called with a line per step (the command line prints them to stderr)."""
+    ``say``: called with a line per step (the command line prints them to stderr). ``overwrite`` (``--force``):
+    an existing bundle of this tool has its own files replaced; every other file in it is kept (and named)."""
     say = say or (lambda line: None)
     out = Path(out)
     check_output(out, run, job_config, overwrite)
     model = load_model(run, which, job_config, site=site)
-    check_output(out, model.path, None, overwrite)  # the model file found inside the run
+    found = [
+        ("model file", model.path),
+        ("site's model file", model.site_path),
+        ("job configuration", model.config_dir),
+    ]
+    kept = check_output(out, None, None, overwrite, found)  # the files found from the run
     out.expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
     final, out = (
         out,
@@ -536,19 +545,37 @@ def export_bundle(
     )
     try:
         _write_bundle(model, out, torchscript, onnx, say)
+        clash = [rel for rel in kept if (out / rel).exists() or (out / rel).is_symlink()]
+        if clash:
+            raise FileExistsError(
+                f"-o {final} holds {', '.join(clash)}, which the bundle did not write and would now write: move "
+                f"{'it' if len(clash) == 1 else 'them'} out of the bundle first"
+            )
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)
         raise
-    return replace_folder(out, final)
+    replace_folder(out, final.expanduser().resolve(), kept, say)
+    if kept:
+        say(f"kept {len(kept)} file(s) that are not the bundle's: {', '.join(kept)}")
+    return final
 
 
-def check_output(out: Path, run: str | Path, job_config: str | Path | None, overwrite: bool) -> None:
+def check_output(
+    out: Path,
+    run: str | Path | None,
+    job_config: str | Path | None,
+    overwrite: bool,
+    found: list[tuple[str, Path | None]] = (),
+) -> list[str]:
     """Refuse, before anything is read or written, an output folder that is the run, holds it or lies inside it
-    (``--force`` would delete the run), that holds the job configuration, or that exists and is not empty
-    without ``overwrite``; with ``overwrite``, one that is not a bundle of this tool (:func:`is_bundle`: a job
-    folder, a run's checkpoints) or holds anything beside the bundle's own folders (:data:`BUNDLE_PARTS`)."""
+    (``--force`` would delete the run), that is or holds the job configuration or a file ``found`` from the run
+    (``(what, path)``: the model file, a site's model file, the configuration folder), or that exists and is not
+    empty without ``overwrite``; with ``overwrite``, one that is not a bundle of this tool (:func:`is_bundle`: a
+    job folder, a run's checkpoints) or whose own files changed since the export (:func:`own_files`). Returns the
+    files of an existing bundle that are not its own (a user's notes, the inference's ``eval/``): ``--force``
+    keeps them."""
     target = out.expanduser().resolve()
-    for what, path in (("run", run), ("job configuration", job_config)):
+    for what, path in (("run", run), ("job configuration", job_config), *found):
         if path is None:
             continue
         src = Path(path).expanduser().resolve()
@@ -557,12 +584,12 @@ def check_output(out: Path, run: str | Path, job_config: str | Path | None, over
                 f"-o {out} {'is' if target == src else 'holds'} the {what} {path}: the bundle would "
                 "replace it; choose a folder outside the run"
             )
-        if src.is_dir() and src in target.parents:
+        if what == "run" and src.is_dir() and src in target.parents:
             raise ValueError(f"-o {out} lies inside the {what} {path}: choose a folder outside the run")
     if target.is_file():
         raise FileExistsError(f"-o {out} is a file, not a folder")
     if not (target.is_dir() and any(target.iterdir())):
-        return
+        return []
     if not overwrite:
         raise FileExistsError(f"{out} exists and is not empty (pass --force to replace it)")
     if not is_bundle(target):
@@ -570,16 +597,22 @@ def check_output(out: Path, run: str | Path, job_config: str | Path | None, over
             f"-o {out} is not a bundle of fedpartial-export (no configs/metadata.json with its training record): "
             "--force replaces only such a bundle; choose a new or empty folder"
         )
-    extra = sorted(p.name + ("/" if p.is_dir() else "") for p in target.iterdir() if p.name not in BUNDLE_PARTS)
-    if extra:
+    own = own_files(target)
+    changed = [rel for rel, digest in own.items() if _changed(target / rel, digest)]
+    if changed:
         raise FileExistsError(
-            f"-o {out} holds {', '.join(extra)} beside the bundle (e.g. predictions of its inference): --force "
-            "would delete them with it; move them out first"
+            f"-o {out}: {', '.join(changed)} changed since the export ({BUNDLE_MANIFEST} lists {'its' if len(changed) == 1 else 'their'} "
+            "checksums): --force would replace your edit; move it out of the bundle, or export to another folder"
         )
+    return [rel for rel in _entries(target) if rel not in own and rel != BUNDLE_MANIFEST and not _derived(rel)]
 
 
 BUNDLE_PARTS = frozenset({"configs", "models", "docs", "scripts"})
 """The folders a bundle of this tool holds (everything it writes)."""
+BUNDLE_MANIFEST = ".fedpartial-export.json"
+"""The bundle's list of its own files (relative path -> sha256), written last: what ``--force`` replaces."""
+LEGACY_FILES = (*BUNDLE_FILES, "models/model.onnx", *(f"docs/{name}" for name in FIGURE_NAMES.values()))
+"""A bundle's own files by name, for a bundle written before :data:`BUNDLE_MANIFEST` existed."""
 
 
 def is_bundle(folder: Path) -> bool:
@@ -592,22 +625,93 @@ def is_bundle(folder: Path) -> bool:
     return isinstance(meta, dict) and "monai_version" in meta and "training" in meta and (folder / "models").is_dir()
 
 
-def replace_folder(new: Path, target: Path) -> Path:
-    """Move the finished folder ``new`` to ``target``; an existing ``target`` is set aside first and removed only
-    once ``new`` is in its place (a failure in between puts it back). Returns ``target``."""
-    old = None
-    if target.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=new.parent))
-        os.rmdir(old)
-        os.replace(target, old)
+def own_files(folder: Path) -> dict[str, str | None]:
+    """The files the export wrote into the bundle ``folder``: ``{relative path: sha256}`` from its
+    :data:`BUNDLE_MANIFEST`; a bundle without one (written before it existed): the :data:`LEGACY_FILES` it holds,
+    ``{path: None}`` (no checksum to compare)."""
     try:
+        listed = json.loads((folder / BUNDLE_MANIFEST).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {rel: None for rel in LEGACY_FILES if (folder / rel).is_file()}
+    return {str(rel): str(digest) for rel, digest in dict(listed).items() if _inside(folder, rel)}
+
+
+def _inside(folder: Path, rel: str) -> bool:
+    """A listed path that stays inside the bundle (a hand-edited list never names a file elsewhere)."""
+    return not Path(rel).is_absolute() and ".." not in Path(rel).parts and bool(rel)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _changed(path: Path, digest: str | None) -> bool:
+    """Whether a file the export wrote was changed since (another file, a link or a folder in its place); a file
+    that is gone is no change (nothing of the user's to keep)."""
+    if not (path.exists() or path.is_symlink()):
+        return False
+    if path.is_symlink() or not path.is_file():
+        return True
+    return digest is not None and _sha256(path) != digest
+
+
+def _derived(rel: str) -> bool:
+    """What running the bundle leaves in it (Python's ``__pycache__`` of ``scripts/``): the export's own."""
+    return "__pycache__" in Path(rel).parts
+
+
+def _entries(folder: Path) -> list[str]:
+    """Every file, link and empty folder under ``folder`` (not following links), as sorted relative paths."""
+    out = []
+    for root, dirs, files in os.walk(folder):
+        base = Path(root)
+        for d in dirs:
+            if (base / d).is_symlink():
+                out.append((base / d).relative_to(folder).as_posix())
+        if not dirs and not files and base != folder:
+            out.append(base.relative_to(folder).as_posix())
+        out += [(base / f).relative_to(folder).as_posix() for f in files]
+    return sorted(out)
+
+
+def replace_folder(new: Path, target: Path, keep: list[str] = (), say=None) -> Path:
+    """Move the finished folder ``new`` to ``target``; ``keep``: files of an existing ``target`` (relative paths)
+    moved into ``new`` first. An existing ``target`` is set aside and removed only once ``new`` is in its place
+    (a failure in between puts it and the kept files back), and only when nothing but the bundle's own files is
+    left in it (else it stays, named). Returns ``target``."""
+    say = say or (lambda line: None)
+    old, moved = None, []
+    try:
+        for rel in keep:
+            dst = new / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(target / rel, dst)
+            moved.append(rel)
+        if target.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".old", dir=new.parent))
+            os.rmdir(old)
+            os.replace(target, old)
         os.replace(new, target)
     except BaseException:
-        if old is not None:
+        if old is not None and old.exists() and not target.exists():
             os.replace(old, target)
+        for rel in reversed(moved):
+            os.replace(new / rel, target / rel)
         raise
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        own = own_files(old)
+        left = [rel for rel in _entries(old) if rel not in own and rel != BUNDLE_MANIFEST and not _derived(rel)]
+        left = [rel for rel in left if (old / rel).is_symlink() or not (old / rel).is_dir()]  # emptied folders go
+        if left:
+            say(
+                f"note: {old} holds {', '.join(left[:5])}{', ...' if len(left) > 5 else ''} (not the bundle's): left there"
+            )
+        else:
+            shutil.rmtree(old, ignore_errors=True)
     return target
 
 
@@ -648,6 +752,10 @@ def _write_bundle(model, out: Path, torchscript: bool, onnx: bool, say) -> None:
     if model.site and results:  # the card's figures from the site's own evaluation, not from the pooled one
         results = {**results, "final": {model.path.name: {**own, "sites": [model.site]}}}
     write_model_card(out, meta, own, results)
+    files = {p.relative_to(out).as_posix(): _sha256(p) for p in sorted(out.rglob("*")) if p.is_file()}
+    (out / BUNDLE_MANIFEST).write_text(
+        json.dumps({"format": 1, "written_by": "fedpartial-export", "files": files}, indent=1) + "\n"
+    )
 
 
 def _json_default(o):
@@ -687,8 +795,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--force",
         action="store_true",
-        help="replace an existing bundle of this tool (nothing else: another folder, or files beside the bundle, "
-        "are refused)",
+        help="replace the files of an existing bundle of this tool (its .fedpartial-export.json lists them); "
+        "every other file in it is kept and named; another folder is refused",
     )
     a = ap.parse_args(argv)
     try:

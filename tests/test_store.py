@@ -243,6 +243,58 @@ def test_fedpartial_store_builds_what_the_site_then_opens_without_decoding(tmp_p
     assert calls == [] and batch["image"].shape == (4, 1, 16, 16) and batch["image"].dtype == torch.float32
 
 
+def test_fedpartial_store_finds_every_corrupt_chunk_and_decodes_only_those(tmp_path, monkeypatch, capsys):
+    """A store whose chunks changed on disk after its build: the job's sample of four chunks may miss one (chunk 3
+    of 5 here) and refuses the store when it finds one (chunk 0), naming fedpartial-store; fedpartial-store checks
+    every chunk, names the bad ones and decodes their rows only, and the store then opens and reads as built."""
+    import json
+
+    from fedpartial.data.store_cli import main
+
+    n = 5 * st.CHUNK_ROWS - 10  # 5 chunks; open_store's sample checks chunks 0, 1, 2 and 4
+    _images(tmp_path, n, 12)
+    (tmp_path / "train.csv").write_text("image,Atelectasis\n" + "".join(f"img{i}.png,{i % 2}\n" for i in range(n)))
+    cfg = tmp_path / "fedpartial_data.json"
+    cfg.write_text(json.dumps({"datasets": {"nih_cxr14": {"data_root": ".", "train": "train.csv"}}}))
+    monkeypatch.setenv("FEDPARTIAL_CACHE", str(tmp_path / "cache"))
+    argv = ["--site-config", str(cfg), "--preset", "nih_cxr14", "--image-size", "8", "--workers", "1"]
+    assert main(argv) == 0
+    folder = next(p for p in (tmp_path / "cache" / "stores").glob("*-8px-*") if p.is_dir())
+    good = np.load(folder / "images.npy").copy()
+    per = st.CHUNK_ROWS
+    mm = np.load(folder / "images.npy", mmap_mode="r+")
+    mm[3 * per + 5, 0, 2, 2] ^= 0xFF  # chunk 3: outside the sample
+    mm.flush()
+    del mm
+    open_store(folder)  # the fault: the job's check does not see it
+    capsys.readouterr()
+    calls = []
+    real = st.decode_resized
+    monkeypatch.setattr(st, "decode_resized", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    said = out.out + out.err
+    assert f"rows {3 * per}..{4 * per - 1} do not match their checksum" in said, said
+    assert len(calls) == per  # that chunk's rows, decoded again
+    assert np.array_equal(np.load(folder / "images.npy"), good)
+    open_store(folder).verify()
+    # a bad chunk in the sample: the job refuses the store, the tool rebuilds it (two chunks at once)
+    mm = np.load(folder / "images.npy", mmap_mode="r+")
+    mm[0, 0, 0, 0] ^= 0xFF
+    mm[4 * per, 0, 0, 0] ^= 0xFF
+    mm.flush()
+    del mm
+    with pytest.raises(StoreError, match="fedpartial-store"):
+        open_store(folder)
+    calls.clear()
+    assert main(argv) == 0
+    said = "".join(capsys.readouterr())
+    assert f"rows 0..{per - 1}, {4 * per}..{n - 1} do not match their checksum" in said, said
+    assert len(calls) == per + (n - 4 * per)
+    assert np.array_equal(np.load(folder / "images.npy"), good)
+    open_store(folder).verify()
+
+
 def _site(tmp_path, n=6, cache="store"):
     from fedpartial.data.manifest import read_manifest, write_manifest
     from fedpartial.data.presets import resolve_dataset

@@ -613,6 +613,37 @@ def open_store(folder: str | os.PathLike, key: str | None = None, check_chunks: 
     return ImageStore(folder, meta)
 
 
+def corrupt_chunks(folder: str | os.PathLike, redo: bool = False) -> list[tuple[int, int]]:
+    """Rows ``(first, last)`` of every chunk of a complete store whose bytes do not match their crc32 in
+    ``chunks.log`` (or that the log lacks): all of ``images.npy`` read once (``fedpartial-store``; a job checks a
+    sample of chunks when it opens a store, and each chunk before it serves its rows). ``redo``: those chunks are
+    marked to be decoded again, and the store is unfinished until a build (:func:`ensure_store`) decodes their rows,
+    and only theirs. A store that is unfinished or cannot be read as a whole: ``[]`` (:func:`open_store` says why)."""
+    folder = Path(folder)
+    try:
+        meta = json.loads((folder / "store.json").read_text())
+        shape, per = [int(s) for s in meta["shape"]], int(meta["chunk_rows"])
+        if not meta.get("complete") or per < 1:
+            return []
+        mm = np.load(folder / "images.npy", mmap_mode="r")
+    except (OSError, ValueError, EOFError, KeyError, TypeError):
+        return []
+    if list(mm.shape) != shape:
+        return []
+    n, crcs = shape[0], _read_log(folder / "chunks.log")
+    bad = [
+        c
+        for c in range(-(-n // per))
+        if c not in crcs or zlib.crc32(memoryview(mm[c * per : (c + 1) * per]).cast("B")) != crcs[c]
+    ]
+    del mm
+    if redo and bad:
+        _append_log(folder / "chunks.log", [f"-{c + 1} 0" for c in bad if c in crcs])
+        meta["complete"] = False
+        _write_json(folder / "store.json", meta)
+    return [(c * per, min(n, (c + 1) * per) - 1) for c in bad]
+
+
 def _read_index(folder: Path) -> dict[str, np.ndarray]:
     with np.load(folder / "index.npz", allow_pickle=False) as z:
         return {k: z[k] for k in z.files if k != "paths"}  # paths: ImageStore.paths, on demand

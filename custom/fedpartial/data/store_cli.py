@@ -1,7 +1,8 @@
 """``fedpartial-store``: build the image stores of a prepared folder or of a site's manifests before a job.
 
 A job opens its stores in seconds when they exist (``docs/datasets.md``, "Image store"); building them takes
-the decoding of every image once (every core). Run it before the job at a real site (the stores of its
+the decoding of every image once (every core). An existing store has every chunk checked against its checksum
+(a job checks a sample): the chunks that changed on disk are named and their rows decoded again. Run it before the job at a real site (the stores of its
 ``fedpartial_data.json`` manifests) or for a simulated split (a ``fedpartial-prepare`` folder: every site's
 training rows, the validation and test sets)::
 
@@ -26,7 +27,7 @@ from .manifest import RESERVED_COLS, Manifest, ManifestError, read_manifest
 from .prepared import load_prepared
 from .presets import resolve_dataset
 from .site_files import read_site_config
-from .store import ImageStore, StoreError
+from .store import ImageStore, Preprocessing, StoreError, corrupt_chunks, store_folder
 
 
 def prepared_manifests(folder: str | os.PathLike, task: str | None = None) -> dict[str, dict[str, Manifest]]:
@@ -61,16 +62,43 @@ def build_all(
     workers: int | None = None,
     log_fn: Callable[[str], None] | None = None,
 ) -> dict[str, ImageStore]:
-    """Open or build the store of every (site, split) manifest (a set shared by several sites once).
-    Returns ``{"<site>/<split>": store}``."""
+    """Open or build the store of every (site, split) manifest (a set shared by several sites once), every
+    chunk of an existing store checked first (:func:`repair`). Returns ``{"<site>/<split>": store}``."""
     from .sitedata import SiteDatasets  # imported where used: loads torch
 
     out: dict[str, ImageStore] = {}
+    checked: set[Path] = set()
     for site, splits in manifests.items():
         data = SiteDatasets(splits, dataset, log_fn=log_fn)
         for split in splits:
+            if data.uses_store:
+                repair(data, split, checked)
             out[f"{site}/{split}"] = data.store(split)
     return out
+
+
+def repair(data, split: str, checked: set[Path]) -> None:
+    """Check every chunk of the split's existing store (the folder a job opens); the chunks that changed on disk
+    since the build are named and marked to be decoded again, which :meth:`SiteDatasets.store` then does (their
+    rows only). A job checks a sample of chunks when it opens a store, and names this tool when one is corrupt."""
+    from filelock import FileLock
+
+    m = data.manifests[split]
+    folder = store_folder(
+        m.paths, Preprocessing.of(data.cfg), data.cfg.get("cache_dir") or data.cache_dir, data.store_name(split)
+    )
+    if folder in checked or not (folder / "store.json").is_file():
+        return
+    checked.add(folder)
+    with FileLock(str(folder) + ".lock"):
+        bad = corrupt_chunks(folder, redo=True)
+    if bad:
+        rows = ", ".join(f"{a}..{b}" for a, b in bad)
+        print(
+            f"image store {folder}: rows {rows} do not match their checksum (changed on disk since the build): "
+            f"decoding {'them' if len(bad) > 1 else 'those rows'} again",
+            flush=True,
+        )
 
 
 def _header_classes(file: Path) -> list[str]:

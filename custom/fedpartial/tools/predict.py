@@ -31,6 +31,14 @@ a class without one uses 0.5). Without ``--thresholds`` the CSV holds the probab
 ``fedpartial-evaluate`` the thresholded metrics (BACC, F1, precision, recall) use 0.5 unless ``--thresholds``
 says otherwise. A single-label model predicts the argmax: thresholds do not apply (an error).
 
+Checks before any image is read: the model file's archive checksums (a damaged copy is one line naming it) and
+its tensors' shapes against the model the job's configuration builds; a folder holding several runs is refused,
+naming them (pass one as ``RUN``); an output (``-o``, ``--json``, the figures) that is an input (the run, its model
+file or its folder of model files, the job configuration, the manifest, an image), compared by real path, is
+refused naming both. An image that cannot be read is left out as an exported bundle leaves it out: a line naming
+it, its row after the others with empty cells and the reason in a last column ``error``; the exit status is 2 only
+when no image could be read.
+
 Figures (``fedpartial-evaluate``): per-class ROC and precision-recall curves with the operating threshold marked
 (``--thresholds``, else 0.5 as an open dot; none for a single-label model), the per-class AUROC with its bootstrap
 interval and, from the run's ``results.json``, each site's test AUROC per class, as PNG files beside

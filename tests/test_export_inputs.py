@@ -100,7 +100,7 @@ def test_missing_value_spellings_in_class_columns_are_blank_and_minus_one_stays_
 
 
 def test_a_multilabel_column_reads_missing_values_and_merges_spellings(tmp_path):
-    labels = ["Effusion|Mass", "effusion", "No Finding", "no finding", "NaN", "Mass", "MASS|Effusion"]
+    labels = ["Effusion|Mass", "effusion", "No Finding", "no finding", "NaN", "Mass|nan", "MASS|Effusion", "N/A|"]
     table = load_source("csv", _export(tmp_path, labels, "Finding Labels"), label_column="Finding Labels")
     assert table.task == "multilabel" and table.classes == ["Effusion", "Mass"]
     assert table.frame[["Effusion", "Mass"]].to_numpy().tolist() == [
@@ -109,11 +109,14 @@ def test_a_multilabel_column_reads_missing_values_and_merges_spellings(tmp_path)
         [0, 0],
         [0, 0],  # 'no finding' is the none label in another case
         [NOT_ANNOTATED, NOT_ANNOTATED],
-        [0, 1],
+        [0, 1],  # a stray missing token beside a finding is dropped
         [1, 1],
+        [NOT_ANNOTATED, NOT_ANNOTATED],
     ]
-    assert any("'NaN' (1 row)" in n for n in table.notes)
-    assert any("class 'Mass' also spelt 'MASS' (1 row)" in n for n in table.notes)
+    notes = "\n".join(table.notes)
+    assert "2 cell(s) of column 'Finding Labels' spell a missing value" in notes and "'N/A' (1 row)" in notes
+    assert "1 missing value(s) beside a class name in column 'Finding Labels' were dropped: 'nan' (1 row)" in notes
+    assert "class 'Mass' also spelt 'MASS' (1 row)" in notes
 
 
 # ------------------------------------------------------------------------------------------ one class, many spellings

@@ -279,7 +279,8 @@ def _label_names(
     Names equal up to case and surrounding spaces are one class (:func:`~.base.merge_spellings`): ``classes``'
     spelling, else the most frequent; ``none_label`` is matched so too."""
     names: list[list[str] | None] = []
-    missing: dict[str, int] = {}
+    missing: dict[str, int] = {}  # cells that name nothing: unlabelled
+    stray: dict[str, int] = {}  # a missing value beside a class name ('Mass|nan'): dropped
     none_key = spelling_key(none_label)
     for cell in cells:
         if is_missing(cell) and spelling_key(cell) != none_key:
@@ -288,6 +289,13 @@ def _label_names(
             continue
         parts = [s.strip() for s in (cell.split(separator) if separator else [cell])]
         parts = [s for s in parts if s]
+        gone = [s for s in parts if is_missing(s) and spelling_key(s) != none_key]  # 'Mass|nan': a stray token
+        parts = [s for s in parts if s not in gone]
+        for s in gone:
+            (stray if parts else missing)[s] = (stray if parts else missing).get(s, 0) + 1
+        if not parts:  # 'nan|N/A': nothing named
+            names.append(None)
+            continue
         names.append([] if [spelling_key(s) for s in parts] == [none_key] else parts)
     found: dict[str, int] = {}
     for row in names:
@@ -304,6 +312,11 @@ def _label_names(
             f"{sum(missing.values())} cell(s) of column {column!r} spell a missing value, read as "
             + ("unlabelled images" if blank == "ignore" else "no class positive (blank=zeros)")
             + f": {count_text(missing)}",
+        )
+    if stray:
+        notes.append(
+            f"{sum(stray.values())} missing value(s) beside a class name in column {column!r} were dropped: "
+            f"{count_text(stray)}"
         )
     if classes is None:
         return names, sorted(set(kept.values())), notes

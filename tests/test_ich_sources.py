@@ -174,10 +174,14 @@ def test_read_dicom_hu_defaults_and_errors(tmp_path):
     ds.RescaleSlope, ds.RescaleIntercept = 2, -1000
     _write_dicom(ds, tmp_path / "c.dcm", raw, "ID_c", "P1", 0, 3)
     np.testing.assert_array_equal(read_dicom_hu(tmp_path / "c.dcm"), raw * 2.0 - 1000)
-    # the RSNA 12-bit files with a wrong intercept are repaired: stored 3096 -> -1000 HU, 40 -> 40 HU
+    # the RSNA 12-bit files with a wrong intercept are repaired: stored 3096 -> -1000 HU, 40 -> 40 HU; the release
+    # is recognised by its own SOP Instance UIDs (ID_<hex>), so another CT with the same bit layout is left as it is
     ds.PixelRepresentation, ds.BitsStored, ds.HighBit, ds.RescaleIntercept, ds.RescaleSlope = 0, 12, 11, 0, 1
     bad = np.where(raw % 2 == 0, 3096, 40).astype(np.int16)
-    _write_dicom(ds, tmp_path / "d.dcm", bad, "ID_d", "P1", 0, 4)
+    _write_dicom(ds, tmp_path / "other.dcm", bad, "ID_d", "P1", 0, 4)
+    np.testing.assert_array_equal(read_dicom_hu(tmp_path / "other.dcm"), bad.astype(np.float32))
+    ds.SOPInstanceUID = "ID_0123abcde"
+    ds.save_as(tmp_path / "d.dcm", enforce_file_format=True)
     np.testing.assert_array_equal(read_dicom_hu(tmp_path / "d.dcm"), np.where(raw % 2 == 0, -1000.0, 40.0))
     assert first_value(MultiValue(float, [2.0, 3.0]), 1) == 2 and first_value(None, 1) == 1 and first_value("", 0) == 0
     (tmp_path / "junk.dcm").write_bytes(b"not a dicom file")

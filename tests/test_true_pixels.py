@@ -69,6 +69,94 @@ def test_sbit_wins_over_the_images_own_depth(tmp_path):
     assert sixteen_bit_scale(dark, str(tmp_path / "nosbit.png")) == 4095
 
 
+def _chunk(kind: bytes, data: bytes) -> bytes:
+    return len(data).to_bytes(4, "big") + kind + data + zlib.crc32(kind + data).to_bytes(4, "big")
+
+
+def _rgb16_png(path, rgb16: np.ndarray, sbit: int | None) -> None:
+    """A 16-bit RGB PNG written by hand (Pillow writes none), row r filtered with PNG filter r % 5 (None, Sub, Up,
+    Average, Paeth: the unfiltering runs over 6-byte pixels); with ``sbit`` an sBIT chunk for each channel."""
+    h, w, _ = rgb16.shape
+    raw = np.frombuffer(rgb16.astype(">u2").tobytes(), np.uint8).reshape(h, w * 6).astype(np.int64)
+    rows, prior = [], np.zeros(w * 6, np.int64)
+    for r in range(h):
+        x = raw[r]
+        left = np.concatenate([np.zeros(6, np.int64), x[:-6]])
+        upleft = np.concatenate([np.zeros(6, np.int64), prior[:-6]])
+        p = left + prior - upleft
+        pa, pb, pc = np.abs(p - left), np.abs(p - prior), np.abs(p - upleft)
+        paeth = np.where((pa <= pb) & (pa <= pc), left, np.where(pb <= pc, prior, upleft))
+        pred = [0, left, prior, (left + prior) // 2, paeth][r % 5]
+        rows.append(bytes([r % 5]) + ((x - pred) % 256).astype(np.uint8).tobytes())
+        prior = x
+    ihdr = w.to_bytes(4, "big") + h.to_bytes(4, "big") + bytes([16, 2, 0, 0, 0])  # 16 bits, colour type 2 (RGB)
+    sbit_chunk = _chunk(b"sBIT", bytes([sbit] * 3)) if sbit else b""
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n"
+        + _chunk(b"IHDR", ihdr)
+        + sbit_chunk
+        + _chunk(b"IDAT", zlib.compress(b"".join(rows)))
+        + _chunk(b"IEND", b"")
+    )
+
+
+def _rgb16_tiff(path, rgb16: np.ndarray, deflate: bool) -> None:
+    """A 16-bit RGB TIFF (little endian, one strip, uncompressed or deflate) written by hand."""
+    import struct
+
+    h, w, _ = rgb16.shape
+    data = rgb16.astype("<u2").tobytes()
+    data = zlib.compress(data) if deflate else data
+    tags = [(256, 3, 1, w), (257, 3, 1, h), (258, 3, 3, 0), (259, 3, 1, 8 if deflate else 1), (262, 3, 1, 2)]
+    tags += [(273, 4, 1, 0), (277, 3, 1, 3), (278, 3, 1, h), (279, 4, 1, len(data)), (284, 3, 1, 1)]
+    bps_at = 8 + 2 + 12 * len(tags) + 4
+    out = b"II*\x00" + struct.pack("<IH", 8, len(tags))
+    for tag, kind, count, value in tags:
+        value = {258: bps_at, 273: bps_at + 6}.get(tag, value)
+        out += struct.pack("<HHI", tag, kind, count) + struct.pack(
+            "<HH" if kind == 3 else "<I", *((value, 0) if kind == 3 else (value,))
+        )
+    path.write_bytes(out + struct.pack("<I", 0) + struct.pack("<3H", 16, 16, 16) + data)
+
+
+def _colour_gradient() -> np.ndarray:
+    g = _gradient()
+    return np.stack([g, 255 - g, np.roll(g, 7, axis=1)], axis=-1)
+
+
+@pytest.mark.parametrize("sbit", [12, None])
+def test_a_16_bit_rgb_png_of_12_bit_values_decodes_as_its_8_bit_rendering(tmp_path, sbit):
+    """Pillow opens a 16-bit RGB PNG as 8-bit RGB of each sample's high byte: 12-bit values 0..4,095 became
+    0..15. Read at full depth and scaled by its sBIT (or, without one, by the 12 bits its largest value needs)."""
+    rgb8 = _colour_gradient()
+    Image.fromarray(rgb8).save(tmp_path / "rgb8.png")
+    deep = np.rint(rgb8.astype(np.float64) * 4095 / 255).astype(np.uint16)
+    _rgb16_png(tmp_path / "rgb16.png", deep, sbit)
+    assert (
+        Image.open(tmp_path / "rgb16.png").mode == "RGB" and png_significant_bits(str(tmp_path / "rgb16.png")) == sbit
+    )
+    for channels in (3, 1):
+        prep = Preprocessing(32, channels, None, "area")
+        want = decode_resized(tmp_path / "rgb8.png", prep, channels).astype(int)
+        got = decode_resized(tmp_path / "rgb16.png", prep, channels).astype(int)
+        assert got.shape == want.shape and np.abs(got - want).max() <= 1
+    np.testing.assert_allclose(read_image(tmp_path / "rgb16.png", 3), rgb8.transpose(2, 0, 1) / 255.0, atol=1.0 / 255)
+    info: dict = {}
+    read_image(tmp_path / "rgb16.png", 1, info=info)
+    assert info == {"bits": 12, "declared": sbit is not None}
+
+
+@pytest.mark.parametrize("deflate", [False, True])
+def test_a_16_bit_rgb_tiff_decodes_at_its_full_depth(tmp_path, deflate):
+    rgb8 = _colour_gradient()
+    Image.fromarray(rgb8).save(tmp_path / "rgb8.png")
+    _rgb16_tiff(tmp_path / "rgb16.tif", np.rint(rgb8.astype(np.float64) * 4095 / 255).astype(np.uint16), deflate)
+    prep = Preprocessing(32, 3, None, "area")
+    want = decode_resized(tmp_path / "rgb8.png", prep, 3).astype(int)
+    assert np.abs(decode_resized(tmp_path / "rgb16.tif", prep, 3).astype(int) - want).max() <= 1
+    np.testing.assert_allclose(read_image(tmp_path / "rgb16.tif", 3), rgb8.transpose(2, 0, 1) / 255.0, atol=1.0 / 255)
+
+
 @pytest.mark.parametrize(
     "orientation,turn",
     [(6, Image.Transpose.ROTATE_90), (8, Image.Transpose.ROTATE_270), (3, Image.Transpose.ROTATE_180)],

@@ -46,7 +46,8 @@ from ..processes import pool_worker_init
 from .cache import store_root
 
 FORMAT = "fedpartial-image-store"
-VERSION = 2  # 2: EXIF orientation applied, 16-bit images scaled by their significant bits
+VERSION = 3  # 2: EXIF orientation applied, 16-bit images scaled by their significant bits; 3: DICOM by the
+# standard (VOI LUT, MONOCHROME1, the RSNA ICH repair only for that release), 16-bit colour PNG / TIFF at full depth
 TRACE_ENV = "FEDPARTIAL_STORE_TRACE"  # a file each decoded row is appended to (benchmarks count decodes with it)
 CHUNK_ROWS = 64  # rows per committed chunk (a killed build loses at most the chunks being decoded)
 RESIZE_FILTERS = {
@@ -184,17 +185,58 @@ def png_significant_bits(path: str) -> int | None:
             f.seek(length + 4, 1)  # the chunk and its CRC
 
 
+def significant_bits(arr, path: str) -> tuple[int, bool]:
+    """``(bits, declared)``: the significant bits of an integer image of more than 8 bits (``arr``: its pixels,
+    grey or colour): those its PNG ``sBIT`` chunk declares (``declared`` True), else the image's own depth, the
+    smallest of 8, 10, 12, 14 and 16 bits that holds its largest value (``declared`` False)."""
+    bits = png_significant_bits(path)
+    if bits and bits <= 16:
+        return int(bits), True
+    top = int(arr.max(initial=0))
+    return next(b for b in (8, 10, 12, 14, 16) if top < 2**b), False
+
+
 def sixteen_bit_scale(arr, path: str) -> float:
     """The full-scale value of an integer image of more than 8 bits (``arr``: its pixels): ``2**b - 1`` for the
     bits ``b`` its PNG ``sBIT`` chunk declares, else for the image's own depth, the smallest of 8, 10, 12, 14 and
     16 bits that holds its largest value (a PACS export writes 12-bit values into 16-bit PNGs; divided by 65,535 its
     4,096 grey levels became about 13 of 255). A dark 16-bit image without ``sBIT`` is thus stretched to its
-    depth's range: export ``sBIT`` (e.g. ``pydicom``'s bits stored) to keep it."""
-    bits = png_significant_bits(path)
-    if not bits or bits > 16:
-        top = int(arr.max(initial=0))
-        bits = next(b for b in (8, 10, 12, 14, 16) if top < 2**b)
-    return float(2**bits - 1)
+    depth's range: export ``sBIT`` (e.g. ``pydicom``'s bits stored) to keep it (:func:`significant_bits`)."""
+    return float(2 ** significant_bits(arr, path)[0] - 1)
+
+
+def low_byte_tiles(im) -> list | None:
+    """For an opened image of 16 bits per colour sample (a 16-bit RGB / RGBA PNG or TIFF: Pillow has no 16-bit
+    colour mode and decodes each sample to its high byte, so 12-bit values 0..4,095 become 0..15), its tiles
+    set to decode each sample's low byte instead (the same decoder and unfiltering, the other byte of each
+    sample unpacked); None for any other image."""
+    if im.mode not in ("RGB", "RGBA") or not im.tile:
+        return None
+    swap = {"B": "L", "L": "B", "N": "B" if sys.byteorder == "little" else "L"}
+    tiles = []
+    for t in im.tile:
+        args = t[3]
+        raw = args if isinstance(args, str) else args[0] if isinstance(args, tuple) and args else None
+        if not isinstance(raw, str) or raw[-4:-1] != ";16" or raw[-1] not in swap:
+            return None
+        raw = raw[:-1] + swap[raw[-1]]
+        args = raw if isinstance(args, str) else (raw, *args[1:])
+        tiles.append(t._replace(args=args) if hasattr(t, "_replace") else (t[0], t[1], t[2], args))
+    return tiles
+
+
+def deep_colour(im, path: str):
+    """``(H, W, 3)`` uint16 of a 16-bit-per-sample colour image (:func:`low_byte_tiles`; ``im``: the file opened,
+    nothing decoded yet) turned upright (:func:`upright`): its high bytes decoded as Pillow does, its low bytes
+    from the file opened again; None for any other image (``im`` untouched)."""
+    tiles = low_byte_tiles(im)
+    if tiles is None:
+        return None
+    high = np.asarray(upright(im))[..., :3].astype(np.uint16)
+    with open_image(path) as again:
+        again.tile = tiles
+        low = np.asarray(upright(again))[..., :3]
+    return (high << 8) | low
 
 
 def upright(im):
@@ -208,10 +250,12 @@ def upright(im):
 
 
 def native_channels(path: str, prep: Preprocessing) -> int:
-    """The channels an image has before any matching (1 gray, 3 colour, the CT windows for DICOM); reads the
-    header only."""
+    """The channels an image has before any matching (1 gray, 3 colour, one per CT window for a CT slice when the
+    job has them); reads the header only."""
     if is_dicom(path):
-        return len(prep.ct_windows) if prep.ct_windows else 1
+        from .dicom import dicom_channels  # here: the bundle's copy holds it in this module (tools/bundle_decoder.py)
+
+        return dicom_channels(path, prep.ct_windows)
     with open_image(path) as im:
         return 1 if im.mode in ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F") else 3
 
@@ -262,9 +306,10 @@ def _resize_float(x: np.ndarray, size: int, flt) -> np.ndarray:
 def decode_resized(path: str | os.PathLike, prep: Preprocessing, channels: int) -> np.ndarray:
     """One image file -> ``(channels, S, S)`` uint8: decoded once (a JPEG at the smallest DCT scale that still
     covers ``S``, ``Image.draft``), turned upright by its EXIF orientation (:func:`upright`), resized with
-    ``prep.resize_mode`` (area = box filter), 8-bit values kept, deeper integer images scaled by their significant
-    bits (:func:`sixteen_bit_scale`), float min-max scaled, to [0, 255], DICOM through the CT windows (else
-    min-max). Gray -> more channels
+    ``prep.resize_mode`` (area = box filter), 8-bit values kept, deeper integer images, grey or colour (a 16-bit
+    RGB PNG at its full depth, :func:`deep_colour`), scaled by their significant bits (:func:`sixteen_bit_scale`),
+    float min-max scaled, to [0, 255]; DICOM as :func:`fedpartial.data.dicom.dicom_pixels` shows it (CT through
+    ``prep.ct_windows``; a radiograph through its VOI LUT, MONOCHROME1 inverted). Gray -> more channels
     repeats, colour -> 1 channel is the luma (ITU-R 601-2).
 
     Raises:
@@ -273,37 +318,36 @@ def decode_resized(path: str | os.PathLike, prep: Preprocessing, channels: int) 
     path = str(path)
     size, flt = prep.image_size, RESIZE_FILTERS[prep.resize_mode]
     if is_dicom(path):
-        # imported here: tools/export.py copies this function into the bundle's decoder, beside these helpers
-        from .dicom import apply_windows, read_dicom_hu
+        # imported here: tools/bundle_decoder.py copies this function into the bundle's decoder, beside these helpers
+        from .dicom import dicom_pixels
 
-        hu = read_dicom_hu(path)
-        if prep.ct_windows:
-            x = apply_windows(hu, prep.ct_windows)
-        else:
-            lo, hi = float(hu.min()), float(hu.max())
-            x = ((hu - lo) / (hi - lo) if hi > lo else np.zeros_like(hu)).astype(np.float32)[None]
-        out = _resize_float(x, size, flt)
+        out = _resize_float(dicom_pixels(path, prep.ct_windows), size, flt)
     else:
         with open_image(path) as im:
-            if im.format == "JPEG":
-                im.draft("L" if channels == 1 else "RGB", (size, size))
-            im = upright(im)
-            mode = im.mode
-            if mode in ("I", "I;16", "I;16B", "I;16L", "F"):
-                arr = np.asarray(im).astype(np.float32)
-                if mode != "F" and arr.min(initial=0) >= 0 and arr.max(initial=0) <= 65535:
-                    arr = arr / sixteen_bit_scale(arr, path)
-                else:
-                    lo, hi = float(arr.min()), float(arr.max())
-                    arr = (arr - lo) / (hi - lo) if hi > lo else np.zeros_like(arr)
-                out = _resize_float(arr[None], size, flt)
+            deep = deep_colour(im, path)
+            if deep is not None:
+                x = deep.astype(np.float32) / np.float32(sixteen_bit_scale(deep, path))
+                out = _resize_float(x.transpose(2, 0, 1), size, flt)
             else:
-                if (channels == 1 and mode != "L") or mode in ("1", "LA"):
-                    im = im.convert("L")
-                if im.mode not in ("L", "RGB"):
-                    im = im.convert("RGB")
-                a = np.asarray(im.resize((size, size), flt))
-                out = a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
+                if im.format == "JPEG":
+                    im.draft("L" if channels == 1 else "RGB", (size, size))
+                im = upright(im)
+                mode = im.mode
+                if mode in ("I", "I;16", "I;16B", "I;16L", "F"):
+                    arr = np.asarray(im).astype(np.float32)
+                    if mode != "F" and arr.min(initial=0) >= 0 and arr.max(initial=0) <= 65535:
+                        arr = arr / sixteen_bit_scale(arr, path)
+                    else:
+                        lo, hi = float(arr.min()), float(arr.max())
+                        arr = (arr - lo) / (hi - lo) if hi > lo else np.zeros_like(arr)
+                    out = _resize_float(arr[None], size, flt)
+                else:
+                    if (channels == 1 and mode != "L") or mode in ("1", "LA"):
+                        im = im.convert("L")
+                    if im.mode not in ("L", "RGB"):
+                        im = im.convert("RGB")
+                    a = np.asarray(im.resize((size, size), flt))
+                    out = a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
     c = out.shape[0]
     if c == channels:
         return np.ascontiguousarray(out)

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from .dicom import apply_windows, read_dicom_hu  # DICOM -> HU (H, W); HU -> (n_windows, H, W) in [0, 1]
-from .store import is_dicom, open_image, sixteen_bit_scale, upright  # the store's one decoding of a file
+from .dicom import apply_windows, dicom_pixels, read_dicom_hu  # noqa: F401 - DICOM -> [0, 1]; HU; HU -> windows
+from .store import deep_colour, is_dicom, open_image, significant_bits, upright  # the store's decoding of a file
 from .views import KINDS, view_params  # noqa: F401 - KINDS: the view kinds, also read from here
 
 if TYPE_CHECKING:  # annotations only: MONAI is imported where a pipeline is built (below)
@@ -86,19 +86,27 @@ def _minmax(x: np.ndarray) -> np.ndarray:
     return ((x - lo) / (hi - lo) if hi > lo else np.zeros_like(x)).astype(np.float32)
 
 
-def _read_pil(path: str) -> np.ndarray:
-    """PNG/JPG/... -> ``(1 or 3, H, W)`` float32 in [0, 1] (8-bit / 255, 16-bit / 65535, other: min-max)."""
+def _read_pil(path: str, info: dict | None = None) -> np.ndarray:
+    """PNG/JPG/... -> ``(1 or 3, H, W)`` float32 in [0, 1]: 8-bit / 255, deeper integer images (grey, or a 16-bit
+    colour PNG / TIFF at its full depth: :func:`~fedpartial.data.store.deep_colour`) by their significant bits
+    (:func:`~fedpartial.data.store.significant_bits`, recorded in ``info`` as ``bits`` / ``declared``), other:
+    min-max."""
     with open_image(path) as im:
-        im = upright(im)
-        if im.mode in ("1", "LA"):
-            im = im.convert("L")
-        elif im.mode not in ("L", "RGB") and not im.mode.startswith("I") and im.mode != "F":
-            im = im.convert("RGB")  # P, PA, RGBA, CMYK, YCbCr, ... (alpha dropped)
-        arr = np.asarray(im)
+        arr = deep_colour(im, path)
+        if arr is None:
+            im = upright(im)
+            if im.mode in ("1", "LA"):
+                im = im.convert("L")
+            elif im.mode not in ("L", "RGB") and not im.mode.startswith("I") and im.mode != "F":
+                im = im.convert("RGB")  # P, PA, RGBA, CMYK, YCbCr, ... (alpha dropped)
+            arr = np.asarray(im)
     if arr.dtype == np.uint8:
         x = arr.astype(np.float32) / 255.0
     elif arr.dtype == np.uint16 or (arr.dtype.kind in "iu" and arr.max(initial=0) <= 65535 and arr.min(initial=0) >= 0):
-        x = arr.astype(np.float32) / sixteen_bit_scale(arr, path)
+        bits, declared = significant_bits(arr, path)
+        if info is not None:
+            info.update(bits=bits, declared=declared)
+        x = arr.astype(np.float32) / np.float32(2**bits - 1)
     else:
         x = _minmax(arr.astype(np.float32))
     return x[None] if x.ndim == 2 else np.ascontiguousarray(x.transpose(2, 0, 1))
@@ -116,11 +124,16 @@ def _match_channels(x: np.ndarray, channels: int, path: str) -> np.ndarray:
     raise ImageLoadError(f"{path}: cannot turn a {c}-channel image into {channels} channels")
 
 
-def read_image(path: str | os.PathLike, channels: int, ct_windows: Sequence[Window] | None = None) -> np.ndarray:
-    """Decode one image file to ``(channels, H, W)`` float32 in [0, 1].
+def read_image(
+    path: str | os.PathLike, channels: int, ct_windows: Sequence[Window] | None = None, info: dict | None = None
+) -> np.ndarray:
+    """Decode one image file to ``(channels, H, W)`` float32 in [0, 1], the pixels the image store holds before
+    its resize.
 
-    DICOM (``.dcm`` or DICM magic): HU, then the CT windows stacked as channels when ``ct_windows`` is given,
-    else min-max scaled. PNG/JPG/other PIL formats: gray or RGB scaled to [0, 1].
+    DICOM (``.dcm`` or DICM magic): :func:`~fedpartial.data.dicom.dicom_pixels` (CT: HU, then the CT windows
+    stacked as channels when ``ct_windows`` is given, else min-max scaled; a radiograph through its VOI LUT,
+    MONOCHROME1 inverted). PNG/JPG/other PIL formats: gray or RGB scaled to [0, 1] (deeper than 8 bits: by their
+    significant bits, which ``info``, when given, receives as ``bits`` and ``declared`` (by an ``sBIT`` chunk)).
     Gray -> ``channels`` repeats the channel; RGB -> 1 channel averages.
 
     Raises:
@@ -130,11 +143,7 @@ def read_image(path: str | os.PathLike, channels: int, ct_windows: Sequence[Wind
     if not Path(path).is_file():
         raise ImageLoadError(f"image not found: {path}")
     try:
-        if is_dicom(path):
-            hu = read_dicom_hu(path)
-            x = apply_windows(hu, ct_windows) if ct_windows else _minmax(hu)[None]
-        else:
-            x = _read_pil(path)
+        x = dicom_pixels(path, ct_windows) if is_dicom(path) else _read_pil(path, info)
     except ImageLoadError:
         raise
     except Exception as e:  # PIL / pydicom raise many types

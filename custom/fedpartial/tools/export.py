@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import hashlib
-import inspect
 import json
 import os
 import shutil
@@ -45,10 +44,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data import dicom, store
 from ..fl.report import RESULTS_FILE
 from ..plots import FIGURE_NAMES
 from . import bundle_runtime
+from .bundle_decoder import DECODER_FUNCTIONS, decoder_source  # noqa: F401 - the bundle's decoder
 from .model_card import write_model_card
 from .predict import LoadedModel, find_thresholds, load_model
 
@@ -76,54 +75,6 @@ BATCH_SIZE = 64
 
 
 # ------------------------------------------------------------------------------------------------ the runtime
-
-DICOM_IMPORT = "        from .dicom import apply_windows, read_dicom_hu\n"  # in decode_resized: same module in the copy
-
-
-def decoder_source() -> str:
-    """Training's image decoding as standalone source: the image store's :func:`~fedpartial.data.store.
-    decode_resized` (decode once, resize, uint8: what every site's store holds) with the helpers it calls and
-    ``fedpartial.data.dicom`` (HU, CT windows), copied verbatim (the one relative import dropped: the copy holds
-    those functions in the same module)."""
-    parts = [
-        "import os",
-        "from dataclasses import dataclass",
-        "",
-        "from PIL import Image, ImageOps",
-        "",
-        f"FORMAT = {store.FORMAT!r}",
-        f"VERSION = {store.VERSION!r}",
-        f"MAX_PIXELS_ENV = {store.MAX_PIXELS_ENV!r}",
-        f"DEFAULT_MAX_PIXELS = {store.DEFAULT_MAX_PIXELS!r}",
-        f"DEFAULT_WINDOWS = {dicom.DEFAULT_WINDOWS!r}",
-        "RESIZE_FILTERS = {"
-        + ", ".join(f"{k!r}: Image.Resampling.{v.name}" for k, v in store.RESIZE_FILTERS.items())
-        + "}",
-        "",
-        "",
-    ]
-    for obj in (
-        dicom.first_value,
-        dicom.read_dicom_hu,
-        dicom.apply_windows,
-        store.Preprocessing,
-        store.is_dicom,
-        store.open_image,
-        store.png_significant_bits,
-        store.sixteen_bit_scale,
-        store.upright,
-        store.native_channels,
-        store.stored_channels,
-        store._resize_float,
-        store.decode_resized,
-    ):
-        src = inspect.getsource(obj).rstrip()
-        if obj is store.decode_resized:
-            if DICOM_IMPORT not in src + "\n":
-                raise RuntimeError("decode_resized no longer imports the DICOM helpers as the export expects")
-            src = (src + "\n").replace(DICOM_IMPORT, "").rstrip()
-        parts += [src, "", ""]
-    return "\n".join(parts).rstrip() + "\n"
 
 
 def runtime_source() -> str:
@@ -189,8 +140,11 @@ def preprocessing_spec(model: LoadedModel) -> dict:
         "std": ds.get("std"),
         "resize_mode": mode,
         "steps": [
-            "decode: PNG / JPG 8-bit as stored, 16-bit scaled to [0, 255]; DICOM -> Hounsfield units"
-            + (f" -> CT windows {windows} (center, width) as channels" if windows else " -> min-max"),
+            "decode: PNG / JPG 8-bit as stored, 16-bit (grey or colour) scaled by its significant bits to "
+            "[0, 255]; DICOM CT -> Hounsfield units"
+            + (f" -> CT windows {windows} (center, width) as channels" if windows else " -> min-max")
+            + "; other DICOM -> Modality LUT -> VOI LUT / window (radiographs), MONOCHROME1 inverted, scaled by "
+            "its range",
             f"resize to {ds['image_size']} x {ds['image_size']} ({mode}, Pillow) and round to uint8, "
             "as the sites' image stores hold them",
             f"channels: a grayscale image repeated to {ds['channels']}"

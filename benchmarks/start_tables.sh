@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The papers' layouts from where a model starts: EfficientNet-Lite0 from ImageNet (the weights shipped with the
+# project, model.pretrained: imagenet) or from random weights, the same architecture, rounds, steps and optimiser.
+# One table and one start per command; 3 seeds; the JSON is rewritten after every run and --resume continues an
+# interrupted table (the tables take hours on a CPU: run them piece by piece, e.g. SEEDS=0 first).
+#
+#   TABLE=fedlsm START=imagenet bash benchmarks/start_tables.sh   # FedLSM Table 2 layout: HAM10000, 5 sites x 3
+#       classes: FedAvg, FedAvg*, FedLSM, FedLSM w/o UE / UDE / AWPA, all labels; the share of the macro-F1 gap
+#   TABLE=fedmlp START=imagenet bash benchmarks/start_tables.sh   # FedMLP missing 7 on the NIH images: FedAvg,
+#       FedAvg-PL, FedMLP, all labels (8 sites); the share of the AUC gap between FedAvg-PL and all labels
+#   TABLE=fedirm START=imagenet bash benchmarks/start_tables.sh   # FedIRM: HAM10000, 10 sites, 2 labelled: FedAvg on
+#       the labelled sites, FedIRM, FedAvg on all sites' labels; the share of the AUC gap
+#   TABLE=surgical START=imagenet bash benchmarks/start_tables.sh # surgical aggregation (FedBN+: norm layers kept at
+#       the start's statistics), its FedAvg rows, FedBN, PFL, individual on the ICH phantom
+#
+# START=random: the same rows from random weights. Knobs: ROUNDS (20), STEPS (10 local steps of batch 32; epoch:
+# one local epoch), SIZE (64 px), LR (3e-4, Adam; the same for both starts), FREEZE (encoder parts kept at their
+# start, e.g. FREEZE='"stem", "stage1", "stage2"'), SEEDS ("0 1 2"); extra arguments go to run_jobs.py.
+# Results: benchmarks/results/start_<table>_<start>_r<R>_s<S>_px<P>.{json,md,_curves.png,_final.png}
+set -euo pipefail
+TABLE="${TABLE:-fedlsm}"
+START="${START:-imagenet}"
+ROUNDS="${ROUNDS:-20}"
+STEPS="${STEPS:-10}"
+SIZE="${SIZE:-64}"
+LR="${LR:-0.0003}"
+FREEZE="${FREEZE:-}"
+SEEDS="${SEEDS:-0 1 2}"
+case "$START" in
+imagenet) PRETRAINED='"imagenet"' ;;
+random) PRETRAINED=null ;;
+*) echo "START must be imagenet or random" >&2; exit 2 ;;
+esac
+if [ "$STEPS" = epoch ]; then LOCAL='"local_epochs": 1'; else LOCAL='"local_steps": '"$STEPS"; fi
+MODEL='"model": {"arch": "efficientnet_lite0", "pretrained": '"$PRETRAINED"', "freeze": ['"$FREEZE"']}'
+TRAIN='"train": {"batch_size": 32, '"$LOCAL"', "lr": '"$LR"'}'
+CACHE='"cache": "disk", "cache_dir": "/tmp/start_tables_cache"'
+OUT="benchmarks/results/start_${TABLE}_${START}_r${ROUNDS}_s${STEPS}_px${SIZE}${FREEZE:+_frozen}.json"
+case "$TABLE" in
+fedlsm)
+  python benchmarks/run_jobs.py --variant 'FedAvg=fedavg_ham10000:{}' --variant 'FedAvg*=fedavg_masked_ham10000:{}' \
+    --variant 'FedLSM=fedlsm_isic:{"n_mix": 2}' --variant 'FedLSM w/o UE=fedlsm_isic:{"n_mix": 2, "ue": false}' \
+    --variant 'FedLSM w/o UDE=fedlsm_isic:{"n_mix": 2, "ude": false}' \
+    --variant 'FedLSM* w/o AWPA=fedlsm_isic:{"n_mix": 2, "awpa": "masked"}' \
+    --variant 'FedAvg-full=fedavg_full_ham10000:{}' \
+    --seeds $SEEDS --rounds "$ROUNDS" --compact \
+    --override '{'"$MODEL"', '"$TRAIN"', "dataset": {"image_size": '"$SIZE"', '"$CACHE"', "prepare": {"val_frac": 0.05}}, "evaluation": {"test_every": 0}}' \
+    --gap FedAvg FedAvg-full --gap-metric f1 --out "$OUT" "$@" ;;
+fedmlp)
+  python benchmarks/run_jobs.py --sites 8 --variant 'FedAvg=fedavg_cxr14:{}' --variant 'FedAvg-PL=fedavg_pl_cxr14:{}' \
+    --variant 'FedMLP=fedmlp_cxr14:{}' \
+    --variant 'all labels=fedavg_pl_cxr14:{"dataset": {"prepare": {"protocol": "full", "k": null}}}' \
+    --seeds $SEEDS --rounds "$ROUNDS" --compact \
+    --override '{'"$MODEL"', '"$TRAIN"', "dataset": {"image_size": '"$SIZE"', '"$CACHE"'}, "evaluation": {"test_every": 0}}' \
+    --gap FedAvg-PL 'all labels' --gap-metric auc --out "$OUT" "$@" ;;
+fedirm)
+  python benchmarks/run_jobs.py --sites 10 --variant 'FedAvg, labelled sites=fedavg_labelled_isic:{}' \
+    --variant 'FedIRM=fedirm_isic:{}' --variant 'FedAvg, all labels=fedavg_labelled_full_isic:{}' \
+    --seeds $SEEDS --rounds "$ROUNDS" --compact \
+    --override '{'"$MODEL"', '"$TRAIN"', "dataset": {"image_size": '"$SIZE"', '"$CACHE"', "prepare": {"val_frac": 0.05}}, "evaluation": {"test_every": 0}}' \
+    --gap 'FedAvg, labelled sites' 'FedAvg, all labels' --gap-metric auc --out "$OUT" "$@" ;;
+surgical)
+  python benchmarks/run_jobs.py --sites 5 --variant 'surgical (FedBN+)=surgical_ich:{"norm": "frozen"}' \
+    --variant 'surgical, FedBN=surgical_ich:{"norm": "local"}' \
+    --variant 'FL-PL=surgical_ich:{"task_block": "average", "norm": "frozen"}' \
+    --variant 'vanilla FL=surgical_ich:{"task_block": "average", "missing": "negatives", "norm": "frozen"}' \
+    --variant 'PFL=surgical_ich:{"method": "pfl"}' --variant 'individual=surgical_ich:{"method": "individual"}' \
+    --seeds $SEEDS --rounds "$ROUNDS" --compact --compare 'surgical (FedBN+)' FL-PL \
+    --override '{'"$MODEL"', '"$TRAIN"', "dataset": {"image_size": '"$SIZE"'}, "evaluation": {"test_every": 0}}' \
+    --out "$OUT" "$@" ;;
+*) echo "TABLE must be fedlsm, fedmlp, fedirm or surgical" >&2; exit 2 ;;
+esac

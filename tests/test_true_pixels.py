@@ -305,3 +305,30 @@ def test_a_copy_under_another_name_and_patient_lands_in_the_split_of_its_origina
         assert where["7.png"][0] == where["copy.png"][0] and where["7.png"][1] == where["copy.png"][1] == "P7"
     printed = capsys.readouterr().out
     assert "2 image(s) are byte-identical copies in 1 group(s): 7.png (line 9) = copy.png (line 42)" in printed
+
+
+def test_16_bit_images_of_12_bit_values_without_sbit_are_one_warning_in_the_report(tmp_path, capsys):
+    """A PACS export of 16-bit PNGs holding 12-bit values, no sBIT: each is read as 12-bit, and prepare's report
+    says so in one WARNING line (count, three names), the images with an sBIT chunk or 8 bits not counted."""
+    import json
+
+    from fedpartial.data import prepare as prep
+
+    rng = np.random.default_rng(2)
+    rows = ["image,patient_id,A,B"]
+    for i in range(30):
+        name = f"{i:02d}.png"
+        if i < 20:  # 12-bit values in 16-bit files without sBIT
+            _sbit_png(tmp_path / name, rng.integers(0, 4096, (40, 40)), None)
+        elif i < 25:  # declared by sBIT
+            _sbit_png(tmp_path / name, rng.integers(0, 4096, (40, 40)), 12)
+        else:
+            Image.fromarray(rng.integers(0, 256, (40, 40), dtype=np.uint8)).save(tmp_path / name)
+        rows.append(f"{name},P{i},{i % 2},{1 - i % 2}")
+    (tmp_path / "labels.csv").write_text("\n".join(rows) + "\n")
+    out = prep.prepare("csv", tmp_path / "labels.csv", tmp_path / "out", 2, "full", figure=False)
+    warned = [n for n in json.loads((out / "dataset.json").read_text())["notes"] if n.startswith("WARNING")]
+    assert len(warned) == 1, warned
+    assert "20 image(s) of 16 bits per sample hold values of only 12 bits and no sBIT chunk" in warned[0]
+    assert "(00.png, 01.png, 02.png, ... 17 more): each is read as 12-bit (its values / 4,095" in warned[0]
+    assert capsys.readouterr().out.count("WARNING") == 1

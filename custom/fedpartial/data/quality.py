@@ -20,8 +20,11 @@ from .cache import cache_hint
 from .sources.base import Dropped, SourceError, SourceTable
 
 DECODE_CACHE = "decoded.sqlite"
-Decoded = tuple[str | None, tuple[int, int] | None]
-"""A decode's result: the error (None when it decodes) and the image's ``(width, height)``."""
+Decoded = tuple[str | None, tuple[int, int] | None, int | None]
+"""A decode's result: the error (None when it decodes), the image's ``(width, height)`` and the significant bits
+assumed for an image deeper than 8 bits that does not declare them (:func:`decode_image`)."""
+NOTE_EXAMPLES = 3
+"""File names a data-quality warning about many images shows (the rest are counted)."""
 
 
 MIN_SIDE = 32
@@ -32,16 +35,20 @@ MAX_ASPECT = 10
 a cropped ruler); dermoscopy, radiographs and CT slices are within 2:1."""
 
 
-def decode_image(path: Path) -> tuple[str | None, tuple[int, int] | None]:
-    """Fully decode one image (every pixel): ``(None, (width, height))`` when it decodes (the size is the decoded
-    array's), else ``(why not, None)``."""
+def decode_image(path: Path) -> Decoded:
+    """Fully decode one image (every pixel): ``(None, (width, height), bits)`` when it decodes (the size is the
+    decoded array's; ``bits``: N when the image has more than 8 bits per sample (a 16-bit PNG / TIFF), no ``sBIT``
+    chunk saying how many are significant, and was read as N-bit, N < 16, from its largest value
+    (:func:`~fedpartial.data.store.significant_bits`), else None), else ``(why not, None, None)``."""
     from .transforms import read_image  # imported where used: loads torch
 
+    info: dict = {}
     try:
-        x = read_image(path, channels=1)  # PIL raises on a truncated JPEG / PNG (it does not pad by default)
+        x = read_image(path, channels=1, info=info)  # PIL raises on a truncated JPEG / PNG (it does not pad by default)
     except Exception as e:  # noqa: BLE001 - decoders raise many types
-        return f"{type(e).__name__}: {e}".replace(str(path), path.name), None
-    return None, (int(x.shape[-1]), int(x.shape[-2]))
+        return f"{type(e).__name__}: {e}".replace(str(path), path.name), None, None
+    bits = info["bits"] if info.get("bits", 16) < 16 and not info.get("declared") else None
+    return None, (int(x.shape[-1]), int(x.shape[-2])), bits
 
 
 def decode_error(path: Path) -> str | None:
@@ -50,9 +57,9 @@ def decode_error(path: Path) -> str | None:
 
 
 class DecodeCache:
-    """``(path, size, mtime_ns) -> (error or None, width, height)`` in SQLite (safe with several processes). The
-    table is ``images`` (a cache written before image sizes were kept, table ``decoded``, is not read: each image
-    is decoded once more)."""
+    """``(path, size, mtime_ns) -> (error or None, width, height, assumed bits)`` in SQLite (safe with several
+    processes). The table is ``pixels`` (a cache written before the sizes and bits were kept, table ``decoded`` or
+    ``images``, is not read: each image is decoded once more)."""
 
     def __init__(self, file: str | os.PathLike | None):
         self.file = None if file is None else Path(file)
@@ -62,8 +69,8 @@ class DecodeCache:
             try:
                 self._db = sqlite3.connect(str(self.file), timeout=60)
                 self._db.execute(
-                    "CREATE TABLE IF NOT EXISTS images (path TEXT, size INTEGER, mtime INTEGER, "
-                    "error TEXT, width INTEGER, height INTEGER, PRIMARY KEY (path, size, mtime))"
+                    "CREATE TABLE IF NOT EXISTS pixels (path TEXT, size INTEGER, mtime INTEGER, "
+                    "error TEXT, width INTEGER, height INTEGER, bits INTEGER, PRIMARY KEY (path, size, mtime))"
                 )
             except sqlite3.Error as e:
                 raise OSError(f"cannot open the decode cache {self.file} ({e}){cache_hint(self.file)}") from None
@@ -75,18 +82,18 @@ class DecodeCache:
         cur = self._db.cursor()
         for k in keys:
             row = cur.execute(
-                "SELECT error, width, height FROM images WHERE path=? AND size=? AND mtime=?", k
+                "SELECT error, width, height, bits FROM pixels WHERE path=? AND size=? AND mtime=?", k
             ).fetchone()
             if row is not None:
-                out[k] = (row[0], None if row[1] is None else (row[1], row[2]))
+                out[k] = (row[0], None if row[1] is None else (row[1], row[2]), row[3])
         return out
 
     def put(self, items: Iterable[tuple[tuple[str, int, int], Decoded]]) -> None:
         if self._db is None:
             return
-        rows = [(*k, e, *(size or (None, None))) for k, (e, size) in items]
+        rows = [(*k, e, *(size or (None, None)), bits) for k, (e, size, bits) in items]
         with self._db:
-            self._db.executemany("INSERT OR REPLACE INTO images VALUES (?, ?, ?, ?, ?, ?)", rows)
+            self._db.executemany("INSERT OR REPLACE INTO pixels VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
 
     def close(self) -> None:
         if self._db is not None:
@@ -106,9 +113,11 @@ def decode_all(
     cache: DecodeCache,
     workers: int | None = None,
     sizes: list[tuple[int, int] | None] | None = None,
+    bits: list[int | None] | None = None,
 ) -> list[str | None]:
     """The decode error (or None) of every path, decoding only those the cache does not know; ``sizes``, when
-    given, receives each image's ``(width, height)`` from its decode (None where it does not decode)."""
+    given, receives each image's ``(width, height)`` from its decode (None where it does not decode), ``bits``
+    the significant bits assumed for it (:func:`decode_image`)."""
     keys = []
     for p in paths:
         st = p.stat()
@@ -123,7 +132,31 @@ def decode_all(
         known.update(new)
     if sizes is not None:
         sizes[:] = [known[k][1] for k in keys]
+    if bits is not None:
+        bits[:] = [known[k][2] for k in keys]
     return [known[k][0] for k in keys]
+
+
+def assumed_depths(table: SourceTable, rows: Sequence[int], bits: Sequence[int | None]) -> None:
+    """Images of more than 8 bits per sample with no ``sBIT`` chunk, read as fewer bits than their container's
+    16 (:func:`decode_image`): one WARNING line in ``table.notes`` per depth assumed, with their count and the
+    first :data:`NOTE_EXAMPLES` names (one line for 10^5 images), saying what was done and how to say otherwise.
+    ``bits``: those the decode pass found, of the frame's ``rows``."""
+    names = table.frame["image"].astype(str).to_numpy()
+    by_bits: dict[int, list[str]] = {}
+    for i, b in zip(rows, bits):
+        if b is not None:
+            by_bits.setdefault(int(b), []).append(names[i])
+    for b, found in sorted(by_bits.items()):
+        shown = ", ".join(found[:NOTE_EXAMPLES])
+        more = f", ... {len(found) - NOTE_EXAMPLES} more" if len(found) > NOTE_EXAMPLES else ""
+        table.notes.append(
+            f"WARNING {table.name}: {len(found)} image(s) of 16 bits per sample hold values of only {b} bits and no "
+            f"sBIT chunk says how many bits are significant ({shown}{more}): each is read as {b}-bit (its values / "
+            f"{2**b - 1:,}; a 16-bit image scaled by 65,535 would be nearly black), in the image store, "
+            "fedpartial-predict and an exported bundle alike; if they are 16-bit images that are merely dark, "
+            "export them with an sBIT chunk of 16"
+        )
 
 
 def degenerate_sizes(table: SourceTable, rows: Sequence[int], sizes: Sequence[tuple[int, int] | None]) -> None:
@@ -334,11 +367,13 @@ def quality_pass(
         idx = np.flatnonzero(keep & exists)
         cache = DecodeCache(cache_file)
         sizes: list[tuple[int, int] | None] = []
+        bits: list[int | None] = []
         try:
-            errors = decode_all([paths[i] for i in idx], cache, sizes=sizes)
+            errors = decode_all([paths[i] for i in idx], cache, sizes=sizes, bits=bits)
         finally:
             cache.close()
         degenerate_sizes(table, idx, sizes)  # the sizes the decode read: no file is opened again
+        assumed_depths(table, idx, bits)
         for i, e in zip(idx, errors):
             if e is not None:
                 bad.append(Unreadable(names.iloc[i], files[i], lines[i], e))

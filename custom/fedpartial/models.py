@@ -141,12 +141,11 @@ class SameConv2d(nn.Conv2d):
 
 
 def _conv_bn(cin: int, cout: int, k: int = 1, stride: int = 1, groups: int = 1, act: bool = True) -> nn.Sequential:
-    """Conv (``SAME`` padding, no bias) -> BatchNorm (TensorFlow's eps 1e-3, momentum 0.99 = PyTorch's 0.01) ->
-    ReLU6 when ``act``."""
-    layers: list[nn.Module] = [
-        SameConv2d(cin, cout, k, stride, groups),
-        nn.BatchNorm2d(cout, eps=1e-3, momentum=0.01),
-    ]
+    """Conv (``SAME`` padding, no bias) -> BatchNorm (TensorFlow's eps 1e-3; PyTorch's momentum 0.1: the builder's
+    0.01 suits ImageNet's hundreds of thousands of steps, while a site fine-tunes for tens of steps a round, and
+    running statistics that still describe ImageNet's photographs make the eval-mode outputs of a model trained on
+    X-rays meaningless) -> ReLU6 when ``act``."""
+    layers: list[nn.Module] = [SameConv2d(cin, cout, k, stride, groups), nn.BatchNorm2d(cout, eps=1e-3)]
     return nn.Sequential(*layers, nn.ReLU6(inplace=True)) if act else nn.Sequential(*layers)
 
 

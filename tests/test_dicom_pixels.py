@@ -197,3 +197,28 @@ def test_the_store_read_image_and_the_bundle_give_the_same_pixels_of_a_monochrom
     assert not any(getattr(v, "__module__", v.__name__).startswith("fedpartial") for v in copied)
     np.testing.assert_array_equal(bundle.decode_resized(f, bundle.Preprocessing(8, 1, None, "area"), 1), want)
     assert bundle.native_channels(str(f), bundle.Preprocessing(8, 3, ((40.0, 80.0),) * 3)) == 1  # not a CT
+
+
+def test_the_report_says_which_dicom_images_were_inverted_windowed_or_repaired(tmp_path):
+    """prepare's data-quality report: one line per decoding step beyond the rescale, with the count and three
+    names (MONOCHROME1 inverted, a window applied); a plain MONOCHROME2 radiograph is not counted."""
+    import json
+
+    from fedpartial.data import prepare as prep
+
+    rng = np.random.default_rng(3)
+    rows = ["image,patient_id,A,B"]
+    for i in range(12):
+        name = f"{i:02d}.dcm"
+        tags = {"WindowCenter": 2048, "WindowWidth": 1024} if 5 <= i < 9 else {}
+        photometric = "MONOCHROME1" if i < 5 else "MONOCHROME2"
+        write_dicom(tmp_path / name, rng.integers(0, 4096, (40, 40)), photometric=photometric, **tags)
+        rows.append(f"{name},P{i},{i % 2},{1 - i % 2}")
+    (tmp_path / "labels.csv").write_text("\n".join(rows) + "\n")
+    out = prep.prepare("csv", tmp_path / "labels.csv", tmp_path / "out", 2, "full", figure=False, verbose=False)
+    notes = json.loads((out / "dataset.json").read_text())["notes"]
+    inverted = [n for n in notes if "MONOCHROME1" in n]
+    windowed = [n for n in notes if "Window Center" in n]
+    assert len(inverted) == len(windowed) == 1, notes
+    assert "5 DICOM image(s) (00.dcm, 01.dcm, 02.dcm, ... 2 more) stored as MONOCHROME1" in inverted[0]
+    assert "4 DICOM image(s) (05.dcm, 06.dcm, 07.dcm, ... 1 more) were shown through their own Window" in windowed[0]

@@ -82,14 +82,15 @@ def is_rsna_ich_wrapped(ds) -> bool:
     )
 
 
-def modality_values(ds, px: np.ndarray) -> tuple[np.ndarray, float, float]:
+def modality_values(ds, px: np.ndarray, steps: list | None = None) -> tuple[np.ndarray, float, float]:
     """Stored values -> the Modality LUT's output (HU for CT) as float64, with the range ``(lo, hi)`` those
     values may take: the Bits Stored / Pixel Representation range through Rescale Slope / Intercept, or
     ``[0, 2**bits - 1]`` for a Modality LUT Sequence (pydicom's convention, the one its windowing uses).
 
     pydicom's ``apply_modality_lut`` does the work; a MultiValue or a lone slope / intercept is first made the
     single value the standard means (missing: slope 1, intercept 0), and the RSNA ICH release's faulty slices
-    (:func:`is_rsna_ich_wrapped`) are repaired first. ``ds`` is changed in memory accordingly."""
+    (:func:`is_rsna_ich_wrapped`) are repaired first (``steps``, when given, receives ``"rsna repair"``). ``ds``
+    is changed in memory accordingly."""
     apply_modality_lut, _ = pydicom_luts()
     bits = int(ds.get("BitsStored") or ds.get("BitsAllocated") or 16)
     signed = int(ds.get("PixelRepresentation", 0) or 0) == 1
@@ -104,6 +105,8 @@ def modality_values(ds, px: np.ndarray) -> tuple[np.ndarray, float, float]:
         item.LUTDescriptor = descriptor
         return x, 0.0, float(2 ** descriptor[2] - 1)
     if is_rsna_ich_wrapped(ds):
+        if steps is not None:
+            steps.append("rsna repair")
         px = px.astype(np.int32) + 1000
         px[px >= 4096] -= 4096
         ds.RescaleIntercept = -1000.0
@@ -136,7 +139,9 @@ def dicom_channels(path: str | os.PathLike, ct_windows: Sequence[tuple[float, fl
     return 3 if int(ds.get("SamplesPerPixel", 1) or 1) == 3 or pi == "PALETTE COLOR" else 1
 
 
-def dicom_pixels(path: str | os.PathLike, ct_windows: Sequence[tuple[float, float]] | None = None) -> np.ndarray:
+def dicom_pixels(
+    path: str | os.PathLike, ct_windows: Sequence[tuple[float, float]] | None = None, info: dict | None = None
+) -> np.ndarray:
     """One DICOM image -> ``(c, H, W)`` float32 in [0, 1], as the standard's display pipeline shows it.
 
     - Grey: the stored values through the Modality LUT (:func:`modality_values`; HU for CT), then
@@ -155,9 +160,13 @@ def dicom_pixels(path: str | os.PathLike, ct_windows: Sequence[tuple[float, floa
     - Colour (RGB, YBR as pydicom converts it to RGB, a palette through its colour LUT): 3 channels scaled by
       the range of their bits.
 
+    ``info``, when given, receives under ``steps`` what was done beyond the rescale: ``"rsna repair"``,
+    ``"voi lut"``, ``"window"``, ``"monochrome1 inverted"`` (the data-quality report counts them).
+
     Raises:
         ValueError: unreadable, or not one 2-D image (a multi-frame file).
     """
+    steps: list = [] if info is None else info.setdefault("steps", [])
     ds, px = read_dicom(path)
     pi = str(ds.get("PhotometricInterpretation", "MONOCHROME2") or "MONOCHROME2").strip().upper()
     bits = int(ds.get("BitsStored") or ds.get("BitsAllocated") or 8)
@@ -183,7 +192,7 @@ def dicom_pixels(path: str | os.PathLike, ct_windows: Sequence[tuple[float, floa
     if px.ndim != 2:
         raise ValueError(f"DICOM '{path}': expected a single 2-D image, got pixel array of shape {px.shape}")
     kind = dicom_kind(ds)
-    x, lo, hi = modality_values(ds, px)
+    x, lo, hi = modality_values(ds, px, steps)
     if kind == "CT":
         x = x.astype(np.float32)
         if ct_windows:
@@ -196,10 +205,13 @@ def dicom_pixels(path: str | os.PathLike, ct_windows: Sequence[tuple[float, floa
         if voi and voi[0].get("LUTDescriptor") is not None and voi[0].get("LUTData") is not None:
             x = np.asarray(apply_voi_lut(np.rint(x).astype(np.int64), ds), dtype=np.float64)
             lo, hi = 0.0, float(2 ** int(voi[0].LUTDescriptor[2]) - 1)
+            steps.append("voi lut")
         elif ds.get("WindowCenter") is not None and ds.get("WindowWidth") is not None:
             x = np.asarray(apply_voi_lut(x, ds), dtype=np.float64)  # output range: the modality range
+            steps.append("window")
     if pi == "MONOCHROME1":
         x = lo + hi - x
+        steps.append("monochrome1 inverted")
     if kind != "XR":
         lo, hi = float(x.min()), float(x.max())
     if hi <= lo:

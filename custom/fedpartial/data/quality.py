@@ -20,9 +20,19 @@ from .cache import cache_hint
 from .sources.base import Dropped, SourceError, SourceTable
 
 DECODE_CACHE = "decoded.sqlite"
-Decoded = tuple[str | None, tuple[int, int] | None, int | None]
-"""A decode's result: the error (None when it decodes), the image's ``(width, height)`` and the significant bits
-assumed for an image deeper than 8 bits that does not declare them (:func:`decode_image`)."""
+Decoded = tuple[str | None, tuple[int, int] | None, int | None, str | None]
+"""A decode's result: the error (None when it decodes), the image's ``(width, height)``, the significant bits
+assumed for an image deeper than 8 bits that does not declare them and a DICOM's decoding steps joined by ``;``
+(:func:`decode_image`)."""
+DICOM_STEPS = {
+    "monochrome1 inverted": "stored as MONOCHROME1 (bone dark) and were inverted, so bone is bright as in every "
+    "other image",
+    "window": "were shown through their own Window Center / Width (the VOI the modality wrote) before scaling",
+    "voi lut": "were shown through their own VOI LUT Sequence before scaling",
+    "rsna repair": "are RSNA ICH slices stored with the release's known fault (unsigned 12-bit, wrong intercept) "
+    "and were repaired (values shifted by 1000 modulo 4096, intercept -1000)",
+}
+"""What the report says of the DICOM images each decoding step (``dicom_pixels``'s ``steps``) was applied to."""
 NOTE_EXAMPLES = 3
 """File names a data-quality warning about many images shows (the rest are counted)."""
 
@@ -36,19 +46,20 @@ a cropped ruler); dermoscopy, radiographs and CT slices are within 2:1."""
 
 
 def decode_image(path: Path) -> Decoded:
-    """Fully decode one image (every pixel): ``(None, (width, height), bits)`` when it decodes (the size is the
-    decoded array's; ``bits``: N when the image has more than 8 bits per sample (a 16-bit PNG / TIFF), no ``sBIT``
-    chunk saying how many are significant, and was read as N-bit, N < 16, from its largest value
-    (:func:`~fedpartial.data.store.significant_bits`), else None), else ``(why not, None, None)``."""
+    """Fully decode one image (every pixel): ``(None, (width, height), bits, steps)`` when it decodes (the size is
+    the decoded array's; ``bits``: N when the image has more than 8 bits per sample (a 16-bit PNG / TIFF), no
+    ``sBIT`` chunk saying how many are significant, and was read as N-bit, N < 16, from its largest value
+    (:func:`~fedpartial.data.store.significant_bits`), else None; ``steps``: a DICOM's decoding steps,
+    :data:`DICOM_STEPS`, joined by ``;``, or None), else ``(why not, None, None, None)``."""
     from .transforms import read_image  # imported where used: loads torch
 
     info: dict = {}
     try:
         x = read_image(path, channels=1, info=info)  # PIL raises on a truncated JPEG / PNG (it does not pad by default)
     except Exception as e:  # noqa: BLE001 - decoders raise many types
-        return f"{type(e).__name__}: {e}".replace(str(path), path.name), None, None
+        return f"{type(e).__name__}: {e}".replace(str(path), path.name), None, None, None
     bits = info["bits"] if info.get("bits", 16) < 16 and not info.get("declared") else None
-    return None, (int(x.shape[-1]), int(x.shape[-2])), bits
+    return None, (int(x.shape[-1]), int(x.shape[-2])), bits, ";".join(info.get("steps") or []) or None
 
 
 def decode_error(path: Path) -> str | None:
@@ -57,9 +68,9 @@ def decode_error(path: Path) -> str | None:
 
 
 class DecodeCache:
-    """``(path, size, mtime_ns) -> (error or None, width, height, assumed bits)`` in SQLite (safe with several
-    processes). The table is ``pixels`` (a cache written before the sizes and bits were kept, table ``decoded`` or
-    ``images``, is not read: each image is decoded once more)."""
+    """``(path, size, mtime_ns) -> (error or None, width, height, assumed bits, DICOM steps)`` in SQLite (safe with
+    several processes). The table is ``decodes`` (a cache written before the sizes, bits and steps were kept,
+    table ``decoded``, ``images`` or ``pixels``, is not read: each image is decoded once more)."""
 
     def __init__(self, file: str | os.PathLike | None):
         self.file = None if file is None else Path(file)
@@ -69,8 +80,8 @@ class DecodeCache:
             try:
                 self._db = sqlite3.connect(str(self.file), timeout=60)
                 self._db.execute(
-                    "CREATE TABLE IF NOT EXISTS pixels (path TEXT, size INTEGER, mtime INTEGER, "
-                    "error TEXT, width INTEGER, height INTEGER, bits INTEGER, PRIMARY KEY (path, size, mtime))"
+                    "CREATE TABLE IF NOT EXISTS decodes (path TEXT, size INTEGER, mtime INTEGER, error TEXT, "
+                    "width INTEGER, height INTEGER, bits INTEGER, steps TEXT, PRIMARY KEY (path, size, mtime))"
                 )
             except sqlite3.Error as e:
                 raise OSError(f"cannot open the decode cache {self.file} ({e}){cache_hint(self.file)}") from None
@@ -82,18 +93,18 @@ class DecodeCache:
         cur = self._db.cursor()
         for k in keys:
             row = cur.execute(
-                "SELECT error, width, height, bits FROM pixels WHERE path=? AND size=? AND mtime=?", k
+                "SELECT error, width, height, bits, steps FROM decodes WHERE path=? AND size=? AND mtime=?", k
             ).fetchone()
             if row is not None:
-                out[k] = (row[0], None if row[1] is None else (row[1], row[2]), row[3])
+                out[k] = (row[0], None if row[1] is None else (row[1], row[2]), row[3], row[4])
         return out
 
     def put(self, items: Iterable[tuple[tuple[str, int, int], Decoded]]) -> None:
         if self._db is None:
             return
-        rows = [(*k, e, *(size or (None, None)), bits) for k, (e, size, bits) in items]
+        rows = [(*k, e, *(size or (None, None)), bits, steps) for k, (e, size, bits, steps) in items]
         with self._db:
-            self._db.executemany("INSERT OR REPLACE INTO pixels VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+            self._db.executemany("INSERT OR REPLACE INTO decodes VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
 
     def close(self) -> None:
         if self._db is not None:
@@ -114,10 +125,11 @@ def decode_all(
     workers: int | None = None,
     sizes: list[tuple[int, int] | None] | None = None,
     bits: list[int | None] | None = None,
+    steps: list[str | None] | None = None,
 ) -> list[str | None]:
     """The decode error (or None) of every path, decoding only those the cache does not know; ``sizes``, when
     given, receives each image's ``(width, height)`` from its decode (None where it does not decode), ``bits``
-    the significant bits assumed for it (:func:`decode_image`)."""
+    the significant bits assumed for it, ``steps`` its DICOM decoding steps (:func:`decode_image`)."""
     keys = []
     for p in paths:
         st = p.stat()
@@ -134,7 +146,30 @@ def decode_all(
         sizes[:] = [known[k][1] for k in keys]
     if bits is not None:
         bits[:] = [known[k][2] for k in keys]
+    if steps is not None:
+        steps[:] = [known[k][3] for k in keys]
     return [known[k][0] for k in keys]
+
+
+def dicom_steps(table: SourceTable, rows: Sequence[int], steps: Sequence[str | None]) -> None:
+    """What the decoding did to DICOM images beyond their rescale (:data:`DICOM_STEPS`: MONOCHROME1 inverted, a
+    window or VOI LUT applied, the RSNA ICH repair): one line in ``table.notes`` per step, with the count and the
+    first :data:`NOTE_EXAMPLES` names. ``steps``: those the decode pass found, of the frame's ``rows``."""
+    names = table.frame["image"].astype(str).to_numpy()
+    by_step: dict[str, list[str]] = {}
+    for i, joined in zip(rows, steps):
+        for step in (joined or "").split(";"):
+            if step:
+                by_step.setdefault(step, []).append(names[i])
+    for step in DICOM_STEPS:
+        found = by_step.get(step, [])
+        if found:
+            shown = ", ".join(found[:NOTE_EXAMPLES])
+            more = f", ... {len(found) - NOTE_EXAMPLES} more" if len(found) > NOTE_EXAMPLES else ""
+            table.notes.append(
+                f"{table.name}: {len(found)} DICOM image(s) ({shown}{more}) {DICOM_STEPS[step]}; the image store, "
+                "fedpartial-predict and an exported bundle decode them alike"
+            )
 
 
 def assumed_depths(table: SourceTable, rows: Sequence[int], bits: Sequence[int | None]) -> None:
@@ -368,12 +403,14 @@ def quality_pass(
         cache = DecodeCache(cache_file)
         sizes: list[tuple[int, int] | None] = []
         bits: list[int | None] = []
+        steps: list[str | None] = []
         try:
-            errors = decode_all([paths[i] for i in idx], cache, sizes=sizes, bits=bits)
+            errors = decode_all([paths[i] for i in idx], cache, sizes=sizes, bits=bits, steps=steps)
         finally:
             cache.close()
         degenerate_sizes(table, idx, sizes)  # the sizes the decode read: no file is opened again
         assumed_depths(table, idx, bits)
+        dicom_steps(table, idx, steps)
         for i, e in zip(idx, errors):
             if e is not None:
                 bad.append(Unreadable(names.iloc[i], files[i], lines[i], e))

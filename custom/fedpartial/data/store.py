@@ -480,7 +480,8 @@ def _write_json(file: Path, obj: dict) -> None:
     os.replace(tmp, file)
 
 
-def _index_digest(file: Path) -> str:
+def file_sha256(file: Path) -> str:
+    """The sha256 hex digest of a file, read in 1 MiB blocks."""
     h = hashlib.sha256()
     with open(file, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -634,7 +635,7 @@ def open_store(folder: str | os.PathLike, key: str | None = None, check_chunks: 
     if images.stat().st_size < need:
         raise _refuse(folder, f"truncated (images.npy has {images.stat().st_size} bytes of {need})")
     try:
-        if _index_digest(folder / "index.npz") != meta.get("index_sha256"):
+        if file_sha256(folder / "index.npz") != meta.get("index_sha256"):
             raise _refuse(folder, "corrupt (index.npz does not match its checksum)")
         n_index = {k: len(v) for k, v in _read_index(folder).items()}
     except StoreError:
@@ -976,7 +977,7 @@ def _write_index(folder: Path, meta: dict, paths: list[str], labels, mask) -> No
         position=np.arange(n, dtype=np.int64),
     )
     os.replace(tmp, folder / "index.npz")
-    meta["index_sha256"] = _index_digest(folder / "index.npz")
+    meta["index_sha256"] = file_sha256(folder / "index.npz")
 
 
 def _finish(folder: Path, meta: dict) -> None:
@@ -1002,7 +1003,7 @@ def relabel(
     tmp = store.folder / f"index.tmp{os.getpid()}.npz"
     np.savez(tmp, **{**index, "paths": store.paths, "labels": labels, "mask": mask})
     os.replace(tmp, store.folder / "index.npz")
-    store.meta["index_sha256"] = _index_digest(store.folder / "index.npz")
+    store.meta["index_sha256"] = file_sha256(store.folder / "index.npz")
     _write_json(store.folder / "store.json", store.meta)
     return True
 

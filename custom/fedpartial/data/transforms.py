@@ -133,7 +133,8 @@ def read_image(
     DICOM (``.dcm`` or DICM magic): :func:`~fedpartial.data.dicom.dicom_pixels` (CT: HU, then the CT windows
     stacked as channels when ``ct_windows`` is given, else min-max scaled; a radiograph through its VOI LUT,
     MONOCHROME1 inverted). PNG/JPG/other PIL formats: gray or RGB scaled to [0, 1] (deeper than 8 bits: by their
-    significant bits, which ``info``, when given, receives as ``bits`` and ``declared`` (by an ``sBIT`` chunk)).
+    significant bits, which ``info``, when given, receives as ``bits`` and ``declared`` (by an ``sBIT`` chunk);
+    a DICOM's decoding steps it receives as ``steps``).
     Gray -> ``channels`` repeats the channel; RGB -> 1 channel averages.
 
     Raises:
@@ -143,7 +144,7 @@ def read_image(
     if not Path(path).is_file():
         raise ImageLoadError(f"image not found: {path}")
     try:
-        x = dicom_pixels(path, ct_windows) if is_dicom(path) else _read_pil(path, info)
+        x = dicom_pixels(path, ct_windows, info) if is_dicom(path) else _read_pil(path, info)
     except ImageLoadError:
         raise
     except Exception as e:  # PIL / pydicom raise many types

@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..data.store import file_sha256
 from ..fl.report import RESULTS_FILE
 from ..plots import FIGURE_NAMES
 from . import bundle_runtime
@@ -595,14 +596,6 @@ def _inside(folder: Path, rel: str) -> bool:
     return not Path(rel).is_absolute() and ".." not in Path(rel).parts and bool(rel)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _changed(path: Path, digest: str | None) -> bool:
     """Whether a file the export wrote was changed since (another file, a link or a folder in its place); a file
     that is gone is no change (nothing of the user's to keep)."""
@@ -610,7 +603,7 @@ def _changed(path: Path, digest: str | None) -> bool:
         return False
     if path.is_symlink() or not path.is_file():
         return True
-    return digest is not None and _sha256(path) != digest
+    return digest is not None and file_sha256(path) != digest
 
 
 def _derived(rel: str) -> bool:
@@ -706,7 +699,7 @@ def _write_bundle(model, out: Path, torchscript: bool, onnx: bool, say) -> None:
     if model.site and results:  # the card's figures from the site's own evaluation, not from the pooled one
         results = {**results, "final": {model.path.name: {**own, "sites": [model.site]}}}
     write_model_card(out, meta, own, results)
-    files = {p.relative_to(out).as_posix(): _sha256(p) for p in sorted(out.rglob("*")) if p.is_file()}
+    files = {p.relative_to(out).as_posix(): file_sha256(p) for p in sorted(out.rglob("*")) if p.is_file()}
     (out / BUNDLE_MANIFEST).write_text(
         json.dumps({"format": 1, "written_by": "fedpartial-export", "files": files}, indent=1) + "\n"
     )

@@ -405,7 +405,7 @@ class PartialLabelNet(nn.Module):
         init_seed: int | None = None,
         head_hidden: int = 0,
         head_dropout: float = 0.0,
-        freeze: list[str] | tuple[str, ...] = (),
+        freeze: list[str] | None = None,
     ):
         super().__init__()
         # constructor args kept as attributes: NVFlare's job export reads them back
@@ -418,8 +418,8 @@ class PartialLabelNet(nn.Module):
             self._build(arch, in_channels, num_classes, dropout, width)
         if pretrained:
             self.load_pretrained(pretrained)
-        self.freeze = list(freeze or ())
-        freeze_encoder(self, self.freeze)
+        self.freeze = list(freeze) if freeze else None  # None when nothing is frozen: what the job's config says
+        freeze_encoder(self, self.freeze or [])
 
     def train(self, mode: bool = True) -> "PartialLabelNet":
         """``nn.Module.train``, with the frozen parts (``freeze``) kept frozen: their norm layers stay in eval mode

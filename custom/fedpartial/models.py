@@ -16,7 +16,7 @@ and ``classifier`` (the task block); server rules and site hooks work on these g
 Architectures: ``small_cnn`` (CPU-friendly, for demos and tests), ``resnet18`` (MONAI, standard stride-2 stem
 as torchvision / the papers), ``densenet121`` (MONAI) and ``efficientnet_lite0`` (:class:`EfficientNetLite`, whose
 ImageNet weights ship with the project). Where a model starts (``pretrained``): random weights (empty), ``imagenet``
-(the weights a installed package ships, :data:`STARTS`: nothing downloaded), or a weights file or URL (a
+(the weights an installed package ships, :data:`STARTS`: nothing downloaded), or a weights file or URL (a
 torchvision-layout ImageNet file, a hospital's own, the encoder a self-supervised stage wrote).
 """
 
@@ -142,9 +142,9 @@ class SameConv2d(nn.Conv2d):
 
 def _conv_bn(cin: int, cout: int, k: int = 1, stride: int = 1, groups: int = 1, act: bool = True) -> nn.Sequential:
     """Conv (``SAME`` padding, no bias) -> BatchNorm (TensorFlow's eps 1e-3; PyTorch's momentum 0.1: the builder's
-    0.01 suits ImageNet's hundreds of thousands of steps, while a site fine-tunes for tens of steps a round, and
-    running statistics that still describe ImageNet's photographs make the eval-mode outputs of a model trained on
-    X-rays meaningless) -> ReLU6 when ``act``."""
+    0.01 suits ImageNet's hundreds of thousands of steps, while a site fine-tunes for tens of steps a round: with
+    0.01 the running statistics eval mode uses would still mostly describe ImageNet's photographs after a whole
+    job) -> ReLU6 when ``act``."""
     layers: list[nn.Module] = [SameConv2d(cin, cout, k, stride, groups), nn.BatchNorm2d(cout, eps=1e-3)]
     return nn.Sequential(*layers, nn.ReLU6(inplace=True)) if act else nn.Sequential(*layers)
 

@@ -665,3 +665,26 @@ def test_jobs_readme_lists_every_training_option():
         if f"| {f.metadata['doc'].replace('|', chr(92) + '|')} |" not in text
     ]
     assert not stale, f"jobs/README.md describes {stale} otherwise than their options' docs"
+
+
+def test_a_method_module_that_fails_to_import_is_named_every_time(monkeypatch):
+    """The registry is never taken as loaded with a method missing: a module whose import fails is an ImportError
+    naming it, on the first call and on the next; once it imports, every method is there."""
+    import importlib
+
+    from fedpartial.methods import base
+
+    real = importlib.import_module
+
+    def broken(name, *args):
+        if name == "fedpartial.methods.fedlsm":
+            raise SyntaxError("invalid syntax (trainer.py, line 3)")
+        return real(name, *args)
+
+    monkeypatch.setattr(base, "_load_state", "unloaded")
+    monkeypatch.setattr(importlib, "import_module", broken)
+    for _ in range(2):
+        with pytest.raises(ImportError, match=r"method module fedpartial\.methods\.fedlsm cannot be imported: Syn"):
+            base.available_methods()
+    monkeypatch.setattr(importlib, "import_module", real)
+    assert "fedlsm" in base.available_methods() and base._load_state == "loaded"

@@ -670,25 +670,36 @@ def register(
     _REGISTRY[name] = Method(name, trainer, rule, defaults, doc, job, comparison)
 
 
-_loaded = False
+_load_state = "unloaded"  # "loading" while the modules import (one asking for the registry sees it as it is)
 
 
 def load_all() -> None:
     """Register the built-in methods (idempotent): every module or package of ``fedpartial.methods`` that defines
-    ``register_all(register)`` is imported and registers its methods, so a new method is one new module."""
+    ``register_all(register)`` is imported and registers its methods, so a new method is one new module. A module
+    that fails to import is an ``ImportError`` naming it, every time (the registry is never taken as loaded
+    with a method missing)."""
     import importlib
     import pkgutil
 
-    global _loaded
-    if _loaded:
+    global _load_state
+    if _load_state != "unloaded":
         return
-    _loaded = True
-    for info in sorted(pkgutil.iter_modules([str(Path(__file__).parent)]), key=lambda i: i.name):
-        if info.name in ("base", "common"):
-            continue
-        module = importlib.import_module(f"{__package__}.{info.name}")
-        if hasattr(module, "register_all"):
-            module.register_all(register)
+    _load_state = "loading"
+    try:
+        for info in sorted(pkgutil.iter_modules([str(Path(__file__).parent)]), key=lambda i: i.name):
+            if info.name in ("base", "common"):
+                continue
+            name = f"{__package__}.{info.name}"
+            try:
+                module = importlib.import_module(name)
+            except Exception as e:  # noqa: BLE001 - any error of a method module's import
+                raise ImportError(f"method module {name} cannot be imported: {type(e).__name__}: {e}") from e
+            if hasattr(module, "register_all"):
+                module.register_all(register)
+    except BaseException:
+        _load_state = "unloaded"
+        raise
+    _load_state = "loaded"
 
 
 def get_method(name: str) -> Method:

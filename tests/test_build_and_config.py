@@ -10,7 +10,7 @@ from conftest import REPO
 from fedpartial.data.presets import resolve_dataset
 from fedpartial.data.site_config import SITE_CONFIG_ENV, SiteDataError, resolve_site_data
 from fedpartial.methods import available_methods
-from fedpartial.tools.build_jobs import build_job, differences, job_dirs
+from fedpartial.tools.build_jobs import build_job, differences, is_training_job, job_dirs
 
 
 def test_built_copies_match_custom(tmp_path):
@@ -32,7 +32,7 @@ def test_check_detects_a_stale_copy(tmp_path):
     assert any("models.py differs" in d for d in differences(src, job / "app/custom/fedpartial"))
 
 
-@pytest.mark.parametrize("job", [p.name for p in job_dirs(REPO / "jobs")])
+@pytest.mark.parametrize("job", [p.name for p in job_dirs(REPO / "jobs") if is_training_job(p)])
 def test_job_configs_are_consistent(job):
     folder = REPO / "jobs" / job
     meta = json.loads((folder / "meta.json").read_text())

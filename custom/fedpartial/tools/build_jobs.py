@@ -39,6 +39,21 @@ def job_sources(jobs_root: Path) -> list[Path]:
     return sorted(p.parent for p in jobs_root.glob("*/job.py"))
 
 
+STATS_RECIPE = "DataStatsRecipe"  # the statistics jobs' recipe (fedpartial.stats_recipe): it trains nothing
+
+
+def is_training_job(job: Path) -> bool:
+    """Whether ``<job>/job.py`` builds a training recipe (a ``PartialLabelRecipe``: data check, rounds, final
+    evaluation) rather than a statistics job (``DataStatsRecipe``: NVFlare's statistics workflow). Both export and
+    check the same way; only training jobs have a method, rounds and a model (what ``customise_job`` edits)."""
+    return STATS_RECIPE not in (job / "job.py").read_text()
+
+
+def training_jobs(jobs_root: Path) -> list[Path]:
+    """The job folders whose ``job.py`` builds a training recipe."""
+    return [j for j in job_sources(jobs_root) if is_training_job(j)]
+
+
 def load_job_module(job: Path):
     """Import ``<job>/job.py`` (without running it) as a module."""
     spec = importlib.util.spec_from_file_location(f"fedpartial_job_{job.name}", job / "job.py")

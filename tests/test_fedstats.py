@@ -1,0 +1,190 @@
+"""Look before you train: the federated statistics job (``jobs/fedstats_*``) counts what the manifests hold, under
+the sites' minimum count, and its report warns about shortcuts (``fedpartial.data_report``)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from nvflare.apis.event_type import EventType
+from nvflare.apis.fl_constant import FLContextKey
+from nvflare.apis.fl_context import FLContext
+from nvflare.app_common.app_constant import StatisticsConstants as StC
+
+from conftest import real_data, run_recipe, server_log
+from fedpartial.data_report import THRESHOLDS, intensity_divergences, summarise, warnings_of
+from fedpartial.fl.fedstats import PIXEL_LEVELS, PolicyMinCountCleanser, Values, manifest_features, pixel_tables
+
+MIN_COUNT = 5
+
+
+def _expected(n: int, min_count: int = MIN_COUNT):
+    """What a site releases of a count: itself, or None (withheld) from 1 to min_count - 1."""
+    return n if n == 0 or n >= min_count else None
+
+
+@pytest.mark.integration
+@pytest.mark.realdata
+def test_statistics_job_counts_equal_the_manifests(tmp_path, monkeypatch):
+    """``fedstats_ham10000`` in the simulator on a small share of HAM10000: per site and split, the images,
+    patients and each class's positives / negatives in its report equal a direct count of the site's manifests,
+    a count from 1 to min_count - 1 withheld (at least one small class is); the intensity histograms came through
+    NVFlare's range agreement; the report, its JSON and its figure are in the server's run folder."""
+    from fedpartial.data.cache import cache_dir
+    from fedpartial.data.manifest import read_manifest
+    from fedpartial.data.prepare import ensure_prepared
+    from fedpartial.data.prepared import load_prepared
+    from fedpartial.data.presets import resolve_dataset
+    from fedpartial.data.site_config import simulated_spec
+
+    root = real_data("ham10000")
+    cache = tmp_path / "cache"
+    dataset = {"preset": "ham10000", "image_size": 16, "prepare": {"site_sizes": 30}}
+    proc = run_recipe("fedstats_ham10000", tmp_path / "ws", {"dataset": dataset}, env={"FEDPARTIAL_CACHE": str(cache)})
+    run = tmp_path / "ws" / "fedstats_ham10000"
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + server_log(run)[-3000:]
+    folder = run / "server" / "simulate_job"
+    report = json.loads((folder / "data_report.json").read_text())
+    assert (folder / "data_report.md").is_file() and (folder / "data_intensity.png").stat().st_size > 0
+    assert (folder / "data_statistics.json").is_file()  # NVFlare's own statistics JSON
+
+    monkeypatch.setenv("FEDPARTIAL_CACHE", str(cache))
+    ds = resolve_dataset(dataset)
+    prepared = load_prepared(ensure_prepared(simulated_spec(ds), cache_dir()))
+    assert root.name in str(prepared.data_root)
+    read = dict(classes=ds["classes"], data_root=prepared.data_root, task=ds["task"], require_annotated=False)
+    assert report["sites"] == sorted(prepared.sites)
+    withheld, pixels = 0, 0
+    for site, train in prepared.sites.items():
+        manifests = {"train": read_manifest(train, **read).subset("train")}
+        manifests.update({"val": read_manifest(prepared.val, **read), "test": read_manifest(prepared.test, **read)})
+        for split, m in manifests.items():
+            got = report["per_site"][site]["splits"][split]
+            want = manifest_features(m, ds["classes"])
+            assert got["images"] == _expected(len(m)) == len(m)
+            assert got["patients"] == _expected(want["patients"].count)
+            for j, c in enumerate(ds["classes"]):
+                pos, neg = int(m.positives()[j]), int(m.negatives()[j])
+                assert got["classes"][c]["positives"] == _expected(pos), (site, split, c)
+                assert got["classes"][c]["negatives"] == _expected(neg), (site, split, c)
+                withheld += got["classes"][c]["positives"] is None
+                if pos == neg == 0:
+                    assert got["classes"][c]["status"] == "not annotated"
+        intensity = report["per_site"][site]["intensity"]
+        assert sorted(intensity) == ["c0", "c1", "c2"]
+        hist = intensity["c0"]["histogram"]
+        assert len(hist) == 32 and sum(b[2] for b in hist) == len(manifests["train"]) * 16 * 16
+        pixels += len(manifests["train"]) * 16 * 16
+    assert withheld > 0  # a small class withheld by the minimum count
+    pooled = report["pooled"]["intensity"]["c0"]
+    assert len(pooled) == 32 and sum(b[2] for b in pooled) == pixels  # the agreed (noised) range holds every pixel
+
+
+def _ctx(props: dict) -> FLContext:
+    ctx = FLContext()
+    ctx.set_prop(FLContextKey.SCOPE_PROPERTIES, props, private=True, sticky=False)
+    ctx.set_prop(FLContextKey.EFFECTIVE_JOB_SCOPE_NAME, "strict", private=True, sticky=False)
+    return ctx
+
+
+def _site_answer(counts: dict) -> dict:
+    return {
+        StC.STATS_COUNT: {"train": dict(counts)},
+        StC.STATS_FAILURE_COUNT: {"train": {k: 0 for k in counts}},
+        StC.STATS_SUM: {"train": dict(counts)},
+    }
+
+
+def test_site_policy_min_count_withholds_a_small_class():
+    """The minimum count is the stricter of the job's and the site's privacy scope's: a class with fewer positives
+    loses its count (not only NVFlare's other statistics of it), a class the site does not annotate stays 0, and
+    the report says 'withheld' and still knows the class is annotated there (its negatives were released)."""
+    cleanser = PolicyMinCountCleanser(min_count=MIN_COUNT)
+    counts = {"images": 60, "pos:A": 12, "neg:A": 48, "pos:B": 0, "neg:B": 0, "pos:C": 3, "neg:C": 57}
+    out, modified = cleanser.apply(_site_answer(counts), "site-1")
+    assert modified and out[StC.STATS_COUNT]["train"] == {k: v for k, v in counts.items() if k != "pos:C"}
+    cleanser.handle_event(EventType.START_RUN, _ctx({"min_count": 20}))  # the site's 'strict' scope
+    assert cleanser.min_count == 20
+    out, _ = cleanser.apply(_site_answer(counts), "site-1")
+    kept = out[StC.STATS_COUNT]["train"]
+    assert kept == {"images": 60, "neg:A": 48, "pos:B": 0, "neg:B": 0, "neg:C": 57}
+    assert "pos:A" not in out[StC.STATS_SUM]["train"] and "neg:A" in out[StC.STATS_SUM]["train"]
+    cleanser.handle_event(EventType.START_RUN, _ctx({"min_count": 2}))  # a site cannot lower the job's
+    assert cleanser.min_count == MIN_COUNT
+
+    data = {f: {"count": {"site-1": {"train": n}}} for f, n in kept.items()}
+    summary = summarise(data, ["A", "B", "C"])
+    cls = summary["per_site"]["site-1"]["splits"]["train"]["classes"]
+    assert cls["A"]["status"] == "annotated" and cls["A"]["positives"] is None and cls["A"]["negatives"] == 48
+    assert cls["B"]["status"] == "not annotated" and cls["B"]["unlabelled"] == 60
+
+
+def _ham_images(n: int, size: int = 32) -> np.ndarray:
+    from fedpartial.data.presets import resolve_dataset
+    from fedpartial.data.store import Preprocessing, decode_resized
+
+    root = real_data("ham10000")
+    paths = sorted((root / "images").glob("*.jpg"))[:n]
+    prep = Preprocessing.of(resolve_dataset({"preset": "ham10000", "image_size": size}))
+    return np.stack([decode_resized(p, prep, 3) for p in paths])
+
+
+def _intensity_data(sites: dict[str, np.ndarray], bins: int = 32) -> dict:
+    """NVFlare's combined statistics of the sites' pixel features, histograms over one agreed range."""
+    data: dict = {}
+    for site, images in sites.items():
+        for k, table in enumerate(pixel_tables(images)):
+            v = Values(PIXEL_LEVELS, table)
+            f = data.setdefault(f"intensity:c{k}", {"count": {}, "sum": {}, "histogram": {}})
+            f["count"][site], f["sum"][site] = {"train": v.count}, {"train": v.sum}
+            f["histogram"][site] = {"train": v.histogram(bins, -1e-5, 255 * 1.2).bins}
+    return data
+
+
+@pytest.mark.realdata
+def test_intensity_warning_on_a_brightened_site_not_on_an_honest_split():
+    """Three sites dealt at random from the same HAM10000 images: no intensity warning; the same sites with one
+    site's images brightened by 40 grey levels (a scanner or export shortcut): a warning naming that site only."""
+    images = _ham_images(60)
+    order = np.random.default_rng(0).permutation(len(images))
+    sites = {f"site-{i + 1}": images[order[i * 20 : (i + 1) * 20]] for i in range(3)}
+    honest = summarise(_intensity_data(sites), [])
+    div = intensity_divergences(honest)
+    assert max(max(v.values()) for v in div.values()) < THRESHOLDS["intensity_js"], div
+    assert [w for w in warnings_of(honest) if w["kind"] == "intensity"] == []
+
+    sites["site-2"] = np.clip(sites["site-2"].astype(np.int16) + 40, 0, 255).astype(np.uint8)
+    shortcut = summarise(_intensity_data(sites), [])
+    flagged = [w for w in warnings_of(shortcut) if w["kind"] == "intensity"]
+    assert [w["site"] for w in flagged] == ["site-2"], intensity_divergences(shortcut)
+    assert flagged[0]["js"] > THRESHOLDS["intensity_js"]
+
+
+def test_label_and_size_warnings():
+    """A class annotated by one site, a class with few positives (withheld counts added as their bound), a
+    prevalence differing by more than the factor, a site whose images all have one size: each warned, with the
+    thresholds given; nothing warned where they hold."""
+    data: dict = {}
+
+    def put(feature, site, n, stat="count", split="train"):
+        data.setdefault(feature, {}).setdefault(stat, {}).setdefault(site, {})[split] = n
+
+    for site, (a_pos, a_neg, b_pos, b_neg, sd) in {
+        "site-1": (50, 50, 10, 90, 0.0),
+        "site-2": (5, 95, 0, 0, 30.0),
+        "site-3": (40, 60, 0, 0, 25.0),
+    }.items():
+        put("images", site, 100)
+        put("pos:A", site, a_pos)
+        put("neg:A", site, a_neg)
+        put("pos:B", site, b_pos)
+        put("neg:B", site, b_neg)
+        for k in ("width", "height"):
+            put(k, site, 100)
+            put(k, site, 100 * 512.0, "sum")
+            put(k, site, sd, "stddev")
+    kinds = {(w["kind"], w.get("class") or w.get("site")) for w in warnings_of(summarise(data, ["A", "B"]))}
+    assert kinds == {("single_site_class", "B"), ("few_positives", "B"), ("prevalence", "A"), ("one_size", "site-1")}
+    relaxed = warnings_of(summarise(data, ["A", "B"]), {"min_positives": 10, "prevalence_ratio": 20})
+    assert {w["kind"] for w in relaxed} == {"single_site_class", "one_size"}

@@ -11,6 +11,7 @@ from nvflare.apis.event_type import EventType
 from nvflare.apis.fl_constant import FLContextKey
 from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.app_constant import StatisticsConstants as StC
+from test_predict import images, sim_ws  # noqa: F401 - test_predict's fixtures: a labelled manifest, a run folder
 
 from conftest import real_data, run_recipe, server_log
 from fedpartial.data_report import THRESHOLDS, intensity_divergences, summarise, warnings_of
@@ -133,8 +134,8 @@ def _ham_images(n: int, size: int = 32) -> np.ndarray:
 def _intensity_data(sites: dict[str, np.ndarray], bins: int = 32) -> dict:
     """NVFlare's combined statistics of the sites' pixel features, histograms over one agreed range."""
     data: dict = {}
-    for site, images in sites.items():
-        for k, table in enumerate(pixel_tables(images)):
+    for site, pixels in sites.items():
+        for k, table in enumerate(pixel_tables(pixels)):
             v = Values(PIXEL_LEVELS, table)
             f = data.setdefault(f"intensity:c{k}", {"count": {}, "sum": {}, "histogram": {}})
             f["count"][site], f["sum"][site] = {"train": v.count}, {"train": v.sum}
@@ -146,9 +147,9 @@ def _intensity_data(sites: dict[str, np.ndarray], bins: int = 32) -> dict:
 def test_intensity_warning_on_a_brightened_site_not_on_an_honest_split():
     """Three sites dealt at random from the same HAM10000 images: no intensity warning; the same sites with one
     site's images brightened by 40 grey levels (a scanner or export shortcut): a warning naming that site only."""
-    images = _ham_images(60)
-    order = np.random.default_rng(0).permutation(len(images))
-    sites = {f"site-{i + 1}": images[order[i * 20 : (i + 1) * 20]] for i in range(3)}
+    decoded = _ham_images(60)
+    order = np.random.default_rng(0).permutation(len(decoded))
+    sites = {f"site-{i + 1}": decoded[order[i * 20 : (i + 1) * 20]] for i in range(3)}
     honest = summarise(_intensity_data(sites), [])
     div = intensity_divergences(honest)
     assert max(max(v.values()) for v in div.values()) < THRESHOLDS["intensity_js"], div
@@ -188,3 +189,84 @@ def test_label_and_size_warnings():
     assert kinds == {("single_site_class", "B"), ("few_positives", "B"), ("prevalence", "A"), ("one_size", "site-1")}
     relaxed = warnings_of(summarise(data, ["A", "B"]), {"min_positives": 10, "prevalence_ratio": 20})
     assert {w["kind"] for w in relaxed} == {"single_site_class", "one_size"}
+
+
+def test_evaluate_by_column_scores_within_each_group(tmp_path):
+    """``fedpartial-evaluate --by source`` on a hand-built manifest (a column the job does not know, rows of
+    another split in between): each group's AUROC is the one counted by hand over its own rows, the mean of the
+    groups leaves out a class undefined in a group, and the pooled score is beside it."""
+    from types import SimpleNamespace
+
+    from PIL import Image
+
+    from fedpartial.tools.predict import group_table, group_values, read_input_manifest, scores_by_group
+
+    rows = [  # image, source, split, A, B, (probability of A, of B)
+        ("x1", "x", "test", "1", "1", 0.9, 0.7),
+        ("x2", "x", "test", "1", "0", 0.8, 0.2),
+        ("v1", "x", "val", "0", "1", 0.0, 0.0),
+        ("y1", "y", "test", "1", "", 0.3, 0.5),
+        ("x3", "x", "test", "0", "1", 0.85, 0.6),
+        ("y2", "y", "test", "0", "", 0.2, 0.5),
+        ("x4", "x", "test", "0", "0", 0.1, 0.3),
+        ("y3", "y", "test", "0", "", 0.4, 0.5),
+    ]
+    for name, *_ in rows:
+        Image.new("L", (8, 8), 128).save(tmp_path / f"{name}.png")
+    csv_file = tmp_path / "manifest.csv"
+    csv_file.write_text(
+        "image,source,split,A,B\n" + "".join(f"{n}.png,{s},{sp},{a},{b}\n" for n, s, sp, a, b, *_ in rows)
+    )
+    model = SimpleNamespace(classes=["A", "B"], task="multilabel")
+    m = read_input_manifest(csv_file, model, split="test", labelled=True, by="source")
+    groups = group_values(csv_file, m, "source")
+    test_rows = [r for r in rows if r[2] == "test"]
+    assert groups == [r[1] for r in test_rows] and len(m) == 7
+    scores = {
+        "probs": np.array([[r[5], r[6]] for r in test_rows], dtype=np.float32),
+        "label": m.labels,
+        "mask": m.mask,
+        "index": np.arange(len(m)),
+    }
+    by = scores_by_group(scores, groups, "multilabel", ["A", "B"])
+    x, y = by["groups"]["x"], by["groups"]["y"]
+    assert (x["n"], y["n"]) == (4, 3)
+    # x: A positives {.9, .8} vs negatives {.85, .1}: 3 of 4 pairs ordered; B {.7, .6} vs {.2, .3}: all 4
+    assert x["per_class"]["A"]["auc"] == pytest.approx(0.75) and x["per_class"]["B"]["auc"] == pytest.approx(1.0)
+    # y: A {.3} vs {.2, .4}: 1 of 2; B not annotated in y: undefined
+    assert y["per_class"]["A"]["auc"] == pytest.approx(0.5)
+    assert not np.isfinite(y["per_class"]["B"]["auc"] if y["per_class"]["B"]["auc"] is not None else np.nan)
+    assert x["macro"]["auc"] == pytest.approx(0.875) and y["macro"]["auc"] == pytest.approx(0.5)
+    assert by["mean"]["auc"] == pytest.approx((0.875 + 0.5) / 2)
+    pooled = {"n": 7, "macro": {"auc": 0.8}}
+    table = group_table(by, pooled, "source", "multilabel")
+    assert "mean of groups" in table and "68.75" in table and "pooled" in table and "80.00" in table
+    with pytest.raises(ValueError, match="no column 'scanner'"):
+        group_values(csv_file, m, "scanner")
+
+
+def test_evaluate_cli_by_column(sim_ws, images, tmp_path, capsys):  # noqa: F811 - the fixtures imported above
+    """``fedpartial-evaluate RUN --manifest M --by scanner --json J``: the table's group rows, mean and pooled
+    rows, and the JSON's ``by`` with each group's rows."""
+    import pandas as pd
+
+    import fedpartial.tools.predict as P
+
+    ws, _ = sim_ws
+    folder, labelled = images
+    df = pd.read_csv(labelled, dtype=str, keep_default_na=False)
+    df.insert(1, "scanner", ["s1", "s2", "s1", "s2", "s1"])
+    manifest = tmp_path / "with_scanner.csv"
+    df.to_csv(manifest, index=False)
+    out = tmp_path / "scores.json"
+    argv = [str(ws), "--manifest", str(manifest), "--data-root", str(folder), "--json", str(out), "--no-figures"]
+    assert P.evaluate_main([*argv, "--by", "scanner"]) == 0
+    text = capsys.readouterr().out
+    assert "within the groups of 'scanner'" in text and "mean of groups" in text and "pooled" in text
+    res = json.loads(out.read_text())
+    assert res["by"]["column"] == "scanner" and {g: r["n"] for g, r in res["by"]["groups"].items()} == {
+        "s1": 3,
+        "s2": 2,
+    }
+    assert P.evaluate_main([*argv, "--by", "hospital"]) == 2
+    assert "no column 'hospital'" in capsys.readouterr().err

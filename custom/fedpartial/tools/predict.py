@@ -5,6 +5,7 @@
     fedpartial-predict RUN --images scans/ -o predictions.csv        # a folder of PNG / JPG / DICOM images
     fedpartial-predict RUN --manifest new_cases.csv -o predictions.csv
     fedpartial-evaluate RUN --manifest test.csv [--split test] [--json scores.json]
+    fedpartial-evaluate RUN --manifest test.csv --by source      # also within each source, and their mean
 
 ``RUN`` is a simulator workspace (``nvflare simulator ... -w WS``), a downloaded job result
 (``nvflare job download`` / ``download_job``), a run folder holding ``app_server/``, or a model file
@@ -39,6 +40,13 @@ refused naming both. An image that cannot be read is left out as an exported bun
 it, its row after the others with empty cells and the reason in a last column ``error``; the exit status is 2 only
 when no image could be read.
 
+``--by COLUMN`` (``fedpartial-evaluate``): any column of the manifest (a source, scanner, site, or ``split`` /
+``patient_id``; a column the job does not know is read past, not taken for a class) groups the rows; each group is
+scored on its own rows (the same metrics, thresholds and undefined-class rules), and the table adds one row per
+group, the unweighted mean over the groups (a metric undefined in a group left out) and the pooled score; the JSON
+has them under ``by``. A pooled AUROC can be high because the groups' base rates differ (a model that only tells
+the hospitals apart) or low although every hospital's ranking is good: the two side by side tell which.
+
 Figures (``fedpartial-evaluate``): per-class ROC and precision-recall curves with the operating threshold marked
 (``--thresholds``, else 0.5 as an open dot; none for a single-label model), the per-class AUROC with its bootstrap
 interval and, from the run's ``results.json``, each site's test AUROC per class, as PNG files beside
@@ -50,6 +58,7 @@ a terminal, ``k / N`` lines otherwise).
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import sys
@@ -60,7 +69,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..data.manifest import Manifest, read_manifest
+from ..data.manifest import RESERVED_COLS, Manifest, read_manifest
 from ..data.presets import resolve_dataset
 from ..data.sitedata import SiteDatasets
 from ..data.store import DecodedImages, Preprocessing
@@ -388,14 +397,79 @@ def read_input_manifest(
     data_root: str | Path | None = None,
     split: str | None = None,
     labelled: bool = False,
+    by: str | None = None,
 ) -> Manifest:
-    """A manifest CSV (the site contract; errors name the file and line), optionally one split's rows."""
-    m = read_manifest(file, model.classes, data_root=data_root, task=model.task, require_annotated=labelled)
+    """A manifest CSV (the site contract; errors name the file and line), optionally one split's rows; ``by``: a
+    column that is no class (``--by``), read past."""
+    ignore = [by] if by and by not in RESERVED_COLS else []
+    m = read_manifest(
+        file, model.classes, data_root=data_root, task=model.task, require_annotated=labelled, ignore_columns=ignore
+    )
     if split:
         m = m.subset(split)
         if len(m) == 0:
             raise ValueError(f"{file} has no rows with split '{split}'")
     return m
+
+
+def _csv_rows(file: str | Path, column: str) -> tuple[list[list[str]], int]:
+    """The CSV's rows and the position of ``column`` in its header; ``ValueError`` naming the columns when it has
+    none of that name."""
+    with open(file, newline="", encoding="utf-8-sig") as fh:
+        rows = list(csv.reader(fh))
+    header = [h.strip() for h in rows[0]] if rows else []
+    if column not in header:
+        raise ValueError(f"{file} has no column '{column}' for --by (its columns: {', '.join(header)})")
+    return rows, header.index(column)
+
+
+def group_values(file: str | Path, manifest: Manifest, column: str) -> list[str]:
+    """The value of ``column`` of the manifest CSV ``file`` for each row of ``manifest`` (read from it, by the
+    row's CSV line); ``ValueError`` naming the columns when it has none of that name."""
+    rows, k = _csv_rows(file, column)
+    return [rows[line - 1][k].strip() for line in manifest.lines]
+
+
+def scores_by_group(
+    scores: dict, groups: list[str], task: str, classes: list[str], threshold: float | list[float] = 0.5
+) -> dict:
+    """The metrics within each group of rows (``groups``: one value per row of ``scores``, :func:`score_manifest`'s
+    output) and their unweighted mean over the groups (a metric undefined in a group, e.g. an AUROC where the
+    group holds one label only, is left out of that mean): ``{"groups": {value: {"n", "macro", "per_class"}},
+    "mean": {metric: value}}``. A model that ranks well within each hospital but whose pooled score rests on the
+    hospitals' differing base rates (or the reverse) shows here."""
+    values = np.asarray(groups, dtype=object)
+    out: dict = {"groups": {}, "mean": {}}
+    for g in sorted(set(groups)):
+        idx = np.flatnonzero(values == g)
+        res = scores_metrics({k: v[idx] for k, v in scores.items()}, task, classes, threshold=threshold)
+        out["groups"][g] = {"n": int(len(idx)), "macro": res["macro"], "per_class": res["per_class"]}
+    metrics = sorted({m for r in out["groups"].values() for m in r["macro"]})
+    for m in metrics:
+        vals = [r["macro"].get(m) for r in out["groups"].values()]
+        vals = [float(v) for v in vals if isinstance(v, (int, float)) and np.isfinite(v)]
+        out["mean"][m] = float(np.mean(vals)) if vals else None
+    return out
+
+
+def group_table(by: dict, pooled: dict, column: str, task: str) -> str:
+    """``--by``'s table: one row per group (its rows and macro metrics), the mean over the groups, the pooled."""
+    cols = ["auc", "map", "bacc", "f1"] if task == "multilabel" else ["auc", "bacc", "f1", "accuracy"]
+
+    def fmt(v) -> str:
+        return f"{100 * v:.2f}" if isinstance(v, (int, float)) and np.isfinite(v) else "n/a"
+
+    rows = [[str(g), str(r["n"])] + [fmt(r["macro"].get(c)) for c in cols] for g, r in by["groups"].items()]
+    rows.append(["mean of groups", ""] + [fmt(by["mean"].get(c)) for c in cols])
+    rows.append(["pooled", str(pooled.get("n", ""))] + [fmt(pooled["macro"].get(c)) for c in cols])
+    header = [column, "n"] + [c.upper() for c in cols]
+    w0 = max(len(r[0]) for r in rows + [header])
+    line = lambda r: f"{r[0]:<{w0}}  {r[1]:>6}  " + "  ".join(f"{x:>7}" for x in r[2:])  # noqa: E731
+    sep = "-" * len(line(header))
+    return "\n".join(
+        [f"within the groups of '{column}' (macro, %)", line(header), sep, *map(line, rows[:-2]), sep]
+        + [line(r) for r in rows[-2:]]
+    )
 
 
 def _loader(model: LoadedModel, manifest: Manifest, batch_size: int):
@@ -556,6 +630,12 @@ def _parser(prog: str, doc: str, evaluate_mode: bool) -> argparse.ArgumentParser
     if evaluate_mode:
         ap.add_argument("--json", help="also write the metrics as JSON to this file")
         ap.add_argument(
+            "--by",
+            metavar="COLUMN",
+            help="also score within the groups of this manifest column (e.g. source, scanner, site) and "
+            "give their mean beside the pooled score",
+        )
+        ap.add_argument(
             "--figures",
             metavar="DIR",
             help="folder of the figures and evaluation.md (default: the --json file's folder, else ./evaluation)",
@@ -620,16 +700,24 @@ def _evaluate(args) -> None:
         prefix = Path(args.manifest).stem + (f"_{args.split}" if args.split else "") + "_"
         outputs += [("--figures", folder / f"{prefix}{name}") for name in (*FIGURE_NAMES.values(), "evaluation.md")]
     check_outputs(outputs, model, args.run, {"the manifest": [args.manifest]})
-    manifest = read_input_manifest(args.manifest, model, args.data_root, args.split, labelled=True)
+    if args.by:
+        _csv_rows(args.manifest, args.by)  # a column the manifest lacks: said before its rows are checked
+    manifest = read_input_manifest(args.manifest, model, args.data_root, args.split, labelled=True, by=args.by)
     check_outputs(outputs, model, args.run, {"the input image": manifest.paths})
+    groups = group_values(args.manifest, manifest, args.by) if args.by else None  # before any image is read
     thresholds = resolve_thresholds(model, args.thresholds)
     scores = score_manifest(model, manifest, args.batch_size, "evaluate")
     res = evaluate_manifest(model, manifest, args.batch_size, thresholds, scores=scores)
+    if groups is not None:
+        thr = thresholds if thresholds is not None and model.task == "multilabel" else 0.5
+        res["by"] = {"column": args.by, **scores_by_group(scores, groups, model.task, model.classes, thr)}
     if thresholds is not None:
         print(f"thresholded metrics at {dict(zip(model.classes, thresholds))}")
     table = format_table(
         res, title=f"{model.path.name} on {args.manifest}" + (f" ({args.split})" if args.split else "")
     )
+    if groups is not None:
+        table += "\n\n" + group_table(res["by"], res, args.by, model.task)
     print(table)
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1, default=float))

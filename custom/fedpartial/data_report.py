@@ -405,6 +405,7 @@ def intensity_figure(summary: dict, path: Path) -> str | None:
             if counts.sum() > 0:
                 ax.step(centres, counts / counts.sum(), where="mid", label=s)
         ax.set_title(f"channel {ch}")
+        ax.set_xlim(0, 255)  # the agreed range is noised beyond the values
         ax.set_xlabel("intensity after decoding (0-255)")
         ax.set_ylabel("share of pixels")
     axes[0][0].legend(fontsize=7)

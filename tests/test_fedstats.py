@@ -4,18 +4,29 @@ the sites' minimum count, and its report warns about shortcuts (``fedpartial.dat
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from nvflare.apis.dxo import DXO, DataKind
 from nvflare.apis.event_type import EventType
-from nvflare.apis.fl_constant import FLContextKey
+from nvflare.apis.fl_constant import FLContextKey, ReservedKey
 from nvflare.apis.fl_context import FLContext
+from nvflare.apis.shareable import Shareable
 from nvflare.app_common.app_constant import StatisticsConstants as StC
+from nvflare.fuel.utils import fobs
 from test_predict import images, sim_ws  # noqa: F401 - test_predict's fixtures: a labelled manifest, a run folder
 
 from conftest import real_data, run_recipe, server_log
 from fedpartial.data_report import THRESHOLDS, intensity_divergences, summarise, warnings_of
-from fedpartial.fl.fedstats import PIXEL_LEVELS, PolicyMinCountCleanser, Values, manifest_features, pixel_tables
+from fedpartial.fl.fedstats import (
+    PIXEL_LEVELS,
+    PolicyMinCountCleanser,
+    PolicyStatisticsPrivacyFilter,
+    Values,
+    manifest_features,
+    pixel_tables,
+)
 
 MIN_COUNT = 5
 
@@ -105,13 +116,18 @@ def test_site_policy_min_count_withholds_a_small_class():
     counts = {"images": 60, "pos:A": 12, "neg:A": 48, "pos:B": 0, "neg:B": 0, "pos:C": 3, "neg:C": 57}
     out, modified = cleanser.apply(_site_answer(counts), "site-1")
     assert modified and out[StC.STATS_COUNT]["train"] == {k: v for k, v in counts.items() if k != "pos:C"}
-    cleanser.handle_event(EventType.START_RUN, _ctx({"min_count": 20}))  # the site's 'strict' scope
+    # the site's 'strict' scope, as NVFlare hands it to the site's task-result filter
+    ctx = _ctx({"min_count": 20})
+    ctx.set_prop(ReservedKey.ENGINE, SimpleNamespace(get_component={"mc": cleanser}.get), private=True, sticky=False)
+    task = StC.STATS_1st_STATISTICS
+    dxo = DXO(DataKind.STATISTICS, {StC.STATISTICS_TASK_KEY: task, task: fobs.dumps(_site_answer(counts))})
+    dxo = PolicyStatisticsPrivacyFilter(result_cleanser_ids=["mc"]).process_dxo(dxo, Shareable(), ctx)
     assert cleanser.min_count == 20
-    out, _ = cleanser.apply(_site_answer(counts), "site-1")
+    out = fobs.loads(dxo.data[task])
     kept = out[StC.STATS_COUNT]["train"]
     assert kept == {"images": 60, "neg:A": 48, "pos:B": 0, "neg:B": 0, "neg:C": 57}
     assert "pos:A" not in out[StC.STATS_SUM]["train"] and "neg:A" in out[StC.STATS_SUM]["train"]
-    cleanser.handle_event(EventType.START_RUN, _ctx({"min_count": 2}))  # a site cannot lower the job's
+    cleanser.handle_event(EventType.START_RUN, _ctx({"min_count": 2}))  # a scope cannot lower the job's
     assert cleanser.min_count == MIN_COUNT
 
     data = {f: {"count": {"site-1": {"train": n}}} for f, n in kept.items()}
@@ -195,8 +211,6 @@ def test_evaluate_by_column_scores_within_each_group(tmp_path):
     """``fedpartial-evaluate --by source`` on a hand-built manifest (a column the job does not know, rows of
     another split in between): each group's AUROC is the one counted by hand over its own rows, the mean of the
     groups leaves out a class undefined in a group, and the pooled score is beside it."""
-    from types import SimpleNamespace
-
     from PIL import Image
 
     from fedpartial.tools.predict import group_table, group_values, read_input_manifest, scores_by_group

@@ -29,7 +29,7 @@ from nvflare.recipe.spec import ExecEnv, Recipe
 from .data.presets import deep_merge, resolve_dataset
 from .data.site_config import DATA_DIR_ENV
 from .data_report import THRESHOLDS
-from .fl.fedstats import DataReportWriter, PolicyMinCountCleanser, SiteStatistics
+from .fl.fedstats import DataReportWriter, PolicyMinCountCleanser, PolicyStatisticsPrivacyFilter, SiteStatistics
 from .fl.job_export import PACKAGE_DIR, ConfigWriter
 from .fl.simulator import RunFailed, Stopped, SupervisedSimEnv
 from .privacy import DEFAULT_MIN_COUNT
@@ -61,7 +61,6 @@ class BundleStatsJob(StatsJob):
         return self._writer
 
     def add_privacy_result_filters(self, site_id: str):
-        from nvflare.app_common.filters.statistics_privacy_filter import StatisticsPrivacyFilter
         from nvflare.app_common.statistics.histogram_bins_cleanser import HistogramBinsCleanser
         from nvflare.app_common.statistics.min_max_cleanser import AddNoiseToMinMax
         from nvflare.job_config.defs import FilterType
@@ -80,7 +79,7 @@ class BundleStatsJob(StatsJob):
             self.to(HistogramBinsCleanser(max_bins_percent=self.max_bins_percent), site_id, id="hist_bins_cleanser"),
         ]
         self.to(
-            StatisticsPrivacyFilter(result_cleanser_ids=ids),
+            PolicyStatisticsPrivacyFilter(result_cleanser_ids=ids),
             site_id,
             filter_type=FilterType.TASK_RESULT,
             tasks=["fed_stats"],

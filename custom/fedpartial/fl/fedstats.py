@@ -36,6 +36,7 @@ from nvflare.apis.fl_constant import FLContextKey
 from nvflare.apis.fl_context import FLContext
 from nvflare.app_common.abstract.statistics_spec import Bin, DataType, Feature, Histogram, HistogramType, Statistics
 from nvflare.app_common.app_constant import StatisticsConstants as StC
+from nvflare.app_common.filters.statistics_privacy_filter import StatisticsPrivacyFilter
 from nvflare.app_common.statistics.json_stats_file_persistor import JsonStatsFileWriter
 from nvflare.app_common.statistics.min_count_cleanser import MinCountCleanser
 
@@ -172,6 +173,10 @@ class SiteStatistics(Statistics):
         simulated = bool(fl_ctx.get_prop(FLContextKey.SIMULATE_MODE, False))
         ds = self.resolved()
         site_data = resolve_site_data(site, ds, local_dir, simulated=simulated)
+        if site_data.synthetic:
+            self.log_warning(
+                fl_ctx, f"*** SYNTHETIC DATA *** site {site} describes the generated {site_data.dataset} phantom"
+            )
         self.data = compute_site_statistics(site, ds, site_data, self.images, log=lambda m: self.log_info(fl_ctx, m))
 
     def resolved(self) -> dict:
@@ -246,8 +251,12 @@ class PolicyMinCountCleanser(MinCountCleanser):
 
     def handle_event(self, event_type: str, fl_ctx: FLContext):
         if event_type == EventType.START_RUN:
-            _, props = scope_of(fl_ctx)
-            self.min_count = effective_min_count(self.job_min_count, props)
+            self.apply_policy(fl_ctx)
+
+    def apply_policy(self, fl_ctx: FLContext) -> None:
+        """The minimum count of the job at this site: the stricter of the job's and its privacy scope's."""
+        _, props = scope_of(fl_ctx)
+        self.min_count = effective_min_count(self.job_min_count, props)
 
     def apply(self, statistics: dict, client_name: str):
         valid = self.min_count_validate(client_name, statistics)
@@ -259,6 +268,17 @@ class PolicyMinCountCleanser(MinCountCleanser):
                     counts[ds_name].pop(feature, None)
                     modified = True
         return statistics, modified
+
+
+class PolicyStatisticsPrivacyFilter(StatisticsPrivacyFilter):
+    """NVFlare's ``StatisticsPrivacyFilter`` that hands the site's privacy scope (the task result's FL context,
+    where the site's policy filters read it too) to :class:`PolicyMinCountCleanser` before the cleansers run."""
+
+    def process_dxo(self, dxo, shareable, fl_ctx: FLContext):
+        for cleanser in self.get_cleansers(self.result_cleanser_ids, fl_ctx):
+            if isinstance(cleanser, PolicyMinCountCleanser):
+                cleanser.apply_policy(fl_ctx)
+        return super().process_dxo(dxo, shareable, fl_ctx)
 
 
 class DataReportWriter(JsonStatsFileWriter):

@@ -18,7 +18,7 @@ from nvflare.fuel.utils import fobs
 from test_predict import images, sim_ws  # noqa: F401 - test_predict's fixtures: a labelled manifest, a run folder
 
 from conftest import real_data, run_recipe, server_log
-from fedpartial.data_report import THRESHOLDS, intensity_divergences, summarise, warnings_of
+from fedpartial.data_report import THRESHOLDS, intensity_divergences, summarise, warnings_of, withheld_counts
 from fedpartial.fl.fedstats import (
     PIXEL_LEVELS,
     PolicyMinCountCleanser,
@@ -135,6 +135,7 @@ def test_site_policy_min_count_withholds_a_small_class():
     cls = summary["per_site"]["site-1"]["splits"]["train"]["classes"]
     assert cls["A"]["status"] == "annotated" and cls["A"]["positives"] is None and cls["A"]["negatives"] == 48
     assert cls["B"]["status"] == "not annotated" and cls["B"]["unlabelled"] == 60
+    assert {"site": "site-1", "split": "train", "what": "A positives"} in withheld_counts(summary)
 
 
 def _ham_images(n: int, size: int = 32) -> np.ndarray:
@@ -197,12 +198,20 @@ def test_label_and_size_warnings():
         put("neg:A", site, a_neg)
         put("pos:B", site, b_pos)
         put("neg:B", site, b_neg)
+        put("pos:C", site, 0)
+        put("neg:C", site, 0)
         for k in ("width", "height"):
             put(k, site, 100)
             put(k, site, 100 * 512.0, "sum")
             put(k, site, sd, "stddev")
-    kinds = {(w["kind"], w.get("class") or w.get("site")) for w in warnings_of(summarise(data, ["A", "B"]))}
-    assert kinds == {("single_site_class", "B"), ("few_positives", "B"), ("prevalence", "A"), ("one_size", "site-1")}
+    kinds = {(w["kind"], w.get("class") or w.get("site")) for w in warnings_of(summarise(data, ["A", "B", "C"]))}
+    assert kinds == {
+        ("single_site_class", "B"),
+        ("few_positives", "B"),
+        ("prevalence", "A"),
+        ("one_size", "site-1"),
+        ("unannotated_class", "C"),
+    }
     relaxed = warnings_of(summarise(data, ["A", "B"]), {"min_positives": 10, "prevalence_ratio": 20})
     assert {w["kind"] for w in relaxed} == {"single_site_class", "one_size"}
 

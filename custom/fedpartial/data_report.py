@@ -7,6 +7,7 @@ value}}}}``) into per-site and pooled tables; :func:`warnings_of` checks them ag
 
 Warnings (each threshold a key of :data:`THRESHOLDS`, overridable per job):
 
+- ``unannotated_class``: a class no site annotates (a training job's data check stops on it).
 - ``single_site_class``: a class annotated (training split) by one site only: the federation learns it from
   that site alone, with that site's images, scanner and population.
 - ``few_positives``: a class with fewer than ``min_positives`` annotated positives in the federation's
@@ -147,6 +148,22 @@ def _pool(values: list, sites: list[str]) -> dict:
     }
 
 
+def withheld_counts(summary: dict) -> list[dict]:
+    """Every count a site withheld: ``{"site", "split", "what"}`` (``images``, ``patients``, ``<class>
+    positives`` / ``negatives``)."""
+    out = []
+    for site, entry in summary["per_site"].items():
+        for split, row in entry["splits"].items():
+            out += [{"site": site, "split": split, "what": k} for k in ("images", "patients") if row[k] is None]
+            for c, e in row["classes"].items():
+                out += [
+                    {"site": site, "split": split, "what": f"{c} {k}"}
+                    for k in ("positives", "negatives")
+                    if e[k] is None
+                ]
+    return out
+
+
 def js_divergence(p, q) -> float:
     """Jensen-Shannon divergence (base 2, in [0, 1]) of two histograms (normalised here)."""
     p, q = np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)
@@ -192,6 +209,14 @@ def warnings_of(summary: dict, thresholds: dict | None = None, min_count: int = 
     for c in summary["classes"]:
         entries = {s: per_site[s]["splits"]["train"]["classes"][c] for s in sites}
         annotating = [s for s, e in entries.items() if e["status"] != "not annotated"]
+        if not annotating and sites:
+            out.append(
+                {
+                    "kind": "unannotated_class",
+                    "class": c,
+                    "message": f"class '{c}' is annotated by no site: a training job stops at its data check",
+                }
+            )
         if len(annotating) == 1 and len(sites) > 1:
             out.append(
                 {
@@ -378,6 +403,10 @@ def markdown(summary: dict, warnings: list[dict], thresholds: dict, min_count: i
             f"{means or '-'} | {js} |"
         )
     lines += ["", f"![intensity histograms per site]({FIGURE})", ""]
+    withheld = withheld_counts(summary)
+    lines += ["## Withheld by the sites' minimum count", ""]
+    lines += [f"- {w['site']}, {w['split']}: {w['what']}" for w in withheld] or ["- nothing"]
+    lines.append("")
     return "\n".join(lines)
 
 
@@ -425,7 +454,14 @@ def write_report(
     summary = summarise(data, classes)
     warnings = warnings_of(summary, t, min_count)
     div = intensity_divergences(summary)
-    result = {**summary, "warnings": warnings, "thresholds": t, "min_count": min_count, "intensity_js": div}
+    result = {
+        **summary,
+        "warnings": warnings,
+        "thresholds": t,
+        "min_count": min_count,
+        "intensity_js": div,
+        "withheld": withheld_counts(summary),
+    }
     (folder / REPORT_JSON).write_text(json.dumps(result, indent=1))
     (folder / REPORT_MD).write_text(markdown(summary, warnings, t, min_count, div))
     fig = intensity_figure(summary, folder / FIGURE)

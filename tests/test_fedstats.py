@@ -4,6 +4,7 @@ the sites' minimum count, and its report warns about shortcuts (``fedpartial.dat
 from __future__ import annotations
 
 import json
+from functools import partial
 from types import SimpleNamespace
 
 import numpy as np
@@ -17,7 +18,7 @@ from nvflare.app_common.app_constant import StatisticsConstants as StC
 from nvflare.fuel.utils import fobs
 from test_predict import images, sim_ws  # noqa: F401 - test_predict's fixtures: a labelled manifest, a run folder
 
-from conftest import real_data, run_recipe, server_log
+from conftest import REPO, real_data, run_recipe, server_log
 from fedpartial.data_report import THRESHOLDS, intensity_divergences, summarise, warnings_of, withheld_counts
 from fedpartial.fl.fedstats import (
     PIXEL_LEVELS,
@@ -27,6 +28,8 @@ from fedpartial.fl.fedstats import (
     manifest_features,
     pixel_tables,
 )
+from fedpartial.stats_recipe import DataStatsRecipe, stats_main
+from fedpartial.tools.build_jobs import export_job, is_training_job
 
 MIN_COUNT = 5
 
@@ -293,3 +296,27 @@ def test_evaluate_cli_by_column(sim_ws, images, tmp_path, capsys):  # noqa: F811
     }
     assert P.evaluate_main([*argv, "--by", "hospital"]) == 2
     assert "no column 'hospital'" in capsys.readouterr().err
+
+
+def test_statistics_job_exports_for_any_federation(tmp_path):
+    """The exported statistics job deploys one app to every site (``@ALL``: any site names), ships the package,
+    and writes the job's minimum count, the policy-aware filter and the report's thresholds into its configuration
+    (``job.py``'s ``--set min_count=... --set thresholds.<name>=...`` reach them)."""
+    job = REPO / "jobs" / "fedstats_ham10000"
+    assert not is_training_job(job) and is_training_job(REPO / "jobs" / "fedavg_ham10000")
+    out = export_job(job, tmp_path, min_count=20, thresholds={"prevalence_ratio": 3.0})
+    assert json.loads((out / "meta.json").read_text())["deploy_map"] == {"app": ["@ALL"]}
+    assert (out / "app/custom/fedpartial/fl/fedstats.py").is_file()
+    client = json.loads((out / "app/config/config_fed_client.json").read_text())
+    comps = {c["id"]: c for c in client["components"]}
+    assert comps["min_count_cleanser"]["args"] == {"min_count": 20}
+    assert comps["stats_generator"]["args"]["dataset"] == {"preset": "ham10000"}
+    filters = [f["path"] for g in client["task_result_filters"] for f in g["filters"]]
+    assert filters == ["fedpartial.fl.fedstats.PolicyStatisticsPrivacyFilter"]
+    server = json.loads((out / "app/config/config_fed_server.json").read_text())
+    writer = next(c for c in server["components"] if c["id"] == "stats_writer")["args"]
+    assert writer["min_count"] == 20 and writer["thresholds"] == {**THRESHOLDS, "prevalence_ratio": 3.0}
+    recipe = partial(DataStatsRecipe, name="x", dataset="ham10000", num_sites=5)
+    with pytest.raises(SystemExit) as stop:  # an unknown threshold: one line, exit 2
+        stats_main(recipe, ["--set", "thresholds.nope=1"])
+    assert stop.value.code == 2

@@ -18,6 +18,7 @@ from conftest import (
     run_simulator,
     server_log,
 )
+from fedpartial.tools.build_jobs import training_jobs
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +47,7 @@ for _args in TINY.values():  # sets of a few dozen images: per-class metrics fro
 # methods' jobs a 2-site run each (test_comparison_method_runs_two_rounds below). Every job also gets the
 # configuration check below (what a site and the server check before training).
 SIMULATED = ["pfl_ich"]  # fedavg_ich, fedavg_ham10000, fedavg_cxr14: see above
-ALL_JOBS = sorted(p.parent.name for p in (REPO / "jobs").glob("*/meta.json"))
+ALL_JOBS = sorted(p.name for p in training_jobs(REPO / "jobs"))  # the statistics jobs: tests/test_fedstats.py
 CONFIG_ONLY = sorted(j for j in ALL_JOBS if j not in SIMULATED and not j.startswith("fedavg_full_"))
 JOBS = SIMULATED
 

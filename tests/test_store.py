@@ -147,7 +147,7 @@ def test_truncated_corrupt_and_foreign_stores_are_refused(tmp_path):
     with np.load(folder / "index.npz") as z:
         short = {k: z[k][:-1] for k in z.files}
     np.savez(folder / "index.npz", **short)
-    (folder / "store.json").write_text(json.dumps({**meta, "index_sha256": st._index_digest(folder / "index.npz")}))
+    (folder / "store.json").write_text(json.dumps({**meta, "index_sha256": st.file_sha256(folder / "index.npz")}))
     with pytest.raises(StoreError, match=r"corrupt \(index.npz has \[5\] rows, images.npy 6\)"):
         open_store(folder, key)
 

@@ -11,7 +11,7 @@ import torch
 from conftest import REPO
 from fedpartial.models import PartialLabelNet
 from fedpartial.tables import cell, paper_table, per_class_table, setting_label
-from fedpartial.tools.build_jobs import customise_job
+from fedpartial.tools.build_jobs import customise_job, training_jobs
 
 
 def test_setting_label_names_the_partial_annotation_setting():
@@ -98,7 +98,7 @@ def test_customise_job_sets_the_seed_on_both_sides_and_rule_args(tmp_path):
     assert args["method_args"]["T0"] == 0.1 and args["method_args"]["warmup_rounds"] == 5
 
 
-@pytest.mark.parametrize("job", sorted(p.parent.name for p in (REPO / "jobs").glob("*/meta.json")))
+@pytest.mark.parametrize("job", sorted(p.name for p in training_jobs(REPO / "jobs")))
 def test_every_job_seeds_its_initial_global_model(job):
     server = json.loads((REPO / "jobs" / job / "app/config/config_fed_server.json").read_text())
     model = {c["id"]: c for c in server["components"]}["model"]

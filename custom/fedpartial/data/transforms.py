@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from .dicom import apply_windows, dicom_pixels, read_dicom_hu  # noqa: F401 - DICOM -> [0, 1]; HU; HU -> windows
+from .dicom import dicom_pixels, read_dicom_hu  # noqa: F401 - read_dicom_hu: HU, read from here too
 from .store import deep_colour, is_dicom, open_image, significant_bits, upright  # the store's decoding of a file
 from .views import KINDS, view_params  # noqa: F401 - KINDS: the view kinds, also read from here
 

@@ -165,18 +165,14 @@ def withheld_counts(summary: dict) -> list[dict]:
 
 
 def js_divergence(p, q) -> float:
-    """Jensen-Shannon divergence (base 2, in [0, 1]) of two histograms (normalised here)."""
+    """Jensen-Shannon divergence (base 2, in [0, 1]) of two histograms (normalised here): the square of SciPy's
+    Jensen-Shannon distance."""
+    from scipy.spatial.distance import jensenshannon
+
     p, q = np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)
     if p.sum() <= 0 or q.sum() <= 0:
         return float("nan")
-    p, q = p / p.sum(), q / q.sum()
-    m = (p + q) / 2
-
-    def kl(a, b):
-        nz = a > 0
-        return float((a[nz] * np.log2(a[nz] / b[nz])).sum())
-
-    return max(0.0, 0.5 * kl(p, m) + 0.5 * kl(q, m))
+    return float(jensenshannon(p, q, base=2) ** 2)
 
 
 def intensity_divergences(summary: dict) -> dict[str, dict[str, float]]:

@@ -98,14 +98,21 @@ def one_round(agg: PartialLabelAggregator, previous, updates, groups, annotated,
     agg.aggregate(fl_ctx)
 
 
-def timed(fn, repeats: int) -> float:
-    fn()  # warm-up
-    out = []
-    for _ in range(repeats):
-        t = time.perf_counter()
+def timed(fns: dict, repeats: int) -> tuple[dict, dict]:
+    """``({name: median wall seconds}, {name: median CPU seconds of this process})`` of each function, run in turns
+    (one call of each per repeat, after one warm-up call each), so that whatever else the machine does at the time
+    weighs on every row alike and the ratios hold on a busy machine too."""
+    for fn in fns.values():
         fn()
-        out.append(time.perf_counter() - t)
-    return statistics.median(out)
+    wall: dict = {k: [] for k in fns}
+    cpu: dict = {k: [] for k in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t, c = time.perf_counter(), time.process_time()
+            fn()
+            wall[name].append(time.perf_counter() - t)
+            cpu[name].append(time.process_time() - c)
+    return {k: statistics.median(v) for k, v in wall.items()}, {k: statistics.median(v) for k, v in cpu.items()}
 
 
 def main(argv=None) -> dict:
@@ -118,12 +125,13 @@ def main(argv=None) -> dict:
     previous, updates, groups, annotated = make_updates(args.sites, args.classes)
     n = [float(100 + 10 * k) for k in range(args.sites)]
     params = int(sum(v.size for v in previous.values()))
-    rows = {"plain weighted mean (numpy)": timed(lambda: plain_mean(updates, n), args.repeats)}
+    fns = {"plain weighted mean (numpy)": lambda: plain_mean(updates, n)}
     aggregators = {f"aggregator {m}": PartialLabelAggregator(m) for m in ("fedavg", "fedavg_masked", "surgical")}
     aggregators["aggregator fedavg, change bound off"] = PartialLabelAggregator("fedavg", max_change_ratio=0.0)
     for name, agg in aggregators.items():
-        rows[name] = timed(lambda a=agg: one_round(a, previous, updates, groups, annotated, n), args.repeats)
-    base = rows["plain weighted mean (numpy)"]
+        fns[name] = lambda a=agg: one_round(a, previous, updates, groups, annotated, n)
+    rows, cpu = timed(fns, args.repeats)
+    base, cpu_base = rows["plain weighted mean (numpy)"], cpu["plain weighted mean (numpy)"]
     result = {
         "sites": args.sites,
         "parameters": params,
@@ -131,15 +139,17 @@ def main(argv=None) -> dict:
         "repeats": args.repeats,
         "seconds": rows,
         "ratio": {k: v / base for k, v in rows.items()},
+        "cpu_seconds": cpu,
+        "cpu_ratio": {k: v / cpu_base for k, v in cpu.items()},
     }
     lines = [
         f"{args.sites} ResNet-18 updates ({params / 1e6:.1f} M values in {len(previous)} tensors), median of "
-        f"{args.repeats}",
+        f"{args.repeats} taken in turns; wall and CPU time of this process",
         "",
-        "| what | s / round | x plain mean |",
-        "|---|---|---|",
+        "| what | s / round | x plain mean | CPU s / round | x plain mean (CPU) |",
+        "|---|---|---|---|---|",
     ]
-    lines += [f"| {k} | {v:.3f} | {v / base:.2f} |" for k, v in rows.items()]
+    lines += [f"| {k} | {v:.3f} | {v / base:.2f} | {cpu[k]:.3f} | {cpu[k] / cpu_base:.2f} |" for k, v in rows.items()]
     print("\n".join(lines))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -123,23 +123,30 @@ def test_change_norm_block_by_block_by_hand(monkeypatch):
     assert agg.change_norm(np.zeros(0, np.float32), np.zeros(0, np.float32)) == 0.0
 
 
-def test_check_update_collects_the_change_norms_bound_changes_uses():
-    """The server reads each update once: check_update's norms are change_norms', NaN still fails, and
-    bound_changes decides on norms it is given (here deliberately not the true ones) instead of recomputing."""
+def test_change_measures_give_the_change_norms_bound_changes_uses():
+    """The server reads each update once: change_measures' squares are the squared change norms (each site's alone
+    too), a NaN makes its square non-finite and non_finite names the tensor, while finite values whose change
+    overflows are left to the bound; bound_changes decides on norms it is given (here deliberately not the true
+    ones) instead of recomputing."""
+    from fedpartial.aggregation import change_measures, non_finite
+
     ref, states = _three()
-    collected = []
-    for s in states:
-        norms: dict = {}
-        assert check_update(s, ref, norms) is None
-        collected.append(norms)
+    squares, dots, ref_norms = change_measures(states, ref)
+    assert dots == {} and ref_norms == {"w": 0.0, "b": 0.0}  # floating-point tensors only
+    assert change_measures(states, states[0]).reference_norms == pytest.approx({"w": 5.0, "b": 0.1})
     for key, expected in change_norms(states, ref).items():
-        np.testing.assert_allclose([c[key] for c in collected], expected, rtol=1e-6)
-    assert "non-finite" in check_update(dict(states[0], w=np.array([np.nan, 0], np.float32)), ref, {})
+        np.testing.assert_allclose(np.sqrt(squares[key]), expected, rtol=1e-6)
+        for k, s in enumerate(states):
+            d = np.asarray(s[key], np.float64) - np.asarray(ref[key], np.float64)
+            assert squares[key][k] == pytest.approx(float(d.ravel() @ d.ravel()), rel=1e-6)
+    bad = dict(states[0], w=np.array([np.nan, 0], np.float32))
+    sq = change_measures([bad], ref).squares
+    assert "tensor 'w' has non-finite values" == non_finite(bad, {k: v[0] for k, v in sq.items()})
+    assert check_update(bad, ref, values=False) is None and "non-finite" in check_update(bad, ref)
     # finite values whose change overflows pass the check; their infinite change norm is refused by the bound
     huge = dict(states[0], w=np.array([3e38, -3e38], np.float32))
-    norms = {}
-    assert check_update(huge, {**ref, "w": np.array([-3e38, 3e38], np.float32)}, norms) is None
-    assert norms["w"] == np.inf
+    sq = change_measures([huge], {**ref, "w": np.array([-3e38, 3e38], np.float32)}).squares
+    assert sq["w"][0] == np.inf and non_finite(huge, {k: v[0] for k, v in sq.items()}) is None
     given = {"w": np.array([1.0, 50.0, 1.0]), "b": np.array([0.1, 0.1, 0.1])}
     steps = {"w": 1.0, "b": 0.1}
     assert list(bound_changes(states, ref, 3, steps=steps, norms=given)[1]) == [1]  # the true ones: site 0
@@ -790,3 +797,32 @@ def test_a_deployed_round_does_not_wait_for_a_site_known_to_be_gone(monkeypatch)
     assert round_of(three, three + ["h4"], last_missing=["h4"]) is None  # h4 fetched the task: alive or died now
     assert round_of(three, three) is None  # h4 not fetched yet, but nothing says it is gone: the usual wait
     assert round_of(three, three, last_missing=["h4"], job_id=SIMULATOR_JOB_ID) is None
+
+
+def test_the_cosines_measured_in_one_read_equal_change_cosine(monkeypatch):
+    """The server measures every update's direction in the read that checks its values: change_measures' dots and
+    squares (blocks of 3 values here, a block of the reference shared by the updates) give change_cosine's value,
+    computed by hand in float64; the reversed update its negative; peer_cosines for some sites only gives the full
+    answer's values for those and None for the others."""
+    import fedpartial.aggregation as agg
+
+    monkeypatch.setattr(agg, "_CHUNK", 3)
+    rng = np.random.default_rng(0)
+    ref = {"a": rng.normal(size=7).astype(np.float32), "b": rng.normal(size=(2, 2)).astype(np.float32)}
+    ref["n"] = np.array(4, np.int64)  # an integer buffer: no change measured, no direction
+    step = {k: rng.normal(size=v.shape).astype(np.float32) for k, v in ref.items() if k != "n"}
+    state = {k: v + rng.normal(size=v.shape).astype(np.float32) for k, v in ref.items() if k != "n"}
+    state["n"] = np.array(9, np.int64)
+    reversed_ = {k: 2 * ref[k] - state[k] for k in ref}
+    squares, dots, _ = agg.change_measures([state, reversed_], ref, step)
+    assert sorted(squares) == sorted(dots) == ["a", "b"]
+    d = np.concatenate([(state[k] - ref[k]).ravel() for k in step]).astype(np.float64)
+    s = np.concatenate([step[k].ravel() for k in step]).astype(np.float64)
+    by_hand = d @ s / np.sqrt((d @ d) * (s @ s))
+    np.testing.assert_allclose(agg.cosines_from(dots, squares, agg.norms_of(step)), [by_hand, -by_hand], rtol=1e-5)
+    assert agg.change_cosine(state, ref, step) == pytest.approx(by_hand, rel=1e-5)
+    assert agg.change_cosine({k: v.copy() for k, v in ref.items()}, ref, step) is None  # no change: no direction
+    states = [state, reversed_, {k: v + 0.5 for k, v in state.items() if k != "n"} | {"n": state["n"]}]
+    full = agg.peer_cosines(states, ref, list(step))
+    some = agg.peer_cosines(states, ref, list(step), which=[1])
+    assert some[0] is None and some[2] is None and some[1] == pytest.approx(full[1])

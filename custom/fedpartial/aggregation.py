@@ -17,13 +17,28 @@ own per-class weights, and averages every other tensor with per-site weights.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 
 State = Mapping[str, np.ndarray]
 
 _AXPY: dict = {}  # dtype -> BLAS axpy, filled on first use (scipy imported where aggregation happens: the server)
+
+
+_BLAS: list = []  # the threadpoolctl controller, made on first use
+
+
+def one_blas_thread():
+    """A context in which BLAS runs on one thread. The server's passes over the updates (axpy, dot) are bound by
+    memory, not arithmetic: a second BLAS thread buys nothing, and where the machine is busy (the server's other
+    threads, a co-located site) OpenBLAS's threads wait on each other: 8 ResNet-18 updates took 0.13 s on one
+    thread and 0.34-3.2 s on two on a loaded 2-core machine (``benchmarks/aggregation_speed.py``)."""
+    if not _BLAS:
+        from threadpoolctl import ThreadpoolController
+
+        _BLAS.append(ThreadpoolController())
+    return _BLAS[0].limit(limits=1, user_api="blas")
 
 
 def _axpy(dtype: np.dtype):
@@ -156,12 +171,11 @@ def _finite_sum(v: np.ndarray) -> bool:
         return bool(np.isfinite(v.sum()))
 
 
-def check_update(state: State, reference: State, norms: dict[str, float] | None = None) -> str | None:
+def check_update(state: State, reference: State, values: bool = True) -> str | None:
     """Why a site's update is unusable (missing / extra keys, wrong shapes or dtypes, non-finite values), or None.
 
-    With ``norms`` (a dict to fill), each floating-point tensor's change ``||state[k] - reference[k]||_2``
-    (:func:`change_norm`) is computed on the way and stored there, as :func:`bound_changes` needs it: its finiteness
-    then doubles as the finiteness check, so the update is read once instead of twice.
+    ``values=False`` checks only the structure (keys, shapes, dtypes) and reads no value: the server checks the
+    values of a round's updates together with their changes (:func:`change_measures`), one read of each.
     """
     missing = sorted(set(reference) - set(state))
     extra = sorted(set(state) - set(reference))
@@ -173,15 +187,18 @@ def check_update(state: State, reference: State, norms: dict[str, float] | None 
             return f"tensor '{k}' has shape {v.shape}, expected {np.shape(ref)}"
         if v.dtype != np.asarray(ref).dtype:
             return f"tensor '{k}' has dtype {v.dtype}, expected {np.asarray(ref).dtype}"
-        if not np.issubdtype(v.dtype, np.floating):
-            continue
-        if norms is not None:
-            norms[k] = change_norm(v, np.asarray(ref))
-            finite = bool(np.isfinite(norms[k]))
-        else:
-            finite = _finite_sum(v)
-        # a NaN / inf makes the sum (norm) non-finite; only one that overflowed needs the element-wise check
-        if not finite and not np.all(np.isfinite(v)):
+        # a NaN / inf makes the sum non-finite; only one that overflowed needs the element-wise check
+        if values and np.issubdtype(v.dtype, np.floating) and not _finite_sum(v) and not np.all(np.isfinite(v)):
+            return f"tensor '{k}' has non-finite values"
+    return None
+
+
+def non_finite(state: State, squares: Mapping[str, float]) -> str | None:
+    """Why an update whose squared change norms ``squares`` (:func:`change_measures`) are known is unusable: a
+    tensor with a NaN / inf value (its squared change is then not finite; one whose change merely overflows has
+    finite values and is left to the change bound), or None."""
+    for k, sq in squares.items():
+        if not np.isfinite(sq) and not np.all(np.isfinite(np.asarray(state[k]))):
             return f"tensor '{k}' has non-finite values"
     return None
 
@@ -210,31 +227,69 @@ def lower_median(values: Sequence[float]) -> float:
 
 def change_norms(states: Sequence[State], reference: State) -> dict[str, np.ndarray]:
     """``{key: (K,) ||w_k[key] - ref[key]||_2}`` for every floating-point tensor of ``reference``."""
-    out = {}
+    return {k: np.sqrt(v) for k, v in change_measures(states, reference).squares.items()}
+
+
+_CHUNK = 1 << 17  # values per block (512 KB of float32): the differences and the blocks they need stay in the cache
+
+
+def _flat(a, dtype: np.dtype) -> np.ndarray:
+    x = np.ravel(np.asarray(a))
+    return x if x.dtype == dtype else x.astype(dtype)
+
+
+class ChangeMeasures(NamedTuple):
+    """What one read of K updates measures (:func:`change_measures`), per floating-point tensor of the reference."""
+
+    squares: dict[str, np.ndarray]  # (K,) ||d_k||^2, d_k = w_k - ref
+    dots: dict[str, np.ndarray]  # (K,) <d_k, Delta>, for the tensors of the step only
+    reference_norms: dict[str, float]  # ||ref||
+
+
+def change_measures(
+    states: Sequence[State], reference: State, step: Mapping[str, np.ndarray] | None = None
+) -> ChangeMeasures:
+    """The changes ``d_k = w_k - ref`` of K updates measured in one read of each: ``||d_k||^2`` for every
+    floating-point tensor of ``reference``, ``<d_k, Delta>`` for those of ``step`` (the last global step), and
+    ``||ref||`` (the change bound's scale, :func:`change_scale`).
+
+    Block by block: a block of ``ref`` (and of ``Delta``) is read once for all K updates, each block's difference
+    goes through one small buffer (never written out whole), products in the tensors' own float precision
+    (float32 / float64; other dtypes in float64), sums in float64. A NaN / inf value, or a change too large for
+    the precision, makes a square non-finite (:func:`non_finite` tells the two apart).
+    """
+    out = ChangeMeasures({}, {}, {})
+    n = len(states)
     for key, ref in reference.items():
         if not is_float(ref):
             continue
-        out[key] = np.array([change_norm(np.asarray(s[key]), np.asarray(ref)) for s in states])
+        r = np.ravel(np.asarray(ref))
+        dtype = r.dtype if r.dtype in (np.float32, np.float64) else np.dtype(np.float64)
+        r = _flat(r, dtype)
+        xs = [_flat(s[key], dtype) for s in states]
+        st = None if step is None or key not in step else _flat(step[key], dtype)
+        sq, dot, rr = np.zeros(n), np.zeros(n), 0.0
+        buf = np.empty(min(_CHUNK, r.size), dtype)
+        with np.errstate(over="ignore", invalid="ignore"):
+            for i in range(0, r.size, _CHUNK):
+                rb = r[i : i + _CHUNK]
+                rr += float(np.dot(rb, rb))
+                d = buf[: rb.size]
+                sb = None if st is None else st[i : i + _CHUNK]
+                for k, x in enumerate(xs):
+                    np.subtract(x[i : i + _CHUNK], rb, out=d)
+                    sq[k] += float(np.dot(d, d))
+                    if sb is not None:
+                        dot[k] += float(np.dot(d, sb))
+        out.squares[key], out.reference_norms[key] = sq, float(np.sqrt(rr))
+        if st is not None:
+            out.dots[key] = dot
     return out
 
 
-_CHUNK = 1 << 17  # values per block of change_norm (512 KB of float32): the difference stays in the CPU cache
-
-
 def change_norm(a: np.ndarray, ref: np.ndarray) -> float:
-    """``||a - ref||_2`` in the arrays' own float precision (float32 / float64; other dtypes in float64), block by
-    block through one small buffer, so the difference is never written out whole (it is part of the change
-    bound, whose cost ``benchmarks/aggregation_speed.py`` isolates with ``max_change_ratio: 0``)."""
-    x, r = np.ravel(a), np.ravel(ref)
-    if x.dtype not in (np.float32, np.float64) or r.dtype != x.dtype:
-        x, r = x.astype(np.float64), r.astype(np.float64)
-    buf = np.empty(min(_CHUNK, x.size), x.dtype)
-    total = 0.0
-    with np.errstate(over="ignore", invalid="ignore"):
-        for i in range(0, x.size, _CHUNK):
-            d = np.subtract(x[i : i + _CHUNK], r[i : i + _CHUNK], out=buf[: min(_CHUNK, x.size - i)])
-            total += float(np.dot(d, d))
-    return float(np.sqrt(total))
+    """``||a - ref||_2`` (:func:`change_measures` of one array)."""
+    return float(np.sqrt(change_measures([{"a": a}], {"a": ref}).squares["a"][0]))
 
 
 def _norm(d: np.ndarray) -> float:
@@ -281,6 +336,7 @@ def bound_changes(
     norms: Mapping[str, np.ndarray] | None = None,
     floor: float = 0.04,
     abs_floor: float = 0.01,
+    reference_norms: Mapping[str, float] | None = None,
 ) -> tuple[list[dict[str, np.ndarray]], dict[int, str]]:
     """Bound each site's change of each tensor by ``max_ratio`` times :func:`change_scale` of that tensor.
 
@@ -293,7 +349,8 @@ def bound_changes(
         steps: ``{key: ||Delta||}``, the norm of each tensor's last global step (the change of the previous
             aggregation); None in the first round of a run (the bound is then relative to the tensor's own norm).
         norms: the changes' norms if already known (``{key: (K,)}`` as :func:`change_norms` returns, e.g. collected
-            by :func:`check_update` as the updates arrived); computed here when None.
+            by :func:`change_measures`); computed here when None.
+        reference_norms: ``{key: ||reference[key]||}`` if already known (:func:`change_measures`).
 
     Returns:
         ``(states out, {site index: why})``: with "reject" the refused sites are left out of ``states out`` (the
@@ -311,7 +368,8 @@ def bound_changes(
     for key, nk in norms.items():
         nk = np.asarray(nk, dtype=np.float64)
         ref = np.asarray(reference[key])
-        scale = change_scale(_norm(ref), ref.size, None if steps is None else steps.get(key, 0.0), floor, abs_floor)
+        ref_norm = _norm(ref) if reference_norms is None or key not in reference_norms else reference_norms[key]
+        scale = change_scale(ref_norm, ref.size, None if steps is None else steps.get(key, 0.0), floor, abs_floor)
         bound = float(max_ratio) * scale
         for k in np.flatnonzero(nk > bound):
             if k not in why:
@@ -325,13 +383,49 @@ def bound_changes(
     return out, why
 
 
-def step_of(new: State, old: State) -> dict[str, np.ndarray]:
-    """The global step ``{key: new[key] - old[key]}`` (float32) of every floating-point tensor."""
-    return {
-        k: (np.asarray(new[k], dtype=np.float64) - np.asarray(v, dtype=np.float64)).astype(np.float32)
-        for k, v in old.items()
-        if is_float(v) and k in new
-    }
+def step_of(
+    new: State, old: State, out: Mapping[str, np.ndarray] | None = None, norms: dict[str, float] | None = None
+) -> dict[str, np.ndarray]:
+    """The global step ``{key: new[key] - old[key]}`` (float32) of every floating-point tensor.
+
+    ``out``: arrays to write it into where their shapes fit (the server reuses them round after round instead of
+    allocating a model's worth of memory); ``norms``: a dict filled with each tensor's ``||step||_2`` on the same
+    pass (float32 products summed in float64; NaN / inf where ``new`` has such values)."""
+    step = {}
+    for k, v in old.items():
+        if not is_float(v) or k not in new:
+            continue
+        buf = None if out is None else out.get(k)
+        fits = isinstance(buf, np.ndarray) and buf.dtype == np.float32 and buf.shape == np.shape(v)
+        o = buf if fits and buf.flags.writeable and buf.flags.c_contiguous else np.empty(np.shape(v), np.float32)
+        a, b, flat = np.ravel(new[k]), np.ravel(v), o.reshape(-1)
+        total = 0.0
+        with np.errstate(over="ignore", invalid="ignore"):
+            for i in range(0, flat.size, _CHUNK):
+                d = np.subtract(a[i : i + _CHUNK], b[i : i + _CHUNK], out=flat[i : i + _CHUNK], dtype=np.float32)
+                if norms is not None:
+                    total += float(np.dot(d, d))
+        if norms is not None:
+            norms[k] = float(np.sqrt(total))
+        step[k] = o
+    return step
+
+
+def cosines_from(dots: Mapping[str, np.ndarray], squares: Mapping[str, np.ndarray], step_norms: Mapping[str, float]):
+    """:func:`change_cosine` of each of K updates from what :func:`change_measures` measured (``<d_k, Delta>`` and
+    ``||d_k||^2`` per tensor) and the step's norms ``{key: ||Delta[key]||}`` (:func:`norms_of`): ``(K,)`` cosines,
+    NaN where either vector is 0 or a value is not finite; no update is read again."""
+    dot = sum(np.asarray(dots[k], np.float64) for k in step_norms)
+    dd = sum(np.asarray(squares[k], np.float64) for k in step_norms)
+    ss = sum(float(v) ** 2 for v in step_norms.values())
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        out = np.asarray(dot, np.float64) / np.sqrt(np.asarray(dd, np.float64) * ss)
+    return np.where((np.asarray(dd) > 0) & (ss > 0) & np.isfinite(out), out, np.nan)
+
+
+def norms_of(state: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """``{key: ||state[key]||_2}`` (BLAS products in the arrays' own float precision)."""
+    return {k: _norm(np.asarray(v)) for k, v in state.items()}
 
 
 def change_cosine(state: State, reference: State, step: Mapping[str, np.ndarray]) -> float | None:
@@ -341,27 +435,29 @@ def change_cosine(state: State, reference: State, step: Mapping[str, np.ndarray]
     Honest updates continue roughly the direction the model moved last round (cosine 0.88-0.95 in
     ``tests/test_reliability_simulator.py``'s run); a reversed update, ``2 * reference - w`` (the same size as
     the site's real change, so no size bound sees it), has the opposite sign."""
-    dot = dd = ss = 0.0
-    for key, s in step.items():
-        d = np.asarray(state[key], dtype=np.float64).ravel() - np.asarray(reference[key], dtype=np.float64).ravel()
-        s = np.asarray(s, dtype=np.float64).ravel()
-        dot, dd, ss = dot + float(d @ s), dd + float(d @ d), ss + float(s @ s)
-    if dd <= 0 or ss <= 0:
-        return None
-    return dot / float(np.sqrt(dd * ss))
+    m = change_measures([state], reference, step)
+    cos = float(cosines_from(m.dots, m.squares, norms_of(step))[0])
+    return None if np.isnan(cos) else cos
 
 
-def peer_cosines(states: Sequence[State], reference: State, keys: Sequence[str]) -> list[float | None]:
+def peer_cosines(
+    states: Sequence[State], reference: State, keys: Sequence[str], which: Sequence[int] | None = None
+) -> list[float | None]:
     """For each site k, the cosine between its change ``d_k = state_k - reference`` and the sum of the other sites'
     changes ``S - d_k`` (``S = sum_j d_j``), over the tensors ``keys`` as one vector:
     ``<d_k, S - d_k> / (||d_k|| ||S - d_k||)``, from ``<d_k, S>``, ``||d_k||^2`` and ``||S||^2`` (one sum of the
     changes held at a time, per tensor); None where either vector is 0 (a single site, others that cancel out).
+    ``which``: the sites to compute it for (the others get None; the sum still covers every site): the server asks
+    only for the updates that point against the last step, so an honest round reads no update again.
 
     Honest sites that start a round from the same model move roughly together, also when they all turn back
     against the model's last step (training that oscillates late in a run); a reversed update points against
     them."""
     n = len(states)
+    wanted = list(range(n)) if which is None else sorted({int(k) for k in which})
     dots, sq, total = np.zeros(n), np.zeros(n), 0.0
+    if not wanted:
+        return [None] * n
     with np.errstate(over="ignore", invalid="ignore"):  # a hostile 1e30 change: inf, then no cosine
         for key in keys:  # one tensor at a time, one site's change at a time: memory of three tensors, not n
             ref = np.asarray(reference[key], dtype=np.float32).ravel()
@@ -370,15 +466,15 @@ def peer_cosines(states: Sequence[State], reference: State, keys: Sequence[str])
                 np.subtract(np.asarray(s[key], dtype=np.float32).ravel(), ref, out=d)
                 summed += d
             total += float(summed @ summed)
-            for k, s in enumerate(states):  # float32 products (BLAS), summed over tensors in float64
-                np.subtract(np.asarray(s[key], dtype=np.float32).ravel(), ref, out=d)
+            for k in wanted:  # float32 products (BLAS), summed over tensors in float64
+                np.subtract(np.asarray(states[k][key], dtype=np.float32).ravel(), ref, out=d)
                 dots[k] += float(d @ summed)
                 sq[k] += float(d @ d)
         out: list[float | None] = []
         for k in range(n):
             others_sq = total - 2.0 * dots[k] + sq[k]  # ||S - d_k||^2
             finite = np.isfinite([dots[k], sq[k], others_sq]).all()  # a change too large for float32 keeps no one
-            if not finite or sq[k] <= 0 or others_sq <= 1e-12 * max(total, sq[k]):
+            if k not in wanted or not finite or sq[k] <= 0 or others_sq <= 1e-12 * max(total, sq[k]):
                 out.append(None)
             else:
                 out.append(float((dots[k] - sq[k]) / np.sqrt(sq[k] * others_sq)))

@@ -54,7 +54,18 @@ from nvflare.app_common.abstract.aggregator import Aggregator
 from nvflare.app_common.abstract.model import ModelLearnableKey
 from nvflare.app_common.app_constant import AppConstants
 
-from ..aggregation import BOUND_MODES, bound_changes, change_cosine, check_update, peer_cosines, step_of
+from ..aggregation import (
+    BOUND_MODES,
+    bound_changes,
+    change_measures,
+    check_update,
+    cosines_from,
+    non_finite,
+    norms_of,
+    one_blas_thread,
+    peer_cosines,
+    step_of,
+)
 from ..methods import Contribution, ServerRule, get_method
 from ..stat_checks import JobSize, StatSpec, check_statistics
 from .keys import (
@@ -150,25 +161,26 @@ class PartialLabelAggregator(Aggregator):
             self.rule, self.config_error = None, str(e)
         self.refused: dict[str, str] = {}  # site -> why its updates are refused for the rest of the job (rule failures)
         self._contributions: list[Contribution] = []
-        self._norms: dict[str, dict[str, float]] = {}  # site -> its change norm per tensor (for the change bound)
         self.rejected: list[tuple[str, str]] = []
         self._clipped: list[str] = []
         self._last_meta: dict = {}
         self._failures = 0
         self._step: dict[str, np.ndarray] | None = None  # the last global step (new - previous global model)
+        self._step_norms: dict[str, float] | None = None  # its norm per tensor (made when first needed)
+        self._spare: dict[str, np.ndarray] | None = None  # the step before it: the arrays the next step is written to
         self.last_missing: list[
             str
         ] = []  # the sites that sent nothing in the last round (the final evaluation skips them)
 
     def handle_event(self, event_type: str, fl_ctx: FLContext):
         if event_type == EventType.START_RUN:
-            self._last_meta, self._failures, self._step = {}, 0, None
+            self._last_meta, self._failures, self._step, self._step_norms = {}, 0, None, None
             if self.config_error:
                 job = (fl_ctx.get_prop(FLContextKey.JOB_META) or {}).get("name") or fl_ctx.get_job_id()
                 self.system_panic(f"job '{job}': {self.config_error}", fl_ctx)
 
     def reset(self, fl_ctx: FLContext):
-        self._contributions, self.rejected, self._norms = [], [], {}
+        self._contributions, self.rejected = [], []
 
     def checkpoint_state(self) -> dict:
         """The rule's state (e.g. FedIRM's global relation matrix), for a resumed job (:mod:`.checkpoint`). The
@@ -192,6 +204,7 @@ class PartialLabelAggregator(Aggregator):
         self._last_meta, self._failures = sent, int(state.get("failures", 0))
         self.refused = {str(k): str(v) for k, v in (state.get("refused") or {}).items()}
         step = state.get("step")
+        self._step_norms = None
         self._step = (
             None
             if not step
@@ -210,6 +223,10 @@ class PartialLabelAggregator(Aggregator):
         return False
 
     def accept(self, shareable: Shareable, fl_ctx: FLContext) -> bool:
+        with one_blas_thread():
+            return self._accept(shareable, fl_ctx)
+
+    def _accept(self, shareable: Shareable, fl_ctx: FLContext) -> bool:
         site = fl_ctx.get_peer_context().get_identity_name() if fl_ctx.get_peer_context() else "?"
         try:
             dxo = from_shareable(shareable)
@@ -227,9 +244,9 @@ class PartialLabelAggregator(Aggregator):
             return self._reject(fl_ctx, site, self.refused[site])
         weights = {k: np.asarray(v) for k, v in (dxo.data or {}).items()}
         previous = self._previous(fl_ctx)
-        # the change norms for the bound come with the finiteness check (one read of the update)
-        norms = {} if self.max_change_ratio > 0 and previous is not None else None
-        why = check_update(weights, previous, norms) if previous is not None else None
+        # the structure now; the values with the round's changes (_measure): one read of each update before the
+        # rule's average, the only other one
+        why = check_update(weights, previous, values=False) if previous is not None else None
         if why:
             return self._reject(fl_ctx, site, why)
         meta = dict(dxo.meta or {})
@@ -268,8 +285,6 @@ class PartialLabelAggregator(Aggregator):
         if why:
             return self._reject(fl_ctx, site, why)
         self._contributions.append(Contribution(site=site, weights=weights, n=n, meta=meta, weight=w))
-        if norms is not None:
-            self._norms[site] = norms
         return True
 
     def _check_statistics(self, fl_ctx: FLContext, meta: dict, summary: dict, site: str, n_train: float) -> str | None:
@@ -313,28 +328,41 @@ class PartialLabelAggregator(Aggregator):
             return []
 
     def _bound(self, fl_ctx: FLContext, rnd: int, previous, contributions: list[Contribution]) -> list[Contribution]:
-        """The size bound (:func:`bound_changes`) and the direction check (:func:`change_cosine`) on the round's
-        updates (participation weight > 0), each update against the global model and its last step (the direction
-        check also against the round's other changes)."""
+        """The round's updates (participation weight > 0) read once together (:func:`change_measures`): those with
+        a NaN / inf value are refused, then the direction check (:func:`change_cosine`, against the last global
+        step and the round's other changes) and the size bound (:func:`bound_changes`), each update against the
+        global model and its last step."""
         if previous is None or not contributions:
             return contributions
-        contributions = self._check_direction(fl_ctx, rnd, previous, contributions)
+        step = self._step if self.min_cosine is not None else None
+        measured = change_measures([c.weights for c in contributions], previous, step)
+        squares = measured.squares
+        if self._step is not None and self._step_norms is None:  # a step restored from a checkpoint
+            self._step_norms = norms_of(self._step)
+        cosines = cosines_from(measured.dots, squares, self._step_norms) if step is not None else None
+        kept = []
+        for k, c in enumerate(contributions):
+            why = non_finite(c.weights, {key: v[k] for key, v in squares.items()})
+            if why:
+                self._reject(fl_ctx, c.site, why)
+            else:
+                kept.append(k)
+        contributions = [contributions[k] for k in kept]
+        squares = {key: v[kept] for key, v in squares.items()}
+        if cosines is not None and contributions:
+            alive = self._check_direction(fl_ctx, rnd, previous, contributions, cosines[kept])
+            contributions = [contributions[k] for k in alive]
+            squares = {key: v[alive] for key, v in squares.items()}
         if self.max_change_ratio <= 0 or not contributions:
             return contributions
-        norms = None
-        if all(c.site in self._norms for c in contributions):
-            norms = {
-                key: np.array([self._norms[c.site][key] for c in contributions])
-                for key in self._norms[contributions[0].site]
-            }
-        steps = None if self._step is None else {k: float(np.linalg.norm(v)) for k, v in self._step.items()}
         states, why = bound_changes(
             [c.weights for c in contributions],
             previous,
             self.max_change_ratio,
             self.on_large_change,
-            steps=steps,
-            norms=norms,
+            steps=self._step_norms,
+            norms={key: np.sqrt(v) for key, v in squares.items()},
+            reference_norms=measured.reference_norms,
         )
         if self.on_large_change == "reject":
             for k, reason in sorted(why.items()):
@@ -348,18 +376,24 @@ class PartialLabelAggregator(Aggregator):
             for c, s in zip(contributions, states)
         ]
 
-    def _check_direction(self, fl_ctx: FLContext, rnd: int, previous, contributions: list[Contribution]):
-        """Refuse the updates whose change points against the last global step (cosine < ``min_cosine``) and
-        against the other sites' changes of the round (:func:`peer_cosines`; not compared when there are none):
-        honest sites all turn against the last step together when training oscillates, a reversed update turns
-        against them too."""
-        if self.min_cosine is None or self._step is None:
-            return contributions
-        peers = peer_cosines([c.weights for c in contributions], previous, list(self._step))
-        kept, cosines = [], {}
-        for c, peer in zip(contributions, peers):
-            cos = cosines[c.site] = change_cosine(c.weights, previous, self._step)
-            if cos is not None and cos < self.min_cosine and (peer is None or peer < self.min_cosine):
+    def _check_direction(
+        self, fl_ctx: FLContext, rnd: int, previous, contributions: list[Contribution], cosines: np.ndarray
+    ) -> list[int]:
+        """The indices of the updates kept by the direction check: refused are those whose change points against
+        the last global step (``cosines``, NaN where there is none: kept) and against the other sites' changes of
+        the round (:func:`peer_cosines`, computed only for those below ``min_cosine``, so an honest round reads no
+        update again; not compared when there are none): honest sites all turn against the last step together
+        when training oscillates, a reversed update turns against them too."""
+        low = [k for k, cos in enumerate(cosines) if cos < self.min_cosine]  # NaN: no direction, kept
+        peers = (
+            peer_cosines([c.weights for c in contributions], previous, list(self._step), which=low)
+            if low
+            else [None] * len(contributions)
+        )
+        kept = []
+        for k, c in enumerate(contributions):
+            peer = peers[k]
+            if k in low and (peer is None or peer < self.min_cosine):
                 others = (
                     "no other site's change to compare with"
                     if peer is None
@@ -369,18 +403,16 @@ class PartialLabelAggregator(Aggregator):
                     fl_ctx,
                     c.site,
                     f"round {rnd}: the update points against the model's last step (cosine "
-                    f"{cos:.3f} < min_cosine {self.min_cosine:g}; {others}; a reversed update?)",
+                    f"{cosines[k]:.3f} < min_cosine {self.min_cosine:g}; {others}; a reversed update?)",
                 )
             else:
-                kept.append(c)
-        self.log_info(
-            fl_ctx,
-            f"round {rnd}: cosine of each change with the last global step / with the other sites' changes "
-            + ", ".join(
-                f"{s} {'-' if v is None else f'{v:.3f}'} / {'-' if p is None else f'{p:.3f}'}"
-                for (s, v), p in zip(cosines.items(), peers)
-            ),
-        )
+                kept.append(k)
+        line = ", ".join(f"{c.site} {'-' if np.isnan(cos) else f'{cos:.3f}'}" for c, cos in zip(contributions, cosines))
+        if low:
+            line += "; below min_cosine, with the other sites' changes: " + ", ".join(
+                f"{contributions[k].site} {'-' if peers[k] is None else f'{peers[k]:.3f}'}" for k in low
+            )
+        self.log_info(fl_ctx, f"round {rnd}: cosine of each change with the last global step: {line}")
         return kept
 
     def _run_rule(
@@ -391,14 +423,23 @@ class PartialLabelAggregator(Aggregator):
         groups: dict,
         rnd: int,
         summary: dict | None,
-    ) -> tuple[dict, dict]:
-        """The rule's aggregate with its meta in builtin types; raises when the rule does or its model is unusable."""
+        out: dict | None = None,
+    ) -> tuple[dict, dict, dict | None, dict | None]:
+        """``(weights, meta in builtin types, the step from previous, its norm per tensor)``; the step is written
+        into ``out``'s arrays where they fit (:func:`step_of`). Raises when the rule does or its model is unusable:
+        the structure is checked against the previous model, the values by the step's norms (NaN / inf in the
+        model, confirmed value by value), one read of the model."""
         weights, meta = rule.aggregate(previous, contributions, groups, rnd, summary)
         meta = to_builtin(meta)
-        bad = check_update(weights, previous) if previous is not None else None
+        if previous is None:
+            return weights, meta, None, None
+        bad = check_update(weights, previous, values=False)
+        norms: dict[str, float] = {}
+        step = step_of(weights, previous, out, norms) if not bad else None
+        bad = bad or non_finite(weights, {k: v * v for k, v in norms.items()})
         if bad:  # a rule must never produce a broken model
             raise ValueError(f"the aggregated model is unusable ({bad})")
-        return weights, meta
+        return weights, meta, step, norms
 
     def _snapshot(self) -> ServerRule | None:
         """A copy of the rule before the round (a failing ``aggregate`` may leave its state half updated)."""
@@ -416,10 +457,10 @@ class PartialLabelAggregator(Aggregator):
         groups: dict,
         rnd: int,
         summary: dict | None,
-    ) -> tuple[str, ServerRule, dict, dict] | None:
+    ) -> tuple[str, ServerRule, dict, dict, dict | None, dict | None] | None:
         """After the rule failed on the round's contributions: run a copy of the rule as it was before the round
         without each contributor in turn. When exactly one left-out site makes it succeed, ``(that site, the rule
-        copy that succeeded, its weights, its meta)``; None when no single site explains the failure (or there is
+        copy that succeeded, its weights, its meta, its step and the step's norms)``; None when no single site explains the failure (or there is
         no copy of the rule, or a single contributor)."""
         if before is None or len(contributions) < 2:
             return None
@@ -451,12 +492,15 @@ class PartialLabelAggregator(Aggregator):
         ).to_shareable()
 
     def aggregate(self, fl_ctx: FLContext) -> Shareable:
+        with one_blas_thread():
+            return self._aggregate(fl_ctx)
+
+    def _aggregate(self, fl_ctx: FLContext) -> Shareable:
         previous = self._previous(fl_ctx)
         rnd = int(fl_ctx.get_prop(AppConstants.CURRENT_ROUND) or 0)
         received = sorted(self._contributions, key=lambda c: c.site)
         self._contributions, self._clipped = [], []
         contributions = self._bound(fl_ctx, rnd, previous, [c for c in received if c.weight > 0])
-        self._norms = {}
         rejected = sorted({s for s, _ in self.rejected})
         answered = {c.site for c in received} | set(rejected)
         sat_out = {
@@ -486,7 +530,9 @@ class PartialLabelAggregator(Aggregator):
         summary = self._summary(fl_ctx)
         before = self._snapshot() if len(contributions) > 1 else None
         try:
-            weights, meta = self._run_rule(self.rule, previous, contributions, groups, rnd, summary)
+            weights, meta, step, step_norms = self._run_rule(
+                self.rule, previous, contributions, groups, rnd, summary, self._spare
+            )
         except Exception as e:  # noqa: BLE001 - the federation outlives a failing rule
             msg = f"rule {type(self.rule).__name__} failed in round {rnd}: {type(e).__name__}: {e}"
             found = self._culprit(fl_ctx, before, previous, contributions, groups, rnd, summary)
@@ -504,7 +550,7 @@ class PartialLabelAggregator(Aggregator):
                         fl_ctx,
                     )
                 return self._keep_previous(previous, {META_RULE_ERROR: msg, **sat_out})
-            site, self.rule, weights, meta = found
+            site, self.rule, weights, meta, step, step_norms = found
             why = (
                 f"round {rnd}: the server rule {type(self.rule).__name__} failed on this site's input "
                 f"({type(e).__name__}: {e}); the round aggregated the others"
@@ -521,10 +567,9 @@ class PartialLabelAggregator(Aggregator):
             contributions = [c for c in contributions if c.site != site]
         self._failures = 0
         self._last_meta = meta
-        if previous is not None:
-            step = step_of(weights, previous)
-            if any(np.any(v) for v in step.values()):  # a round that kept the model keeps the last real step
-                self._step = step
+        if step is not None and any(v > 0 for v in step_norms.values()):
+            # a round that kept the model keeps the last real step; the step before it lends its arrays to the next
+            self._spare, self._step, self._step_norms = self._step, step, step_norms
         self.log_info(
             fl_ctx,
             f"round {rnd}: aggregated {len(contributions)} site(s) "

@@ -515,3 +515,53 @@ def test_the_exporter_overrides_are_nvflare_s_current_methods(monkeypatch):
     monkeypatch.setattr(FedJobConfig, "_get_args", lambda self, component: None)
     with pytest.raises(RuntimeError, match=r"FedJobConfig._get_args takes \['self', 'component'\]"):
         job_export.check_nvflare()
+
+
+def test_the_dataset_section_is_checked_like_every_section(monkeypatch, tmp_path, capsys):
+    """``job.py --set dataset.image_sise=32`` stops before the simulator with one line naming ``image_size`` (it was
+    silently ignored); a misspelt ``prepare`` key, a wrong type and an impossible value too; the same check is the
+    site's (an exported job's executor) and predict's, through ``resolve_dataset``."""
+    from fedpartial.data.presets import resolve_dataset
+    from fedpartial.fl.executor import PartialLabelExecutor
+    from fedpartial.options import OptionError
+
+    for setting, pattern in (
+        (
+            "dataset.image_sise=32",
+            r"job 'fedavg_ich' 'dataset': unknown option 'image_sise'; did you mean 'image_size'",
+        ),
+        ("dataset.prepare.sede=3", r"'dataset.prepare': unknown option 'sede'; did you mean 'seed'"),
+        ("dataset.prepare.val_frac=big", r"'dataset.prepare': option 'val_frac' must be float, got 'big'"),
+        ("dataset.channels=2", r"'dataset': option 'channels' must be one of 1, 3, got 2"),
+        ("dataset.image_size=0", r"'image_size' must be at least 8 pixels, got 0"),
+        ("dataset.cache=dsk", r"option 'cache' must be one of 'store', 'disk', 'memory', 'none', got 'dsk'"),
+        ("dataset.std=[0.2,0.3]", r"option 'std' needs one value per channel \(3\)"),
+    ):
+        with pytest.raises(SystemExit) as stop:
+            _job_main_runs(monkeypatch, ["--set", setting, "--workspace", str(tmp_path)])
+        assert stop.value.code == 2, setting
+        err = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+        assert len(err) == 1 and re.search(pattern, err[0]), (setting, err)
+    assert not (tmp_path / "fedavg_ich").exists()  # nothing started
+    from dataclasses import fields
+
+    from fedpartial.data.settings import DatasetOptions
+
+    doc = (REPO / "docs" / "datasets.md").read_text()  # docs/datasets.md names every key of the section
+    listed = doc.split("`DatasetOptions` (", 1)[1].split(")", 1)[0]
+    assert sorted(re.findall(r"`(\w+)`", listed)) == sorted(f.name for f in fields(DatasetOptions))
+    assert resolve_dataset({"preset": "ich_phantom", "image_size": 32})["image_size"] == 32  # a good one passes
+    with pytest.raises(OptionError, match=r"site 'site-1' 'dataset': unknown option 'image_sise'"):
+        PartialLabelExecutor(dataset={"preset": "ich_phantom", "image_sise": 32}, method="fedavg")._resolve_data(
+            _FakeCtx(), "site-1"
+        )
+
+
+class _FakeCtx:
+    """The one call ``_resolve_data`` makes of its FL context before it reads the dataset section."""
+
+    def get_prop(self, key, default=None):
+        return {"__job_meta__": {"name": "j"}}.get(key, default)
+
+    def get_job_id(self):
+        return "j"

@@ -204,7 +204,7 @@ class PartialLabelRecipe(Recipe):
                     f"sites are {names}"
                 )
             dataset["site_data"] = {s: str(Path(f).expanduser().resolve()) for s, f in site_data.items()}
-        ds = resolve_dataset(dataset)
+        ds = resolve_dataset(dataset, f"job '{name}' 'dataset'")
         model = copy.deepcopy(model) if model else {"arch": "small_cnn", "in_channels": int(ds["channels"])}
         from .models import start_normalisation  # imported where used: loads torch
 

@@ -129,7 +129,7 @@ class DataStatsRecipe(Recipe):
             raise ValueError(f"job '{name}': unknown thresholds {unknown} (known: {sorted(THRESHOLDS)})")
         if not isinstance(min_count, int) or min_count < 1:
             raise ValueError(f"job '{name}': min_count must be an integer >= 1, got {min_count!r}")
-        ds = resolve_dataset(dataset)
+        ds = resolve_dataset(dataset, f"job '{name}' 'dataset'")
         self.dataset, self.num_sites, self.min_count, self.bins = dataset, int(num_sites), min_count, int(bins)
         self.thresholds = {**THRESHOLDS, **(thresholds or {})}
         self.data_dir = None if data_dir is None else str(Path(data_dir).expanduser().resolve())

@@ -45,16 +45,14 @@ import shutil
 import sys
 import time
 import uuid
-from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 if TYPE_CHECKING:
     import pandas as pd
 
-from ..options import build, opt, option_names
 from ..processes import Interrupted, exit_status, interruptible
 from .cache import cache_dir, os_error_line
 from .catalog.isic2019 import FLAMBY_CENTRES
@@ -84,6 +82,7 @@ from .prepared import (  # noqa: F401
 from .presets import PRESETS
 from .protocols import assign
 from .quality import quality_pass, read_exclude
+from .settings import OPTION_GROUPS, ImageOptions, LabelOptions, SplitOptions, prepare_options  # noqa: F401
 from .sources import SourceTable, load_source
 from .sources.base import NOT_ANNOTATED, Dropped, SourceError, spelling_key
 from .store_cli import main as store_main
@@ -635,84 +634,6 @@ def plot_structure(info: dict, file: Path) -> Path | None:
     fig.savefig(file, dpi=100)
     plt.close(fig)
     return file
-
-
-# ------------------------------------------------------------------------------------------------ options
-
-
-@dataclass(frozen=True)
-class SplitOptions:
-    """How the rows become the shared validation / test sets and the sites' training sets."""
-
-    seed: int = opt(0, "seed of the splits, the site assignment and the randomised protocols")
-    val_frac: float = opt(
-        0.1,
-        "fraction of the images (split by patient) for the shared validation set (the publisher's split replaces "
-        "it where the loader read one: --source-arg official_split=true)",
-    )
-    test_frac: float = opt(0.2, "fraction of the images (split by patient) for the shared test set")
-    site_sizes: int | list[int] | None = opt(None, "cap on training images per site (one int, or one per site; iid)")
-    partition: Literal["iid", "centre", "dirichlet", "quantity"] = opt(
-        "iid", "how training rows are dealt to the sites (fedpartial.data.partition)"
-    )
-    alpha: float = opt(0.5, "the Dirichlet concentration of the dirichlet and quantity partitions")
-
-
-@dataclass(frozen=True)
-class LabelOptions:
-    """Which classes the federation has, of which task, named how at which site."""
-
-    classes: list[str] | None = opt(
-        None,
-        "the federation's classes (vocabulary), in the job's order, matched to the source's class names exactly "
-        "or case-insensitively; with num_sites 1 (a site preparing its own export alone) a class the source lacks "
-        "or leaves blank is not annotated here; with sources, the global class list",
-    )
-    top_k_classes: int | None = opt(None, "keep the k most frequent classes (after classes)")
-    task: Literal["multilabel", "multiclass"] | None = opt(
-        None,
-        "the federation's task: a CSV export is read as such (its task=auto says what it chose and why "
-        "otherwise); any other source must be of this task",
-    )
-    vocabularies: dict | None = opt(
-        None,
-        "{site: vocabulary}, a vocabulary being a name of fedpartial.data.vocabulary.VOCABULARIES or {global "
-        "class: column name}: those sites' manifests use these column names",
-    )
-    centralise: bool = opt(False, "pool every site's rows (with the labels its site annotates) into site-1")
-
-
-@dataclass(frozen=True)
-class ImageOptions:
-    """Which images are read, and how."""
-
-    exclude: str | os.PathLike | list[str] | None = opt(
-        None, "image names / ids / relative paths to leave out (a file, one per line, or a list)"
-    )
-    decode_images: bool = opt(True, "fully decode every image once (cached by path, size and mtime)")
-    drop_unreadable: bool = opt(False, "leave unreadable images out (reported) instead of stopping")
-
-
-OPTION_GROUPS = (SplitOptions, LabelOptions, ImageOptions)
-
-
-def prepare_options(
-    settings: dict,
-    split: SplitOptions | None = None,
-    labels: LabelOptions | None = None,
-    images: ImageOptions | None = None,
-) -> tuple[SplitOptions, LabelOptions, ImageOptions, dict]:
-    """Flat settings (a job's ``dataset.prepare`` keys, :func:`prepare`'s keywords) -> the three option groups
-    (each key overriding the given group's value, type-checked: :func:`fedpartial.options.build`) and the
-    protocol's parameters (every other key: ``k``, ``s``, ``m``, ``table``; checked by the protocol)."""
-    groups = [g if g is not None else cls() for g, cls in zip((split, labels, images), OPTION_GROUPS)]
-    rest = dict(settings)
-    for i, cls in enumerate(OPTION_GROUPS):
-        mine = {k: rest.pop(k) for k in list(rest) if k in option_names(cls)}
-        if mine:
-            current = {f.name: getattr(groups[i], f.name) for f in fields(cls)}
-            groups[i] = build(cls, {**current, **mine}, f"prepare: {cls.__name__}")
-    return groups[0], groups[1], groups[2], rest
 
 
 def _is_exclude_file(exclude) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 
 from .catalog import PRESETS
+from .settings import check_dataset
 
 __all__ = ["PRESETS", "deep_merge", "resolve_dataset"]
 
@@ -23,8 +24,10 @@ def deep_merge(base: dict, over: dict) -> dict:
     return out
 
 
-def resolve_dataset(cfg: dict | str) -> dict:
-    """A job's dataset config -> full dataset config (preset merged with the job's overrides)."""
+def resolve_dataset(cfg: dict | str, where: str = "dataset") -> dict:
+    """A job's dataset config -> full dataset config (preset merged with the job's overrides), checked
+    (:func:`fedpartial.data.settings.check_dataset`: an unknown key, a wrong type or an impossible value is one
+    :class:`~fedpartial.options.OptionError` line naming the key, ``where`` in front)."""
     cfg = {"preset": cfg} if isinstance(cfg, str) else dict(cfg)
     preset = cfg.pop("preset", None)
     if preset is None:
@@ -37,4 +40,4 @@ def resolve_dataset(cfg: dict | str) -> dict:
     for key in ("name", "task", "classes", "channels", "image_size"):
         if key not in full:
             raise ValueError(f"dataset config lacks '{key}' (and no preset provides it)")
-    return full
+    return check_dataset(full, where)

@@ -25,10 +25,11 @@ import torch
 from .batch_views import BatchAugment, IndexDataset, ViewLoader, draw_views, gather
 from .dataset import SOURCE_VIEW, ManifestDataset, StoreImages, make_loader
 from .manifest import Manifest, ManifestError
+from .settings import CACHE_MODES
 from .store import DecodedImages, DecodeFailure, ImageStore, Preprocessing, ensure_store, release_free_heap
 
 __all__ = ["SiteDatasets", "IndexDataset", "gather", "STORE_MODES"]
-STORE_MODES = ("store", "disk", "memory")  # every cache mode but 'none' reads the image store
+STORE_MODES = tuple(m for m in CACHE_MODES if m != "none")  # every cache mode but 'none' reads the image store
 
 
 class StoreBatches:

@@ -26,6 +26,7 @@ from .cache import os_error_line
 from .manifest import RESERVED_COLS, Manifest, ManifestError, read_manifest
 from .prepared import load_prepared
 from .presets import resolve_dataset
+from .settings import RESIZE_MODES
 from .site_files import read_site_config
 from .store import ImageStore, Preprocessing, StoreError, corrupt_chunks, store_folder
 
@@ -123,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", help="dataset preset giving image size, channels and CT windows (e.g. nih_cxr14)")
     p.add_argument("--image-size", type=int, help="the job's image size (overrides the preset)")
     p.add_argument("--channels", type=int, help="the job's input channels (overrides the preset)")
-    p.add_argument("--resize-mode", choices=["area", "bilinear", "bicubic", "nearest"], help="default: area")
+    p.add_argument("--resize-mode", choices=RESIZE_MODES, help="default: area")
     p.add_argument("--cache-dir", help="store folder (default: $FEDPARTIAL_CACHE/stores)")
     p.add_argument("--workers", type=int, help="decoding processes (default: every core)")
     return p
@@ -141,7 +142,7 @@ def _dataset(args) -> dict:
             cfg[key] = value
     if not args.preset and (args.image_size is None or args.channels is None):
         raise ValueError("give --preset or both --image-size and --channels")
-    return resolve_dataset(cfg)
+    return resolve_dataset(cfg) if args.preset else cfg  # no preset: no classes, only the image settings above
 
 
 def main(argv: Sequence[str] | None = None) -> int:

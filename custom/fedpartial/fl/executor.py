@@ -173,7 +173,7 @@ class PartialLabelExecutor(Executor):
         self.trainer_args, _ = self.method_spec.split_options(self.method_args, where)
 
     def _resolve_data(self, fl_ctx: FLContext, site: str) -> None:
-        ds = resolve_dataset(self.dataset)
+        ds = resolve_dataset(self.dataset, f"job '{self._job_name(fl_ctx)}', site '{site}' 'dataset'")
         self.ds_cfg = start_normalisation(ds, self.model, int(ds["channels"]))  # as the model's start expects
         self.task_type, self.classes = self.ds_cfg["task"], list(self.ds_cfg["classes"])
         workspace = fl_ctx.get_engine().get_workspace()

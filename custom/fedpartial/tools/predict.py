@@ -221,7 +221,7 @@ def load_model(
     if model_args is None:
         raise ValueError(f"{cfg_dir / SERVER_CONFIG} has no 'model' component")
     executor_args = client["executors"][0]["executor"]["args"]
-    dataset = resolve_dataset(executor_args["dataset"])
+    dataset = resolve_dataset(executor_args["dataset"], f"{cfg_dir / CLIENT_CONFIG} 'dataset'")
     dataset = start_normalisation(dataset, model_args, int(dataset["channels"]))  # as the weights' start expects
     net = PartialLabelNet(**{k: v for k, v in model_args.items() if k != "pretrained"})
     if net.num_classes != len(dataset["classes"]):

@@ -128,3 +128,15 @@ def test_the_repository_stays_light_to_clone():
         and '"runs":' in p.read_text()[:200_000]
     ]
     assert not heavy, f"benchmark files that hold their runs (keep them in X.runs.json): {heavy}"
+
+
+def test_the_readme_stays_an_entry_point():
+    """README.md is the front door (what the project is, the two commands, the demo, the layout, where to go next):
+    at most 250 lines; measurements of the suite and the machines live in benchmarks/README.md, and every relative
+    link of the README points at a file of the checkout."""
+    import re
+
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= 250, len(text.splitlines())
+    for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text):
+        assert (REPO / target).exists(), target

@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import psutil
 import pytest
@@ -512,6 +513,9 @@ def test_three_hospitals_prepare_their_own_exports_alone_and_train_one_federatio
     final = next(v for k, v in res["final"].items() if k.startswith("FL_global_model"))
     assert sorted(final["per_site"]) == HOSPITALS and res["data"]["shared_eval_sets"]["test"] == []
     assert final["test"]["n"] == sum(r["test"]["n"] for r in final["per_site"].values())
+    across = final["across_sites"]  # within each hospital, their mean (pooled: where every policy sends histograms)
+    assert sorted(across["within_site_auc"]) == HOSPITALS
+    assert across["mean_within_site_auc"] == pytest.approx(np.mean(list(across["within_site_auc"].values())))
 
 
 # ------------------------------------------------------------------------------------------ faults

@@ -357,6 +357,12 @@ def test_the_simulator_runs_separately_prepared_hospitals_each_scoring_its_own_s
     assert final["test"]["n"] == sum(n.values()) and all(v > 0 for v in n.values())
     weighted = sum(per_site[s]["macro"]["accuracy"] * n[s] for s in n) / sum(n.values())
     assert final["test"]["macro"]["accuracy"] == pytest.approx(weighted)
+    # each hospital's own test set: the AUROC within each, their plain mean, and all pooled (results.md says so)
+    across = final["across_sites"]
+    assert across["within_site_auc"] == pytest.approx({s: t["macro"]["auc"] for s, t in per_site.items()})
+    assert across["mean_within_site_auc"] == pytest.approx(np.mean([t["macro"]["auc"] for t in per_site.values()]))
+    assert 0.0 <= across["pooled_auc"] <= 1.0
+    assert "test AUROC within each site site-1" in md and "all sites pooled" in md
     for site in ("site-1", "site-2", "site-3"):
         log = (tmp_path / "derm_consortium" / site / "log.txt").read_text()
         assert "Traceback" not in log, site

@@ -161,7 +161,9 @@ def test_server_pools_validation_histograms_and_scores_every_set_at_the_pooled_t
 def test_single_label_results_get_no_thresholds():
     res = multiclass_metrics(np.array([0, 1, 1]), np.array([[0.7, 0.3], [0.2, 0.8], [0.6, 0.4]]), ["x", "y"])
     out, record = apply_validation_thresholds({"site-1": {"val": res, "test": res}})
-    assert record is None and out["site-1"]["val"] == res and "score_hist" not in res
+    # the one-vs-rest score histogram travels (the pooled AUROC across sites, the ROC curves), no threshold is chosen
+    assert record is None and res["score_hist"]["pos"][1][-1] == 0 and sum(map(sum, res["score_hist"]["pos"])) == 3
+    assert out["site-1"]["val"] == {k: v for k, v in res.items() if k != "score_hist"}
 
 
 def _recorder_with_results() -> ResultsRecorder:

@@ -342,6 +342,9 @@ def multiclass_metrics(
         {"auc": "auc", "sensitivity": "sensitivity", "specificity": "specificity"},
     )
     out["counts"] = counts
+    # one class against the rest, as the per-class AUROC above: the sets' histograms pool into the AUROC of their
+    # union (fedpartial.fl.results.across_sites) and the ROC / PR curves; no threshold is chosen on them (argmax)
+    out["score_hist"] = score_histogram(np.eye(len(classes), dtype=int)[y_true], probs, classes)
     return out
 
 
@@ -531,6 +534,22 @@ def pool_histograms(hists: Sequence[Mapping]) -> dict:
     }
 
 
+def histogram_auroc(hist: Mapping) -> dict[str, float | None]:
+    """Per class, the AUROC of a score histogram: the chance that a positive scores above a negative, a pair in
+    the same bin counting one half (the Mann-Whitney statistic of the binned scores); None where the class lacks
+    an outcome. The AUROC of several sets pooled (:func:`pool_histograms`), which a site's own AUROC cannot give."""
+    _check_hist(hist)
+    out: dict[str, float | None] = {}
+    for name, pos, neg in zip(hist["classes"], hist["pos"], hist["neg"]):
+        p, n = np.asarray(pos, np.float64), np.asarray(neg, np.float64)
+        if p.sum() == 0 or n.sum() == 0:
+            out[name] = None
+            continue
+        below = np.cumsum(n) - n  # negatives in the bins under each bin
+        out[name] = float((p * below).sum() + 0.5 * (p * n).sum()) / float(p.sum() * n.sum())
+    return out
+
+
 def thresholds_from_histogram(hist: Mapping, criterion: str = "youden") -> list[float | None]:
     """Per class, :func:`best_threshold` on a score histogram: every bin is its lower edge weighted by its
     counts, so each chosen threshold is a ``SCORE_GRID`` value (the lower edge of the lowest bin predicted
@@ -595,10 +614,13 @@ def apply_validation_thresholds(
         "val_sets": number of validation sets pooled}``, or None when no validation set has a histogram
         (single-label task, or no validation data).
     """
-    hists = [
+    hists = [  # multi-label only: a single-label model predicts the argmax (its histograms are one-vs-rest)
         r["val"]["score_hist"]
         for r in per_site.values()
-        if r and isinstance(r.get("val"), Mapping) and r["val"].get("score_hist")
+        if r
+        and isinstance(r.get("val"), Mapping)
+        and r["val"].get("score_hist")
+        and r["val"].get("task") != "multiclass"
     ]
     record, thr = None, None
     if hists:

@@ -315,3 +315,16 @@ def save_figure(fig, path) -> str:
     with Image.open(buf) as img:
         img.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(path, format="PNG", optimize=True)
     return str(path)
+
+
+def across_sites_line(name: str, a: dict) -> str:
+    """One line: the test AUROC within each site, their mean and all sites pooled (``final[model].across_sites``)."""
+    sites = ", ".join(f"{s} {100 * v:.1f}" for s, v in a["within_site_auc"].items())
+    pooled = (
+        "not available (a site sent no score histogram)" if a["pooled_auc"] is None else f"{100 * a['pooled_auc']:.1f}"
+    )
+    line = (
+        f"{name}: test AUROC within each site {sites}; their mean {100 * a['mean_within_site_auc']:.1f}; "
+        f"all sites pooled {pooled}"
+    )
+    return line + (f"\n\nWARNING: {a['warning']}." if a.get("warning") else "")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from ..metrics import format_table, format_thresholds
-from ..tables import paper_table
+from ..tables import across_sites_line, paper_table
 from .keys import BEST_MODEL, LAST_MODEL
 
 RESULTS_FILE = "results.json"
@@ -47,6 +47,9 @@ def render_tables(results: dict) -> str:
         out.append("Test set, macro averages in the layout of the papers' tables (%):\n\n" + paper_table(rows, task))
     if results.get("best"):
         out.append(f"best on validation: after {results['best']['trained_rounds']} rounds ({results['best']})")
+    for name, res in final.items():
+        if res.get("across_sites"):
+            out.append(across_sites_line(name, res["across_sites"]))
     for name, res in final.items():
         for split in ("test", "val"):
             if res.get(split):

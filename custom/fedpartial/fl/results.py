@@ -9,7 +9,8 @@ set's metrics weighted by its size, ``n`` = the images scored, each once, ``eval
 method keeps parts of the model local (FedBN, PFL) every site scores its own model and the pooled numbers
 average the sites' own models; each site's numbers stay under ``rounds[i].site_results`` and
 ``final[model].per_site``; ``final[model].val_score_hist`` / ``test_score_hist`` pool the sets' score histograms
-(the ROC / PR curves of ``show_results``). ``data`` records the federation's data summary (sizes, annotated classes, which
+(the ROC / PR curves of ``show_results``); ``final[model].across_sites`` compares the test AUROC within each
+site's own set, their mean and the sets pooled (:func:`across_sites`). ``data`` records the federation's data summary (sizes, annotated classes, which
 evaluation sets are shared).
 
 Operating thresholds (multi-label): every round and every final model get per-class thresholds chosen on the
@@ -39,7 +40,7 @@ from nvflare.app_common.app_event_type import AppEventType
 from nvflare.widgets.widget import Widget
 
 from ..data.presets import resolve_dataset
-from ..metrics import THRESHOLD_CRITERIA, apply_validation_thresholds, pool_histograms
+from ..metrics import THRESHOLD_CRITERIA, apply_validation_thresholds, histogram_auroc, pool_histograms
 from ..models import ENCODER_FILE, save_encoder
 from ..stats import add_run_statistics
 from ..tables import setting_label
@@ -299,6 +300,7 @@ class ResultsRecorder(Widget):
                 "thresholds": thresholds,
                 **pooled_histograms(per_site),
             }
+            final[name]["across_sites"] = across_sites(scored, final[name].get("test_score_hist"))
         ledger = ledger_totals(rounds)
         add_cumulative_epsilon(rounds)
         secs = [r["seconds"] for r in rounds if r.get("seconds")]
@@ -404,6 +406,39 @@ def pooled_histograms(per_site: dict) -> dict:
         hists = [s.get("score_hist") for s in sets]
         if hists and all(hists):
             out[f"{split}_score_hist"] = pool_histograms(hists)
+    return out
+
+
+SITE_GAP = 5.0  # AUROC points the pooled test AUROC may exceed the mean within-site one before results warn
+
+
+def across_sites(per_site: dict, pooled_hist: dict | None, split: str = "test") -> dict | None:
+    """Whether a model ranks findings or sites: with two or more sites scoring test sets of their own, the macro
+    AUROC within each site, their unweighted mean, and the AUROC of all sites' test images pooled (from the pooled
+    score histograms; None where a site's policy sends none). A pooled AUROC well above the within-site mean
+    (``SITE_GAP`` points) means part of it comes from telling the sites apart (prevalences that differ by site
+    and images that show which site they come from), not from the findings; ``warning`` says so. None with fewer
+    than two sites' own sets (the simulator's shared test set)."""
+    within = {
+        site: r[split]["macro"].get("auc")
+        for site, r in sorted(per_site.items())
+        if (r or {}).get(split) and r[split].get("macro", {}).get("auc") is not None
+    }
+    if len(within) < 2:
+        return None
+    mean = float(np.mean(list(within.values())))
+    pooled = None
+    if pooled_hist:
+        per_class = [v for v in histogram_auroc(pooled_hist).values() if v is not None]
+        pooled = float(np.mean(per_class)) if per_class else None
+    out = {"within_site_auc": within, "mean_within_site_auc": mean, "pooled_auc": pooled, "warning": None}
+    if pooled is not None and 100 * (pooled - mean) > SITE_GAP:
+        out["warning"] = (
+            f"the {split} AUROC of all sites pooled ({100 * pooled:.1f}) exceeds the mean within-site AUROC "
+            f"({100 * mean:.1f}) by {100 * (pooled - mean):.1f} points: part of the pooled score comes from telling "
+            "the sites apart, not the findings (check the label prevalences and image statistics per site: the "
+            "statistics job)"
+        )
     return out
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..plots import write_final_figures
 from ..stats import f1_interval, wilson_interval
+from ..tables import across_sites_line
 
 
 def _pct(v) -> str:
@@ -122,6 +123,8 @@ def warnings_for(meta: dict, final: dict) -> list[str]:
             out.append(f"Predicted positive for every test image: {', '.join(always)}.")
         if never:
             out.append(f"Never predicted positive on the test set: {', '.join(never)}.")
+    if (final.get("across_sites") or {}).get("warning"):
+        out.append(final["across_sites"]["warning"][0].upper() + final["across_sites"]["warning"][1:] + ".")
     return [f"- **{x}**" for x in out]
 
 
@@ -266,6 +269,8 @@ def write_model_card(bundle: Path, meta: dict, final: dict, results: dict) -> Pa
         lines += ["Privacy (what left each site besides the model weights):", "", *privacy_lines(train["privacy"]), ""]
     warn = warnings_for(meta, final)
     lines += ["## Metrics", "", *(warn + [""] if warn else []), *metrics_table(final.get("test") or {}), ""]
+    if final.get("across_sites"):  # each hospital's own test set: within each, their mean, and all pooled
+        lines += [across_sites_line("the exported model", final["across_sites"]).split("\n")[0], ""]
     captions = {
         "auc_ci": "Per-class test AUROC with its 95 % bootstrap interval",
         "sites": "Test AUROC per site and class",

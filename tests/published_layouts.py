@@ -1,7 +1,7 @@
 """Tiny copies of the public releases in their published layouts (file names, folders, CSV headers, value codes,
 ID formats), built from the shared real images (NIH ChestX-ray14 sample, HAM10000 subset).
 
-Layout facts are those the source loaders cite (``fedpartial/data/sources/*.py``).
+Layout facts are those the source loaders cite (``fedpartial/data/catalog/*/loader.py``).
 """
 
 from __future__ import annotations

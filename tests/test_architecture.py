@@ -135,21 +135,23 @@ def test_no_private_name_crosses_modules():
     assert not crossing, crossing
 
 
+def catalog_folders() -> list:
+    """The modules ``fedpartial.data.catalog.<folder>`` (one per named dataset's folder)."""
+    import importlib
+
+    folders = sorted(p.parent.name for p in (PACKAGE / "data" / "catalog").glob("*/__init__.py"))
+    return [importlib.import_module(f"fedpartial.data.catalog.{f}") for f in folders]
+
+
 def test_each_dataset_constant_is_written_once_in_the_catalog():
     """A release's class names, its other vocabularies' names and its CT windows are written in
-    ``data/catalog/<dataset>.py`` only: no other module of the package (nor a benchmark or a job.py) spells a list of four or
-    more of them, or a mapping between them, as a literal of its own (it imports the catalog's)."""
+    ``data/catalog/<dataset>/__init__.py`` only: no other module of the package (its loader neither, nor a benchmark
+    or a job.py) spells a list of four or more of them, or a mapping between them, as a literal of its own (it
+    imports the catalog's)."""
     from fedpartial.data import catalog
 
     constants = []
-    for mod in (
-        catalog.ich,
-        catalog.ham10000,
-        catalog.isic2019,
-        catalog.nih_cxr14,
-        catalog.chexpert,
-        catalog.mimic_cxr,
-    ):
+    for mod in catalog_folders():
         for name, value in vars(mod).items():
             if name.isupper() and isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
                 constants.append((f"{mod.__name__}.{name}", set(value)))
@@ -174,7 +176,8 @@ def test_each_dataset_constant_is_written_once_in_the_catalog():
                 if all(isinstance(x, ast.Constant) and isinstance(x.value, str) for x in kv):
                     yield node.lineno, ("dict", {x.value for x in kv})
 
-    files = [p for p in PACKAGE.rglob("*.py") if "catalog" not in p.parts]
+    constants_files = set((PACKAGE / "data" / "catalog").glob("*/__init__.py"))
+    files = [p for p in PACKAGE.rglob("*.py") if p not in constants_files]
     files += sorted((REPO / "benchmarks").glob("*.py")) + sorted((REPO / "jobs").glob("*/job.py"))
     found = []
     for path in files:
@@ -189,6 +192,89 @@ def test_each_dataset_constant_is_written_once_in_the_catalog():
                 if (is_dict and len(strings) >= 4 and strings == const) or (not is_dict and len(strings & const) >= 4):
                     found.append((where, name))
     assert found == [], found
+
+
+NAMED_DATASETS = {"ham10000", "isic2019", "isic2018", "nih_cxr14", "chexpert", "mimic_cxr", "rsna_ich", "ich_phantom"}
+DERIVED_FROM_THE_CATALOG = ("data/sources/__init__.py", "data/prepare.py", "tools/export.py")
+
+
+def dataset_names() -> set[str]:
+    """Every source, preset and folder name of the catalog (at least the named datasets above)."""
+    from fedpartial.data import catalog
+
+    names = set(catalog.DATASETS) | set(catalog.PRESETS) | {m.__name__.rpartition(".")[2] for m in catalog_folders()}
+    assert NAMED_DATASETS <= names, sorted(NAMED_DATASETS - names)
+    return names
+
+
+def spelled_dataset_names(tree: ast.AST, names: set[str]) -> list[tuple[int, str]]:
+    """Where ``tree`` spells a dataset name in code: a string constant equal to one or listing two or more (not a
+    docstring; comments are not in the tree), or an identifier (a name, attribute, argument, function, class,
+    keyword or imported module) with one as a ``_``/``.``-delimited part (``load_ham10000``, ``catalog.chexpert``)."""
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    part = re.compile(
+        "|".join(rf"(?<![a-z0-9]){re.escape(n)}(?![a-z0-9])" for n in sorted(names, key=len, reverse=True))
+    )
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            listed = set(re.findall(r"[a-z0-9_]+", node.value.lower())) & names
+            if node.value in names or len(listed) >= 2:
+                found.append((node.lineno, repr(node.value)))
+            continue
+        identifiers = []
+        if isinstance(node, ast.Name):
+            identifiers = [node.id]
+        elif isinstance(node, ast.Attribute):
+            identifiers = [node.attr]
+        elif isinstance(node, ast.arg):
+            identifiers = [node.arg]
+        elif isinstance(node, ast.keyword) and node.arg:
+            identifiers = [node.arg]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            identifiers = [node.name]
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            identifiers = [getattr(node, "module", None) or ""] + [a.name for a in node.names]
+            identifiers += [a.asname for a in node.names if a.asname]
+        for ident in identifiers:
+            if part.search(ident.lower()):
+                found.append((getattr(node, "lineno", 0), ident))
+    return found
+
+
+def test_no_named_dataset_is_spelled_where_the_catalog_is_derived():
+    """The source table, prepare (published sources, centre order, vocabulary grouping, the ``--source`` help) and
+    the export's DICOM modalities are derived from the catalog's declarations: none of these modules spells a
+    named dataset (adding one touches its folder and its docs row only)."""
+    names = dataset_names()
+    found = [
+        f"{rel}:{line}: {what}"
+        for rel in DERIVED_FROM_THE_CATALOG
+        for line, what in spelled_dataset_names(ast.parse((PACKAGE / rel).read_text()), names)
+    ]
+    assert found == [], found
+
+
+def test_the_dataset_name_check_sees_a_spelled_name():
+    """The check itself: a literal, a hand-written list in a help text, a loader's name and an import are found; a
+    docstring, a comment and one example inside a longer text are not."""
+    names = dataset_names()
+    code = '''"""Docstring naming ham10000 and chexpert."""
+from .catalog.isic2019 import CENTRES  # a comment on nih_cxr14
+x = {"rsna_ich": "CT"}
+y = load_mimic_cxr
+z = "ham10000, isic2018 or csv"
+w = "PRESET:SIZE such as nih_cxr14:224"
+'''
+    found = spelled_dataset_names(ast.parse(code), names)
+    assert sorted(line for line, _ in found) == [2, 3, 4, 5], found
 
 
 def test_an_import_of_the_package_inside_a_function_says_why():

@@ -10,7 +10,8 @@ import pytest
 from pydicom.multival import MultiValue
 
 from fedpartial.data.catalog.ich import CLASSES as ICH_CLASSES
-from fedpartial.data.sources.ich_phantom import (
+from fedpartial.data.catalog.ich.loader import apply_windows, first_value, load_rsna_ich, read_dicom_hu
+from fedpartial.data.catalog.ich.phantom import (
     _dicom_template,
     _phantom_arrays,
     _sample_params,
@@ -18,7 +19,6 @@ from fedpartial.data.sources.ich_phantom import (
     generate_ich_phantom,
     load_ich_phantom,
 )
-from fedpartial.data.sources.rsna_ich import apply_windows, first_value, load_rsna_ich, read_dicom_hu
 
 N, SIZE = 60, 64  # one small phantom for the file-level tests
 TARGET = {"epidural": 0.035, "intraparenchymal": 0.12, "intraventricular": 0.09, "subarachnoid": 0.12, "subdural": 0.15}

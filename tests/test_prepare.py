@@ -18,12 +18,12 @@ from conftest import REPO
 from fedpartial.data import prepare as prep
 from fedpartial.data import sources
 from fedpartial.data.catalog.ham10000 import CLASSES as HAM_CLASSES
+from fedpartial.data.catalog.ham10000.loader import load_ham10000, load_isic2018
 from fedpartial.data.catalog.nih_cxr14 import CLASSES as NIH_CLASSES
+from fedpartial.data.catalog.nih_cxr14.loader import load_nih_cxr14
 from fedpartial.data.manifest import ManifestError, read_manifest
 from fedpartial.data.protocols import assign
-from fedpartial.data.sources.base import SourceTable
-from fedpartial.data.sources.ham10000 import load_ham10000, load_isic2018
-from fedpartial.data.sources.nih_cxr14 import load_nih_cxr14, most_frequent_classes
+from fedpartial.data.sources.base import SourceTable, most_frequent_classes
 
 
 def _png(path: Path, value: int = 0) -> None:

@@ -287,7 +287,7 @@ def test_data_check_decodes_fully_where_the_header_check_passes(tmp_path):
 
 
 def test_missing_dicom_names_the_rsna_csv_line_not_a_temporary_manifest(tmp_path):
-    from fedpartial.data.sources.ich_phantom import generate_ich_phantom
+    from fedpartial.data.catalog.ich.phantom import generate_ich_phantom
 
     root = generate_ich_phantom(tmp_path / "rsna", n_images=30, size=32)
     csv = root / "stage_2_train.csv"

@@ -17,7 +17,7 @@ from fedpartial.data.catalog.nih_cxr14 import CLASSES as NIH_CLASSES
 from fedpartial.data.manifest import read_manifest
 from fedpartial.data.protocols import FEDLSM_ISIC_TABLE, assign
 from fedpartial.data.sources import load_source
-from fedpartial.data.sources.nih_cxr14 import most_frequent_classes
+from fedpartial.data.sources.base import most_frequent_classes
 
 pytestmark = pytest.mark.realdata
 

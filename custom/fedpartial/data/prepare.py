@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 
 from ..processes import Interrupted, exit_status, interruptible
 from .cache import cache_dir, os_error_line
-from .catalog.isic2019 import FLAMBY_CENTRES
+from .catalog import DATASETS
 from .manifest import ManifestError, check_coverage, read_manifest, write_manifest
 from .partition import (
     PARTITIONS,
@@ -84,10 +84,9 @@ from .protocols import assign
 from .quality import quality_pass, read_exclude
 from .settings import OPTION_GROUPS, ImageOptions, LabelOptions, SplitOptions, prepare_options  # noqa: F401
 from .sources import SourceTable, load_source
-from .sources.base import NOT_ANNOTATED, Dropped, SourceError, spelling_key
+from .sources.base import NOT_ANNOTATED, Dropped, SourceError, most_frequent_classes, spelling_key
 from .store_cli import main as store_main
 from .vocabulary import (
-    CHEXPERT_SYNONYMS,
     VOCABULARIES,
     VocabularyError,
     closest,
@@ -96,18 +95,10 @@ from .vocabulary import (
     resolve_vocabulary,
 )
 
-PUBLISHED_SOURCES = (
-    "ham10000",
-    "isic2018",
-    "isic2019",
-    "nih_cxr14",
-    "chexpert",
-    "mimic_cxr",
-    "rsna_ich",
-    "csv",
-    "folder",
-)
+PUBLISHED_SOURCES = (*(name for name, d in DATASETS.items() if d.published), "csv", "folder")
 """Sources read from a release's folder (--root required); the others are generated into the output folder."""
+CENTRE_ORDER = tuple(dict.fromkeys(c for d in DATASETS.values() for c in d.centres))
+"""The order of the centres the named datasets record (partition ``centre``; FLamby's for Fed-ISIC2019)."""
 FORMAT_VERSION = 1
 
 
@@ -145,8 +136,6 @@ def subset_classes(
         ValueError: a class the source lacks (unless ``alone``), with the closest name; an export's class outside
             ``classes`` (``alone``); no class of ``classes`` in the source.
     """
-    from .sources.nih_cxr14 import most_frequent_classes  # imported where used: loads pandas
-
     if classes is None and top_k is None:
         return table
     chosen, renamed, absent = list(table.classes), {}, []
@@ -430,8 +419,9 @@ def check_some_labelled(table: SourceTable) -> None:
 
 def _group_vocabulary(source: str, given, multi: bool) -> dict[str, str]:
     """``{source column: global class}`` of one source of a federation."""
-    if given is None:
-        return invert(CHEXPERT_SYNONYMS) if multi and source in ("chexpert", "mimic_cxr") else {}
+    if given is None:  # a named dataset's own (a CheXpert-labelled release read in NIH's names)
+        own = DATASETS[source].vocabulary if source in DATASETS else None
+        return invert(VOCABULARIES[own]) if multi and own else {}
     if isinstance(given, str):
         return invert(resolve_vocabulary(given, list(VOCABULARIES.get(given, {}))))
     return dict(given)
@@ -557,7 +547,8 @@ def _partition(
         return [train[r] for r in split_sites(pids, n, seed, site_sizes)], None
     if partition == "centre":
         if "centre" not in frame.columns:
-            raise SourceError("partition 'centre' needs a source that records each image's centre (isic2019)")
+            recording = ", ".join(name for name, d in DATASETS.items() if d.centres)
+            raise SourceError(f"partition 'centre' needs a source that records each image's centre ({recording})")
         rows, names = by_centre(frame["centre"].astype(str).to_numpy()[train], n, centre_order)
         return [train[r] for r in rows], names
     if partition == "dirichlet":
@@ -896,7 +887,7 @@ def _build(
             site_sizes,
             classes,
             alpha,
-            FLAMBY_CENTRES if partition == "centre" else None,
+            CENTRE_ORDER if partition == "centre" else None,
         )
         for k, part in enumerate(parts):
             if names is not None:
@@ -1058,8 +1049,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--source",
         action="append",
         required=True,
-        help="ham10000, isic2018, isic2019, nih_cxr14, chexpert, mimic_cxr, rsna_ich, ich_phantom, csv (any "
-        "label CSV), folder (one sub-folder per class); repeat "
+        help=", ".join(DATASETS) + ", csv (any label CSV), folder (one sub-folder per class); repeat "
         "--source / --root (and --sites) to federate several published sources",
     )
     p.add_argument(

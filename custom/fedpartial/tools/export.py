@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..data.catalog import DATASETS
 from ..data.store import file_sha256
 from ..fl.report import RESULTS_FILE
 from ..plots import FIGURE_NAMES
@@ -63,15 +64,8 @@ BUNDLE_FILES = (
 )
 RUNTIME_MODULE = "scripts.image_io"
 DECODER_START, DECODER_END = "# --- decoder (replaced at export) ---", "# --- end decoder ---"
-MODALITY = {
-    "ich_phantom": "CT",
-    "rsna_ich": "CT",
-    "nih_cxr14": "DX",
-    "chexpert": "DX",
-    "mimic_cxr": "DX",
-    "ham10000": "XC",
-    "isic2019": "XC",
-}  # DICOM modality codes (XC: external-camera photography)
+MODALITY = {preset: d.modality for d in DATASETS.values() if d.modality for preset in d.presets}
+"""DICOM modality code by preset (a model's ``dataset.name``), from the catalog (XC: external-camera photography)."""
 BATCH_SIZE = 64
 
 

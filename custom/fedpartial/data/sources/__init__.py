@@ -1,7 +1,9 @@
-"""Source loaders: each turns a public dataset folder into one fully labelled :class:`SourceTable`.
+"""Source loaders: each turns a dataset folder into one fully labelled :class:`SourceTable`.
 
-``load_source(name, root, **kwargs)`` dispatches by name through ``SOURCES``. Every loader is imported lazily
-inside its wrapper, so the registry works even while a loader module is missing or has heavy imports.
+``load_source(name, root, **kwargs)`` dispatches by name through ``SOURCES``: the named datasets, each declared in
+its folder of :mod:`fedpartial.data.catalog` (whose ``loader.py`` reads it), and the generic sources of this
+package (``csv``: any label CSV, ``folder``: one sub-folder per class). Every loader is imported lazily when it
+runs, so the registry works even while a loader module is missing or has heavy imports.
 """
 
 from __future__ import annotations
@@ -9,63 +11,8 @@ from __future__ import annotations
 import os
 from typing import Callable
 
+from ..catalog import DATASETS
 from .base import SourceError, SourceTable
-
-
-def _ham10000(root: str | os.PathLike, **kwargs) -> SourceTable:
-    """HAM10000 (``HAM10000_metadata.csv`` + ``images/``)."""
-    from .ham10000 import load_ham10000  # imported where used: each loader loads pandas
-
-    return load_ham10000(root, **kwargs)
-
-
-def _isic2018(root: str | os.PathLike, **kwargs) -> SourceTable:
-    """ISIC 2018 Task 3 (one-hot ground-truth CSV)."""
-    from .ham10000 import load_isic2018  # imported where used: each loader loads pandas
-
-    return load_isic2018(root, **kwargs)
-
-
-def _isic2019(root: str | os.PathLike, **kwargs) -> SourceTable:
-    """ISIC 2019 training set (FLamby's Fed-ISIC2019 centres)."""
-    from .isic2019 import load_isic2019  # imported where used: each loader loads pandas
-
-    return load_isic2019(root, **kwargs)
-
-
-def _chexpert(root: str | os.PathLike, **kwargs) -> SourceTable:
-    """CheXpert-v1.0 / CheXpert-v1.0-small (``train.csv``, ``Path``, uncertainty labels)."""
-    from .chexpert import load_chexpert  # imported where used: each loader loads pandas
-
-    return load_chexpert(root, **kwargs)
-
-
-def _mimic_cxr(root: str | os.PathLike, **kwargs) -> SourceTable:
-    """MIMIC-CXR-JPG 2.0.0 (``mimic-cxr-2.0.0-chexpert/-metadata/-split.csv(.gz)``, ``files/p1x/...``)."""
-    from .mimic_cxr import load_mimic_cxr  # imported where used: each loader loads pandas
-
-    return load_mimic_cxr(root, **kwargs)
-
-
-def _nih_cxr14(root: str | os.PathLike, **kwargs) -> SourceTable:
-    """NIH ChestX-ray14 (official ``Data_Entry_2017.csv`` or a 0/1 ``labels.csv``)."""
-    from .nih_cxr14 import load_nih_cxr14  # imported where used: each loader loads pandas
-
-    return load_nih_cxr14(root, **kwargs)
-
-
-def _rsna_ich(root: str | os.PathLike, **kwargs) -> SourceTable:
-    """RSNA intracranial haemorrhage detection (5 subtypes)."""
-    from .rsna_ich import load_rsna_ich  # imported where used: each loader loads pandas
-
-    return load_rsna_ich(root, **kwargs)
-
-
-def _ich_phantom(root: str | os.PathLike, **kwargs) -> SourceTable:
-    """Synthetic ICH-like phantom, generated into ``root`` on first use."""
-    from .ich_phantom import load_ich_phantom  # imported where used: each loader loads pandas
-
-    return load_ich_phantom(root, **kwargs)
 
 
 def _csv(root: str | os.PathLike, **kwargs) -> SourceTable:
@@ -83,17 +30,11 @@ def _folder(root: str | os.PathLike, **kwargs) -> SourceTable:
 
 
 SOURCES: dict[str, Callable[..., SourceTable]] = {
-    "ham10000": _ham10000,
-    "isic2018": _isic2018,
-    "isic2019": _isic2019,
-    "chexpert": _chexpert,
-    "mimic_cxr": _mimic_cxr,
-    "nih_cxr14": _nih_cxr14,
-    "rsna_ich": _rsna_ich,
-    "ich_phantom": _ich_phantom,
+    **{name: dataset.load for name, dataset in DATASETS.items()},
     "csv": _csv,
     "folder": _folder,
 }
+"""Every source by name: the named datasets of :mod:`fedpartial.data.catalog` and the two generic ones."""
 
 
 def load_source(name: str, root: str | os.PathLike, **kwargs) -> SourceTable:
@@ -130,15 +71,12 @@ def _loader(module: str, func: str) -> Callable[[], Callable]:
 
 
 _LOADERS: dict[str, Callable[[], Callable]] = {
-    "ham10000": _loader("ham10000", "load_ham10000"),
-    "isic2018": _loader("ham10000", "load_isic2018"),
-    "isic2019": _loader("isic2019", "load_isic2019"),
-    "chexpert": _loader("chexpert", "load_chexpert"),
-    "mimic_cxr": _loader("mimic_cxr", "load_mimic_cxr"),
-    "nih_cxr14": _loader("nih_cxr14", "load_nih_cxr14"),
+    **{name: dataset.load_function for name, dataset in DATASETS.items()},
     "csv": _loader("csv_source", "load_csv"),
     "folder": _loader("folder_source", "load_folder"),
 }
+"""The loader function of each source (imported when called), whose parameters ``load_source`` checks options
+against."""
 
 
 __all__ = ["SOURCES", "SourceError", "SourceTable", "load_source"]

@@ -24,6 +24,9 @@ annotated."""
 NOT_ANNOTATED = -1
 """Value of a class cell of ``SourceTable.frame`` that carries no label (written as an empty manifest cell)."""
 
+RELEASE_IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+"""The image file endings a named release's loader looks up (:func:`index_images`)."""
+
 MISSING_LABELS = frozenset({"", "nan", "na", "n/a", "null", "none", "#n/a", "-", "?"})
 """A hospital export's spellings of "no value" (compared stripped and case-insensitively: ``NaN``, ``N/A``, ``NULL``,
 ``None``, ``#N/A`` from Excel, ``-``, ``?``, an empty or blank cell): a label cell holding one is unlabelled (a class
@@ -269,3 +272,43 @@ def drop_missing(frame: pd.DataFrame, file: Path, dropped: list[Dropped], name_c
             )
         )
     return frame[~miss]
+
+
+def index_images(
+    root: str | os.PathLike, image_dir: str | os.PathLike = "images", suffixes: tuple[str, ...] = RELEASE_IMAGE_SUFFIXES
+) -> dict[str, str]:
+    """Find images once, recursively.
+
+    Args:
+        root: the source root.
+        image_dir: folder under ``root`` to search; when it does not exist the whole ``root`` is searched.
+        suffixes: file name endings to keep (case-insensitive).
+
+    Returns:
+        ``{file name: path relative to root (posix)}``; when a name occurs twice the first one in sorted walk
+        order wins (deterministic).
+    """
+    root = Path(root)
+    base = root / image_dir if (root / image_dir).is_dir() else root
+    found: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(base):
+        dirnames.sort()
+        rel_dir = Path(dirpath).relative_to(root)
+        for name in sorted(filenames):
+            if name.lower().endswith(suffixes) and name not in found:
+                found[name] = (rel_dir / name).as_posix()
+    return found
+
+
+def most_frequent_classes(table: SourceTable, k: int) -> list[str]:
+    """The ``k`` classes with the most positives (FedMLP: "the eight categories with the highest incidence").
+
+    Ties are broken by the table's class order; the result is returned in the table's class order (so column
+    order stays stable).
+    """
+    if not 1 <= k <= len(table.classes):
+        raise ValueError(f"k must be in 1..{len(table.classes)}, got {k}")
+    counts = table.frame[table.classes].clip(lower=0).sum(axis=0).to_numpy()
+    order = sorted(range(len(table.classes)), key=lambda j: (-counts[j], j))
+    chosen = set(order[:k])
+    return [c for j, c in enumerate(table.classes) if j in chosen]

@@ -28,9 +28,9 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from ..catalog.chexpert import COLUMNS as CHEXPERT_COLUMNS
-from ..catalog.chexpert import FINDINGS as CHEXPERT_FINDINGS
-from .base import Dropped, SourceError, SourceTable, chexpert_values, pick_classes, read_csv, require_columns
+from ...sources.base import Dropped, SourceError, SourceTable, chexpert_values, pick_classes, read_csv, require_columns
+from . import COLUMNS as CHEXPERT_COLUMNS
+from . import FINDINGS as CHEXPERT_FINDINGS
 
 VIEWS = ("all", "frontal", "lateral", "PA", "AP")
 _PATIENT = re.compile(r"(patient\d+)")

@@ -3,6 +3,8 @@ not mentioned)."""
 
 from __future__ import annotations
 
+from ..spec import Dataset
+
 COLUMNS: list[str] = [
     "No Finding",
     "Enlarged Cardiomediastinum",
@@ -60,3 +62,14 @@ PRESET: dict = {
         "source_args": {"uncertain": "ignore", "view": "frontal"},
     },
 }
+
+DATASETS: tuple[Dataset, ...] = (
+    Dataset(
+        name="chexpert",
+        loader=f"{__name__}.loader:load_chexpert",
+        summary="CheXpert-v1.0 / CheXpert-v1.0-small (train.csv, Path, uncertainty labels)",
+        presets={"chexpert": PRESET},
+        modality="DX",
+        vocabulary="chexpert_synonyms",  # federated with NIH sites: NIH's Effusion is its Pleural Effusion
+    ),
+)

@@ -28,10 +28,9 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from ..catalog.isic2019 import CLASSES as ISIC2019_TRAIN_CLASSES
-from ..catalog.isic2019 import COLUMNS as ISIC2019_CLASSES
-from .base import Dropped, SourceError, SourceTable, pick_classes, read_csv, require_columns
-from .ham10000 import index_images
+from ...sources.base import Dropped, SourceError, SourceTable, index_images, pick_classes, read_csv, require_columns
+from . import CLASSES as ISIC2019_TRAIN_CLASSES
+from . import COLUMNS as ISIC2019_CLASSES
 
 _CODE = re.compile(r"^([A-Za-z]+)")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..spec import Dataset
+
 COLUMNS: list[str] = [
     "Atelectasis",
     "Cardiomegaly",
@@ -43,3 +45,14 @@ PRESET: dict = {
         "source_args": {"uncertain": "ignore", "view": "frontal", "official_split": True},
     },
 }
+
+DATASETS: tuple[Dataset, ...] = (
+    Dataset(
+        name="mimic_cxr",
+        loader=f"{__name__}.loader:load_mimic_cxr",
+        summary="MIMIC-CXR-JPG 2.0.0 (mimic-cxr-2.0.0-chexpert/-metadata/-split.csv(.gz), files/p1x/...)",
+        presets={"mimic_cxr": PRESET},
+        modality="DX",
+        vocabulary="chexpert_synonyms",  # labelled by the CheXpert labeler: CheXpert's names
+    ),
+)

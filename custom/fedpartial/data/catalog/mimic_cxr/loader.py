@@ -23,9 +23,18 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from ..catalog.mimic_cxr import COLUMNS as MIMIC_COLUMNS
-from ..catalog.mimic_cxr import FINDINGS as MIMIC_FINDINGS
-from .base import Dropped, SourceError, SourceTable, chexpert_values, find_file, pick_classes, read_csv, require_columns
+from ...sources.base import (
+    Dropped,
+    SourceError,
+    SourceTable,
+    chexpert_values,
+    find_file,
+    pick_classes,
+    read_csv,
+    require_columns,
+)
+from . import COLUMNS as MIMIC_COLUMNS
+from . import FINDINGS as MIMIC_FINDINGS
 
 VIEWS = ("all", "frontal", "lateral", "PA", "AP")
 SPLIT_NAMES = {"train": "train", "validate": "val", "test": "test"}

@@ -2,7 +2,7 @@
 
 :func:`generate_ich_phantom` writes ``stage_2_train.csv`` (RSNA format, ``any`` included), one
 ``stage_2_train/ID_<hex>.dcm`` per slice (int16, RescaleSlope 1, RescaleIntercept -1024, PatientID set) and a
-``phantom.json`` marker, so that :func:`fedpartial.data.sources.rsna_ich.load_rsna_ich` reads it exactly as it
+``phantom.json`` marker, so that :func:`fedpartial.data.catalog.ich.loader.load_rsna_ich` reads it exactly as it
 reads the real data. Everything is a deterministic function of the arguments.
 
 Each slice: air (-1000 HU), scalp, an elliptical skull (cortical tables ~1200 HU, diploe ~750 HU), brain
@@ -34,9 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..catalog.ich import CLASSES as ICH_CLASSES
-from .base import SourceTable
-from .rsna_ich import load_rsna_ich
+from ...sources.base import SourceTable
+from . import CLASSES as ICH_CLASSES
+from .loader import load_rsna_ich
 
 logger = logging.getLogger(__name__)
 

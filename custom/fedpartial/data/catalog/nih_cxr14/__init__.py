@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..spec import Dataset
+
 CLASSES: list[str] = [
     "Atelectasis",
     "Cardiomegaly",
@@ -53,3 +55,13 @@ PRESET: dict = {
         "classes": TOP8,
     },
 }
+
+DATASETS: tuple[Dataset, ...] = (
+    Dataset(
+        name="nih_cxr14",
+        loader=f"{__name__}.loader:load_nih_cxr14",
+        summary="NIH ChestX-ray14 (official Data_Entry_2017.csv or a 0/1 labels.csv)",
+        presets={"nih_cxr14": PRESET},
+        modality="DX",
+    ),
+)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..spec import Dataset
+
 CLASSES: list[str] = ["MEL", "NV", "BCC", "AKIEC", "BKL", "DF", "VASC"]
 """The ISIC 2018 class order (``HAM10000_metadata``'s ``dx`` codes, upper-cased)."""
 
@@ -28,3 +30,19 @@ PRESET: dict = {
         "test_frac": 0.2,
     },
 }
+
+DATASETS: tuple[Dataset, ...] = (
+    Dataset(
+        name="ham10000",
+        loader=f"{__name__}.loader:load_ham10000",
+        summary="HAM10000 (HAM10000_metadata.csv + images/)",
+        presets={"ham10000": PRESET},
+        modality="XC",
+    ),
+    Dataset(
+        name="isic2018",
+        loader=f"{__name__}.loader:load_isic2018",
+        summary="ISIC 2018 task 3 (one-hot ground-truth CSV; the HAM10000 images)",
+        modality="XC",
+    ),
+)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..spec import Dataset
+
 COLUMNS: list[str] = ["MEL", "NV", "BCC", "AK", "BKL", "DF", "VASC", "SCC", "UNK"]
 """The label columns of ``ISIC_2019_Training_GroundTruth.csv`` in the release's order."""
 
@@ -30,3 +32,14 @@ PRESET: dict = {
         "test_frac": 0.2,
     },
 }
+
+DATASETS: tuple[Dataset, ...] = (
+    Dataset(
+        name="isic2019",
+        loader=f"{__name__}.loader:load_isic2019",
+        summary="ISIC 2019 training set (FLamby's Fed-ISIC2019 centres)",
+        presets={"isic2019": PRESET},
+        modality="XC",
+        centres=tuple(FLAMBY_CENTRES),
+    ),
+)

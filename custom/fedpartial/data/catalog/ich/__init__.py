@@ -1,7 +1,10 @@
 """Intracranial haemorrhage on head CT: RSNA Intracranial Hemorrhage Detection 2019 and the package's phantom of
-it (:mod:`fedpartial.data.sources.ich_phantom`, the same layout at any size)."""
+it (:mod:`.phantom`, the same layout at any size). One folder for both: the phantom shares the release's
+classes, labels and CT windows and is read by the RSNA loader (:mod:`.loader`)."""
 
 from __future__ import annotations
+
+from ..spec import Dataset
 
 CLASSES: list[str] = ["epidural", "intraparenchymal", "intraventricular", "subarachnoid", "subdural"]
 """The five subtypes, in the release's order (the classes of every ICH job)."""
@@ -68,4 +71,20 @@ RSNA: dict = {
     },
 }
 
-PRESETS: dict[str, dict] = {"ich_phantom": PHANTOM, "rsna_ich": RSNA}
+DATASETS: tuple[Dataset, ...] = (
+    Dataset(
+        name="rsna_ich",
+        loader=f"{__name__}.loader:load_rsna_ich",
+        summary="RSNA Intracranial Hemorrhage Detection 2019 (stage_2_train.csv + DICOM slices, 5 subtypes)",
+        presets={"rsna_ich": RSNA},
+        modality="CT",
+    ),
+    Dataset(
+        name="ich_phantom",
+        loader=f"{__name__}.phantom:load_ich_phantom",
+        summary="synthetic ICH-like CT phantom in the RSNA layout, generated on first use",
+        presets={"ich_phantom": PHANTOM},
+        modality="CT",
+        published=False,
+    ),
+)

@@ -23,10 +23,10 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 import pandas as pd
 
-from ..catalog.ich import CLASSES as ICH_CLASSES
-from ..catalog.ich import LABELS as ICH_SUBTYPES
-from ..dicom import DEFAULT_WINDOWS, apply_windows, first_value, read_dicom_hu  # noqa: F401 - re-exported
-from .base import SourceTable
+from ...dicom import DEFAULT_WINDOWS, apply_windows, first_value, read_dicom_hu  # noqa: F401 - re-exported
+from ...sources.base import SourceTable
+from . import CLASSES as ICH_CLASSES
+from . import LABELS as ICH_SUBTYPES
 
 logger = logging.getLogger(__name__)
 

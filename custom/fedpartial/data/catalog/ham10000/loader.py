@@ -31,38 +31,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..catalog.ham10000 import CLASSES as HAM_CLASSES
-from ..catalog.ham10000 import DX_TO_CLASS
-from .base import Dropped, SourceError, SourceTable, drop_missing
-from .base import read_csv as _read_published
-
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
-
-
-def index_images(
-    root: str | os.PathLike, image_dir: str | os.PathLike = "images", suffixes: tuple[str, ...] = IMAGE_SUFFIXES
-) -> dict[str, str]:
-    """Find images once, recursively.
-
-    Args:
-        root: the source root.
-        image_dir: folder under ``root`` to search; when it does not exist the whole ``root`` is searched.
-        suffixes: file name endings to keep (case-insensitive).
-
-    Returns:
-        ``{file name: path relative to root (posix)}``; when a name occurs twice the first one in sorted walk
-        order wins (deterministic).
-    """
-    root = Path(root)
-    base = root / image_dir if (root / image_dir).is_dir() else root
-    found: dict[str, str] = {}
-    for dirpath, dirnames, filenames in os.walk(base):
-        dirnames.sort()
-        rel_dir = Path(dirpath).relative_to(root)
-        for name in sorted(filenames):
-            if name.lower().endswith(suffixes) and name not in found:
-                found[name] = (rel_dir / name).as_posix()
-    return found
+from ...sources.base import RELEASE_IMAGE_SUFFIXES as IMAGE_SUFFIXES
+from ...sources.base import Dropped, SourceError, SourceTable, drop_missing, index_images
+from ...sources.base import read_csv as _read_published
+from . import CLASSES as HAM_CLASSES
+from . import DX_TO_CLASS
 
 
 def _lookup(ids: pd.Series, index: dict[str, str]) -> pd.Series:

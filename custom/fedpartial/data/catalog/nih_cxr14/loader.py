@@ -25,9 +25,8 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from ..catalog.nih_cxr14 import CLASSES as NIH_CLASSES
-from .base import Dropped, SourceError, SourceTable, read_csv
-from .ham10000 import index_images
+from ...sources.base import Dropped, SourceError, SourceTable, index_images, read_csv
+from . import CLASSES as NIH_CLASSES
 
 NO_FINDING = "No Finding"
 LABEL_FILES = ("labels.csv", "Data_Entry_2017.csv", "Data_Entry_2017_v2020.csv")
@@ -192,17 +191,3 @@ def _official_split(root: Path, names: pd.Series, csv: Path) -> pd.Series:
         i = int(np.flatnonzero(absent)[0])
         raise SourceError(f"image {names.iloc[i]} is in neither train_val_list.txt nor test_list.txt", csv, i + 2)
     return out
-
-
-def most_frequent_classes(table: SourceTable, k: int) -> list[str]:
-    """The ``k`` classes with the most positives (FedMLP: "the eight categories with the highest incidence").
-
-    Ties are broken by the table's class order; the result is returned in the table's class order (so column
-    order stays stable).
-    """
-    if not 1 <= k <= len(table.classes):
-        raise ValueError(f"k must be in 1..{len(table.classes)}, got {k}")
-    counts = table.frame[table.classes].clip(lower=0).sum(axis=0).to_numpy()
-    order = sorted(range(len(table.classes)), key=lambda j: (-counts[j], j))
-    chosen = set(order[:k])
-    return [c for j, c in enumerate(table.classes) if j in chosen]

@@ -5,6 +5,7 @@ from a seed."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -383,3 +384,20 @@ def test_a_view_left_out_draws_its_numbers_all_the_same(tmp_path):
             assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     per_sample = site.fetcher(views, 7)([1, 2], keys=("weak",))
     assert set(per_sample) == {"weak", "label", "mask", "index"} and per_sample["weak"].shape == (2, 3, 16, 16)
+
+
+def test_the_view_kind_is_defined_once():
+    """Every method types its view options with ``ViewKind``, whose values are the kinds of ``VIEWS``; no method
+    spells its own list of kinds."""
+    import ast
+    from typing import get_args
+
+    from fedpartial.data.views import KINDS, ViewKind
+
+    assert get_args(ViewKind) == KINDS
+    methods = Path(__file__).resolve().parents[1] / "custom" / "fedpartial" / "methods"
+    for path in methods.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Subscript) and getattr(node.value, "id", None) == "Literal":
+                values = {getattr(e, "value", None) for e in getattr(node.slice, "elts", [node.slice])}
+                assert not values & set(KINDS), f"{path.name}: a Literal of view kinds {values}; use ViewKind"

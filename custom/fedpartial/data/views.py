@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,8 @@ VIEWS: dict[str, ViewParams] = {
         gamma=(0.7, 1.4),
     ),
 }
+ViewKind = Literal["eval", "flip", "weak", "strong", "ssl"]
+"""A view kind, as a method's options type it (checked against :data:`VIEWS` by ``tests/test_batch_views.py``)."""
 KINDS = tuple(VIEWS)
 """The view kinds of both pipelines."""
 

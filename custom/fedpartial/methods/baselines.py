@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from ..aggregation import masked_class_weights
+from ..data.views import ViewKind
 from ..losses import supervised_loss
 from ..options import opt
 from .base import Contribution, LocalTrainer, RoundOutput, RuleOptions, ServerRule, TrainerOptions
@@ -32,7 +33,7 @@ class SupervisedOptions(TrainerOptions):
     missing: Literal["negatives", "partial"] = opt(
         "partial", "unannotated entries as negatives, or left out of the loss"
     )
-    view: Literal["eval", "weak", "strong"] = opt("weak", "the training augmentation")
+    view: ViewKind = opt("weak", "the training augmentation")
 
 
 class SupervisedTrainer(LocalTrainer):

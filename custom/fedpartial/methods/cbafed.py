@@ -58,6 +58,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..data.views import ViewKind
 from ..losses import labelled_rows, masked_bce, row_ce
 from ..options import opt
 from ..stat_checks import StatSpec
@@ -167,7 +168,7 @@ class CBAFedOptions(TrainerOptions):
     tau_max: float = opt(0.95, "threshold cap (code: 0.95; 0.9 for its skin / SVHN runs)")
     local_residual_every: int = opt(5, "local residual connection every this many epochs (0: off; code 5)")
     local_residual_keep: float = opt(0.8, "local residual: weight of the residual model (code 4:1 = 0.8)")
-    view: Literal["eval", "flip", "weak", "strong"] = opt("weak", "the training augmentation")
+    view: ViewKind = opt("weak", "the training augmentation")
 
     def __post_init__(self):
         if self.warmup_rounds < 0 or self.local_residual_every < 0:

@@ -39,6 +39,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from ..data.views import KINDS, ViewKind
 from ..losses import labelled_rows
 from ..options import opt
 from .base import LocalTrainer, RoundOutput, ServerRule, TrainerOptions
@@ -60,7 +61,6 @@ __all__ = [
 ]
 
 _CLAMP = 1e-6
-View = Literal["eval", "flip", "weak", "strong"]
 
 
 # ------------------------------------------------------------------------------------------ pure functions
@@ -243,7 +243,7 @@ class FedLSROptions(TrainerOptions):
     distill_t: float = opt(1 / 3, "self-distillation temperature T_d (q = softmax(z / T_d))")
     lambda_e: float = opt(0.6, "weight of the entropy regulariser (FedMLP's multi-label run: 0)")
     mix_alpha: float = opt(1.0, "Beta(alpha, alpha) of the prediction-mixing weight")
-    views: tuple[View, View] = opt(
+    views: tuple[ViewKind, ViewKind] = opt(
         ("eval", "strong"), "the two views: original + augmented (paper), or two weak draws (FedMLP: ['weak', 'weak'])"
     )
     missing: Literal["negatives", "partial"] = opt(
@@ -258,8 +258,8 @@ class FedLSROptions(TrainerOptions):
         for name in ("sharpen_t", "distill_t", "mix_alpha"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"fedlsr: {name} must be > 0, got {getattr(self, name)}")
-        if len(self.views) != 2 or any(v not in ("eval", "flip", "weak", "strong") for v in self.views):
-            raise ValueError(f"fedlsr: views must be two of 'eval', 'flip', 'weak', 'strong', got {self.views}")
+        if len(self.views) != 2 or any(v not in KINDS for v in self.views):
+            raise ValueError(f"fedlsr: views must be two of {KINDS}, got {self.views}")
         if self.t_w is not None and self.t_w < 0:
             raise ValueError(f"fedlsr: t_w must be >= 0, got {self.t_w}")
 

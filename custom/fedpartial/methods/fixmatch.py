@@ -37,6 +37,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..data.views import ViewKind
 from ..evaluation import probabilities
 from ..losses import labelled_rows, supervised_loss
 from ..options import opt
@@ -106,7 +107,7 @@ class FixMatchOptions(TrainerOptions):
         "single-label pseudo labels: argmax over all classes (FedLSM's released FixMatch) or over the classes "
         "the site does not annotate (an unlabelled row is known to be one of them)",
     )
-    weak_view: Literal["weak", "flip"] = opt(
+    weak_view: ViewKind = opt(
         "weak",
         "the weak view: flip + small rotation / translation (the 'weak' kind; FixMatch's is flip + "
         "translation), or a horizontal flip only",

@@ -35,6 +35,7 @@ from typing import Literal
 
 import torch
 
+from ..data.views import ViewKind
 from ..losses import ce_restricted, masked_bce
 from ..options import opt
 from .base import TrainerOptions, summary_counts
@@ -70,7 +71,7 @@ class FPSLOptions(TrainerOptions):
         "multi-label w_c = negatives / positives over the annotated entries of all sites (the data summary; "
         "FedLSM's released code), of this site only, or none",
     )
-    view: Literal["eval", "weak", "strong"] = opt("weak", "the training augmentation")
+    view: ViewKind = opt("weak", "the training augmentation")
 
 
 class FPSLTrainer(SupervisedTrainer):

@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..data.views import ViewKind
 from ..options import opt
 from .base import LocalTrainer, RoundOutput, ServerRule, TrainerOptions
 from .common import DeviceSums, ema_update
@@ -143,7 +144,7 @@ def knn_probabilities(
 
 @dataclass
 class SelfSupervisedOptions(TrainerOptions):
-    view: Literal["weak", "strong", "ssl"] = opt("ssl", "the augmentation both views are drawn with")
+    view: ViewKind = opt("ssl", "the augmentation both views are drawn with")
     projection_dim: int = opt(128, "output size of the projector and the predictor")
     hidden_dim: int = opt(512, "hidden size of the projector and the predictor")
     target_decay: float = opt(0.99, "BYOL's m: the target network's moving-average decay per step")

@@ -9,6 +9,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+from ...data.views import ViewKind
 from ...evaluation import probabilities
 from ...losses import labelled_rows
 from ...options import opt
@@ -89,7 +90,7 @@ class FedIRMOptions(TrainerOptions):
         "auto", "multi-label data: sigmoid generalisation, or single-label softmax on argmax of the row (code's ICH)"
     )
     pseudo_threshold: float = opt(0.95, "Fed-SelfTraining: confidence of the received model's pseudo labels")
-    view: Literal["weak", "strong"] = opt("weak", "the two augmented views")
+    view: ViewKind = opt("weak", "the two augmented views")
     pseudo_label: Literal["forward", "mc_mean"] = opt(
         "forward",
         "unlabelled pseudo label: argmax of the training forward pass (paper, code) or of the MC-dropout mean",

@@ -9,6 +9,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+from ...data.views import ViewKind
 from ...evaluation import probabilities
 from ...losses import ce_labelled, labelled_rows
 from ...options import opt
@@ -70,7 +71,7 @@ class FedLSMOptions(TrainerOptions):
         "L_UDE: BCE with the joint-confidence mask only (paper: 'cross-entropy'; released code), or "
         "class-weighted as L_I + L_U",
     )
-    weak_view: Literal["flip", "weak"] = opt(
+    weak_view: ViewKind = opt(
         "flip",
         "the teacher's weak view: horizontal flip (paper Sec. 3, released code) or FedMLP's flip + "
         "rotation + translation",

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ...data.views import ViewKind
 from ...losses import masked_bce
 from ...options import opt
 from ...privacy import clip_rows
@@ -102,9 +103,7 @@ class FedMLPOptions(TrainerOptions):
         "each term the mean over its own entries (released code). Measured: jobs/fedmlp_ich/README.md",
     )
     parity: Parity = opt("paper", "'code': the released code's loss, fixed T, no stage-2 CR, one stage-2 view")
-    feature_view: Literal["eval", "weak", "strong"] | None = opt(
-        None, "view of the feature pass (None: eval, weak for parity code)"
-    )
+    feature_view: ViewKind | None = opt(None, "view of the feature pass (None: eval, weak for parity code)")
 
     def __post_init__(self):
         if not 0.0 <= self.L <= self.R <= 1.0:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
+from ...data.views import ViewKind
 from ...evaluation import probabilities
 from ...losses import ce_labelled, labelled_rows, masked_bce
 from ...options import opt
@@ -39,7 +39,7 @@ class RSCFedOptions(TrainerOptions):
     )
     ema_decay: float = opt(0.999, "mean teacher: decay min(1 - 1/(step + 1), this), steps counted across rounds")
     max_grad_norm: float = opt(0.0, "clip the gradient norm (0: off; RSCFed code 5)")
-    view: Literal["weak", "strong", "flip"] = opt("weak", "the augmentation of both views (student, teacher)")
+    view: ViewKind = opt("weak", "the augmentation of both views (student, teacher)")
 
     def __post_init__(self):
         if not 0.0 <= self.ema_decay <= 1.0:

@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from sklearn.metrics import roc_auc_score
 
-from fedpartial.data.sources.ich_phantom import load_ich_phantom
-from fedpartial.data.sources.rsna_ich import apply_windows, read_dicom_hu
+from fedpartial.data.catalog.ich.phantom import load_ich_phantom
+from fedpartial.data.dicom import apply_windows, read_dicom_hu
 from fedpartial.models import PartialLabelNet
 
 

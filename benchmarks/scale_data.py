@@ -500,7 +500,7 @@ def dicom_ms(n: int = 60) -> float:
     """CPU ms per RSNA-like CT slice (512 x 512 DICOM from the ICH phantom generator) stored at 224 px through the
     three CT windows of the rsna_ich preset."""
     from fedpartial.data.catalog.ich import CT_WINDOWS
-    from fedpartial.data.sources.ich_phantom import generate_ich_phantom
+    from fedpartial.data.catalog.ich.phantom import generate_ich_phantom
     from fedpartial.data.store import Preprocessing, decode_resized
 
     with tempfile.TemporaryDirectory() as d:

@@ -118,48 +118,13 @@ def _images(root: Path, n: int, size: int, seed: int = 0) -> None:
 
 
 def _site(
-    root: Path,
-    k: int,
-    n: int,
-    task: str,
-    annotated,
-    ds: dict,
-    model,
-    device,
-    train: dict,
-    state_dir: Path,
-    n_val: int = 4,
+    root: Path, k: int, n: int, task: str, annotated, ds: dict, model, device, train: dict, state_dir: Path, n_val=4
 ):
-    """A SiteContext over ``n`` images ``k*n .. k*n+n-1`` of ``root`` (the last ``n_val`` for validation)."""
-    import numpy as np
-    import torch
+    """The test suite's site over real PNG files (``tests/fake_sites.py``: :func:`manifest_site`) on ``device``."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from fake_sites import manifest_site
 
-    from fedpartial.data.manifest import read_manifest, write_manifest
-    from fedpartial.data.sitedata import SiteDatasets
-    from fedpartial.methods import SiteContext
-
-    C = len(ds["classes"])
-    rng = np.random.default_rng(k)
-    labels = (rng.random((n, C)) < 0.4).astype(float) if task == "multilabel" else np.eye(C)[rng.integers(0, C, n)]
-    mask = np.repeat(annotated[None], n, 0)
-    rel = [f"{k * n + i}.png" for i in range(n)]
-    path = root / f"site{k}_{task}.csv"
-    write_manifest(path, rel, labels * mask, mask, ds["classes"], splits=["train"] * (n - n_val) + ["val"] * n_val)
-    full = read_manifest(path, ds["classes"], data_root=root, task=task, require_annotated=False)
-    data = SiteDatasets({"train": full.subset("train"), "val": full.subset("val")}, ds)
-    state_dir.mkdir(parents=True, exist_ok=True)
-    return SiteContext(
-        site=f"site-{k + 1}",
-        task=task,
-        classes=list(ds["classes"]),
-        annotated=annotated,
-        model=model,
-        data=data,
-        device=torch.device(device),
-        state_dir=state_dir,
-        seed=k,
-        train=train,
-    )
+    return manifest_site(root, k, n, task, annotated, ds, model, train, state_dir, n_val=n_val, device=device)
 
 
 def _annotations(name: str, task: str, C: int, accepts_unlabelled: bool):

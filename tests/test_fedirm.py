@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_fedmlp import _FakeData
+from fake_sites import fake_site
 
 from fedpartial.methods import Contribution, SiteContext, get_method
 from fedpartial.methods import fedirm as R
@@ -494,18 +494,8 @@ def _site(name, labelled, n=24, C=3, seed=0, task="multiclass", dropout=0.5, tmp
     mask = torch.as_tensor(annotated)[None, :].expand(n, C).clone()
     torch.manual_seed(123)
     model = PartialLabelNet("small_cnn", C, 3, width=4, dropout=dropout)
-    return SiteContext(
-        site=name,
-        task=task,
-        classes=[f"c{i}" for i in range(C)],
-        annotated=annotated,
-        model=model,
-        data=_FakeData(images, full * mask, mask),
-        device=torch.device("cpu"),
-        state_dir=tmp or Path("."),
-        train={"lr": 1e-2, "batch_size": 8, "local_steps": 3},
-        seed=seed,
-    )
+    train = {"lr": 1e-2, "batch_size": 8, "local_steps": 3}
+    return fake_site(name, task, annotated, images, full * mask, mask, model, train, seed, tmp)
 
 
 def _weights(model):

@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_fedmlp import _FakeData, _FakeDataset, _site
+from fake_sites import FakeData, FakeDataset, fake_site
+from test_fedmlp import _site
 
-from fedpartial.methods import Contribution, SiteContext, TrainOptions, get_method
+from fedpartial.methods import Contribution, TrainOptions, get_method
 from fedpartial.methods import fedlsm as L
 from fedpartial.models import PartialLabelNet
 
@@ -256,18 +257,8 @@ def _mc_site(name, annotated, n=30, C=3, seed=0, model=None, tmp: Path | None = 
     mask = torch.as_tensor(annotated)[None, :].expand(n, C).clone()
     labels = full * mask
     model = model or PartialLabelNet("small_cnn", C, 3, width=4)
-    return SiteContext(
-        site=name,
-        task="multiclass",
-        classes=[f"c{i}" for i in range(C)],
-        annotated=annotated,
-        model=model,
-        data=_FakeData(images, labels, mask),
-        device=torch.device("cpu"),
-        state_dir=tmp or Path("."),
-        train={"lr": 1e-3, "batch_size": 10, "local_steps": 3},
-        seed=seed,
-    )
+    train = {"lr": 1e-3, "batch_size": 10, "local_steps": 3}
+    return fake_site(name, "multiclass", annotated, images, labels, mask, model, train, seed, tmp)
 
 
 def test_estimated_counts_labelled_plus_pseudo_positives():
@@ -427,13 +418,13 @@ def test_fresh_sample_order_every_round_not_a_replay():
     ctx.train = {"lr": 1e-3, "batch_size": 10, "local_steps": 2}
     seen: list[int] = []
 
-    class Recording(_FakeDataset):
+    class Recording(FakeDataset):
         def __getitem__(self, i):
             seen.append(int(i))
             return super().__getitem__(i)
 
     data = ctx.data
-    data.dataset = lambda split, views: (Recording if "strong" in views.values() else _FakeDataset)(
+    data.dataset = lambda split, views: (Recording if "strong" in views.values() else FakeDataset)(
         data.images, data.labels, data.mask, views
     )
     tr = L.FedLSMTrainer(ctx, n_mix=0, n_uncertain=0, n_confident=0)
@@ -477,7 +468,7 @@ def test_uncertain_samples_get_pseudo_labels_with_the_lower_thresholds():
     assert known.tolist() == [False]  # 0.9 < tau = 0.95 on the confident side
 
 
-class _MarkedViews(_FakeDataset):
+class _MarkedViews(FakeDataset):
     """Every view kind is a constant image (its marker), so a forward pass shows which view it saw."""
 
     MARK = {"eval": 0.0, "flip": 1.0, "weak": 2.0, "strong": 3.0}
@@ -488,7 +479,7 @@ class _MarkedViews(_FakeDataset):
         return item
 
 
-class _ViewData(_FakeData):
+class _ViewData(FakeData):
     def dataset(self, split, views):
         return _MarkedViews(self.images, self.labels, self.mask, views)
 
@@ -550,12 +541,12 @@ def test_estimated_class_counts_in_both_modes(mode):
     seen: list[int] = []
     data = ctx.data
 
-    class Recording(_FakeDataset):
+    class Recording(FakeDataset):
         def __getitem__(self, i):
             seen.append(int(i))
             return super().__getitem__(i)
 
-    data.dataset = lambda split, views: (Recording if "strong" in views.values() else _FakeDataset)(
+    data.dataset = lambda split, views: (Recording if "strong" in views.values() else FakeDataset)(
         data.images, data.labels, data.mask, views
     )
     tr = L.FedLSMTrainer(ctx, tau_p=0.0, tau_n=0.0, n_mix=0, n_uncertain=0, n_confident=0, q_counts=mode)

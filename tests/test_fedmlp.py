@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from fake_sites import fake_site
 
-from fedpartial.methods import Contribution, SiteContext, get_method
+from fedpartial.methods import Contribution, get_method
 from fedpartial.methods import fedmlp as M
 from fedpartial.models import PartialLabelNet
 
@@ -324,42 +325,6 @@ def test_rule_meta_serialisable_by_nvflare():
 # ------------------------------------------------------------------------------------------------ fake site
 
 
-class _FakeDataset(torch.utils.data.Dataset):
-    def __init__(self, images, labels, mask, views):
-        self.images, self.labels, self.mask, self.views = images, labels, mask, dict(views)
-
-    def __len__(self):
-        return len(self.images)
-
-    def __getitem__(self, i):
-        item = {}
-        for key, kind in self.views.items():
-            img = self.images[i]
-            item[key] = img if kind == "eval" else img + 0.05 * torch.randn_like(img)
-        item.update(label=self.labels[i].clone(), mask=self.mask[i].clone(), index=torch.tensor(i, dtype=torch.int64))
-        return item
-
-
-class _FakeData:
-    """The methods of SiteDatasets a trainer uses."""
-
-    def __init__(self, images, labels, mask):
-        self.images, self.labels, self.mask = images, labels, mask
-
-    def dataset(self, split, views):
-        return _FakeDataset(self.images, self.labels, self.mask, views)
-
-    def train_loader(self, views, batch_size, shuffle=True, seed=0, drop_last=False, **_):
-        g = torch.Generator().manual_seed(int(seed))
-        return torch.utils.data.DataLoader(
-            self.dataset("train", views), batch_size=batch_size, shuffle=shuffle, generator=g, drop_last=drop_last
-        )
-
-    def fetcher(self, views, seed, batched=False, device="cpu", on_device="off"):
-        ds = self.dataset("train", views)
-        return lambda idx: torch.utils.data.default_collate([ds[int(i)] for i in idx])
-
-
 def _site(name, annotated, n=24, C=3, seed=0, tmp: Path | None = None, model=None):
     g = torch.Generator().manual_seed(seed)
     labels = (torch.rand(n, C, generator=g) < 0.5).float()
@@ -370,18 +335,8 @@ def _site(name, annotated, n=24, C=3, seed=0, tmp: Path | None = None, model=Non
     mask = torch.as_tensor(annotated)[None, :].expand(n, C).clone()
     labels = labels * mask  # missing entries stored as 0
     model = model or PartialLabelNet("small_cnn", C, 3, width=4)
-    return SiteContext(
-        site=name,
-        task="multilabel",
-        classes=[f"c{i}" for i in range(C)],
-        annotated=annotated,
-        model=model,
-        data=_FakeData(images, labels, mask),
-        device=torch.device("cpu"),
-        state_dir=tmp or Path("."),
-        train={"lr": 1e-3, "batch_size": 8, "local_epochs": 1},
-        seed=seed,
-    )
+    train = {"lr": 1e-3, "batch_size": 8, "local_epochs": 1}
+    return fake_site(name, "multilabel", annotated, images, labels, mask, model, train, seed, tmp)
 
 
 def _tiny_ctx(annotated=(True, False)):

@@ -31,6 +31,7 @@ from typing import ClassVar
 import numpy as np
 import pytest
 import torch
+from fake_sites import manifest_site
 from nvflare.apis.dxo import DXO, DataKind, from_shareable
 from nvflare.app_common.decomposers import numpy_decomposers
 from nvflare.fuel.utils import fobs
@@ -38,9 +39,7 @@ from PIL import Image
 
 from conftest import one_round_first_stage
 from fedpartial.aggregation import check_update
-from fedpartial.data.manifest import read_manifest, write_manifest
 from fedpartial.data.presets import resolve_dataset
-from fedpartial.data.sitedata import SiteDatasets
 from fedpartial.device import mixed_precision
 from fedpartial.fl.aggregator import to_builtin
 from fedpartial.fl.checkpoint import from_safe, read_file, write_private
@@ -85,35 +84,9 @@ def _annotations(name: str, task: str, C: int, accepts_unlabelled: bool) -> list
 
 
 def _site(images: Path, k: int, task: str, annotated: np.ndarray, ds: dict, state_dir: Path) -> SiteContext:
-    C = len(ds["classes"])
-    rng = np.random.default_rng(k)
-    if task == "multilabel":
-        labels = (rng.random((N, C)) < 0.4).astype(float)
-    else:  # single-label: rows whose class the site does not annotate are unlabelled rows
-        labels = np.eye(C)[rng.integers(0, C, N)]
-    mask = np.repeat(annotated[None], N, 0)
-    rel = [f"{k * N + i}.png" for i in range(N)]
-    write_manifest(
-        images / f"site{k}_{task}.csv", rel, labels * mask, mask, ds["classes"], splits=["train"] * 12 + ["val"] * 4
-    )
-    full = read_manifest(
-        images / f"site{k}_{task}.csv", ds["classes"], data_root=images, task=task, require_annotated=False
-    )
-    data = SiteDatasets({"train": full.subset("train"), "val": full.subset("val")}, ds)
-    model = PartialLabelNet("small_cnn", C, 3, width=4, dropout=0.2)
-    state_dir.mkdir(parents=True, exist_ok=True)
-    return SiteContext(
-        site=f"site-{k + 1}",
-        task=task,
-        classes=list(ds["classes"]),
-        annotated=annotated,
-        model=model,
-        data=data,
-        device=torch.device("cpu"),
-        state_dir=state_dir,
-        seed=k,
-        train={"lr": 1e-2, "batch_size": 4, "local_steps": 2, "inference_batch_size": 8},
-    )
+    model = PartialLabelNet("small_cnn", len(ds["classes"]), 3, width=4, dropout=0.2)
+    train = {"lr": 1e-2, "batch_size": 4, "local_steps": 2, "inference_batch_size": 8}
+    return manifest_site(images, k, N, task, annotated, ds, model, train, state_dir, n_val=4)
 
 
 def _summary(ctxs: list[SiteContext]) -> dict:

@@ -8,9 +8,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from fake_sites import FakeData
 from scipy import stats as st
 from sklearn.metrics import roc_auc_score
-from test_fedmlp import _FakeData, _site
+from test_fedmlp import _site
 
 from fedpartial.methods import Contribution, get_method
 from fedpartial.methods.surgical import SurgicalTrainer, local_bce
@@ -108,7 +109,7 @@ def test_fedbn_plus_norm_frozen_except_the_warmup_statistics_averaged_once():
 # ------------------------------------------------------------------------------------------ the site
 
 
-class _ValData(_FakeData):
+class _ValData(FakeData):
     """_FakeData plus a validation split (the trainer's warm-up selects its epoch on it)."""
 
     def __init__(self, images, labels, mask, val=None):
@@ -118,9 +119,7 @@ class _ValData(_FakeData):
 
     def eval_loader(self, split, batch_size=128):
         assert split == "val"
-        return torch.utils.data.DataLoader(
-            _FakeData(*self.val).dataset("val", {"image": "eval"}), batch_size=batch_size
-        )
+        return torch.utils.data.DataLoader(FakeData(*self.val).dataset("val", {"image": "eval"}), batch_size=batch_size)
 
 
 class _Manifest(SimpleNamespace):

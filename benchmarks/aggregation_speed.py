@@ -9,10 +9,11 @@ median of ``--repeats``:
 - ``plain``: the least a weighted mean of those arrays can cost: ``sum_k n_k w_k / sum_k n_k`` per tensor, numpy,
   float32.
 - ``aggregator <method>``: :class:`fedpartial.fl.aggregator.PartialLabelAggregator` as NVFlare drives it: one
-  ``accept`` per update (DXO unpacking, the round / kind / shape / finiteness checks, the sample-count checks) and
-  one ``aggregate`` (the median-change bound over the round's updates, the method's rule, the check of the result,
-  the outgoing DXO), for ``fedavg``, ``fedavg_masked`` and ``surgical``. One aggregator object serves all the
-  rounds of a row, as in a job (its difference buffers are allocated in the warm-up round, not timed).
+  ``accept`` per update (DXO unpacking, the round / kind / structure checks, the sample-count checks) and one
+  ``aggregate`` (one blocked read of the round's updates for their values, change norms and direction, the bound,
+  the method's rule, the step and the check of the result, the outgoing DXO), for ``fedavg``, ``fedavg_masked`` and
+  ``surgical``. One aggregator object serves all the rounds of a row, as in a job (from the second round on it
+  holds a last global step, so the direction check runs).
 
 Also reported: the same aggregator with the change bound off (``max_change_ratio: 0``), which isolates the cost
 of that robustness check. Target: the aggregator within 2x of the plain mean.

@@ -161,7 +161,7 @@ def prepare_split(root: Path, out: Path, sites: int, site_size: int | None = Non
     cmd = [
         sys.executable,
         "-m",
-        "fedpartial.data.prepare",
+        "fedpartial.data.prepare_cli",
         "--source",
         "nih_cxr14",
         "--root",

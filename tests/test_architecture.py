@@ -195,7 +195,7 @@ def test_each_dataset_constant_is_written_once_in_the_catalog():
 
 
 NAMED_DATASETS = {"ham10000", "isic2019", "isic2018", "nih_cxr14", "chexpert", "mimic_cxr", "rsna_ich", "ich_phantom"}
-DERIVED_FROM_THE_CATALOG = ("data/sources/__init__.py", "data/prepare.py", "tools/export.py")
+DERIVED_FROM_THE_CATALOG = ("data/sources/__init__.py", "data/prepare.py", "data/prepare_cli.py", "tools/export.py")
 
 
 def dataset_names() -> set[str]:
@@ -295,3 +295,47 @@ def test_an_import_of_the_package_inside_a_function_says_why():
                     if not any("#" in line for line in around):
                         silent.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert silent == [], silent
+
+
+MAX_FUNCTION_LINES = 100
+"""The longest function of ``data/`` (``def`` to its last line, docstring included): a longer one is split into
+named steps."""
+
+
+def long_functions(folder: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """``path:line name (n lines)`` of every function (methods and nested ones too) of ``folder`` over ``limit``."""
+    found = []
+    for path in sorted(folder.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > limit:
+                    found.append(f"{path.relative_to(folder)}:{node.lineno} {node.name} ({n} lines)")
+    return found
+
+
+def test_no_function_of_the_data_layer_is_over_100_lines():
+    """Every function of ``custom/fedpartial/data/`` fits in 100 lines: a longer one is split into named steps."""
+    assert long_functions(PACKAGE / "data") == []
+
+
+def test_the_length_check_sees_a_long_function(tmp_path):
+    (tmp_path / "m.py").write_text("def short():\n    pass\n\n\ndef long():\n" + "    x = 1\n" * 100)
+    found = long_functions(tmp_path)
+    assert len(found) == 1 and "long (101 lines)" in found[0], found
+
+
+def test_a_site_imports_the_prepare_library_only():
+    """``data/site_config.py`` (every site) imports the library of ``data/prepare.py``, neither the command line
+    (``data/prepare_cli.py``) nor the figure (``data/prepare_figure.py``, matplotlib)."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, fedpartial.data.site_config; "
+        "print(sorted(m for m in sys.modules if m.startswith('fedpartial.data.prepare_') or m == 'matplotlib'))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

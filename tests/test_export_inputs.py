@@ -18,7 +18,7 @@ from PIL import Image
 
 from conftest import REPO
 from fedpartial.data import prepare as prep
-from fedpartial.data import quality
+from fedpartial.data import prepare_cli, quality
 from fedpartial.data.sources import load_source
 from fedpartial.data.sources.base import NOT_ANNOTATED, SourceError, SourceTable
 
@@ -156,7 +156,9 @@ def test_spellings_that_cannot_be_told_apart_are_one_line_before_training(tmp_pa
         load_source("csv", tmp_path / "e.csv")
     # the federation's classes naming one class twice
     csv = _export(tmp_path / "x", ["nv", "mel", "nv", "mel"])
-    rc = prep.main(_prepare(csv, tmp_path / "out", "--source-arg", "label_column=dx", "--classes", "MEL", "NV", "nv"))
+    rc = prepare_cli.main(
+        _prepare(csv, tmp_path / "out", "--source-arg", "label_column=dx", "--classes", "MEL", "NV", "nv")
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1, err
     assert "the classes 'NV' and 'nv' differ only in case or spaces: one class or two?" in err[0]
@@ -170,7 +172,7 @@ def test_prepare_reports_what_was_merged_and_what_was_missing_and_keeps_the_clas
     labels = ["nv", "NV", "Nv", "mel", "nan", "NA", "N/A", "null", "None", "#N/A", " "] + ["nv", "mel"] * 6
     csv = _export(tmp_path / "export", labels)
     out = tmp_path / "out"
-    rc = prep.main(_prepare(csv, out, "--source-arg", "label_column=dx", "--classes", "MEL", "NV", "BCC"))
+    rc = prepare_cli.main(_prepare(csv, out, "--source-arg", "label_column=dx", "--classes", "MEL", "NV", "BCC"))
     printed, err = capsys.readouterr()
     assert rc == 0, err
     info = json.loads((out / "dataset.json").read_text())
@@ -191,7 +193,7 @@ def test_prepare_reports_what_was_merged_and_what_was_missing_and_keeps_the_clas
 def test_an_export_with_no_labelled_image_names_its_csv_not_a_temporary_file(tmp_path, capsys):
     csv = _export(tmp_path / "export", ["nan", "", "N/A", "null"])
     for extra in ([], ["--classes", "MEL", "NV", "--task", "multiclass"]):
-        rc = prep.main(_prepare(csv, tmp_path / "out", "--source-arg", "label_column=dx", *extra))
+        rc = prepare_cli.main(_prepare(csv, tmp_path / "out", "--source-arg", "label_column=dx", *extra))
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 2 and len(err) == 1, err
         assert f"error: {csv}: " in err[0] and "none of its 4 image(s) has a label" in err[0]

@@ -607,7 +607,7 @@ def _read_only_folder(tmp_path: Path) -> Path:
 
 
 def test_a_read_only_cache_folder_is_one_line(tmp_path, monkeypatch, capsys):
-    from fedpartial.data import prepare
+    from fedpartial.data import prepare_cli
 
     folder = _read_only_folder(tmp_path)
     try:
@@ -619,7 +619,7 @@ def test_a_read_only_cache_folder_is_one_line(tmp_path, monkeypatch, capsys):
             for i in range(6):
                 Image.fromarray(np.full((16, 16), 20 * i, np.uint8)).save(src / c / f"{i}.png")
         monkeypatch.setenv("FEDPARTIAL_CACHE", str(folder))
-        rc = prepare.main(
+        rc = prepare_cli.main(
             [
                 "--source",
                 "folder",

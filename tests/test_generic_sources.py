@@ -19,8 +19,10 @@ from published_layouts import HAM, NIH, ham_sample, nih_sample
 
 from conftest import REPO, real_data
 from fedpartial.data import prepare as prep
+from fedpartial.data import prepare_cli
 from fedpartial.data.sources import load_source
 from fedpartial.data.sources.base import NOT_ANNOTATED, SourceError
+from fedpartial.data.store_cli import store_dataset
 
 pytestmark = pytest.mark.realdata
 
@@ -450,13 +452,13 @@ def test_missing_image_stops_prepare_at_its_line(tmp_path, capsys):
         "--source-arg",
         "ignore_columns=Accession,Age",
     ]
-    assert prep.main(argv) == 2
+    assert prepare_cli.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("fedpartial-prepare: error:")
     assert f"{csv.resolve()} line 12:" in err and cells["file"].iloc[10] in err and "not found" in err
     assert not (tmp_path / "out").exists()
     # --drop-unreadable leaves it out, reported
-    assert prep.main(argv + ["--drop-unreadable"]) == 0
+    assert prepare_cli.main(argv + ["--drop-unreadable"]) == 0
     info = json.loads((tmp_path / "out" / "dataset.json").read_text())
     assert [(d["count"], d["lines"]) for d in info["dropped"]] == [(1, [12])]
 
@@ -637,11 +639,11 @@ def test_two_exports_of_one_name_are_refused_and_the_command_line_names_each(tmp
         "--no-figure",
         *[f"--source-arg={k}={v}" for k, v in HOSPITAL_ARGS.items()],
     ]
-    assert prep.main(cli + ["--out", str(tmp_path / "one")]) == 2
+    assert prepare_cli.main(cli + ["--out", str(tmp_path / "one")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "both named 'csv'" in err[0], err
     assert (
-        prep.main(
+        prepare_cli.main(
             cli
             + [
                 "--out",
@@ -656,7 +658,7 @@ def test_two_exports_of_one_name_are_refused_and_the_command_line_names_each(tmp
     )
     for site, prefix in (("site-1", "hospital_a:"), ("site-2", "hospital_b:")):
         assert _raw(tmp_path / "two", site)["patient_id"].str.startswith(prefix).all()
-    assert prep.main(cli + ["--out", str(tmp_path / "three"), "--source-arg", "3:source_name=x"]) == 2
+    assert prepare_cli.main(cli + ["--out", str(tmp_path / "three"), "--source-arg", "3:source_name=x"]) == 2
     assert "names source 3, but there are 2 --source" in capsys.readouterr().err
 
 
@@ -788,7 +790,7 @@ def test_folder_errors(tmp_path):
 def test_folder_cli_error_is_one_line(tmp_path, capsys):
     root, _ = ham_folder(tmp_path / "derm", n=14)
     (root / "EMPTY").mkdir()
-    rc = prep.main(
+    rc = prepare_cli.main(
         [
             "--source",
             "folder",
@@ -840,7 +842,7 @@ def test_prepare_with_store_decodes_each_image_once_and_names_an_unreadable_one(
         "--store",
         "32x3",
     ]
-    assert prep.main(args) == 0, capsys.readouterr().err
+    assert prepare_cli.main(args) == 0, capsys.readouterr().err
     stores = sorted(p for p in (tmp_path / "cache" / "stores").iterdir() if p.is_dir())
     assert len(stores) == len(prepared_manifests(tmp_path / "out")["site-1"]) + 1  # train x 2 sites, val, test
     out = capsys.readouterr().out
@@ -851,15 +853,16 @@ def test_prepare_with_store_decodes_each_image_once_and_names_an_unreadable_one(
     bad = sorted(root.rglob("*.jpg"))[3]
     bad.write_bytes(b"\xff\xd8\xff\xe0 not a jpeg")
     args[args.index("--out") + 1] = str(tmp_path / "out2")
-    assert prep.main(args) == 2
+    assert prepare_cli.main(args) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and bad.name in err, err
-    assert prep.main(args[:-2] + ["--drop-unreadable", "--store", "32x3", "--overwrite"]) == 2
+    assert prepare_cli.main(args[:-2] + ["--drop-unreadable", "--store", "32x3", "--overwrite"]) == 2
     assert "--drop-unreadable needs the decode pass" in capsys.readouterr().err
-    assert prep.main(args[:-2] + ["--store", "224"]) == 2
+    assert prepare_cli.main(args[:-2] + ["--store", "224"]) == 2
     assert "--store expects a dataset preset, PRESET:SIZE" in capsys.readouterr().err
-    assert prep._store_args("nih_cxr14:224") == ["--preset", "nih_cxr14", "--image-size", "224"]
-    assert prep._store_args("ham10000") == ["--preset", "ham10000"]
+    assert prepare_cli._store_settings("nih_cxr14:224") == store_dataset(preset="nih_cxr14", image_size=224)
+    assert prepare_cli._store_settings("ham10000") == store_dataset(preset="ham10000")
+    assert prepare_cli._store_settings("32x3") == store_dataset(image_size=32, channels=3)
 
 
 def test_absolute_image_paths_through_a_symbolic_link_are_inside_the_images_root(tmp_path):

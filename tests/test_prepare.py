@@ -16,7 +16,7 @@ from PIL import Image
 
 from conftest import REPO
 from fedpartial.data import prepare as prep
-from fedpartial.data import sources
+from fedpartial.data import prepare_cli, sources
 from fedpartial.data.catalog.ham10000 import CLASSES as HAM_CLASSES
 from fedpartial.data.catalog.ham10000.loader import load_ham10000, load_isic2018
 from fedpartial.data.catalog.nih_cxr14 import CLASSES as NIH_CLASSES
@@ -495,7 +495,7 @@ def test_ensure_prepared_generated(tmp_path, monkeypatch):
 def test_cli(tiny_nih, tmp_path, capsys):
     out = tmp_path / "cli"
     assert (
-        prep.main(
+        prepare_cli.main(
             [
                 "--source",
                 "nih_cxr14",
@@ -527,7 +527,7 @@ def test_cli(tiny_nih, tmp_path, capsys):
     assert ds.info["source_args"] == {"view": "all"} and ds.info["site_sizes"] == 10
     assert "labelled positives" in capsys.readouterr().out
     with pytest.raises(SystemExit):
-        prep.main(["--source", "nih_cxr14", "--out", str(out)])
+        prepare_cli.main(["--source", "nih_cxr14", "--out", str(out)])
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="atomic folder exchange is Linux's renameat2")

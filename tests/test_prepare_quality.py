@@ -44,7 +44,11 @@ def _image(root: Path, image_id: str) -> Path:
 def _cli(args: list[str]) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(Path(prep.__file__).parents[2])}
     return subprocess.run(
-        [sys.executable, "-m", "fedpartial.data.prepare", *args], capture_output=True, text=True, env=env, timeout=300
+        [sys.executable, "-m", "fedpartial.data.prepare_cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
 
 

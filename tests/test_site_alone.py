@@ -25,6 +25,7 @@ import pytest
 
 from conftest import REPO, real_data
 from fedpartial.data import prepare as prep
+from fedpartial.data import prepare_cli
 from fedpartial.data.manifest import ManifestError, read_manifest
 from fedpartial.data.prepared import check_job_classes
 from fedpartial.data.sources.base import NOT_ANNOTATED, SourceError, SourceTable
@@ -216,7 +217,7 @@ def prepare_alone(exports: dict[str, Path], dest: Path) -> dict[str, Path]:
             *ISIC,
             "--no-figure",
         ]
-        assert prep.main(cmd) == 0, h
+        assert prepare_cli.main(cmd) == 0, h
     return out
 
 
@@ -260,7 +261,7 @@ def test_each_hospital_prepares_its_own_export_alone(prepared_hospitals, capsys,
     assert "task=auto chose multiclass" in b["notes"][0]
     # the printed lines, from a run of the command again
     assert (
-        prep.main(
+        prepare_cli.main(
             [
                 *PREPARE_ARGS["b"],
                 "--root",
@@ -287,7 +288,7 @@ def test_each_hospital_prepares_its_own_export_alone(prepared_hospitals, capsys,
 
 def test_an_export_naming_a_class_outside_the_vocabulary_is_one_line(prepared_hospitals, tmp_path, capsys):
     exports, _ = prepared_hospitals
-    rc = prep.main(
+    rc = prepare_cli.main(
         [
             *PREPARE_ARGS["c"],
             "--root",

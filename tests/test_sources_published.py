@@ -22,6 +22,7 @@ from published_layouts import (
 
 from conftest import real_data
 from fedpartial.data import prepare as prep
+from fedpartial.data import prepare_cli
 from fedpartial.data.catalog.chexpert import FINDINGS as CHEXPERT_FINDINGS
 from fedpartial.data.catalog.isic2019 import FLAMBY_CENTRES
 from fedpartial.data.partition import dirichlet_label_skew, quantity_skew
@@ -186,7 +187,7 @@ def test_isic2019_class_list_is_choosable(tmp_path):
 
 def test_isic2018_task3_with_the_ham10000_command(tmp_path, capsys):
     root = isic2018_release(tmp_path / "isic2018")
-    rc = prep.main(
+    rc = prepare_cli.main(
         [
             "--source",
             "ham10000",
@@ -215,7 +216,7 @@ def test_isic2018_task3_with_the_ham10000_command(tmp_path, capsys):
 
 def test_isic2018_without_lesion_groupings_is_refused(tmp_path, capsys):
     root = isic2018_release(tmp_path / "isic2018", groupings=False)
-    rc = prep.main(
+    rc = prepare_cli.main(
         [
             "--source",
             "ham10000",
@@ -266,7 +267,7 @@ def test_nih_and_chexpert_two_vocabulary_federation_in_one_command(tmp_path, cap
     nih = nih_release(tmp_path / "data" / "nih")
     chex = chexpert_release(tmp_path / "data")
     skip = (nih / "test_list.txt").read_text().split()[0]  # one NIH image left out; CheXpert has no such name
-    rc = prep.main(
+    rc = prepare_cli.main(
         [
             "--source",
             "nih_cxr14",

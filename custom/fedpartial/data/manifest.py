@@ -146,6 +146,111 @@ def _parse_cell(value, site, file, line, column) -> float:
     )
 
 
+def _read_header(
+    file: Path, classes: Sequence[str], columns, ignore_columns: Sequence[str], site: str | None
+) -> tuple[list[list[str]], list[str]]:
+    """The CSV's rows and its header in the job's class names (the site's vocabulary applied), checked."""
+    try:
+        with open(file, newline="", encoding="utf-8-sig") as fh:
+            rows = list(csv.reader(fh))
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise ManifestError(f"cannot be read as CSV ({e})", site, file) from e
+    if not rows:
+        raise ManifestError("the file is empty (no header)", site, file)
+    header = [h.strip() for h in rows[0]]
+    if IMAGE_COL not in header:
+        raise ManifestError(f"missing required column '{IMAGE_COL}' (columns: {header})", site, file, 1)
+    dup = sorted({h for h in header if header.count(h) > 1})
+    if dup:
+        raise ManifestError(f"duplicate column(s) {dup}", site, file, 1)
+    try:  # the site's own column names -> the job's classes (fedpartial.data.vocabulary)
+        header, _ = map_header(header, classes, columns, ignore_columns)
+    except VocabularyError as e:
+        raise ManifestError(str(e), site, file, 1) from None
+    unknown = [c for c in header if c not in RESERVED_COLS and c not in classes and not c.startswith(IGNORED)]
+    if unknown:
+        raise ManifestError(
+            f"unknown class column(s) {unknown}{closest(unknown[0], classes)}; the job's classes are "
+            f"{list(classes)} (a site naming a class "
+            "differently maps it with 'columns' in its fedpartial_data.json; 'ignore_columns' skips a column)",
+            site,
+            file,
+            1,
+        )
+    return rows, header
+
+
+def _body(rows: list[list[str]], header: list[str], site: str | None, file: Path) -> tuple[list, list[int]]:
+    """The non-blank data rows and their line numbers (as an editor shows them), each as wide as the header."""
+    body, line_numbers = [], []
+    for number, r in enumerate(rows[1:], start=2):  # csv line numbers as an editor shows them
+        if not any(cell.strip() for cell in r):
+            continue  # blank line
+        if len(r) != len(header):
+            raise ManifestError(f"has {len(r)} fields, the header has {len(header)}", site, file, number)
+        body.append(r)
+        line_numbers.append(number)
+    if not body:
+        raise ManifestError("the manifest has no rows (empty site)", site, file)
+    return body, line_numbers
+
+
+def _check_image(
+    rel: str,
+    root: Path,
+    root_resolved: Path,
+    confine: bool,
+    check_images: bool,
+    verify_images: bool,
+    site: str | None,
+    file: Path,
+    line: int,
+) -> tuple[Path, Path]:
+    """One row's image: inside the data root (``confine``), present and not empty (``check_images``), its header
+    sound (``verify_images``). Returns its path and its resolved path."""
+    p = Path(rel)
+    p = p if p.is_absolute() else root / p
+    real = p.resolve()
+    if confine and not real.is_relative_to(root_resolved):
+        raise ManifestError(
+            f"image path {rel!r} resolves outside the site's data root (absolute paths, '..' "
+            "and symbolic links must stay inside it)",
+            site,
+            file,
+            line,
+        )
+    if check_images:
+        if not p.is_file():
+            raise ManifestError(f"image not found: {rel}", site, file, line)
+        if p.stat().st_size == 0:
+            raise ManifestError(f"image file is empty: {rel}", site, file, line)
+        if verify_images:
+            # imported where used: loads torch and PIL, which a manifest read without its images skips
+            from .transforms import ImageLoadError, check_image_header
+
+            try:
+                check_image_header(p)
+            except ImageLoadError as e:
+                raise ManifestError(str(e).replace(str(p), rel), site, file, line) from None
+    return p, real
+
+
+def _refuse_duplicate(
+    rel: str, labels: np.ndarray, j0: int, i: int, line_numbers: list[int], site: str | None, file: Path
+) -> None:
+    """The error of an image listed on two rows (``j0`` and ``i``), saying whether their labels conflict."""
+    line = line_numbers[i]
+    same = bool(np.array_equal(labels[j0], labels[i], equal_nan=True))
+    raise ManifestError(
+        f"image {rel!r} is listed twice (lines {line_numbers[j0]} and {line}"
+        + (")" if same else ") with conflicting labels")
+        + "; keep one row per image",
+        site,
+        file,
+        line,
+    )
+
+
 def read_manifest(
     file: str | os.PathLike,
     classes: Sequence[str],
@@ -194,44 +299,9 @@ def read_manifest(
     if not file.is_file():
         raise ManifestError("manifest file not found", site, file)
     root = Path(data_root) if data_root is not None else file.parent
-    try:
-        with open(file, newline="", encoding="utf-8-sig") as fh:
-            rows = list(csv.reader(fh))
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
-        raise ManifestError(f"cannot be read as CSV ({e})", site, file) from e
-    if not rows:
-        raise ManifestError("the file is empty (no header)", site, file)
-    header = [h.strip() for h in rows[0]]
-    if IMAGE_COL not in header:
-        raise ManifestError(f"missing required column '{IMAGE_COL}' (columns: {header})", site, file, 1)
-    dup = sorted({h for h in header if header.count(h) > 1})
-    if dup:
-        raise ManifestError(f"duplicate column(s) {dup}", site, file, 1)
-    try:  # the site's own column names -> the job's classes (fedpartial.data.vocabulary)
-        header, _ = map_header(header, classes, columns, ignore_columns)
-    except VocabularyError as e:
-        raise ManifestError(str(e), site, file, 1) from None
-    unknown = [c for c in header if c not in RESERVED_COLS and c not in classes and not c.startswith(IGNORED)]
-    if unknown:
-        raise ManifestError(
-            f"unknown class column(s) {unknown}{closest(unknown[0], classes)}; the job's classes are "
-            f"{list(classes)} (a site naming a class "
-            "differently maps it with 'columns' in its fedpartial_data.json; 'ignore_columns' skips a column)",
-            site,
-            file,
-            1,
-        )
+    rows, header = _read_header(file, classes, columns, ignore_columns, site)
     root_resolved = root.resolve()
-    body, line_numbers = [], []
-    for number, r in enumerate(rows[1:], start=2):  # csv line numbers as an editor shows them
-        if not any(cell.strip() for cell in r):
-            continue  # blank line
-        if len(r) != len(header):
-            raise ManifestError(f"has {len(r)} fields, the header has {len(header)}", site, file, number)
-        body.append(r)
-        line_numbers.append(number)
-    if not body:
-        raise ManifestError("the manifest has no rows (empty site)", site, file)
+    body, line_numbers = _body(rows, header, site, file)
 
     n, c = len(body), len(classes)
     labels = np.full((n, c), np.nan, dtype=np.float32)
@@ -241,49 +311,17 @@ def read_manifest(
     present = [(j, name) for j, name in enumerate(classes) if name in header]
     col = {name: k for k, name in enumerate(header)}
     seen: dict[str, int] = {}  # resolved image path -> row index
-    if verify_images:
-        # imported where used: loads torch and PIL, which a manifest read without its images skips
-        from .transforms import ImageLoadError, check_image_header
     for i in range(n):
         line = line_numbers[i]
         rel = str(body[i][col[IMAGE_COL]]).strip()
         if not rel:
             raise ManifestError("empty image path", site, file, line)
-        p = Path(rel)
-        p = p if p.is_absolute() else root / p
-        real = p.resolve()
-        if confine and not real.is_relative_to(root_resolved):
-            raise ManifestError(
-                f"image path {rel!r} resolves outside the site's data root (absolute paths, '..' "
-                "and symbolic links must stay inside it)",
-                site,
-                file,
-                line,
-            )
-        if check_images:
-            if not p.is_file():
-                raise ManifestError(f"image not found: {rel}", site, file, line)
-            if p.stat().st_size == 0:
-                raise ManifestError(f"image file is empty: {rel}", site, file, line)
-            if verify_images:
-                try:
-                    check_image_header(p)
-                except ImageLoadError as e:
-                    raise ManifestError(str(e).replace(str(p), rel), site, file, line) from None
+        p, real = _check_image(rel, root, root_resolved, confine, check_images, verify_images, site, file, line)
         for j, name in present:
             labels[i, j] = _parse_cell(body[i][col[name]], site, file, line, name)
         key = str(real)
         if key in seen and duplicates == "error":
-            j0 = seen[key]
-            same = bool(np.array_equal(labels[j0], labels[i], equal_nan=True))
-            raise ManifestError(
-                f"image {rel!r} is listed twice (lines {line_numbers[j0]} and {line}"
-                + (")" if same else ") with conflicting labels")
-                + "; keep one row per image",
-                site,
-                file,
-                line,
-            )
+            _refuse_duplicate(rel, labels, seen[key], i, line_numbers, site, file)
         seen[key] = i
         if task == "multiclass" and np.nansum(labels[i]) > 1:
             raise ManifestError("single-label task but the row has more than one positive class", site, file, line)

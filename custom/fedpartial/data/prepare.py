@@ -1,8 +1,9 @@
 """Turn a source dataset into per-site manifests under a label protocol.
 
-``prepare(...)`` (CLI: ``fedpartial-prepare``) loads a source, optionally keeps a class subset, splits the
-patients into train / val / test, deals the training patients IID over ``num_sites`` disjoint sites and blanks,
-in each site's manifest, the class columns the protocol does not give that site. Output folder::
+``prepare(...)`` (its command line, ``fedpartial-prepare``, is :mod:`fedpartial.data.prepare_cli`) loads a
+source, optionally keeps a class subset, splits the patients into train / val / test, deals the training patients
+IID over ``num_sites`` disjoint sites and blanks, in each site's manifest, the class columns the protocol does not
+give that site. Output folder::
 
     site-1.csv ... site-N.csv   training rows of each site (split 'train'); empty cell = not annotated
     val.csv, test.csv           fully labelled, shared by all sites (split 'val' / 'test')
@@ -23,21 +24,19 @@ exists and decodes it fully (cached by path, size and mtime); a bad image is an 
 release's CSV, and every row left out (missing image, view filter, class outside the list, ``exclude``) is
 reported (count, first names and lines) and recorded under ``dropped``. ``sources`` federates several releases
 (each keeps its sites and column names), ``partition`` deals training patients IID, by centre, with Dirichlet
-label skew or quantity skew (:mod:`fedpartial.data.partition`), and ``label_structure.png`` shows positives /
-annotated / unlabelled per class and site. The layouts and commands of each release: ``docs/datasets.md``.
+label skew or quantity skew (:mod:`fedpartial.data.partition`), and ``label_structure.png``
+(:mod:`fedpartial.data.prepare_figure`, matplotlib) shows positives / annotated / unlabelled per class and site.
+The layouts and commands of each release: ``docs/datasets.md``.
 
 ``ensure_prepared(spec, cache_dir)`` is the simulator's prepare-on-first-use (cached by a hash of the spec,
 checked against the size and mtime of the release's label files, guarded by a file lock).
 
-Example::
-
-    fedpartial-prepare --source ham10000 --root ../shared/data/ham10000 --out data/ham_fedlsm \\
-        --sites 5 --protocol table --table fedlsm_isic --seed 0
+This module is the library a site imports (:mod:`fedpartial.data.site_config` runs ``ensure_prepared``): no
+command line, no matplotlib.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -53,8 +52,7 @@ import numpy as np
 if TYPE_CHECKING:
     import pandas as pd
 
-from ..processes import Interrupted, exit_status, interruptible
-from .cache import cache_dir, os_error_line
+from .cache import cache_dir
 from .catalog import DATASETS
 from .manifest import ManifestError, check_coverage, read_manifest, write_manifest
 from .partition import (
@@ -79,16 +77,13 @@ from .prepared import (  # noqa: F401
     spec_hash,
     stale_sources,
 )
-from .presets import PRESETS
 from .protocols import assign
 from .quality import quality_pass, read_exclude
 from .settings import OPTION_GROUPS, ImageOptions, LabelOptions, SplitOptions, prepare_options  # noqa: F401
 from .sources import SourceTable, load_source
 from .sources.base import NOT_ANNOTATED, Dropped, SourceError, most_frequent_classes, spelling_key
-from .store_cli import main as store_main
 from .vocabulary import (
     VOCABULARIES,
-    VocabularyError,
     closest,
     invert,
     match_classes,
@@ -107,6 +102,47 @@ FORMAT_VERSION = 1
 EXPORT_SOURCES = ("csv", "folder")
 """A hospital's own export: a class of it outside the federation's vocabulary is refused (a release's other classes
 are a subset choice)."""
+
+
+def _match_subset(
+    table: SourceTable, classes: Sequence[str], alone: bool, export: bool
+) -> tuple[list[str], dict[str, str], list[str]]:
+    """:func:`subset_classes`' choice: the wanted classes in order, ``{source column: wanted class}`` and the
+    wanted classes the source lacks (``alone``); the errors of :func:`subset_classes`."""
+    wanted = list(dict.fromkeys(classes))
+    if not wanted:
+        raise ValueError("empty class subset")
+    twice = [(a, b) for i, a in enumerate(wanted) for b in wanted[i + 1 :] if spelling_key(a) == spelling_key(b)]
+    if twice:
+        raise ValueError(
+            f"the classes {twice[0][0]!r} and {twice[0][1]!r} differ only in case or spaces: one class or two? "
+            "give each class once"
+        )
+    found = match_classes(wanted, table.classes)
+    absent = [c for c, col in found.items() if col is None]
+    if absent and not alone:
+        raise ValueError(
+            f"unknown class(es) {absent}{closest(absent[0], table.classes)}; {table.name} has {table.classes}"
+        )
+    used = {col for col in found.values() if col is not None}
+    if not used:
+        raise ValueError(
+            f"{table.name} has none of the classes {wanted} (it has {table.classes}): this site would annotate nothing"
+        )
+    extra = [c for c in table.classes if c not in used]
+    if alone and export and extra:
+        raise ValueError(
+            f"{table.name}: class {extra[0]!r}{closest(extra[0], wanted)} is not in the "
+            f"federation's classes {wanted}"
+            + (f" ({len(extra) - 1} more: {extra[1:6]})" if len(extra) > 1 else "")
+            + (
+                "; a folder of images of no class of the federation: move it out of --root"
+                if table.name == "folder"
+                else "; a column that is no class: --source-arg ignore_columns=NAME"
+            )
+        )
+    renamed = {col: c for c, col in found.items() if col is not None}
+    return wanted, renamed, absent
 
 
 def subset_classes(
@@ -140,41 +176,7 @@ def subset_classes(
         return table
     chosen, renamed, absent = list(table.classes), {}, []
     if classes is not None:
-        wanted = list(dict.fromkeys(classes))
-        if not wanted:
-            raise ValueError("empty class subset")
-        twice = [(a, b) for i, a in enumerate(wanted) for b in wanted[i + 1 :] if spelling_key(a) == spelling_key(b)]
-        if twice:
-            raise ValueError(
-                f"the classes {twice[0][0]!r} and {twice[0][1]!r} differ only in case or spaces: one class or two? "
-                "give each class once"
-            )
-        found = match_classes(wanted, table.classes)
-        absent = [c for c, col in found.items() if col is None]
-        if absent and not alone:
-            raise ValueError(
-                f"unknown class(es) {absent}{closest(absent[0], table.classes)}; {table.name} has {table.classes}"
-            )
-        used = {col for col in found.values() if col is not None}
-        if not used:
-            raise ValueError(
-                f"{table.name} has none of the classes {wanted} (it has {table.classes}): this site "
-                "would annotate nothing"
-            )
-        extra = [c for c in table.classes if c not in used]
-        if alone and export and extra:
-            raise ValueError(
-                f"{table.name}: class {extra[0]!r}{closest(extra[0], wanted)} is not in the "
-                f"federation's classes {wanted}"
-                + (f" ({len(extra) - 1} more: {extra[1:6]})" if len(extra) > 1 else "")
-                + (
-                    "; a folder of images of no class of the federation: move it out of --root"
-                    if table.name == "folder"
-                    else "; a column that is no class: --source-arg ignore_columns=NAME"
-                )
-            )
-        renamed = {col: c for c, col in found.items() if col is not None}
-        chosen = wanted
+        chosen, renamed, absent = _match_subset(table, classes, alone, export)
     frame = table.frame
     dropped_cols = [c for c in table.classes if c not in renamed and classes is not None]
     lines = table.lines
@@ -580,55 +582,183 @@ def format_structure(info: dict) -> str:
     return "\n".join(lines)
 
 
-def plot_structure(info: dict, file: Path) -> Path | None:
-    """Bar chart of positives / annotated negatives / unlabelled per class, one panel per site (matplotlib,
-    imported here only); None when matplotlib is absent."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    sites = list(info["structure"])
-    classes = info["classes"]
-    fig, axes = plt.subplots(
-        len(sites), 1, figsize=(max(6, 0.6 * len(classes) + 2), 1.8 * len(sites) + 0.8), sharex=True, squeeze=False
-    )
-    x = np.arange(len(classes))
-    for ax, site in zip(axes[:, 0], sites):
-        per = info["structure"][site]
-        pos = np.array([per[c]["positives"] for c in classes])
-        neg = np.array([per[c]["annotated"] - per[c]["positives"] for c in classes])
-        unl = np.array([per[c]["unlabelled"] for c in classes])
-        ax.bar(x, pos, color="tab:red", label="positive")
-        ax.bar(x, neg, bottom=pos, color="tab:blue", label="negative")
-        ax.bar(x, unl, bottom=pos + neg, color="lightgrey", label="unlabelled")
-        centre = (info.get("centres") or {}).get(site)
-        ax.set_ylabel(f"{site}\n{centre}" if centre else site, rotation=0, ha="right", va="center")
-    handles, labels = axes[0, 0].get_legend_handles_labels()
-    axes[-1, 0].set_xticks(x, classes, rotation=45, ha="right")
-    fig.suptitle(
-        f"{info['source']}: label structure per site ({info['protocol']}, {info.get('partition', 'iid')})",
-        fontsize="medium",
-    )
-    top = 1 - 0.9 / fig.get_figheight()
-    fig.legend(
-        handles,
-        labels,
-        ncol=3,
-        fontsize="small",
-        loc="upper center",
-        bbox_to_anchor=(0.5, top + 0.35 / fig.get_figheight()),
-    )
-    fig.tight_layout(rect=(0, 0, 1, top))
-    fig.savefig(file, dpi=100)
-    plt.close(fig)
-    return file
-
-
 def _is_exclude_file(exclude) -> bool:
     return isinstance(exclude, (str, os.PathLike)) and Path(exclude).is_file()
+
+
+def _check_out(final: Path, inside: bool, overwrite: bool) -> None:
+    """Refuse an output folder that holds a prepared dataset or anything else (unless ``overwrite``, or the
+    source lives inside it)."""
+    if not overwrite and (final / DATASET_JSON).exists():
+        raise FileExistsError(f"{final} already holds a prepared dataset (pass overwrite=True / --overwrite)")
+    if not overwrite and not inside and final.exists() and any(final.iterdir()):
+        raise FileExistsError(f"{final} exists and is not empty (pass overwrite=True / --overwrite)")
+
+
+def _load_federation(
+    sources: Sequence[dict],
+    num_sites: int | None,
+    labels: LabelOptions,
+    images: ImageOptions,
+    excluded: set,
+) -> tuple[SourceTable, list]:
+    """Several published sources as one table and its groups (:func:`_build`'s ``groups``): each source's sites
+    hold only its images and keep its column names."""
+    tables, vocabs, groups, matched = [], [], [], set()
+    # the names the loaders will give (a CSV / folder: its source_name), refused before any is read
+    if all(isinstance(s, dict) for s in sources):
+        _distinct_names(
+            [str((s.get("source_args") or {}).get("source_name") or s.get("source")) for s in sources],
+            [str(s.get("source")) for s in sources],
+        )
+    for spec in sources:
+        unknown = sorted(set(spec) - {"source", "root", "num_sites", "source_args", "vocabulary"})
+        if unknown or "source" not in spec or "root" not in spec:
+            raise SourceError(
+                f"a federation source needs 'source' and 'root' (and 'num_sites', "
+                f"'source_args', 'vocabulary'); got {sorted(spec)}"
+            )
+        t = _load_one(
+            spec["source"],
+            Path(spec["root"]).expanduser().resolve(),
+            spec.get("source_args"),
+            LabelOptions(task=labels.task),
+            images,
+            excluded,
+            matched,
+        )
+        tables.append(t)
+        vocabs.append(_group_vocabulary(spec["source"], spec.get("vocabulary"), True))
+        groups.append(int(spec.get("num_sites", 1)))
+    _distinct_names([t.name for t in tables], [spec["source"] for spec in sources])  # the names loaded
+    if excluded - matched:
+        raise SourceError(
+            f"--exclude names {len(excluded - matched)} image(s) none of the sources has: "
+            f"{sorted(excluded - matched)[:5]}"
+        )
+    table, masks = _combine(tables, vocabs, labels.classes)
+    if num_sites is not None and num_sites != sum(groups):
+        raise SourceError(f"the sources' num_sites add up to {sum(groups)}, not {num_sites}")
+    group_specs = [
+        (n, m, {g: l for l, g in vocabs[k].items() if g in table.classes})
+        for k, (n, m) in enumerate(zip(groups, masks))
+    ]
+    return table, group_specs
+
+
+def _load_single(
+    source: str,
+    root: Path | None,
+    tmp: Path,
+    num_sites: int | None,
+    source_args: dict | None,
+    labels: LabelOptions,
+    images: ImageOptions,
+    excluded: set,
+) -> tuple[SourceTable, list, bool]:
+    """One source as a table, its one group (:func:`_build`'s ``groups``) and whether it is one site prepared on
+    its own (``alone``); a generated source is generated into ``tmp / "source"``."""
+    if root is None and source in PUBLISHED_SOURCES:
+        raise SourceError(
+            f"source {source!r} needs its folder: --root (a job's dataset.prepare.root), the "
+            "folder of the published release",
+            hint="see docs/datasets.md for each layout",
+        )
+    if root is None:
+        root = tmp / "source"
+    alone = num_sites == 1 and not labels.centralise
+    table = _load_one(
+        source,
+        root,
+        source_args,
+        labels,
+        images,
+        excluded,
+        alone=alone,
+    )
+    group_specs = [(num_sites, np.ones(len(table.frame), bool), {})]
+    return table, group_specs, alone
+
+
+def _record_inputs(
+    info: dict,
+    table: SourceTable,
+    sources: Sequence[dict] | None,
+    labels: LabelOptions,
+    images: ImageOptions,
+    tmp: Path,
+    alone: bool,
+) -> None:
+    """Add to ``info`` (dataset.json) what the split was made from: the sources, their label files' stamps, the
+    notes and the rows left out."""
+    info["top_k_classes"] = labels.top_k_classes
+    if alone:  # one site, prepared on its own: coverage of the vocabulary is the job's data check's to know
+        info["alone"] = True
+    info["notes"] = list(table.notes)
+    info["sources"] = [
+        {
+            "source": s["source"],
+            "root": str(Path(s["root"]).expanduser().resolve()),
+            "num_sites": int(s.get("num_sites", 1)),
+            "source_args": s.get("source_args") or {},
+        }
+        for s in (sources or [])
+    ]
+    # the release's own label files; a generated source's files live in the folder being written (they move
+    # with it, and recording their temporary path would make every later use look stale and prepare again)
+    info["source_files"] = file_stamps(
+        [f for f in table.files if not Path(f).resolve().is_relative_to(tmp.resolve())]
+        + ([str(images.exclude)] if _is_exclude_file(images.exclude) else [])
+    )
+    info["dropped"] = [
+        {"file": d.file, "reason": d.reason, "count": len(d.names), "first": d.names[:10], "lines": d.lines[:10]}
+        for d in table.dropped
+    ]
+
+
+def _report(
+    final: Path, info: dict, table: SourceTable, source: str, protocol: str, protocol_params: dict, split: SplitOptions
+) -> None:
+    """The summary ``prepare(verbose=True)`` prints: the split, notes, rows left out, counts and structure."""
+    synthetic = " (SYNTHETIC data)" if info["synthetic"] else ""
+    print(
+        f"prepared {final}{synthetic}: {source}, protocol {protocol} {protocol_params}, "
+        f"partition {split.partition}, seed {split.seed}"
+    )
+    for note in info.get("notes") or []:
+        print(note)
+    for d in table.dropped:
+        print(f"left out: {d.summary()}")
+    if info.get("alone"):
+        print(annotated_line(info))
+    print("labelled positives per class ('-' = not annotated):")
+    print(format_counts(info))
+    print(
+        "label structure per site: positives/annotated per class ('-' = not annotated); unlabelled = rows "
+        "without a label for the class"
+    )
+    print(format_structure(info))
+    if info.get("figure"):
+        print(f"figure: {final / info['figure']}")
+
+
+def _validate_written(tmp: Path, final: Path, info: dict, data_root: Path, table: SourceTable) -> None:
+    """:func:`_validate` the manifests written into ``tmp``; an error names them where they would have been."""
+    try:
+        _validate(tmp, info, data_root)
+    except ManifestError as e:  # about a manifest being written: name it where it would have been
+        raise ManifestError(
+            str(e).replace(str(tmp), str(final)) + " (nothing was written; the input is "
+            f"{table.files[0] if table.files else table.name})"
+        ) from None
+
+
+def _draw_figure(info: dict, tmp: Path) -> None:
+    """Save ``label_structure.png`` into ``tmp`` and name it in ``info`` (nothing without matplotlib)."""
+    from .prepare_figure import plot_structure  # imported where drawn: matplotlib, when installed
+
+    if plot_structure(info, tmp / "label_structure.png") is not None:
+        info["figure"] = "label_structure.png"
 
 
 def prepare(
@@ -682,77 +812,20 @@ def prepare(
     final = Path(out_dir).expanduser().resolve()
     root = None if source_root is None else Path(source_root).expanduser().resolve()
     inside = root is not None and _is_within(root, final)
-    if not overwrite and (final / DATASET_JSON).exists():
-        raise FileExistsError(f"{final} already holds a prepared dataset (pass overwrite=True / --overwrite)")
-    if not overwrite and not inside and final.exists() and any(final.iterdir()):
-        raise FileExistsError(f"{final} exists and is not empty (pass overwrite=True / --overwrite)")
+    _check_out(final, inside, overwrite)
     excluded = read_exclude(images.exclude)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
         if sources:
-            tables, vocabs, groups, matched = [], [], [], set()
-            # the names the loaders will give (a CSV / folder: its source_name), refused before any is read
-            if all(isinstance(s, dict) for s in sources):
-                _distinct_names(
-                    [str((s.get("source_args") or {}).get("source_name") or s.get("source")) for s in sources],
-                    [str(s.get("source")) for s in sources],
-                )
-            for spec in sources:
-                unknown = sorted(set(spec) - {"source", "root", "num_sites", "source_args", "vocabulary"})
-                if unknown or "source" not in spec or "root" not in spec:
-                    raise SourceError(
-                        f"a federation source needs 'source' and 'root' (and 'num_sites', "
-                        f"'source_args', 'vocabulary'); got {sorted(spec)}"
-                    )
-                t = _load_one(
-                    spec["source"],
-                    Path(spec["root"]).expanduser().resolve(),
-                    spec.get("source_args"),
-                    LabelOptions(task=labels.task),
-                    images,
-                    excluded,
-                    matched,
-                )
-                tables.append(t)
-                vocabs.append(_group_vocabulary(spec["source"], spec.get("vocabulary"), True))
-                groups.append(int(spec.get("num_sites", 1)))
-            _distinct_names([t.name for t in tables], [spec["source"] for spec in sources])  # the names loaded
-            if excluded - matched:
-                raise SourceError(
-                    f"--exclude names {len(excluded - matched)} image(s) none of the sources has: "
-                    f"{sorted(excluded - matched)[:5]}"
-                )
-            table, masks = _combine(tables, vocabs, labels.classes)
-            if num_sites is not None and num_sites != sum(groups):
-                raise SourceError(f"the sources' num_sites add up to {sum(groups)}, not {num_sites}")
-            group_specs = [
-                (n, m, {g: l for l, g in vocabs[k].items() if g in table.classes})
-                for k, (n, m) in enumerate(zip(groups, masks))
-            ]
+            table, group_specs = _load_federation(sources, num_sites, labels, images, excluded)
             source = table.name
             local, alone = False, False
         else:
-            if root is None and source in PUBLISHED_SOURCES:
-                raise SourceError(
-                    f"source {source!r} needs its folder: --root (a job's dataset.prepare.root), the "
-                    "folder of the published release",
-                    hint="see docs/datasets.md for each layout",
-                )
-            if root is None:
-                root = tmp / "source"
-            alone = num_sites == 1 and not labels.centralise
-            table = _load_one(
-                source,
-                root,
-                source_args,
-                labels,
-                images,
-                excluded,
-                alone=alone,
+            table, group_specs, alone = _load_single(
+                source, root, tmp, num_sites, source_args, labels, images, excluded
             )
-            group_specs = [(num_sites, np.ones(len(table.frame), bool), {})]
             local = source_root is None or inside
         check_rows_have_class(table)
         base = final if inside else tmp  # folder the manifests' image paths are relative to, before publishing
@@ -770,102 +843,36 @@ def prepare(
             source_args,
             alone,
         )
-        info["top_k_classes"] = labels.top_k_classes
-        if alone:  # one site, prepared on its own: coverage of the vocabulary is the job's data check's to know
-            info["alone"] = True
-        info["notes"] = list(table.notes)
-        info["sources"] = [
-            {
-                "source": s["source"],
-                "root": str(Path(s["root"]).expanduser().resolve()),
-                "num_sites": int(s.get("num_sites", 1)),
-                "source_args": s.get("source_args") or {},
-            }
-            for s in (sources or [])
-        ]
-        # the release's own label files; a generated source's files live in the folder being written (they move
-        # with it, and recording their temporary path would make every later use look stale and prepare again)
-        info["source_files"] = file_stamps(
-            [f for f in table.files if not Path(f).resolve().is_relative_to(tmp.resolve())]
-            + ([str(images.exclude)] if _is_exclude_file(images.exclude) else [])
-        )
-        info["dropped"] = [
-            {"file": d.file, "reason": d.reason, "count": len(d.names), "first": d.names[:10], "lines": d.lines[:10]}
-            for d in table.dropped
-        ]
-        try:
-            _validate(tmp, info, base if local else table.root.resolve())
-        except ManifestError as e:  # about a manifest being written: name it where it would have been
-            raise ManifestError(
-                str(e).replace(str(tmp), str(final)) + " (nothing was written; the input is "
-                f"{table.files[0] if table.files else table.name})"
-            ) from None
+        _record_inputs(info, table, sources, labels, images, tmp, alone)
+        _validate_written(tmp, final, info, base if local else table.root.resolve(), table)
         info["fingerprint"] = manifests_fingerprint(tmp, info)
         if figure:
-            if plot_structure(info, tmp / "label_structure.png") is not None:
-                info["figure"] = "label_structure.png"
+            _draw_figure(info, tmp)
         (tmp / DATASET_JSON).write_text(json.dumps(info, indent=2) + "\n")
         _publish(tmp, final, inside, overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if verbose:
-        synthetic = " (SYNTHETIC data)" if info["synthetic"] else ""
-        print(
-            f"prepared {final}{synthetic}: {source}, protocol {protocol} {protocol_params}, "
-            f"partition {split.partition}, seed {split.seed}"
-        )
-        for note in info.get("notes") or []:
-            print(note)
-        for d in table.dropped:
-            print(f"left out: {d.summary()}")
-        if info.get("alone"):
-            print(annotated_line(info))
-        print("labelled positives per class ('-' = not annotated):")
-        print(format_counts(info))
-        print(
-            "label structure per site: positives/annotated per class ('-' = not annotated); unlabelled = rows "
-            "without a label for the class"
-        )
-        print(format_structure(info))
-        if info.get("figure"):
-            print(f"figure: {final / info['figure']}")
+        _report(final, info, table, source, protocol, protocol_params, split)
     return final
 
 
-def _build(
-    table: SourceTable,
-    tmp: Path,
-    base: Path,
-    local: bool,
+def _deal(
+    frame: pd.DataFrame,
     groups: list,
-    protocol: str,
-    protocol_params: dict,
+    known: np.ndarray,
+    pids: np.ndarray,
     split_opts: SplitOptions,
-    labels: LabelOptions,
-    source: str,
-    source_args,
-    alone: bool = False,
-) -> dict:
-    """Split, deal, assign and write the manifests into ``tmp``; returns the dataset.json content.
-
-    ``groups``: per source of the federation ``(number of sites or None, (N,) row mask, {global class: its
-    column name})``; one group for a single source.
-    """
+    classes: list[str],
+    alone: bool,
+) -> tuple[np.ndarray, list, list[int], dict[str, str]]:
+    """Split each group's patients into train / val / test and deal its training rows over its sites: the split
+    of every row, each site's rows, each site's group and the centre of each site (partition ``centre``)."""
     import pandas as pd  # imported where used (see _combine)
 
     seed, val_frac, test_frac = split_opts.seed, split_opts.val_frac, split_opts.test_frac
     site_sizes, partition, alpha = split_opts.site_sizes, split_opts.partition, split_opts.alpha
-    vocabularies, centralise = labels.vocabularies, labels.centralise
-    frame, classes = table.frame, list(table.classes)
-    images = frame["image"].astype(str)
-    if local:  # the images live inside the output folder: paths relative to it
-        src = table.root.resolve()
-        images = images.map(lambda p: (src / p).relative_to(base).as_posix())
-    pids = frame["patient_id"].astype(str).to_numpy()
-    raw = frame[classes].to_numpy(dtype=np.int64)
-    known = raw >= 0  # NOT_ANNOTATED cells carry no label
-    labels = np.where(known, raw, 0)
     split = np.empty(len(frame), dtype=object)
     site_rows, site_group, centres = [], [], {}
     unscored = np.zeros(len(frame), bool)
@@ -894,9 +901,25 @@ def _build(
                 centres[site_name(len(site_rows))] = names[k]
             site_rows.append(part)
             site_group.append(g)
-    split = split.astype(str)
-    num_sites = len(site_rows)
-    per_site = assign(protocol, classes, num_sites, seed, **protocol_params)
+    return split.astype(str), site_rows, site_group, centres
+
+
+def _info(
+    table: SourceTable,
+    classes: list[str],
+    local: bool,
+    protocol: str,
+    protocol_params: dict,
+    split_opts: SplitOptions,
+    num_sites: int,
+    source: str,
+    source_args,
+    centres: dict[str, str],
+) -> dict[str, Any]:
+    """The dataset.json content known before the manifests are written (their per-site entries filled later)."""
+    frame = table.frame
+    seed, val_frac, test_frac = split_opts.seed, split_opts.val_frac, split_opts.test_frac
+    site_sizes, partition, alpha = split_opts.site_sizes, split_opts.partition, split_opts.alpha
     info: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "source": source,
@@ -926,22 +949,13 @@ def _build(
         info["centres"] = centres
     if "official_split" in frame.columns and (frame["official_split"].astype(str) != "").any():
         info["official_split"] = True
+    return info
 
-    def masked(rows, annotated):
-        mask = np.zeros((len(rows), len(classes)), bool)
-        mask[:, annotated] = True
-        return mask & known[rows]
 
-    parts = [(site_name(i), rows, "train", masked(rows, per_site[i])) for i, rows in enumerate(site_rows)]
-    if centralise:  # one site holding every site's rows, each with its own site's labels
-        parts = [(site_name(0), np.concatenate([p[1] for p in parts]), "train", np.concatenate([p[3] for p in parts]))]
-        info["centralised_from"] = num_sites
-        site_group = [0]
-    parts += [
-        (s, rows, s, masked(rows, list(range(len(classes)))))
-        for s in ("val", "test")
-        for rows in [np.flatnonzero(split == s)]
-    ]
+def _renames(
+    groups: list, site_group: list[int], centralise: bool, vocabularies, classes: list[str], parts: list
+) -> dict[str, dict[str, str]]:
+    """``{site: {global class: its column name}}``: a federation source's own names and ``vocabularies``."""
     renames = {}
     if not centralise:
         for i, g in enumerate(site_group):
@@ -952,8 +966,20 @@ def _build(
     unknown = sorted(set(renames) - {p[0] for p in parts if p[2] == "train"})
     if unknown:
         raise ValueError(f"vocabularies name site(s) {unknown} that this split does not have")
-    if renames:
-        info["vocabularies"] = {site: invert(r) for site, r in renames.items()}
+    return renames
+
+
+def _write_parts(
+    tmp: Path,
+    parts: list,
+    renames: dict,
+    images,
+    labels: np.ndarray,
+    pids: np.ndarray,
+    classes: list[str],
+    info: dict,
+) -> None:
+    """Write each part's manifest into ``tmp`` and record its annotated classes, size, counts and structure."""
     for name, rows, split_name, mask in parts:
         columns = [renames.get(name, {}).get(c, c) for c in classes]
         write_manifest(
@@ -973,6 +999,61 @@ def _build(
         info["counts"][name] = _counts(labels[rows], mask, classes)
         info["structure"][name] = _structure(labels[rows], mask, classes)
         info["unlabelled"][name] = int((~mask.any(axis=1)).sum()) if len(mask) else 0
+
+
+def _build(
+    table: SourceTable,
+    tmp: Path,
+    base: Path,
+    local: bool,
+    groups: list,
+    protocol: str,
+    protocol_params: dict,
+    split_opts: SplitOptions,
+    labels: LabelOptions,
+    source: str,
+    source_args,
+    alone: bool = False,
+) -> dict:
+    """Split, deal, assign and write the manifests into ``tmp``; returns the dataset.json content.
+
+    ``groups``: per source of the federation ``(number of sites or None, (N,) row mask, {global class: its
+    column name})``; one group for a single source.
+    """
+    vocabularies, centralise = labels.vocabularies, labels.centralise
+    frame, classes = table.frame, list(table.classes)
+    images = frame["image"].astype(str)
+    if local:  # the images live inside the output folder: paths relative to it
+        src = table.root.resolve()
+        images = images.map(lambda p: (src / p).relative_to(base).as_posix())
+    pids = frame["patient_id"].astype(str).to_numpy()
+    raw = frame[classes].to_numpy(dtype=np.int64)
+    known = raw >= 0  # NOT_ANNOTATED cells carry no label
+    labels = np.where(known, raw, 0)
+    split, site_rows, site_group, centres = _deal(frame, groups, known, pids, split_opts, classes, alone)
+    num_sites = len(site_rows)
+    per_site = assign(protocol, classes, num_sites, split_opts.seed, **protocol_params)
+    info = _info(table, classes, local, protocol, protocol_params, split_opts, num_sites, source, source_args, centres)
+
+    def masked(rows, annotated):
+        mask = np.zeros((len(rows), len(classes)), bool)
+        mask[:, annotated] = True
+        return mask & known[rows]
+
+    parts = [(site_name(i), rows, "train", masked(rows, per_site[i])) for i, rows in enumerate(site_rows)]
+    if centralise:  # one site holding every site's rows, each with its own site's labels
+        parts = [(site_name(0), np.concatenate([p[1] for p in parts]), "train", np.concatenate([p[3] for p in parts]))]
+        info["centralised_from"] = num_sites
+        site_group = [0]
+    parts += [
+        (s, rows, s, masked(rows, list(range(len(classes)))))
+        for s in ("val", "test")
+        for rows in [np.flatnonzero(split == s)]
+    ]
+    renames = _renames(groups, site_group, centralise, vocabularies, classes, parts)
+    if renames:
+        info["vocabularies"] = {site: invert(r) for site, r in renames.items()}
+    _write_parts(tmp, parts, renames, images, labels, pids, classes, info)
     return info
 
 
@@ -1026,263 +1107,3 @@ def ensure_prepared(spec: dict, cache_dir: str | os.PathLike, verbose: bool = Tr
         protocol = kwargs.pop("protocol")
         prepare(source, root, out, num_sites, protocol, overwrite=True, verbose=verbose, **kwargs)
     return out
-
-
-# -------------------------------------------------------------------------------------------------------- CLI
-
-
-def _parse_value(text: str) -> Any:
-    """JSON value if it parses (numbers, true/false, lists), else the string."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="fedpartial-prepare",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "--source",
-        action="append",
-        required=True,
-        help=", ".join(DATASETS) + ", csv (any label CSV), folder (one sub-folder per class); repeat "
-        "--source / --root (and --sites) to federate several published sources",
-    )
-    p.add_argument(
-        "--root", action="append", default=[], help="source folder (the label CSV for csv; omit for generated sources)"
-    )
-    p.add_argument("--out", required=True, help="output folder")
-    p.add_argument(
-        "--sites",
-        type=int,
-        action="append",
-        default=[],
-        help="number of sites (one per --source when several; omit with --partition centre)",
-    )
-    p.add_argument(
-        "--protocol",
-        required=True,
-        help="missing_k (--k), random_s (--s), table (--table), labeled_unlabeled (--m), full",
-    )
-    p.add_argument("--k", type=int, help="missing_k: classes missing per site")
-    p.add_argument("--s", type=int, help="random_s: classes per site")
-    p.add_argument("--m", type=int, help="labeled_unlabeled: number of fully labelled sites")
-    p.add_argument("--table", help="table: a named table (fedlsm_isic) or a JSON file")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--val-frac", type=float, default=0.1)
-    p.add_argument("--test-frac", type=float, default=0.2)
-    p.add_argument("--site-size", type=int, nargs="+", help="cap on training images per site (one or per site)")
-    p.add_argument(
-        "--classes",
-        nargs="+",
-        help="the federation's classes, in the job's order (space or comma separated), matched to the "
-        "source's names exactly or case-insensitively; with --sites 1 (a site preparing its own "
-        "export) a class the export lacks or leaves blank is not annotated here",
-    )
-    p.add_argument(
-        "--task",
-        choices=("multilabel", "multiclass"),
-        help="the federation's task: a CSV export is read as such (otherwise task=auto says what it "
-        "chose and why); other sources must be of it",
-    )
-    p.add_argument("--top-k-classes", type=int, help="keep the k most frequent classes")
-    p.add_argument(
-        "--source-arg",
-        action="append",
-        default=[],
-        metavar="[SOURCE:|N:]KEY=VALUE",
-        help="loader keyword, e.g. view=PA, uncertain=zeros, official_split=true (repeatable; prefix "
-        "SOURCE: or N: (the N-th --source, from 1) to address one source of a federation)",
-    )
-    p.add_argument(
-        "--partition",
-        default="iid",
-        choices=list(PARTITIONS),
-        help="how training patients are dealt over sites (centre: one site per centre)",
-    )
-    p.add_argument("--alpha", type=float, default=0.5, help="Dirichlet concentration (dirichlet / quantity)")
-    p.add_argument("--exclude", help="images to leave out: a file (one name per line) or comma-separated names")
-    p.add_argument("--drop-unreadable", action="store_true", help="leave unreadable images out instead of stopping")
-    p.add_argument("--no-decode", action="store_true", help="skip the full decode of every image")
-    p.add_argument(
-        "--store",
-        metavar="PREPROCESSING",
-        help="then build the sites' image stores for the job's preprocessing (a dataset preset, "
-        "PRESET:SIZE such as nih_cxr14:224, or SIZExCHANNELS such as 224x1), as fedpartial-store "
-        "does: each image is decoded once, by the store build, which is then the decode check",
-    )
-    p.add_argument("--no-figure", action="store_true", help="do not save label_structure.png")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
-    p.add_argument(
-        "--vocabulary",
-        action="append",
-        default=[],
-        metavar="SITES=VOCAB",
-        help="these sites' manifests use another vocabulary: site-3,site-4=chexpert (a name, or a JSON "
-        "{global class: column name}); repeatable",
-    )
-    p.add_argument("--centralise", action="store_true", help="pool every site's rows into one site (central baseline)")
-    return p
-
-
-USER_ERRORS = (SourceError, ManifestError, VocabularyError, ValueError, FileExistsError, FileNotFoundError)
-
-
-class UsageError(ValueError):
-    """A command line that does not add up."""
-
-
-def _source_args(items: Sequence[str], names: Sequence[str]) -> list[dict]:
-    """``[SOURCE:|N:]KEY=VALUE`` items -> each ``--source``'s keywords: unprefixed for every source, ``SOURCE:``
-    for the sources of that name, ``N:`` for the N-th ``--source`` (from 1; two sources of one name)."""
-    common: dict = {}
-    by_name: dict[str, dict] = {}
-    by_index: dict[int, dict] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise UsageError(f"--source-arg expects KEY=VALUE, got {item!r}")
-        target, colon, key = key.rpartition(":")
-        target = target.strip()
-        if not colon:
-            common[key.strip()] = _parse_value(value)
-        elif target.isdigit():
-            if not 1 <= int(target) <= len(names):
-                raise UsageError(f"--source-arg {item!r} names source {target}, but there are {len(names)} --source")
-            by_index.setdefault(int(target), {})[key.strip()] = _parse_value(value)
-        elif target in names:
-            by_name.setdefault(target, {})[key.strip()] = _parse_value(value)
-        else:
-            raise UsageError(
-                f"--source-arg {item!r} names source {target!r}, which is not one of {list(names)} "
-                f"(nor a number 1-{len(names)})"
-            )
-    return [{**common, **by_name.get(n, {}), **by_index.get(i, {})} for i, n in enumerate(names, 1)]
-
-
-def _run(args: argparse.Namespace) -> Path:
-    names = list(args.source)
-    per_source = _source_args(args.source_arg, names)
-    classes = None
-    if args.classes:
-        classes = [c for item in args.classes for c in item.split(",") if c]
-    site_sizes = None
-    if args.site_size:
-        site_sizes = args.site_size[0] if len(args.site_size) == 1 else args.site_size
-    params = {k: v for k, v in (("k", args.k), ("s", args.s), ("m", args.m), ("table", args.table)) if v is not None}
-    vocabularies = {}
-    for item in args.vocabulary:
-        sites, sep, vocab = item.partition("=")
-        if not sep:
-            raise UsageError(f"--vocabulary expects SITES=VOCAB, got {item!r}")
-        for site in sites.split(","):
-            vocabularies[site.strip()] = _parse_value(vocab)
-    common = dict(
-        seed=args.seed,
-        val_frac=args.val_frac,
-        test_frac=args.test_frac,
-        site_sizes=site_sizes,
-        classes=classes,
-        overwrite=args.overwrite,
-        vocabularies=vocabularies or None,
-        centralise=args.centralise,
-        partition=args.partition,
-        alpha=args.alpha,
-        exclude=args.exclude,
-        drop_unreadable=args.drop_unreadable,
-        decode_images=not args.no_decode,
-        figure=not args.no_figure,
-        task=args.task,
-        **params,
-    )
-    if len(names) == 1:
-        if len(args.root) > 1 or len(args.sites) > 1:
-            raise UsageError("one --source takes one --root and one --sites")
-        sites = args.sites[0] if args.sites else None
-        if sites is None and args.partition != "centre":
-            raise UsageError("--sites is required (except with --partition centre)")
-        args_one = per_source[0]
-        return prepare(
-            names[0],
-            args.root[0] if args.root else None,
-            args.out,
-            sites,
-            args.protocol,
-            source_args=args_one or None,
-            top_k_classes=args.top_k_classes,
-            **common,
-        )
-    if len(args.root) != len(names) or len(args.sites) not in (0, len(names)):
-        raise UsageError(f"{len(names)} --source need {len(names)} --root and as many --sites (one per source)")
-    if args.top_k_classes:
-        raise UsageError("--top-k-classes works on one source; give the federation's classes with --classes")
-    sources = [
-        {"source": n, "root": r, "num_sites": args.sites[i] if args.sites else 1, "source_args": per_source[i]}
-        for i, (n, r) in enumerate(zip(names, args.root))
-    ]
-    return prepare(None, None, args.out, None, args.protocol, sources=sources, **common)
-
-
-def _store_args(spec: str) -> list[str]:
-    """``--store`` -> fedpartial-store's preprocessing options: ``PRESET`` (``--preset``), ``PRESET:SIZE``
-    (``--preset --image-size``: the preset's channels, windows and resize mode at the job's size) or
-    ``SIZExCHANNELS`` (``--image-size --channels``)."""
-    preset, colon, at = spec.partition(":")
-    if preset in PRESETS and (not colon or at.isdigit()):
-        return ["--preset", preset] + (["--image-size", at] if colon else [])
-    size, x, channels = spec.lower().partition("x")
-    if x and size.isdigit() and channels.isdigit():
-        return ["--image-size", size, "--channels", channels]
-    raise UsageError(
-        f"--store expects a dataset preset, PRESET:SIZE (e.g. nih_cxr14:224) or SIZExCHANNELS (e.g. "
-        f"224x1), got {spec!r} (presets: {', '.join(sorted(PRESETS))})"
-    )
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point (``fedpartial-prepare``): a user error is one line on stderr (with a hint) and exit 2,
-    without a traceback (``FEDPARTIAL_DEBUG=1`` shows it). With ``--store``, the stores are built after the
-    manifests (:mod:`fedpartial.data.store_cli`), the images decoded there only."""
-    args = build_parser().parse_args(argv)
-    try:
-        with interruptible():
-            return _main(args)
-    except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: nothing half-written is left as done
-        print(
-            f"fedpartial-prepare: stopped ({'Ctrl-C' if not isinstance(e, Interrupted) else e}); an output "
-            "folder is only ever replaced whole, so it holds the previous result or this one; run the same "
-            "command again (a store build goes on from its kept chunks)",
-            file=sys.stderr,
-        )
-        return exit_status(e)
-
-
-def _main(args) -> int:
-    try:
-        if args.store:
-            store = _store_args(args.store)
-            if args.drop_unreadable:
-                raise UsageError(
-                    "--drop-unreadable needs the decode pass: leave out --store, then run "
-                    "fedpartial-store on the prepared folder"
-                )
-            args.no_decode = True  # the store build decodes every image, and names an unreadable one
-        out = _run(args)
-        if args.store:
-            return store_main([str(out), *store])
-    except (*USER_ERRORS, OSError) as e:
-        if os.environ.get("FEDPARTIAL_DEBUG"):
-            raise
-
-        text = os_error_line(e) if isinstance(e, OSError) else " ".join(str(e).split())
-        print(f"fedpartial-prepare: error: {text}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

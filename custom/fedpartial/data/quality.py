@@ -12,9 +12,12 @@ import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from .cache import cache_hint
 from .sources.base import Dropped, SourceError, SourceTable
@@ -343,6 +346,37 @@ def read_exclude(exclude: str | os.PathLike | Sequence[str] | None) -> set[str]:
     return {s.split("#", 1)[0].strip() for s in items} - {""}
 
 
+def _excluded(
+    table: SourceTable, names: pd.Series, lines: list, exclude: set[str], matched_out: set[str] | None
+) -> np.ndarray:
+    """The rows ``exclude`` leaves (by path, file name, stem or image id), the others recorded as dropped; an
+    entry that matches no row is an error (with ``matched_out``, a federation's: collected there instead)."""
+    frame = table.frame
+    base = names.map(lambda p: Path(p).name)
+    stem = names.map(lambda p: Path(p).stem)
+    hit = (names.isin(exclude) | base.isin(exclude) | stem.isin(exclude)).to_numpy().copy()
+    if "image_id" in frame.columns:
+        hit |= frame["image_id"].astype(str).isin(exclude).to_numpy()
+    matched = set(names[hit]) | set(base[hit]) | set(stem[hit])
+    if "image_id" in frame.columns:
+        matched |= set(frame["image_id"].astype(str)[hit])
+    unused = sorted(exclude - matched)
+    if matched_out is not None:
+        matched_out |= exclude & matched
+    elif unused:
+        raise SourceError(
+            f"--exclude names {len(unused)} image(s) the source does not have: {unused[:5]}",
+            hint="give file names, ids or paths relative to --root as the release writes them",
+        )
+    if hit.any():
+        table.dropped.append(
+            Dropped("--exclude", "were excluded", names[hit].tolist(), [lines[i] for i in np.flatnonzero(hit)])
+        )
+    keep = ~hit
+    keep = keep.copy()
+    return keep
+
+
 def quality_pass(
     table: SourceTable,
     decode: bool = True,
@@ -366,28 +400,7 @@ def quality_pass(
     files = table.row_files()
     names = frame["image"].astype(str)
     if exclude:
-        base = names.map(lambda p: Path(p).name)
-        stem = names.map(lambda p: Path(p).stem)
-        hit = (names.isin(exclude) | base.isin(exclude) | stem.isin(exclude)).to_numpy().copy()
-        if "image_id" in frame.columns:
-            hit |= frame["image_id"].astype(str).isin(exclude).to_numpy()
-        matched = set(names[hit]) | set(base[hit]) | set(stem[hit])
-        if "image_id" in frame.columns:
-            matched |= set(frame["image_id"].astype(str)[hit])
-        unused = sorted(exclude - matched)
-        if matched_out is not None:
-            matched_out |= exclude & matched
-        elif unused:
-            raise SourceError(
-                f"--exclude names {len(unused)} image(s) the source does not have: {unused[:5]}",
-                hint="give file names, ids or paths relative to --root as the release writes them",
-            )
-        if hit.any():
-            table.dropped.append(
-                Dropped("--exclude", "were excluded", names[hit].tolist(), [lines[i] for i in np.flatnonzero(hit)])
-            )
-        keep = ~hit
-        keep = keep.copy()
+        keep = _excluded(table, names, lines, exclude, matched_out)
     else:
         keep = np.ones(len(frame), bool)
     root = table.root

@@ -130,19 +130,65 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _dataset(args) -> dict:
-    cfg: dict = {"preset": args.preset} if args.preset else {"name": "store", "task": "multilabel", "classes": []}
+def store_dataset(
+    preset: str | None = None,
+    image_size: int | None = None,
+    channels: int | None = None,
+    resize_mode: str | None = None,
+    cache_dir: str | None = None,
+) -> dict:
+    """The dataset settings the stores are built for: a preset's (its classes, image size, channels, CT windows),
+    the given values overriding it; without a preset, ``image_size`` and ``channels`` are needed (no classes: the
+    labels only annotate the store's index)."""
+    cfg: dict = {"preset": preset} if preset else {"name": "store", "task": "multilabel", "classes": []}
     for key, value in (
-        ("image_size", args.image_size),
-        ("channels", args.channels),
-        ("resize_mode", args.resize_mode),
-        ("cache_dir", args.cache_dir),
+        ("image_size", image_size),
+        ("channels", channels),
+        ("resize_mode", resize_mode),
+        ("cache_dir", cache_dir),
     ):
         if value is not None:
             cfg[key] = value
-    if not args.preset and (args.image_size is None or args.channels is None):
+    if not preset and (image_size is None or channels is None):
         raise ValueError("give --preset or both --image-size and --channels")
-    return resolve_dataset(cfg) if args.preset else cfg  # no preset: no classes, only the image settings above
+    return resolve_dataset(cfg) if preset else cfg  # no preset: no classes, only the image settings above
+
+
+def build_prepared_stores(
+    prepared: str | os.PathLike,
+    dataset: dict,
+    workers: int | None = None,
+    log_fn: Callable[[str], None] | None = None,
+) -> dict[str, ImageStore]:
+    """Open or build the stores of a ``fedpartial-prepare`` folder (every site's training rows, the shared
+    validation and test sets) for ``dataset`` (:func:`store_dataset`), labelled with the folder's classes;
+    ``fedpartial-store PREPARED`` and ``fedpartial-prepare --store``. Returns ``{"<site>/<split>": store}``."""
+    manifests = prepared_manifests(prepared)
+    return build_all(manifests, {**dataset, "classes": load_prepared(prepared).classes}, workers, log_fn=log_fn)
+
+
+def site_manifests(site_config: str | os.PathLike, name: str | None, dataset: dict) -> dict[str, dict[str, Manifest]]:
+    """``{"local": {split: manifest}}`` of a site's ``fedpartial_data.json`` entry ``name``."""
+    sd = read_site_config("local", name, Path(site_config))
+    classes = dataset["classes"] or _header_classes(sd.train)
+    read = dict(data_root=sd.data_root, site="local", task=dataset["task"], require_annotated=False, **sd.vocabulary)
+    full = read_manifest(sd.train, classes, **read)
+    splits = {"train": full.subset("train")}
+    for s in ("val", "test"):
+        path = getattr(sd, s)
+        if path is not None:
+            splits[s] = read_manifest(path, classes, **read)
+    return {"local": splits}
+
+
+def print_stores(stores: dict[str, ImageStore]) -> None:
+    """One line per store folder: its images, their shape and the (site, split) sets it holds."""
+    seen: dict[Path, list[str]] = {}
+    for name, s in stores.items():
+        seen.setdefault(s.folder, []).append(name)
+    for folder, names in seen.items():
+        s = stores[names[0]]
+        print(f"{folder}: {len(s)} images {s.channels} x {s.image_size} x {s.image_size} uint8 ({', '.join(names)})")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -161,35 +207,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(args) -> int:
     try:
-        ds = _dataset(args)
+        ds = store_dataset(args.preset, args.image_size, args.channels, args.resize_mode, args.cache_dir)
+        log_fn = None if sys.stderr.isatty() else print
         if args.site_config:
-            name = args.dataset or ds.get("name")
-            sd = read_site_config("local", name, Path(args.site_config))
-            classes = ds["classes"] or _header_classes(sd.train)
-            read = dict(data_root=sd.data_root, site="local", task=ds["task"], require_annotated=False, **sd.vocabulary)
-            full = read_manifest(sd.train, classes, **read)
-            splits = {"train": full.subset("train")}
-            for s in ("val", "test"):
-                path = getattr(sd, s)
-                if path is not None:
-                    splits[s] = read_manifest(path, classes, **read)
-            manifests = {"local": splits}
+            manifests = site_manifests(args.site_config, args.dataset or ds.get("name"), ds)
+            stores = build_all(manifests, ds, args.workers, log_fn=log_fn)
         elif args.prepared:
-            manifests = prepared_manifests(args.prepared)
-            ds = {**ds, "classes": load_prepared(args.prepared).classes}
+            stores = build_prepared_stores(args.prepared, ds, args.workers, log_fn=log_fn)
         else:
             raise ValueError("give a prepared folder or --site-config")
-        stores = build_all(manifests, ds, args.workers, log_fn=None if sys.stderr.isatty() else print)
     except (StoreError, ManifestError, ValueError, OSError) as e:
         text = os_error_line(e) if isinstance(e, OSError) else " ".join(str(e).split())
         print(f"fedpartial-store: error: {text}", file=sys.stderr)
         return 2
-    seen = {}
-    for name, s in stores.items():
-        seen.setdefault(s.folder, []).append(name)
-    for folder, names in seen.items():
-        s = stores[names[0]]
-        print(f"{folder}: {len(s)} images {s.channels} x {s.image_size} x {s.image_size} uint8 ({', '.join(names)})")
+    print_stores(stores)
     return 0
 
 

@@ -413,29 +413,9 @@ def csv_layout(settings: dict, layout: CsvLayout | None = None) -> CsvLayout:
     return out
 
 
-def load_csv(root: str | os.PathLike, layout: CsvLayout | None = None, **settings) -> SourceTable:
-    """Load any label CSV as a source table (see the module docstring for the layouts).
-
-    Args:
-        root: the label CSV, or the folder holding it (then ``layout.csv`` names it, unless it is the folder's
-            only CSV).
-        layout: :class:`CsvLayout` (default: its defaults).
-        **settings: :class:`CsvLayout` fields, flat (``image_column="path"``), overriding ``layout``'s.
-
-    Returns:
-        A :class:`SourceTable` (``root`` = the images root; column ``line`` = each row's CSV line; column
-        ``official_split`` with ``split_column``).
-
-    Raises:
-        SourceError: naming the CSV and the line of the first problem.
-    """
-    lay = csv_layout(settings, layout)
-    name, task, patient_column = lay.source_name, lay.task, lay.patient_column
-    image_column, label_column, split_column, blank = lay.image_column, lay.label_column, lay.split_column, lay.blank
-    notes: list[str] = []
-    path = _find_csv(Path(root).expanduser(), lay.csv).resolve()
-    header, rows, lines = read_rows(path, lay.delimiter)
-    hint = _delimiter_hint(header, lay.delimiter)
+def _images_root(path: Path, lay: CsvLayout) -> Path:
+    """The folder the image paths are relative to (``images_root``, else the CSV's folder), checked."""
+    name = lay.source_name
     base = path.parent
     images = base if lay.images_root is None else Path(lay.images_root).expanduser()
     images = (images if images.is_absolute() else base / images).resolve()
@@ -444,7 +424,16 @@ def load_csv(root: str | os.PathLike, layout: CsvLayout | None = None, **setting
             f"{name}: images root {images} is not a folder",
             hint="--source-arg images_root=FOLDER (relative to the CSV's folder, or absolute)",
         )
+    return images
 
+
+def _patient_and_reserved(
+    header: list[str], lay: CsvLayout, path: Path, hint: str | None
+) -> tuple[str, bool, list[str]]:
+    """The patient column (``""``: none), whether every image is its own patient, and the reserved columns
+    (image, patient, split, label), each checked against the header."""
+    name, patient_column = lay.source_name, lay.patient_column
+    image_column, label_column, split_column = lay.image_column, lay.label_column, lay.split_column
     own_patient = patient_column == "none"
     if patient_column == "auto":
         patient_column = "patient_id" if "patient_id" in header else ""
@@ -472,108 +461,129 @@ def load_csv(root: str | os.PathLike, layout: CsvLayout | None = None, **setting
             hint="--source-arg patient_column=NAME, patient_pattern=REGEX (found in the image path), "
             "or patient_column=none (every image its own patient)",
         )
-    col = {h: k for k, h in enumerate(header)}
-    wanted = split_names(lay.classes)
-    ignored = set(split_names(lay.ignore_columns) or [])
-    unknown_ignored = sorted(ignored - set(header))
-    if unknown_ignored:
-        raise SourceError(f"ignore_columns names column(s) {unknown_ignored} the CSV lacks; it has {header}", path, 1)
+    return patient_column, own_patient, reserved
 
-    # ---- images
-    rel = _image_paths([r[col[image_column]] for r in rows], lines, images, image_column, path, str(lay.image_suffix))
 
-    # ---- labels
-    if label_column is None:
-        if wanted is None:
-            cls = [h for h in header if h not in reserved and h not in ignored]
-        else:
-            absent = [c for c in wanted if c not in header]
-            if absent:
-                raise SourceError(f"lacks class column(s) {absent}; it has {header}", path, 1, hint=hint)
-            cls = list(dict.fromkeys(wanted))
-        if not cls:
-            raise SourceError(
-                f"has no class column (columns {header})",
-                path,
-                1,
-                hint="one column per class, or --source-arg label_column=NAME for a column of names",
-            )
-        clash = _case_clash(cls)
-        if clash:
-            raise SourceError(
-                f"class columns {clash} differ only in case: one class or two?",
-                path,
-                1,
-                hint="keep one of them (--source-arg ignore_columns=NAME) or rename one",
-            )
-        raw, values, missing = _class_columns(
-            header,
-            rows,
-            lines,
-            cls,
-            lay.uncertain,
-            blank,
-            path,
-            "if it is not a class column, list the classes with --source-arg classes=A,B "
-            "or skip it with --source-arg ignore_columns=NAME",
-        )
-        if task == "auto":
-            task, why = _auto_task(raw, lines)
-            notes.append(f"{name}: task=auto chose {task}: {why}")
-        if missing:
-            notes.append(
-                f"{name}: {sum(missing.values())} class cell(s) are blank or spell a missing value, read as "
-                + ("not annotated" if blank == "ignore" else "negative (blank=zeros)")
-                + f": {count_text(missing, 'cell')}"
-            )
+def _class_column_labels(
+    header: list[str],
+    rows: list,
+    lines: list[int],
+    lay: CsvLayout,
+    task: str,
+    wanted: list[str] | None,
+    excluded: set[str],
+    path: Path,
+    hint: str | None,
+    notes: list[str],
+) -> tuple[list[str], np.ndarray, str]:
+    """One column per class: the classes, the values and the task (``auto`` decided, said in ``notes``)."""
+    name, blank = lay.source_name, lay.blank
+    if wanted is None:
+        cls = [h for h in header if h not in excluded]
     else:
-        cells = [r[col[label_column]] for r in rows]
-        if task == "auto":
-            none_key = spelling_key(lay.none_label)
-            several = next(
-                (i for i, c in enumerate(cells) if lay.label_separator in c or spelling_key(c) == none_key), None
-            )
-            task = "multiclass" if several is None else "multilabel"
-            notes.append(
-                f"{name}: task=auto chose {task}: "
-                + (
-                    f"column {label_column!r} holds {cells[several]!r} at line {lines[several]} (several classes or "
-                    f"{lay.none_label!r})"
-                    if several is not None
-                    else f"every cell of column {label_column!r} names at most one class"
-                )
-                + "; --source-arg task=multilabel|multiclass decides otherwise"
-            )
-        separator = lay.label_separator if task == "multilabel" else None
-        if separator is None and lay.label_separator:
-            both = next((i for i, c in enumerate(cells) if lay.label_separator in c), None)
-            if both is not None:
-                raise SourceError(
-                    f"column {label_column!r} holds several classes {cells[both]!r} but the task is single-label",
-                    path,
-                    lines[both],
-                    hint="keep one class per row, or pass --source-arg task=multilabel",
-                )
-        names, cls, said = _label_names(cells, lines, wanted, separator, lay.none_label, label_column, path, blank)
-        notes += [f"{name}: {line}" for line in said]
-        if not cls:
-            raise SourceError(
-                f"column {label_column!r} names no class: none of its {len(cells)} image(s) has a label (every "
-                "cell is blank or spells a missing value)",
-                path,
-                hint="fill in the labels, or name the label column with --source-arg label_column=NAME",
-            )
-        pos = {c: j for j, c in enumerate(cls)}
-        values = np.zeros((len(rows), len(cls)), np.int64)
-        for i, row in enumerate(names):
-            if row is None:  # a blank cell: an unlabelled image (blank=ignore) or no class positive (zeros)
-                values[i] = {"ignore": NOT_ANNOTATED, "zeros": 0}[blank]
-            else:
-                values[i, [pos[n] for n in row]] = 1
-    if task == "multiclass":
-        _check_single_label(values, lines, cls, path)
+        absent = [c for c in wanted if c not in header]
+        if absent:
+            raise SourceError(f"lacks class column(s) {absent}; it has {header}", path, 1, hint=hint)
+        cls = list(dict.fromkeys(wanted))
+    if not cls:
+        raise SourceError(
+            f"has no class column (columns {header})",
+            path,
+            1,
+            hint="one column per class, or --source-arg label_column=NAME for a column of names",
+        )
+    clash = _case_clash(cls)
+    if clash:
+        raise SourceError(
+            f"class columns {clash} differ only in case: one class or two?",
+            path,
+            1,
+            hint="keep one of them (--source-arg ignore_columns=NAME) or rename one",
+        )
+    raw, values, missing = _class_columns(
+        header,
+        rows,
+        lines,
+        cls,
+        lay.uncertain,
+        blank,
+        path,
+        "if it is not a class column, list the classes with --source-arg classes=A,B "
+        "or skip it with --source-arg ignore_columns=NAME",
+    )
+    if task == "auto":
+        task, why = _auto_task(raw, lines)
+        notes.append(f"{name}: task=auto chose {task}: {why}")
+    if missing:
+        notes.append(
+            f"{name}: {sum(missing.values())} class cell(s) are blank or spell a missing value, read as "
+            + ("not annotated" if blank == "ignore" else "negative (blank=zeros)")
+            + f": {count_text(missing, 'cell')}"
+        )
+    return cls, values, task
 
-    # ---- patients and split
+
+def _label_column_labels(
+    cells: list[str],
+    lines: list[int],
+    lay: CsvLayout,
+    task: str,
+    wanted: list[str] | None,
+    path: Path,
+    notes: list[str],
+) -> tuple[list[str], np.ndarray, str]:
+    """A column of class names: the classes, the values and the task (``auto`` decided, said in ``notes``)."""
+    name, label_column, blank = lay.source_name, lay.label_column, lay.blank
+    if task == "auto":
+        none_key = spelling_key(lay.none_label)
+        several = next(
+            (i for i, c in enumerate(cells) if lay.label_separator in c or spelling_key(c) == none_key), None
+        )
+        task = "multiclass" if several is None else "multilabel"
+        notes.append(
+            f"{name}: task=auto chose {task}: "
+            + (
+                f"column {label_column!r} holds {cells[several]!r} at line {lines[several]} (several classes or "
+                f"{lay.none_label!r})"
+                if several is not None
+                else f"every cell of column {label_column!r} names at most one class"
+            )
+            + "; --source-arg task=multilabel|multiclass decides otherwise"
+        )
+    separator = lay.label_separator if task == "multilabel" else None
+    if separator is None and lay.label_separator:
+        both = next((i for i, c in enumerate(cells) if lay.label_separator in c), None)
+        if both is not None:
+            raise SourceError(
+                f"column {label_column!r} holds several classes {cells[both]!r} but the task is single-label",
+                path,
+                lines[both],
+                hint="keep one class per row, or pass --source-arg task=multilabel",
+            )
+    names, cls, said = _label_names(cells, lines, wanted, separator, lay.none_label, label_column, path, blank)
+    notes += [f"{name}: {line}" for line in said]
+    if not cls:
+        raise SourceError(
+            f"column {label_column!r} names no class: none of its {len(cells)} image(s) has a label (every "
+            "cell is blank or spells a missing value)",
+            path,
+            hint="fill in the labels, or name the label column with --source-arg label_column=NAME",
+        )
+    pos = {c: j for j, c in enumerate(cls)}
+    values = np.zeros((len(cells), len(cls)), np.int64)
+    for i, row in enumerate(names):
+        if row is None:  # a blank cell: an unlabelled image (blank=ignore) or no class positive (zeros)
+            values[i] = {"ignore": NOT_ANNOTATED, "zeros": 0}[blank]
+        else:
+            values[i, [pos[n] for n in row]] = 1
+    return cls, values, task
+
+
+def _patients(
+    rows: list, col: dict[str, int], rel: list[str], lines: list[int], patient_column: str, lay: CsvLayout, path: Path
+) -> list[str]:
+    """Each row's patient: its patient column, the ``patient_pattern`` found in its image path, or itself."""
+    name = lay.source_name
     if patient_column:
         patients = [r[col[patient_column]] for r in rows]
         for p, line in zip(patients, lines):
@@ -587,6 +597,57 @@ def load_csv(root: str | os.PathLike, layout: CsvLayout | None = None, **setting
             "images of one patient may land in train and test"
         )
         patients = list(rel)
+    return patients
+
+
+def load_csv(root: str | os.PathLike, layout: CsvLayout | None = None, **settings) -> SourceTable:
+    """Load any label CSV as a source table (see the module docstring for the layouts).
+
+    Args:
+        root: the label CSV, or the folder holding it (then ``layout.csv`` names it, unless it is the folder's
+            only CSV).
+        layout: :class:`CsvLayout` (default: its defaults).
+        **settings: :class:`CsvLayout` fields, flat (``image_column="path"``), overriding ``layout``'s.
+
+    Returns:
+        A :class:`SourceTable` (``root`` = the images root; column ``line`` = each row's CSV line; column
+        ``official_split`` with ``split_column``).
+
+    Raises:
+        SourceError: naming the CSV and the line of the first problem.
+    """
+    lay = csv_layout(settings, layout)
+    name, task, patient_column = lay.source_name, lay.task, lay.patient_column
+    image_column, label_column, split_column = lay.image_column, lay.label_column, lay.split_column
+    notes: list[str] = []
+    path = _find_csv(Path(root).expanduser(), lay.csv).resolve()
+    header, rows, lines = read_rows(path, lay.delimiter)
+    hint = _delimiter_hint(header, lay.delimiter)
+    images = _images_root(path, lay)
+    patient_column, own_patient, reserved = _patient_and_reserved(header, lay, path, hint)
+    col = {h: k for k, h in enumerate(header)}
+    wanted = split_names(lay.classes)
+    ignored = set(split_names(lay.ignore_columns) or [])
+    unknown_ignored = sorted(ignored - set(header))
+    if unknown_ignored:
+        raise SourceError(f"ignore_columns names column(s) {unknown_ignored} the CSV lacks; it has {header}", path, 1)
+
+    # ---- images
+    rel = _image_paths([r[col[image_column]] for r in rows], lines, images, image_column, path, str(lay.image_suffix))
+
+    # ---- labels
+    if label_column is None:
+        cls, values, task = _class_column_labels(
+            header, rows, lines, lay, task, wanted, set(reserved) | ignored, path, hint, notes
+        )
+    else:
+        cells = [r[col[label_column]] for r in rows]
+        cls, values, task = _label_column_labels(cells, lines, lay, task, wanted, path, notes)
+    if task == "multiclass":
+        _check_single_label(values, lines, cls, path)
+
+    # ---- patients and split
+    patients = _patients(rows, col, rel, lines, patient_column, lay, path)
     frame = pd.DataFrame({"image": rel, "patient_id": patients, "line": lines})
     if split_column:
         frame["official_split"] = _splits([r[col[split_column]] for r in rows], lines, split_column, path)

@@ -74,36 +74,9 @@ def _refuse_nested(found: dict[str, list[Path]], root: Path, name: str) -> None:
                         )
 
 
-def load_folder(
-    root: str | os.PathLike,
-    classes: str | Sequence[str] | None = None,
-    patient_pattern: str | None = None,
-    suffixes: str | Sequence[str] | None = None,
-    official_split: bool = False,
-    source_name: str = "folder",
-) -> SourceTable:
-    """Load a folder of class sub-folders as a single-label source table.
-
-    Args:
-        root: the folder holding one sub-folder per class (or ``train`` / ``val`` / ``test`` with
-            ``official_split``).
-        classes: class folder names to keep, in this order (a list or comma-separated text); default all, sorted.
-        patient_pattern: regular expression finding the patient in an image's path below its class folder.
-        suffixes: image file endings (default ``IMAGE_SUFFIXES``; a list or comma-separated text).
-        official_split: read ``train`` / ``val`` / ``test`` folders (column ``official_split``).
-        source_name: the source name recorded (and the prefix of its patient ids in a federation of several
-            sources: two exports federated together need two names, or their patient ids would mix).
-
-    Returns:
-        A ``multiclass`` :class:`SourceTable` (``image`` relative to ``root``; ``files`` = ``[root]``).
-    """
-    name = source_name
-    root = Path(root).expanduser().resolve()
-    if not root.is_dir():
-        raise SourceError(f"{name}: {root} is not a folder", hint="--root is the folder of class sub-folders")
-    ends = tuple(s if s.startswith(".") else f".{s}" for s in (split_names(suffixes) or IMAGE_SUFFIXES))
-    ends = tuple(s.lower() for s in ends)
-    top = _visible_dirs(root)
+def _split_parts(root: Path, top: list[Path], official_split: bool, name: str) -> list[tuple[str, Path]]:
+    """``(split, folder)`` of the class folders' parents: ``train`` / ``val`` / ``test`` (``official_split``), else
+    ``("", root)``."""
     if official_split:
         parts = [(SPLIT_NAMES[d.name.lower()], d) for d in top if d.name.lower() in SPLIT_NAMES]
         if not any(s == "train" for s, _ in parts) or not any(s == "test" for s, _ in parts):
@@ -117,7 +90,11 @@ def load_folder(
                 hint="pass --source-arg official_split=true to read <split>/<class>/ folders",
             )
         parts = [("", root)]
-    dropped: list[Dropped] = []
+    return parts
+
+
+def _loose_files(root: Path, parts: list[tuple[str, Path]], dropped: list[Dropped]) -> None:
+    """Record the files lying next to the class folders (outside any class) as dropped."""
     loose = [
         p
         for folder in {root, *(f for _, f in parts)}
@@ -128,6 +105,10 @@ def load_folder(
         dropped.append(
             Dropped(str(root), "lie outside any class folder", [p.relative_to(root).as_posix() for p in sorted(loose)])
         )
+
+
+def _class_folders(parts: list[tuple[str, Path]], name: str) -> dict[str, list[Path]]:
+    """``{class folder name: its folders}`` (one per split), each parent holding at least one."""
     found: dict[str, list[Path]] = {}
     for split, folder in parts:
         dirs = _visible_dirs(folder)
@@ -138,25 +119,21 @@ def load_folder(
             )
         for d in dirs:
             found.setdefault(d.name, []).append(d)
-    walked = {d: _walk(d, ends) for folders in found.values() for d in folders}  # each folder walked once
-    wanted = split_names(classes)
-    # class folders named alike but for case or spaces (Pneumonia/, pneumonia/) are one class
-    kept, said = merge_spellings(
-        {c: sum(len(walked[d][0]) for d in folders) for c, folders in found.items()}, wanted, "class folder", "image"
-    )
-    merged: dict[str, list[Path]] = {}
-    for c, folders in found.items():
-        merged.setdefault(kept[c], []).extend(folders)
-    found = merged
-    available = sorted(found)
-    _refuse_nested(found, root, name)
-    if wanted is not None:
-        unknown = [c for c in wanted if c not in found]
-        if unknown:
-            raise SourceError(f"{name}: unknown class(es) {unknown}; the class folders of {root} are {available}")
-        chosen = list(dict.fromkeys(wanted))
-    else:
-        chosen = available
+    return found
+
+
+def _image_rows(
+    root: Path,
+    parts: list[tuple[str, Path]],
+    found: dict[str, list[Path]],
+    walked: dict,
+    available: list[str],
+    chosen: list[str],
+    ends: tuple[str, ...],
+    dropped: list[Dropped],
+) -> list[tuple[str, str, str, int]]:
+    """``(image, split, path below the class folder, class index)`` of every image of the chosen classes; the
+    images of the other classes and the files that are no image recorded as dropped."""
     rows: list[tuple[str, str, str, int]] = []  # image, split, path below the class folder, class index
     others: list[Path] = []
     split_of = {folder: split for split, folder in parts}
@@ -191,6 +168,63 @@ def load_folder(
                 [p.relative_to(root).as_posix() for p in others],
             )
         )
+    return rows
+
+
+def load_folder(
+    root: str | os.PathLike,
+    classes: str | Sequence[str] | None = None,
+    patient_pattern: str | None = None,
+    suffixes: str | Sequence[str] | None = None,
+    official_split: bool = False,
+    source_name: str = "folder",
+) -> SourceTable:
+    """Load a folder of class sub-folders as a single-label source table.
+
+    Args:
+        root: the folder holding one sub-folder per class (or ``train`` / ``val`` / ``test`` with
+            ``official_split``).
+        classes: class folder names to keep, in this order (a list or comma-separated text); default all, sorted.
+        patient_pattern: regular expression finding the patient in an image's path below its class folder.
+        suffixes: image file endings (default ``IMAGE_SUFFIXES``; a list or comma-separated text).
+        official_split: read ``train`` / ``val`` / ``test`` folders (column ``official_split``).
+        source_name: the source name recorded (and the prefix of its patient ids in a federation of several
+            sources: two exports federated together need two names, or their patient ids would mix).
+
+    Returns:
+        A ``multiclass`` :class:`SourceTable` (``image`` relative to ``root``; ``files`` = ``[root]``).
+    """
+    name = source_name
+    root = Path(root).expanduser().resolve()
+    if not root.is_dir():
+        raise SourceError(f"{name}: {root} is not a folder", hint="--root is the folder of class sub-folders")
+    ends = tuple(s if s.startswith(".") else f".{s}" for s in (split_names(suffixes) or IMAGE_SUFFIXES))
+    ends = tuple(s.lower() for s in ends)
+    top = _visible_dirs(root)
+    parts = _split_parts(root, top, official_split, name)
+    dropped: list[Dropped] = []
+    _loose_files(root, parts, dropped)
+    found = _class_folders(parts, name)
+    walked = {d: _walk(d, ends) for folders in found.values() for d in folders}  # each folder walked once
+    wanted = split_names(classes)
+    # class folders named alike but for case or spaces (Pneumonia/, pneumonia/) are one class
+    kept, said = merge_spellings(
+        {c: sum(len(walked[d][0]) for d in folders) for c, folders in found.items()}, wanted, "class folder", "image"
+    )
+    merged: dict[str, list[Path]] = {}
+    for c, folders in found.items():
+        merged.setdefault(kept[c], []).extend(folders)
+    found = merged
+    available = sorted(found)
+    _refuse_nested(found, root, name)
+    if wanted is not None:
+        unknown = [c for c in wanted if c not in found]
+        if unknown:
+            raise SourceError(f"{name}: unknown class(es) {unknown}; the class folders of {root} are {available}")
+        chosen = list(dict.fromkeys(wanted))
+    else:
+        chosen = available
+    rows = _image_rows(root, parts, found, walked, available, chosen, ends, dropped)
     if official_split:
         for split in ("train", "test"):
             if not any(r[1] == split for r in rows):

@@ -54,6 +54,44 @@ def _centres(meta: pd.DataFrame, meta_csv: Path, root: Path, ham_metadata: str |
     return out
 
 
+def _one_hot(gt: pd.DataFrame, gt_csv: Path) -> np.ndarray:
+    """The ground truth's class columns, each row one-hot (else an error at its line)."""
+    values = gt[ISIC2019_CLASSES].apply(pd.to_numeric, errors="coerce").to_numpy(float)
+    bad = ~np.isin(values, (0.0, 1.0)).all(axis=1) | (values.sum(axis=1) != 1)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise SourceError(f"row {gt['image'].iloc[i]!r} is not one-hot over {ISIC2019_CLASSES}", gt_csv, i + 2)
+    return values
+
+
+def _known_lesions_of(
+    frame: pd.DataFrame, chosen: list[str], meta_csv: Path, gt_csv: Path, dropped: list[Dropped]
+) -> pd.DataFrame:
+    """The rows with a lesion id (a known centre) of the chosen classes; the others recorded as dropped."""
+    no_lesion = (frame["patient_id"] == "").to_numpy()
+    if no_lesion.any():
+        dropped.append(
+            Dropped(
+                str(meta_csv),
+                "have no lesion_id (centre unknown; FLamby leaves them out too)",
+                frame["image_id"][no_lesion].tolist(),
+                frame["line"][no_lesion].tolist(),
+            )
+        )
+    other = ~frame["dx"].isin(chosen).to_numpy() & ~no_lesion
+    if other.any():
+        dropped.append(
+            Dropped(
+                str(gt_csv),
+                f"are of a class outside {chosen}",
+                frame["image_id"][other].tolist(),
+                frame["line"][other].tolist(),
+            )
+        )
+    frame = frame[~no_lesion & ~other].drop(columns=[c for c in ISIC2019_CLASSES if c not in chosen])
+    return frame
+
+
 def load_isic2019(
     root: str | os.PathLike,
     classes: Sequence[str] | None = None,
@@ -82,11 +120,7 @@ def load_isic2019(
     meta = read_csv(meta_csv, "ISIC 2019 metadata")
     require_columns(gt, ["image", *ISIC2019_CLASSES], gt_csv)
     require_columns(meta, ["image", "lesion_id"], meta_csv)
-    values = gt[ISIC2019_CLASSES].apply(pd.to_numeric, errors="coerce").to_numpy(float)
-    bad = ~np.isin(values, (0.0, 1.0)).all(axis=1) | (values.sum(axis=1) != 1)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise SourceError(f"row {gt['image'].iloc[i]!r} is not one-hot over {ISIC2019_CLASSES}", gt_csv, i + 2)
+    values = _one_hot(gt, gt_csv)
     image = gt["image"].str.strip()
     meta_row = dict(zip(meta["image"].str.strip(), range(len(meta))))
     missing_meta = image.map(lambda i: i not in meta_row).to_numpy()
@@ -108,27 +142,7 @@ def load_isic2019(
     for j, c in enumerate(ISIC2019_CLASSES):
         frame[c] = labels[:, j]
     dropped: list[Dropped] = []
-    no_lesion = (frame["patient_id"] == "").to_numpy()
-    if no_lesion.any():
-        dropped.append(
-            Dropped(
-                str(meta_csv),
-                "have no lesion_id (centre unknown; FLamby leaves them out too)",
-                frame["image_id"][no_lesion].tolist(),
-                frame["line"][no_lesion].tolist(),
-            )
-        )
-    other = ~frame["dx"].isin(chosen).to_numpy() & ~no_lesion
-    if other.any():
-        dropped.append(
-            Dropped(
-                str(gt_csv),
-                f"are of a class outside {chosen}",
-                frame["image_id"][other].tolist(),
-                frame["line"][other].tolist(),
-            )
-        )
-    frame = frame[~no_lesion & ~other].drop(columns=[c for c in ISIC2019_CLASSES if c not in chosen])
+    frame = _known_lesions_of(frame, chosen, meta_csv, gt_csv, dropped)
     index = index_images(root, image_dir)
     frame["image"] = frame["image_id"].map(lambda i: index.get(i + ".jpg", ""))
     miss = (frame["image"] == "").to_numpy()

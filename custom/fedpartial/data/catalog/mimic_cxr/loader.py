@@ -53,6 +53,68 @@ def _view_keep(view_position: pd.Series, view: str) -> np.ndarray:
     return (v == view).to_numpy()
 
 
+def _study_rows(labels: pd.DataFrame, lab_csv: Path) -> dict[str, int]:
+    """``{"subject/study": row}`` of the label file, each study once (else an error at its line)."""
+    key = labels["subject_id"].str.strip() + "/" + labels["study_id"].str.strip()
+    dup = key.duplicated().to_numpy()
+    if dup.any():
+        i = int(np.flatnonzero(dup)[0])
+        raise SourceError(f"study {key.iloc[i]} appears twice", lab_csv, i + 2)
+    row_of = dict(zip(key, range(len(key))))
+    return row_of
+
+
+def _labelled_views(
+    meta: pd.DataFrame, pos: pd.Series, view: str, meta_csv: Path
+) -> tuple[pd.DataFrame, np.ndarray, list[Dropped]]:
+    """The metadata rows of a labelled study and of the asked view, their label rows, and the others dropped."""
+    dropped: list[Dropped] = []
+    unlabelled = pos.isna().to_numpy()
+    if unlabelled.any():
+        dropped.append(
+            Dropped(
+                str(meta_csv),
+                "belong to a study without a row in the label file",
+                meta["dicom_id"][unlabelled].tolist(),
+                meta["line"][unlabelled].tolist(),
+            )
+        )
+    keep = ~unlabelled & _view_keep(meta["ViewPosition"], view)
+    view_out = ~unlabelled & ~keep
+    if view_out.any():
+        dropped.append(
+            Dropped(
+                str(meta_csv),
+                f"are not {view} views (view filter)",
+                meta["dicom_id"][view_out].tolist(),
+                meta["line"][view_out].tolist(),
+            )
+        )
+    meta, pos = meta[keep], pos[keep].astype(int).to_numpy()
+    return meta, pos, dropped
+
+
+def _official_split(root: Path, frame: pd.DataFrame, name: str) -> Path:
+    """Add column ``official_split`` (train / val / test) from the release's split file; returns the file."""
+    split_csv = find_file(root, ["mimic-cxr-2.0.0-split.csv", "mimic-cxr-2.0.0-split.csv.gz"], name)
+    split = read_csv(split_csv, "MIMIC-CXR split file")
+    require_columns(split, ["dicom_id", "split"], split_csv)
+    bad = ~split["split"].str.strip().isin(list(SPLIT_NAMES))
+    if bad.any():
+        i = int(np.flatnonzero(bad.to_numpy())[0])
+        raise SourceError(f"split {split['split'].iloc[i]!r} is none of {list(SPLIT_NAMES)}", split_csv, i + 2)
+    of = dict(zip(split["dicom_id"].str.strip(), split["split"].str.strip().map(SPLIT_NAMES)))
+    frame["official_split"] = frame["image_id"].map(lambda d: of.get(d, ""))
+    absent = frame["official_split"] == ""
+    if absent.any():
+        raise SourceError(
+            f"image {frame['image_id'][absent].iloc[0]} (metadata line "
+            f"{frame['line'][absent].iloc[0]}) has no row in the split file",
+            split_csv,
+        )
+    return split_csv
+
+
 def load_mimic_cxr(
     root: str | os.PathLike,
     classes: Sequence[str] | None = None,
@@ -87,38 +149,11 @@ def load_mimic_cxr(
         healthy = labels["No Finding"].str.strip().isin(["1", "1.0"]).to_numpy()
         for j, c in enumerate(chosen):  # torchxrayvision: "No Finding" = 1 zeroes every finding
             values[healthy, j] = np.where(values[healthy, j] == 1, 1, 0)
-    key = labels["subject_id"].str.strip() + "/" + labels["study_id"].str.strip()
-    dup = key.duplicated().to_numpy()
-    if dup.any():
-        i = int(np.flatnonzero(dup)[0])
-        raise SourceError(f"study {key.iloc[i]} appears twice", lab_csv, i + 2)
-    row_of = dict(zip(key, range(len(key))))
+    row_of = _study_rows(labels, lab_csv)
     meta = meta.assign(line=np.arange(len(meta)) + 2)
     mkey = meta["subject_id"].str.strip() + "/" + meta["study_id"].str.strip()
     pos = mkey.map(row_of)
-    dropped: list[Dropped] = []
-    unlabelled = pos.isna().to_numpy()
-    if unlabelled.any():
-        dropped.append(
-            Dropped(
-                str(meta_csv),
-                "belong to a study without a row in the label file",
-                meta["dicom_id"][unlabelled].tolist(),
-                meta["line"][unlabelled].tolist(),
-            )
-        )
-    keep = ~unlabelled & _view_keep(meta["ViewPosition"], view)
-    view_out = ~unlabelled & ~keep
-    if view_out.any():
-        dropped.append(
-            Dropped(
-                str(meta_csv),
-                f"are not {view} views (view filter)",
-                meta["dicom_id"][view_out].tolist(),
-                meta["line"][view_out].tolist(),
-            )
-        )
-    meta, pos = meta[keep], pos[keep].astype(int).to_numpy()
+    meta, pos, dropped = _labelled_views(meta, pos, view, meta_csv)
     subj, study = meta["subject_id"].str.strip(), meta["study_id"].str.strip()
     image = "files/p" + subj.str[:2] + "/p" + subj + "/s" + study + "/" + meta["dicom_id"].str.strip() + ".jpg"
     frame = pd.DataFrame(
@@ -135,23 +170,7 @@ def load_mimic_cxr(
         frame[c] = values[pos, j]
     files = [str(meta_csv), str(lab_csv)]
     if official_split:
-        split_csv = find_file(root, ["mimic-cxr-2.0.0-split.csv", "mimic-cxr-2.0.0-split.csv.gz"], name)
-        split = read_csv(split_csv, "MIMIC-CXR split file")
-        require_columns(split, ["dicom_id", "split"], split_csv)
-        bad = ~split["split"].str.strip().isin(list(SPLIT_NAMES))
-        if bad.any():
-            i = int(np.flatnonzero(bad.to_numpy())[0])
-            raise SourceError(f"split {split['split'].iloc[i]!r} is none of {list(SPLIT_NAMES)}", split_csv, i + 2)
-        of = dict(zip(split["dicom_id"].str.strip(), split["split"].str.strip().map(SPLIT_NAMES)))
-        frame["official_split"] = frame["image_id"].map(lambda d: of.get(d, ""))
-        absent = frame["official_split"] == ""
-        if absent.any():
-            raise SourceError(
-                f"image {frame['image_id'][absent].iloc[0]} (metadata line "
-                f"{frame['line'][absent].iloc[0]}) has no row in the split file",
-                split_csv,
-            )
-        files.append(str(split_csv))
+        files.append(str(_official_split(root, frame, name)))
     exists = frame["image"].map(lambda r: (root / r).is_file()).to_numpy(bool)
     if (~exists).any():
         dropped.append(

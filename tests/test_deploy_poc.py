@@ -195,7 +195,7 @@ class Deployment:
             [
                 sys.executable,
                 "-m",
-                "fedpartial.data.prepare",
+                "fedpartial.data.prepare_cli",
                 "--source",
                 "ich_phantom",
                 "--out",

@@ -477,7 +477,8 @@ def test_three_hospitals_prepare_their_own_exports_alone_and_train_one_federatio
     """docs/deployment.md's walkthrough: three hospitals, three exports in three shapes (a CSV of one column per
     class in its own order and case; a label-name CSV with unlabelled rows; class folders), each prepared alone
     (``fedpartial-prepare --sites 1 --classes <the federation's>``), each kit's ``local/fedpartial_data.json``
-    naming its folder, the federation's own job (``new_job --dataset derm_consortium --classes ...``) submitted
+    naming its folder; first the federation's statistics job (``DataStatsRecipe``, docs/deployment.md "Step one"),
+    then its own training job (``new_job --dataset derm_consortium --classes ...``), each submitted
     with ``nvflare job submit``, followed and downloaded; each hospital trains on what it annotates and scores its
     own test set, and the results name each hospital's data."""
     from test_site_alone import ISIC, federation_job, hospital_exports, prepare_alone
@@ -495,6 +496,22 @@ def test_three_hospitals_prepare_their_own_exports_alone_and_train_one_federatio
             "test": str(prepared[h] / "test.csv"),
         }
         cfg_file.write_text(json.dumps(cfg, indent=1))
+    # step one of the walkthrough: the federation's statistics job (nothing trained), submitted and downloaded
+    from fedpartial.data.manifest import read_manifest
+    from fedpartial.stats_recipe import DataStatsRecipe
+
+    dataset = {"name": "derm_consortium", "classes": ISIC, "task": "multiclass", "channels": 3, "image_size": 32}
+    stats_job = DataStatsRecipe(name="fedstats_derm", num_sites=3, dataset=dataset).export(str(dep.root / "jobs"))
+    proc, stats_id = dep.submit(stats_job)
+    assert proc.returncode == 0 and stats_id, proc.stdout + proc.stderr
+    rc, log = dep.follow(stats_id, dep.root / "stats_derm", timeout=200)
+    assert rc == 0 and FINISHED_OK in log, log
+    report = json.loads(next((dep.root / "stats_derm").rglob("data_report.json")).read_text())
+    assert report["sites"] == HOSPITALS
+    for hospital, h in zip(HOSPITALS, "abc"):  # each hospital's training images, as its own manifest counts them
+        info = json.loads((prepared[h] / "dataset.json").read_text())
+        m = read_manifest(prepared[h] / "site-1.csv", ISIC, data_root=info["data_root"], task="multiclass")
+        assert report["per_site"][hospital]["splits"]["train"]["images"] == len(m.subset("train")), hospital
     job = federation_job(dep.root / "jobs", rounds=2)
     proc, job_id = dep.submit(job)
     assert proc.returncode == 0 and job_id, proc.stdout + proc.stderr

@@ -116,9 +116,9 @@ def test_site_policy_min_count_withholds_a_small_class():
     loses its count (not only NVFlare's other statistics of it), a class the site does not annotate stays 0, and
     the report says 'withheld' and still knows the class is annotated there (its negatives were released)."""
     cleanser = PolicyMinCountCleanser(min_count=MIN_COUNT)
-    counts = {"images": 60, "pos:A": 12, "neg:A": 48, "pos:B": 0, "neg:B": 0, "pos:C": 3, "neg:C": 57}
+    counts = {"images": 60, "pos_0": 12, "neg_0": 48, "pos_1": 0, "neg_1": 0, "pos_2": 3, "neg_2": 57}
     out, modified = cleanser.apply(_site_answer(counts), "site-1")
-    assert modified and out[StC.STATS_COUNT]["train"] == {k: v for k, v in counts.items() if k != "pos:C"}
+    assert modified and out[StC.STATS_COUNT]["train"] == {k: v for k, v in counts.items() if k != "pos_2"}
     # the site's 'strict' scope, as NVFlare hands it to the site's task-result filter
     ctx = _ctx({"min_count": 20})
     ctx.set_prop(ReservedKey.ENGINE, SimpleNamespace(get_component={"mc": cleanser}.get), private=True, sticky=False)
@@ -128,8 +128,8 @@ def test_site_policy_min_count_withholds_a_small_class():
     assert cleanser.min_count == 20
     out = fobs.loads(dxo.data[task])
     kept = out[StC.STATS_COUNT]["train"]
-    assert kept == {"images": 60, "neg:A": 48, "pos:B": 0, "neg:B": 0, "neg:C": 57}
-    assert "pos:A" not in out[StC.STATS_SUM]["train"] and "neg:A" in out[StC.STATS_SUM]["train"]
+    assert kept == {"images": 60, "neg_0": 48, "pos_1": 0, "neg_1": 0, "neg_2": 57}
+    assert "pos_0" not in out[StC.STATS_SUM]["train"] and "neg_0" in out[StC.STATS_SUM]["train"]
     cleanser.handle_event(EventType.START_RUN, _ctx({"min_count": 2}))  # a scope cannot lower the job's
     assert cleanser.min_count == MIN_COUNT
 
@@ -157,7 +157,7 @@ def _intensity_data(sites: dict[str, np.ndarray], bins: int = 32) -> dict:
     for site, pixels in sites.items():
         for k, table in enumerate(pixel_tables(pixels)):
             v = Values(PIXEL_LEVELS, table)
-            f = data.setdefault(f"intensity:c{k}", {"count": {}, "sum": {}, "histogram": {}})
+            f = data.setdefault(f"intensity_c{k}", {"count": {}, "sum": {}, "histogram": {}})
             f["count"][site], f["sum"][site] = {"train": v.count}, {"train": v.sum}
             f["histogram"][site] = {"train": v.histogram(bins, -1e-5, 255 * 1.2).bins}
     return data
@@ -197,12 +197,12 @@ def test_label_and_size_warnings():
         "site-3": (40, 60, 0, 0, 25.0),
     }.items():
         put("images", site, 100)
-        put("pos:A", site, a_pos)
-        put("neg:A", site, a_neg)
-        put("pos:B", site, b_pos)
-        put("neg:B", site, b_neg)
-        put("pos:C", site, 0)
-        put("neg:C", site, 0)
+        put("pos_0", site, a_pos)
+        put("neg_0", site, a_neg)
+        put("pos_1", site, b_pos)
+        put("neg_1", site, b_neg)
+        put("pos_2", site, 0)
+        put("neg_2", site, 0)
         for k in ("width", "height"):
             put(k, site, 100)
             put(k, site, 100 * 512.0, "sum")
@@ -314,6 +314,14 @@ def test_statistics_job_exports_for_any_federation(tmp_path):
     filters = [f["path"] for g in client["task_result_filters"] for f in g["filters"]]
     assert filters == ["fedpartial.fl.fedstats.PolicyStatisticsPrivacyFilter"]
     server = json.loads((out / "app/config/config_fed_server.json").read_text())
+    # nvflare job submit re-reads every configuration as HOCON and saves it again: the same keys must come back
+    from pyhocon import ConfigFactory, HOCONConverter
+
+    for config in (server, client):
+        again = json.loads(HOCONConverter.to_json(ConfigFactory.from_dict(config)))
+        assert again == config
+    hist = server["workflows"][0]["args"]["statistic_configs"]["histogram"]
+    assert "*" not in hist and hist["pos_6"] == {"bins": 20} and hist["intensity_c2"]["bins"] == 32
     writer = next(c for c in server["components"] if c["id"] == "stats_writer")["args"]
     assert writer["min_count"] == 20 and writer["thresholds"] == {**THRESHOLDS, "prevalence_ratio": 3.0}
     recipe = partial(DataStatsRecipe, name="x", dataset="ham10000", num_sites=5)

@@ -33,6 +33,22 @@ import numpy as np
 
 GLOBAL = "Global"
 SPLITS = ("train", "val", "test")
+INTENSITY = "intensity_"
+"""The prefix of the per-channel pixel features (``intensity_c0`` ...)."""
+
+
+def class_feature(kind: str, j: int) -> str:
+    """The statistics feature of class ``j``'s annotated positives (``kind`` "pos") or negatives ("neg"): ``pos_3``.
+    Feature names are keys of the job's histogram configuration, which ``nvflare job submit`` re-reads as HOCON,
+    where a ``.`` or ``:`` nests a key: the class's index, not its name (any spelling), and no ``:``."""
+    return f"{kind}_{j}"
+
+
+def intensity_feature(k: int) -> str:
+    """The statistics feature of every pixel of channel ``k`` (``intensity_c0``)."""
+    return f"{INTENSITY}c{k}"
+
+
 THRESHOLDS = {
     "min_positives": 20,  # a class with fewer annotated positives in the federation (training splits)
     "prevalence_ratio": 5.0,  # the largest / the smallest prevalence of a class among the sites annotating it
@@ -54,7 +70,7 @@ def sites_of(data: dict) -> list[str]:
 
 
 def channels_of(data: dict) -> list[str]:
-    return sorted(f for f in data if f.startswith("intensity:"))
+    return sorted(f for f in data if f.startswith(INTENSITY))
 
 
 def _bins(value) -> list[tuple[float, float, float]]:
@@ -102,11 +118,11 @@ def summarise(data: dict, classes: list[str]) -> dict:
             patients = _int(_get(data, "patients", "count", site, split))
             cls = {
                 c: class_entry(
-                    _int(_get(data, f"pos:{c}", "count", site, split)),
-                    _int(_get(data, f"neg:{c}", "count", site, split)),
+                    _int(_get(data, class_feature("pos", j), "count", site, split)),
+                    _int(_get(data, class_feature("neg", j), "count", site, split)),
                     images,
                 )
-                for c in classes
+                for j, c in enumerate(classes)
             }
             entry["splits"][split] = {"images": images, "patients": patients, "classes": cls}
         entry["size"] = {
@@ -114,7 +130,7 @@ def summarise(data: dict, classes: list[str]) -> dict:
             for k in ("width", "height", "aspect")
         }
         entry["intensity"] = {
-            ch.split(":", 1)[1]: {
+            ch[len(INTENSITY) :]: {
                 "mean": _mean_of(data, ch, site),
                 "stddev": _get(data, ch, "stddev", site, "train"),
                 "histogram": _bins(_get(data, ch, "histogram", site, "train")),
@@ -135,7 +151,7 @@ def summarise(data: dict, classes: list[str]) -> dict:
         }
         pooled[split] = row
     pooled["intensity"] = {
-        ch.split(":", 1)[1]: _bins(_get(data, ch, "histogram", GLOBAL, "train")) for ch in channels_of(data)
+        ch[len(INTENSITY) :]: _bins(_get(data, ch, "histogram", GLOBAL, "train")) for ch in channels_of(data)
     }
     return {"sites": sites, "classes": list(classes), "per_site": per_site, "pooled": pooled}
 

@@ -28,7 +28,7 @@ from nvflare.recipe.spec import ExecEnv, Recipe
 
 from .data.presets import deep_merge, resolve_dataset
 from .data.site_config import DATA_DIR_ENV
-from .data_report import THRESHOLDS
+from .data_report import THRESHOLDS, class_feature, intensity_feature
 from .fl.fedstats import DataReportWriter, PolicyMinCountCleanser, PolicyStatisticsPrivacyFilter, SiteStatistics
 from .fl.job_export import PACKAGE_DIR, ConfigWriter
 from .fl.simulator import RunFailed, Stopped, SupervisedSimEnv
@@ -139,7 +139,12 @@ class DataStatsRecipe(Recipe):
             "count": {},
             "sum": {},
             "stddev": {},
-            "histogram": {"*": {"bins": 20}, **{f"intensity:c{k}": {"bins": self.bins} for k in range(4)}},
+            # every feature named (no "*": nvflare job submit re-reads the configuration as HOCON, where "*" fails)
+            "histogram": {
+                **{f: {"bins": 20} for f in ("images", "patients", "width", "height", "aspect")},
+                **{class_feature(k, j): {"bins": 20} for j in range(len(ds["classes"])) for k in ("pos", "neg")},
+                **{intensity_feature(k): {"bins": self.bins} for k in range(int(ds["channels"]))},
+            },
         }
         job = BundleStatsJob(
             name,

@@ -10,10 +10,11 @@ deviations. Datasets (NVFlare's word) are the splits ``train`` / ``val`` / ``tes
 
 - ``images``: one record per image (its count: the split's images);
 - ``patients``: one record per patient (value: the patient's images); 0 records when the manifest has no ids;
-- ``pos:<class>`` / ``neg:<class>``: one record per annotated positive / negative of the class; the class's
-  unlabelled images are the split's images less both;
+- ``pos_<j>`` / ``neg_<j>``: one record per annotated positive / negative of class ``j`` (its index in the job's
+  classes: a feature name is a key of the histogram configuration, which ``nvflare job submit`` re-reads as HOCON);
+  the class's unlabelled images are the split's images less both;
 - ``train`` only: ``width``, ``height``, ``aspect`` (width / height) of the original files, and
-  ``intensity:c<k>``: every pixel of channel ``k`` after the site's decoding (0-255).
+  ``intensity_c<k>``: every pixel of channel ``k`` after the site's decoding (0-255).
 
 Privacy: :class:`PolicyMinCountCleanser` is NVFlare's ``MinCountCleanser`` with the stricter of the job's and
 the site's privacy scope's ``min_count`` (``local/privacy.json``), which also withholds the count itself of a
@@ -45,7 +46,7 @@ from ..data.presets import resolve_dataset
 from ..data.site_config import resolve_site_data
 from ..data.sitedata import SiteDatasets
 from ..data.store import is_dicom, open_image
-from ..data_report import write_report
+from ..data_report import class_feature, intensity_feature, write_report
 from .privacy import effective_min_count, scope_of
 
 SPLITS = ("train", "val", "test")
@@ -138,8 +139,8 @@ def manifest_features(manifest, classes) -> dict[str, Values]:
     out["patients"] = Values(np.asarray(per_patient, dtype=np.float64))
     pos, neg = manifest.positives(), manifest.negatives()
     for j, c in enumerate(classes):
-        out[f"pos:{c}"] = Values(np.ones(int(pos[j])))
-        out[f"neg:{c}"] = Values(np.ones(int(neg[j])))
+        out[class_feature("pos", j)] = Values(np.ones(int(pos[j])))
+        out[class_feature("neg", j)] = Values(np.ones(int(neg[j])))
     return out
 
 
@@ -148,7 +149,7 @@ def image_features(paths, images) -> dict[str, Values]:
     sizes = np.asarray([image_size(p) for p in paths], dtype=np.float64).reshape(-1, 2)
     out = {"width": Values(sizes[:, 0]), "height": Values(sizes[:, 1]), "aspect": Values(sizes[:, 0] / sizes[:, 1])}
     for k, table in enumerate(pixel_tables(images)):
-        out[f"intensity:c{k}"] = Values(PIXEL_LEVELS, table)
+        out[intensity_feature(k)] = Values(PIXEL_LEVELS, table)
     return out
 
 

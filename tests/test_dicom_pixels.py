@@ -175,7 +175,7 @@ def test_the_store_read_image_and_the_bundle_give_the_same_pixels_of_a_monochrom
     import importlib.util
     import sys
 
-    from fedpartial.tools.bundle_decoder import decoder_source
+    from fedpartial.data import decode
 
     rng = np.random.default_rng(0)
     px = rng.integers(0, 4096, (8, 8))
@@ -186,8 +186,8 @@ def test_the_store_read_image_and_the_bundle_give_the_same_pixels_of_a_monochrom
     store = ensure_store([str(f)], prep, root=tmp_path / "stores", name="m1")
     np.testing.assert_array_equal(store.batch([0])[0], want)
     np.testing.assert_array_equal(np.rint(read_image(f, 1) * 255), want)
-    (tmp_path / "image_io.py").write_text(decoder_source())  # the decoder block of the bundle's scripts/image_io.py
-    spec = importlib.util.spec_from_file_location("bundle_image_io", tmp_path / "image_io.py")
+    # the head of the bundle's scripts/image_io.py: training's decoding module, copied whole
+    spec = importlib.util.spec_from_file_location("bundle_image_io", decode.__file__)
     bundle = sys.modules["bundle_image_io"] = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(bundle)

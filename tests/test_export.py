@@ -197,6 +197,39 @@ def test_metadata_has_monai_keys_thresholds_and_the_pipeline(random_run, tmp_pat
     assert "# fedavg_ich" in (bundle / "docs" / "README.md").read_text()
 
 
+def test_the_bundle_decoder_is_the_decode_module_copied_whole(random_run, tmp_path):
+    """The bundle's scripts/image_io.py starts with fedpartial/data/decode.py byte for byte (training's decoding,
+    standalone), and that module, imported from the bundle folder by its path, gives the store's pixels."""
+    import importlib.util
+
+    from fedpartial.data import decode
+    from fedpartial.data.store import Preprocessing, decode_resized
+
+    run, _ = random_run
+    bundle = E.export_bundle(run, tmp_path / "bundle")
+    source = Path(decode.__file__).read_text()
+    assert "import fedpartial" not in source and "from fedpartial" not in source and "from ." not in source
+    code = (bundle / "scripts" / "image_io.py").read_text()
+    assert code.startswith(source) and code == E.runtime_source() and E.decoder_source() == source
+    images = write_images(tmp_path / "imgs")
+    spec = importlib.util.spec_from_file_location("bundle_image_io", bundle / "scripts" / "image_io.py")
+    module = sys.modules["bundle_image_io"] = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules["bundle_image_io"]
+    assert module.decode_resized is not decode_resized and module.decode_resized.__module__ == "bundle_image_io"
+    paths = sorted(p for p in images.rglob("*") if p.is_file() and p.suffix != ".txt")
+    assert len(paths) == 6
+    windows = ((40.0, 80.0), (80.0, 200.0), (600.0, 2800.0))
+    for path in paths:
+        for channels in (1, 3):
+            ours = Preprocessing(16, channels, windows, "area")
+            theirs = module.Preprocessing(16, channels, windows, "area")
+            c = module.stored_channels(module.native_channels(str(path), theirs), theirs)
+            np.testing.assert_array_equal(module.decode_resized(path, theirs, c), decode_resized(path, ours, c))
+
+
 def test_decisions_columns():
     from fedpartial.tools.bundle_runtime import decisions
 

@@ -36,26 +36,34 @@ import sys
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageOps
 
 from ..processes import pool_worker_init
 from .cache import store_root
+from .decode import (  # noqa: F401 - training's decoding of one file, imported from here by its callers
+    DEFAULT_MAX_PIXELS,
+    FORMAT,
+    MAX_PIXELS_ENV,
+    RESIZE_FILTERS,
+    VERSION,
+    Preprocessing,
+    decode_resized,
+    deep_colour,
+    is_dicom,
+    low_byte_tiles,
+    native_channels,
+    open_image,
+    png_significant_bits,
+    significant_bits,
+    sixteen_bit_scale,
+    stored_channels,
+    upright,
+)
 
-FORMAT = "fedpartial-image-store"
-VERSION = 3  # 2: EXIF orientation applied, 16-bit images scaled by their significant bits; 3: DICOM by the
-# standard (VOI LUT, MONOCHROME1, the RSNA ICH repair only for that release), 16-bit colour PNG / TIFF at full depth
 TRACE_ENV = "FEDPARTIAL_STORE_TRACE"  # a file each decoded row is appended to (benchmarks count decodes with it)
 CHUNK_ROWS = 64  # rows per committed chunk (a killed build loses at most the chunks being decoded)
-RESIZE_FILTERS = {
-    "area": Image.Resampling.BOX,
-    "bilinear": Image.Resampling.BILINEAR,
-    "bicubic": Image.Resampling.BICUBIC,
-    "nearest": Image.Resampling.NEAREST,
-}
 log = logging.getLogger("fedpartial.store")
 
 
@@ -72,39 +80,6 @@ class DecodeFailure(RuntimeError):
         row, msg = self.failures[0]
         more = f" ({len(self.failures) - 1} more)" if len(self.failures) > 1 else ""
         super().__init__(f"row {row}: {msg}{more}")
-
-
-@dataclass(frozen=True)
-class Preprocessing:
-    """What a store is built for: images resized to ``image_size`` (``resize_mode``: area / bilinear / bicubic /
-    nearest), DICOM through ``ct_windows`` (one channel each), and the job's ``channels`` (1: stored grayscale;
-    more: each image's own channels, a grayscale image stays 1 channel)."""
-
-    image_size: int
-    channels: int
-    ct_windows: tuple[tuple[float, float], ...] | None = None
-    resize_mode: str = "area"
-
-    @classmethod
-    def of(cls, cfg: dict) -> "Preprocessing":
-        """From a resolved dataset config (``image_size``, ``channels``, ``ct_windows``, ``resize_mode``)."""
-        w = cfg.get("ct_windows")
-        return cls(
-            int(cfg["image_size"]),
-            int(cfg["channels"]),
-            tuple((float(a), float(b)) for a, b in w) if w else None,
-            str(cfg.get("resize_mode", "area")),
-        )
-
-    def key(self) -> dict:
-        return {
-            "format": FORMAT,
-            "version": VERSION,
-            "size": self.image_size,
-            "gray": self.channels == 1,
-            "windows": [list(w) for w in self.ct_windows] if self.ct_windows else None,
-            "resize": self.resize_mode,
-        }
 
 
 def store_key(paths: Sequence[str], prep: Preprocessing) -> str:
@@ -124,145 +99,7 @@ def store_folder(
 
 
 # ------------------------------------------------------------------------------------------------------- decoding
-
-
-def is_dicom(path: str | os.PathLike) -> bool:
-    """True for a ``.dcm`` file or any file with the DICOM magic ``DICM`` at byte 128 (the one test of the bundle:
-    the store's decoding, the MONAI pipelines and the exported bundle's runtime)."""
-    if str(path).lower().endswith(".dcm"):
-        return True
-    with open(path, "rb") as f:
-        head = f.read(132)
-    return len(head) == 132 and head[128:] == b"DICM"
-
-
-MAX_PIXELS_ENV = "FEDPARTIAL_MAX_PIXELS"
-DEFAULT_MAX_PIXELS = 40_000_000  # 6,300 x 6,300; Pillow's own warning comes at 89.5 M, its error at 179 M
-
-
-def open_image(path: str):
-    """``PIL.Image.open(path)`` refusing, from the header and before any pixel is decoded, an image of more than
-    ``$FEDPARTIAL_MAX_PIXELS`` pixels (default 40 M: every radiograph, mammogram and dermoscopy image fits; a
-    17 KB palette PNG of 12,000 x 12,000 would take 1.7 GB to decode). ``ValueError`` naming the file."""
-    import warnings
-
-    try:
-        limit = int(os.environ.get(MAX_PIXELS_ENV) or DEFAULT_MAX_PIXELS)
-    except ValueError:
-        raise ValueError(f"{MAX_PIXELS_ENV}={os.environ[MAX_PIXELS_ENV]!r} is not a whole number") from None
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            im = Image.open(path)
-    except Image.DecompressionBombError:
-        im = None
-    if im is None or im.size[0] * im.size[1] > limit:
-        size = "" if im is None else f"{im.size[0]:,} x {im.size[1]:,} = {im.size[0] * im.size[1]:,} pixels, "
-        if im is not None:
-            im.close()
-        raise ValueError(
-            f"{path}: {size or 'far '}above the limit of {limit:,} pixels per image (set {MAX_PIXELS_ENV} to raise it)"
-        )
-    return im
-
-
-def png_significant_bits(path: str) -> int | None:
-    """The significant bits a PNG's ``sBIT`` chunk declares (the largest over its channels), or None (no chunk, not
-    a PNG). Reads the chunk headers before the image data only; Pillow does not read this chunk."""
-    with open(path, "rb") as f:
-        if f.read(8) != b"\x89PNG\r\n\x1a\n":
-            return None
-        while True:
-            head = f.read(8)
-            if len(head) < 8:
-                return None
-            length, kind = int.from_bytes(head[:4], "big"), head[4:]
-            if kind in (b"IDAT", b"IEND"):
-                return None
-            if kind == b"sBIT":
-                data = f.read(length)
-                return max(data) if data else None
-            f.seek(length + 4, 1)  # the chunk and its CRC
-
-
-def significant_bits(arr, path: str) -> tuple[int, bool]:
-    """``(bits, declared)``: the significant bits of an integer image of more than 8 bits (``arr``: its pixels,
-    grey or colour): those its PNG ``sBIT`` chunk declares (``declared`` True), else the image's own depth, the
-    smallest of 8, 10, 12, 14 and 16 bits that holds its largest value (``declared`` False)."""
-    bits = png_significant_bits(path)
-    if bits and bits <= 16:
-        return int(bits), True
-    top = int(arr.max(initial=0))
-    return next(b for b in (8, 10, 12, 14, 16) if top < 2**b), False
-
-
-def sixteen_bit_scale(arr, path: str) -> float:
-    """The full-scale value of an integer image of more than 8 bits (``arr``: its pixels): ``2**b - 1`` for the
-    bits ``b`` its PNG ``sBIT`` chunk declares, else for the image's own depth, the smallest of 8, 10, 12, 14 and
-    16 bits that holds its largest value (a PACS export writes 12-bit values into 16-bit PNGs; divided by 65,535 its
-    4,096 grey levels became about 13 of 255). A dark 16-bit image without ``sBIT`` is thus stretched to its
-    depth's range: export ``sBIT`` (e.g. ``pydicom``'s bits stored) to keep it (:func:`significant_bits`)."""
-    return float(2 ** significant_bits(arr, path)[0] - 1)
-
-
-def low_byte_tiles(im) -> list | None:
-    """For an opened image of 16 bits per colour sample (a 16-bit RGB / RGBA PNG or TIFF: Pillow has no 16-bit
-    colour mode and decodes each sample to its high byte, so 12-bit values 0..4,095 become 0..15), its tiles
-    set to decode each sample's low byte instead (the same decoder and unfiltering, the other byte of each
-    sample unpacked); None for any other image."""
-    if im.mode not in ("RGB", "RGBA") or not im.tile:
-        return None
-    swap = {"B": "L", "L": "B", "N": "B" if sys.byteorder == "little" else "L"}
-    tiles = []
-    for t in im.tile:
-        args = t[3]
-        raw = args if isinstance(args, str) else args[0] if isinstance(args, tuple) and args else None
-        if not isinstance(raw, str) or raw[-4:-1] != ";16" or raw[-1] not in swap:
-            return None
-        raw = raw[:-1] + swap[raw[-1]]
-        args = raw if isinstance(args, str) else (raw, *args[1:])
-        tiles.append(t._replace(args=args) if hasattr(t, "_replace") else (t[0], t[1], t[2], args))
-    return tiles
-
-
-def deep_colour(im, path: str):
-    """``(H, W, 3)`` uint16 of a 16-bit-per-sample colour image (:func:`low_byte_tiles`; ``im``: the file opened,
-    nothing decoded yet) turned upright (:func:`upright`): its high bytes decoded as Pillow does, its low bytes
-    from the file opened again; None for any other image (``im`` untouched)."""
-    tiles = low_byte_tiles(im)
-    if tiles is None:
-        return None
-    high = np.asarray(upright(im))[..., :3].astype(np.uint16)
-    with open_image(path) as again:
-        again.tile = tiles
-        low = np.asarray(upright(again))[..., :3]
-    return (high << 8) | low
-
-
-def upright(im):
-    """The image as it is meant to be seen: its EXIF orientation applied (a phone's or camera's JPEG stores the
-    sensor's rows and a tag that says how to turn them), else the image itself."""
-    try:
-        turned = im.getexif().get(0x0112, 1) not in (None, 1)
-    except Exception:  # noqa: BLE001 - a damaged EXIF block: the pixels as stored
-        turned = False
-    return ImageOps.exif_transpose(im) if turned else im
-
-
-def native_channels(path: str, prep: Preprocessing) -> int:
-    """The channels an image has before any matching (1 gray, 3 colour, one per CT window for a CT slice when the
-    job has them); reads the header only."""
-    if is_dicom(path):
-        from .dicom import dicom_channels  # here: the bundle's copy holds it in this module (tools/bundle_decoder.py)
-
-        return dicom_channels(path, prep.ct_windows)
-    with open_image(path) as im:
-        return 1 if im.mode in ("1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F") else 3
-
-
-def stored_channels(native: int, prep: Preprocessing) -> int:
-    """An image's stored channels: 1 for a grayscale job or a grayscale image, else the job's."""
-    return 1 if prep.channels == 1 or native == 1 else prep.channels
+# (training's decoding of one file is fedpartial.data.decode, imported above: an exported bundle copies that file)
 
 
 def _kind_or_gray(path: str, prep: Preprocessing) -> int:
@@ -295,71 +132,6 @@ def manifest_channels(
     finally:
         close()
     return 1 if paths else prep.channels
-
-
-def _resize_float(x: np.ndarray, size: int, flt) -> np.ndarray:
-    """``(c, H, W)`` float in [0, 1] -> ``(c, S, S)`` uint8 (per channel through Pillow's float mode)."""
-    out = [np.asarray(Image.fromarray(np.ascontiguousarray(ch, np.float32), "F").resize((size, size), flt)) for ch in x]
-    return np.clip(np.rint(np.stack(out) * 255.0), 0, 255).astype(np.uint8)
-
-
-def decode_resized(path: str | os.PathLike, prep: Preprocessing, channels: int) -> np.ndarray:
-    """One image file -> ``(channels, S, S)`` uint8: decoded once (a JPEG at the smallest DCT scale that still
-    covers ``S``, ``Image.draft``), turned upright by its EXIF orientation (:func:`upright`), resized with
-    ``prep.resize_mode`` (area = box filter), 8-bit values kept, deeper integer images, grey or colour (a 16-bit
-    RGB PNG at its full depth, :func:`deep_colour`), scaled by their significant bits (:func:`sixteen_bit_scale`),
-    float min-max scaled, to [0, 255]; DICOM as :func:`fedpartial.data.dicom.dicom_pixels` shows it (CT through
-    ``prep.ct_windows``; a radiograph through its VOI LUT, MONOCHROME1 inverted). Gray -> more channels
-    repeats, colour -> 1 channel is the luma (ITU-R 601-2).
-
-    Raises:
-        OSError / ValueError: the file is missing or cannot be decoded.
-    """
-    path = str(path)
-    size, flt = prep.image_size, RESIZE_FILTERS[prep.resize_mode]
-    if is_dicom(path):
-        # imported here: tools/bundle_decoder.py copies this function into the bundle's decoder, beside these helpers
-        from .dicom import dicom_pixels
-
-        out = _resize_float(dicom_pixels(path, prep.ct_windows), size, flt)
-    else:
-        with open_image(path) as im:
-            deep = deep_colour(im, path)
-            if deep is not None:
-                x = deep.astype(np.float32) / np.float32(sixteen_bit_scale(deep, path))
-                out = _resize_float(x.transpose(2, 0, 1), size, flt)
-            else:
-                if im.format == "JPEG":
-                    im.draft("L" if channels == 1 else "RGB", (size, size))
-                im = upright(im)
-                mode = im.mode
-                if mode in ("I", "I;16", "I;16B", "I;16L", "F"):
-                    arr = np.asarray(im).astype(np.float32)
-                    if mode != "F" and arr.min(initial=0) >= 0 and arr.max(initial=0) <= 65535:
-                        arr = arr / sixteen_bit_scale(arr, path)
-                    else:
-                        lo, hi = float(arr.min()), float(arr.max())
-                        arr = (arr - lo) / (hi - lo) if hi > lo else np.zeros_like(arr)
-                    out = _resize_float(arr[None], size, flt)
-                else:
-                    if (channels == 1 and mode != "L") or mode in ("1", "LA"):
-                        im = im.convert("L")
-                    if im.mode not in ("L", "RGB"):
-                        im = im.convert("RGB")
-                    a = np.asarray(im.resize((size, size), flt))
-                    out = a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
-    c = out.shape[0]
-    if c == channels:
-        return np.ascontiguousarray(out)
-    if c == 1:
-        return np.repeat(out, channels, axis=0)
-    if channels == 1:  # a colour image (or several CT windows) in a gray store: luma / mean
-        return (
-            np.rint(out.astype(np.float32).mean(0, keepdims=True)).astype(np.uint8)
-            if c != 3
-            else np.asarray(Image.fromarray(out.transpose(1, 2, 0)).convert("L"))[None]
-        )
-    raise ValueError(f"cannot store a {c}-channel image in a {channels}-channel store")
 
 
 class DecodedImages:

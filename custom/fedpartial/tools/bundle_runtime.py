@@ -1,9 +1,9 @@
 """What a MONAI bundle written by ``fedpartial-export`` runs besides MONAI itself: the image decoder, the
 folder listing and the handler that writes ``predictions.csv`` (MONAI's ``SupervisedEvaluator`` runs the model).
-``fedpartial-export`` copies this file into the bundle as ``scripts/image_io.py``, with the decoder block below
-replaced by the training code's own decoding functions (the image store's ``decode_resized`` and the DICOM / CT-
-window helpers it calls, copied verbatim), so the bundle runs where this package is not installed: numpy, Pillow,
-pydicom, torch, MONAI and pytorch-ignite only.
+``fedpartial-export`` writes the bundle's ``scripts/image_io.py`` as training's own decoding module
+(``fedpartial/data/decode.py``: the image store's ``decode_resized`` and the DICOM / CT-window helpers it calls,
+copied whole) followed by this file without the decoder block below, so the bundle runs where this package is not
+installed: numpy, Pillow, pydicom, torch, MONAI and pytorch-ignite only.
 
 Why a decoder of our own rather than MONAI's ``LoadImaged`` + ``Resized``: the sites trained on their image
 stores, which hold every image decoded once (a JPEG at the smallest DCT scale that covers the size), resized by
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 # --- decoder (replaced at export) ---
-from fedpartial.data.store import Preprocessing, decode_resized, native_channels, stored_channels  # noqa: E402
+from fedpartial.data.decode import Preprocessing, decode_resized, native_channels, stored_channels  # noqa: E402
 
 # --- end decoder ---
 

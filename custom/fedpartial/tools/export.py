@@ -18,8 +18,8 @@ model file). The bundle (MONAI Bundle Specification):
 - ``configs/inference.json``: a folder of PNG / JPG / DICOM images -> ``OUT/predictions.csv`` with
   ``fedpartial-predict``'s columns (``image``, ``prob_<class>``) plus the decisions (multi-label ``pred_<class>``
   at the thresholds, single-label ``prediction`` = the argmax class); MONAI transforms and the TorchScript model,
-  with the image decoder in ``scripts/image_io.py`` (training's own decoding code, copied; see
-  :mod:`fedpartial.tools.bundle_runtime`);
+  with the image decoder in ``scripts/image_io.py`` (training's own decoding module
+  :mod:`fedpartial.data.decode`, copied whole, then :mod:`fedpartial.tools.bundle_runtime`);
 - ``models/model.pt`` (the state dict), ``models/model.ts`` (TorchScript, traced and checked against the
   model), ``models/model.onnx`` with ``--onnx`` (needs the ``onnx`` package: ``pip install onnx``);
 - ``docs/README.md``: the model card (data, sites, metrics with intervals, thresholds, known limits) with its
@@ -44,12 +44,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..data import decode
 from ..data.catalog import DATASETS
 from ..data.store import file_sha256
 from ..fl.report import RESULTS_FILE
 from ..plots import FIGURE_NAMES
 from . import bundle_runtime
-from .bundle_decoder import DECODER_FUNCTIONS, decoder_source  # noqa: F401 - the bundle's decoder
 from .model_card import write_model_card
 from .predict import LoadedModel, find_thresholds, load_model
 
@@ -64,6 +64,7 @@ BUNDLE_FILES = (
 )
 RUNTIME_MODULE = "scripts.image_io"
 DECODER_START, DECODER_END = "# --- decoder (replaced at export) ---", "# --- end decoder ---"
+FUTURE_IMPORT = "from __future__ import annotations\n"  # the bundle's file has the decoder's, at its top
 MODALITY = {preset: d.modality for d in DATASETS.values() if d.modality for preset in d.presets}
 """DICOM modality code by preset (a model's ``dataset.name``), from the catalog (XC: external-camera photography)."""
 BATCH_SIZE = 64
@@ -72,17 +73,28 @@ BATCH_SIZE = 64
 # ------------------------------------------------------------------------------------------------ the runtime
 
 
+def decoder_source() -> str:
+    """Training's image decoding as the bundle holds it: the file of :mod:`fedpartial.data.decode`, whole and
+    unchanged (standalone: NumPy, Pillow and, when a DICOM file is read, pydicom only)."""
+    return Path(decode.__file__).read_text()
+
+
 def runtime_source() -> str:
-    """``scripts/image_io.py``: :mod:`fedpartial.tools.bundle_runtime` with its decoder block replaced by
-    :func:`decoder_source` (the result imports nothing of this package)."""
+    """``scripts/image_io.py``: :func:`decoder_source` (``fedpartial/data/decode.py`` copied whole), then
+    :mod:`fedpartial.tools.bundle_runtime` without its decoder block (its docstring as comments, its imports and
+    the rest as they are; the result imports nothing of this package)."""
     text = Path(bundle_runtime.__file__).read_text()
     head, rest = text.split(DECODER_START, 1)
     _, tail = rest.split(DECODER_END, 1)
+    doc, imports = head.split(FUTURE_IMPORT, 1)
+    comments = "".join(f"# {line}".rstrip() + "\n" for line in doc.strip().strip('"').strip().splitlines())
     text = (
-        head
-        + "# --- decoder: copied from fedpartial.data.dicom / fedpartial.data.store at export ---\n"
-        + decoder_source()
-        + "# --- end decoder ---"
+        decoder_source().rstrip("\n")
+        + "\n\n\n# --- the bundle's runtime: fedpartial/tools/bundle_runtime.py, copied at export ---\n#\n"
+        + comments
+        + "\n"
+        + imports.strip("\n")
+        + "\n"
         + tail
     )
     if "fedpartial." in "".join(line for line in text.splitlines(True) if line.lstrip().startswith(("import", "from"))):

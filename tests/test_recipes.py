@@ -550,6 +550,10 @@ def test_the_dataset_section_is_checked_like_every_section(monkeypatch, tmp_path
     doc = (REPO / "docs" / "datasets.md").read_text()  # docs/datasets.md names every key of the section
     listed = doc.split("`DatasetOptions` (", 1)[1].split(")", 1)[0]
     assert sorted(re.findall(r"`(\w+)`", listed)) == sorted(f.name for f in fields(DatasetOptions))
+    from fedpartial.data.decode import RESIZE_FILTERS
+    from fedpartial.data.settings import RESIZE_MODES
+
+    assert set(RESIZE_MODES) == set(RESIZE_FILTERS)  # the resize modes the section takes are the decoder's filters
     assert resolve_dataset({"preset": "ich_phantom", "image_size": 32})["image_size"] == 32  # a good one passes
     with pytest.raises(OptionError, match=r"site 'site-1' 'dataset': unknown option 'image_sise'"):
         PartialLabelExecutor(dataset={"preset": "ich_phantom", "image_sise": 32}, method="fedavg")._resolve_data(

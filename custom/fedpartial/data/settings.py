@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, fields
-from typing import Literal
+from typing import Literal, get_args
 
 from ..options import OptionError, build, check_known, opt, option_names
 
-CACHE_MODES = ("store", "disk", "memory", "none")  # how the site keeps decoded images (fedpartial.data.sitedata)
-RESIZE_MODES = ("area", "bilinear", "bicubic", "nearest")  # fedpartial.data.store.RESIZE_FILTERS
+CacheMode = Literal["store", "disk", "memory", "none"]  # how the site keeps decoded images (fedpartial.data.sitedata)
+CACHE_MODES = get_args(CacheMode)
+ResizeMode = Literal["area", "bilinear", "bicubic", "nearest"]  # the filters of fedpartial.data.decode.RESIZE_FILTERS
+RESIZE_MODES = get_args(ResizeMode)
 PROTOCOL_PARAMS = ("k", "s", "m", "table")  # the protocols' parameters (fedpartial.data.protocols)
 SPEC_KEYS = ("source", "root", "num_sites", "protocol", "source_args", "sources", "refresh", "verbose", "overwrite")
 """The keys of a ``prepare`` section besides the option groups' and the protocol's (fedpartial.data.prepare's
@@ -130,8 +132,8 @@ class DatasetOptions:
     ct_windows: list | None = opt(None, "CT windows [[centre, width], ...], one channel each (DICOM CT only)")
     mean: list[float] | None = opt(None, "per-channel mean the images are normalised with (0-1 scale)")
     std: list[float] | None = opt(None, "per-channel standard deviation (0-1 scale)")
-    resize_mode: Literal["area", "bilinear", "bicubic", "nearest"] = opt("area", "the resampling filter")
-    cache: Literal["store", "disk", "memory", "none"] = opt(
+    resize_mode: ResizeMode = opt("area", "the resampling filter")
+    cache: CacheMode = opt(
         "store", "how a site keeps decoded images: its image store (read from disk or held in memory) or none"
     )
     cache_dir: str | None = opt(None, "the folder of the site's image stores and prepared data")

@@ -244,8 +244,8 @@ class PartialLabelAggregator(Aggregator):
             return self._reject(fl_ctx, site, self.refused[site])
         weights = {k: np.asarray(v) for k, v in (dxo.data or {}).items()}
         previous = self._previous(fl_ctx)
-        # the structure now; the values with the round's changes (_measure): one read of each update before the
-        # rule's average, the only other one
+        # the structure now; the values with the round's changes (_bound, change_measures): one read of each update
+        # before the rule's average, the only other one
         why = check_update(weights, previous, values=False) if previous is not None else None
         if why:
             return self._reject(fl_ctx, site, why)
@@ -460,8 +460,8 @@ class PartialLabelAggregator(Aggregator):
     ) -> tuple[str, ServerRule, dict, dict, dict | None, dict | None] | None:
         """After the rule failed on the round's contributions: run a copy of the rule as it was before the round
         without each contributor in turn. When exactly one left-out site makes it succeed, ``(that site, the rule
-        copy that succeeded, its weights, its meta, its step and the step's norms)``; None when no single site explains the failure (or there is
-        no copy of the rule, or a single contributor)."""
+        copy that succeeded, its weights, its meta, its step and the step's norms)``; None when no single site
+        explains the failure (or there is no copy of the rule, or a single contributor)."""
         if before is None or len(contributions) < 2:
             return None
         found = []

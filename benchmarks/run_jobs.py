@@ -13,8 +13,9 @@ mean and standard deviation over seeds of the test metrics of the final global m
 was best on validation), plus the wall time per round, and the same numbers in the papers' table layout
 (``--out X.json`` also writes ``X.md``). ``X.json`` is the summary the repository keeps: the command, the commit,
 the arguments and per configuration and seed the final macro test metrics (a few KB); every run's whole
-``results.json`` (per-round histories, per-site results) goes to ``X.runs.json`` beside it, which git ignores:
-``--report`` and ``--resume`` read it where the benchmark ran, and the command in ``X.json`` writes it anew.
+``results.json`` (per-round histories, per-site results) goes to ``X.runs.json.gz`` beside it (gzip, tracked, so a
+fresh clone can ``--report`` and ``--resume`` a table that other machines began; ``X.runs.json`` of older runs is
+still read).
 
 Variants of a job (ablations) run under their own name with extra method options, given to both the sites'
 trainer and the server's rule: ``--variant "fedlsm_no_ue=fedlsm_isic:{\"ue\": false}"``; a ``"method"`` key runs
@@ -66,6 +67,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gzip
 import json
 import os
 import re
@@ -724,9 +726,33 @@ def report(a: argparse.Namespace, runs: dict[str, list[dict]]) -> str:
 
 
 def runs_path(out: Path) -> Path:
-    """``X.runs.json`` beside ``X.json``: every run's whole ``results.json`` (per-round histories, per-site
-    results), written where the command runs and not tracked by git (``.gitignore``); ``X.json`` keeps the summary."""
+    """``X.runs.json.gz`` beside ``X.json``: every run's whole ``results.json`` (per-round histories, per-site
+    results), gzip-compressed and tracked, so a table's runs travel with the repository; ``X.json`` keeps the summary."""
+    return out.with_name(out.stem + ".runs.json.gz")
+
+
+def legacy_runs_path(out: Path) -> Path:
+    """``X.runs.json``: where older runs were written, uncompressed and git-ignored (still read)."""
     return out.with_name(out.stem + ".runs.json")
+
+
+def write_runs(out: Path, record: dict) -> None:
+    """``X.runs.json.gz`` written whole or not at all (a temporary file renamed over it), with no time stamp in
+    the gzip header, so the same runs give the same bytes."""
+    path = runs_path(out)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=9, mtime=0) as f:
+        f.write(json.dumps(record, separators=(",", ":"), default=str).encode())
+    os.replace(tmp, path)
+
+
+def read_runs_file(out: Path) -> dict | None:
+    """The record in ``X.runs.json.gz`` (or an older ``X.runs.json``), None where neither exists."""
+    if runs_path(out).is_file():
+        return json.loads(gzip.decompress(runs_path(out).read_bytes()))
+    if legacy_runs_path(out).is_file():
+        return json.loads(legacy_runs_path(out).read_text())
+    return None
 
 
 def command_line(args: dict) -> str:
@@ -791,12 +817,15 @@ def final_per_seed(runs: dict[str, list[dict]]) -> dict[str, list[dict]]:
     return out
 
 
-def summary_record(args: dict, runs: dict[str, list[dict]], out: Path, tail: int = 0) -> dict:
-    """``X.json``: the command, the commit, the arguments, the summary rows and the final metrics per seed (a
-    few KB; the runs themselves are in ``X.runs.json``)."""
+def summary_record(
+    args: dict, runs: dict[str, list[dict]], out: Path, tail: int = 0, commit: str | None = None
+) -> dict:
+    """``X.json``: the command, the commit (the checkout's, or ``commit``: a re-rendered table keeps the one its
+    runs were made at), the arguments, the summary rows and the final metrics per seed (a few KB; the runs
+    themselves are in ``X.runs.json.gz``)."""
     return {
         "command": command_line({**args, "out": args.get("out") or str(out)}),
-        "commit": _commit(),
+        "commit": commit or _commit(),
         "args": args,
         "summary": summarise(runs, tail),
         "final": final_per_seed(runs),
@@ -805,18 +834,17 @@ def summary_record(args: dict, runs: dict[str, list[dict]], out: Path, tail: int
 
 
 def load_runs(path: Path) -> tuple[dict, dict[str, list[dict]]]:
-    """``(args, runs)`` of a benchmark: from ``X.runs.json`` (or an older ``X.json`` that holds its runs); a
-    summary alone says which command writes them."""
-    full = runs_path(path)
-    for f in (full, path):
-        if f.is_file():
-            data = json.loads(f.read_text())
-            if "runs" in data:
-                return data.get("args") or {}, data["runs"]
+    """``(args, runs)`` of a benchmark: from ``X.runs.json.gz`` (or an older ``X.runs.json``, or an ``X.json`` that
+    holds its runs); a summary alone says which command writes them."""
+    data = read_runs_file(path)
+    if data is None and path.is_file():
+        data = json.loads(path.read_text())
+    if data is not None and "runs" in data:
+        return data.get("args") or {}, data["runs"]
     if path.is_file():
         cmd = json.loads(path.read_text()).get("command")
         raise SystemExit(
-            f"{path} holds the summary only; the runs ({full.name}) are written where the benchmark runs: {cmd}"
+            f"{path} holds the summary only; its runs ({runs_path(path).name}) are written by: {cmd}"
         )
     raise SystemExit(f"{path}: no such benchmark file")
 
@@ -824,8 +852,12 @@ def load_runs(path: Path) -> tuple[dict, dict[str, list[dict]]]:
 def save(a: argparse.Namespace, runs: dict[str, list[dict]], args: dict | None = None) -> None:
     a.out.parent.mkdir(parents=True, exist_ok=True)
     args = args or vars(a) | {"out": str(a.out)}
-    runs_path(a.out).write_text(json.dumps({"args": args, "runs": runs}, separators=(",", ":"), default=str))
-    a.out.write_text(json.dumps(summary_record(args, runs, a.out, a.tail), indent=1, default=str) + "\n")
+    write_runs(a.out, {"args": args, "runs": runs})
+    legacy_runs_path(a.out).unlink(missing_ok=True)  # its runs are in the compressed file now
+    commit = None
+    if getattr(a, "report", None) and a.out.is_file():  # re-rendered: the runs were made at the commit the summary names
+        commit = json.loads(a.out.read_text()).get("commit")
+    a.out.write_text(json.dumps(summary_record(args, runs, a.out, a.tail, commit), indent=1, default=str) + "\n")
     a.out.with_suffix(".md").write_text(report(a, runs) + "\n")
 
 
@@ -853,7 +885,7 @@ def write_plots(out: Path, runs: dict[str, list[dict]], metric: str = "auc") -> 
 def previous_runs(a: argparse.Namespace) -> dict[str, list[dict]]:
     """The runs of an earlier invocation of the same benchmark (``--resume``); each run carries its seed (older
     files: the seeds in the order they ran)."""
-    if not a.out or not (a.out.is_file() or runs_path(a.out).is_file()):
+    if not a.out or not (a.out.is_file() or runs_path(a.out).is_file() or legacy_runs_path(a.out).is_file()):
         return {}
     old, runs = load_runs(a.out)
     for key in ("rounds", "sites", "override", "unset"):
@@ -962,6 +994,11 @@ def main(argv=None) -> int:
     if a.report:
         args, runs = load_runs(a.report)
         a.out = a.report
+        for key in ("gap", "compare", "classes"):  # the table's own, unless this command gives others
+            if getattr(a, key) is None and args.get(key):
+                setattr(a, key, args[key])
+        if "--gap-metric" not in (sys.argv[1:] if argv is None else argv) and args.get("gap_metric"):
+            a.gap_metric = args["gap_metric"]
         save(a, runs, args=args)
         if not a.no_plots:
             write_plots(a.out, runs, a.plot_metric)

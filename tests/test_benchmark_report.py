@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 import sys
@@ -82,12 +83,28 @@ def test_report_rerenders_a_finished_benchmark(tmp_path, capsys):
     md = (tmp_path / "bench.md").read_text()
     assert "| method | 2 | 25.00 | 25 % | 25.00 | 75 % |" in md
     assert "upper (all labels: upper bound)" in md  # the paper-layout table marks the fully labelled run
-    saved = json.loads(path.read_text())  # the summary the repository keeps; the runs beside it, untracked
+    saved = json.loads(path.read_text())  # the summary; the runs beside it, compressed
     assert saved["args"] == {"rounds": 3} and "runs" not in saved and set(saved["final"]) == set(RUNS)
-    assert saved["runs_file"] == "bench.runs.json" and saved["command"].startswith("python benchmarks/run_jobs.py")
-    assert set(json.loads((tmp_path / "bench.runs.json").read_text())["runs"]) == set(RUNS)
+    assert saved["runs_file"] == "bench.runs.json.gz" and saved["command"].startswith("python benchmarks/run_jobs.py")
+    first = (tmp_path / "bench.runs.json.gz").read_bytes()
+    assert set(json.loads(gzip.decompress(first))["runs"]) == set(RUNS)
     assert _run_jobs().main(["--report", str(path)]) == 0  # again, from the runs file
     assert "25 %" in capsys.readouterr().out
+    assert (tmp_path / "bench.runs.json.gz").read_bytes() == first  # no time stamp: same runs, same bytes
+
+
+def test_an_older_uncompressed_runs_file_is_read_and_replaced(tmp_path):
+    """A table begun before the runs were compressed goes on: ``X.runs.json`` is read, and the next save writes
+    ``X.runs.json.gz`` in its place; the re-rendered table keeps its gap and the commit its runs were made at."""
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"command": "python benchmarks/run_jobs.py", "commit": "a1b2c3", "final": {}}))
+    args = {"rounds": 3, "gap": ["lower", "upper"], "gap_metric": "f1"}
+    (tmp_path / "bench.runs.json").write_text(json.dumps({"args": args, "runs": RUNS}))
+    assert _run_jobs().main(["--report", str(path), "--no-plots"]) == 0
+    assert not (tmp_path / "bench.runs.json").exists()
+    assert json.loads(path.read_text())["commit"] == "a1b2c3"
+    assert "| method | 2 | 25.00 | 25 % | 25.00 | 75 % |" in (tmp_path / "bench.md").read_text()
+    assert set(json.loads(gzip.decompress((tmp_path / "bench.runs.json.gz").read_bytes()))["runs"]) == set(RUNS)
 
 
 def test_resume_runs_only_the_missing_pairs(tmp_path, monkeypatch):

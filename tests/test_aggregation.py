@@ -139,3 +139,115 @@ def test_weighted_average_by_hand_keeps_dtypes_without_stacking():
     assert out64.dtype == np.float64 and np.allclose(out64, [4.0, -1.0])  # a zero weight leaves the average
     n = weighted_average([np.array(10, np.int64), np.array(13, np.int64)], [1, 1])  # 11.5 -> 12 (round half even)
     assert n.dtype == np.int64 and n.shape == () and int(n) == 12
+
+
+def test_the_mean_summed_on_the_checks_read_equals_weighted_average(monkeypatch):
+    """change_measures with site weights sums each float tensor's weighted mean block by block on the read that
+    measures the changes (blocks of 5 values here): bit for bit weighted_average's result, a zero weight skipped
+    (the first site's too), 0-d tensors included, integer buffers left to the rule."""
+    import fedpartial.aggregation as agg
+
+    monkeypatch.setattr(agg, "_CHUNK", 5)
+    rng = np.random.default_rng(3)
+    ref = {
+        "big": rng.normal(size=(4, 7)).astype(np.float32),
+        "odd": rng.normal(size=13).astype(np.float64),
+        "scalar": np.array(0.5, np.float32),
+        "n": np.array(7, np.int64),
+    }
+    states = [
+        {k: (v + rng.normal(size=v.shape)).astype(v.dtype) if k != "n" else np.array(9, np.int64) for k, v in ref.items()}
+        for _ in range(4)
+    ]
+    for w in ([3.0, 1.0, 0.0, 2.5], [0.0, 1.0, 2.0, 1.0]):
+        sums = agg.change_measures(states, ref, weights=w).sums
+        assert sorted(sums) == ["big", "odd", "scalar"]
+        for key, total in sums.items():
+            expected = agg.weighted_average([s[key] for s in states], w)
+            assert total.dtype == expected.dtype and total.shape == expected.shape
+            assert np.array_equal(total, expected), key
+    assert agg.change_measures(states, ref).sums == {}  # no weights: nothing summed
+    with pytest.raises(ValueError, match="not all zero"):
+        agg.change_measures(states, ref, weights=[0, 0, 0, 0])
+
+
+def _server_round(rule_weights=None, poison=False):
+    """One round of the NVFlare aggregator (fedavg) over three ResNet-like states (float tensors, an integer
+    buffer): ``(new global weights, the dtypes weighted_average saw)``. ``rule_weights``: site weights the rule
+    switches to after it was asked for its plain weights (a rule whose weights move inside aggregate)."""
+    from nvflare.apis.dxo import DXO, DataKind, from_shareable
+    from nvflare.apis.fl_constant import ReservedKey
+    from nvflare.apis.fl_context import FLContext
+    from nvflare.app_common.abstract.model import ModelLearnableKey
+    from nvflare.app_common.app_constant import AppConstants
+
+    import fedpartial.aggregation as aggregation
+    from fedpartial.fl.aggregator import PartialLabelAggregator
+
+    rng = np.random.default_rng(5)
+    prev = {"conv": rng.normal(size=(8, 3, 3)).astype(np.float32), "fc": rng.normal(size=(3, 8)).astype(np.float32)}
+    prev["bn.n"] = np.array(2, np.int64)
+    updates = [{k: (v + 0.01 * rng.normal(size=v.shape)).astype(v.dtype) for k, v in prev.items()} for _ in range(3)]
+    if poison:
+        updates[2]["conv"] = updates[2]["conv"] + 1e4  # far past the change bound: refused
+    agg = PartialLabelAggregator("fedavg")
+    if rule_weights is not None:
+        asked = []
+        base = agg.rule.site_weights
+
+        def moving(contributions):
+            asked.append(1)
+            return base(contributions) if len(asked) == 1 else np.asarray(rule_weights, np.float64)
+
+        agg.rule.site_weights = moving
+
+    class Engine:
+        def get_component(self, _cid):
+            return None
+
+        def get_clients(self):
+            return []
+
+        def fire_event(self, *_args):
+            pass
+
+    def ctx(site=None):
+        c = FLContext()
+        c.set_prop(ReservedKey.ENGINE, Engine(), private=True, sticky=False)
+        c.set_prop(AppConstants.CURRENT_ROUND, 1, private=True, sticky=False)
+        c.set_prop(AppConstants.GLOBAL_MODEL, {ModelLearnableKey.WEIGHTS: prev}, private=True, sticky=False)
+        if site:
+            peer = FLContext()
+            peer.set_prop(ReservedKey.IDENTITY_NAME, site, private=True, sticky=False)
+            c.set_peer_context(peer)
+        return c
+
+    for k, u in enumerate(updates):
+        assert agg.accept(DXO(DataKind.WEIGHTS, u, {"n_train": 10 * (k + 1)}).to_shareable(), ctx(f"site-{k + 1}"))
+    seen, real = [], aggregation.weighted_average
+
+    def spy(arrays, weights):
+        seen.append(np.asarray(arrays[0]).dtype)
+        return real(arrays, weights)
+
+    aggregation.weighted_average, saved = spy, real
+    try:
+        out = from_shareable(agg.aggregate(ctx())).data
+    finally:
+        aggregation.weighted_average = saved
+    return out, seen, updates
+
+
+def test_the_server_reads_each_update_once_when_the_rule_averages_plainly():
+    """FedAvg's mean is summed on the read that checks the updates: the rule reads no float tensor again, and
+    the model is the weighted mean itself; a refused update, or a rule whose weights moved since it was asked,
+    makes the rule average on its own, and the model is then the mean of what it kept, with the weights it used."""
+    out, seen, updates = _server_round()
+    assert seen == [np.dtype(np.int64)]  # only the integer buffer went through weighted_average again
+    for key in ("conv", "fc"):
+        np.testing.assert_array_equal(out[key], weighted_average([u[key] for u in updates], [10, 20, 30]))
+    out, seen, updates = _server_round(poison=True)
+    assert np.dtype(np.float32) in seen  # the rule averaged the two kept updates itself
+    np.testing.assert_array_equal(out["conv"], weighted_average([u["conv"] for u in updates[:2]], [10, 20]))
+    out, seen, updates = _server_round(rule_weights=[1.0, 0.0, 1.0])
+    np.testing.assert_array_equal(out["fc"], weighted_average([u["fc"] for u in updates], [1.0, 0.0, 1.0]))

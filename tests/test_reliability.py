@@ -131,7 +131,7 @@ def test_change_measures_give_the_change_norms_bound_changes_uses():
     from fedpartial.aggregation import change_measures, non_finite
 
     ref, states = _three()
-    squares, dots, ref_norms = change_measures(states, ref)
+    squares, dots, ref_norms, _ = change_measures(states, ref)
     assert dots == {} and ref_norms == {"w": 0.0, "b": 0.0}  # floating-point tensors only
     assert change_measures(states, states[0]).reference_norms == pytest.approx({"w": 5.0, "b": 0.1})
     for key, expected in change_norms(states, ref).items():
@@ -814,7 +814,7 @@ def test_the_cosines_measured_in_one_read_equal_change_cosine(monkeypatch):
     state = {k: v + rng.normal(size=v.shape).astype(np.float32) for k, v in ref.items() if k != "n"}
     state["n"] = np.array(9, np.int64)
     reversed_ = {k: 2 * ref[k] - state[k] for k in ref}
-    squares, dots, _ = agg.change_measures([state, reversed_], ref, step)
+    squares, dots, _, _ = agg.change_measures([state, reversed_], ref, step)
     assert sorted(squares) == sorted(dots) == ["a", "b"]
     d = np.concatenate([(state[k] - ref[k]).ravel() for k in step]).astype(np.float64)
     s = np.concatenate([step[k].ravel() for k in step]).astype(np.float64)

@@ -62,20 +62,16 @@ def _add_scaled(out: np.ndarray, x: np.ndarray, a: float) -> None:
 def weighted_average(arrays: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
     """``sum_k w_k x_k / sum_k w_k`` over the first axis of the stacked arrays; keeps the dtype of ``arrays[0]``
     (integer buffers such as BatchNorm's ``num_batches_tracked`` are rounded)."""
-    w = np.asarray(weights, dtype=np.float64)
-    if len(arrays) == 0 or len(arrays) != len(w):
-        raise ValueError(f"need one weight per array, got {len(arrays)} arrays and {len(w)} weights")
-    if not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
-        raise ValueError(f"weights must be finite, non-negative and not all zero: {w.tolist()}")
-    w = w / w.sum()
+    if len(arrays) == 0 or len(arrays) != np.size(weights):
+        raise ValueError(f"need one weight per array, got {len(arrays)} arrays and {np.size(weights)} weights")
+    w = averaging_weights(weights)
     first = np.asarray(arrays[0])
     dtype = first.dtype
     # accumulate in place, at least float32 (float64 stays float64, integers in float64): no (K, ...) stack of copies
     acc = np.promote_types(dtype, np.float32) if np.issubdtype(dtype, np.floating) else np.dtype(np.float64)
-    out = np.multiply(first, w[0], out=np.empty(first.shape, acc), dtype=acc)  # an array even for 0-d tensors
-    for a, wk in zip(arrays[1:], w[1:]):
-        if wk:
-            _add_scaled(out, np.asarray(a), float(wk))
+    out = np.empty(first.shape, acc)  # an array even for 0-d tensors
+    for k, (a, wk) in enumerate(zip(arrays, w)):
+        _accumulate(out, np.asarray(a), float(wk), k == 0)
     if np.issubdtype(dtype, np.integer):
         out = np.rint(out)
     return out.astype(dtype, copy=False)
@@ -124,6 +120,7 @@ def aggregate_states(
     class_weights: np.ndarray | None = None,
     previous: State | None = None,
     zero_rows: str = "previous",
+    presummed: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """Aggregate K site states.
 
@@ -135,13 +132,17 @@ def aggregate_states(
         previous: the previous global state (fallback rows for ``zero_rows="previous"``).
         zero_rows: what a class with zero total weight gets: ``"previous"`` (keep the old global row) or
             ``"samples"`` (FedAvg of the row with ``site_weights``, FedLSM's AWPA fallback).
+        presummed: ``{key: weighted_average of key}`` already summed with ``site_weights`` (the server's one read
+            of the updates, :func:`change_measures`); those keys are not read again.
     """
     if not states:
         raise ValueError("no site states to aggregate")
     out: dict[str, np.ndarray] = {}
     for key in states[0]:
         arrays = [s[key] for s in states]
-        plain = weighted_average(arrays, site_weights)
+        plain = presummed.get(key) if presummed is not None else None
+        if plain is None:
+            plain = weighted_average(arrays, site_weights)
         if class_weights is None or key not in row_keys:
             out[key] = plain
             continue
@@ -244,22 +245,51 @@ class ChangeMeasures(NamedTuple):
     squares: dict[str, np.ndarray]  # (K,) ||d_k||^2, d_k = w_k - ref
     dots: dict[str, np.ndarray]  # (K,) <d_k, Delta>, for the tensors of the step only
     reference_norms: dict[str, float]  # ||ref||
+    sums: dict[str, np.ndarray]  # sum_k a_k w_k (:func:`weighted_average`'s arithmetic), when weights were given
+
+
+def averaging_weights(weights: Sequence[float]) -> np.ndarray:
+    """The normalised weights ``w / sum(w)`` (float64) :func:`weighted_average` applies; ValueError unless they are
+    finite, non-negative and not all zero."""
+    w = np.asarray(weights, dtype=np.float64)
+    if w.ndim != 1 or not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
+        raise ValueError(f"weights must be finite, non-negative and not all zero: {w.tolist()}")
+    return w / w.sum()
+
+
+def _accumulate(out: np.ndarray, x: np.ndarray, a: float, first: bool) -> None:
+    """One step of :func:`weighted_average` on a block: ``out = a * x`` for the first array, then ``out += a * x``
+    (skipped for a zero weight), the same float operations in the same order, so a block-wise sum equals it."""
+    if first:
+        np.multiply(x, a, out=out, dtype=out.dtype)
+    elif a:
+        _add_scaled(out, x, a)
 
 
 def change_measures(
-    states: Sequence[State], reference: State, step: Mapping[str, np.ndarray] | None = None
+    states: Sequence[State],
+    reference: State,
+    step: Mapping[str, np.ndarray] | None = None,
+    weights: Sequence[float] | None = None,
 ) -> ChangeMeasures:
     """The changes ``d_k = w_k - ref`` of K updates measured in one read of each: ``||d_k||^2`` for every
     floating-point tensor of ``reference``, ``<d_k, Delta>`` for those of ``step`` (the last global step), and
     ``||ref||`` (the change bound's scale, :func:`change_scale`).
+
+    ``weights``: ``(K,)`` site weights; the weighted mean of each float32 / float64 tensor is then summed on the
+    same read (``sums``, equal to :func:`weighted_average` of the tensor bit for bit), so a server whose rule
+    averages plainly reads each update once.
 
     Block by block: a block of ``ref`` (and of ``Delta``) is read once for all K updates, each block's difference
     goes through one small buffer (never written out whole), products in the tensors' own float precision
     (float32 / float64; other dtypes in float64), sums in float64. A NaN / inf value, or a change too large for
     the precision, makes a square non-finite (:func:`non_finite` tells the two apart).
     """
-    out = ChangeMeasures({}, {}, {})
+    out = ChangeMeasures({}, {}, {}, {})
     n = len(states)
+    a = None if weights is None else averaging_weights(weights)
+    if a is not None and len(a) != n:
+        raise ValueError(f"need one weight per update, got {n} updates and {len(a)} weights")
     for key, ref in reference.items():
         if not is_float(ref):
             continue
@@ -268,6 +298,10 @@ def change_measures(
         r = _flat(r, dtype)
         xs = [_flat(s[key], dtype) for s in states]
         st = None if step is None or key not in step else _flat(step[key], dtype)
+        summed = a is not None and n > 0 and all(np.asarray(s[key]).dtype == dtype for s in states)
+        total = np.empty(np.shape(ref), dtype) if summed else None
+        flat_total = None if total is None else total.reshape(-1)
+        axpy = _axpy(dtype) if summed else None
         sq, dot, rr = np.zeros(n), np.zeros(n), 0.0
         buf = np.empty(min(_CHUNK, r.size), dtype)
         with np.errstate(over="ignore", invalid="ignore"):
@@ -277,13 +311,22 @@ def change_measures(
                 d = buf[: rb.size]
                 sb = None if st is None else st[i : i + _CHUNK]
                 for k, x in enumerate(xs):
-                    np.subtract(x[i : i + _CHUNK], rb, out=d)
+                    xb = x[i : i + _CHUNK]
+                    np.subtract(xb, rb, out=d)
                     sq[k] += float(np.dot(d, d))
                     if sb is not None:
                         dot[k] += float(np.dot(d, sb))
+                    if flat_total is None:
+                        continue
+                    if k == 0:  # weighted_average's arithmetic, block by block (_accumulate)
+                        np.multiply(xb, a[0], out=flat_total[i : i + _CHUNK], dtype=dtype)
+                    elif a[k]:
+                        axpy(xb, flat_total[i : i + _CHUNK], a=float(a[k]))
         out.squares[key], out.reference_norms[key] = sq, float(np.sqrt(rr))
         if st is not None:
             out.dots[key] = dot
+        if total is not None:
+            out.sums[key] = total
     return out
 
 

@@ -56,6 +56,7 @@ from nvflare.app_common.app_constant import AppConstants
 
 from ..aggregation import (
     BOUND_MODES,
+    averaging_weights,
     bound_changes,
     change_measures,
     check_update,
@@ -66,7 +67,7 @@ from ..aggregation import (
     peer_cosines,
     step_of,
 )
-from ..methods import Contribution, ServerRule, get_method
+from ..methods import Contribution, PlainSums, ServerRule, get_method
 from ..stat_checks import JobSize, StatSpec, check_statistics
 from .keys import (
     META_ANNOTATED,
@@ -168,6 +169,7 @@ class PartialLabelAggregator(Aggregator):
         self._step: dict[str, np.ndarray] | None = None  # the last global step (new - previous global model)
         self._step_norms: dict[str, float] | None = None  # its norm per tensor (made when first needed)
         self._spare: dict[str, np.ndarray] | None = None  # the step before it: the arrays the next step is written to
+        self._sums: PlainSums | None = None  # the round's plain mean, summed while its updates were checked
         self.last_missing: list[
             str
         ] = []  # the sites that sent nothing in the last round (the final evaluation skips them)
@@ -332,10 +334,15 @@ class PartialLabelAggregator(Aggregator):
         a NaN / inf value are refused, then the direction check (:func:`change_cosine`, against the last global
         step and the round's other changes) and the size bound (:func:`bound_changes`), each update against the
         global model and its last step."""
+        self._sums = None
         if previous is None or not contributions:
             return contributions
         step = self._step if self.min_cosine is not None else None
-        measured = change_measures([c.weights for c in contributions], previous, step)
+        weights = self._plain_weights(contributions)
+        states = [c.weights for c in contributions]
+        measured = change_measures(states, previous, step, weights)
+        if weights is not None:  # the rule's plain mean, summed on this read; used only if every update stays
+            self._sums = PlainSums(tuple(states), np.asarray(weights, np.float64), measured.sums)
         squares = measured.squares
         if self._step is not None and self._step_norms is None:  # a step restored from a checkpoint
             self._step_norms = norms_of(self._step)
@@ -364,6 +371,8 @@ class PartialLabelAggregator(Aggregator):
             norms={key: np.sqrt(v) for key, v in squares.items()},
             reference_norms=measured.reference_norms,
         )
+        if why:
+            self._sums = None  # an update left out or clipped: the rule averages what remains itself
         if self.on_large_change == "reject":
             for k, reason in sorted(why.items()):
                 self._reject(fl_ctx, contributions[k].site, f"round {rnd}: {reason}")
@@ -375,6 +384,19 @@ class PartialLabelAggregator(Aggregator):
             Contribution(site=c.site, weights=s, n=c.n, meta=c.meta, weight=c.weight)
             for c, s in zip(contributions, states)
         ]
+
+    def _plain_weights(self, contributions: list[Contribution]) -> np.ndarray | None:
+        """The rule's plain-mean site weights (:meth:`ServerRule.plain_weights`) if usable, else None (the rule
+        then averages on its own reading of the updates, and a failure there is the rule's, reported as such)."""
+        try:
+            w = self.rule.plain_weights(contributions)
+            if w is None:
+                return None
+            w = np.asarray(w, np.float64)
+            averaging_weights(w)  # raises unless finite, non-negative and not all zero
+            return w
+        except Exception:  # noqa: BLE001 - the fused sum is an optimisation only
+            return None
 
     def _check_direction(
         self, fl_ctx: FLContext, rnd: int, previous, contributions: list[Contribution], cosines: np.ndarray
@@ -424,12 +446,18 @@ class PartialLabelAggregator(Aggregator):
         rnd: int,
         summary: dict | None,
         out: dict | None = None,
+        sums: PlainSums | None = None,
     ) -> tuple[dict, dict, dict | None, dict | None]:
         """``(weights, meta in builtin types, the step from previous, its norm per tensor)``; the step is written
         into ``out``'s arrays where they fit (:func:`step_of`). Raises when the rule does or its model is unusable:
         the structure is checked against the previous model, the values by the step's norms (NaN / inf in the
-        model, confirmed value by value), one read of the model."""
-        weights, meta = rule.aggregate(previous, contributions, groups, rnd, summary)
+        model, confirmed value by value), one read of the model. ``sums``: the rule's plain mean, summed while the
+        updates were checked (:meth:`_bound`), lent to the rule for this call (:attr:`ServerRule.presummed`)."""
+        rule.presummed = sums
+        try:
+            weights, meta = rule.aggregate(previous, contributions, groups, rnd, summary)
+        finally:
+            rule.presummed = None
         meta = to_builtin(meta)
         if previous is None:
             return weights, meta, None, None
@@ -531,8 +559,9 @@ class PartialLabelAggregator(Aggregator):
         before = self._snapshot() if len(contributions) > 1 else None
         try:
             weights, meta, step, step_norms = self._run_rule(
-                self.rule, previous, contributions, groups, rnd, summary, self._spare
+                self.rule, previous, contributions, groups, rnd, summary, self._spare, self._sums
             )
+            self._sums = None
         except Exception as e:  # noqa: BLE001 - the federation outlives a failing rule
             msg = f"rule {type(self.rule).__name__} failed in round {rnd}: {type(e).__name__}: {e}"
             found = self._culprit(fl_ctx, before, previous, contributions, groups, rnd, summary)

@@ -23,7 +23,7 @@ import functools
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -399,6 +399,16 @@ def _takes_keyword(fn, name: str) -> bool:
     return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
+class PlainSums(NamedTuple):
+    """The weighted mean of every float tensor of a round's updates, summed by the server on its one reading of
+    them (:func:`fedpartial.aggregation.change_measures`): ``states``, the updates in order (the very objects),
+    ``weights``, the ``(K,)`` site weights used, ``sums``, ``{key: array}``."""
+
+    states: tuple
+    weights: np.ndarray
+    sums: dict
+
+
 @dataclass
 class Contribution:
     """One site's update as the server sees it.
@@ -498,6 +508,7 @@ class ServerRule:
 
     Options: type = RuleOptions
     required_metadata: tuple[str, ...] = ()  # metadata keys the rule reads from every contribution (e.g. 'annotated')
+    presummed: PlainSums | None = None  # set by the server around aggregate (:meth:`plain_weights`)
 
     def __init_subclass__(cls, **kwargs):
         """A subclass's :meth:`state_dict` returns, and its :meth:`load_state_dict` receives, the :func:`saved_form`
@@ -519,6 +530,25 @@ class ServerRule:
         """``(K,)`` aggregation weights: ``n_k`` or 1 per ``site_weighting``, times the participation weight."""
         base = [c.n if self.opts.site_weighting == "samples" else 1.0 for c in contributions]
         return np.asarray(base, dtype=np.float64) * np.asarray([c.weight for c in contributions], dtype=np.float64)
+
+    def plain_weights(self, contributions: list[Contribution]) -> np.ndarray | None:
+        """The ``(K,)`` site weights :meth:`average` will give every tensor outside the classifier rows, asked
+        before :meth:`aggregate` so the server can sum that weighted mean on the same reading of the updates as
+        its checks (:class:`PlainSums`, used by :meth:`average` only for the very same updates and weights);
+        None where the mean is not plain (``clip_norm``, ``robust``). A rule that never calls :meth:`average`
+        returns None."""
+        if self.opts.clip_norm > 0 or self.opts.robust != "none":
+            return None
+        return self.site_weights(contributions)
+
+    def _presummed_for(self, contributions: list[Contribution], weights: np.ndarray) -> dict | None:
+        """:attr:`presummed`'s sums when they were made of exactly these updates with these weights, else None."""
+        p = self.presummed
+        if p is None or len(p.states) != len(contributions):
+            return None
+        if not all(c.weights is s for c, s in zip(contributions, p.states)):
+            return None
+        return p.sums if np.array_equal(np.asarray(weights, np.float64), p.weights) else None
 
     def average(
         self,
@@ -545,13 +575,15 @@ class ServerRule:
                 zero_rows,
             )
         else:
+            weights = self.site_weights(contributions)
             out = aggregate_states(
                 states,
-                self.site_weights(contributions),
+                weights,
                 groups.get("classifier", ()),
                 class_weights,
                 previous,
                 zero_rows,
+                presummed=self._presummed_for(contributions, weights) if self.opts.clip_norm <= 0 else None,
             )
         if self.opts.norm == "frozen" and previous is not None:
             out.update({k: np.asarray(previous[k]) for k in groups.get("norm", ()) if k in previous})

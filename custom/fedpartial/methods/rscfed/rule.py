@@ -81,6 +81,10 @@ class RSCFedRule(ServerRule):
         k = subset_size(n_sites, float(self.opts.subset_size))
         return sample_subsets(n_sites, int(self.opts.subsets), k, int(self.opts.seed), round_num)
 
+    def plain_weights(self, contributions: list[Contribution]) -> None:
+        """None: the round's models are the subsets' distance-weighted means, never one plain mean."""
+        return None
+
     def aggregate(self, previous, contributions: list[Contribution], groups, round_num, summary=None):
         contributions = sorted(contributions, key=lambda c: c.site)
         states = [c.weights for c in contributions]

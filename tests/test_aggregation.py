@@ -156,7 +156,10 @@ def test_the_mean_summed_on_the_checks_read_equals_weighted_average(monkeypatch)
         "n": np.array(7, np.int64),
     }
     states = [
-        {k: (v + rng.normal(size=v.shape)).astype(v.dtype) if k != "n" else np.array(9, np.int64) for k, v in ref.items()}
+        {
+            k: (v + rng.normal(size=v.shape)).astype(v.dtype) if k != "n" else np.array(9, np.int64)
+            for k, v in ref.items()
+        }
         for _ in range(4)
     ]
     for w in ([3.0, 1.0, 0.0, 2.5], [0.0, 1.0, 2.0, 1.0]):

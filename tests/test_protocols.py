@@ -168,3 +168,14 @@ def test_assign_dispatch():
 def test_assign_errors(call):
     with pytest.raises(ValueError):
         call()
+
+
+def test_every_protocol_declares_its_parameters_once():
+    """The dataset section's checks and assign() read one table of the protocols' parameters."""
+    from fedpartial.data.protocols import PROTOCOLS, assign
+    from fedpartial.data.settings import PROTOCOL_ARGS, PROTOCOL_PARAMS
+
+    assert set(PROTOCOLS) == set(PROTOCOL_ARGS)
+    assert set(PROTOCOL_PARAMS) == {p for params in PROTOCOL_ARGS.values() for p in params}
+    with pytest.raises(ValueError, match=r"takes parameter\(s\) \['k'\]; missing \['k'\]"):
+        assign("missing_k", 5, 3)

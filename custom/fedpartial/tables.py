@@ -317,8 +317,10 @@ def save_figure(fig, path) -> str:
     return str(path)
 
 
-def across_sites_line(name: str, a: dict) -> str:
-    """One line: the test AUROC within each site, their mean and all sites pooled (``final[model].across_sites``)."""
+def across_sites_line(name: str, a: dict, warning: bool = True) -> str:
+    """One line: the test AUROC within each site, their mean and all sites pooled (``final[model].across_sites``),
+    then its warning, if any, as a paragraph of its own (``warning=False``: the line alone, for a page that shows
+    the warning elsewhere)."""
     sites = ", ".join(f"{s} {100 * v:.1f}" for s, v in a["within_site_auc"].items())
     pooled = (
         "not available (a site sent no score histogram)" if a["pooled_auc"] is None else f"{100 * a['pooled_auc']:.1f}"
@@ -327,4 +329,4 @@ def across_sites_line(name: str, a: dict) -> str:
         f"{name}: test AUROC within each site {sites}; their mean {100 * a['mean_within_site_auc']:.1f}; "
         f"all sites pooled {pooled}"
     )
-    return line + (f"\n\nWARNING: {a['warning']}." if a.get("warning") else "")
+    return line + (f"\n\nWARNING: {a['warning']}." if warning and a.get("warning") else "")

@@ -14,6 +14,8 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from .settings import PROTOCOL_ARGS
+
 FEDLSM_ISIC_TABLE: dict[str, list[str]] = {
     "site-1": ["BKL", "VASC", "NV"],
     "site-2": ["NV", "DF", "BCC"],
@@ -169,7 +171,6 @@ PROTOCOLS: dict[str, Callable[..., list[list[int]]]] = {
     "labeled_unlabeled": labeled_unlabeled,
     "full": full,
 }
-_PARAMS = {"missing_k": ("k",), "random_s": ("s",), "table": ("table",), "labeled_unlabeled": ("m",), "full": ()}
 
 
 def assign(protocol: str, classes: Sequence[str] | int, num_sites: int, seed: int = 0, **params) -> list[list[int]]:
@@ -189,7 +190,7 @@ def assign(protocol: str, classes: Sequence[str] | int, num_sites: int, seed: in
     """
     if protocol not in PROTOCOLS:
         raise ValueError(f"unknown protocol {protocol!r}; known: {sorted(PROTOCOLS)}")
-    expected = _PARAMS[protocol]
+    expected = PROTOCOL_ARGS[protocol]
     missing = [p for p in expected if params.get(p) is None]
     unexpected = [p for p in params if p not in expected]
     if missing or unexpected:

@@ -22,7 +22,9 @@ CacheMode = Literal["store", "disk", "memory", "none"]  # how the site keeps dec
 CACHE_MODES = get_args(CacheMode)
 ResizeMode = Literal["area", "bilinear", "bicubic", "nearest"]  # the filters of fedpartial.data.decode.RESIZE_FILTERS
 RESIZE_MODES = get_args(ResizeMode)
-PROTOCOL_PARAMS = ("k", "s", "m", "table")  # the protocols' parameters (fedpartial.data.protocols)
+PROTOCOL_ARGS = {"missing_k": ("k",), "random_s": ("s",), "table": ("table",), "labeled_unlabeled": ("m",), "full": ()}
+"""Each annotation protocol's parameters (:data:`fedpartial.data.protocols.PROTOCOLS`, which checks them)."""
+PROTOCOL_PARAMS = tuple(dict.fromkeys(p for params in PROTOCOL_ARGS.values() for p in params))
 SPEC_KEYS = ("source", "root", "num_sites", "protocol", "source_args", "sources", "refresh", "verbose", "overwrite")
 """The keys of a ``prepare`` section besides the option groups' and the protocol's (fedpartial.data.prepare's
 ``ensure_prepared``: the source, its folder, the sites, the protocol, the loader's arguments, a federation of

@@ -843,9 +843,7 @@ def load_runs(path: Path) -> tuple[dict, dict[str, list[dict]]]:
         return data.get("args") or {}, data["runs"]
     if path.is_file():
         cmd = json.loads(path.read_text()).get("command")
-        raise SystemExit(
-            f"{path} holds the summary only; its runs ({runs_path(path).name}) are written by: {cmd}"
-        )
+        raise SystemExit(f"{path} holds the summary only; its runs ({runs_path(path).name}) are written by: {cmd}")
     raise SystemExit(f"{path}: no such benchmark file")
 
 
@@ -855,7 +853,9 @@ def save(a: argparse.Namespace, runs: dict[str, list[dict]], args: dict | None =
     write_runs(a.out, {"args": args, "runs": runs})
     legacy_runs_path(a.out).unlink(missing_ok=True)  # its runs are in the compressed file now
     commit = None
-    if getattr(a, "report", None) and a.out.is_file():  # re-rendered: the runs were made at the commit the summary names
+    if (
+        getattr(a, "report", None) and a.out.is_file()
+    ):  # re-rendered: the runs were made at the commit the summary names
         commit = json.loads(a.out.read_text()).get("commit")
     a.out.write_text(json.dumps(summary_record(args, runs, a.out, a.tail, commit), indent=1, default=str) + "\n")
     a.out.with_suffix(".md").write_text(report(a, runs) + "\n")

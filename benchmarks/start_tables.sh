@@ -9,7 +9,8 @@
 #   TABLE=fedmlp START=imagenet bash benchmarks/start_tables.sh   # FedMLP missing 7 on the NIH images: FedAvg,
 #       FedAvg-PL, FedMLP, all labels (8 sites); the share of the AUC gap between FedAvg-PL and all labels
 #   TABLE=fedirm START=imagenet bash benchmarks/start_tables.sh   # FedIRM: HAM10000, 10 sites, 2 labelled: FedAvg on
-#       the labelled sites, FedIRM, FedAvg on all sites' labels; the share of the AUC gap
+#       the labelled sites, FedIRM (its defaults, and the paper's 200-round schedule scaled to ROUNDS), FedAvg on
+#       all sites' labels; the share of the AUC gap
 #   TABLE=surgical START=imagenet bash benchmarks/start_tables.sh # surgical aggregation (FedBN+: norm layers kept at
 #       the start's statistics), its FedAvg rows, FedBN, PFL, individual on the ICH phantom
 #
@@ -54,8 +55,11 @@ fedmlp)
     --override '{'"$MODEL"', '"$TRAIN"', "dataset": {"image_size": '"$SIZE"', '"$CACHE"'}, "evaluation": {"test_every": 0}}' \
     --gap FedAvg-PL 'all labels' --gap-metric auc --out "$OUT" "$@" ;;
 fedirm)
+  # the paper's schedule (200 rounds: 20 labelled-only, the unlabelled loss ramped up over 30) scaled to ROUNDS
+  SCALED='{"warm_rounds": '"$((ROUNDS / 10))"', "rampup_rounds": '"$(((3 * ROUNDS + 19) / 20))"'}'
   python benchmarks/run_jobs.py --sites 10 --variant 'FedAvg, labelled sites=fedavg_labelled_isic:{}' \
     --variant 'FedIRM=fedirm_isic:{}' --variant 'FedAvg, all labels=fedavg_labelled_full_isic:{}' \
+    --variant "FedIRM, schedule scaled to the rounds=fedirm_isic:$SCALED" \
     --seeds $SEEDS --rounds "$ROUNDS" --compact \
     --override '{'"$MODEL"', '"$TRAIN"', "dataset": {"image_size": '"$SIZE"', '"$CACHE"', "prepare": {"val_frac": 0.05}}, "evaluation": {"test_every": 0}}' \
     --gap 'FedAvg, labelled sites' 'FedAvg, all labels' --gap-metric auc --out "$OUT" "$@" ;;

@@ -12,7 +12,8 @@
 #       the labelled sites, FedIRM (its defaults, and the paper's 200-round schedule scaled to ROUNDS), FedAvg on
 #       all sites' labels; the share of the AUC gap
 #   TABLE=surgical START=imagenet bash benchmarks/start_tables.sh # surgical aggregation (FedBN+: norm layers kept at
-#       the start's statistics), its FedAvg rows, FedBN, PFL, individual on the ICH phantom
+#       the start's statistics), FedBN, FL-PL, vanilla FL, PFL, individual on the NIH images (4 sites, 7 of 14
+#       findings each; DATA=ich: the ICH phantom, 5 sites)
 #
 # START=random: the same rows from random weights. Knobs: ROUNDS (20), STEPS (10 local steps of batch 32; epoch:
 # one local epoch), SIZE (64 px), LR (3e-4, Adam; the same for both starts), FREEZE (encoder parts kept at their
@@ -64,13 +65,14 @@ fedirm)
     --override '{'"$MODEL"', '"$TRAIN"', "dataset": {"image_size": '"$SIZE"', '"$CACHE"', "prepare": {"val_frac": 0.05}}, "evaluation": {"test_every": 0}}' \
     --gap 'FedAvg, labelled sites' 'FedAvg, all labels' --gap-metric auc --out "$OUT" "$@" ;;
 surgical)
-  python benchmarks/run_jobs.py --sites 5 --variant 'surgical (FedBN+)=surgical_ich:{"norm": "frozen"}' \
-    --variant 'surgical, FedBN=surgical_ich:{"norm": "local"}' \
-    --variant 'FL-PL=surgical_ich:{"task_block": "average", "norm": "frozen"}' \
-    --variant 'vanilla FL=surgical_ich:{"task_block": "average", "missing": "negatives", "norm": "frozen"}' \
-    --variant 'PFL=surgical_ich:{"method": "pfl"}' --variant 'individual=surgical_ich:{"method": "individual"}' \
+  JOB="surgical_${DATA:-cxr14}"
+  python benchmarks/run_jobs.py --sites "$([ "$JOB" = surgical_ich ] && echo 5 || echo 4)" \
+    --variant "surgical (FedBN+)=$JOB:{\"norm\": \"frozen\"}" --variant "surgical, FedBN=$JOB:{\"norm\": \"local\"}" \
+    --variant "FL-PL=$JOB:{\"task_block\": \"average\", \"norm\": \"frozen\"}" \
+    --variant "vanilla FL=$JOB:{\"task_block\": \"average\", \"missing\": \"negatives\", \"norm\": \"frozen\"}" \
+    --variant "PFL=$JOB:{\"method\": \"pfl\"}" --variant "individual=$JOB:{\"method\": \"individual\"}" \
     --seeds $SEEDS --rounds "$ROUNDS" --compact --compare 'surgical (FedBN+)' FL-PL \
-    --override '{'"$MODEL"', '"$TRAIN"', "dataset": {"image_size": '"$SIZE"'}, "evaluation": {"test_every": 0}}' \
-    --out "$OUT" "$@" ;;
+    --override '{'"$MODEL"', '"$TRAIN"', "dataset": {"image_size": '"$SIZE"', '"$CACHE"'}, "evaluation": {"test_every": 0}}' \
+    --out "${OUT%.json}_${JOB#surgical_}.json" "$@" ;;
 *) echo "TABLE must be fedlsm, fedmlp, fedirm or surgical" >&2; exit 2 ;;
 esac

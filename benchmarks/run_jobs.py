@@ -705,8 +705,48 @@ def compare(runs: dict[str, list[dict]], a: str, b: str) -> str:
     return "\n".join(lines)
 
 
+def method_counters(run: dict) -> dict[str, float]:
+    """A run's method counters (the sites' per-round ``site_stats``: FedLSM's ``fedlsm_pseudo``, FedIRM's
+    ``fedirm_selected``, FedMLP's ``fedmlp_new_pseudo``, ...): integer counters summed over sites and rounds, other
+    numbers averaged over the site-rounds that report them; lists (matrices, pools) left out."""
+    values: dict[str, list] = {}
+    for rnd in run.get("curves") or run.get("rounds") or []:
+        for stats in (rnd.get("site_stats") or {}).values():
+            for k, v in (stats or {}).items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    values.setdefault(k, []).append(v)
+    return {k: sum(v) if all(isinstance(x, int) for x in v) else statistics.mean(v) for k, v in values.items()}
+
+
+def counters_table(runs: dict[str, list[dict]]) -> str:
+    """Each configuration's method counters (:func:`method_counters`) per seed: what the method did, beside what it
+    scored (an integer: the total over sites and rounds; a fraction: the mean of a site's round)."""
+    lines = []
+    for name, rs in runs.items():
+        per_seed = [method_counters(r) for r in rs]
+        for key in sorted({k for c in per_seed for k in c}):
+            cells = ["-" if key not in c else f"{c[key]:.4g}" for c in per_seed]
+            lines.append(f"| {name} | {key} | " + " | ".join(cells) + " |")
+    if not lines:
+        return ""
+    width = max(len(rs) for rs in runs.values())
+    head = "| configuration | counter | " + " | ".join(f"run {k + 1}" for k in range(width)) + " |"
+    return "\n".join(
+        [
+            "Method counters per run (integers: summed over sites and rounds; others: the mean over site-rounds):",
+            "",
+            head,
+            "|---|---|" + "---|" * width,
+            *lines,
+        ]
+    )
+
+
 def report(a: argparse.Namespace, runs: dict[str, list[dict]]) -> str:
     text = markdown(summarise(runs, a.tail)) + "\n\n" + tables(runs) + "\n\n" + intervals(runs)
+    counters = counters_table(runs)
+    if counters:
+        text += "\n\n" + counters
     for x, y in a.compare or []:
         missing = [n for n in (x, y) if n not in runs]
         text += "\n\n" + (

@@ -308,3 +308,19 @@ def test_suite_cpu_names_the_kinds_and_counts_a_child_it_did_not_start_directly(
     assert burner[0]["cpu_s"] >= 1.3
     assert summary["kinds"]["simulated site worker"]["cpu_s"] >= burner[0]["cpu_s"] - 0.05  # rounded to 0.1
     assert summary["machine_cpu_s"] >= 1.3
+
+
+def test_method_counters_are_summed_or_averaged_per_run():
+    """The counters beside the scores: integers summed over sites and rounds, fractions averaged over the
+    site-rounds that report them, lists and flags left out; a configuration without counters has no row."""
+    mod = _run_jobs()
+    run = {
+        "curves": [
+            {"site_stats": {"site-1": {"pseudo": 2, "ramp": 0.5, "pools": [1, 2]}, "site-2": {"pseudo": 3}}},
+            {"site_stats": {"site-1": {"pseudo": 4, "ramp": 1.0, "ok": True}}},
+        ]
+    }
+    assert mod.method_counters(run) == {"pseudo": 9, "ramp": 0.75}
+    table = mod.counters_table({"FedX": [run, {"rounds": [{"site_stats": {"s": {"pseudo": 1}}}]}], "FedAvg": [{}]})
+    assert "| FedX | pseudo | 9 | 1 |" in table and "| FedX | ramp | 0.75 | - |" in table
+    assert "FedAvg" not in table

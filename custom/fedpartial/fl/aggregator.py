@@ -37,6 +37,10 @@ nothing usable arrives) the previous global model and the previous method metada
 error are logged and recorded in ``results.json``, and the job goes on; after ``max_rule_failures`` consecutive
 rule failures the job stops cleanly (its last good model kept). The rule's returned meta (prototypes, learning
 degrees, ...) travels to the sites with the next round's model.
+
+Cost: the checks read each update once, block by block, and a rule that averages plainly (FedAvg and every rule
+whose :meth:`~fedpartial.methods.ServerRule.plain_weights` says so) gets its weighted mean summed on that same
+read, so an honest round reads each update once (``python benchmarks/aggregation_speed.py``).
 """
 
 from __future__ import annotations
@@ -333,7 +337,9 @@ class PartialLabelAggregator(Aggregator):
         """The round's updates (participation weight > 0) read once together (:func:`change_measures`): those with
         a NaN / inf value are refused, then the direction check (:func:`change_cosine`, against the last global
         step and the round's other changes) and the size bound (:func:`bound_changes`), each update against the
-        global model and its last step."""
+        global model and its last step. On the same read the rule's plain mean is summed (``self._sums``, when
+        :meth:`ServerRule.plain_weights` gives weights): when every update stays, unclipped, the rule does not read
+        them again."""
         self._sums = None
         if previous is None or not contributions:
             return contributions

@@ -721,22 +721,21 @@ def method_counters(run: dict) -> dict[str, float]:
 def counters_table(runs: dict[str, list[dict]]) -> str:
     """Each configuration's method counters (:func:`method_counters`) per seed: what the method did, beside what it
     scored (an integer: the total over sites and rounds; a fraction: the mean of a site's round)."""
+    seeds = sorted({r.get("seed", k) for rs in runs.values() for k, r in enumerate(rs)})
     lines = []
     for name, rs in runs.items():
-        per_seed = [method_counters(r) for r in rs]
-        for key in sorted({k for c in per_seed for k in c}):
-            cells = ["-" if key not in c else f"{c[key]:.4g}" for c in per_seed]
+        per_seed = {r.get("seed", k): method_counters(r) for k, r in enumerate(rs)}
+        for key in sorted({k for c in per_seed.values() for k in c}):
+            cells = [f"{per_seed[s][key]:.4g}" if key in per_seed.get(s, {}) else "-" for s in seeds]
             lines.append(f"| {name} | {key} | " + " | ".join(cells) + " |")
     if not lines:
         return ""
-    width = max(len(rs) for rs in runs.values())
-    head = "| configuration | counter | " + " | ".join(f"run {k + 1}" for k in range(width)) + " |"
     return "\n".join(
         [
-            "Method counters per run (integers: summed over sites and rounds; others: the mean over site-rounds):",
+            "Method counters per seed (integers: summed over sites and rounds; others: the mean over site-rounds):",
             "",
-            head,
-            "|---|---|" + "---|" * width,
+            "| configuration | counter | " + " | ".join(f"seed {s}" for s in seeds) + " |",
+            "|---|---|" + "---|" * len(seeds),
             *lines,
         ]
     )

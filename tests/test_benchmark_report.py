@@ -321,6 +321,8 @@ def test_method_counters_are_summed_or_averaged_per_run():
         ]
     }
     assert mod.method_counters(run) == {"pseudo": 9, "ramp": 0.75}
-    table = mod.counters_table({"FedX": [run, {"rounds": [{"site_stats": {"s": {"pseudo": 1}}}]}], "FedAvg": [{}]})
-    assert "| FedX | pseudo | 9 | 1 |" in table and "| FedX | ramp | 0.75 | - |" in table
+    other = {"seed": 2, "rounds": [{"site_stats": {"s": {"pseudo": 1}}}]}
+    table = mod.counters_table({"FedX": [{**run, "seed": 0}, other], "FedAvg": [{"seed": 1}]})
+    assert "| configuration | counter | seed 0 | seed 1 | seed 2 |" in table
+    assert "| FedX | pseudo | 9 | - | 1 |" in table and "| FedX | ramp | 0.75 | - | - |" in table
     assert "FedAvg" not in table

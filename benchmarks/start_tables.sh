@@ -10,7 +10,7 @@
 #       FedAvg-PL, FedMLP, all labels (8 sites); the share of the AUC gap between FedAvg-PL and all labels
 #   TABLE=fedirm START=imagenet bash benchmarks/start_tables.sh   # FedIRM: HAM10000, 10 sites, 2 labelled: FedAvg on
 #       the labelled sites, FedIRM (its defaults, and the paper's 200-round schedule scaled to ROUNDS), FedAvg on
-#       all sites' labels; the share of the AUC gap
+#       all sites' labels, Fed-Consistency (FedIRM without the relation matching); the share of the AUC gap
 #   TABLE=surgical START=imagenet bash benchmarks/start_tables.sh # surgical aggregation (FedBN+: norm layers kept at
 #       the start's statistics), FedBN, FL-PL, vanilla FL, PFL, individual on the NIH images (4 sites, 7 of 14
 #       findings each; DATA=ich: the ICH phantom, 5 sites)
@@ -61,6 +61,7 @@ fedirm)
   python benchmarks/run_jobs.py --sites 10 --variant 'FedAvg, labelled sites=fedavg_labelled_isic:{}' \
     --variant 'FedIRM=fedirm_isic:{}' --variant 'FedAvg, all labels=fedavg_labelled_full_isic:{}' \
     --variant "FedIRM, schedule scaled to the rounds=fedirm_isic:$SCALED" \
+    --variant 'Fed-Consistency=fed_consistency_isic:{}' \
     --seeds $SEEDS --rounds "$ROUNDS" --compact \
     --override '{'"$MODEL"', '"$TRAIN"', "dataset": {"image_size": '"$SIZE"', '"$CACHE"', "prepare": {"val_frac": 0.05}}, "evaluation": {"test_every": 0}}' \
     --gap 'FedAvg, labelled sites' 'FedAvg, all labels' --gap-metric auc --out "$OUT" "$@" ;;

@@ -535,6 +535,7 @@ class PartialLabelAggregator(Aggregator):
         received = sorted(self._contributions, key=lambda c: c.site)
         self._contributions, self._clipped = [], []
         contributions = self._bound(fl_ctx, rnd, previous, [c for c in received if c.weight > 0])
+        sums, self._sums = self._sums, None  # this round's only: no update outlives the round in them
         rejected = sorted({s for s, _ in self.rejected})
         answered = {c.site for c in received} | set(rejected)
         sat_out = {
@@ -565,9 +566,8 @@ class PartialLabelAggregator(Aggregator):
         before = self._snapshot() if len(contributions) > 1 else None
         try:
             weights, meta, step, step_norms = self._run_rule(
-                self.rule, previous, contributions, groups, rnd, summary, self._spare, self._sums
+                self.rule, previous, contributions, groups, rnd, summary, self._spare, sums
             )
-            self._sums = None
         except Exception as e:  # noqa: BLE001 - the federation outlives a failing rule
             msg = f"rule {type(self.rule).__name__} failed in round {rnd}: {type(e).__name__}: {e}"
             found = self._culprit(fl_ctx, before, previous, contributions, groups, rnd, summary)

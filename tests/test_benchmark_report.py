@@ -326,3 +326,20 @@ def test_method_counters_are_summed_or_averaged_per_run():
     assert "| configuration | counter | seed 0 | seed 1 | seed 2 |" in table
     assert "| FedX | pseudo | 9 | - | 1 |" in table and "| FedX | ramp | 0.75 | - | - |" in table
     assert "FedAvg" not in table
+
+
+def test_saved_runs_keep_six_significant_digits(tmp_path):
+    """The runs file keeps each float to 6 significant digits (half the size; a table shows 4), and the table
+    written with the runs is the one --report renders from the file."""
+    mod = _run_jobs()
+    path = tmp_path / "bench.json"
+    runs = json.loads(json.dumps(RUNS))
+    runs["method"][0]["seconds_per_round"] = 1.23456789
+    path.write_text(json.dumps({"args": {"rounds": 3, "gap": ["lower", "upper"]}, "runs": runs}))
+    assert mod.main(["--report", str(path), "--no-plots"]) == 0
+    saved = json.loads(gzip.decompress((tmp_path / "bench.runs.json.gz").read_bytes()))["runs"]
+    assert saved["method"][0]["seconds_per_round"] == 1.23457
+    assert mod.rounded({"a": [0.000123456789, 2, "x"]}) == {"a": [0.000123457, 2, "x"]}
+    md = (tmp_path / "bench.md").read_text()
+    assert mod.main(["--report", str(path), "--no-plots"]) == 0
+    assert (tmp_path / "bench.md").read_text() == md

@@ -10,7 +10,8 @@
 #       FedAvg-PL, FedMLP, all labels (8 sites); the share of the AUC gap between FedAvg-PL and all labels
 #   TABLE=fedirm START=imagenet bash benchmarks/start_tables.sh   # FedIRM: HAM10000, 10 sites, 2 labelled: FedAvg on
 #       the labelled sites, FedIRM (its defaults, and the paper's 200-round schedule scaled to ROUNDS), FedAvg on
-#       all sites' labels, Fed-Consistency (FedIRM without the relation matching); the share of the AUC gap
+#       all sites' labels, Fed-Consistency (FedIRM without the relation matching), FedIRM with the teacher's EMA
+#       decay scaled to the round's steps (the paper's ~3 rounds of memory); the share of the AUC gap
 #   TABLE=surgical START=imagenet bash benchmarks/start_tables.sh # surgical aggregation (FedBN+: norm layers kept at
 #       the start's statistics), FedBN, FL-PL, vanilla FL, PFL, individual on the NIH images (4 sites, 7 of 14
 #       findings each; DATA=ich: the ICH phantom, 5 sites)
@@ -57,11 +58,15 @@ fedmlp)
     --gap FedAvg-PL 'all labels' --gap-metric auc --out "$OUT" "$@" ;;
 fedirm)
   # the paper's schedule (200 rounds: 20 labelled-only, the unlabelled loss ramped up over 30) scaled to ROUNDS
+  # the teacher's memory the paper's epoch gives (decay 0.99 over ~36 steps a round: ~2.8 rounds) at STEPS a round
+  if [ "$STEPS" = epoch ]; then TEACHER="${TEACHER:-0.99}"; else TEACHER="${TEACHER:-$(python -c \
+    "import sys; print(round(1 - 1 / (2.8 * int(sys.argv[1])), 3))" "$STEPS")}"; fi
   SCALED='{"warm_rounds": '"$((ROUNDS / 10))"', "rampup_rounds": '"$(((3 * ROUNDS + 19) / 20))"'}'
   python benchmarks/run_jobs.py --sites 10 --variant 'FedAvg, labelled sites=fedavg_labelled_isic:{}' \
     --variant 'FedIRM=fedirm_isic:{}' --variant 'FedAvg, all labels=fedavg_labelled_full_isic:{}' \
     --variant "FedIRM, schedule scaled to the rounds=fedirm_isic:$SCALED" \
     --variant 'Fed-Consistency=fed_consistency_isic:{}' \
+    --variant "FedIRM, teacher decay scaled to the round=fedirm_isic:{\"ema_max_decay\": $TEACHER}" \
     --seeds $SEEDS --rounds "$ROUNDS" --compact \
     --override '{'"$MODEL"', '"$TRAIN"', "dataset": {"image_size": '"$SIZE"', '"$CACHE"', "prepare": {"val_frac": 0.05}}, "evaluation": {"test_every": 0}}' \
     --gap 'FedAvg, labelled sites' 'FedAvg, all labels' --gap-metric auc --out "$OUT" "$@" ;;

@@ -168,6 +168,60 @@ def test_a_site_and_predict_normalise_as_the_start_also_in_an_edited_job_folder(
     assert M.start_normalisation(ds, {}, 3) is ds
 
 
+def test_an_encoder_file_carries_the_normalisation_it_was_trained_with(tmp_path):
+    """``save_encoder`` writes ``<file>.json`` beside the encoder with the normalisation of the job that trained
+    it, and a job started from the file normalises with it (``start_normalisation``): the self-supervised stage
+    continued from ImageNet hands ImageNet's statistics on, a grey job takes the averages of an RGB record, and a
+    broken record or one of more channels than the job's is one line naming the file."""
+    net = PartialLabelNet("small_cnn", 3, 3, init_seed=0)
+    torch.save({"model": net.state_dict()}, tmp_path / "FL_global_model.pt")
+    enc = M.save_encoder(tmp_path / "FL_global_model.pt", tmp_path / "encoder.pt", {"mean": [0.1, 0.2, 0.3],
+                                                                                    "std": [0.4, 0.5, 0.6]})
+    record = tmp_path / "encoder.pt.json"
+    assert json.loads(record.read_text()) == {"mean": [0.1, 0.2, 0.3], "std": [0.4, 0.5, 0.6]}
+    ds = {"channels": 3, "mean": [0.7, 0.7, 0.7], "std": [0.2, 0.2, 0.2]}
+    got = M.start_normalisation(ds, {"pretrained": str(enc)}, 3)
+    assert (got["mean"], got["std"]) == ([0.1, 0.2, 0.3], [0.4, 0.5, 0.6])
+    got = M.start_normalisation(ds, {"pretrained": str(enc), "in_channels": 1}, 3)
+    assert (got["mean"], got["std"]) == ([0.2], [0.5])
+
+    record.write_text(json.dumps({"mean": None, "std": None}))  # a stage that normalised nothing
+    got = M.start_normalisation(ds, {"pretrained": str(enc)}, 3)
+    assert (got["mean"], got["std"]) == (None, None)
+    record.write_text(json.dumps({"mean": [0.3], "std": [0.2]}))  # grey record, RGB job
+    with pytest.raises(ValueError, match="1-channel images takes 1 or 3 input channels, not 3"):
+        M.start_normalisation(ds, {"pretrained": str(enc)}, 3)
+    record.write_text('{"mean": [0.1, 0.2]')
+    with pytest.raises(ValueError, match=r"encoder.pt.json: not the normalisation record of encoder.pt"):
+        M.start_normalisation(ds, {"pretrained": str(enc)}, 3)
+
+    # an encoder written again without a normalisation leaves no record of the earlier one behind
+    M.save_encoder(tmp_path / "FL_global_model.pt", tmp_path / "encoder.pt")
+    assert not record.exists() and M.start_normalisation(ds, {"pretrained": str(enc)}, 3) is ds
+
+
+def test_the_stage_records_the_normalisation_its_sites_used(tmp_path):
+    """What the server writes beside the stage's encoder is what the sites normalised with: the dataset's own
+    statistics, or ImageNet's for a stage that starts from ImageNet (its job folder's site configuration)."""
+    from fedpartial.fl.results import job_normalisation
+
+    def app(model):
+        (tmp_path / "config").mkdir(exist_ok=True)
+        args = {"dataset": {"preset": "ham10000"}, "model": model}
+        cfg = {"executors": [{"tasks": ["train"], "executor": {"path": "x", "args": args}}]}
+        (tmp_path / "config" / "config_fed_client.json").write_text(json.dumps(cfg))
+        return str(tmp_path)
+
+    from fedpartial.data.presets import resolve_dataset
+
+    own = resolve_dataset("ham10000")
+    assert job_normalisation(app({"arch": "small_cnn"})) == {"mean": own.get("mean"), "std": own.get("std")}
+    got = job_normalisation(app({"arch": "efficientnet_lite0", "pretrained": "imagenet"}))
+    assert got == {"mean": list(M.IMAGENET_MEAN), "std": list(M.IMAGENET_STD)} != {"mean": own.get("mean"),
+                                                                                   "std": own.get("std")}
+    assert job_normalisation(None) is None and job_normalisation(str(tmp_path / "nowhere")) is None
+
+
 SITES = 2
 LITE = {"arch": "efficientnet_lite0", "in_channels": 1, "pretrained": "imagenet"}
 

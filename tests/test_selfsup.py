@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -205,6 +206,12 @@ def test_two_rounds_in_the_simulator_write_an_encoder_that_starts_a_supervised_j
     enc = torch.load(encoder, weights_only=True)
     assert set(enc) == {k[len("encoder.") :] for k in glob if k.startswith("encoder.")}
     assert all(torch.equal(v, glob[f"encoder.{k}"]) for k, v in enc.items())
+    # beside it, the normalisation the stage's sites trained with (its job folder's dataset, resolved)
+    from fedpartial.data.presets import resolve_dataset
+
+    site_cfg = json.loads((job_dir / "app/config/config_fed_client.json").read_text())
+    ds = resolve_dataset(site_cfg["executors"][0]["executor"]["args"]["dataset"])
+    assert json.loads(Path(encoder + ".json").read_text()) == {"mean": ds.get("mean"), "std": ds.get("std")}
 
     # a supervised job of the bundle started from it: its server's model component with model.pretrained set
     cfg = json.loads((copy_job("fedavg_pl_ich", tmp_path / "sup") / "app/config/config_fed_server.json").read_text())

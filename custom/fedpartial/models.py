@@ -23,6 +23,7 @@ torchvision-layout ImageNet file, a hospital's own, the encoder a self-supervise
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import re
@@ -300,13 +301,13 @@ class Start:
     stem_norm: str = "stem.1.running_mean"  # the running mean of the norm layer after the stem (fold_stem's shift)
 
     def normalisation(self, channels: int) -> tuple[list[float], list[float]]:
-        """The mean / std a job of ``channels`` input channels uses: the RGB ones, or for one channel the averages
-        (a grey image is the mean of equal R, G, B)."""
-        if channels == 3:
+        """The mean / std a job of ``channels`` input channels uses: the start's own for as many channels, or for
+        one channel the averages of its RGB ones (a grey image is the mean of equal R, G, B)."""
+        if channels == len(self.mean):
             return list(self.mean), list(self.std)
-        if channels == 1:
+        if channels == 1 and len(self.mean) == 3:
             return [round(sum(self.mean) / 3, 4)], [round(sum(self.std) / 3, 4)]
-        raise ValueError(f"an ImageNet start takes 1 or 3 input channels, not {channels}")
+        raise ValueError(f"a start of {len(self.mean)}-channel images takes 1 or 3 input channels, not {channels}")
 
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -319,15 +320,51 @@ def named_start(pretrained: str | None) -> Start | None:
     return STARTS.get(str(pretrained)) if pretrained else None
 
 
+NORMALISATION_SUFFIX = ".json"
+"""A weights file's normalisation record: ``<file>.json`` beside it (``{"mean": [...], "std": [...]}``, None for
+images left unnormalised), written with an encoder by :func:`save_encoder`."""
+
+
+def file_normalisation(pretrained: str | Path | None) -> tuple[list | None, list | None] | None:
+    """The mean / std a weights file was trained with, from its normalisation record (``<file>.json``, which the
+    self-supervised stage writes beside its encoder), or None where the file has none (or is not on this
+    machine: a deployed site reads the values the job's configuration was given where the job was built). A
+    record that is not one is a ``ValueError`` of one line naming it."""
+    if not pretrained or named_start(str(pretrained)) is not None:
+        return None
+    record = Path(str(pretrained) + NORMALISATION_SUFFIX).expanduser()
+    if not record.is_file():
+        return None
+    try:
+        got = json.loads(record.read_text())
+        mean, std = got["mean"], got["std"]
+        if (mean is None) != (std is None) or (mean is not None and (len(mean) != len(std) or not mean)):
+            raise ValueError
+        return (None, None) if mean is None else ([float(m) for m in mean], [float(v) for v in std])
+    except (OSError, ValueError, TypeError, KeyError):
+        raise ValueError(
+            f"{record}: not the normalisation record of {Path(str(pretrained)).name} (expected "
+            '{"mean": [...], "std": [...]}, one value per input channel)'
+        ) from None
+
+
 def start_normalisation(dataset: dict, model: dict, channels: int) -> dict:
     """A dataset section with the input normalisation the model's start was trained with, when
-    ``model.pretrained`` names one (``imagenet``: ImageNet's mean / std, their averages for one channel), so
-    that the sites' training, the evaluation, ``fedpartial-predict`` and an exported bundle all normalise as the
-    weights expect, also in a job folder whose model section was edited by hand; otherwise the section as it
-    is (the dataset's own statistics). ``channels``: the dataset's, when the model does not say."""
-    start = named_start(model.get("pretrained"))
+    ``model.pretrained`` names one (``imagenet``: ImageNet's mean / std, their averages for one channel) or is a
+    file with a normalisation record (:func:`file_normalisation`: the self-supervised stage's encoder, also one
+    that continued from ImageNet), so that the sites' training, the evaluation, ``fedpartial-predict`` and an
+    exported bundle all normalise as the weights expect, also in a job folder whose model section was edited by
+    hand; otherwise the section as it is (the dataset's own statistics). ``channels``: the dataset's, when the
+    model does not say."""
+    pretrained = model.get("pretrained")
+    start = named_start(pretrained)
     if start is None:
-        return dataset
+        recorded = file_normalisation(pretrained)
+        if recorded is None:
+            return dataset
+        if recorded[0] is None:
+            return {**dataset, "mean": None, "std": None}
+        start = Start({}, tuple(recorded[0]), tuple(recorded[1]))
     mean, std = start.normalisation(int(model.get("in_channels") or channels))
     return {**dataset, "mean": mean, "std": std}
 
@@ -547,9 +584,11 @@ def encoder_state(model_state: dict) -> dict:
     return {k[len("encoder.") :]: v for k, v in model_state.items() if k.startswith("encoder.")}
 
 
-def save_encoder(model_file: str | Path, dest: str | Path) -> Path:
+def save_encoder(model_file: str | Path, dest: str | Path, normalisation: dict | None = None) -> Path:
     """Write the encoder of a saved global model (NVFlare's persistor file: ``{"model": state}``, or a bare state
-    dict) to ``dest`` (written to a temporary file, then renamed). Returns ``dest``."""
+    dict) to ``dest`` (written to a temporary file, then renamed), and with ``normalisation`` (``{"mean", "std"}``:
+    what the model's inputs were normalised with) its record ``dest.json`` (:func:`file_normalisation`), so a job
+    started from the file normalises as it was trained. Returns ``dest``."""
     import os
 
     state = read_state(model_file, "global model")
@@ -558,9 +597,17 @@ def save_encoder(model_file: str | Path, dest: str | Path) -> Path:
     if not enc:
         raise ValueError(f"global model {model_file} holds no encoder tensors")
     dest = Path(dest)
-    tmp = dest.with_suffix(dest.suffix + ".tmp")
-    torch.save({k: torch.as_tensor(v) for k, v in enc.items()}, tmp)
-    os.replace(tmp, dest)
+    record = Path(str(dest) + NORMALISATION_SUFFIX)
+    writes = [(dest, lambda f: torch.save({k: torch.as_tensor(v) for k, v in enc.items()}, f))]
+    if normalisation is not None:
+        text = json.dumps({"mean": normalisation.get("mean"), "std": normalisation.get("std")})
+        writes.append((record, lambda f: f.write_text(text)))
+    elif record.is_file():
+        record.unlink()  # a record of an earlier encoder at this path would not describe this one
+    for path, write in writes:
+        tmp = path.with_name(path.name + ".tmp")
+        write(tmp)
+        os.replace(tmp, path)
     return dest
 
 

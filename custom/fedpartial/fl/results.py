@@ -41,7 +41,7 @@ from nvflare.widgets.widget import Widget
 
 from ..data.presets import resolve_dataset
 from ..metrics import THRESHOLD_CRITERIA, apply_validation_thresholds, histogram_auroc, pool_histograms
-from ..models import ENCODER_FILE, save_encoder
+from ..models import ENCODER_FILE, save_encoder, start_normalisation
 from ..stats import add_run_statistics
 from ..tables import setting_label
 from .keys import (
@@ -372,7 +372,8 @@ class ResultsRecorder(Widget):
             # the model that was best on validation (a self-supervised stage: its kNN vote) where there is one
             source = next((app_dir / f for f in (BEST_MODEL, LAST_MODEL) if (app_dir / f).is_file()), None)
             if source is not None:
-                out["encoder"] = str(save_encoder(source, run_dir / ENCODER_FILE))
+                norm = job_normalisation(fl_ctx.get_prop(FLContextKey.APP_ROOT))
+                out["encoder"] = str(save_encoder(source, run_dir / ENCODER_FILE, norm))
                 out["encoder_from"] = (
                     f"the best on validation (after {out['best']['trained_rounds']} rounds)"
                     if source.name == BEST_MODEL and out.get("best")
@@ -476,20 +477,44 @@ def dataset_used(app_root: str | None, job_dataset: str, sites: dict) -> str:
     if {s.get("origin") for s in sites.values()} != {"simulated"}:
         own = list(dict.fromkeys(x for x in (source_label(sites[s].get("source")) for s in sorted(sites)) if x))
         return " + ".join(own) if own else job_dataset
+    args = _site_executor_args(app_root)
+    try:
+        if args.get("dataset"):
+            prep = resolve_dataset(args["dataset"]).get("prepare") or {}
+            if prep.get("sources"):
+                return "+".join(str(x.get("source")) for x in prep["sources"])
+            return str(prep.get("source") or job_dataset)
+    except (ValueError, TypeError, AttributeError):
+        pass
+    return job_dataset
+
+
+def _site_executor_args(app_root: str | None) -> dict:
+    """The arguments of the job's site executor (``config_fed_client.json`` of the job's app, the one the
+    simulator and a deployed job share), or an empty dict where the app has none."""
     if not app_root:
-        return job_dataset
+        return {}
     try:
         cfg = json.loads((Path(app_root) / "config" / "config_fed_client.json").read_text())
         for ex in cfg.get("executors", []):
-            ds = (ex.get("executor", {}).get("args") or {}).get("dataset")
-            if ds:
-                prep = resolve_dataset(ds).get("prepare") or {}
-                if prep.get("sources"):
-                    return "+".join(str(x.get("source")) for x in prep["sources"])
-                return str(prep.get("source") or job_dataset)
+            args = ex.get("executor", {}).get("args") or {}
+            if args.get("dataset"):
+                return args
     except (OSError, ValueError, TypeError, AttributeError):
         pass
-    return job_dataset
+    return {}
+
+
+def job_normalisation(app_root: str | None) -> dict | None:
+    """The input normalisation the job's sites trained with (``{"mean", "std"}``: the dataset's, or the one its
+    model's start set), as the sites' executor resolves it; None where the job's configuration is not readable."""
+    args = _site_executor_args(app_root)
+    try:
+        ds = resolve_dataset(args["dataset"])
+        ds = start_normalisation(ds, args.get("model") or {}, int(ds["channels"]))
+    except (KeyError, ValueError, TypeError, AttributeError):
+        return None
+    return {"mean": ds.get("mean"), "std": ds.get("std")}
 
 
 def _ledger_entry(entry: dict | None) -> dict | None:

@@ -16,7 +16,9 @@
 #       the start's statistics), FedBN, FL-PL, vanilla FL, PFL, individual on the NIH images (4 sites, 7 of 14
 #       findings each; DATA=ich: the ICH phantom, 5 sites)
 #
-# START=random: the same rows from random weights. Knobs: ROUNDS (20), STEPS (10 local steps of batch 32; epoch:
+# START=random: the same rows from random weights; START=selfsup / imagenet_selfsup: from the encoder of the
+# federated self-supervised stage (BYOL, jobs/selfsup_*) on the table's own sites, begun from random weights / from
+# ImageNet (run first, once per table; the job normalises as the stage did). Knobs: ROUNDS (20), STEPS (10 local steps of batch 32; epoch:
 # one local epoch), SIZE (64 px), LR (3e-4, Adam; the same for both starts), FREEZE (encoder parts kept at their
 # start, e.g. FREEZE='"stem", "stage1", "stage2"'), SEEDS ("0 1 2"); extra arguments go to run_jobs.py.
 # Results: benchmarks/results/start_<table>_<start>_r<R>_s<S>_px<P>.{json,md,_curves.png,_final.png}
@@ -29,12 +31,42 @@ SIZE="${SIZE:-64}"
 LR="${LR:-0.0003}"
 FREEZE="${FREEZE:-}"
 SEEDS="${SEEDS:-0 1 2}"
+if [ "$STEPS" = epoch ]; then LOCAL='"local_epochs": 1'; else LOCAL='"local_steps": '"$STEPS"; fi
+
+# The self-supervised starts: the federated BYOL stage (jobs/selfsup_*) on the table's sites' training images (the
+# train / val / test split depends on the source, seed and fractions only, never on the label protocol or the
+# number of sites, so the stage sees no validation or test image of the table), from random weights (selfsup) or
+# continued from ImageNet (imagenet_selfsup), at the table's rounds, local steps, size and learning rate, seed 0;
+# run once per table and start, its encoder (and the normalisation record beside it) reused by every seed.
+stage_encoder() {
+  local job=selfsup_ham10000 sites=5 prepare='{"protocol": "full", "table": null, "val_frac": 0.05}'
+  case "$TABLE" in
+  fedirm) sites=10 ;;
+  fedmlp) job=selfsup_cxr14 sites=8 prepare='{"protocol": "full", "k": null}' ;;
+  surgical) [ "${DATA:-cxr14}" = ich ] && job=selfsup_ich sites=5 || job=selfsup_cxr14 sites=4
+    prepare='{"protocol": "full", "k": null}' ;;
+  esac
+  local ws="/tmp/start_tables_stage/${TABLE}${DATA:+_$DATA}_${START}_r${ROUNDS}_s${STEPS}_px${SIZE}"
+  if [ ! -f "$ws/encoder.txt" ]; then
+    rm -rf "$ws"
+    python "jobs/$job/job.py" --rounds "$ROUNDS" --sites "$sites" --seed 0 --workspace "$ws/run" \
+      --set model.arch=efficientnet_lite0 --set "model.pretrained=$1" \
+      --set "train={\"optimizer\": \"adam\", \"batch_size\": 32, $LOCAL, \"lr\": $LR}" \
+      --set "dataset.image_size=$SIZE" --set dataset.cache=disk --set dataset.cache_dir=/tmp/start_tables_cache \
+      --set "dataset.prepare=$prepare" >&2
+    python -c "import json, pathlib, sys; print(json.loads(next(pathlib.Path(sys.argv[1]).rglob('results.json'))\
+.read_text())['encoder'])" "$ws/run" > "$ws/encoder.txt"
+  fi
+  cat "$ws/encoder.txt"
+}
+
 case "$START" in
 imagenet) PRETRAINED='"imagenet"' ;;
 random) PRETRAINED=null ;;
-*) echo "START must be imagenet or random" >&2; exit 2 ;;
+selfsup) PRETRAINED="\"$(stage_encoder null)\"" ;;
+imagenet_selfsup) PRETRAINED="\"$(stage_encoder '"imagenet"')\"" ;;
+*) echo "START must be imagenet, random, selfsup or imagenet_selfsup" >&2; exit 2 ;;
 esac
-if [ "$STEPS" = epoch ]; then LOCAL='"local_epochs": 1'; else LOCAL='"local_steps": '"$STEPS"; fi
 MODEL='"model": {"arch": "efficientnet_lite0", "pretrained": '"$PRETRAINED"', "freeze": ['"$FREEZE"']}'
 TRAIN='"train": {"batch_size": 32, '"$LOCAL"', "lr": '"$LR"'}'
 CACHE='"cache": "disk", "cache_dir": "/tmp/start_tables_cache"'

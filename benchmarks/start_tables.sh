@@ -11,7 +11,8 @@
 #   TABLE=fedirm START=imagenet bash benchmarks/start_tables.sh   # FedIRM: HAM10000, 10 sites, 2 labelled: FedAvg on
 #       the labelled sites, FedIRM (its defaults, and the paper's 200-round schedule scaled to ROUNDS), FedAvg on
 #       all sites' labels, Fed-Consistency (FedIRM without the relation matching), FedIRM with the teacher's EMA
-#       decay scaled to the round's steps (the paper's ~3 rounds of memory); the share of the AUC gap
+#       decay scaled to the round's steps (the paper's ~3 rounds of memory), FedIRM with the released code's
+#       unlabelled loss weight (15: against Adam's weight decay); the share of the AUC gap
 #   TABLE=surgical START=imagenet bash benchmarks/start_tables.sh # surgical aggregation (FedBN+: norm layers kept at
 #       the start's statistics), FedBN, FL-PL, vanilla FL, PFL, individual on the NIH images (4 sites, 7 of 14
 #       findings each; DATA=ich: the ICH phantom, 5 sites)
@@ -99,6 +100,7 @@ fedirm)
     --variant "FedIRM, schedule scaled to the rounds=fedirm_isic:$SCALED" \
     --variant 'Fed-Consistency=fed_consistency_isic:{}' \
     --variant "FedIRM, teacher decay scaled to the round=fedirm_isic:{\"ema_max_decay\": $TEACHER}" \
+    --variant 'FedIRM, loss weight 15 (the code'"'"'s)=fedirm_isic:{"loss_weight": 15}' \
     --seeds $SEEDS --rounds "$ROUNDS" --compact \
     --override '{'"$MODEL"', '"$TRAIN"', "dataset": {"image_size": '"$SIZE"', '"$CACHE"', "prepare": {"val_frac": 0.05}}, "evaluation": {"test_every": 0}}' \
     --gap 'FedAvg, labelled sites' 'FedAvg, all labels' --gap-metric auc --out "$OUT" "$@" ;;

@@ -544,6 +544,37 @@ def test_unlabelled_site_uses_the_global_matrix():
     assert R.META_IRM not in out.meta and diff(_weights(ctx.model), w_none) < 1e-6
 
 
+def test_decay_dominated_counts_the_entries_whose_weight_decay_outweighs_the_gradient_by_hand():
+    """``decay_dominated``: entries with ``weight_decay * |theta| > |grad|`` over every entry with a gradient,
+    each parameter group at its own weight decay; a parameter without a gradient is not counted."""
+    from fedpartial.methods.common import decay_dominated
+
+    a = torch.nn.Parameter(torch.tensor([1.0, -2.0, 0.001]))
+    b = torch.nn.Parameter(torch.tensor([5.0, 5.0]))
+    c = torch.nn.Parameter(torch.tensor([9.0]))  # no gradient
+    a.grad, b.grad = torch.tensor([0.1, -0.1, 0.1]), torch.tensor([0.0, 1.0])
+    opt = torch.optim.Adam([{"params": [a, c], "weight_decay": 0.1}, {"params": [b], "weight_decay": 0.0}])
+    # group 1: 0.1 * [1, 2, 0.001] = [0.1, 0.2, 1e-4] against [0.1, 0.1, 0.1]: only -2.0 (0.1 is not > 0.1)
+    assert decay_dominated(opt) == pytest.approx(1 / 5)  # group 2 decays nothing, its 2 entries counted
+    opt.param_groups[1]["weight_decay"] = 0.5  # 2.5 > 0 and 2.5 > 1
+    assert decay_dominated(opt) == pytest.approx(3 / 5)
+    a.grad = b.grad = None
+    assert decay_dominated(opt) == 0.0
+
+
+def test_an_unlabelled_round_reports_how_much_of_its_first_step_is_weight_decay():
+    """``fedirm_decay_dominated``: on a ramped-up consistency loss a strong weight decay outweighs the gradient of
+    most entries; without weight decay none."""
+    shares = []
+    for wd in (0.0, 0.5):
+        ctx = _site("unl", False)
+        ctx.train = {**ctx.train.__dict__, "optimizer": "adam", "weight_decay": wd}
+        tr = R.FedIRMTrainer(ctx, rampup_rounds=30)  # round 3 of 30: weight exp(-5 * 0.81) = 0.017
+        torch.manual_seed(7)
+        shares.append(tr.train_round(3, 30, {}).meta[R.META_DECAY])
+    assert shares[0] == 0.0 and shares[1] > 0.5
+
+
 def test_mean_teacher_persists_across_rounds_and_restarts(tmp_path):
     """Round 2's teacher continues round 1's (EMA with the step counted across rounds), it is never a copy of
     the newly received model, and it comes back from the saved site state."""

@@ -18,6 +18,29 @@ from ..models import full_precision
 _EPS = 1e-12
 
 
+# ------------------------------------------------------------------------------------------ optimiser
+
+
+@torch.no_grad()
+def decay_dominated(optimizer: torch.optim.Optimizer) -> float:
+    """The share of the optimised parameter entries (gradients in place, after ``backward``) whose coupled weight
+    decay term ``weight_decay * theta`` (Adam's and SGD's ``weight_decay``, added to the gradient) is larger in
+    magnitude than the loss's own gradient: under Adam, which steps every entry by about the learning rate
+    whatever the gradient's scale, those entries step towards zero rather than where the loss points. A site
+    whose only loss is small (a ramped-up consistency term) can train mostly its weights' decay; 0 without weight
+    decay or gradients."""
+    over = total = 0
+    for group in optimizer.param_groups:
+        wd = float(group.get("weight_decay") or 0.0)
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            total += p.numel()
+            if wd > 0:
+                over += int((wd * p.abs() > p.grad.abs()).sum())
+    return over / total if total else 0.0
+
+
 # ------------------------------------------------------------------------------------------ teachers
 
 

@@ -58,7 +58,9 @@ Baselines (registered methods, any dataset):
 
 Counters in each round's site meta (``results.json``, ``site_stats``): ``fedirm_selected`` (samples passing the
 filter), ``fedirm_distance`` (symmetric KL between the global and the local matrix), ``fedirm_irm``,
-``fedirm_consistency``, ``fedirm_ramp``; labelled sites send ``fedirm_relation``; the server ``fedirm_global_relation``.
+``fedirm_consistency``, ``fedirm_ramp``, ``fedirm_decay_dominated`` (at the round's first step, the share of the
+parameter entries whose weight-decay term outweighs the loss's gradient: under Adam they step towards zero);
+labelled sites send ``fedirm_relation``; the server ``fedirm_global_relation``.
 """
 
 from __future__ import annotations

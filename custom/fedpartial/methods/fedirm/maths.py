@@ -48,6 +48,7 @@ __all__ = [
     "META_RAMP",
     "META_PSEUDO",
     "META_RECEIVED",
+    "META_DECAY",
     "ema_update",
 ]
 
@@ -69,6 +70,7 @@ META_DISTANCE = "fedirm_distance"  # symmetric KL (Eq. 6) between the global and
 META_RAMP = "fedirm_ramp"  # the round's loss weight loss_weight * lambda(omega)
 META_PSEUDO = "fedirm_pseudo"  # Fed-SelfTraining: pseudo labels (rows / entries) used this round
 META_RECEIVED = "fedirm_received_relation"  # 1 when the site had a global matrix this round
+META_DECAY = "fedirm_decay_dominated"  # the round's first step: share of entries the weight decay outweighs
 
 
 def uniform_rows(num_classes: int, kind: Kind, dtype=torch.float32, device=None) -> torch.Tensor:

@@ -15,10 +15,11 @@ from ...losses import labelled_rows
 from ...options import opt
 from ...stat_checks import StatSpec
 from ..base import ClassStat, LocalTrainer, RoundOutput, SiteContext, TrainerOptions
-from ..common import DeviceSums, MeanTeacher, WithMeanTeacher, frozen_copy, mc_dropout_probs
+from ..common import DeviceSums, MeanTeacher, WithMeanTeacher, decay_dominated, frozen_copy, mc_dropout_probs
 from .maths import (
     LN2,
     META_CONSISTENCY,
+    META_DECAY,
     META_DISTANCE,
     META_GLOBAL_RELATION,
     META_GLOBAL_VALID,
@@ -310,7 +311,13 @@ class FedIRMTrainer(WithMeanTeacher, LocalTrainer):
                 with torch.no_grad():
                     sums.add(irm=i_loss, distance=symmetric_kl(received[0], m.detach(), rows, self.kind), selected=kept)
             loss = w * loss
-            self.step(loss)
+            if steps == 0:  # the round's first step, read before it is taken: how much of it is weight decay
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                dominated = decay_dominated(self.optimizer)
+                self.optimizer.step()
+            else:
+                self.step(loss)
             self.mean_teacher.update(model, self.opts.ema_max_decay)
             sums.add(loss=loss)
             steps += 1
@@ -320,6 +327,8 @@ class FedIRMTrainer(WithMeanTeacher, LocalTrainer):
             META_CONSISTENCY: got.get("consistency", 0.0) / s,
             META_RECEIVED: int(received is not None),
         }
+        if steps:
+            meta[META_DECAY] = dominated
         if received is not None:
             meta.update(
                 {

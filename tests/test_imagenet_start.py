@@ -175,8 +175,9 @@ def test_an_encoder_file_carries_the_normalisation_it_was_trained_with(tmp_path)
     broken record or one of more channels than the job's is one line naming the file."""
     net = PartialLabelNet("small_cnn", 3, 3, init_seed=0)
     torch.save({"model": net.state_dict()}, tmp_path / "FL_global_model.pt")
-    enc = M.save_encoder(tmp_path / "FL_global_model.pt", tmp_path / "encoder.pt", {"mean": [0.1, 0.2, 0.3],
-                                                                                    "std": [0.4, 0.5, 0.6]})
+    enc = M.save_encoder(
+        tmp_path / "FL_global_model.pt", tmp_path / "encoder.pt", {"mean": [0.1, 0.2, 0.3], "std": [0.4, 0.5, 0.6]}
+    )
     record = tmp_path / "encoder.pt.json"
     assert json.loads(record.read_text()) == {"mean": [0.1, 0.2, 0.3], "std": [0.4, 0.5, 0.6]}
     ds = {"channels": 3, "mean": [0.7, 0.7, 0.7], "std": [0.2, 0.2, 0.2]}
@@ -217,8 +218,11 @@ def test_the_stage_records_the_normalisation_its_sites_used(tmp_path):
     own = resolve_dataset("ham10000")
     assert job_normalisation(app({"arch": "small_cnn"})) == {"mean": own.get("mean"), "std": own.get("std")}
     got = job_normalisation(app({"arch": "efficientnet_lite0", "pretrained": "imagenet"}))
-    assert got == {"mean": list(M.IMAGENET_MEAN), "std": list(M.IMAGENET_STD)} != {"mean": own.get("mean"),
-                                                                                   "std": own.get("std")}
+    assert (
+        got
+        == {"mean": list(M.IMAGENET_MEAN), "std": list(M.IMAGENET_STD)}
+        != {"mean": own.get("mean"), "std": own.get("std")}
+    )
     assert job_normalisation(None) is None and job_normalisation(str(tmp_path / "nowhere")) is None
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -317,11 +318,15 @@ class LocalTrainer:
         self.optimizer = opt_
         return opt_
 
-    def step(self, loss: torch.Tensor) -> None:
+    def step(self, loss: torch.Tensor, read: Callable[[torch.optim.Optimizer], Any] | None = None) -> Any:
+        """One optimiser step on ``loss``. ``read``, where given, is called with the optimiser between the backward
+        pass and the step (the gradients in place: to read or clip them); its value is returned."""
         assert self.optimizer is not None
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        got = read(self.optimizer) if read is not None else None
         self.optimizer.step()
+        return got
 
     @property
     def inference_batch_size(self) -> int:

@@ -312,10 +312,7 @@ class FedIRMTrainer(WithMeanTeacher, LocalTrainer):
                     sums.add(irm=i_loss, distance=symmetric_kl(received[0], m.detach(), rows, self.kind), selected=kept)
             loss = w * loss
             if steps == 0:  # the round's first step, read before it is taken: how much of it is weight decay
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                dominated = decay_dominated(self.optimizer)
-                self.optimizer.step()
+                dominated = self.step(loss, decay_dominated)
             else:
                 self.step(loss)
             self.mean_teacher.update(model, self.opts.ema_max_decay)

@@ -92,15 +92,18 @@ class RSCFedTrainer(WithMeanTeacher, LocalTrainer):
             p = probabilities(self.ensure_teacher()(x), self.ctx.task).float()
         return p, sharpen(p, float(self.opts.sharpen), self.kind)
 
-    def step(self, loss: torch.Tensor) -> None:
-        assert self.optimizer is not None
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if self.opts.max_grad_norm > 0:
+    def step(self, loss: torch.Tensor, read=None):
+        """The step with the gradients clipped to ``max_grad_norm`` first (then ``read``, as the base's)."""
+        if self.opts.max_grad_norm <= 0:
+            return super().step(loss, read)
+
+        def clip_then_read(optimizer):
             torch.nn.utils.clip_grad_norm_(
                 [p for p in self.ctx.model.parameters() if p.requires_grad], max_norm=float(self.opts.max_grad_norm)
             )
-        self.optimizer.step()
+            return read(optimizer) if read is not None else None
+
+        return super().step(loss, clip_then_read)
 
     # -- the round ------------------------------------------------------------------------------------
     def train_round(self, round_num: int, num_rounds: int, global_meta: dict) -> RoundOutput:

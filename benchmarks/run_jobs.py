@@ -741,11 +741,65 @@ def counters_table(runs: dict[str, list[dict]]) -> str:
     )
 
 
+def inferred_counts(run: dict) -> dict[str, list[float]]:
+    """A run's per-class counts at the classes each site does not annotate, summed over the sites, from the last
+    round that reports them: what the method inferred for the labels a site lacks (FedLSM's ``fedlsm_q`` from its
+    teacher's pseudo labels, CBAFed's pseudo positives, ...). Read from the method's declared per-class ``count``
+    statistics of one value per class; a site's counts at its own annotated classes are its labels and left out."""
+    from fedpartial.methods import get_method
+
+    try:
+        keys = [c.key for c in get_method(str(run.get("method"))).trainer.per_class_metadata if c.kind == "count"]
+    except ValueError:
+        return {}
+    annotated = {s: set(v.get("annotated") or []) for s, v in ((run.get("data") or {}).get("sites") or {}).items()}
+    out: dict[str, list[float]] = {}
+    for rnd in run.get("curves") or run.get("rounds") or []:
+        for key in keys:
+            total = None
+            for site, stats in (rnd.get("site_stats") or {}).items():
+                v = (stats or {}).get(key)
+                if site not in annotated or not isinstance(v, list) or not v or isinstance(v[0], list):
+                    continue
+                total = total or [0.0] * len(v)
+                for c, x in enumerate(v):
+                    total[c] += 0.0 if c in annotated[site] else float(x)
+            if total is not None:
+                out[key] = total
+    return out
+
+
+def inferred_table(runs: dict[str, list[dict]]) -> str:
+    """Each configuration's :func:`inferred_counts` per seed, one column per class."""
+    lines, classes = [], None
+    for name, rs in runs.items():
+        for k, r in enumerate(rs):
+            for key, total in inferred_counts(r).items():
+                if classes is None:
+                    final = next(iter((r.get("final") or {}).values()), {})
+                    names = list(((final.get("test") or {}).get("per_class") or {}))
+                    classes = names if len(names) == len(total) else [str(c) for c in range(len(total))]
+                cells = " | ".join(f"{x:.4g}" for x in total)
+                lines.append(f"| {name} | {key} | {r.get('seed', k)} | {cells} |")
+    if not lines:
+        return ""
+    return "\n".join(
+        [
+            "Per-class counts the sites inferred for the classes they do not annotate (the method's per-class count "
+            "statistics at those classes, summed over the sites, last round):",
+            "",
+            "| configuration | counter | seed | " + " | ".join(classes) + " |",
+            "|---|---|---|" + "---|" * len(classes),
+            *lines,
+        ]
+    )
+
+
 def report(a: argparse.Namespace, runs: dict[str, list[dict]]) -> str:
     text = markdown(summarise(runs, a.tail)) + "\n\n" + tables(runs) + "\n\n" + intervals(runs)
-    counters = counters_table(runs)
-    if counters:
-        text += "\n\n" + counters
+    for extra in (counters_table(runs), inferred_table(runs)):
+        if extra:
+            text += "\n\n" + extra
     for x, y in a.compare or []:
         missing = [n for n in (x, y) if n not in runs]
         text += "\n\n" + (

@@ -328,6 +328,34 @@ def test_method_counters_are_summed_or_averaged_per_run():
     assert "FedAvg" not in table
 
 
+def test_inferred_counts_are_the_per_class_counts_at_the_classes_a_site_does_not_annotate():
+    """FedLSM's ``fedlsm_q`` (labelled + pseudo positives per class): at a site's own classes they are its labels,
+    at the others its teacher's pseudo labels; the table sums the latter over the sites, from the last round."""
+    mod = _run_jobs()
+    sites = {"site-1": {"annotated": [0, 1]}, "site-2": {"annotated": [2]}}
+    run = {
+        "method": "fedlsm",
+        "seed": 3,
+        "data": {"sites": sites},
+        "final": {"FL_global_model.pt": {"test": {"per_class": {"a": {}, "b": {}, "c": {}}}}},
+        "curves": [
+            {"site_stats": {"site-1": {"fedlsm_q": [5, 6, 9]}, "site-2": {"fedlsm_q": [1, 1, 7]}}},
+            {
+                "site_stats": {
+                    "site-1": {"fedlsm_q": [5, 6, 2], "fedlsm_pools": [1, 2, 3]},
+                    "site-2": {"fedlsm_q": [4, 0, 7]},
+                }
+            },
+            {"site_stats": {}},  # a round no site reported: the last one that did counts
+        ],
+    }
+    assert mod.inferred_counts(run) == {"fedlsm_q": [4.0, 0.0, 2.0]}
+    table = mod.inferred_table({"FedLSM": [run], "FedAvg": [{"method": "fedavg", "data": {"sites": sites}}]})
+    assert "| configuration | counter | seed | a | b | c |" in table
+    assert "| FedLSM | fedlsm_q | 3 | 4 | 0 | 2 |" in table and "FedAvg" not in table
+    assert mod.inferred_table({"FedAvg": [{"method": "fedavg"}]}) == ""
+
+
 def test_saved_runs_keep_six_significant_digits(tmp_path):
     """The runs file keeps each float to 6 significant digits (half the size; a table shows 4), and the table
     written with the runs is the one --report renders from the file."""

@@ -20,9 +20,10 @@
 #
 # START=random: the same rows from random weights; START=selfsup / imagenet_selfsup: from the encoder of the
 # federated self-supervised stage (BYOL, jobs/selfsup_*) on the table's own sites, begun from random weights / from
-# ImageNet (run first, once per table; the job normalises as the stage did). Knobs: ROUNDS (20), STEPS (10 local steps of batch 32; epoch:
-# one local epoch), SIZE (64 px), LR (3e-4, Adam; the same for both starts), FREEZE (encoder parts kept at their
-# start, e.g. FREEZE='"stem", "stage1", "stage2"'), SEEDS ("0 1 2"); extra arguments go to run_jobs.py.
+# ImageNet (run first, once per table; the job normalises as the stage did). Knobs: ROUNDS (20), STEPS (10 local
+# steps of batch 32; epoch: one local epoch), SIZE (64 px), LR (3e-4, Adam; the same for every start), FREEZE
+# (encoder parts kept at their start, e.g. FREEZE='"stem", "stage1", "stage2"'), SEEDS ("0 1 2"), TEACHER (FedIRM's
+# scaled EMA decay); extra arguments go to run_jobs.py.
 # Results: benchmarks/results/start_<table>_<start>_r<R>_s<S>_px<P>.{json,md,_curves.png,_final.png}
 set -euo pipefail
 TABLE="${TABLE:-fedlsm}"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # FedIRM benchmark on HAM10000 (10 sites: 2 labelled, 8 unlabelled; the paper's task 2, Table 1): the lower bound
 # (FedAvg over the labelled sites), the all-labelled upper bound, Fed-SelfTraining, Fed-Consistency and FedIRM,
-# identical budget (model, optimiser, rounds, local steps, seeds); fedirm_code_filter = FedIRM with the released
+# identical budget (the small CNN from random weights at 64 px, Adam lr 1e-3, rounds, local steps, seeds; the jobs'
+# own start, ImageNet's: benchmarks/start_tables.sh); fedirm_code_filter = FedIRM with the released
 # code's uncertainty filter (entropy < 2.0, which never filters 7 classes, and max probability >= 0.3); the *_warm
 # variants use the released code's schedule: only the labelled sites train in the first WARM rounds (default 10).
 # Run from the project root with the venv active. Budget: ROUNDS rounds (default 30) x STEPS local steps (default 10)
@@ -20,6 +21,6 @@ python benchmarks/run_jobs.py --sites 10 \
   --variant 'fed_consistency_warm=fed_consistency_isic:{"warm_rounds": '"$WARM"'}' \
   --variant 'fedirm_warm=fedirm_isic:{"warm_rounds": '"$WARM"'}' \
   --seeds $SEEDS --rounds "$ROUNDS" --compact \
-  --override '{"dataset": {"cache": "disk", "cache_dir": "/tmp/fedirm_bench_cache", "prepare": {"val_frac": 0.05}}, "train": {"batch_size": 32, "local_steps": '"$STEPS"'}, "evaluation": {"test_every": 0}, "method_args": {"rampup_rounds": '"$RAMP"'}}' \
+  --override '{"model": {"arch": "small_cnn", "pretrained": null}, "dataset": {"cache": "disk", "cache_dir": "/tmp/fedirm_bench_cache", "prepare": {"val_frac": 0.05}}, "train": {"batch_size": 32, "local_steps": '"$STEPS"', "lr": 0.001}, "evaluation": {"test_every": 0}, "method_args": {"rampup_rounds": '"$RAMP"'}}' \
   --gap fedavg_labelled_isic fedavg_labelled_full_isic --gap-metric auc \
   --out "benchmarks/results/fedirm_ham10000_r${ROUNDS}_s${STEPS}.json" "$@"

@@ -11,7 +11,8 @@
 #                                                  # FedAvg*, FedProx*, MOON*, FedRS, FedAvg*+FixMatch, FedPU, FedLSM,
 #                                                  # all labels (AUC / Acc / F1 / Precision / Recall)
 #
-# Run from the project root with the venv active. Budget: ROUNDS rounds (default 20 / 15) of STEPS local steps (5;
+# The small CNN from random weights in both (the FedLSM table's jobs start from ImageNet by default: its rows from
+# there are in benchmarks/start_tables.sh). Run from the project root with the venv active. Budget: ROUNDS rounds (default 20 / 15) of STEPS local steps (5;
 # STEPS=epoch: one local epoch, the jobs' own budget) of batch 32 at SIZE px (32); extra arguments go to
 # run_jobs.py (--resume continues an interrupted table, --seeds 0 to try one seed). FedIRM (FedMLP's table) needs fully labelled and unlabelled sites, not this protocol: left out.
 # FPSL (FedLSM's table) trains on a single-label task exactly as FedAvg* (restricted CE + masked rows): its row is
@@ -21,7 +22,7 @@ TABLE="${TABLE:-fedmlp}"
 STEPS="${STEPS:-5}"
 SIZE="${SIZE:-32}"
 SEEDS="${SEEDS:-0 1 2}"
-if [ "$STEPS" = epoch ]; then LOCAL='"local_epochs": 1'; else LOCAL='"local_steps": '"$STEPS"; fi
+if [ "$STEPS" = epoch ]; then LOCAL='"local_epochs": 1, "local_steps": null'; else LOCAL='"local_steps": '"$STEPS"; fi
 if [ "$TABLE" = fedmlp ]; then
   ROUNDS="${ROUNDS:-20}"
   LEVELS="${LEVELS:-4}"
@@ -49,7 +50,7 @@ elif [ "$TABLE" = fedlsm ]; then
     --variant 'FedPU=fedpu_ham10000:{}' --variant 'FedLSM=fedlsm_isic:{"n_mix": 2}' \
     --variant 'FedAvg-full=fedavg_full_ham10000:{}' \
     --seeds $SEEDS --rounds "$ROUNDS" --compact \
-    --override '{"dataset": {"image_size": '"$SIZE"', "cache": "disk", "cache_dir": "/tmp/fedlsm_bench_cache", "prepare": {"val_frac": 0.05}}, "train": {"batch_size": 32, '"$LOCAL"', "lr": 0.001, "betas": [0.9, 0.99]}, "evaluation": {"test_every": 0}}' \
+    --override '{"model": {"arch": "small_cnn", "pretrained": null}, "dataset": {"image_size": '"$SIZE"', "cache": "disk", "cache_dir": "/tmp/fedlsm_bench_cache", "prepare": {"val_frac": 0.05}}, "train": {"batch_size": 32, '"$LOCAL"', "lr": 0.001, "betas": [0.9, 0.99]}, "evaluation": {"test_every": 0}}' \
     --gap FedAvg FedAvg-full --gap-metric f1 \
     --out "benchmarks/results/table_fedlsm_ham10000_r${ROUNDS}_s${STEPS}.json" "$@"
 else

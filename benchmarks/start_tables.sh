@@ -6,12 +6,15 @@
 #
 #   TABLE=fedlsm START=imagenet bash benchmarks/start_tables.sh   # FedLSM Table 2 layout: HAM10000, 5 sites x 3
 #       classes: FedAvg, FedAvg*, FedLSM, FedLSM w/o UE / UDE / AWPA, all labels, FedLSM with a lower pseudo-label
-#       threshold (tau 0.8: its 0.95 admits NV alone from this start); the share of the macro-F1 gap
+#       threshold (tau 0.8: its 0.95 admits NV alone from this start), the table's other comparison methods
+#       (FedProx*, MOON*, FedRS, FedAvg*+FixMatch, FedPU) and the HAM10000 jobs' FedLC and FedAvg-PL; the share of
+#       the macro-F1 gap
 #   TABLE=fedmlp START=imagenet bash benchmarks/start_tables.sh   # FedMLP missing 7 on the NIH images: FedAvg,
 #       FedAvg-PL, FedMLP, all labels (8 sites); the share of the AUC gap between FedAvg-PL and all labels
 #   TABLE=fedirm START=imagenet bash benchmarks/start_tables.sh   # FedIRM: HAM10000, 10 sites, 2 labelled: FedAvg on
 #       the labelled sites, FedIRM (its defaults, and the paper's 200-round schedule scaled to ROUNDS), FedAvg on
-#       all sites' labels, Fed-Consistency (FedIRM without the relation matching), FedIRM with the teacher's EMA
+#       all sites' labels, Fed-Consistency (FedIRM without the relation matching), Fed-SelfTraining (the paper's
+#       other baseline: confident pseudo labels of the received model), FedIRM with the teacher's EMA
 #       decay scaled to the round's steps (the paper's ~3 rounds of memory), FedIRM with the released code's
 #       unlabelled loss weight (15: against Adam's weight decay); the share of the AUC gap
 #   TABLE=surgical START=imagenet bash benchmarks/start_tables.sh # surgical aggregation (FedBN+: norm layers kept at
@@ -34,7 +37,7 @@ SIZE="${SIZE:-64}"
 LR="${LR:-0.0003}"
 FREEZE="${FREEZE:-}"
 SEEDS="${SEEDS:-0 1 2}"
-if [ "$STEPS" = epoch ]; then LOCAL='"local_epochs": 1'; else LOCAL='"local_steps": '"$STEPS"; fi
+if [ "$STEPS" = epoch ]; then LOCAL='"local_epochs": 1, "local_steps": null'; else LOCAL='"local_steps": '"$STEPS"; fi
 
 # The self-supervised starts: the federated BYOL stage (jobs/selfsup_*) on the table's sites' training images (the
 # train / val / test split depends on the source, seed and fractions only, never on the label protocol or the
@@ -82,6 +85,10 @@ fedlsm)
     --variant 'FedLSM* w/o AWPA=fedlsm_isic:{"n_mix": 2, "awpa": "masked"}' \
     --variant 'FedAvg-full=fedavg_full_ham10000:{}' \
     --variant 'FedLSM, tau 0.8=fedlsm_isic:{"n_mix": 2, "tau": 0.8}' \
+    --variant 'FedProx*=fedavg_masked_ham10000:{"method": "fedprox_masked"}' \
+    --variant 'MOON*=fedavg_masked_ham10000:{"method": "moon_masked"}' --variant 'FedRS=fedrs_ham10000:{}' \
+    --variant 'FedAvg*+FixMatch=fixmatch_masked_ham10000:{}' --variant 'FedPU=fedpu_ham10000:{}' \
+    --variant 'FedLC=fedlc_ham10000:{}' --variant 'FedAvg-PL=fedavg_pl_ham10000:{}' \
     --seeds $SEEDS --rounds "$ROUNDS" --compact \
     --override '{'"$MODEL"', '"$TRAIN"', "dataset": {"image_size": '"$SIZE"', '"$CACHE"', "prepare": {"val_frac": 0.05}}, "evaluation": {"test_every": 0}}' \
     --gap FedAvg FedAvg-full --gap-metric f1 --out "$OUT" "$@" ;;
@@ -101,7 +108,7 @@ fedirm)
   python benchmarks/run_jobs.py --sites 10 --variant 'FedAvg, labelled sites=fedavg_labelled_isic:{}' \
     --variant 'FedIRM=fedirm_isic:{}' --variant 'FedAvg, all labels=fedavg_labelled_full_isic:{}' \
     --variant "FedIRM, schedule scaled to the rounds=fedirm_isic:$SCALED" \
-    --variant 'Fed-Consistency=fed_consistency_isic:{}' \
+    --variant 'Fed-Consistency=fed_consistency_isic:{}' --variant 'Fed-SelfTraining=fed_selftraining_isic:{}' \
     --variant "FedIRM, teacher decay scaled to the round=fedirm_isic:{\"ema_max_decay\": $TEACHER}" \
     --variant 'FedIRM, loss weight 15 (the code'"'"'s)=fedirm_isic:{"loss_weight": 15}' \
     --seeds $SEEDS --rounds "$ROUNDS" --compact \

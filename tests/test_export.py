@@ -423,7 +423,11 @@ def test_single_label_bundle_runs_without_the_package_and_equals_predict(ham_ws,
     assert list(ours["prediction"]) == [ISIC_CLASSES[i] for i in probs.argmax(axis=1)]
     np.testing.assert_allclose(probs.sum(axis=1), 1.0, atol=1e-4)  # softmax
     assert meta["thresholds"] == {} and meta["task_type"] == "multiclass"
-    assert meta["preprocessing"]["mean"] == [0.763, 0.546, 0.570]  # HAM10000's normalisation travelled
+    # the job starts from ImageNet (EfficientNet-Lite0): the start's normalisation travelled, not HAM10000's own
+    assert (
+        meta["preprocessing"]["mean"] == [0.485, 0.456, 0.406]
+        and meta["training"]["architecture"] == "efficientnet_lite0"
+    )
 
 
 def test_the_card_gives_counts_intervals_and_warnings_a_clinician_needs():

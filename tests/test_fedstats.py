@@ -310,7 +310,12 @@ def test_statistics_job_exports_for_any_federation(tmp_path):
     client = json.loads((out / "app/config/config_fed_client.json").read_text())
     comps = {c["id"]: c for c in client["components"]}
     assert comps["min_count_cleanser"]["args"] == {"min_count": 20}
-    assert comps["stats_generator"]["args"]["dataset"] == {"preset": "ham10000"}
+    # the split the table's training jobs use (5 % validation), so the statistics describe what they train on
+    assert comps["stats_generator"]["args"]["dataset"] == {
+        "preset": "ham10000",
+        "image_size": 64,
+        "prepare": {"val_frac": 0.05},
+    }
     filters = [f["path"] for g in client["task_result_filters"] for f in g["filters"]]
     assert filters == ["fedpartial.fl.fedstats.PolicyStatisticsPrivacyFilter"]
     server = json.loads((out / "app/config/config_fed_server.json").read_text())

@@ -9,7 +9,7 @@ from functools import partial
 from fedpartial.recipes import PartialLabelRecipe, job_main
 from fedpartial.table_settings import ham10000_fedlsm_split
 
-recipe = partial(PartialLabelRecipe, **ham10000_fedlsm_split.SETTINGS, name="selfsup_ham10000", method="byol")
+recipe = partial(PartialLabelRecipe, **ham10000_fedlsm_split.SELF_SUPERVISED, name="selfsup_ham10000", method="byol")
 
 if __name__ == "__main__":
     job_main(recipe)

@@ -14,9 +14,11 @@ job replaces one with ``**{**SETTINGS, "dataset": ...}``. A value changed here c
 ``make jobs`` re-exports them.
 
 - :mod:`.ich_phantom`: the ICH phantom, 5 sites, missing 4 classes, 20 rounds.
-- :mod:`.ham10000_fedlsm_split`: HAM10000 on FedLSM's label-set split (5 sites x 3 classes), 20 rounds.
+- :mod:`.ham10000_fedlsm_split`: HAM10000 on FedLSM's label-set split (5 sites x 3 classes), 20 rounds, from
+  ImageNet (EfficientNet-Lite0).
 - :mod:`.nih_cxr14_missing_7`: NIH ChestX-ray14, 8 sites, missing 7 classes, 20 rounds.
-- :mod:`.fedirm_isic`: FedIRM's Table 1 (10 sites, 2 labelled), its baselines and the ICH variant.
+- :mod:`.fedirm_isic`: FedIRM's Table 1 (10 sites, 2 labelled), its baselines (from ImageNet on HAM10000) and the
+  ICH variant.
 - :mod:`.fedlsm`: FedLSM's optimiser and AWPA (its HAM10000 and ChestX-ray14 jobs).
 - :mod:`.fedmlp_paper`: FedMLP's published configuration (ResNet-18, 500 rounds) on RSNA ICH and ChestX-ray14.
 - :mod:`.surgical`: surgical aggregation's model head, warm-up and model selection (and its PFL baseline).

@@ -502,17 +502,29 @@ def summarise(runs: dict[str, list[dict]], tail: int = 0) -> list[dict]:
     return rows
 
 
+def significant(value, digits: int = 4):
+    """``value`` with every float in it (nested dicts and lists too) rounded to ``digits`` significant digits, the
+    precision the reports print counters at."""
+    if isinstance(value, float):
+        return float(f"{value:.{digits}g}")
+    if isinstance(value, dict):
+        return {k: significant(v, digits) for k, v in value.items()}
+    if isinstance(value, list):
+        return [significant(v, digits) for v in value]
+    return value
+
+
 def compact(res: dict) -> dict:
     """A run without the per-site detail of every round (macro validation / test curves, the method's per-site
-    counters, ``site_stats``, the updates the server refused, ``rejected``, and the sites a round closed without,
-    ``missing``, kept)."""
+    counters, ``site_stats``, to 4 significant digits (a relation matrix a site sends every round is 49 of them),
+    the updates the server refused, ``rejected``, and the sites a round closed without, ``missing``, kept)."""
     out = {k: v for k, v in res.items() if k != "rounds"}
     out["curves"] = [
         {
             "round": r["round"],
             "val": (r.get("val") or {}).get("macro"),
             "test": (r.get("test") or {}).get("macro"),
-            "site_stats": r.get("site_stats") or {},
+            "site_stats": significant(r.get("site_stats") or {}),
             "rejected": r.get("rejected") or {},
             "missing": r.get("missing") or [],
         }

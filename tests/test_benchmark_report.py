@@ -175,7 +175,9 @@ def test_compact_keeps_curves_and_method_counters():
                 "val": {"macro": {"f1": 0.1}, "per_class": {}},
                 "test": None,
                 "sites": ["site-1"],
-                "site_stats": {"site-1": {"fedlsm_pseudo": 3}},
+                "site_stats": {
+                    "site-1": {"fedlsm_pseudo": 3, "fedirm_relation": [[0.1642913, 12345.678], [1e-7, 0.0]]}
+                },
             },
             {"round": 1, "val": None, "test": {"macro": {"f1": 0.2}}, "missing": ["site-2"]},
         ],
@@ -186,8 +188,8 @@ def test_compact_keeps_curves_and_method_counters():
         {
             "round": 0,
             "val": {"f1": 0.1},
-            "test": None,
-            "site_stats": {"site-1": {"fedlsm_pseudo": 3}},
+            "test": None,  # the counters to 4 significant digits (integers as they are)
+            "site_stats": {"site-1": {"fedlsm_pseudo": 3, "fedirm_relation": [[0.1643, 12350.0], [1e-7, 0.0]]}},
             "rejected": {},
             "missing": [],
         },

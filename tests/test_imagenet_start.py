@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import check_two_rounds, real_data, run_recipe, server_log
+from conftest import REPO, check_two_rounds, real_data, run_recipe, server_log
 from fedpartial import models as M
 from fedpartial.models import EfficientNetLite, PartialLabelNet, SameConv2d, fold_stem, named_start
 
@@ -156,6 +156,51 @@ def test_the_start_chooses_the_normalisation_of_the_job():
     assert (dataset_of(grey)["mean"], dataset_of(grey)["std"]) == ([0.449], [0.226])
     model = grey.server_config["components"][0]
     assert model["path"].endswith("PartialLabelNet") and model["args"]["pretrained"] == "imagenet"
+
+
+HAM10000_TABLE_JOBS = (
+    "fedavg_ham10000",
+    "fedavg_masked_ham10000",
+    "fedavg_full_ham10000",
+    "fedavg_pl_ham10000",
+    "fedrs_ham10000",
+    "fedlc_ham10000",
+    "fpsl_ham10000",
+    "fixmatch_masked_ham10000",
+    "fedpu_ham10000",
+    "fedlsm_isic",
+    "fedirm_isic",
+    "fedavg_labelled_isic",
+    "fedavg_labelled_full_isic",
+    "fed_consistency_isic",
+    "fed_selftraining_isic",
+)
+
+
+def test_the_ham10000_tables_jobs_start_where_the_authors_did_at_the_measured_budget():
+    """FedLSM's and FedIRM's authors start from ImageNet, so every job of their HAM10000 tables does: Lite0 from
+    the shipped weights, normalised as ImageNet, at the budget ``benchmarks/start_tables.sh`` measured (Adam 3e-4,
+    20 rounds x 10 local steps of 32, 64 px, 5 % validation); the self-supervised stage builds the same encoder
+    from random weights; the phantom's FedIRM job and the X-ray jobs keep their small CNN."""
+    from fedpartial.tools.build_jobs import job_recipe
+
+    def args_of(job):
+        recipe = job_recipe(REPO / "jobs" / job)
+        return recipe.client_config["executors"][0]["executor"]["args"], recipe.server_config["num_rounds"]
+
+    for job in HAM10000_TABLE_JOBS:
+        args, rounds = args_of(job)
+        model, train, data = args["model"], args["train"], args["dataset"]
+        assert (model["arch"], model["pretrained"], rounds) == ("efficientnet_lite0", "imagenet", 20), job
+        assert (train["optimizer"], train["lr"], train["batch_size"], train["local_steps"]) == ("adam", 3e-4, 32, 10)
+        assert (data["image_size"], data["prepare"]["val_frac"], data["mean"]) == (64, 0.05, list(M.IMAGENET_MEAN))
+    fedlsm, _ = args_of("fedlsm_isic")  # the paper's Adam (betas, state kept) and its share of mixed images
+    assert fedlsm["train"]["betas"] == [0.9, 0.99] and fedlsm["train"]["keep_optimizer_state"] is True
+    assert fedlsm["method_args"]["n_mix"] == 2
+    stage, _ = args_of("selfsup_ham10000")
+    assert (stage["model"]["arch"], stage["model"]["pretrained"]) == ("efficientnet_lite0", None)
+    for job in ("fedirm_ich", "fedavg_pl_cxr14", "fedmlp_ich"):
+        assert args_of(job)[0]["model"]["arch"] == "small_cnn", job
 
 
 def test_a_site_and_predict_normalise_as_the_start_also_in_an_edited_job_folder():

@@ -16,7 +16,8 @@
 #       all sites' labels, Fed-Consistency (FedIRM without the relation matching), Fed-SelfTraining (the paper's
 #       other baseline: confident pseudo labels of the received model), FedIRM with the teacher's EMA
 #       decay scaled to the round's steps (the paper's ~3 rounds of memory), FedIRM with the released code's
-#       unlabelled loss weight (15: against Adam's weight decay); the share of the AUC gap
+#       unlabelled loss weight (15: against Adam's weight decay), FedIRM whose unlabelled sites step at a tenth of
+#       LR (Adam's steps are the learning rate's size whatever the loss's scale); the share of the AUC gap
 #   TABLE=surgical START=imagenet bash benchmarks/start_tables.sh # surgical aggregation (FedBN+: norm layers kept at
 #       the start's statistics), FedBN, FL-PL, vanilla FL, PFL, individual on the NIH images (4 sites, 7 of 14
 #       findings each; DATA=ich: the ICH phantom, 5 sites)
@@ -111,6 +112,8 @@ fedirm)
     --variant 'Fed-Consistency=fed_consistency_isic:{}' --variant 'Fed-SelfTraining=fed_selftraining_isic:{}' \
     --variant "FedIRM, teacher decay scaled to the round=fedirm_isic:{\"ema_max_decay\": $TEACHER}" \
     --variant 'FedIRM, loss weight 15 (the code'"'"'s)=fedirm_isic:{"loss_weight": 15}' \
+    --variant "FedIRM, unlabelled sites at a tenth of the learning rate=fedirm_isic:{\"unlabelled_lr\": $(python -c \
+      "import sys; print(float(sys.argv[1]) / 10)" "$LR")}" \
     --seeds $SEEDS --rounds "$ROUNDS" --compact \
     --override '{'"$MODEL"', '"$TRAIN"', "dataset": {"image_size": '"$SIZE"', '"$CACHE"', "prepare": {"val_frac": 0.05}}, "evaluation": {"test_every": 0}}' \
     --gap 'FedAvg, labelled sites' 'FedAvg, all labels' --gap-metric auc --out "$OUT" "$@" ;;

@@ -113,7 +113,7 @@ fedirm)
     --variant "FedIRM, teacher decay scaled to the round=fedirm_isic:{\"ema_max_decay\": $TEACHER}" \
     --variant 'FedIRM, loss weight 15 (the code'"'"'s)=fedirm_isic:{"loss_weight": 15}' \
     --variant "FedIRM, unlabelled sites at a tenth of the learning rate=fedirm_isic:{\"unlabelled_lr\": $(python -c \
-      "import sys; print(float(sys.argv[1]) / 10)" "$LR")}" \
+      "import sys; print(round(float(sys.argv[1]) / 10, 12))" "$LR")}" \
     --seeds $SEEDS --rounds "$ROUNDS" --compact \
     --override '{'"$MODEL"', '"$TRAIN"', "dataset": {"image_size": '"$SIZE"', '"$CACHE"', "prepare": {"val_frac": 0.05}}, "evaluation": {"test_every": 0}}' \
     --gap 'FedAvg, labelled sites' 'FedAvg, all labels' --gap-metric auc --out "$OUT" "$@" ;;

@@ -502,18 +502,6 @@ def summarise(runs: dict[str, list[dict]], tail: int = 0) -> list[dict]:
     return rows
 
 
-def significant(value, digits: int = 4):
-    """``value`` with every float in it (nested dicts and lists too) rounded to ``digits`` significant digits, the
-    precision the reports print counters at."""
-    if isinstance(value, float):
-        return float(f"{value:.{digits}g}")
-    if isinstance(value, dict):
-        return {k: significant(v, digits) for k, v in value.items()}
-    if isinstance(value, list):
-        return [significant(v, digits) for v in value]
-    return value
-
-
 def compact(res: dict) -> dict:
     """A run without the per-site detail of every round (macro validation / test curves, the method's per-site
     counters, ``site_stats``, to 4 significant digits (a relation matrix a site sends every round is 49 of them),
@@ -524,7 +512,7 @@ def compact(res: dict) -> dict:
             "round": r["round"],
             "val": (r.get("val") or {}).get("macro"),
             "test": (r.get("test") or {}).get("macro"),
-            "site_stats": significant(r.get("site_stats") or {}),
+            "site_stats": rounded(r.get("site_stats") or {}, COUNTER_SIGNIFICANT),
             "rejected": r.get("rejected") or {},
             "missing": r.get("missing") or [],
         }
@@ -953,6 +941,7 @@ def load_runs(path: Path) -> tuple[dict, dict[str, list[dict]]]:
 
 
 SIGNIFICANT = 6  # digits a saved run keeps of each float: far below what a table shows, half the file's size
+COUNTER_SIGNIFICANT = 4  # a method's per-site counters in a compact run, the precision the reports print them at
 
 
 def rounded(obj, digits: int = SIGNIFICANT):
@@ -977,7 +966,8 @@ def save(a: argparse.Namespace, runs: dict[str, list[dict]], args: dict | None =
     commit = None
     if getattr(a, "report", None) and a.out.is_file():  # re-rendered: the commit the runs were made at
         commit = json.loads(a.out.read_text()).get("commit")
-    a.out.write_text(json.dumps(summary_record(args, runs, a.out, a.tail, commit), indent=1, default=str) + "\n")
+    record = rounded(summary_record(args, runs, a.out, a.tail, commit))  # means and spreads of rounded runs
+    a.out.write_text(json.dumps(record, indent=1, default=str) + "\n")
     a.out.with_suffix(".md").write_text(report(a, runs) + "\n")
 
 
